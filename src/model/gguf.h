@@ -1,0 +1,50 @@
+// GGUF (v2/v3) reader for the llama architecture family.
+//
+// Tensors F32, F16, BF16, Q8_0, Q4_0, Q4_1 are dequantized to fp32 at load and
+// renamed to Hugging Face names (blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight),
+// with Q and K rows un-permuted from GGUF's interleaved RoPE layout back to HF's
+// rotate-half layout, so the rest of Loom sees exactly what a HF checkpoint holds.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <variant>
+#include <vector>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace loom {
+
+class MappedFile;
+
+// One metadata value. Arrays hold homogeneous scalars or strings.
+using GgufValue = std::variant<int64_t, uint64_t, double, bool, std::string,
+                               std::vector<int64_t>, std::vector<double>, std::vector<std::string>>;
+
+struct GgufFile {
+  std::string path;
+  uint32_t version = 0;
+  std::map<std::string, GgufValue> metadata;
+  TensorMap tensors;  // HF names, fp32, HF layout
+  std::shared_ptr<const MappedFile> file;
+
+  // Typed metadata access; throw Error(kFormat) naming the path and key when missing or ill-typed.
+  int64_t get_int(const std::string& key) const;
+  double get_float(const std::string& key) const;
+  std::string get_string(const std::string& key) const;
+  const std::vector<std::string>& get_string_array(const std::string& key) const;
+  bool has(const std::string& key) const { return metadata.count(key) != 0; }
+};
+
+// Throws Error(kFormat) naming the file (and tensor) for bad magic, truncation,
+// offsets beyond the file; Error(kUnsupported) for another architecture or a
+// tensor type outside the list above.
+GgufFile read_gguf(const std::string& path);
+
+// Hyper-parameters from `llama.*` metadata (llama and mistral-like files).
+ModelConfig gguf_model_config(const GgufFile& gguf);
+
+}  // namespace loom

@@ -1,0 +1,67 @@
+// Model weights in the Hugging Face layout, as fp32 host tensors.
+//
+// Ownership: a Tensor views `data`, which stays valid while `storage` lives;
+// storage is either a memory-mapped file (f32 safetensors, used in place) or an
+// owned buffer (converted f16/bf16, dequantized GGUF). Tensors are immutable
+// after loading, so they are shared freely between threads and backends.
+//
+// Linear weights keep torch's [out_features, in_features] row-major layout;
+// Q and K rows use HF's rotate-half RoPE convention (GGUF files store them
+// interleaved and the GGUF loader un-permutes them).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "model/config.h"
+
+namespace loom {
+
+struct Tensor {
+  std::vector<int64_t> shape;
+  const float* data = nullptr;
+  std::shared_ptr<const void> storage;
+
+  bool empty() const { return data == nullptr; }
+  int64_t numel() const {
+    int64_t count = 1;
+    for (int64_t dim : shape) count *= dim;
+    return shape.empty() ? 0 : count;
+  }
+  // A tensor that owns a copy of `values`.
+  static Tensor from_vector(std::vector<int64_t> shape, std::vector<float> values);
+};
+
+// Name -> tensor, names as in Hugging Face checkpoints ("model.layers.0.self_attn.q_proj.weight").
+using TensorMap = std::unordered_map<std::string, Tensor>;
+
+struct LayerWeights {
+  Tensor input_norm;           // [hidden]
+  Tensor q_proj, k_proj, v_proj, o_proj;  // [q_size, hidden], [kv_size, hidden] x2, [hidden, q_size]
+  Tensor q_bias, k_bias, v_bias, o_bias;  // optional (empty when the config has none)
+  Tensor q_norm, k_norm;       // [head_dim], Qwen3 only
+  Tensor post_attention_norm;  // [hidden]
+  Tensor gate_proj, up_proj;   // [intermediate, hidden]
+  Tensor down_proj;            // [hidden, intermediate]
+};
+
+struct ModelWeights {
+  Tensor embed_tokens;  // [vocab, hidden]
+  std::vector<LayerWeights> layers;
+  Tensor final_norm;    // [hidden]
+  Tensor lm_head;       // [vocab, hidden]; shares storage with embed_tokens when tied
+};
+
+// Picks the tensors of `config` out of `tensors`, checking every shape.
+// Throws Error(kNotFound) for a missing tensor and Error(kFormat) for a shape
+// mismatch, naming `source` (the file or directory) and the tensor.
+ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& tensors,
+                                 const std::string& source);
+
+// The inverse, for writers (`loom convert`, `loom make-model`): HF names -> tensors.
+TensorMap model_weights_to_tensor_map(const ModelConfig& config, const ModelWeights& weights);
+
+}  // namespace loom

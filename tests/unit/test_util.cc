@@ -1,0 +1,38 @@
+#include "test_util.h"
+
+#include <atomic>
+#include <cstdlib>
+#include <unistd.h>
+
+namespace loom::test {
+
+TempDir::TempDir() {
+  static std::atomic<int> counter{0};
+  path_ = std::filesystem::temp_directory_path() /
+          ("loom_test_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+  std::filesystem::remove_all(path_);
+  std::filesystem::create_directories(path_);
+}
+
+TempDir::~TempDir() {
+  std::error_code ignored;
+  std::filesystem::remove_all(path_, ignored);
+}
+
+std::string fixture_path(const std::string& name) {
+  return std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/" + name;
+}
+
+std::string loom_binary() { return LOOM_BINARY; }
+
+std::string smollm2_gguf_path() {
+  if (const char* env = std::getenv("LOOM_SMOLLM2_GGUF"); env != nullptr && *env != '\0')
+    return std::filesystem::exists(env) ? env : "";
+  const char* home = std::getenv("HOME");
+  if (home == nullptr) return "";
+  std::filesystem::path path =
+      std::filesystem::path(home) / ".cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf";
+  return std::filesystem::exists(path) ? path.string() : "";
+}
+
+}  // namespace loom::test

@@ -1,0 +1,29 @@
+// Small helpers shared by unit tests.
+#pragma once
+
+#include <filesystem>
+#include <string>
+
+namespace loom::test {
+
+// A fresh directory under the system temp dir, removed when the object dies.
+class TempDir {
+ public:
+  TempDir();
+  ~TempDir();
+  const std::filesystem::path& path() const { return path_; }
+  std::string str() const { return path_.string(); }
+
+ private:
+  std::filesystem::path path_;
+};
+
+// <repo>/tests/fixtures/<name>
+std::string fixture_path(const std::string& name);
+// The built `loom` binary.
+std::string loom_binary();
+// Path of the SmolLM2 GGUF fetched by the setup script, or "" if absent
+// ($LOOM_SMOLLM2_GGUF, else ~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf).
+std::string smollm2_gguf_path();
+
+}  // namespace loom::test
