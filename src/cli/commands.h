@@ -1,0 +1,25 @@
+// Subcommands of the `loom` binary. Each registers its flags on the CLI11 app
+// and returns the function to run once parsing succeeded.
+#pragma once
+
+#include <functional>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+namespace loom::cli {
+
+using CommandRunner = std::function<int()>;
+
+CommandRunner register_generate(CLI::App& app);
+CommandRunner register_convert(CLI::App& app);
+CommandRunner register_make_model(CLI::App& app);
+
+// The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
+// LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to
+// run the setup script when it is absent.
+std::string default_model_path();
+// `--model` if given, else the default.
+std::string resolve_model_path(const std::string& model_flag);
+
+}  // namespace loom::cli
