@@ -1,0 +1,179 @@
+#include "backend/cpu/input_checks.h"
+
+#include <initializer_list>
+#include <string>
+
+#include <fmt/ranges.h>
+
+#include "util/error.h"
+
+namespace loom::cpu {
+
+namespace {
+
+void check_sequence(const Batch& batch, size_t index, int32_t expected_token_offset,
+                    const BatchLimits& limits) {
+  const BatchSequence& sequence = batch.sequences[index];
+  if (sequence.num_new_tokens <= 0)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_new_tokens is {}, must be > 0", index,
+         sequence.num_new_tokens);
+  if (sequence.num_cached_tokens < 0)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_cached_tokens is {}", index,
+         sequence.num_cached_tokens);
+  if (sequence.token_offset != expected_token_offset)
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: token_offset is {}, expected {} (sequences lie back to back)", index,
+         sequence.token_offset, expected_token_offset);
+  if (static_cast<int64_t>(sequence.token_offset) + sequence.num_new_tokens > batch.num_tokens())
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: tokens {}..{} exceed the batch's {} tokens",
+         index, sequence.token_offset, sequence.token_offset + sequence.num_new_tokens,
+         batch.num_tokens());
+
+  const int64_t num_kv_entries =
+      static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+  const int64_t blocks_needed = (num_kv_entries + limits.block_size - 1) / limits.block_size;
+  if (sequence.num_blocks < blocks_needed)
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: {} blocks cannot hold {} KV entries (block size {})", index,
+         sequence.num_blocks, num_kv_entries, limits.block_size);
+  if (sequence.block_table_offset < 0 ||
+      static_cast<int64_t>(sequence.block_table_offset) + sequence.num_blocks >
+          static_cast<int64_t>(batch.block_tables.size()))
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: block table [{}, +{}) exceeds block_tables of size {}", index,
+         sequence.block_table_offset, sequence.num_blocks, batch.block_tables.size());
+  for (int64_t b = 0; b < blocks_needed; ++b) {
+    const int32_t block_id = batch.block_tables[sequence.block_table_offset + b];
+    if (block_id < 0 || block_id >= limits.num_kv_blocks)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: block id {} outside the {} KV blocks",
+           index, block_id, limits.num_kv_blocks);
+  }
+}
+
+}  // namespace
+
+void validate_batch(const Batch& batch, const BatchLimits& limits,
+                    const std::vector<std::shared_ptr<const LoraAdapter>>& adapters) {
+  if (limits.num_kv_blocks <= 0)
+    fail(ErrorKind::kInvalidArgument, "forward: the KV cache is not allocated");
+  const size_t num_tokens = batch.token_ids.size();
+  if (batch.positions.size() != num_tokens || batch.adapter_slots.size() != num_tokens)
+    fail(ErrorKind::kInvalidArgument,
+         "batch: token_ids ({}), positions ({}) and adapter_slots ({}) differ in size", num_tokens,
+         batch.positions.size(), batch.adapter_slots.size());
+
+  int32_t expected_token_offset = 0;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    check_sequence(batch, s, expected_token_offset, limits);
+    expected_token_offset += batch.sequences[s].num_new_tokens;
+  }
+  if (static_cast<size_t>(expected_token_offset) != num_tokens)
+    fail(ErrorKind::kInvalidArgument, "batch: sequences cover {} tokens, token_ids has {}",
+         expected_token_offset, num_tokens);
+
+  for (size_t t = 0; t < num_tokens; ++t) {
+    if (batch.token_ids[t] < 0 || batch.token_ids[t] >= limits.vocab_size)
+      fail(ErrorKind::kInvalidArgument, "batch token {}: id {} outside the vocabulary of {}", t,
+           batch.token_ids[t], limits.vocab_size);
+    if (batch.positions[t] < 0)
+      fail(ErrorKind::kInvalidArgument, "batch token {}: negative position {}", t, batch.positions[t]);
+    const int32_t slot = batch.adapter_slots[t];
+    if (slot == -1) continue;
+    if (slot < -1 || slot >= static_cast<int32_t>(adapters.size()))
+      fail(ErrorKind::kInvalidArgument, "batch token {}: adapter slot {} outside [-1, {})", t, slot,
+           adapters.size());
+    if (adapters[slot] == nullptr)
+      fail(ErrorKind::kInvalidArgument, "batch token {}: adapter slot {} has no adapter bound", t,
+           slot);
+  }
+}
+
+constexpr const char* kTargetNames[kNumLoraTargets] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                        "gate_proj", "up_proj", "down_proj"};
+
+void validate_adapter(const LoraAdapter& adapter, const ModelConfig& config) {
+  if (adapter.layers.size() != static_cast<size_t>(config.num_layers))
+    fail(ErrorKind::kInvalidArgument, "adapter '{}': {} layers, the model has {}", adapter.name,
+         adapter.layers.size(), config.num_layers);
+  const int64_t hidden = config.hidden_size;
+  // [in_features, out_features] of q, k, v, o, gate, up, down.
+  const int64_t dims[kNumLoraTargets][2] = {
+      {hidden, config.q_size()}, {hidden, config.kv_size()},       {hidden, config.kv_size()},
+      {config.q_size(), hidden}, {hidden, config.intermediate_size}, {hidden, config.intermediate_size},
+      {config.intermediate_size, hidden}};
+  for (size_t layer = 0; layer < adapter.layers.size(); ++layer) {
+    for (int target = 0; target < kNumLoraTargets; ++target) {
+      const auto& module = adapter.layers[layer][target];
+      if (!module.has_value()) continue;
+      const int64_t rank = module->rank;
+      const int64_t in_features = dims[target][0];
+      const int64_t out_features = dims[target][1];
+      const bool a_fits = module->a.data != nullptr && module->a.shape.size() == 2 &&
+                          module->a.shape[0] == rank && module->a.shape[1] == in_features;
+      const bool b_fits = module->b.data != nullptr && module->b.shape.size() == 2 &&
+                          module->b.shape[0] == out_features && module->b.shape[1] == rank;
+      if (rank <= 0 || !a_fits || !b_fits)
+        fail(ErrorKind::kInvalidArgument,
+             "adapter '{}' layer {} {}: rank {}, A and B must be [{}, {}] and [{}, {}]",
+             adapter.name, layer, kTargetNames[target], rank, rank, in_features, out_features, rank);
+    }
+  }
+}
+
+namespace {
+
+void check_tensor(const Tensor& tensor, std::initializer_list<int64_t> expected_shape,
+                  const std::string& name) {
+  if (tensor.data == nullptr)
+    fail(ErrorKind::kFormat, "cpu backend: tensor {} is missing", name);
+  const std::vector<int64_t> expected(expected_shape);
+  // A 1-D tensor may come as [n] or [1, n]; only the element count matters for it.
+  const bool fits = expected.size() == 1 ? tensor.numel() == expected[0] : tensor.shape == expected;
+  if (!fits)
+    fail(ErrorKind::kFormat, "cpu backend: tensor {} has shape [{}], expected [{}]", name,
+         fmt::join(tensor.shape, ", "), fmt::join(expected, ", "));
+}
+
+}  // namespace
+
+void validate_weights(const ModelWeights& weights, const ModelConfig& config) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_size = config.q_size();
+  const int64_t kv_size = config.kv_size();
+  const int64_t intermediate = config.intermediate_size;
+  if (config.num_heads <= 0 || config.num_kv_heads <= 0 || config.num_heads % config.num_kv_heads != 0 ||
+      config.head_dim <= 0 || config.head_dim % 2 != 0)
+    fail(ErrorKind::kFormat, "cpu backend: {} heads, {} kv heads, head_dim {} are inconsistent",
+         config.num_heads, config.num_kv_heads, config.head_dim);
+  check_tensor(weights.embed_tokens, {config.vocab_size, hidden}, "model.embed_tokens.weight");
+  check_tensor(weights.final_norm, {hidden}, "model.norm.weight");
+  check_tensor(weights.lm_head, {config.vocab_size, hidden}, "lm_head.weight");
+  if (weights.layers.size() != static_cast<size_t>(config.num_layers))
+    fail(ErrorKind::kFormat, "cpu backend: {} layers of weights, config has {}", weights.layers.size(),
+         config.num_layers);
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& layer = weights.layers[l];
+    const std::string prefix = fmt::format("model.layers.{}.", l);
+    check_tensor(layer.input_norm, {hidden}, prefix + "input_layernorm.weight");
+    check_tensor(layer.q_proj, {q_size, hidden}, prefix + "self_attn.q_proj.weight");
+    check_tensor(layer.k_proj, {kv_size, hidden}, prefix + "self_attn.k_proj.weight");
+    check_tensor(layer.v_proj, {kv_size, hidden}, prefix + "self_attn.v_proj.weight");
+    check_tensor(layer.o_proj, {hidden, q_size}, prefix + "self_attn.o_proj.weight");
+    if (config.qkv_bias) {
+      check_tensor(layer.q_bias, {q_size}, prefix + "self_attn.q_proj.bias");
+      check_tensor(layer.k_bias, {kv_size}, prefix + "self_attn.k_proj.bias");
+      check_tensor(layer.v_bias, {kv_size}, prefix + "self_attn.v_proj.bias");
+    }
+    if (config.o_bias) check_tensor(layer.o_bias, {hidden}, prefix + "self_attn.o_proj.bias");
+    if (config.qk_norm) {
+      check_tensor(layer.q_norm, {config.head_dim}, prefix + "self_attn.q_norm.weight");
+      check_tensor(layer.k_norm, {config.head_dim}, prefix + "self_attn.k_norm.weight");
+    }
+    check_tensor(layer.post_attention_norm, {hidden}, prefix + "post_attention_layernorm.weight");
+    check_tensor(layer.gate_proj, {intermediate, hidden}, prefix + "mlp.gate_proj.weight");
+    check_tensor(layer.up_proj, {intermediate, hidden}, prefix + "mlp.up_proj.weight");
+    check_tensor(layer.down_proj, {hidden, intermediate}, prefix + "mlp.down_proj.weight");
+  }
+}
+
+}  // namespace loom::cpu
