@@ -29,6 +29,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
+#include "forward_breakdown.h"
 #include "kv/block_allocator.h"
 #include "model/loader.h"
 #include "util/error.h"
@@ -48,6 +49,7 @@ struct Options {
   int block_size = 16;
   std::string decode_context = "prompt";  // "prompt" or "empty"
   unsigned seed = 1234;
+  bool breakdown = false;  // also time the backend's kernels section by section
   std::string json_out;
 };
 
@@ -168,6 +170,57 @@ nlohmann::json phase_json(int64_t num_tokens, const std::vector<double>& samples
           {"samples_s", samples_s}};
 }
 
+// Kernel time by section for one prefill call and one decode step (mid-way
+// through the decode), next to the measured forward() time of the same call.
+nlohmann::json breakdown_json(const LoadedModel& model, Backend& backend, const SequenceSet& sequences,
+                              const Options& options, const nlohmann::json& entry, std::mt19937& rng,
+                              int32_t vocab_size) {
+  const int32_t num_prompt = options.num_prompt_tokens;
+  const int32_t chunk = options.prefill_chunk > 0 ? std::min(options.prefill_chunk, num_prompt) : num_prompt;
+  const int num_prefill_calls = (num_prompt + chunk - 1) / chunk;
+  const int32_t decode_depth =
+      (options.decode_context == "prompt" ? num_prompt : 0) + options.num_decode_tokens / 2;
+  const int num_sequences = static_cast<int>(sequences.block_tables.size());
+  struct Call {
+    const char* name;
+    Batch batch;
+    int num_logit_rows;
+    double measured_s;
+  };
+  const Call calls[] = {
+      {"prefill_call", make_batch(sequences, 0, chunk, false, rng, vocab_size), num_sequences,
+       entry["prefill"]["median_s"].get<double>() / num_prefill_calls},
+      {"decode_step", make_batch(sequences, decode_depth, 1, true, rng, vocab_size), num_sequences,
+       entry["decode"]["median_s"].get<double>() / options.num_decode_tokens}};
+  nlohmann::json out;
+  for (const Call& call : calls) {
+    // Fills the KV up to the decode depth so attention reads what it would.
+    if (call.batch.sequences[0].num_cached_tokens > 0)
+      backend.forward(make_batch(sequences, 0, call.batch.sequences[0].num_cached_tokens, false, rng,
+                                 vocab_size));
+    const auto sections = measure_forward_breakdown(model, call.batch, call.num_logit_rows,
+                                                    options.block_size, options.num_threads,
+                                                    options.num_repeats);
+    double kernels_s = 0;
+    nlohmann::json sections_json = nlohmann::json::object();
+    std::printf("  %s (batch %d, %d tokens): measured forward %.2f ms\n", call.name, num_sequences,
+                call.batch.num_tokens(), call.measured_s * 1e3);
+    for (const auto& section : sections) {
+      kernels_s += section.seconds;
+      sections_json[section.name] = section.seconds;
+      std::printf("    %-26s %9.2f ms  %5.1f%%\n", section.name.c_str(), section.seconds * 1e3,
+                  100.0 * section.seconds / call.measured_s);
+    }
+    std::printf("    %-26s %9.2f ms  %5.1f%%\n", "(rest: glue, overheads)",
+                (call.measured_s - kernels_s) * 1e3, 100.0 * (call.measured_s - kernels_s) / call.measured_s);
+    out[call.name] = {{"num_tokens", call.batch.num_tokens()},
+                      {"measured_forward_s", call.measured_s},
+                      {"sections_s", sections_json},
+                      {"rest_s", call.measured_s - kernels_s}};
+  }
+  return out;
+}
+
 int run(const Options& options) {
   if (options.decode_context != "prompt" && options.decode_context != "empty")
     fail(ErrorKind::kInvalidArgument, "--decode-context must be 'prompt' or 'empty', not '{}'",
@@ -217,6 +270,8 @@ int run(const Options& options) {
                 entry["prefill"]["median_s"].get<double>(), entry["prefill"]["tokens_per_s"].get<double>(),
                 entry["decode"]["median_s"].get<double>(), entry["decode"]["tokens_per_s"].get<double>());
     std::fflush(stdout);
+    if (options.breakdown)
+      entry["breakdown"] = breakdown_json(model, *backend, sequences, options, entry, rng, vocab_size);
     results.push_back(std::move(entry));
   }
 
@@ -266,6 +321,8 @@ int main(int argc, char** argv) {
                  "'prompt': decode continues after the prefill (llama-batched-bench); "
                  "'empty': decode from depth 0 (llama-bench tg)");
   app.add_option("--seed", options.seed, "Random token seed");
+  app.add_flag("--breakdown", options.breakdown,
+               "Also time the CPU backend's kernels section by section (where the time goes)");
   app.add_option("--json-out", options.json_out, "Write the results as JSON to this file");
   CLI11_PARSE(app, argc, argv);
   try {
