@@ -1,0 +1,175 @@
+// Loom's tokenizer against HF `tokenizers` on tricky strings: ids (with and
+// without special tokens) and decodes must match exactly. Expected values come
+// from tools/tokenizer/make_fixtures.py.
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+#include "tokenizer/utf8.h"
+#include "util/error.h"
+
+namespace loom {
+namespace {
+
+nlohmann::json read_fixture(const std::string& name) {
+  std::ifstream file(test::fixture_path("tokenizer/" + name));
+  EXPECT_TRUE(file.good()) << name;
+  std::stringstream buffer;
+  buffer << file.rdbuf();
+  return nlohmann::json::parse(buffer.str());
+}
+
+// Compares every corpus string; returns the number of mismatching cases.
+void expect_matches_hf(const Tokenizer& tokenizer, const std::string& expected_name) {
+  const nlohmann::json corpus = read_fixture("corpus.json");
+  const nlohmann::json expected = read_fixture("expected/" + expected_name + ".json");
+  ASSERT_EQ(corpus.size(), expected.at("cases").size()) << "regenerate fixtures";
+  for (size_t i = 0; i < corpus.size(); ++i) {
+    const std::string text = corpus[i].get<std::string>();
+    const auto& want = expected["cases"][i];
+    SCOPED_TRACE("case " + std::to_string(i) + ": " + text);
+    EXPECT_EQ(tokenizer.encode(text, false), want.at("ids").get<std::vector<TokenId>>());
+    const auto with_special = want.at("ids_with_special").get<std::vector<TokenId>>();
+    EXPECT_EQ(tokenizer.encode(text, true), with_special);
+    EXPECT_EQ(tokenizer.decode(with_special, false), want.at("decoded").get<std::string>());
+    EXPECT_EQ(tokenizer.decode(with_special, true), want.at("decoded_skip_special").get<std::string>());
+  }
+}
+
+std::shared_ptr<const Tokenizer> load(const std::string& name) {
+  return Tokenizer::from_hf_json_file(test::fixture_path("tokenizer/" + name + "/tokenizer.json"));
+}
+
+TEST(TokenizerHfTest, Llama3PatternMatchesHf) { expect_matches_hf(*load("llama3_pattern"), "llama3_pattern"); }
+
+TEST(TokenizerHfTest, Qwen2PatternWithNfcMatchesHf) { expect_matches_hf(*load("qwen2_pattern"), "qwen2_pattern"); }
+
+TEST(TokenizerHfTest, ByteFallbackMatchesHf) { expect_matches_hf(*load("byte_fallback"), "byte_fallback"); }
+
+TEST(TokenizerHfTest, MetaspaceWithUnkMatchesHf) { expect_matches_hf(*load("metaspace"), "metaspace"); }
+
+TEST(TokenizerHfTest, ByteLevelRoundTripsEveryString) {
+  const auto tokenizer = load("llama3_pattern");
+  for (const auto& value : read_fixture("corpus.json")) {
+    const std::string text = value.get<std::string>();
+    if (text.find("[MASK]") != std::string::npos) continue;  // lstrip/rstrip drop spaces by design
+    EXPECT_EQ(tokenizer->decode(tokenizer->encode(text, false)), text);
+  }
+}
+
+TEST(TokenizerHfTest, Llama3AddsBosAndKnowsSpecialTokens) {
+  const auto tokenizer = load("llama3_pattern");
+  const auto bos = tokenizer->token_to_id("<|begin_of_text|>");
+  ASSERT_TRUE(bos.has_value());
+  EXPECT_EQ(tokenizer->bos_token_id(), bos);
+  const auto ids = tokenizer->encode("Hello", true);
+  ASSERT_FALSE(ids.empty());
+  EXPECT_EQ(ids.front(), *bos);
+  EXPECT_TRUE(tokenizer->is_special(*bos));
+  EXPECT_FALSE(tokenizer->is_special(tokenizer->encode("Hello", false).front()));
+  const auto eot = tokenizer->token_to_id("<|eot_id|>");
+  ASSERT_TRUE(eot.has_value());
+  const auto eos = tokenizer->eos_token_ids();
+  EXPECT_NE(std::find(eos.begin(), eos.end(), *eot), eos.end());
+  EXPECT_EQ(tokenizer->chat_template().kind(), ChatTemplate::Kind::kChatML);  // no config: default
+}
+
+TEST(TokenizerHfTest, IgnoreMergesEmitsWholeVocabularyWords) {
+  // "Ġunreachable" is in the vocabulary but no merge chain produces it.
+  const auto tokenizer = load("llama3_pattern");
+  const auto id = tokenizer->token_to_id("Ġunreachable");
+  ASSERT_TRUE(id.has_value());
+  EXPECT_EQ(tokenizer->encode(" unreachable", false), std::vector<TokenId>{*id});
+}
+
+TEST(TokenizerHfTest, InvalidUtf8InputIsReplacedNotFatal) {
+  const auto tokenizer = load("llama3_pattern");
+  const std::string invalid = std::string("ab") + static_cast<char>(0xFF) + "cd";
+  EXPECT_EQ(tokenizer->decode(tokenizer->encode(invalid, false)), "ab\xEF\xBF\xBD" "cd");
+}
+
+TEST(TokenizerHfTest, DecodeReplacesInvalidTrailingBytes) {
+  const auto tokenizer = load("llama3_pattern");
+  // "😀" is 4 bytes; its first byte-level token alone is an incomplete character.
+  const auto ids = tokenizer->encode("😀", false);
+  ASSERT_GE(ids.size(), 1u);
+  const std::string first_bytes = tokenizer->token_bytes(ids[0]);
+  ASSERT_LT(first_bytes.size(), 4u);
+  EXPECT_EQ(tokenizer->decode({ids[0]}), "\xEF\xBF\xBD");
+}
+
+TEST(TokenizerHfTest, MalformedFilesRaiseTypedErrors) {
+  test::TempDir dir;
+  const std::string path = dir.str() + "/tokenizer.json";
+  std::ofstream(path) << "{ not json";
+  try {
+    Tokenizer::from_hf_json_file(path);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kFormat);
+    EXPECT_NE(std::string(error.what()).find(path), std::string::npos);
+  }
+  std::ofstream(path, std::ios::trunc) << R"({"model": {"type": "Unigram", "vocab": []}})";
+  try {
+    Tokenizer::from_hf_json_file(path);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kUnsupported);
+  }
+  std::ofstream(path, std::ios::trunc) << R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}})";
+  try {
+    Tokenizer::from_hf_json_file(path);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kFormat);
+  }
+  try {
+    Tokenizer::from_hf_directory(dir.str() + "/missing");
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kNotFound);
+  }
+}
+
+TEST(TokenizerHfTest, DirectoryLoadReadsConfigAndChatTemplate) {
+  test::TempDir dir;
+  {
+    std::ifstream source(test::fixture_path("tokenizer/qwen2_pattern/tokenizer.json"));
+    std::ofstream(dir.str() + "/tokenizer.json") << source.rdbuf();
+  }
+  std::ofstream(dir.str() + "/tokenizer_config.json")
+      << R"({"eos_token": {"content": "<|im_end|>"}, "chat_template": "{{ '<|im_start|>system\nBe brief.<|im_end|>\n' }}"})";
+  const auto tokenizer = Tokenizer::from_hf_directory(dir.str());
+  EXPECT_EQ(tokenizer->eos_token_ids().front(), *tokenizer->token_to_id("<|im_end|>"));
+  EXPECT_EQ(tokenizer->chat_template().kind(), ChatTemplate::Kind::kChatML);
+  EXPECT_EQ(tokenizer->chat_template().render({{"user", "hi"}}, false),
+            "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nhi<|im_end|>\n");
+}
+
+TEST(TokenizerHfTest, ConcurrentEncodesAgree) {
+  const auto tokenizer = load("qwen2_pattern");
+  const nlohmann::json corpus = read_fixture("corpus.json");
+  std::vector<std::vector<TokenId>> reference;
+  for (const auto& text : corpus) reference.push_back(tokenizer->encode(text.get<std::string>()));
+  std::vector<std::thread> threads;
+  std::atomic<int> num_mismatches{0};
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&] {
+      for (int round = 0; round < 5; ++round)
+        for (size_t i = 0; i < corpus.size(); ++i)
+          if (tokenizer->encode(corpus[i].get<std::string>()) != reference[i]) ++num_mismatches;
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  EXPECT_EQ(num_mismatches.load(), 0);
+}
+
+}  // namespace
+}  // namespace loom
