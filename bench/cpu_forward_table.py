@@ -17,6 +17,17 @@ def read_json(path):
         return json.load(f)
 
 
+def read_jsonl(path):
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def ratio(numerator, denominator):
+    return numerator / denominator if numerator and denominator else None
+
+
 def machine_info(threads):
     info = {"threads_used": threads, "logical_cpus": os.cpu_count(), "kernel": platform.release()}
     try:
@@ -74,31 +85,36 @@ def main():
     loom_empty = read_json(os.path.join(args.raw, "loom_empty.json"))
     loom_prompt = read_json(os.path.join(args.raw, "loom_prompt.json"))
     llama_tests = read_json(os.path.join(args.raw, "llama_bench.json"))
-    batched_lines = []
-    batched_path = os.path.join(args.raw, "batched_bench.jsonl")
-    if os.path.exists(batched_path):
-        with open(batched_path) as f:
-            batched_lines = [json.loads(line) for line in f if line.strip()]
+    llama_f32_tests = read_json(os.path.join(args.raw, "llama_bench_f32.json"))
+    batched_lines = read_jsonl(os.path.join(args.raw, "batched_bench.jsonl"))
+    batched_f32_lines = read_jsonl(os.path.join(args.raw, "batched_bench_f32.jsonl"))
+    has_f32 = bool(llama_f32_tests or batched_f32_lines)
     reference = loom_prompt or loom_empty
     prompt_tokens = reference["prompt_tokens"]
     decode_tokens = reference["decode_tokens"]
 
     rows = []
 
-    def add(batch, phase, setting, loom, llama):
-        rows.append({"batch": batch, "phase": phase, "setting": setting,
-                     "loom_tokens_per_s": loom, "llama_cpp_tokens_per_s": llama,
-                     "ratio_loom_over_llama_cpp": loom / llama if loom and llama else None})
+    def add(batch, phase, setting, loom, llama, llama_f32):
+        row = {"batch": batch, "phase": phase, "setting": setting, "loom_tokens_per_s": loom,
+               "llama_cpp_tokens_per_s": llama, "ratio_loom_over_llama_cpp": ratio(loom, llama)}
+        if has_f32:
+            row["llama_cpp_f32_tokens_per_s"] = llama_f32
+            row["ratio_loom_over_llama_cpp_f32"] = ratio(loom, llama_f32)
+        rows.append(row)
 
-    add(1, "prefill", f"llama-bench pp{prompt_tokens}", loom_phase(loom_empty, 1, "prefill"),
-        llama_bench_phase(llama_tests, "prefill"))
-    add(1, "decode", f"llama-bench tg{decode_tokens} (KV depth 0)", loom_phase(loom_empty, 1, "decode"),
-        llama_bench_phase(llama_tests, "decode"))
+    for phase in ("prefill", "decode"):
+        setting = (f"llama-bench pp{prompt_tokens}" if phase == "prefill"
+                   else f"llama-bench tg{decode_tokens} (KV depth 0)")
+        add(1, phase, setting, loom_phase(loom_empty, 1, phase), llama_bench_phase(llama_tests, phase),
+            llama_bench_phase(llama_f32_tests, phase))
     for batch in sorted({entry["batch"] for entry in (loom_prompt or {"results": []})["results"]}):
-        add(batch, "prefill", f"batched-bench npp{prompt_tokens} npl{batch}",
-            loom_phase(loom_prompt, batch, "prefill"), batched_bench_phase(batched_lines, batch, "prefill"))
-        add(batch, "decode", f"batched-bench ntg{decode_tokens} npl{batch} (KV depth {prompt_tokens}+)",
-            loom_phase(loom_prompt, batch, "decode"), batched_bench_phase(batched_lines, batch, "decode"))
+        for phase in ("prefill", "decode"):
+            setting = (f"batched-bench npp{prompt_tokens} npl{batch}" if phase == "prefill"
+                       else f"batched-bench ntg{decode_tokens} npl{batch} (KV depth {prompt_tokens}+)")
+            add(batch, phase, setting, loom_phase(loom_prompt, batch, phase),
+                batched_bench_phase(batched_lines, batch, phase),
+                batched_bench_phase(batched_f32_lines, batch, phase))
 
     llama_info = {}
     if llama_tests:
@@ -137,12 +153,20 @@ def main():
         f"threads/core), SIMD {','.join(machine.get('simd', []))}; threads used: {args.threads} (both engines).",
         f"Prompt {prompt_tokens} tokens, decode {decode_tokens} tokens, median of {reference['repeats']} runs.",
         "",
-        "| batch | phase | llama.cpp setting | Loom tok/s | llama.cpp tok/s | Loom / llama.cpp |",
-        "|------:|-------|-------------------|-----------:|----------------:|-----------------:|",
     ]
+    header = "| batch | phase | llama.cpp setting | Loom (fp32) tok/s | llama.cpp (model as given) tok/s | Loom / llama.cpp |"
+    rule = "|------:|-------|-------------------|------------------:|------------------:|-----------------:|"
+    if has_f32:
+        header += " llama.cpp (F32 copy) tok/s | Loom / llama.cpp F32 |"
+        rule += "------------------:|-----------------:|"
+    lines += [header, rule]
     for row in rows:
-        lines.append(f"| {row['batch']} | {row['phase']} | {row['setting']} | {fmt(row['loom_tokens_per_s'])} | "
-                     f"{fmt(row['llama_cpp_tokens_per_s'])} | {fmt(row['ratio_loom_over_llama_cpp'], 3)} |")
+        line = (f"| {row['batch']} | {row['phase']} | {row['setting']} | {fmt(row['loom_tokens_per_s'])} | "
+                f"{fmt(row['llama_cpp_tokens_per_s'])} | {fmt(row['ratio_loom_over_llama_cpp'], 3)} |")
+        if has_f32:
+            line += (f" {fmt(row['llama_cpp_f32_tokens_per_s'])} |"
+                     f" {fmt(row['ratio_loom_over_llama_cpp_f32'], 3)} |")
+        lines.append(line)
     if "skipped" in llama_info:
         lines += ["", f"llama.cpp: {llama_info['skipped']}"]
     elif llama_info:

