@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace loom {
@@ -34,6 +35,19 @@ struct LoraConfig {
   std::string target_modules_regex;
   std::map<std::string, int> rank_pattern;
   std::map<std::string, float> alpha_pattern;
+  // PEFT tries pattern keys in the order of adapter_config.json and takes the
+  // first that matches; these keep that order (keys of the maps above). When
+  // empty, the maps' order is used.
+  std::vector<std::string> rank_pattern_order;
+  std::vector<std::string> alpha_pattern_order;
+  // exclude_modules: names (a module is excluded when its path is one or ends
+  // with ".name") or one regex matched against the full path.
+  std::vector<std::string> exclude_modules;
+  std::string exclude_modules_regex;
+  // layers_to_transform restricts list-style target_modules to these layer
+  // indices (empty: all layers); layers_pattern names the ModuleList ("layers").
+  std::vector<int> layers_to_transform;
+  std::vector<std::string> layers_pattern;
   std::vector<int> alora_invocation_tokens;  // empty: not an aLoRA adapter
   std::string base_model_name_or_path;
   std::string loom_kv_sharing;               // "", "isolated", "activated", "base", "forked"
@@ -60,10 +74,22 @@ struct LoraAdapter {
 // must exist with shapes matching the base model's dimensions. Throws
 // Error(kNotFound) / Error(kFormat) naming the file and tensor, e.g. for an
 // adapter made for another base model (shape mismatch) or a missing tensor.
+// Error(kUnsupported), with a hint, for what Loom does not serve: DoRA
+// (use_dora), LoRA biases (bias != "none", lora_bias), modules_to_save,
+// embedding / lm_head / norm targets, target_parameters, trainable tokens,
+// layer replication and the LoRA variants (VeLoRA, MonteCLoRA, Arrow, ...).
+// Module matching, rank_pattern / alpha_pattern and rsLoRA scaling follow PEFT
+// 0.21 exactly (see lora/peft_matching.h). Accepted tensor names:
+// [base_model.model.]model.layers.N.{self_attn,mlp}.X_proj.lora_{A,B}[.ADAPTER][.weight].
 std::shared_ptr<const LoraAdapter> load_lora_adapter(const std::string& name, const std::string& directory,
                                                      const ModelConfig& base);
 
 // Writes adapter_config.json + adapter_model.safetensors that PEFT 0.21 loads.
-void write_lora_adapter(const std::string& directory, const LoraAdapter& adapter, const ModelConfig& base);
+// Creates `directory` if needed. Throws Error(kInvalidArgument) when the
+// adapter's modules disagree with its config (a module targeted without
+// weights, weights for a module not targeted, a rank other than the config's).
+// `dtype` is how the tensors are stored (PEFT saves in the model's dtype).
+void write_lora_adapter(const std::string& directory, const LoraAdapter& adapter, const ModelConfig& base,
+                        StoredDtype dtype = StoredDtype::kF32);
 
 }  // namespace loom

@@ -1,0 +1,55 @@
+// Deterministic random tensors for synthetic models (internal to
+// model/synthetic*.cc; see model/synthetic.h for the scales and guarantees).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "model/safetensors.h"
+#include "model/weights.h"
+#include "util/prng.h"
+
+namespace loom {
+
+// value = uniform(-1, 1) * scale, or 1 + uniform(-1, 1) / 8 for norm weights.
+struct SyntheticTensorSpec {
+  std::string name;
+  std::vector<int64_t> shape;
+  bool is_norm = false;
+  float scale = 1.0f;
+
+  int64_t numel() const;
+};
+
+// Every tensor of the base model, HF names, sorted by name.
+std::vector<SyntheticTensorSpec> synthetic_base_tensor_specs(const ModelConfig& config);
+
+// The per-tensor PRNG seed: the run's seed mixed with the FNV-1a hash of `name`.
+uint64_t synthetic_tensor_seed(uint64_t seed, const std::string& name);
+
+// Draws a tensor's values in order; values [i, i + n) are the same whether
+// drawn at once or in chunks.
+class SyntheticValueStream {
+ public:
+  SyntheticValueStream(const SyntheticTensorSpec& spec, uint64_t seed);
+  void next(float* out, int64_t count);
+
+ private:
+  Prng prng_;
+  bool is_norm_;
+  float scale_;
+};
+
+// The whole tensor in memory (f32).
+Tensor make_synthetic_tensor(const SyntheticTensorSpec& spec, uint64_t seed);
+
+// Writes the tensors to one safetensors file without holding any of them:
+// header first (names sorted, tensors tiling the data section, header padded
+// to 8 bytes), then each tensor generated and converted chunk by chunk.
+// Throws Error(kInvalidArgument) naming `path` if it cannot be written.
+void write_synthetic_safetensors(const std::string& path, const std::vector<SyntheticTensorSpec>& specs,
+                                 uint64_t seed, StoredDtype dtype);
+
+}  // namespace loom

@@ -1,0 +1,229 @@
+// Synthetic models (`loom make-model`): deterministic, loadable, with the
+// promised shapes, scales and adapter variety.
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include <gtest/gtest.h>
+
+#include "lora/adapter.h"
+#include "model/hf_config.h"
+#include "model/safetensors.h"
+#include "model/synthetic.h"
+#include "model/synthetic_weights.h"
+#include "model/weights.h"
+#include "test_util.h"
+#include "util/error.h"
+#include "util/half.h"
+
+namespace loom {
+namespace {
+
+namespace fs = std::filesystem;
+using test::TempDir;
+
+std::string read_bytes(const fs::path& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::stringstream buffer;
+  buffer << stream.rdbuf();
+  return buffer.str();
+}
+
+// Relative path -> bytes of every file under `root`.
+std::map<std::string, std::string> directory_contents(const fs::path& root) {
+  std::map<std::string, std::string> contents;
+  for (const auto& entry : fs::recursive_directory_iterator(root))
+    if (entry.is_regular_file()) contents[fs::relative(entry.path(), root).string()] = read_bytes(entry.path());
+  return contents;
+}
+
+SyntheticModelOptions options_for(Architecture arch, int num_adapters) {
+  SyntheticModelOptions options;
+  options.arch = arch;
+  options.num_adapters = num_adapters;
+  return options;
+}
+
+TEST(SyntheticModel, SameSeedSameBytesOtherSeedOtherWeights) {
+  TempDir dir;
+  SyntheticModelOptions options = options_for(Architecture::kLlama, 4);
+  options.alora_invocation = true;
+  write_synthetic_model((dir.path() / "a").string(), options);
+  write_synthetic_model((dir.path() / "b").string(), options);
+  const auto first = directory_contents(dir.path() / "a");
+  const auto second = directory_contents(dir.path() / "b");
+  EXPECT_TRUE(first.count("config.json"));
+  EXPECT_TRUE(first.count("model.safetensors"));
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_TRUE(first.count(fmt::format("adapters/adapter{}/adapter_config.json", i)));
+    EXPECT_TRUE(first.count(fmt::format("adapters/adapter{}/adapter_model.safetensors", i)));
+  }
+  EXPECT_EQ(first.size(), second.size());
+  for (const auto& [name, bytes] : first) EXPECT_TRUE(second.at(name) == bytes) << name << " differs";
+
+  options.seed = 1;
+  write_synthetic_model((dir.path() / "c").string(), options);
+  const auto third = directory_contents(dir.path() / "c");
+  EXPECT_EQ(third.at("config.json"), first.at("config.json"));
+  EXPECT_NE(third.at("model.safetensors"), first.at("model.safetensors"));
+  EXPECT_NE(third.at("adapters/adapter0/adapter_model.safetensors"),
+            first.at("adapters/adapter0/adapter_model.safetensors"));
+}
+
+TEST(SyntheticModel, EveryTinyArchLoadsBackWithItsFeatures) {
+  for (Architecture arch : {Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3, Architecture::kMistral}) {
+    SCOPED_TRACE(architecture_short_name(arch));
+    TempDir dir;
+    write_synthetic_model(dir.str(), options_for(arch, 0));
+    const ModelConfig expected = synthetic_model_config(arch, SyntheticPreset::kTiny);
+    const ModelConfig config = read_hf_config((dir.path() / "config.json").string());
+    EXPECT_EQ(config.arch, arch);
+    EXPECT_EQ(config.vocab_size, 512);
+    EXPECT_EQ(config.hidden_size, expected.hidden_size);
+    EXPECT_EQ(config.num_layers, expected.num_layers);
+    EXPECT_EQ(config.num_heads, expected.num_heads);
+    EXPECT_EQ(config.num_kv_heads, expected.num_kv_heads);
+    EXPECT_LT(config.num_kv_heads, config.num_heads);
+    EXPECT_EQ(config.head_dim, expected.head_dim);
+    EXPECT_EQ(config.intermediate_size, expected.intermediate_size);
+    EXPECT_EQ(config.tie_word_embeddings, expected.tie_word_embeddings);
+    EXPECT_EQ(config.qkv_bias, expected.qkv_bias);
+    EXPECT_EQ(config.qk_norm, expected.qk_norm);
+    EXPECT_FLOAT_EQ(config.rope_theta, expected.rope_theta);
+    EXPECT_EQ(config.rope_scaling.type, expected.rope_scaling.type);
+
+    const TensorMap tensors = read_safetensors_checkpoint(dir.str());
+    const ModelWeights weights = build_model_weights(config, tensors, dir.str());
+    EXPECT_EQ(tensors.count("lm_head.weight"), config.tie_word_embeddings ? 0u : 1u);
+    EXPECT_EQ(tensors.count("model.layers.0.self_attn.q_proj.bias"), config.qkv_bias ? 1u : 0u);
+    EXPECT_EQ(tensors.count("model.layers.0.self_attn.k_norm.weight"), config.qk_norm ? 1u : 0u);
+
+    // Scales: linear |w| < 1/sqrt(fan_in), norms in [7/8, 9/8), not constant.
+    const Tensor& down = weights.layers[0].down_proj;
+    const float bound = 1.0f / std::sqrt(static_cast<float>(config.intermediate_size));
+    float max_abs = 0.0f;
+    for (int64_t i = 0; i < down.numel(); ++i) max_abs = std::max(max_abs, std::fabs(down.data[i]));
+    EXPECT_LE(max_abs, bound);
+    EXPECT_GT(max_abs, 0.9f * bound);
+    const Tensor& norm = weights.layers[0].post_attention_norm;
+    for (int64_t i = 0; i < norm.numel(); ++i) {
+      EXPECT_GE(norm.data[i], 0.875f);
+      EXPECT_LT(norm.data[i], 1.125f);
+    }
+    EXPECT_NE(norm.data[0], norm.data[1]);
+  }
+}
+
+TEST(SyntheticModel, ArchSpecificsOfTinyPresets) {
+  const ModelConfig llama = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  EXPECT_TRUE(llama.tie_word_embeddings);
+  EXPECT_EQ(llama.rope_scaling.type, RopeScaling::Type::kLlama3);
+  const ModelConfig qwen3 = synthetic_model_config(Architecture::kQwen3, SyntheticPreset::kTiny);
+  EXPECT_NE(qwen3.head_dim, qwen3.hidden_size / qwen3.num_heads);
+  const ModelConfig mistral = synthetic_model_config(Architecture::kMistral, SyntheticPreset::kTiny);
+  EXPECT_FALSE(mistral.tie_word_embeddings);
+  const ModelConfig big = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k8b);
+  EXPECT_EQ(big.hidden_size, 4096);
+  EXPECT_EQ(big.num_layers, 32);
+  EXPECT_EQ(big.num_heads, 32);
+  EXPECT_EQ(big.num_kv_heads, 8);
+  EXPECT_EQ(big.intermediate_size, 14336);
+  EXPECT_EQ(big.vocab_size, 128256);
+  EXPECT_FLOAT_EQ(big.rope_theta, 500000.0f);
+  EXPECT_EQ(big.rope_scaling.type, RopeScaling::Type::kLlama3);
+  int64_t num_parameters = 0;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(big)) num_parameters += spec.numel();
+  EXPECT_EQ(num_parameters, 8030261248);  // Meta-Llama-3-8B
+  EXPECT_EQ(synthetic_preset_from_name("8b"), SyntheticPreset::k8b);
+  EXPECT_THROW(synthetic_preset_from_name("70b"), Error);
+}
+
+TEST(SyntheticModel, AdaptersLoadWithTheirRecipes) {
+  TempDir dir;
+  SyntheticModelOptions options = options_for(Architecture::kQwen2, 5);
+  options.alora_invocation = true;
+  options.rank = 4;
+  write_synthetic_model(dir.str(), options);
+  const ModelConfig config = read_hf_config((dir.path() / "config.json").string());
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  for (int i = 0; i < 5; ++i) {
+    const std::string name = fmt::format("adapter{}", i);
+    adapters.push_back(load_lora_adapter(name, (dir.path() / "adapters" / name).string(), config));
+    EXPECT_EQ(adapters.back()->config.alora_invocation_tokens, synthetic_alora_invocation_tokens(config));
+  }
+  auto count_modules = [&](int i) {
+    int count = 0;
+    for (const auto& layer : adapters[i]->layers)
+      for (const auto& module : layer) count += module.has_value();
+    return count;
+  };
+  EXPECT_EQ(count_modules(0), 7 * 3);
+  EXPECT_EQ(count_modules(1), 2 * 3);
+  EXPECT_EQ(adapters[1]->max_rank(), 2);
+  EXPECT_TRUE(adapters[2]->config.use_rslora);
+  EXPECT_EQ(adapters[2]->max_rank(), 8);
+  EXPECT_EQ(count_modules(3), 4 * 2);  // even layers 0 and 2
+  EXPECT_FALSE(adapters[3]->config.target_modules_regex.empty());
+  EXPECT_EQ(count_modules(4), 7 * 3);  // recipe 0 again, other weights
+  const auto& a0 = adapters[0]->layers[0][0]->a;
+  const auto& a4 = adapters[4]->layers[0][0]->a;
+  EXPECT_NE(a0.data[0], a4.data[0]);
+  // B is non-zero, so the adapters change the model: uniform * 1 / (scale * sqrt(rank)).
+  const LoraModuleWeights& v = *adapters[1]->layers[2][static_cast<int>(LoraTarget::kV)];
+  float sum_abs = 0.0f;
+  for (int64_t i = 0; i < v.b.numel(); ++i) sum_abs += std::fabs(v.b.data[i]);
+  EXPECT_NEAR(sum_abs / v.b.numel(), 0.5f / (v.scale * std::sqrt(2.0f)), 0.01f);
+
+  SyntheticModelOptions custom = options_for(Architecture::kLlama, 2);
+  custom.targets = {"gate_proj"};
+  custom.use_rslora = true;
+  const auto specs = synthetic_adapter_specs(custom, config);
+  ASSERT_EQ(specs.size(), 2u);
+  EXPECT_EQ(specs[1].config.target_modules, std::vector<std::string>{"gate_proj"});
+  EXPECT_TRUE(specs[1].config.use_rslora);
+  custom.targets = {"lm_head"};
+  EXPECT_THROW(synthetic_adapter_specs(custom, config), Error);
+}
+
+TEST(SyntheticModel, Bf16CheckpointStreamsTheSameValues) {
+  TempDir dir;
+  ModelConfig config = synthetic_model_config(Architecture::kMistral, SyntheticPreset::kTiny);
+  config.torch_dtype = "bfloat16";
+  write_synthetic_checkpoint((dir.path() / "bf16").string(), config, 5, StoredDtype::kBF16);
+  write_synthetic_checkpoint((dir.path() / "f32").string(), config, 5, StoredDtype::kF32);
+  const double bf16_bytes = fs::file_size(dir.path() / "bf16" / "model.safetensors");
+  const double f32_bytes = fs::file_size(dir.path() / "f32" / "model.safetensors");
+  EXPECT_NEAR(bf16_bytes / f32_bytes, 0.5, 0.01);
+  const TensorMap bf16 = read_safetensors_checkpoint((dir.path() / "bf16").string());
+  const TensorMap f32 = read_safetensors_checkpoint((dir.path() / "f32").string());
+  ASSERT_EQ(bf16.size(), f32.size());
+  for (const auto& [name, tensor] : f32) {
+    const Tensor& rounded = bf16.at(name);
+    ASSERT_EQ(rounded.shape, tensor.shape) << name;
+    for (int64_t i = 0; i < tensor.numel(); ++i)
+      ASSERT_EQ(rounded.data[i], bf16_to_float(float_to_bf16(tensor.data[i]))) << name << "[" << i << "]";
+  }
+  // A stream drawn in chunks gives the values drawn at once.
+  const SyntheticTensorSpec spec{"x", {1000}, false, 0.5f};
+  const Tensor whole = make_synthetic_tensor(spec, 9);
+  SyntheticValueStream stream(spec, 9);
+  std::vector<float> chunked(1000);
+  stream.next(chunked.data(), 300);
+  stream.next(chunked.data() + 300, 700);
+  for (int i = 0; i < 1000; ++i) ASSERT_EQ(chunked[i], whole.data[i]);
+}
+
+TEST(SyntheticModel, BadOptionsAreInvalidArguments) {
+  TempDir dir;
+  SyntheticModelOptions options = options_for(Architecture::kLlama, 1);
+  options.rank = 0;
+  EXPECT_THROW(write_synthetic_model(dir.str(), options), Error);
+  EXPECT_FALSE(fs::exists(dir.path() / "model.safetensors"));  // nothing written
+  options.rank = 4;
+  options.num_adapters = -1;
+  EXPECT_THROW(write_synthetic_model(dir.str(), options), Error);
+}
+
+}  // namespace
+}  // namespace loom
