@@ -5,6 +5,9 @@
 #include "reference_model.h"
 #include "util/error.h"
 
+// SequenceInput is filled with designated initializers, leaving defaults out on purpose.
+#pragma GCC diagnostic ignored "-Wmissing-field-initializers"
+
 namespace loom {
 namespace {
 
