@@ -118,6 +118,31 @@ TEST(CpuBackend, DecodeAfterPrefillMatchesReference) {
   }
 }
 
+TEST(CpuBackend, LongBatchRunsAttentionOnThreadsAndMatchesReference) {
+  // Enough attention work (two sequences of 70 tokens) for the parallel path.
+  const ModelConfig config = test::tiny_config(Architecture::kQwen3);
+  auto weights = test::random_weights(config, 25);
+  auto backend = make_cpu_backend(config, weights, {.num_threads = 2});
+  backend->allocate_kv_cache({40, 4});
+  std::vector<SequenceInput> inputs(2);
+  std::vector<std::vector<std::vector<double>>> expected;
+  for (int s = 0; s < 2; ++s) {
+    inputs[s].tokens = test::random_tokens(26 + s, 70, config.vocab_size);
+    for (int32_t b = 0; b < 18; ++b) inputs[s].block_ids.push_back(2 * b + s);
+    inputs[s].logits_for_all_tokens = true;
+    std::vector<int32_t> positions(70);
+    for (int32_t i = 0; i < 70; ++i) positions[i] = i;
+    expected.push_back(reference_logits(config, *weights, inputs[s].tokens, positions,
+                                        std::vector<const LoraAdapter*>(70, nullptr)));
+  }
+  const ForwardResult result = backend->forward(make_batch(inputs));
+  ASSERT_EQ(result.logits.size(), 140u * config.vocab_size);
+  for (int row = 0; row < 140; ++row)
+    EXPECT_LT(max_abs_diff(result.logits.data() + row * config.vocab_size, expected[row / 70][row % 70]),
+              kTolerance)
+        << row;
+}
+
 TEST(CpuBackend, ReportsKvSizes) {
   const ModelConfig config = test::tiny_config(Architecture::kLlama);
   auto backend = make_cpu_backend(config, test::random_weights(config, 1), {.num_threads = 1, .max_adapter_slots = 3});

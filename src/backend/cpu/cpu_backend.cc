@@ -198,7 +198,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
                        config_.rms_norm_eps, k_.data());
   }
   const int64_t half = head_dim / 2;
-#pragma omp parallel for if (n >= 8)
+#pragma omp parallel for if (n * (q_size + kv_size) >= 64 * 1024)
   for (int64_t t = 0; t < n; ++t) {
     rope_.rotate(q_.data() + t * q_size, config_.num_heads, rope_cos_.data() + t * half,
                  rope_sin_.data() + t * half);

@@ -7,8 +7,9 @@
 namespace loom::cpu {
 
 namespace {
-// Below this many rows a parallel region costs more than it saves.
-constexpr int64_t kMinRowsForThreads = 32;
+// Below this many floats touched a parallel region costs more than it saves
+// (and on a loaded machine a barrier can wait a whole scheduler quantum).
+constexpr int64_t kMinFloatsForThreads = 64 * 1024;
 }  // namespace
 
 void linear(const float* x, int64_t num_rows, int64_t in_features, const float* weight,
@@ -26,7 +27,7 @@ void linear(const float* x, int64_t num_rows, int64_t in_features, const float* 
                 static_cast<int>(out_features));
   }
   if (bias != nullptr) {
-#pragma omp parallel for if (num_rows >= kMinRowsForThreads)
+#pragma omp parallel for if (num_rows * out_features >= kMinFloatsForThreads)
     for (int64_t row = 0; row < num_rows; ++row) add_in_place(y + row * out_features, bias, out_features);
   }
 }
@@ -43,7 +44,7 @@ void linear_accumulate(const float* x, int64_t x_stride, int64_t num_rows, int64
 
 void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float* weight, float eps,
                    float* out) {
-#pragma omp parallel for if (num_rows >= kMinRowsForThreads)
+#pragma omp parallel for if (num_rows * width >= kMinFloatsForThreads)
   for (int64_t row = 0; row < num_rows; ++row) {
     const float* in_row = x + row * width;
     float* out_row = out + row * width;
@@ -58,7 +59,7 @@ void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float*
 }
 
 void silu_multiply(float* gate, const float* up, int64_t count) {
-#pragma omp parallel for if (count >= kMinRowsForThreads * 4096)
+#pragma omp parallel for if (count >= kMinFloatsForThreads)
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];

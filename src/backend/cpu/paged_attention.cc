@@ -14,6 +14,7 @@ void place_tokens(const Batch& batch, int block_size, TokenPlacement& placement)
   placement.sequence_of_token.resize(num_tokens);
   placement.slot_of_token.resize(num_tokens);
   placement.max_context_length = 0;
+  placement.num_attended_entries = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const BatchSequence& sequence = batch.sequences[s];
     const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
@@ -24,8 +25,11 @@ void place_tokens(const Batch& batch, int block_size, TokenPlacement& placement)
       placement.slot_of_token[token] =
           static_cast<int64_t>(block_table[kv_index / block_size]) * block_size + kv_index % block_size;
     }
-    placement.max_context_length =
-        std::max(placement.max_context_length, sequence.num_cached_tokens + sequence.num_new_tokens);
+    const int64_t context_length = sequence.num_cached_tokens + sequence.num_new_tokens;
+    placement.max_context_length = std::max(placement.max_context_length, static_cast<int32_t>(context_length));
+    // Token i attends to num_cached + i + 1 entries.
+    const int64_t num_new = sequence.num_new_tokens;
+    placement.num_attended_entries += num_new * (sequence.num_cached_tokens + 1) + num_new * (num_new - 1) / 2;
   }
 }
 
@@ -103,7 +107,10 @@ void paged_attention(const float* q, const Batch& batch, const TokenPlacement& p
   scores_scratch.resize(static_cast<size_t>(num_threads) * scratch_per_thread);
 
   const int64_t num_units = num_tokens * num_heads;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(num_threads)
+  // Multiply-adds of the whole call; small steps run on the calling thread.
+  const int64_t work = placement.num_attended_entries * num_heads * shape.head_dim;
+  constexpr int64_t kMinWorkForThreads = 128 * 1024;
+#pragma omp parallel for schedule(dynamic, 4) num_threads(num_threads) if (work >= kMinWorkForThreads)
   for (int64_t unit = 0; unit < num_units; ++unit) {
     const int64_t token = unit / num_heads;
     const int head = static_cast<int>(unit % num_heads);

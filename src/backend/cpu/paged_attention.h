@@ -28,6 +28,7 @@ struct TokenPlacement {
   std::vector<int32_t> sequence_of_token;  // [num_tokens]
   std::vector<int64_t> slot_of_token;      // [num_tokens]
   int32_t max_context_length = 0;          // max over sequences of cached + new
+  int64_t num_attended_entries = 0;        // sum over tokens of the KV entries each attends to
 };
 
 // Fills `placement` (reusing its capacity) for a validated batch.
@@ -41,7 +42,8 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 // entries 0 .. num_cached_tokens + i of token t's sequence (t is its new token i).
 // Query head h reads kv head h / (num_heads / num_kv_heads).
 // `scores_scratch` is resized to num_threads * max_context_length floats.
-// Runs an OpenMP parallel region over (token, head) with `num_threads` threads.
+// Runs an OpenMP parallel region over (token, head) with `num_threads` threads
+// when there is enough work to pay for it.
 void paged_attention(const float* q, const Batch& batch, const TokenPlacement& placement,
                      const AttentionShape& shape, const float* k_pool, const float* v_pool,
                      int num_threads, std::vector<float>& scores_scratch, float* out);
