@@ -283,7 +283,7 @@ GgufFile read_gguf(const std::string& path) {
   const uint64_t num_metadata = cursor.read<uint64_t>("metadata count");
   // Each entry takes at least 12 (metadata) or 24 (tensor info) bytes.
   if (num_metadata > cursor.remaining() / 12 || num_tensors > cursor.remaining() / 24)
-    fail(ErrorKind::kFormat, "{}: {} metadata entries and {} tensors cannot fit in the file", path,
+    fail(ErrorKind::kFormat, "{}: truncated GGUF file: {} metadata entries and {} tensors cannot fit in it", path,
          num_metadata, num_tensors);
 
   for (uint64_t i = 0; i < num_metadata; ++i) {

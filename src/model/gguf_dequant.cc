@@ -1,9 +1,6 @@
-// Dequantization must round exactly like ggml: d * q + m is two roundings in
-// ggml's C reference and in gguf-py's numpy, so fused multiply-add (which the
-// compiler may emit under the default -ffp-contract=fast with -mfma) would make
-// Q4_1 values differ in the last bit. Contraction is switched off for this file.
-#pragma GCC optimize("fp-contract=off")
-
+// Values must equal ggml's dequantize_row_* bit for bit. For Q4_1 that holds
+// even if the compiler fuses d * q + m into one FMA: d has an 11-bit and q a
+// 4-bit significand, so the product is exact and only the sum rounds.
 #include "model/gguf_dequant.h"
 
 #include <cstring>
