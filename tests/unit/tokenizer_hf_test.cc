@@ -55,6 +55,21 @@ TEST(TokenizerHfTest, ByteFallbackMatchesHf) { expect_matches_hf(*load("byte_fal
 
 TEST(TokenizerHfTest, MetaspaceWithUnkMatchesHf) { expect_matches_hf(*load("metaspace"), "metaspace"); }
 
+// to_hf_tokenizer_json() of a loaded tokenizer.json encodes identically (HF
+// loading these exports was checked when the fixtures were made) and is stable.
+TEST(TokenizerHfTest, ExportReloadsIdentically) {
+  for (const char* name : {"llama3_pattern", "qwen2_pattern", "byte_fallback", "metaspace"}) {
+    SCOPED_TRACE(name);
+    const auto original = load(name);
+    test::TempDir dir;
+    std::ofstream(dir.str() + "/tokenizer.json") << original->to_hf_tokenizer_json();
+    std::ofstream(dir.str() + "/tokenizer_config.json") << original->to_hf_tokenizer_config_json();
+    const auto reloaded = Tokenizer::from_hf_directory(dir.str());
+    expect_matches_hf(*reloaded, name);
+    EXPECT_EQ(reloaded->to_hf_tokenizer_json(), original->to_hf_tokenizer_json());
+  }
+}
+
 TEST(TokenizerHfTest, ByteLevelRoundTripsEveryString) {
   const auto tokenizer = load("llama3_pattern");
   for (const auto& value : read_fixture("corpus.json")) {
