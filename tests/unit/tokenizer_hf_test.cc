@@ -51,6 +51,12 @@ TEST(TokenizerHfTest, Llama3PatternMatchesHf) { expect_matches_hf(*load("llama3_
 
 TEST(TokenizerHfTest, Qwen2PatternWithNfcMatchesHf) { expect_matches_hf(*load("qwen2_pattern"), "qwen2_pattern"); }
 
+TEST(TokenizerHfTest, Gpt2PrefixSpaceWithNfkcLowercaseMatchesHf) {
+  expect_matches_hf(*load("gpt2_prefix_space"), "gpt2_prefix_space");
+}
+
+TEST(TokenizerHfTest, SplitBehaviorsMatchHf) { expect_matches_hf(*load("split_behaviors"), "split_behaviors"); }
+
 TEST(TokenizerHfTest, ByteFallbackMatchesHf) { expect_matches_hf(*load("byte_fallback"), "byte_fallback"); }
 
 TEST(TokenizerHfTest, MetaspaceWithUnkMatchesHf) { expect_matches_hf(*load("metaspace"), "metaspace"); }
@@ -58,7 +64,8 @@ TEST(TokenizerHfTest, MetaspaceWithUnkMatchesHf) { expect_matches_hf(*load("meta
 // to_hf_tokenizer_json() of a loaded tokenizer.json encodes identically (HF
 // loading these exports was checked when the fixtures were made) and is stable.
 TEST(TokenizerHfTest, ExportReloadsIdentically) {
-  for (const char* name : {"llama3_pattern", "qwen2_pattern", "byte_fallback", "metaspace"}) {
+  for (const char* name : {"llama3_pattern", "qwen2_pattern", "byte_fallback", "metaspace", "gpt2_prefix_space",
+                           "split_behaviors"}) {
     SCOPED_TRACE(name);
     const auto original = load(name);
     test::TempDir dir;

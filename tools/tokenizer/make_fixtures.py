@@ -144,6 +144,15 @@ def make_metaspace(base):
     return tok
 
 
+def make_variant(base, pre_tokenizer, normalizer=None):
+    """The base vocabulary with another pre-tokenizer (exercises rarer HF options)."""
+    tok = Tokenizer.from_str(base.to_str())
+    tok.pre_tokenizer = pre_tokenizer
+    if normalizer is not None:
+        tok.normalizer = normalizer
+    return tok
+
+
 def expected_for(tok):
     cases = []
     for text in CORPUS:
@@ -246,6 +255,17 @@ def main():
         "llama3_pattern": make_llama3_pattern(),
         "qwen2_pattern": make_qwen2_pattern(),
     }
+    trained["gpt2_prefix_space"] = make_variant(
+        trained["llama3_pattern"], pre_tokenizers.ByteLevel(add_prefix_space=True, use_regex=True),
+        normalizer=normalizers.Sequence([normalizers.NFKC(), normalizers.Lowercase()]))
+    trained["split_behaviors"] = make_variant(trained["llama3_pattern"], pre_tokenizers.Sequence([
+        pre_tokenizers.Split("-", behavior="merged_with_previous"),
+        pre_tokenizers.Split(Regex(r"[.,;:!?]"), behavior="merged_with_next"),
+        pre_tokenizers.Split(Regex(r"\s+"), behavior="removed"),
+        pre_tokenizers.Split(Regex(r"\p{L}+"), behavior="contiguous", invert=True),
+        pre_tokenizers.Digits(individual_digits=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]))
     fallback_base = train_byte_fallback()
     trained["byte_fallback"] = make_byte_fallback(fallback_base)
     trained["metaspace"] = make_metaspace(fallback_base)
