@@ -1,7 +1,6 @@
 #include "tokenizer/synthetic.h"
 
 #include <map>
-#include <set>
 #include <unordered_map>
 
 #include <nlohmann/json.hpp>
@@ -55,15 +54,23 @@ TrainedBpe train_bpe(SyntheticPreTokenizer kind, int num_tokens) {
     counts.push_back(count);
   }
 
+  // Pair counts are kept up to date incrementally: only words containing the
+  // merged pair are recounted. Key: left id << 32 | right id.
   std::unordered_map<uint64_t, int64_t> pair_counts;
-  while (static_cast<int>(trained.vocab.size()) < num_tokens) {
-    // Key: left id << 32 | right id; the winner (highest count, then smallest
-    // key) does not depend on the map's iteration order.
-    pair_counts.clear();
-    for (size_t w = 0; w < words.size(); ++w)
-      for (size_t i = 0; i + 1 < words[w].size(); ++i)
-        pair_counts[(static_cast<uint64_t>(words[w][i]) << 32) | static_cast<uint32_t>(words[w][i + 1])] += counts[w];
-    if (pair_counts.empty()) break;
+  const auto pair_key = [](int left, int right) {
+    return (static_cast<uint64_t>(left) << 32) | static_cast<uint32_t>(right);
+  };
+  const auto count_pairs = [&](const std::vector<int>& word, int64_t weight) {
+    for (size_t i = 0; i + 1 < word.size(); ++i) {
+      const uint64_t key = pair_key(word[i], word[i + 1]);
+      if ((pair_counts[key] += weight) == 0) pair_counts.erase(key);
+    }
+  };
+  for (size_t w = 0; w < words.size(); ++w) count_pairs(words[w], counts[w]);
+
+  while (static_cast<int>(trained.vocab.size()) < num_tokens && !pair_counts.empty()) {
+    // The winner (highest count, then smallest key) does not depend on the
+    // map's iteration order.
     uint64_t best_key = 0;
     int64_t best_count = 0;
     for (const auto& [key, count] : pair_counts) {
@@ -84,8 +91,13 @@ TrainedBpe train_bpe(SyntheticPreTokenizer kind, int num_tokens) {
       token_ids.emplace(merged, merged_id);
     }
     trained.merges.emplace_back(left, right);
-    for (std::vector<int>& word : words) {
-      if (word.size() < 2) continue;
+    for (size_t w = 0; w < words.size(); ++w) {
+      std::vector<int>& word = words[w];
+      bool contains_pair = false;
+      for (size_t i = 0; i + 1 < word.size() && !contains_pair; ++i)
+        contains_pair = word[i] == left && word[i + 1] == right;
+      if (!contains_pair) continue;
+      count_pairs(word, -counts[w]);
       std::vector<int> out;
       out.reserve(word.size());
       for (size_t i = 0; i < word.size(); ++i) {
@@ -97,6 +109,7 @@ TrainedBpe train_bpe(SyntheticPreTokenizer kind, int num_tokens) {
         }
       }
       word = std::move(out);
+      count_pairs(word, counts[w]);
     }
   }
   return trained;
