@@ -160,7 +160,7 @@ void PreTokenizer::apply_step(const Step& step, std::vector<PreTokenizedWord>& w
   for (PreTokenizedWord& word : words) {
     switch (step.kind) {
       case Kind::kByteLevel: {
-        if (step.add_prefix_space && (word.text.empty() || word.text[0] != ' ')) word.text.insert(0, " ");
+        if (step.add_prefix_space && (word.text.empty() || word.text[0] != ' ')) word.text = " " + word.text;
         std::vector<PreTokenizedWord> pieces;
         if (step.regex) {
           apply_behavior(word, ranges_from_matches(step.regex->find_all(word.text), word.text.size()),
