@@ -184,8 +184,14 @@ std::string HfTokenizer::to_hf_tokenizer_config_json() const {
 
 std::shared_ptr<const Tokenizer> Tokenizer::from_hf_json_file(const std::string& tokenizer_json_path,
                                                               const std::string& tokenizer_config_path) {
+  // Without an explicit config, the one beside tokenizer.json (if any) applies.
+  std::string config_path = tokenizer_config_path;
+  if (config_path.empty()) {
+    const auto beside = std::filesystem::path(tokenizer_json_path).parent_path() / "tokenizer_config.json";
+    if (std::filesystem::exists(beside)) config_path = beside.string();
+  }
   nlohmann::json config;
-  if (!tokenizer_config_path.empty()) config = read_json_file(tokenizer_config_path);
+  if (!config_path.empty()) config = read_json_file(config_path);
   return std::make_shared<HfTokenizer>(read_json_file(tokenizer_json_path), std::move(config), tokenizer_json_path);
 }
 

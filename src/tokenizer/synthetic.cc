@@ -166,7 +166,7 @@ SyntheticTokenizer make_synthetic_tokenizer(int vocab_size, SyntheticPreTokenize
   const bool is_llama3 = kind == SyntheticPreTokenizer::kLlama3;
   const std::string bos = is_llama3 ? "<|begin_of_text|>" : "<|endoftext|>";
   result.bos_token_id = id_of(bos);
-  result.eos_token_ids = is_llama3 ? std::vector<int>{id_of("<|end_of_text|>"), id_of("<|eot_id|>")}
+  result.eos_token_ids = is_llama3 ? std::vector<int>{id_of("<|eot_id|>"), id_of("<|end_of_text|>")}
                                    : std::vector<int>{id_of("<|im_end|>"), id_of("<|endoftext|>")};
   const nlohmann::json byte_level_processor = {
       {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};

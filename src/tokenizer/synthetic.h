@@ -26,7 +26,8 @@ struct SyntheticTokenizer {
   std::string tokenizer_json;
   std::string tokenizer_config_json;  // chat template, bos/eos, add_bos_token
   int bos_token_id = -1;              // llama3: <|begin_of_text|>; ChatML families: <|endoftext|>
-  std::vector<int> eos_token_ids;     // llama3: <|end_of_text|>, <|eot_id|>; ChatML: <|im_end|>, <|endoftext|>
+  std::vector<int> eos_token_ids;     // llama3: <|eot_id|>, <|end_of_text|>; ChatML: <|im_end|>, <|endoftext|>
+                                      // (the first is tokenizer_config.json's eos_token)
 };
 
 // Throws Error(kInvalidArgument) if vocab_size < 256 + the number of special

@@ -133,6 +133,10 @@ TEST_P(SyntheticTokenizerTest, MatchesHfOnCorpus) {
   expect_golden(name + "/tokenizer.json", synthetic.tokenizer_json);
   expect_golden(name + "/tokenizer_config.json", synthetic.tokenizer_config_json);
   expect_matches_hf(*load_synthetic(kFixtureVocabSize, GetParam().kind), name);
+  // The committed files load from disk with their config (chat template, eos).
+  const auto from_file = Tokenizer::from_hf_json_file(test::fixture_path("tokenizer/" + name + "/tokenizer.json"));
+  EXPECT_EQ(from_file->chat_template().jinja(), load_synthetic(kFixtureVocabSize, GetParam().kind)->chat_template().jinja());
+  EXPECT_EQ(from_file->eos_token_ids(), std::vector<TokenId>(synthetic.eos_token_ids.begin(), synthetic.eos_token_ids.end()));
 }
 
 TEST_P(SyntheticTokenizerTest, ChatTemplateMatchesFamily) {
