@@ -1,4 +1,5 @@
 // ModelConfig from GGUF metadata ("<arch>.*" keys, llama.cpp's names).
+#include <algorithm>
 #include <cmath>
 
 #include "model/gguf.h"
@@ -20,6 +21,46 @@ int int_or(const GgufFile& gguf, const std::string& key, int fallback) {
 
 int require_int(const GgufFile& gguf, const std::string& key) {
   return to_int(gguf, key, gguf.get_int(key));
+}
+
+// llama.cpp stores Llama 3's rope scaling not as metadata but as the tensor
+// rope_freqs.weight (one wavelength factor per rotary pair). Every Llama 3.x
+// release uses low_freq_factor 1, high_freq_factor 4 and an original context of
+// 8192, with factor = the largest entry; we accept the tensor when it equals
+// what those parameters give, so the model runs with HF's llama3 RoPE.
+RopeScaling llama3_scaling_from_rope_freqs(const GgufFile& gguf, const ModelConfig& config) {
+  const Tensor& factors = gguf.tensors.at("rope_freqs.weight");
+  const int64_t num_pairs = config.head_dim / 2;
+  if (factors.numel() != num_pairs)
+    fail(ErrorKind::kFormat, "{}: tensor rope_freqs.weight has {} entries, expected head_dim / 2 = {}", gguf.path,
+         factors.numel(), num_pairs);
+  RopeScaling scaling;
+  scaling.type = RopeScaling::Type::kLlama3;
+  scaling.factor = *std::max_element(factors.data, factors.data + num_pairs);
+  scaling.low_freq_factor = 1.0f;
+  scaling.high_freq_factor = 4.0f;
+  scaling.original_max_position_embeddings = 8192;
+  const double low_freq_wavelength = scaling.original_max_position_embeddings / scaling.low_freq_factor;
+  const double high_freq_wavelength = scaling.original_max_position_embeddings / scaling.high_freq_factor;
+  for (int64_t i = 0; i < num_pairs; ++i) {
+    const double frequency = std::pow(static_cast<double>(config.rope_theta), -2.0 * i / config.head_dim);
+    const double wavelength = 2 * M_PI / frequency;
+    double expected = 1.0;
+    if (wavelength > low_freq_wavelength) {
+      expected = scaling.factor;
+    } else if (wavelength >= high_freq_wavelength) {
+      const double smooth = (scaling.original_max_position_embeddings / wavelength - scaling.low_freq_factor) /
+                            (scaling.high_freq_factor - scaling.low_freq_factor);
+      expected = 1.0 / ((1 - smooth) / scaling.factor + smooth);
+    }
+    if (std::abs(factors.data[i] - expected) > 1e-3 * expected)
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("{}: tensor rope_freqs.weight is not Llama 3 rope scaling (entry {} is {}, "
+                              "expected {} for factor {})",
+                              gguf.path, i, factors.data[i], expected, scaling.factor),
+                  "only llama3-style RoPE factors (low 1, high 4, original context 8192) are supported");
+  }
+  return scaling;
 }
 
 }  // namespace
@@ -61,6 +102,8 @@ ModelConfig gguf_model_config(const GgufFile& gguf) {
   if (gguf.has(scaling_key) && gguf.get_string(scaling_key) != "none")
     fail(ErrorKind::kUnsupported, "{}: {} \"{}\" is not supported", path, scaling_key,
          gguf.get_string(scaling_key));
+  if (gguf.tensors.count("rope_freqs.weight") != 0)
+    config.rope_scaling = llama3_scaling_from_rope_freqs(gguf, config);
   if (config.arch != Architecture::kQwen2) {
     config.qkv_bias = gguf.tensors.count("model.layers.0.self_attn.q_proj.bias") != 0;
     config.o_bias = gguf.tensors.count("model.layers.0.self_attn.o_proj.bias") != 0;

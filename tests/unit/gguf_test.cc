@@ -339,6 +339,40 @@ TEST(GgufTest, ConfigTiesEmbeddingsWithoutOutputAndReadsQwenFlags) {
   EXPECT_EQ(config.eos_token_ids, std::vector<int>{7});
 }
 
+// llama.cpp's converter bakes Llama 3's rope scaling into rope_freqs.weight.
+// These are its values for Llama 3.2 (theta 500000, factor 32), computed by the
+// converter's own formula in torch float32, for head_dim 64.
+constexpr float kLlama32RopeFreqs[32] = {
+    1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f, 1.0f,
+    1.6513292789459229f, 3.2922627925872803f, 9.666730880737305f, 32.0f, 32.0f, 32.0f, 32.0f, 32.0f,
+    32.0f, 32.0f, 32.0f, 32.0f, 32.0f, 32.0f, 32.0f, 32.0f, 32.0f};
+
+std::string write_rope_freqs_model(const std::string& path, std::vector<float> factors) {
+  GgufWriter writer;
+  add_llama_metadata(writer, 128, 2, 2);  // head_dim 64
+  writer.add_f32("llama.rope.freq_base", 500000.0f);
+  writer.add_u32("llama.vocab_size", 16);
+  writer.add_tensor("rope_freqs.weight", {factors.size()}, kF32, bytes_of(factors));
+  writer.write(path);
+  return path;
+}
+
+TEST(GgufTest, RopeFreqsTensorBecomesLlama3Scaling) {
+  TempDir dir;
+  std::vector<float> factors(std::begin(kLlama32RopeFreqs), std::end(kLlama32RopeFreqs));
+  GgufFile gguf = read_gguf(write_rope_freqs_model(dir.str() + "/l32.gguf", factors));
+  ModelConfig config = gguf_model_config(gguf);
+  EXPECT_EQ(config.rope_scaling.type, RopeScaling::Type::kLlama3);
+  EXPECT_EQ(config.rope_scaling.factor, 32.0f);
+  EXPECT_EQ(config.rope_scaling.low_freq_factor, 1.0f);
+  EXPECT_EQ(config.rope_scaling.high_freq_factor, 4.0f);
+  EXPECT_EQ(config.rope_scaling.original_max_position_embeddings, 8192);
+
+  factors[16] = 5.0f;  // not what any llama3 parameters give
+  GgufFile odd = read_gguf(write_rope_freqs_model(dir.str() + "/odd.gguf", factors));
+  expect_error([&] { gguf_model_config(odd); }, ErrorKind::kUnsupported, {"odd.gguf", "rope_freqs.weight"});
+}
+
 TEST(GgufTest, SmolLM2RowsMatchTransformersGgufLoader) {
   const std::string model_path = test::smollm2_gguf_path();
   if (model_path.empty()) GTEST_SKIP() << "SmolLM2 GGUF not present";
