@@ -4,4 +4,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
+# Tests run in parallel on few cores: spinning OpenMP threads would starve each other.
+export OMP_WAIT_POLICY=${OMP_WAIT_POLICY:-passive}
 ctest --test-dir "${LOOM_BUILD_DIR:-build}" --output-on-failure -j "$(nproc)" -L "${1:-cpu}" "${@:2}"
