@@ -7,6 +7,7 @@
 
 #include "model/hf_config.h"
 #include "model/synthetic_weights.h"
+#include "tokenizer/synthetic.h"
 #include "util/error.h"
 
 namespace loom {
@@ -89,18 +90,14 @@ void write_text(const fs::path& path, const std::string& text) {
   if (!stream) fail(ErrorKind::kInvalidArgument, "{}: cannot write", path.string());
 }
 
-// ---------------------------------------------------------------------------
-// The one place that writes the tokenizer of a synthetic model, and sets the
-// config's special token ids to match it.
-// TODO(tokenizer): call make_synthetic_tokenizer_json (src/tokenizer/synthetic.h)
-// once it lands: llama3 family for llama, qwen2 for qwen2/qwen3, smollm for mistral.
-// ---------------------------------------------------------------------------
-void assign_synthetic_special_tokens(ModelConfig& config) {
-  config.bos_token_id = config.vocab_size - 2;
-  config.eos_token_ids = {config.vocab_size - 1};
+// The synthetic tokenizer of the arch's family: llama3 for llama, qwen2 for
+// qwen2/qwen3, smollm (GPT-2 regex, single digits) for mistral.
+SyntheticTokenizer synthetic_tokenizer_for(const ModelConfig& config) {
+  PreTokenizerFamily family = PreTokenizerFamily::kSmolLM;
+  if (config.arch == Architecture::kLlama) family = PreTokenizerFamily::kLlama3;
+  if (config.arch == Architecture::kQwen2 || config.arch == Architecture::kQwen3) family = PreTokenizerFamily::kQwen2;
+  return make_synthetic_tokenizer(config.vocab_size, family);
 }
-
-void write_synthetic_tokenizer(const fs::path& directory, const ModelConfig& config) {}
 
 }  // namespace
 
@@ -114,7 +111,9 @@ const char* synthetic_preset_name(SyntheticPreset preset) { return preset == Syn
 
 ModelConfig synthetic_model_config(Architecture arch, SyntheticPreset preset) {
   ModelConfig config = preset == SyntheticPreset::kTiny ? tiny_config(arch) : llama3_8b_config(arch);
-  assign_synthetic_special_tokens(config);
+  const SyntheticTokenizer tokenizer = synthetic_tokenizer_for(config);
+  config.bos_token_id = tokenizer.bos_token_id;
+  config.eos_token_ids = tokenizer.eos_token_ids;
   config.validate(fmt::format("synthetic {} {}", architecture_short_name(arch), synthetic_preset_name(preset)));
   return config;
 }
@@ -135,7 +134,9 @@ void write_synthetic_model(const std::string& directory, const SyntheticModelOpt
   const std::vector<SyntheticAdapterSpec> adapter_specs = synthetic_adapter_specs(options, config);
   const StoredDtype dtype = options.preset == SyntheticPreset::kTiny ? StoredDtype::kF32 : StoredDtype::kBF16;
   write_synthetic_checkpoint(directory, config, options.seed, dtype);
-  write_synthetic_tokenizer(directory, config);
+  const SyntheticTokenizer tokenizer = synthetic_tokenizer_for(config);
+  write_text(fs::path(directory) / "tokenizer.json", tokenizer.tokenizer_json);
+  write_text(fs::path(directory) / "tokenizer_config.json", tokenizer.tokenizer_config_json);
   for (const SyntheticAdapterSpec& spec : adapter_specs) {
     const LoraAdapter adapter = make_synthetic_adapter(spec, config, options.seed);
     write_lora_adapter((fs::path(directory) / "adapters" / spec.name).string(), adapter, config, dtype);

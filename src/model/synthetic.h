@@ -26,12 +26,14 @@
 // seed and the tensor's name; values are computed with single roundings only
 // (no a*b+c that FMA contraction could change).
 //
-// Scale: linear weights are uniform(-1, 1) / sqrt(fan_in), norms 1 +- 1/8,
-// embeddings and lm_head uniform * 4 / sqrt(hidden) (logits with a std of about
-// 2, so greedy choices are not near-ties). LoRA A is uniform / sqrt(fan_in)
-// and B uniform / (scale * sqrt(rank)), so every adapted module moves its
-// output by roughly half the base output: adapter logits differ visibly from
-// the base model's and stay finite.
+// Scale: linear weights are uniform(-1, 1) * gain / sqrt(fan_in), norms
+// (1 +- 1/8) * gain, embeddings uniform / sqrt(hidden), lm_head 4x that. The
+// gains (model/synthetic_weights.h) sharpen attention (q, k x3), let the layers
+// dominate the residual stream (o, down x4) and give logits a std of about 2,
+// so that greedy decoding depends on the context instead of repeating a token.
+// LoRA A is uniform / sqrt(fan_in) and B uniform * gain / (scale * sqrt(rank)),
+// so every adapted module moves its output by roughly half the base output:
+// adapter logits differ visibly from the base model's and stay finite.
 //
 // Adapter variety (targets empty), adapter i follows recipe i % 4:
 //   0: all seven projections, rank R, alpha A
@@ -80,6 +82,9 @@ struct SyntheticModelOptions {
 //   8b:   Llama-3-8B (hidden 4096, 32 layers, 32 / 8 heads, intermediate 14336,
 //         vocab 128256, theta 500000, llama3 scaling), bf16, untied; other
 //         archs keep these dimensions and add their own features.
+// bos / eos ids are those of the synthetic tokenizer (llama3 family for llama,
+// qwen2 for qwen2/qwen3, smollm for mistral; its special tokens are the last
+// ids of the vocabulary, see tokenizer/synthetic.h).
 ModelConfig synthetic_model_config(Architecture arch, SyntheticPreset preset);
 
 // The invocation sequence written into aLoRA adapters: two ordinary

@@ -101,7 +101,8 @@ LoraAdapter make_synthetic_adapter(const SyntheticAdapterSpec& spec, const Model
       const int64_t out = lora_out_features(config, target);
       const int64_t rank = module_plan->rank;
       const std::string prefix = fmt::format("adapters/{}/{}", spec.name, lora_module_path(layer, target));
-      const float b_scale = 1.0f / (module_plan->scale * std::sqrt(static_cast<float>(rank)));
+      const float b_scale =
+          synthetic_linear_gain(config, target) / (module_plan->scale * std::sqrt(static_cast<float>(rank)));
       LoraModuleWeights weights;
       weights.a = make_synthetic_tensor({prefix + ".lora_A.weight", {rank, in}, false,
                                          1.0f / std::sqrt(static_cast<float>(in))},

@@ -28,30 +28,43 @@ int64_t SyntheticTensorSpec::numel() const {
   return count;
 }
 
+float synthetic_linear_gain(const ModelConfig& config, LoraTarget target) {
+  switch (target) {
+    case LoraTarget::kQ:
+    case LoraTarget::kK: return config.qk_norm ? 1.0f : kAttentionGain;
+    case LoraTarget::kO:
+    case LoraTarget::kDown: return kResidualGain;
+    default: return 1.0f;
+  }
+}
+
 std::vector<SyntheticTensorSpec> synthetic_base_tensor_specs(const ModelConfig& config) {
   const int64_t hidden = config.hidden_size;
   const int64_t q_size = config.q_size();
   const int64_t kv_size = config.kv_size();
   const int64_t intermediate = config.intermediate_size;
-  const float output_scale = 4.0f * inverse_sqrt(hidden);
   std::vector<SyntheticTensorSpec> specs;
-  auto linear = [&](const std::string& name, int64_t out, int64_t in) {
-    specs.push_back({name, {out, in}, false, inverse_sqrt(in)});
+  auto linear = [&](const std::string& name, int64_t out, int64_t in, LoraTarget target) {
+    specs.push_back({name, {out, in}, false, synthetic_linear_gain(config, target) * inverse_sqrt(in)});
   };
-  auto norm = [&](const std::string& name, int64_t size) { specs.push_back({name, {size}, true, 1.0f}); };
+  auto norm = [&](const std::string& name, int64_t size, float gain) { specs.push_back({name, {size}, true, gain}); };
   auto bias = [&](const std::string& name, int64_t size) { specs.push_back({name, {size}, false, 0.125f}); };
 
-  specs.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}, false, output_scale});
-  if (!config.tie_word_embeddings) specs.push_back({"lm_head.weight", {config.vocab_size, hidden}, false, output_scale});
-  norm("model.norm.weight", hidden);
+  // With tied embeddings the input embedding is lm_head, so the final norm
+  // carries the gain that makes logits sharp (a power of two: exact).
+  const float embedding_scale = inverse_sqrt(hidden);
+  specs.push_back({"model.embed_tokens.weight", {config.vocab_size, hidden}, false, embedding_scale});
+  if (!config.tie_word_embeddings)
+    specs.push_back({"lm_head.weight", {config.vocab_size, hidden}, false, kLogitGain * embedding_scale});
+  norm("model.norm.weight", hidden, config.tie_word_embeddings ? kLogitGain : 1.0f);
   for (int layer = 0; layer < config.num_layers; ++layer) {
     const std::string prefix = fmt::format("model.layers.{}.", layer);
-    norm(prefix + "input_layernorm.weight", hidden);
-    norm(prefix + "post_attention_layernorm.weight", hidden);
-    linear(prefix + "self_attn.q_proj.weight", q_size, hidden);
-    linear(prefix + "self_attn.k_proj.weight", kv_size, hidden);
-    linear(prefix + "self_attn.v_proj.weight", kv_size, hidden);
-    linear(prefix + "self_attn.o_proj.weight", hidden, q_size);
+    norm(prefix + "input_layernorm.weight", hidden, 1.0f);
+    norm(prefix + "post_attention_layernorm.weight", hidden, 1.0f);
+    linear(prefix + "self_attn.q_proj.weight", q_size, hidden, LoraTarget::kQ);
+    linear(prefix + "self_attn.k_proj.weight", kv_size, hidden, LoraTarget::kK);
+    linear(prefix + "self_attn.v_proj.weight", kv_size, hidden, LoraTarget::kV);
+    linear(prefix + "self_attn.o_proj.weight", hidden, q_size, LoraTarget::kO);
     if (config.qkv_bias) {
       bias(prefix + "self_attn.q_proj.bias", q_size);
       bias(prefix + "self_attn.k_proj.bias", kv_size);
@@ -59,12 +72,12 @@ std::vector<SyntheticTensorSpec> synthetic_base_tensor_specs(const ModelConfig& 
     }
     if (config.o_bias) bias(prefix + "self_attn.o_proj.bias", hidden);
     if (config.qk_norm) {
-      norm(prefix + "self_attn.q_norm.weight", config.head_dim);
-      norm(prefix + "self_attn.k_norm.weight", config.head_dim);
+      norm(prefix + "self_attn.q_norm.weight", config.head_dim, kAttentionGain);
+      norm(prefix + "self_attn.k_norm.weight", config.head_dim, kAttentionGain);
     }
-    linear(prefix + "mlp.gate_proj.weight", intermediate, hidden);
-    linear(prefix + "mlp.up_proj.weight", intermediate, hidden);
-    linear(prefix + "mlp.down_proj.weight", hidden, intermediate);
+    linear(prefix + "mlp.gate_proj.weight", intermediate, hidden, LoraTarget::kGate);
+    linear(prefix + "mlp.up_proj.weight", intermediate, hidden, LoraTarget::kUp);
+    linear(prefix + "mlp.down_proj.weight", hidden, intermediate, LoraTarget::kDown);
   }
   std::sort(specs.begin(), specs.end(),
             [](const SyntheticTensorSpec& a, const SyntheticTensorSpec& b) { return a.name < b.name; });
@@ -85,8 +98,11 @@ SyntheticValueStream::SyntheticValueStream(const SyntheticTensorSpec& spec, uint
 
 void SyntheticValueStream::next(float* out, int64_t count) {
   if (is_norm_) {
-    // u / 8 is exact, so 1 + u / 8 rounds once with or without FMA.
-    for (int64_t i = 0; i < count; ++i) out[i] = 1.0f + prng_.next_symmetric_float() * 0.125f;
+    // u / 8 is exact, so 1 + u / 8 rounds once with or without FMA; then one multiply.
+    for (int64_t i = 0; i < count; ++i) {
+      const float near_one = 1.0f + prng_.next_symmetric_float() * 0.125f;
+      out[i] = near_one * scale_;
+    }
   } else {
     for (int64_t i = 0; i < count; ++i) out[i] = prng_.next_symmetric_float() * scale_;
   }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "lora/adapter.h"
 #include "model/config.h"
 #include "model/safetensors.h"
 #include "model/weights.h"
@@ -13,7 +14,20 @@
 
 namespace loom {
 
-// value = uniform(-1, 1) * scale, or 1 + uniform(-1, 1) / 8 for norm weights.
+// Gains that keep a random model "alive": sharper attention (q and k, or the
+// q/k norms, times 3), a residual stream dominated by the layers rather than
+// the token's own embedding (o_proj and down_proj times 4), and logits with a
+// standard deviation of about 2 (lm_head, or the final norm when tied, times 4).
+// Without them greedy decoding repeats the last token forever.
+inline constexpr float kAttentionGain = 3.0f;
+inline constexpr float kResidualGain = 4.0f;
+inline constexpr float kLogitGain = 4.0f;
+
+// The gain of a projection's weight (and of its LoRA B, so that adapters move
+// every module by the same relative amount).
+float synthetic_linear_gain(const ModelConfig& config, LoraTarget target);
+
+// value = uniform(-1, 1) * scale, or (1 + uniform(-1, 1) / 8) * scale for norm weights.
 struct SyntheticTensorSpec {
   std::string name;
   std::vector<int64_t> shape;

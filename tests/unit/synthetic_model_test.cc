@@ -9,11 +9,13 @@
 
 #include "lora/adapter.h"
 #include "model/hf_config.h"
+#include "model/loader.h"
 #include "model/safetensors.h"
 #include "model/synthetic.h"
 #include "model/synthetic_weights.h"
 #include "model/weights.h"
 #include "test_util.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/half.h"
 
@@ -99,9 +101,9 @@ TEST(SyntheticModel, EveryTinyArchLoadsBackWithItsFeatures) {
     EXPECT_EQ(tensors.count("model.layers.0.self_attn.q_proj.bias"), config.qkv_bias ? 1u : 0u);
     EXPECT_EQ(tensors.count("model.layers.0.self_attn.k_norm.weight"), config.qk_norm ? 1u : 0u);
 
-    // Scales: linear |w| < 1/sqrt(fan_in), norms in [7/8, 9/8), not constant.
+    // Scales: down_proj |w| < 4/sqrt(fan_in) (residual gain), norms in [7/8, 9/8), not constant.
     const Tensor& down = weights.layers[0].down_proj;
-    const float bound = 1.0f / std::sqrt(static_cast<float>(config.intermediate_size));
+    const float bound = 4.0f / std::sqrt(static_cast<float>(config.intermediate_size));
     float max_abs = 0.0f;
     for (int64_t i = 0; i < down.numel(); ++i) max_abs = std::max(max_abs, std::fabs(down.data[i]));
     EXPECT_LE(max_abs, bound);
@@ -113,6 +115,22 @@ TEST(SyntheticModel, EveryTinyArchLoadsBackWithItsFeatures) {
     }
     EXPECT_NE(norm.data[0], norm.data[1]);
   }
+}
+
+TEST(SyntheticModel, LoadsAsAModelWithItsFamilyTokenizer) {
+  TempDir dir;
+  write_synthetic_model(dir.str(), options_for(Architecture::kQwen3, 0));
+  const LoadedModel model = load_model(dir.str());
+  EXPECT_EQ(model.config.arch, Architecture::kQwen3);
+  ASSERT_TRUE(model.tokenizer);
+  EXPECT_EQ(model.tokenizer->vocab_size(), model.config.vocab_size);
+  EXPECT_EQ(model.tokenizer->token_to_id("<|im_end|>"), model.config.vocab_size - 1);
+  EXPECT_EQ(model.tokenizer->eos_token_ids(), model.config.eos_token_ids);
+  EXPECT_FALSE(model.tokenizer->is_special(synthetic_alora_invocation_tokens(model.config)[0]));
+  EXPECT_EQ(model.weights->layers.size(), 2u);
+
+  const ModelConfig llama = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  EXPECT_EQ(llama.bos_token_id, llama.vocab_size - 5);  // <|begin_of_text|>
 }
 
 TEST(SyntheticModel, ArchSpecificsOfTinyPresets) {
@@ -169,7 +187,7 @@ TEST(SyntheticModel, AdaptersLoadWithTheirRecipes) {
   const auto& a0 = adapters[0]->layers[0][0]->a;
   const auto& a4 = adapters[4]->layers[0][0]->a;
   EXPECT_NE(a0.data[0], a4.data[0]);
-  // B is non-zero, so the adapters change the model: uniform * 1 / (scale * sqrt(rank)).
+  // B is non-zero, so the adapters change the model: uniform * gain / (scale * sqrt(rank)), v_proj gain 1.
   const LoraModuleWeights& v = *adapters[1]->layers[2][static_cast<int>(LoraTarget::kV)];
   float sum_abs = 0.0f;
   for (int64_t i = 0; i < v.b.numel(); ++i) sum_abs += std::fabs(v.b.data[i]);
