@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs every CPU test (set-up included). GPU tests carry the label "gpu" and run
-# on the device machine only: scripts/test.sh -L gpu there.
+# on the device machine only: scripts/test.sh gpu there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh

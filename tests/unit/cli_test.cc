@@ -1,0 +1,106 @@
+// The `loom` binary as users run it: make-model, generate (--json), and clear
+// errors with exit status 2 for bad input.
+#include <gtest/gtest.h>
+
+#include <array>
+#include <cstdio>
+#include <sys/wait.h>
+
+#include <nlohmann/json.hpp>
+
+#include "test_util.h"
+
+namespace loom {
+namespace {
+
+struct CommandResult {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr together
+};
+
+CommandResult run(const std::string& arguments) {
+  const std::string command = test::loom_binary() + " " + arguments + " 2>&1";
+  CommandResult result;
+  FILE* pipe = ::popen(command.c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  size_t count;
+  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
+}
+
+// The JSON object `loom generate --json` prints (the log line follows it).
+nlohmann::json parse_json_output(const std::string& output) {
+  const size_t begin = output.find('{');
+  const size_t end = output.rfind("\n}");
+  EXPECT_NE(begin, std::string::npos) << output;
+  EXPECT_NE(end, std::string::npos) << output;
+  return nlohmann::json::parse(output.substr(begin, end + 2 - begin));
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    directory_ = new test::TempDir();
+    CommandResult made = run("make-model --arch qwen2 --preset tiny --adapters 2 --rank 4 --out " + model());
+    ASSERT_EQ(made.exit_code, 0) << made.output;
+  }
+  static void TearDownTestSuite() {
+    delete directory_;
+    directory_ = nullptr;
+  }
+  static std::string model() { return directory_->str() + "/model"; }
+  static test::TempDir* directory_;
+};
+test::TempDir* CliTest::directory_ = nullptr;
+
+TEST_F(CliTest, GenerateJsonIsDeterministicAndAdaptersChangeTheOutput) {
+  const std::string common = "generate --model " + model() + " --raw --prompt 'the loom weaves' --max-tokens 6 --ignore-eos --json";
+  CommandResult base = run(common);
+  ASSERT_EQ(base.exit_code, 0) << base.output;
+  nlohmann::json base_json = parse_json_output(base.output);
+  ASSERT_EQ(base_json["tokens"].size(), 6u);
+  ASSERT_EQ(base_json["logprobs"].size(), 6u);
+  EXPECT_EQ(base_json["finish_reason"], "length");
+  for (const auto& logprob : base_json["logprobs"]) EXPECT_LE(logprob.get<double>(), 0.0);
+
+  CommandResult again = run(common);
+  EXPECT_EQ(parse_json_output(again.output)["tokens"], base_json["tokens"]);
+
+  CommandResult adapted = run(common + " --lora coder=" + model() + "/adapters/adapter0 --adapter coder");
+  ASSERT_EQ(adapted.exit_code, 0) << adapted.output;
+  EXPECT_NE(parse_json_output(adapted.output)["tokens"], base_json["tokens"]);
+}
+
+TEST_F(CliTest, SampledGenerationDependsOnTheSeed) {
+  const std::string common = "generate --model " + model() +
+                             " --raw --prompt 'x' --max-tokens 12 --ignore-eos --json --temperature 1.5 --seed ";
+  nlohmann::json first = parse_json_output(run(common + "1").output);
+  nlohmann::json repeat = parse_json_output(run(common + "1").output);
+  nlohmann::json other = parse_json_output(run(common + "2").output);
+  EXPECT_EQ(first["tokens"], repeat["tokens"]);
+  EXPECT_NE(first["tokens"], other["tokens"]);
+}
+
+TEST_F(CliTest, BadInputGivesAClearErrorAndStatus2) {
+  CommandResult missing = run("generate --model " + directory_->str() + "/nothing --prompt hi");
+  EXPECT_EQ(missing.exit_code, 2);
+  EXPECT_NE(missing.output.find("nothing"), std::string::npos) << missing.output;
+
+  CommandResult unknown_adapter = run("generate --model " + model() + " --adapter nobody --prompt hi");
+  EXPECT_EQ(unknown_adapter.exit_code, 2);
+  EXPECT_NE(unknown_adapter.output.find("nobody"), std::string::npos) << unknown_adapter.output;
+
+  CommandResult too_long = run("generate --model " + model() + " --raw --prompt hi --max-tokens 100000000");
+  EXPECT_EQ(too_long.exit_code, 2);
+  EXPECT_NE(too_long.output.find("context"), std::string::npos) << too_long.output;
+
+  CommandResult bad_messages = run("generate --model " + model() + " --messages '[{\"role\": 1}]'");
+  EXPECT_EQ(bad_messages.exit_code, 2);
+  EXPECT_NE(bad_messages.output.find("role"), std::string::npos) << bad_messages.output;
+}
+
+}  // namespace
+}  // namespace loom

@@ -1,0 +1,157 @@
+// Offline generator and sampler on a random tiny model.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/generator.h"
+#include "lora/adapter.h"
+#include "model/loader.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+#include "util/error.h"
+
+namespace loom {
+namespace {
+
+class GeneratorTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    directory_ = new test::TempDir();
+    SyntheticModelOptions options;
+    options.arch = Architecture::kLlama;
+    options.num_adapters = 1;
+    write_synthetic_model(directory_->str(), options);
+    model_ = new LoadedModel(load_model(directory_->str()));
+  }
+  static void TearDownTestSuite() {
+    delete model_;
+    delete directory_;
+  }
+
+  std::vector<GenerationResult> generate(const std::vector<GenerationRequest>& requests, GeneratorConfig config = {},
+                                         const TextCallback& on_text = {}) {
+    auto backend = make_cpu_backend(model_->config, model_->weights);
+    backend->set_adapter(0, load_lora_adapter("a", directory_->str() + "/adapters/adapter0", model_->config));
+    Generator generator(*backend, model_->tokenizer, config);
+    return generator.generate(requests, on_text);
+  }
+  static GenerationRequest request(const std::string& text, int max_new_tokens) {
+    GenerationRequest request;
+    request.prompt_tokens = model_->tokenizer->encode(text, true);
+    request.max_new_tokens = max_new_tokens;
+    request.ignore_eos = true;
+    return request;
+  }
+  static std::vector<int32_t> ids(const GenerationResult& result) {
+    std::vector<int32_t> tokens;
+    for (const auto& token : result.tokens) tokens.push_back(token.token_id);
+    return tokens;
+  }
+
+  static test::TempDir* directory_;
+  static LoadedModel* model_;
+};
+test::TempDir* GeneratorTest::directory_ = nullptr;
+LoadedModel* GeneratorTest::model_ = nullptr;
+
+TEST_F(GeneratorTest, ChunkedPrefillAndBlockSizeDoNotChangeTokens) {
+  const GenerationRequest long_request = request("a fairly long prompt that spans several blocks of the cache", 10);
+  const auto reference = generate({long_request});
+  for (int32_t chunk : {1, 3, 7}) {
+    for (int32_t block_size : {1, 4, 16}) {
+      GeneratorConfig config;
+      config.max_batch_tokens = chunk;
+      config.block_size = block_size;
+      EXPECT_EQ(ids(generate({long_request}, config)[0]), ids(reference[0]))
+          << "chunk " << chunk << " block size " << block_size;
+    }
+  }
+}
+
+TEST_F(GeneratorTest, BatchedRequestsEqualRequestsRunAlone) {
+  GenerationRequest base = request("one", 8);
+  GenerationRequest adapted = request("two words", 8);
+  adapted.adapter_slot = 0;
+  GenerationRequest sampled = request("three little words", 8);
+  sampled.sampling.temperature = 0.8f;
+  sampled.sampling.seed = 7;
+  const auto together = generate({base, adapted, sampled});
+  EXPECT_EQ(ids(together[0]), ids(generate({base})[0]));
+  EXPECT_EQ(ids(together[1]), ids(generate({adapted})[0]));
+  EXPECT_EQ(ids(together[2]), ids(generate({sampled})[0]));
+  EXPECT_NE(ids(together[0]), ids(generate({request("two words", 8)})[0]));
+}
+
+TEST_F(GeneratorTest, StopStringsCutTheTextAndAreNeverStreamed) {
+  const GenerationRequest plain = request("stop strings", 24);
+  const std::string full_text = generate({plain})[0].text;
+  ASSERT_GE(full_text.size(), 6u);
+  // A stop string taken from the middle of the greedy text.
+  const std::string stop = full_text.substr(full_text.size() / 2, 3);
+  GenerationRequest stopping = plain;
+  stopping.stop_strings = {"never-produced-zzz", stop};
+  std::string streamed;
+  const auto result = generate({stopping}, {}, [&](size_t, const std::string& delta) {
+    EXPECT_EQ(delta.find(stop), std::string::npos);
+    streamed += delta;
+  })[0];
+  EXPECT_EQ(result.text, full_text.substr(0, full_text.find(stop)));
+  EXPECT_EQ(streamed, result.text);
+  EXPECT_EQ(result.finish_reason, FinishReason::kStop);
+}
+
+TEST_F(GeneratorTest, ContextLimitIsACapacityError) {
+  GeneratorConfig config;
+  config.max_context_tokens = 8;
+  try {
+    generate({request("this prompt is short", 100)}, config);
+    FAIL() << "expected an error";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kCapacity);
+  }
+}
+
+TEST(SamplerTest, GreedyTopKOneAndTinyTopPAgree) {
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f, 0.0f};
+  Sampler greedy({});
+  EXPECT_EQ(greedy.sample(logits.data(), 5).token_id, 1);
+  Sampler top_k_one({1.0f, 1, 1.0f, 3, 0});
+  Sampler tiny_top_p({1.0f, 0, 0.01f, 3, 0});
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(top_k_one.sample(logits.data(), 5).token_id, 1);
+    EXPECT_EQ(tiny_top_p.sample(logits.data(), 5).token_id, 1);
+  }
+}
+
+TEST(SamplerTest, LogprobsAreNormalisedAndTopListIsSorted) {
+  std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f, 0.0f};
+  Sampler sampler({0.0f, 0, 1.0f, 0, 5});
+  SampledToken token = sampler.sample(logits.data(), 5);
+  ASSERT_EQ(token.top_logprobs.size(), 5u);
+  double total = 0.0;
+  for (size_t i = 0; i < token.top_logprobs.size(); ++i) {
+    total += std::exp(token.top_logprobs[i].second);
+    if (i > 0) EXPECT_GE(token.top_logprobs[i - 1].second, token.top_logprobs[i].second);
+  }
+  EXPECT_NEAR(total, 1.0, 1e-6);
+  EXPECT_EQ(token.top_logprobs[0].first, 1);
+  EXPECT_FLOAT_EQ(token.logprob, token.top_logprobs[0].second);
+}
+
+TEST(SamplerTest, HighTemperatureSamplesFollowTheDistribution) {
+  std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
+  Sampler sampler({1.0f, 0, 1.0f, 11, 0});
+  int ones = 0;
+  for (int i = 0; i < 4000; ++i) ones += sampler.sample(logits.data(), 2).token_id;
+  EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
+}
+
+TEST(SamplerTest, BadParametersAreRejected) {
+  EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0, 0}), Error);
+  EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0, 0}), Error);
+}
+
+}  // namespace
+}  // namespace loom
