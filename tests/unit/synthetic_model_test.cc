@@ -7,7 +7,10 @@
 
 #include <gtest/gtest.h>
 
+#include <nlohmann/json.hpp>
+
 #include "lora/adapter.h"
+#include "lora/peft_matching.h"
 #include "model/hf_config.h"
 #include "model/loader.h"
 #include "model/safetensors.h"
@@ -230,6 +233,77 @@ TEST(SyntheticModel, Bf16CheckpointStreamsTheSameValues) {
   stream.next(chunked.data(), 300);
   stream.next(chunked.data() + 300, 700);
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(chunked[i], whole.data[i]);
+}
+
+// The __metadata__ of a safetensors file.
+nlohmann::json safetensors_metadata(const std::string& path) {
+  const std::string bytes = read_bytes(path);
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes.at(i))) << (8 * i);
+  return nlohmann::json::parse(bytes.substr(8, length)).at("__metadata__");
+}
+
+std::string fnv1a64_hex(const std::string& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", hash);
+}
+
+// The goldens in tools/golden/fixtures were computed by transformers + PEFT on
+// models from `loom make-model` (tools/golden/make_fixtures.sh). Regenerating
+// those models here must give the same bytes on every machine, and Loom must
+// resolve every adapter module to the rank and scaling PEFT used.
+TEST(SyntheticModel, GoldenFixturesBelongToTheseModels) {
+  struct Fixture {
+    const char* name;
+    Architecture arch;
+    int num_adapters;
+    bool alora;
+  };
+  for (const Fixture& fixture : {Fixture{"llama", Architecture::kLlama, 4, false},
+                                 Fixture{"qwen2", Architecture::kQwen2, 4, false},
+                                 Fixture{"qwen3", Architecture::kQwen3, 4, false},
+                                 Fixture{"mistral", Architecture::kMistral, 4, false},
+                                 Fixture{"llama-alora", Architecture::kLlama, 2, true}}) {
+    SCOPED_TRACE(fixture.name);
+    TempDir dir;
+    SyntheticModelOptions options = options_for(fixture.arch, fixture.num_adapters);
+    options.alora_invocation = fixture.alora;
+    write_synthetic_model(dir.str(), options);
+    const nlohmann::json metadata =
+        safetensors_metadata(std::string(LOOM_SOURCE_DIR) + "/tools/golden/fixtures/" + fixture.name + ".safetensors");
+    int num_checked_files = 0;
+    for (const auto& [key, value] : metadata.items()) {
+      if (key.rfind("fnv1a64.", 0) != 0) continue;
+      const std::string file = key.substr(8);
+      EXPECT_EQ(fnv1a64_hex(read_bytes(dir.path() / file)), value.get<std::string>()) << file << " changed";
+      ++num_checked_files;
+    }
+    EXPECT_EQ(num_checked_files, 2 + 2 * fixture.num_adapters);
+
+    const ModelConfig config = read_hf_config((dir.path() / "config.json").string());
+    const nlohmann::json peft_modules = nlohmann::json::parse(metadata.at("peft_modules").get<std::string>());
+    for (const auto& [adapter_name, modules] : peft_modules.items()) {
+      SCOPED_TRACE(adapter_name);
+      auto adapter = load_lora_adapter(adapter_name, (dir.path() / "adapters" / adapter_name).string(), config);
+      int num_loom_modules = 0;
+      for (int layer = 0; layer < config.num_layers; ++layer) {
+        for (int t = 0; t < kNumLoraTargets; ++t) {
+          const auto& module = adapter->layers[layer][t];
+          if (!module) continue;
+          ++num_loom_modules;
+          const std::string path = lora_module_path(layer, static_cast<LoraTarget>(t));
+          ASSERT_TRUE(modules.contains(path)) << path << " is adapted by Loom but not by PEFT";
+          EXPECT_EQ(module->rank, modules[path][0].get<int>()) << path;
+          EXPECT_FLOAT_EQ(module->scale, modules[path][1].get<float>()) << path;
+        }
+      }
+      EXPECT_EQ(num_loom_modules, static_cast<int>(modules.size()));
+    }
+  }
 }
 
 TEST(SyntheticModel, BadOptionsAreInvalidArguments) {
