@@ -252,7 +252,7 @@ std::string fnv1a64_hex(const std::string& bytes) {
   return fmt::format("{:016x}", hash);
 }
 
-// The goldens in tools/golden/fixtures were computed by transformers + PEFT on
+// The goldens in tests/fixtures/golden were computed by transformers + PEFT on
 // models from `loom make-model` (tools/golden/make_fixtures.sh). Regenerating
 // those models here must give the same bytes on every machine, and Loom must
 // resolve every adapter module to the rank and scaling PEFT used.
@@ -267,14 +267,14 @@ TEST(SyntheticModel, GoldenFixturesBelongToTheseModels) {
                                  Fixture{"qwen2", Architecture::kQwen2, 4, false},
                                  Fixture{"qwen3", Architecture::kQwen3, 4, false},
                                  Fixture{"mistral", Architecture::kMistral, 4, false},
-                                 Fixture{"llama-alora", Architecture::kLlama, 2, true}}) {
+                                 Fixture{"llama_alora", Architecture::kLlama, 2, true}}) {
     SCOPED_TRACE(fixture.name);
     TempDir dir;
     SyntheticModelOptions options = options_for(fixture.arch, fixture.num_adapters);
     options.alora_invocation = fixture.alora;
     write_synthetic_model(dir.str(), options);
     const nlohmann::json metadata =
-        safetensors_metadata(std::string(LOOM_SOURCE_DIR) + "/tools/golden/fixtures/" + fixture.name + ".safetensors");
+        safetensors_metadata(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/golden/" + fixture.name + ".safetensors");
     int num_checked_files = 0;
     for (const auto& [key, value] : metadata.items()) {
       if (key.rfind("fnv1a64.", 0) != 0) continue;

@@ -4,7 +4,7 @@
 #
 #   LOOM=build/loom PYTHON=/opt/gold/bin/python tools/golden/make_fixtures.sh [OUT]
 #
-# OUT defaults to tools/golden/fixtures. PYTHON needs torch, transformers >= 5,
+# OUT defaults to tests/fixtures/golden. PYTHON needs torch, transformers >= 5,
 # peft >= 0.21 (CPU is enough: about a minute per model on 2 cores). The model
 # list here is what tests/unit/synthetic_model_test.cc regenerates and checks
 # against the recorded checksums: change both together.
@@ -12,12 +12,12 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 LOOM=${LOOM:-build/loom}
 PYTHON=${PYTHON:-python3}
-OUT=${1:-tools/golden/fixtures}
+OUT=${1:-tests/fixtures/golden}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 for arch in llama qwen2 qwen3 mistral; do
   "$LOOM" make-model --arch "$arch" --preset tiny --adapters 4 --out "$work/$arch"
 done
-"$LOOM" make-model --arch llama --preset tiny --adapters 2 --alora --out "$work/llama-alora"
+"$LOOM" make-model --arch llama --preset tiny --adapters 2 --alora --out "$work/llama_alora"
 "$PYTHON" tools/golden/make_goldens.py --out "$OUT" "$work"/llama "$work"/qwen2 "$work"/qwen3 "$work"/mistral \
-  "$work"/llama-alora
+  "$work"/llama_alora
