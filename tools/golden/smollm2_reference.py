@@ -8,7 +8,10 @@ tests/unit/smollm2_test.cc reads.
     build/loom convert ~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/smollm2-hf
     python3 tools/golden/smollm2_reference.py /tmp/smollm2-hf tests/fixtures/golden/smollm2.safetensors
 
-Needs torch, transformers (5.x) and safetensors; runs on the CPU in fp32.
+Needs torch, transformers (5.x) and safetensors; runs on the CPU in fp32. With a third argument, the
+model is read by transformers' own GGUF loader instead (MODEL_DIR holds the file; needs `gguf`):
+
+    python3 tools/golden/smollm2_reference.py DIR OUT.safetensors SmolLM2-135M-Instruct.Q4_1.gguf
 """
 import json
 import sys
@@ -25,10 +28,11 @@ PROMPTS = [
 ]
 
 
-def main(model_dir: str, out_path: str) -> None:
+def main(model_dir: str, out_path: str, gguf_file: str = None) -> None:
     torch.manual_seed(0)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    tokenizer = AutoTokenizer.from_pretrained(model_dir, **extra)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, **extra)
     model.eval()
     tensors = {}
     for index, prompt in enumerate(PROMPTS):
@@ -58,6 +62,6 @@ def main(model_dir: str, out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 3:
+    if len(sys.argv) not in (3, 4):
         sys.exit(__doc__)
-    main(sys.argv[1], sys.argv[2])
+    main(*sys.argv[1:])
