@@ -1,0 +1,127 @@
+// The serving engine: one engine thread runs scheduler -> cache manager ->
+// batch builder -> Backend::forward -> sampler -> detokenizer, and streams
+// results back to whoever submitted each request (HTTP worker threads).
+//
+// Threads: submit / cancel / adapter calls / metrics are safe from any thread;
+// the backend, scheduler and cache manager are touched by the engine thread only.
+// Ownership: the engine owns the backend and the loaded model; callers own the
+// RequestStream they get back (dropping it cancels the request).
+//
+// Contract between the server (src/server, issue "Serving core" part 3) and the
+// engine (parts 1-2). Both sides code against this header.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "engine/generator.h"
+#include "engine/sampler.h"
+#include "model/loader.h"
+#include "util/error.h"
+
+namespace loom {
+
+struct EngineConfig {
+  int32_t block_size = 16;
+  int32_t num_kv_blocks = 0;           // 0: derived from kv_cache_bytes
+  int64_t kv_cache_bytes = 1ll << 30;  // KV pool size when num_kv_blocks == 0
+  int32_t max_batch_tokens = 2048;     // --max-batch-tokens: tokens per forward step
+  int32_t max_running_requests = 64;   // --max-running-requests
+  int32_t max_waiting_requests = 1024; // beyond this, submit() fails with kCapacity (HTTP 503)
+  int32_t max_loras_per_batch = 8;     // --max-loras-per-batch
+  int32_t max_adapter_slots = 64;      // adapters loaded at once
+  int32_t max_context_tokens = 0;      // 0: the model's max_position_embeddings
+};
+
+struct EngineRequest {
+  std::vector<TokenId> prompt_tokens;  // non-empty
+  std::string adapter;                 // "" = base model; else a loaded adapter's name
+  SamplingParams sampling;
+  int32_t max_new_tokens = 16;
+  int32_t min_new_tokens = 0;          // EOS and stop strings are ignored before this many tokens
+  std::vector<std::string> stop_strings;
+  std::vector<TokenId> stop_token_ids; // in addition to the tokenizer's EOS ids
+  bool ignore_eos = false;
+  int32_t priority = 0;                // lower runs first (vLLM convention); FCFS within a priority
+};
+
+// One message from the engine about a request. Text never splits a UTF-8
+// character and never contains (a prefix of) a stop string still being matched.
+struct RequestOutput {
+  std::vector<SampledToken> new_tokens;  // tokens produced since the last output
+  std::string text_delta;
+  bool finished = false;
+  FinishReason finish_reason = FinishReason::kLength;  // valid when finished
+  std::optional<Error> error;            // set (and finished) when the request failed
+  int32_t num_prompt_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // prompt tokens served from the prefix cache
+  int32_t num_output_tokens = 0;         // total so far
+};
+
+// The receiving end of one request. Not thread-safe: one consumer.
+class RequestStream {
+ public:
+  virtual ~RequestStream() = default;  // cancels the request if not finished
+  // Blocks until the next output, or until `timeout` passes (returns nullopt).
+  // After an output with finished == true, returns nullopt forever.
+  virtual std::optional<RequestOutput> next(std::chrono::milliseconds timeout) = 0;
+  // Cancels the request: its blocks are freed by the engine thread soon after.
+  virtual void cancel() = 0;
+  virtual const std::string& request_id() const = 0;
+};
+
+struct AdapterInfo {
+  std::string name;
+  std::string path;
+  int32_t rank = 0;
+  int32_t num_running_requests = 0;
+};
+
+// Point-in-time numbers for /metrics and /health.
+struct EngineMetrics {
+  int32_t num_running = 0;
+  int32_t num_waiting = 0;
+  int64_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_in_use = 0;
+  int64_t kv_bytes_in_use_or_cached = 0;
+  int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;   // totals since start
+  int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
+  int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
+  int64_t num_finished_requests = 0;
+  // Latency samples (seconds) taken since the previous call; the caller
+  // accumulates them into histograms.
+  std::vector<double> time_to_first_token, inter_token, end_to_end, queue_time, prefill_time, decode_time;
+  std::vector<int32_t> decode_batch_sizes;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  // Queues a request. Throws Error(kNotFound) for an unknown adapter,
+  // Error(kCapacity) when prompt + max_new_tokens exceeds the context or the
+  // waiting queue is full, Error(kInvalidArgument) for bad sampling params.
+  virtual std::unique_ptr<RequestStream> submit(EngineRequest request) = 0;
+
+  virtual void load_adapter(const std::string& name, const std::string& path) = 0;  // loom::Error on failure
+  // Refused with Error(kInvalidArgument) while requests use it.
+  virtual void unload_adapter(const std::string& name) = 0;
+  virtual std::vector<AdapterInfo> adapters() const = 0;
+
+  virtual EngineMetrics take_metrics() = 0;
+  virtual const LoadedModel& model() const = 0;
+  virtual int32_t max_context_tokens() const = 0;
+
+  // Stops taking requests; cancels (drain = false) or finishes (drain = true)
+  // those in flight, then joins the engine thread. Idempotent.
+  virtual void shutdown(bool drain) = 0;
+};
+
+// Starts the engine thread.
+std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config);
+
+}  // namespace loom
