@@ -1,5 +1,10 @@
 // The CPU backend: fp32 everywhere, OpenBLAS GEMMs, OpenMP across heads and
 // tokens. It is the numerical reference the CUDA backend is checked against.
+//
+// Threads: forward() runs OpenMP regions of num_threads threads on the calling
+// (engine) thread. GEMMs are split across those threads with one single-threaded
+// OpenBLAS call each, so make_cpu_backend sets OpenBLAS to one thread for the
+// whole process (openblas_set_num_threads(1)).
 #pragma once
 
 #include <memory>
@@ -11,7 +16,7 @@
 namespace loom {
 
 struct CpuBackendConfig {
-  int num_threads = 0;          // 0: all cores
+  int num_threads = 0;          // 0: omp_get_max_threads() (all cores, or $OMP_NUM_THREADS)
   int max_adapter_slots = 64;
 };
 

@@ -1,8 +1,8 @@
 #include "backend/cpu/cpu_kernels.h"
 
-#include <cblas.h>
-
 #include <cmath>
+
+#include "backend/cpu/gemm.h"
 
 namespace loom::cpu {
 
@@ -14,32 +14,15 @@ constexpr int64_t kMinFloatsForThreads = 64 * 1024;
 
 void linear(const float* x, int64_t num_rows, int64_t in_features, const float* weight,
             const float* bias, int64_t out_features, float* y) {
-  if (num_rows == 0) return;
-  if (num_rows == 1) {
-    // Decode at batch 1: a GEMV, which OpenBLAS 0.3.21 does not pick for M == 1 sgemm.
-    cblas_sgemv(CblasRowMajor, CblasNoTrans, static_cast<int>(out_features),
-                static_cast<int>(in_features), 1.0f, weight, static_cast<int>(in_features), x, 1,
-                0.0f, y, 1);
-  } else {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(num_rows),
-                static_cast<int>(out_features), static_cast<int>(in_features), 1.0f, x,
-                static_cast<int>(in_features), weight, static_cast<int>(in_features), 0.0f, y,
-                static_cast<int>(out_features));
-  }
-  if (bias != nullptr) {
-#pragma omp parallel for if (num_rows * out_features >= kMinFloatsForThreads)
-    for (int64_t row = 0; row < num_rows; ++row) add_in_place(y + row * out_features, bias, out_features);
-  }
+  const GemmOutput output{weight, out_features, y, out_features, bias};
+  gemm(x, in_features, num_rows, in_features, {&output, 1}, 1.0f, 0.0f);
 }
 
 void linear_accumulate(const float* x, int64_t x_stride, int64_t num_rows, int64_t in_features,
                        const float* weight, int64_t out_features, float alpha, float* y,
                        int64_t y_stride) {
-  if (num_rows == 0) return;
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, static_cast<int>(num_rows),
-              static_cast<int>(out_features), static_cast<int>(in_features), alpha, x,
-              static_cast<int>(x_stride), weight, static_cast<int>(in_features), 1.0f, y,
-              static_cast<int>(y_stride));
+  const GemmOutput output{weight, out_features, y, y_stride, nullptr};
+  gemm(x, x_stride, num_rows, in_features, {&output, 1}, alpha, 1.0f);
 }
 
 void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float* weight, float eps,
@@ -59,7 +42,8 @@ void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float*
 }
 
 void silu_multiply(float* gate, const float* up, int64_t count) {
-#pragma omp parallel for if (count >= kMinFloatsForThreads)
+  // exp costs ~20x a load, hence the lower bar.
+#pragma omp parallel for if (count >= kMinFloatsForThreads / 16)
   for (int64_t i = 0; i < count; ++i) {
     const float g = gate[i];
     gate[i] = g / (1.0f + std::exp(-g)) * up[i];

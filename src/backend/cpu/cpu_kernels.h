@@ -1,8 +1,9 @@
 // Row-wise fp32 kernels of the CPU backend. All matrices are row-major and
 // dense (row stride = number of columns) unless a stride argument says otherwise.
 // Each function is pure: it reads its inputs and writes only its outputs.
-// Thread: callable from any thread; the OpenMP-parallel ones must not be called
-// from inside another OpenMP parallel region.
+// Thread: callable from any thread. Large calls run an OpenMP parallel region
+// with omp_get_max_threads() threads (inside a parallel region they run serially).
+// GEMMs go through gemm.h (one single-threaded OpenBLAS call per thread).
 #pragma once
 
 #include <cstdint>
@@ -10,7 +11,7 @@
 namespace loom::cpu {
 
 // Y[m, out] = X[m, in] W[out, in]^T (+ bias[out] when bias != nullptr).
-// This is torch.nn.Linear; OpenBLAS sgemm (sgemv when m == 1).
+// This is torch.nn.Linear; see gemm.h to run several weights on one input together.
 void linear(const float* x, int64_t num_rows, int64_t in_features, const float* weight,
             const float* bias, int64_t out_features, float* y);
 
