@@ -1,0 +1,183 @@
+#include "server/completion_handler.h"
+
+#include <chrono>
+#include <ctime>
+#include <memory>
+
+#include <spdlog/spdlog.h>
+
+#include "server/api_error.h"
+#include "server/openai_response.h"
+
+namespace loom::server {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using std::chrono::milliseconds;
+
+// How long a handler keeps waiting on silent streams once shutdown began.
+constexpr auto kShutdownGrace = std::chrono::seconds(5);
+// A stream silent this long gets an SSE comment, so a vanished client is noticed.
+constexpr auto kKeepAliveInterval = std::chrono::seconds(2);
+
+// One HTTP request's engine streams and what they produced. Shared between the
+// handler and the chunked content provider, which outlives the handler call.
+struct Generation {
+  ParsedRequest request;
+  std::unique_ptr<ResponseBuilder> builder;
+  std::vector<std::unique_ptr<RequestStream>> streams;  // one per choice
+  std::vector<ChoiceResult> results;
+  std::optional<Error> error;  // the first failure reported by a stream
+  int32_t num_unfinished = 0;
+
+  ~Generation() {
+    for (auto& stream : streams) stream->cancel();  // no-op for finished ones
+  }
+
+  Usage usage() const {
+    Usage usage;
+    for (const auto& prompt : request.prompts) usage.prompt_tokens += static_cast<int64_t>(prompt.size());
+    for (const auto& result : results) usage.completion_tokens += result.num_output_tokens;
+    return usage;
+  }
+
+  void record(int32_t index, const RequestOutput& output) {
+    ChoiceResult& result = results[static_cast<size_t>(index)];
+    result.text += output.text_delta;
+    result.tokens.insert(result.tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
+    result.num_output_tokens = std::max<int32_t>(output.num_output_tokens, static_cast<int32_t>(result.tokens.size()));
+    if (output.finished && !result.finished) {
+      result.finished = true;
+      result.finish_reason = output.finish_reason;
+      --num_unfinished;
+      if (output.error && !error) error = output.error;
+    }
+  }
+
+  // Waits up to `timeout` for outputs of unfinished choices; returns (choice, output) pairs.
+  std::vector<std::pair<int32_t, RequestOutput>> poll(milliseconds timeout) {
+    std::vector<std::pair<int32_t, RequestOutput>> outputs;
+    std::vector<int32_t> open;
+    for (size_t i = 0; i < streams.size(); ++i)
+      if (!results[i].finished) open.push_back(static_cast<int32_t>(i));
+    if (open.size() == 1) {
+      if (auto output = streams[open[0]]->next(timeout)) outputs.emplace_back(open[0], std::move(*output));
+      return outputs;
+    }
+    const auto deadline = Clock::now() + timeout;
+    do {
+      for (int32_t index : open)
+        while (auto output = streams[index]->next(milliseconds(0))) {
+          const bool finished = output->finished;
+          outputs.emplace_back(index, std::move(*output));
+          if (finished) break;
+        }
+      if (!outputs.empty()) break;
+      std::this_thread::sleep_for(milliseconds(2));
+    } while (Clock::now() < deadline);
+    return outputs;
+  }
+
+  void cancel_all() {
+    for (auto& stream : streams) stream->cancel();
+  }
+};
+
+std::shared_ptr<Generation> submit_all(Endpoint endpoint, const CompletionContext& context, ParsedRequest parsed) {
+  auto generation = std::make_shared<Generation>();
+  generation->request = std::move(parsed);
+  const int32_t num_choices = generation->request.num_choices();
+  generation->builder = std::make_unique<ResponseBuilder>(generation->request, *context.tokenizer,
+                                                         make_response_id(endpoint), std::time(nullptr));
+  generation->results.resize(static_cast<size_t>(num_choices));
+  generation->num_unfinished = num_choices;
+  for (int32_t index = 0; index < num_choices; ++index) {
+    try {
+      generation->streams.push_back(context.engine->submit(generation->request.engine_request(index)));
+    } catch (const Error& error) {
+      generation->cancel_all();  // the destructor would too; be explicit about partial submits
+      throw api_error_from(error, error.kind() == ErrorKind::kNotFound ? "model" : "");
+    }
+  }
+  return generation;
+}
+
+void respond_whole(const CompletionContext& context, Generation& generation, httplib::Response& response) {
+  auto quiet_since = Clock::now();
+  while (generation.num_unfinished > 0) {
+    auto outputs = generation.poll(milliseconds(100));
+    for (auto& [index, output] : outputs) generation.record(index, output);
+    if (!outputs.empty()) quiet_since = Clock::now();
+    if (context.stopping->load() && Clock::now() - quiet_since > kShutdownGrace) {
+      generation.cancel_all();
+      throw ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down");
+    }
+  }
+  if (generation.error) throw api_error_from(*generation.error);
+  response.set_content(generation.builder->full_body(generation.results, generation.usage()), "application/json");
+}
+
+// The chunked content provider: writes every event of the stream in one call.
+bool write_stream(const CompletionContext& context, Generation& generation, httplib::DataSink& sink) {
+  auto write = [&](const std::string& event) { return sink.write(event.data(), event.size()); };
+  const bool is_chat = generation.request.endpoint == Endpoint::kChatCompletions;
+  if (is_chat)
+    for (int32_t index = 0; index < generation.request.num_choices(); ++index)
+      if (!write(generation.builder->role_event(index))) return false;
+
+  auto last_write = Clock::now(), last_output = Clock::now();
+  while (generation.num_unfinished > 0) {
+    auto outputs = generation.poll(milliseconds(100));
+    if (!outputs.empty()) last_output = Clock::now();
+    for (auto& [index, output] : outputs) {
+      generation.record(index, output);
+      if (output.error) {
+        if (!write(ResponseBuilder::error_event(api_error_from(*output.error).body()))) return false;
+        continue;
+      }
+      if (!write(generation.builder->delta_event(index, output))) {
+        spdlog::debug("client left stream {}: cancelling", generation.builder->id());
+        generation.cancel_all();
+        return false;
+      }
+      last_write = Clock::now();
+    }
+    if (outputs.empty() && Clock::now() - last_write > kKeepAliveInterval) {
+      if (!write(": keep-alive\n\n")) {
+        generation.cancel_all();
+        return false;
+      }
+      last_write = Clock::now();
+    }
+    if (context.stopping->load() && Clock::now() - last_output > kShutdownGrace) {
+      generation.cancel_all();
+      write(ResponseBuilder::error_event(
+          ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down").body()));
+      break;
+    }
+  }
+  if (generation.request.include_usage && !write(generation.builder->usage_event(generation.usage()))) return false;
+  if (!write(ResponseBuilder::done_event())) return false;
+  sink.done();
+  return true;
+}
+
+}  // namespace
+
+void handle_completion(Endpoint endpoint, const CompletionContext& context, const httplib::Request& request,
+                       httplib::Response& response) {
+  ParsedRequest parsed = parse_openai_request(endpoint, request.body, context.parse);
+  const bool stream = parsed.stream;
+  std::shared_ptr<Generation> generation = submit_all(endpoint, context, std::move(parsed));
+  if (!stream) {
+    respond_whole(context, *generation, response);
+    return;
+  }
+  response.set_header("Cache-Control", "no-cache");
+  response.set_chunked_content_provider(
+      "text/event-stream",
+      [context, generation](size_t, httplib::DataSink& sink) { return write_stream(context, *generation, sink); },
+      [generation](bool) { generation->cancel_all(); });
+}
+
+}  // namespace loom::server

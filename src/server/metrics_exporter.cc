@@ -1,0 +1,115 @@
+#include "server/metrics_exporter.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+namespace loom::server {
+namespace {
+
+std::vector<double> latency_bounds() {
+  return {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75,
+          1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0};
+}
+
+void header(std::string& out, const std::string& name, const char* type, const std::string& help) {
+  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+}
+
+void scalar(std::string& out, const std::string& name, const char* type, const std::string& help, double value) {
+  header(out, name, type, help);
+  out += fmt::format("{} {}\n", name, value);
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> upper_bounds)
+    : upper_bounds_(std::move(upper_bounds)), bucket_counts_(upper_bounds_.size() + 1, 0) {}
+
+void Histogram::observe(double value) {
+  const size_t bucket = static_cast<size_t>(
+      std::lower_bound(upper_bounds_.begin(), upper_bounds_.end(), value) - upper_bounds_.begin());
+  ++bucket_counts_[bucket];
+  sum_ += value;
+  ++count_;
+}
+
+void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
+  header(out, name, "histogram", help);
+  int64_t cumulative = 0;
+  for (size_t i = 0; i < upper_bounds_.size(); ++i) {
+    cumulative += bucket_counts_[i];
+    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, upper_bounds_[i], cumulative);
+  }
+  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+}
+
+MetricsExporter::MetricsExporter()
+    : time_to_first_token_(latency_bounds()), inter_token_(latency_bounds()), end_to_end_(latency_bounds()),
+      queue_time_(latency_bounds()), prefill_time_(latency_bounds()), decode_time_(latency_bounds()),
+      decode_batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}) {}
+
+void MetricsExporter::absorb(const EngineMetrics& metrics) {
+  std::lock_guard lock(mutex_);
+  for (double value : metrics.time_to_first_token) time_to_first_token_.observe(value);
+  for (double value : metrics.inter_token) inter_token_.observe(value);
+  for (double value : metrics.end_to_end) end_to_end_.observe(value);
+  for (double value : metrics.queue_time) queue_time_.observe(value);
+  for (double value : metrics.prefill_time) prefill_time_.observe(value);
+  for (double value : metrics.decode_time) decode_time_.observe(value);
+  for (int32_t value : metrics.decode_batch_sizes) decode_batch_size_.observe(value);
+  latest_ = metrics;
+  latest_.time_to_first_token.clear();
+  latest_.inter_token.clear();
+  latest_.end_to_end.clear();
+  latest_.queue_time.clear();
+  latest_.prefill_time.clear();
+  latest_.decode_time.clear();
+  latest_.decode_batch_sizes.clear();
+}
+
+std::string MetricsExporter::render() const {
+  std::lock_guard lock(mutex_);
+  const EngineMetrics& m = latest_;
+  std::string out;
+  scalar(out, "loom_num_requests_running", "gauge", "Requests in the running batch", m.num_running);
+  scalar(out, "loom_num_requests_waiting", "gauge", "Requests waiting to be scheduled", m.num_waiting);
+
+  header(out, "loom_kv_cache_bytes", "gauge", "KV cache bytes held now (in use or cached), by tier and kind");
+  for (const char* tier : {"device", "host", "disk"})
+    for (const char* kind : {"base", "residual"}) {
+      const bool is_pool = std::string(tier) == "device" && std::string(kind) == "base";
+      out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind,
+                         is_pool ? m.kv_bytes_in_use_or_cached : 0);
+    }
+  header(out, "loom_kv_cache_blocks", "gauge", "KV cache blocks by state (free + cached + in_use = total)");
+  out += fmt::format("loom_kv_cache_blocks{{state=\"free\"}} {}\n", m.kv_blocks_free);
+  out += fmt::format("loom_kv_cache_blocks{{state=\"cached\"}} {}\n", m.kv_blocks_cached);
+  out += fmt::format("loom_kv_cache_blocks{{state=\"in_use\"}} {}\n", m.kv_blocks_in_use);
+  scalar(out, "loom_kv_cache_blocks_total", "gauge", "KV cache blocks in the pool", static_cast<double>(m.kv_blocks_total));
+
+  scalar(out, "loom_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache",
+         static_cast<double>(m.prefix_queried_tokens));
+  scalar(out, "loom_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache",
+         static_cast<double>(m.prefix_hit_tokens));
+  scalar(out, "loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)",
+         static_cast<double>(m.num_preemptions));
+  scalar(out, "loom_evicted_tokens_total", "counter", "Cached tokens evicted", static_cast<double>(m.num_evicted_tokens));
+  scalar(out, "loom_loaded_tokens_total", "counter", "Tokens loaded from a lower tier", 0);
+  scalar(out, "loom_prefetched_tokens_total", "counter", "Tokens prefetched from a lower tier", 0);
+  scalar(out, "loom_prompt_tokens_total", "counter", "Prompt tokens processed", static_cast<double>(m.num_prompt_tokens));
+  scalar(out, "loom_generation_tokens_total", "counter", "Tokens generated", static_cast<double>(m.num_generated_tokens));
+  scalar(out, "loom_request_success_total", "counter", "Requests finished",
+         static_cast<double>(m.num_finished_requests));
+
+  time_to_first_token_.render("loom_time_to_first_token_seconds", "Time to first token", out);
+  inter_token_.render("loom_inter_token_latency_seconds", "Time between output tokens", out);
+  end_to_end_.render("loom_e2e_request_latency_seconds", "Request latency from arrival to finish", out);
+  queue_time_.render("loom_request_queue_time_seconds", "Time waiting before first scheduled", out);
+  prefill_time_.render("loom_request_prefill_time_seconds", "Time in prefill", out);
+  decode_time_.render("loom_request_decode_time_seconds", "Time in decode", out);
+  decode_batch_size_.render("loom_decode_batch_size", "Sequences per decode step", out);
+  return out;
+}
+
+}  // namespace loom::server

@@ -1,0 +1,48 @@
+// Prometheus text exposition of the engine's numbers (DESIGN §4, prefix loom_).
+// Latency samples drained from Engine::take_metrics() accumulate into
+// histograms here; totals and gauges are copied from the latest snapshot.
+//
+// Thread-safe: absorb/render may be called from any HTTP worker.
+#pragma once
+
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+
+namespace loom::server {
+
+// A cumulative Prometheus histogram with fixed upper bounds.
+class Histogram {
+ public:
+  explicit Histogram(std::vector<double> upper_bounds);
+  void observe(double value);
+  // "# TYPE name histogram" plus _bucket{le=...}, _sum, _count lines.
+  void render(const std::string& name, const std::string& help, std::string& out) const;
+  int64_t count() const { return count_; }
+
+ private:
+  std::vector<double> upper_bounds_;
+  std::vector<int64_t> bucket_counts_;  // per bound, not cumulative; last = +Inf
+  double sum_ = 0.0;
+  int64_t count_ = 0;
+};
+
+class MetricsExporter {
+ public:
+  MetricsExporter();
+  // Folds one snapshot in (samples into histograms; totals and gauges replace).
+  void absorb(const EngineMetrics& metrics);
+  // The whole exposition, ending with a newline.
+  std::string render() const;
+
+ private:
+  mutable std::mutex mutex_;
+  EngineMetrics latest_;  // sample vectors unused
+  Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;
+  Histogram decode_batch_size_;
+};
+
+}  // namespace loom::server

@@ -1,0 +1,60 @@
+// Parsing and validation of /v1/completions and /v1/chat/completions bodies
+// into native types. Runs on HTTP worker threads: it also tokenizes, so the
+// engine receives token ids only. Every problem throws ApiError (400 for bad
+// fields, 404 for an unknown model) naming the offending field.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom::server {
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// Logprobs as requested: completions `logprobs: k` (k >= 0 alternatives),
+// chat `logprobs: true` + `top_logprobs: k`.
+struct LogprobsRequest {
+  bool enabled = false;
+  int32_t num_top = 0;
+};
+
+// What the parser needs to know about the server. Borrowed, not owned.
+struct ParseContext {
+  const Tokenizer* tokenizer = nullptr;
+  std::vector<std::string> base_model_names;  // names that mean the base model (first = canonical)
+  std::function<bool(const std::string&)> has_adapter;  // adapter loaded under this name?
+  int32_t max_context_tokens = 0;
+  int32_t max_n = 16;  // largest `n` accepted
+};
+
+// One parsed request. `prompts` holds one token list per prompt (a completions
+// list prompt gives several); each prompt yields `n` choices, indexed
+// prompt_index * n + sample_index as OpenAI does.
+struct ParsedRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  std::string model;    // as the client named it (echoed in responses)
+  std::string adapter;  // "" = base model
+  std::vector<std::vector<TokenId>> prompts;
+  int32_t n = 1;
+  bool stream = false;
+  bool include_usage = false;  // stream_options.include_usage
+  LogprobsRequest logprobs;
+  // Template for each engine request (prompt_tokens left empty); max_new_tokens
+  // already resolved against the context and the endpoint's default.
+  EngineRequest engine_template;
+
+  int32_t num_choices() const { return static_cast<int32_t>(prompts.size()) * n; }
+  // The engine request for choice `index` (seed + sample index when seeded).
+  EngineRequest engine_request(int32_t choice_index) const;
+};
+
+// Parses a raw body. Throws ApiError.
+ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body, const ParseContext& context);
+
+}  // namespace loom::server

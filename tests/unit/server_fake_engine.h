@@ -1,0 +1,132 @@
+// A scripted Engine for server tests: no model, outputs derived from the prompt.
+// Each request produces max_new_tokens tokens, id = (last prompt id + 1 + i) %
+// vocab, one output per token, `token_delay` apart; every token's text is its
+// decoded string. Knobs make submit fail the way the real engine does.
+#pragma once
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "engine/engine.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom::test {
+
+class FakeEngine : public Engine {
+ public:
+  explicit FakeEngine(std::shared_ptr<const Tokenizer> tokenizer, int32_t max_context = 256) : max_context_(max_context) {
+    model_.path = "/models/fake";
+    model_.tokenizer = std::move(tokenizer);
+  }
+
+  std::atomic<bool> queue_full{false};
+  std::atomic<int> token_delay_ms{0};
+  std::atomic<int> num_submitted{0}, num_cancelled{0}, num_live{0};
+  EngineRequest last_request;  // guarded by mutex_
+
+  EngineRequest last() {
+    std::lock_guard lock(mutex_);
+    return last_request;
+  }
+
+  std::unique_ptr<RequestStream> submit(EngineRequest request) override {
+    {
+      std::lock_guard lock(mutex_);
+      if (!request.adapter.empty() && !adapters_.count(request.adapter))
+        fail(ErrorKind::kNotFound, "unknown adapter '{}'", request.adapter);
+      last_request = request;
+    }
+    if (queue_full) fail(ErrorKind::kCapacity, "the waiting queue is full");
+    if (static_cast<int64_t>(request.prompt_tokens.size()) + request.max_new_tokens > max_context_)
+      fail(ErrorKind::kCapacity, "over the context");
+    ++num_submitted;
+    ++num_live;
+    return std::make_unique<Stream>(*this, std::move(request));
+  }
+
+  void load_adapter(const std::string& name, const std::string& path) override {
+    if (path.find("missing") != std::string::npos) fail(ErrorKind::kNotFound, "{}: no adapter_config.json", path);
+    std::lock_guard lock(mutex_);
+    adapters_[name] = path;
+  }
+  void unload_adapter(const std::string& name) override {
+    std::lock_guard lock(mutex_);
+    if (!adapters_.erase(name)) fail(ErrorKind::kNotFound, "unknown adapter '{}'", name);
+  }
+  std::vector<AdapterInfo> adapters() const override {
+    std::lock_guard lock(mutex_);
+    std::vector<AdapterInfo> list;
+    for (const auto& [name, path] : adapters_) list.push_back({name, path, 8, 0});
+    return list;
+  }
+  EngineMetrics take_metrics() override {
+    EngineMetrics metrics;
+    metrics.num_running = num_live;
+    metrics.kv_blocks_in_use = num_live;
+    metrics.time_to_first_token = {0.003, 0.2};
+    return metrics;
+  }
+  const LoadedModel& model() const override { return model_; }
+  int32_t max_context_tokens() const override { return max_context_; }
+  void shutdown(bool) override {}
+
+ private:
+  class Stream : public RequestStream {
+   public:
+    Stream(FakeEngine& engine, EngineRequest request) : engine_(engine), request_(std::move(request)) {}
+    ~Stream() override { cancel(); }
+    std::optional<RequestOutput> next(std::chrono::milliseconds timeout) override {
+      if (done_) return std::nullopt;
+      const int delay = engine_.token_delay_ms;
+      if (delay > 0) {
+        if (timeout.count() < delay) {
+          std::this_thread::sleep_for(timeout);
+          return std::nullopt;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(delay));
+      }
+      const int vocab = engine_.model_.tokenizer->vocab_size();
+      RequestOutput output;
+      const TokenId id = (request_.prompt_tokens.back() + 1 + produced_) % vocab;
+      output.new_tokens.push_back({id, -0.5f, {{id, -0.5f}, {(id + 1) % vocab, -1.5f}}});
+      output.text_delta = engine_.model_.tokenizer->decode({id});
+      ++produced_;
+      output.num_prompt_tokens = static_cast<int32_t>(request_.prompt_tokens.size());
+      output.num_output_tokens = produced_;
+      if (produced_ >= request_.max_new_tokens) {
+        output.finished = true;
+        output.finish_reason = FinishReason::kLength;
+        finish();
+      }
+      return output;
+    }
+    void cancel() override {
+      if (done_) return;
+      ++engine_.num_cancelled;
+      finish();
+    }
+    const std::string& request_id() const override { return id_; }
+
+   private:
+    void finish() {
+      done_ = true;
+      --engine_.num_live;
+    }
+    FakeEngine& engine_;
+    EngineRequest request_;
+    std::string id_ = "fake";
+    int32_t produced_ = 0;
+    bool done_ = false;
+  };
+
+  mutable std::mutex mutex_;
+  std::map<std::string, std::string> adapters_;
+  LoadedModel model_;
+  int32_t max_context_;
+};
+
+}  // namespace loom::test

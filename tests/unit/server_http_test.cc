@@ -1,0 +1,205 @@
+// The HTTP layer end to end over a real socket, against a scripted engine:
+// routes, auth, error statuses, SSE framing, runtime adapters, disconnects.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "server/http_server.h"
+#include "server_fake_engine.h"
+#include "server_tokenizer_fixture.h"
+
+namespace loom::server {
+namespace {
+
+using Json = nlohmann::json;
+
+class ServerHttpTest : public ::testing::Test {
+ protected:
+  void start(ServerConfig config = {}) {
+    engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
+    engine_->load_adapter("agent0", "/adapters/agent0");
+    config.port = 0;
+    config.served_model_name = "tiny";
+    config.model_path = "/models/tiny";
+    config.num_http_threads = 8;
+    server_ = std::make_unique<HttpServer>(*engine_, config);
+    server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->bound_port());
+    client_->set_read_timeout(10, 0);
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  httplib::Result post(const std::string& path, const Json& body, const httplib::Headers& headers = {}) {
+    return client_->Post(path.c_str(), headers, body.dump(), "application/json");
+  }
+  static Json error_of(const httplib::Result& result) { return Json::parse(result->body)["error"]; }
+
+  // The JSON payloads of an SSE body, "[DONE]" kept as a string.
+  static std::vector<Json> events(const std::string& body) {
+    std::vector<Json> list;
+    size_t position = 0;
+    while ((position = body.find("data: ", position)) != std::string::npos) {
+      const size_t end = body.find("\n\n", position);
+      const std::string payload = body.substr(position + 6, end - position - 6);
+      list.push_back(payload == "[DONE]" ? Json("[DONE]") : Json::parse(payload));
+      position = end;
+    }
+    return list;
+  }
+
+  std::unique_ptr<test::FakeEngine> engine_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+TEST_F(ServerHttpTest, CompletionAndChat) {
+  start();
+  auto result = post("/v1/completions", {{"model", "agent0"}, {"prompt", {1, 2, 3}}, {"max_tokens", 3}});
+  ASSERT_TRUE(result);
+  ASSERT_EQ(result->status, 200) << result->body;
+  Json body = Json::parse(result->body);
+  const auto& tokenizer = *engine_->model().tokenizer;
+  EXPECT_EQ(body["choices"][0]["text"], tokenizer.decode({4}) + tokenizer.decode({5}) + tokenizer.decode({6}));
+  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})"));
+  EXPECT_EQ(engine_->last().adapter, "agent0");
+
+  result = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                         {"max_completion_tokens", 2}, {"n", 2}});
+  ASSERT_EQ(result->status, 200) << result->body;
+  body = Json::parse(result->body);
+  EXPECT_EQ(body["object"], "chat.completion");
+  ASSERT_EQ(body["choices"].size(), 2u);
+  EXPECT_EQ(body["choices"][1]["index"], 1);
+  EXPECT_EQ(body["choices"][1]["message"]["role"], "assistant");
+  EXPECT_EQ(body["usage"]["completion_tokens"], 4);
+  EXPECT_EQ(engine_->last().adapter, "");
+}
+
+TEST_F(ServerHttpTest, StreamingChatFraming) {
+  start();
+  auto result = post("/v1/chat/completions", {{"messages", {{{"role", "user"}, {"content", "hi"}}}},
+                                              {"max_tokens", 3}, {"stream", true},
+                                              {"stream_options", {{"include_usage", true}}}});
+  ASSERT_TRUE(result);
+  ASSERT_EQ(result->status, 200);
+  EXPECT_EQ(result->get_header_value("Content-Type"), "text/event-stream");
+  const auto list = events(result->body);
+  ASSERT_EQ(list.size(), 1u + 3u + 1u + 1u);  // role, 3 deltas, usage, [DONE]
+  EXPECT_EQ(list[0]["choices"][0]["delta"]["role"], "assistant");
+  EXPECT_TRUE(list[1]["choices"][0]["finish_reason"].is_null());
+  EXPECT_EQ(list[3]["choices"][0]["finish_reason"], "length");
+  EXPECT_EQ(list[4]["choices"], Json::array());
+  EXPECT_EQ(list[4]["usage"]["completion_tokens"], 3);
+  EXPECT_EQ(list[5], "[DONE]");
+}
+
+TEST_F(ServerHttpTest, ErrorStatusesAndServerKeepsServing) {
+  ServerConfig config;
+  config.max_request_bytes = 4096;
+  start(config);
+  auto result = client_->Post("/v1/completions", "{oops", "application/json");
+  EXPECT_EQ(result->status, 400);
+  EXPECT_EQ(error_of(result)["type"], "invalid_request_error");
+  result = post("/v1/completions", {{"model", "ghost"}, {"prompt", "x"}});
+  EXPECT_EQ(result->status, 404);
+  EXPECT_EQ(error_of(result)["param"], "model");
+  result = post("/v1/completions", {{"prompt", std::string(5000, 'x')}});
+  EXPECT_EQ(result->status, 413);
+  EXPECT_EQ(error_of(result)["code"], "request_too_large");
+  result = post("/v1/completions", {{"prompt", {1, 2}}, {"max_tokens", 255}});
+  EXPECT_EQ(result->status, 400);
+  EXPECT_EQ(error_of(result)["code"], "context_length_exceeded");
+  engine_->queue_full = true;
+  result = post("/v1/completions", {{"prompt", "x"}, {"stream", true}});
+  EXPECT_EQ(result->status, 503);
+  EXPECT_EQ(result->get_header_value("Retry-After"), "1");
+  engine_->queue_full = false;
+  result = client_->Get("/v1/nothing");
+  EXPECT_EQ(result->status, 404);
+  EXPECT_TRUE(error_of(result)["message"].is_string());
+  result = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 1}});
+  EXPECT_EQ(result->status, 200) << result->body;
+}
+
+TEST_F(ServerHttpTest, ApiKeyGuardsV1Only) {
+  ServerConfig config;
+  config.api_key = "sekrit";
+  start(config);
+  auto result = client_->Get("/v1/models");
+  EXPECT_EQ(result->status, 401);
+  EXPECT_EQ(error_of(result)["type"], "authentication_error");
+  result = client_->Get("/v1/models", {{"Authorization", "Bearer wrong"}});
+  EXPECT_EQ(result->status, 401);
+  result = client_->Get("/v1/models", {{"Authorization", "Bearer sekrit"}});
+  EXPECT_EQ(result->status, 200);
+  EXPECT_EQ(client_->Get("/health")->status, 200);
+  EXPECT_EQ(client_->Get("/metrics")->status, 200);
+}
+
+TEST_F(ServerHttpTest, ModelsHealthMetrics) {
+  start();
+  const Json models = Json::parse(client_->Get("/v1/models")->body);
+  EXPECT_EQ(models["object"], "list");
+  ASSERT_EQ(models["data"].size(), 2u);
+  EXPECT_EQ(models["data"][0]["id"], "tiny");
+  EXPECT_TRUE(models["data"][0]["parent"].is_null());
+  EXPECT_EQ(models["data"][1]["id"], "agent0");
+  EXPECT_EQ(models["data"][1]["parent"], "tiny");
+  EXPECT_EQ(models["data"][1]["root"], "/adapters/agent0");
+  const auto metrics = client_->Get("/metrics");
+  EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"), std::string::npos);
+  EXPECT_NE(metrics->body.find("loom_num_requests_running 0"), std::string::npos);
+}
+
+TEST_F(ServerHttpTest, RuntimeAdaptersOnlyWhenAllowed) {
+  start();
+  EXPECT_EQ(post("/v1/load_lora_adapter", {{"lora_name", "b"}, {"lora_path", "/x"}})->status, 404);
+  TearDown();
+
+  test::TempDir lora_dir;
+  ServerConfig config;
+  config.allow_runtime_lora = true;
+  config.lora_dir = lora_dir.str();
+  start(config);
+  auto result = post("/v1/load_lora_adapter", {{"lora_name", "b"}, {"lora_path", "b"}});
+  ASSERT_EQ(result->status, 200) << result->body;
+  EXPECT_EQ(post("/v1/completions", {{"model", "b"}, {"prompt", "x"}, {"max_tokens", 1}})->status, 200);
+  result = post("/v1/load_lora_adapter", {{"lora_name", "b"}, {"lora_path", "b"}});
+  EXPECT_EQ(result->status, 400);  // already loaded
+  result = post("/v1/load_lora_adapter", {{"lora_name", "c"}, {"lora_path", "../../etc"}});
+  EXPECT_EQ(result->status, 400);
+  EXPECT_EQ(error_of(result)["param"], "lora_path");
+  result = post("/v1/load_lora_adapter", {{"lora_name", "c"}, {"lora_path", "missing"}});
+  EXPECT_EQ(result->status, 400);
+  EXPECT_EQ(post("/v1/load_lora_adapter", {{"lora_name", 3}})->status, 400);
+  EXPECT_EQ(post("/v1/unload_lora_adapter", {{"lora_name", "b"}})->status, 200);
+  EXPECT_EQ(post("/v1/unload_lora_adapter", {{"lora_name", "b"}})->status, 404);
+  EXPECT_EQ(post("/v1/completions", {{"model", "b"}, {"prompt", "x"}})->status, 404);
+}
+
+TEST_F(ServerHttpTest, DisconnectMidStreamCancels) {
+  start();
+  engine_->token_delay_ms = 20;
+  int num_chunks = 0;
+  httplib::Request request;
+  request.method = "POST";
+  request.path = "/v1/completions";
+  request.body = Json{{"prompt", "x"}, {"max_tokens", 60}, {"stream", true}}.dump();
+  request.set_header("Content-Type", "application/json");
+  request.content_receiver = [&](const char*, size_t, uint64_t, uint64_t) { return ++num_chunks < 2; };
+  client_->send(request);
+  EXPECT_GE(num_chunks, 2);
+  for (int i = 0; i < 200 && engine_->num_live > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->num_live, 0);
+  EXPECT_EQ(engine_->num_cancelled, 1);
+}
+
+}  // namespace
+}  // namespace loom::server
