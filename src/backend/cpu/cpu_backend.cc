@@ -80,7 +80,7 @@ class CpuBackend final : public Backend {
   std::vector<float> projected_;       // [tokens, hidden] o_proj / down_proj output
   std::vector<float> gate_, up_;       // [tokens, intermediate]
   std::vector<float> rope_cos_, rope_sin_;  // [tokens, head_dim / 2]
-  std::vector<float> attention_scores_;
+  std::vector<float> attention_scratch_;
   std::vector<int32_t> logit_tokens_;
 };
 
@@ -227,7 +227,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   cpu::write_kv(k_.data(), v_.data(), placement_, kv_size, k_pools_[layer].data(), v_pools_[layer].data());
   const cpu::AttentionShape shape{config_.num_heads, config_.num_kv_heads, head_dim, kv_shape_.block_size};
   cpu::paged_attention(q_.data(), batch, placement_, shape, k_pools_[layer].data(),
-                       v_pools_[layer].data(), num_threads_, attention_scores_, attention_out_.data());
+                       v_pools_[layer].data(), num_threads_, attention_scratch_, attention_out_.data());
 
   const float* o_bias = config_.o_bias ? optional_data(weights.o_bias) : nullptr;
   cpu::linear(attention_out_.data(), n, q_size, weights.o_proj.data, o_bias, hidden, projected_.data());

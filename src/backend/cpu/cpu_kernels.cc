@@ -1,8 +1,12 @@
 #include "backend/cpu/cpu_kernels.h"
 
+#include <omp.h>
+
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/vector_math.h"
 
 namespace loom::cpu {
 
@@ -34,6 +38,7 @@ void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float*
     // Double accumulation: the mean of squares torch computes (pairwise in fp32) is
     // closest to the exact value, which double reaches regardless of the width.
     double sum_of_squares = 0.0;
+#pragma omp simd reduction(+ : sum_of_squares)
     for (int64_t i = 0; i < width; ++i) sum_of_squares += static_cast<double>(in_row[i]) * in_row[i];
     const float variance = static_cast<float>(sum_of_squares / static_cast<double>(width));
     const float inverse_rms = 1.0f / std::sqrt(variance + eps);
@@ -42,16 +47,16 @@ void rms_norm_rows(const float* x, int64_t num_rows, int64_t width, const float*
 }
 
 void silu_multiply(float* gate, const float* up, int64_t count) {
-  // exp costs ~20x a load, hence the lower bar.
-#pragma omp parallel for if (count >= kMinFloatsForThreads / 16)
-  for (int64_t i = 0; i < count; ++i) {
-    const float g = gate[i];
-    gate[i] = g / (1.0f + std::exp(-g)) * up[i];
-  }
+  constexpr int64_t kSpan = 1024;
+  const int64_t num_spans = (count + kSpan - 1) / kSpan;
+#pragma omp parallel for if (count >= kMinFloatsForThreads / 4)
+  for (int64_t span = 0; span < num_spans; ++span)
+    silu_multiply_span(gate + span * kSpan, up + span * kSpan, std::min(kSpan, count - span * kSpan));
 }
 
 void add_in_place(float* y, const float* x, int64_t count) {
-#pragma omp simd
+  // The residual adds of a prefill are large enough to be worth threads.
+#pragma omp parallel for simd if (count >= kMinFloatsForThreads && !omp_in_parallel())
   for (int64_t i = 0; i < count; ++i) y[i] += x[i];
 }
 

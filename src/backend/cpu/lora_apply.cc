@@ -59,8 +59,12 @@ void LoraApplier::apply(LoraTarget target, int layer, const float* x, int64_t in
     delta_.assign(static_cast<size_t>(num_rows * out_features), 0.0f);
     linear_accumulate(low_rank_.data(), rank, num_rows, rank, module->b.data, out_features,
                       module->scale, delta_.data(), out_features);
-    for (int64_t r = 0; r < num_rows; ++r)
-      add_in_place(y + group.tokens[r] * out_features, delta_.data() + r * out_features, out_features);
+    for (int64_t r = 0; r < num_rows; ++r) {
+      float* y_row = y + group.tokens[r] * out_features;
+      const float* delta_row = delta_.data() + r * out_features;
+#pragma omp simd
+      for (int64_t i = 0; i < out_features; ++i) y_row[i] += delta_row[i];
+    }
   }
 }
 

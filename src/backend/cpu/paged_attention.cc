@@ -1,11 +1,14 @@
 #include "backend/cpu/paged_attention.h"
 
+#include <cblas.h>
 #include <omp.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
+
+#include "backend/cpu/vector_math.h"
 
 namespace loom::cpu {
 
@@ -45,11 +48,24 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 
 namespace {
 
+// Sequences with at least this many new tokens (prefill chunks) run their
+// attention as GEMMs over chunks of queries; shorter ones token by token.
+constexpr int32_t kMinQueriesForGemm = 16;
+
 float dot(const float* a, const float* b, int count) {
   float sum = 0.0f;
 #pragma omp simd reduction(+ : sum)
   for (int i = 0; i < count; ++i) sum += a[i] * b[i];
   return sum;
+}
+
+// scores[0, length) -> softmax in place (max-shifted, fp32 sum).
+void softmax_in_place(float* scores, int64_t length) {
+  float max_score = -std::numeric_limits<float>::infinity();
+  for (int64_t j = 0; j < length; ++j) max_score = std::max(max_score, scores[j]);
+  const float inverse_sum = 1.0f / exp_shifted_in_place(scores, length, max_score);
+#pragma omp simd
+  for (int64_t j = 0; j < length; ++j) scores[j] *= inverse_sum;
 }
 
 // One query head of one token over its sequence's first `context_length` KV entries.
@@ -62,23 +78,13 @@ void attend_one(const float* query, const int32_t* block_table, int32_t context_
   const int64_t head_offset = static_cast<int64_t>(kv_head) * head_dim;
   const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
 
-  float max_score = -std::numeric_limits<float>::infinity();
   for (int32_t start = 0, block = 0; start < context_length; start += block_size, ++block) {
     const int32_t count = std::min(block_size, context_length - start);
     const float* keys = k_pool + static_cast<int64_t>(block_table[block]) * block_size * slot_floats +
                         head_offset;
-    for (int32_t j = 0; j < count; ++j) {
-      const float score = dot(query, keys + j * slot_floats, head_dim) * scale;
-      scores[start + j] = score;
-      max_score = std::max(max_score, score);
-    }
+    for (int32_t j = 0; j < count; ++j) scores[start + j] = dot(query, keys + j * slot_floats, head_dim) * scale;
   }
-  float sum = 0.0f;
-  for (int32_t j = 0; j < context_length; ++j) {
-    scores[j] = std::exp(scores[j] - max_score);
-    sum += scores[j];
-  }
-  const float inverse_sum = 1.0f / sum;
+  softmax_in_place(scores, context_length);
 
   std::fill(out, out + head_dim, 0.0f);
   for (int32_t start = 0, block = 0; start < context_length; start += block_size, ++block) {
@@ -86,7 +92,7 @@ void attend_one(const float* query, const int32_t* block_table, int32_t context_
     const float* values = v_pool + static_cast<int64_t>(block_table[block]) * block_size * slot_floats +
                           head_offset;
     for (int32_t j = 0; j < count; ++j) {
-      const float weight = scores[start + j] * inverse_sum;
+      const float weight = scores[start + j];
       const float* value = values + j * slot_floats;
 #pragma omp simd
       for (int d = 0; d < head_dim; ++d) out[d] += weight * value[d];
@@ -94,34 +100,121 @@ void attend_one(const float* query, const int32_t* block_table, int32_t context_
   }
 }
 
+// Copies kv head `kv_head` of KV entries [0, context_length) into dense
+// [context_length, head_dim] matrices, so that attention can use sgemm.
+void gather_kv(const int32_t* block_table, int32_t context_length, const AttentionShape& shape, int kv_head,
+               const float* k_pool, const float* v_pool, float* keys, float* values) {
+  const int head_dim = shape.head_dim;
+  const int64_t slot_floats = shape.slot_floats();
+  const size_t row_bytes = static_cast<size_t>(head_dim) * sizeof(float);
+  for (int32_t j = 0; j < context_length; ++j) {
+    const int64_t slot = static_cast<int64_t>(block_table[j / shape.block_size]) * shape.block_size +
+                         j % shape.block_size;
+    const int64_t source = slot * slot_floats + static_cast<int64_t>(kv_head) * head_dim;
+    std::memcpy(keys + static_cast<int64_t>(j) * head_dim, k_pool + source, row_bytes);
+    std::memcpy(values + static_cast<int64_t>(j) * head_dim, v_pool + source, row_bytes);
+  }
+}
+
+// Queries [first_query, first_query + num_queries) of one sequence, all query
+// heads sharing `kv_head`: S = scale * Q K^T (sgemm), causal softmax per row,
+// O = P V (sgemm). Query i sees KV entries 0 .. num_cached + i; masked entries
+// of S are zeroed so P V can run over the chunk's whole context.
+void attend_chunk(const float* q, const BatchSequence& sequence, const int32_t* block_table,
+                  int32_t first_query, int32_t num_queries, const AttentionShape& shape, int kv_head,
+                  const float* k_pool, const float* v_pool, float* scratch, int64_t max_context, float* out) {
+  const int head_dim = shape.head_dim;
+  const int64_t q_size = static_cast<int64_t>(shape.num_heads) * head_dim;
+  const int32_t context_length = sequence.num_cached_tokens + first_query + num_queries;
+  float* keys = scratch;
+  float* values = keys + max_context * head_dim;
+  float* scores = values + max_context * head_dim;
+  gather_kv(block_table, context_length, shape, kv_head, k_pool, v_pool, keys, values);
+
+  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  const int heads_per_kv_head = shape.num_heads / shape.num_kv_heads;
+  const int64_t first_row = static_cast<int64_t>(sequence.token_offset) + first_query;
+  for (int head = kv_head * heads_per_kv_head; head < (kv_head + 1) * heads_per_kv_head; ++head) {
+    const float* queries = q + first_row * q_size + static_cast<int64_t>(head) * head_dim;
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, num_queries, context_length, head_dim, scale, queries,
+                static_cast<int>(q_size), keys, head_dim, 0.0f, scores, context_length);
+    for (int32_t r = 0; r < num_queries; ++r) {
+      float* row = scores + static_cast<int64_t>(r) * context_length;
+      const int32_t visible = sequence.num_cached_tokens + first_query + r + 1;
+      softmax_in_place(row, visible);
+      std::fill(row + visible, row + context_length, 0.0f);
+    }
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, num_queries, head_dim, context_length, 1.0f, scores,
+                context_length, values, head_dim, 0.0f,
+                out + first_row * q_size + static_cast<int64_t>(head) * head_dim, static_cast<int>(q_size));
+  }
+}
+
+// A unit of parallel work: one token and query head (num_queries == 1, head is
+// a query head), or a chunk of queries of one kv head's group (head is a kv head).
+struct WorkItem {
+  int32_t sequence = 0;
+  int32_t head = 0;
+  int32_t first_query = 0;
+  int32_t num_queries = 0;
+};
+
 }  // namespace
 
 void paged_attention(const float* q, const Batch& batch, const TokenPlacement& placement,
                      const AttentionShape& shape, const float* k_pool, const float* v_pool,
-                     int num_threads, std::vector<float>& scores_scratch, float* out) {
-  const int64_t num_tokens = batch.num_tokens();
-  const int num_heads = shape.num_heads;
-  const int64_t q_size = static_cast<int64_t>(num_heads) * shape.head_dim;
-  const int heads_per_kv_head = num_heads / shape.num_kv_heads;
-  const int64_t scratch_per_thread = std::max<int32_t>(placement.max_context_length, 1);
-  scores_scratch.resize(static_cast<size_t>(num_threads) * scratch_per_thread);
+                     int num_threads, std::vector<float>& scratch, float* out) {
+  const int64_t q_size = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
+  const int heads_per_kv_head = shape.num_heads / shape.num_kv_heads;
 
-  const int64_t num_units = num_tokens * num_heads;
+  // Query chunks: large enough for efficient GEMMs, small enough for about two
+  // work items per thread.
+  int64_t num_chunked_queries = 0;
+  for (const BatchSequence& sequence : batch.sequences)
+    if (sequence.num_new_tokens >= kMinQueriesForGemm) num_chunked_queries += sequence.num_new_tokens;
+  const int64_t wanted_chunk = num_chunked_queries * shape.num_kv_heads / (2 * std::max(num_threads, 1));
+  const int32_t chunk = static_cast<int32_t>(std::clamp<int64_t>((wanted_chunk + 7) / 8 * 8, 16, 64));
+
+  std::vector<WorkItem> items;
+  for (int32_t s = 0; s < static_cast<int32_t>(batch.sequences.size()); ++s) {
+    const int32_t num_new = batch.sequences[s].num_new_tokens;
+    if (num_new < kMinQueriesForGemm) {
+      for (int32_t i = 0; i < num_new; ++i)
+        for (int32_t head = 0; head < shape.num_heads; ++head) items.push_back({s, head, i, 1});
+      continue;
+    }
+    // Last chunks first: they see the most keys, and dynamic scheduling then balances.
+    for (int32_t first = (num_new - 1) / chunk * chunk; first >= 0; first -= chunk)
+      for (int32_t kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
+        items.push_back({s, kv_head, first, std::min(chunk, num_new - first)});
+  }
+
+  const int64_t max_context = std::max<int32_t>(placement.max_context_length, 1);
+  const int64_t scratch_per_thread =
+      num_chunked_queries > 0 ? max_context * (2 * shape.head_dim + chunk) : max_context;
+  if (scratch.size() < static_cast<size_t>(num_threads * scratch_per_thread))
+    scratch.resize(static_cast<size_t>(num_threads * scratch_per_thread));
+
   // Multiply-adds of the whole call; small steps run on the calling thread.
-  const int64_t work = placement.num_attended_entries * num_heads * shape.head_dim;
+  const int64_t work = placement.num_attended_entries * shape.num_heads * shape.head_dim;
   constexpr int64_t kMinWorkForThreads = 128 * 1024;
-#pragma omp parallel for schedule(dynamic, 4) num_threads(num_threads) if (work >= kMinWorkForThreads)
-  for (int64_t unit = 0; unit < num_units; ++unit) {
-    const int64_t token = unit / num_heads;
-    const int head = static_cast<int>(unit % num_heads);
-    const BatchSequence& sequence = batch.sequences[placement.sequence_of_token[token]];
-    const int32_t context_length = sequence.num_cached_tokens +
-                                   static_cast<int32_t>(token - sequence.token_offset) + 1;
-    float* scores = scores_scratch.data() + omp_get_thread_num() * scratch_per_thread;
-    attend_one(q + token * q_size + static_cast<int64_t>(head) * shape.head_dim,
-               batch.block_tables.data() + sequence.block_table_offset, context_length, shape,
-               head / heads_per_kv_head, k_pool, v_pool, scores,
-               out + token * q_size + static_cast<int64_t>(head) * shape.head_dim);
+  const int64_t num_items = static_cast<int64_t>(items.size());
+#pragma omp parallel for schedule(dynamic, 1) num_threads(num_threads) if (work >= kMinWorkForThreads)
+  for (int64_t index = 0; index < num_items; ++index) {
+    const WorkItem& item = items[index];
+    const BatchSequence& sequence = batch.sequences[item.sequence];
+    const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
+    float* thread_scratch = scratch.data() + omp_get_thread_num() * scratch_per_thread;
+    if (sequence.num_new_tokens >= kMinQueriesForGemm) {
+      attend_chunk(q, sequence, block_table, item.first_query, item.num_queries, shape, item.head, k_pool,
+                   v_pool, thread_scratch, max_context, out);
+    } else {
+      const int64_t token = sequence.token_offset + item.first_query;
+      const int64_t head_offset = static_cast<int64_t>(item.head) * shape.head_dim;
+      attend_one(q + token * q_size + head_offset, block_table,
+                 sequence.num_cached_tokens + item.first_query + 1, shape, item.head / heads_per_kv_head,
+                 k_pool, v_pool, thread_scratch, out + token * q_size + head_offset);
+    }
   }
 }
 

@@ -41,11 +41,15 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 // out[t, h * head_dim ...] = softmax(q_t,h . K^T / sqrt(head_dim)) V over the KV
 // entries 0 .. num_cached_tokens + i of token t's sequence (t is its new token i).
 // Query head h reads kv head h / (num_heads / num_kv_heads).
-// `scores_scratch` is resized to num_threads * max_context_length floats.
-// Runs an OpenMP parallel region over (token, head) with `num_threads` threads
-// when there is enough work to pay for it.
+// Decode-like sequences (few new tokens) go token by token and head by head;
+// prefill chunks go as sgemms over chunks of queries per kv head (gathering that
+// head's K and V into dense scratch first). `scratch` grows to
+// num_threads * max_context_length * (2 * head_dim + 64) floats at most and is
+// kept by the caller between calls. Runs an OpenMP parallel region with
+// `num_threads` threads when there is enough work to pay for it. OpenBLAS must
+// be single-threaded (see gemm.h).
 void paged_attention(const float* q, const Batch& batch, const TokenPlacement& placement,
                      const AttentionShape& shape, const float* k_pool, const float* v_pool,
-                     int num_threads, std::vector<float>& scores_scratch, float* out);
+                     int num_threads, std::vector<float>& scratch, float* out);
 
 }  // namespace loom::cpu
