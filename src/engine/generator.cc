@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/stop_strings.h"
 #include "kv/block_allocator.h"
 #include "util/error.h"
 
@@ -28,32 +29,6 @@ struct SequenceState {
       : request(&req), tokens(req.prompt_tokens), sampler(req.sampling),
         detokenizer(std::move(tokenizer)) {}
 };
-
-// Returns the index of the earliest stop string match in `text`, or npos.
-size_t find_stop(const std::string& text, const std::vector<std::string>& stops) {
-  size_t best = std::string::npos;
-  for (const auto& stop : stops) {
-    if (stop.empty()) continue;
-    size_t at = text.find(stop);
-    if (at < best) best = at;
-  }
-  return best;
-}
-
-// Length of the longest suffix of `text` that is a proper prefix of a stop string:
-// that much must be held back while streaming.
-size_t held_back_length(const std::string& text, const std::vector<std::string>& stops) {
-  size_t hold = 0;
-  for (const auto& stop : stops) {
-    for (size_t length = std::min(stop.size() - 1, text.size()); length > hold; --length) {
-      if (text.compare(text.size() - length, length, stop, 0, length) == 0) {
-        hold = length;
-        break;
-      }
-    }
-  }
-  return hold;
-}
 
 }  // namespace
 
@@ -90,7 +65,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
     SequenceState& state = states[index];
     state.pending_text += text;
     std::string& pending = state.pending_text;
-    size_t stop_at = find_stop(pending, state.request->stop_strings);
+    size_t stop_at = find_stop_string(pending, state.request->stop_strings);
     if (stop_at != std::string::npos) {
       pending.resize(stop_at);
       state.finished = true;
@@ -98,7 +73,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
       final_flush = true;
     }
     size_t ready = final_flush ? pending.size()
-                               : pending.size() - held_back_length(pending, state.request->stop_strings);
+                               : pending.size() - stop_string_hold_back_length(pending, state.request->stop_strings);
     if (ready == 0) return;
     std::string delta = pending.substr(0, ready);
     pending.erase(0, ready);

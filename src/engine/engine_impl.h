@@ -1,0 +1,100 @@
+// The Engine of engine.h: one engine thread that loops
+//   inbox (new requests, cancels, adapter commands) -> Scheduler::plan ->
+//   build_batch -> Backend::forward -> per-request sampling/detokenizing ->
+//   RequestChannel outputs,
+// and checks the KV cache's integrity whenever it goes idle.
+//
+// Adapters: loaded on the caller's thread (file I/O), then bound to a backend
+// slot by a command run on the engine thread; every loaded adapter stays bound
+// until unloaded. An isolated adapter NAME caches its KV under namespace
+// "lora/NAME" (kv_namespace_for_adapter); unloading drops that namespace so a
+// later adapter with the same name never sees stale K/V.
+#pragma once
+
+#include <atomic>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <unordered_map>
+
+#include "engine/engine.h"
+#include "engine/engine_request.h"
+#include "engine/request_channel.h"
+#include "kv/kv_cache_manager.h"
+#include "scheduler/scheduler.h"
+
+namespace loom {
+
+class EngineImpl final : public Engine {
+ public:
+  EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config);
+  ~EngineImpl() override;
+
+  std::unique_ptr<RequestStream> submit(EngineRequest request) override;
+  void load_adapter(const std::string& name, const std::string& path) override;
+  void unload_adapter(const std::string& name) override;
+  std::vector<AdapterInfo> adapters() const override;
+  EngineMetrics take_metrics() override;
+  const LoadedModel& model() const override { return model_; }
+  int32_t max_context_tokens() const override { return max_context_tokens_; }
+  void shutdown(bool drain) override;
+
+  // Number of KV blocks the pool was given (derived from kv_cache_bytes when 0).
+  int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  // Runs `command` on the engine thread and waits for it (or runs it here when
+  // the thread has exited). Rethrows what it throws. Tests use it to inspect
+  // or evict the cache between requests.
+  void run_on_engine_thread(const std::function<void()>& command);
+  // Engine thread only (inside run_on_engine_thread).
+  KvCacheManager& kv_cache() { return *kv_cache_; }
+
+ private:
+  struct AdapterEntry {
+    std::string path;
+    std::shared_ptr<const LoraAdapter> adapter;
+    int32_t slot = 0;
+    int32_t num_running_requests = 0;
+    bool ready = false;  // bound in the backend
+  };
+
+  void thread_main();
+  bool take_inbox(bool& stop_now);  // returns whether the thread should exit
+  void admit(std::unique_ptr<PendingRequest> request);
+  void handle_cancellations();
+  void step();
+  void end_request(int64_t id, RequestOutput final_output);
+  void fail_all(const Error& error);
+  void publish_gauges();
+
+  LoadedModel model_;
+  std::unique_ptr<Backend> backend_;
+  EngineConfig config_;
+  int32_t max_context_tokens_ = 0;
+  int32_t num_kv_blocks_ = 0;
+  int64_t kv_bytes_per_block_ = 0;
+  std::vector<TokenId> eos_ids_;
+
+  // Engine thread only.
+  std::unique_ptr<KvCacheManager> kv_cache_;
+  std::unique_ptr<Scheduler> scheduler_;
+  std::unordered_map<int64_t, std::unique_ptr<PendingRequest>> active_;
+  bool idle_checked_ = false;
+
+  std::shared_ptr<EngineInbox> inbox_ = std::make_shared<EngineInbox>();
+  std::atomic<int64_t> next_id_{1};
+  std::atomic<int32_t> num_in_inbox_{0};          // submitted, not yet seen by the engine thread
+  std::atomic<int32_t> num_scheduler_waiting_{0};  // in the scheduler's waiting queue
+
+  mutable std::mutex adapters_mutex_;
+  std::map<std::string, AdapterEntry> adapters_;
+  std::vector<bool> slot_used_;
+
+  std::mutex metrics_mutex_;
+  EngineMetrics metrics_;
+
+  std::mutex shutdown_mutex_;
+  std::thread thread_;
+};
+
+}  // namespace loom

@@ -1,0 +1,197 @@
+// The engine thread's loop (EngineImpl's private half; see engine_impl.h).
+#include <spdlog/spdlog.h>
+
+#include "engine/batch_builder.h"
+#include "engine/engine_impl.h"
+
+namespace loom {
+
+namespace {
+
+double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::duration<double>(to - from).count(); }
+
+}  // namespace
+
+void EngineImpl::thread_main() {
+  for (;;) {
+    std::deque<std::unique_ptr<PendingRequest>> new_requests;
+    std::deque<std::function<void()>> commands;
+    bool stopping = false, drain = false;
+    {
+      std::unique_lock<std::mutex> lock(inbox_->mutex);
+      auto has_input = [&] {
+        return !inbox_->new_requests.empty() || !inbox_->commands.empty() || inbox_->cancel_pending ||
+               inbox_->stopping;
+      };
+      if (!scheduler_->has_work() && !has_input()) {
+        if (!idle_checked_) {
+          idle_checked_ = true;
+          const std::string problem = kv_cache_->integrity_error();
+          if (!problem.empty()) spdlog::error("KV cache integrity check failed: {}", problem);
+        }
+        inbox_->cv.wait(lock, has_input);
+      }
+      new_requests.swap(inbox_->new_requests);
+      commands.swap(inbox_->commands);
+      num_in_inbox_ -= static_cast<int32_t>(new_requests.size());
+      inbox_->cancel_pending = false;
+      stopping = inbox_->stopping;
+      drain = inbox_->drain;
+    }
+    idle_checked_ = false;
+    for (auto& command : commands) command();  // packaged tasks: exceptions go to the caller
+    for (auto& request : new_requests) admit(std::move(request));
+    handle_cancellations();
+    if (stopping && !drain) {
+      fail_all(Error(ErrorKind::kCapacity, "the engine is shutting down", "retry on another server"));
+      break;
+    }
+    if (!scheduler_->has_work()) {
+      if (stopping) break;
+      continue;
+    }
+    step();
+  }
+  std::deque<std::function<void()>> leftover;
+  {
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    inbox_->thread_exited = true;
+    leftover.swap(inbox_->commands);
+  }
+  for (auto& command : leftover) command();
+  publish_gauges();
+}
+
+void EngineImpl::admit(std::unique_ptr<PendingRequest> request) {
+  const int64_t id = request->id;
+  scheduler_->add(id, request->request.prompt_tokens, request->request.adapter, request->kv_namespace,
+                  request->request.priority);
+  active_.emplace(id, std::move(request));
+}
+
+void EngineImpl::handle_cancellations() {
+  std::vector<int64_t> cancelled;
+  for (const auto& [id, request] : active_)
+    if (request->channel->cancelled.load()) cancelled.push_back(id);
+  for (int64_t id : cancelled) {
+    RequestOutput output = active_.at(id)->failed(Error(ErrorKind::kInvalidArgument, "the request was cancelled"));
+    end_request(id, std::move(output));
+  }
+}
+
+void EngineImpl::end_request(int64_t id, RequestOutput final_output) {
+  auto it = active_.find(id);
+  LOOM_CHECK(it != active_.end());
+  std::unique_ptr<PendingRequest> request = std::move(it->second);
+  active_.erase(it);
+  scheduler_->finish(id);
+  if (!request->request.adapter.empty()) {
+    std::lock_guard<std::mutex> lock(adapters_mutex_);
+    auto adapter = adapters_.find(request->request.adapter);
+    if (adapter != adapters_.end()) --adapter->second.num_running_requests;
+  }
+  {
+    const SteadyTime now = std::chrono::steady_clock::now();
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    ++metrics_.num_finished_requests;
+    metrics_.end_to_end.push_back(seconds_between(request->submitted_at, now));
+    if (request->first_token_at) metrics_.decode_time.push_back(seconds_between(*request->first_token_at, now));
+  }
+  request->channel->push(std::move(final_output));
+  publish_gauges();
+}
+
+void EngineImpl::fail_all(const Error& error) {
+  std::vector<int64_t> ids;
+  for (const auto& [id, request] : active_) ids.push_back(id);
+  for (int64_t id : ids) end_request(id, active_.at(id)->failed(error));
+}
+
+void EngineImpl::publish_gauges() {
+  const KvCacheStats stats = kv_cache_->stats();
+  num_scheduler_waiting_ = scheduler_->num_waiting();
+  std::lock_guard<std::mutex> lock(metrics_mutex_);
+  metrics_.num_running = scheduler_->num_running();
+  metrics_.num_waiting = scheduler_->num_waiting();
+  metrics_.kv_blocks_total = stats.num_total_blocks;
+  metrics_.kv_blocks_free = stats.num_free_blocks;
+  metrics_.kv_blocks_cached = stats.num_cached_blocks;
+  metrics_.kv_blocks_in_use = stats.num_in_use_blocks;
+  metrics_.kv_bytes_in_use_or_cached =
+      static_cast<int64_t>(stats.num_cached_blocks + stats.num_in_use_blocks) * kv_bytes_per_block_;
+  metrics_.num_evicted_tokens = stats.num_evicted_blocks * config_.block_size;
+  metrics_.num_preemptions = scheduler_->num_preemptions();
+}
+
+void EngineImpl::step() {
+  const StepPlan plan = scheduler_->plan();
+  publish_gauges();
+  if (plan.empty()) return;  // nothing fits this step (cannot happen with the submit() checks)
+
+  const SteadyTime scheduled_at = std::chrono::steady_clock::now();
+  for (const ScheduledRequest& entry : plan.requests) {
+    PendingRequest& request = *active_.at(entry.id);
+    std::lock_guard<std::mutex> lock(metrics_mutex_);
+    if (!request.first_scheduled_at) {
+      request.first_scheduled_at = scheduled_at;
+      metrics_.queue_time.push_back(seconds_between(request.submitted_at, scheduled_at));
+    }
+    if (entry.num_prefix_hit_tokens >= 0) {
+      request.num_cached_prompt_tokens = entry.num_prefix_hit_tokens;
+      metrics_.prefix_queried_tokens += static_cast<int64_t>(request.request.prompt_tokens.size());
+      metrics_.prefix_hit_tokens += entry.num_prefix_hit_tokens;
+      metrics_.num_prompt_tokens += static_cast<int64_t>(request.request.prompt_tokens.size());
+    }
+  }
+
+  const Batch batch =
+      build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->adapter_slot; });
+  ForwardResult result;
+  try {
+    result = backend_->forward(batch);
+    LOOM_CHECK(result.logit_token_index.size() == plan.requests.size());
+  } catch (const Error& error) {
+    spdlog::error("forward pass failed: {}", error.what());
+    for (const ScheduledRequest& entry : plan.requests) end_request(entry.id, active_.at(entry.id)->failed(error));
+    return;
+  } catch (const std::exception& error) {
+    spdlog::error("forward pass failed: {}", error.what());
+    const Error internal(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what()));
+    for (const ScheduledRequest& entry : plan.requests) end_request(entry.id, active_.at(entry.id)->failed(internal));
+    return;
+  }
+  scheduler_->complete_step(plan);
+
+  int32_t num_decodes = 0;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  for (size_t row = 0; row < plan.requests.size(); ++row) {
+    const ScheduledRequest& entry = plan.requests[row];
+    if (!entry.samples_next_token) continue;
+    if (entry.num_new_tokens == 1) ++num_decodes;
+    PendingRequest& request = *active_.at(entry.id);
+    RequestOutput output = request.on_logits(result.logits.data() + row * static_cast<size_t>(result.vocab_size),
+                                             result.vocab_size, eos_ids_);
+    {
+      std::lock_guard<std::mutex> lock(metrics_mutex_);
+      ++metrics_.num_generated_tokens;
+      if (!request.first_token_at) {
+        request.first_token_at = now;
+        metrics_.time_to_first_token.push_back(seconds_between(request.submitted_at, now));
+        metrics_.prefill_time.push_back(seconds_between(*request.first_scheduled_at, now));
+      } else {
+        metrics_.inter_token.push_back(seconds_between(*request.last_token_at, now));
+      }
+      request.last_token_at = now;
+    }
+    if (output.finished) {
+      end_request(entry.id, std::move(output));
+    } else {
+      scheduler_->append_token(entry.id, output.new_tokens.back().token_id);
+      request.channel->push(std::move(output));
+    }
+  }
+  std::lock_guard<std::mutex> lock(metrics_mutex_);
+  if (num_decodes > 0) metrics_.decode_batch_sizes.push_back(num_decodes);
+}
+
+}  // namespace loom

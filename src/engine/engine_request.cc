@@ -1,0 +1,73 @@
+#include "engine/engine_request.h"
+
+#include <algorithm>
+#include <limits>
+
+namespace loom {
+
+PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineRequest request_in,
+                               int32_t adapter_slot_in, std::string kv_namespace_in,
+                               std::shared_ptr<const Tokenizer> tokenizer)
+    : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), adapter_slot(adapter_slot_in),
+      kv_namespace(std::move(kv_namespace_in)), channel(std::make_shared<RequestChannel>()),
+      sampler(request.sampling), detokenizer(std::move(tokenizer)), stop_filter(request.stop_strings),
+      submitted_at(std::chrono::steady_clock::now()) {}
+
+RequestOutput PendingRequest::make_output() const {
+  RequestOutput output;
+  output.num_prompt_tokens = static_cast<int32_t>(request.prompt_tokens.size());
+  output.num_cached_prompt_tokens = num_cached_prompt_tokens;
+  output.num_output_tokens = num_output_tokens;
+  return output;
+}
+
+RequestOutput PendingRequest::on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids) {
+  const bool before_min = num_output_tokens < request.min_new_tokens;
+  if (before_min) {
+    masked_logits_.assign(logits, logits + vocab_size);
+    auto mask = [&](TokenId id) {
+      if (id >= 0 && id < vocab_size) masked_logits_[static_cast<size_t>(id)] = -std::numeric_limits<float>::infinity();
+    };
+    if (!request.ignore_eos)
+      for (TokenId id : eos_ids) mask(id);
+    for (TokenId id : request.stop_token_ids) mask(id);
+    logits = masked_logits_.data();
+  }
+  SampledToken sampled = sampler.sample(logits, vocab_size);
+  const TokenId token = sampled.token_id;
+  ++num_output_tokens;
+  RequestOutput output = make_output();
+  output.new_tokens.push_back(std::move(sampled));
+
+  const bool is_eos = !request.ignore_eos && std::find(eos_ids.begin(), eos_ids.end(), token) != eos_ids.end();
+  const bool is_stop_token =
+      std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
+  const bool match_stops = num_output_tokens >= request.min_new_tokens;
+  if ((is_eos || is_stop_token) && !before_min) {
+    output.text_delta = stop_filter.push(detokenizer.flush(), true, match_stops).text;
+    output.finished = true;
+    output.finish_reason = FinishReason::kStop;
+    return output;
+  }
+  StopStringFilter::Result text = stop_filter.push(detokenizer.push(token), false, match_stops);
+  output.text_delta = std::move(text.text);
+  if (text.stopped) {
+    output.finished = true;
+    output.finish_reason = FinishReason::kStop;
+  } else if (num_output_tokens >= request.max_new_tokens) {
+    StopStringFilter::Result rest = stop_filter.push(detokenizer.flush(), true, match_stops);
+    output.text_delta += rest.text;
+    output.finished = true;
+    output.finish_reason = rest.stopped ? FinishReason::kStop : FinishReason::kLength;
+  }
+  return output;
+}
+
+RequestOutput PendingRequest::failed(const Error& error) const {
+  RequestOutput output = make_output();
+  output.finished = true;
+  output.error = error;
+  return output;
+}
+
+}  // namespace loom

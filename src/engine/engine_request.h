@@ -1,0 +1,53 @@
+// Engine-side state of one request: sampler, detokenizer, stop handling,
+// timings, and the channel its outputs go to. Engine thread only (except the
+// constructor, which submit() runs to validate sampling params early).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/request_channel.h"
+#include "engine/sampler.h"
+#include "engine/stop_strings.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom {
+
+using SteadyTime = std::chrono::steady_clock::time_point;
+
+struct PendingRequest {
+  int64_t id = 0;
+  std::string request_id;
+  EngineRequest request;
+  int32_t adapter_slot = -1;  // -1: base model
+  std::string kv_namespace;
+  std::shared_ptr<RequestChannel> channel;
+  Sampler sampler;
+  IncrementalDetokenizer detokenizer;
+  StopStringFilter stop_filter;
+  SteadyTime submitted_at;
+  std::optional<SteadyTime> first_scheduled_at, first_token_at, last_token_at;
+  int32_t num_output_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;
+
+  PendingRequest(int64_t id, std::string request_id, EngineRequest request, int32_t adapter_slot,
+                 std::string kv_namespace, std::shared_ptr<const Tokenizer> tokenizer);
+
+  // Samples the next token from one row of logits (masking EOS and stop token
+  // ids while fewer than min_new_tokens were produced) and turns it into the
+  // output to stream. `eos_ids` are the tokenizer's.
+  RequestOutput on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids);
+  // A finished output carrying `error`.
+  RequestOutput failed(const Error& error) const;
+
+ private:
+  RequestOutput make_output() const;
+  std::vector<float> masked_logits_;
+};
+
+}  // namespace loom

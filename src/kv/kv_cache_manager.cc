@@ -1,0 +1,172 @@
+#include "kv/kv_cache_manager.h"
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace loom {
+
+std::string kv_namespace_for_adapter(const std::string& adapter_name) {
+  return adapter_name.empty() ? std::string("base") : "lora/" + adapter_name;
+}
+
+KvLease& KvLease::operator=(KvLease&& other) noexcept {
+  if (this != &other) {
+    release();
+    manager_ = other.manager_;
+    kv_namespace_ = std::move(other.kv_namespace_);
+    block_ids_ = std::move(other.block_ids_);
+    num_committed_blocks_ = other.num_committed_blocks_;
+    num_cached_tokens_ = other.num_cached_tokens_;
+    other.manager_ = nullptr;
+    other.block_ids_.clear();
+    other.num_committed_blocks_ = 0;
+    other.num_cached_tokens_ = 0;
+  }
+  return *this;
+}
+
+void KvLease::release() {
+  if (manager_ != nullptr) manager_->release(*this);
+  manager_ = nullptr;
+  block_ids_.clear();
+  num_committed_blocks_ = 0;
+}
+
+KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size)
+    : pool_(num_blocks), tree_(pool_, block_size) {}
+
+int32_t KvCacheManager::num_cached_prefix_tokens(const std::string& kv_namespace,
+                                                 std::span<const KvTokenId> tokens) const {
+  return static_cast<int32_t>(tree_.match(kv_namespace, tokens).size()) * block_size();
+}
+
+KvLease KvCacheManager::lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens) {
+  KvLease lease;
+  lease.manager_ = this;
+  lease.kv_namespace_ = kv_namespace;
+  for (RadixNode* node : tree_.match(kv_namespace, tokens)) {
+    pool_.add_ref(node->block_id);
+    tree_.on_ref_changed(node->block_id);
+    lease.block_ids_.push_back(node->block_id);
+  }
+  lease.num_committed_blocks_ = lease.num_blocks();
+  lease.num_cached_tokens_ = lease.num_blocks() * block_size();
+  tree_.touch(lease.block_ids_, ++clock_);
+  return lease;
+}
+
+bool KvCacheManager::can_allocate(int32_t num_blocks) const {
+  return num_blocks <= pool_.num_free_blocks() + tree_.num_cached_blocks();
+}
+
+bool KvCacheManager::allocate(KvLease& lease, int32_t num_blocks) {
+  LOOM_CHECK(lease.manager_ == this && num_blocks >= 0);
+  if (!can_allocate(num_blocks)) return false;
+  while (pool_.num_free_blocks() < num_blocks) {
+    std::optional<int32_t> evicted = tree_.evict_one();
+    LOOM_CHECK(evicted.has_value());  // every cached block is reclaimable (see radix_tree.h)
+    pool_.put_free(*evicted);
+    ++num_evicted_blocks_;
+  }
+  auto ids = pool_.take_free(num_blocks);
+  LOOM_CHECK(ids.has_value());
+  lease.block_ids_.insert(lease.block_ids_.end(), ids->begin(), ids->end());
+  return true;
+}
+
+void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, int32_t num_computed_tokens) {
+  LOOM_CHECK(lease.manager_ == this);
+  LOOM_CHECK(num_computed_tokens >= 0 && num_computed_tokens <= static_cast<int32_t>(tokens.size()));
+  const int32_t num_full = std::min(num_computed_tokens / block_size(), lease.num_blocks());
+  if (num_full <= lease.num_committed_blocks_) return;
+  const size_t block = static_cast<size_t>(block_size());
+  RadixNode* parent = lease.num_committed_blocks_ == 0
+                          ? nullptr
+                          : tree_.node_of_block(lease.block_ids_[static_cast<size_t>(lease.num_committed_blocks_ - 1)]);
+  const int64_t now = ++clock_;
+  for (int32_t i = lease.num_committed_blocks_; i < num_full; ++i) {
+    std::span<const KvTokenId> block_tokens = tokens.subspan(static_cast<size_t>(i) * block, block);
+    int32_t& block_id = lease.block_ids_[static_cast<size_t>(i)];
+    RadixNode* node = tree_.find_child(lease.kv_namespace_, parent, block_tokens);
+    if (node == nullptr) {
+      node = tree_.insert(lease.kv_namespace_, parent, block_tokens, block_id);
+    } else if (node->block_id != block_id) {
+      // Computed twice (two requests prefilled the same tokens at once): keep the tree's copy.
+      pool_.add_ref(node->block_id);
+      tree_.on_ref_changed(node->block_id);
+      if (pool_.release_ref(block_id) == 0) pool_.put_free(block_id);
+      block_id = node->block_id;
+    }
+    node->last_access = now;
+    tree_.on_ref_changed(node->block_id);
+    parent = node;
+  }
+  lease.num_committed_blocks_ = num_full;
+}
+
+void KvCacheManager::release(KvLease& lease) {
+  const int64_t now = ++clock_;
+  // Tail first, so that a parent is never unreferenced while its child is referenced.
+  for (auto it = lease.block_ids_.rbegin(); it != lease.block_ids_.rend(); ++it) {
+    const int32_t id = *it;
+    const bool in_tree = tree_.node_of_block(id) != nullptr;
+    if (pool_.release_ref(id) == 0 && !in_tree) pool_.put_free(id);
+    if (in_tree) {
+      tree_.node_of_block(id)->last_access = now;
+      tree_.on_ref_changed(id);
+    }
+  }
+}
+
+int32_t KvCacheManager::drop_namespace(const std::string& kv_namespace) {
+  std::vector<int32_t> freed = tree_.remove_namespace(kv_namespace);
+  for (int32_t id : freed) pool_.put_free(id);
+  return static_cast<int32_t>(freed.size());
+}
+
+int32_t KvCacheManager::evict_all_cached() {
+  int32_t count = 0;
+  while (auto evicted = tree_.evict_one()) {
+    pool_.put_free(*evicted);
+    ++num_evicted_blocks_;
+    ++count;
+  }
+  return count;
+}
+
+KvCacheStats KvCacheManager::stats() const {
+  KvCacheStats stats;
+  stats.num_total_blocks = pool_.num_total_blocks();
+  stats.num_free_blocks = pool_.num_free_blocks();
+  stats.num_cached_blocks = tree_.num_cached_blocks();
+  stats.num_in_use_blocks = stats.num_total_blocks - stats.num_free_blocks - stats.num_cached_blocks;
+  stats.num_evicted_blocks = num_evicted_blocks_;
+  return stats;
+}
+
+std::string KvCacheManager::integrity_error() const {
+  int32_t num_in_use = 0, num_cached = 0, num_free = 0;
+  for (int32_t id = 0; id < pool_.num_total_blocks(); ++id) {
+    const bool in_tree = tree_.node_of_block(id) != nullptr;
+    const int32_t refs = pool_.ref_count(id);
+    if (pool_.is_free(id)) {
+      if (refs != 0 || in_tree) return fmt::format("free block {} is referenced or cached", id);
+      ++num_free;
+    } else if (refs > 0) {
+      ++num_in_use;
+    } else if (in_tree) {
+      ++num_cached;
+    } else {
+      return fmt::format("block {} is leaked: not free, not referenced, not cached", id);
+    }
+  }
+  if (num_free + num_cached + num_in_use != pool_.num_total_blocks())
+    return fmt::format("free {} + cached {} + in use {} != total {}", num_free, num_cached, num_in_use,
+                       pool_.num_total_blocks());
+  if (num_cached != tree_.num_cached_blocks())
+    return fmt::format("{} cached blocks counted, tree records {}", num_cached, tree_.num_cached_blocks());
+  return tree_.integrity_error();
+}
+
+}  // namespace loom

@@ -1,0 +1,126 @@
+// The KV cache manager: a BlockPool plus a RadixTree over it, and the leases
+// through which running requests hold blocks.
+//
+// A request's block table is a KvLease. Its blocks split into three ranges:
+//
+//   block_ids: [0 .. num_committed_blocks) [.. private, full or partial ..]
+//               in the radix tree (matched     written by this request only;
+//               at lock_prefix or committed)   committed once full + computed
+//
+// Life of a request (all on the engine thread):
+//   lease = lock_prefix(ns, tokens, max)   // reuse cached blocks; they are now in use
+//   if (can_allocate(n)) allocate(lease, n) // plan, then apply; "no room" is `false`
+//   ... forward ...; commit(lease, tokens, num_computed)   // full blocks -> tree
+//   lease.release() or ~KvLease           // committed blocks stay cached (LRU), others free
+//
+// While a lease holds a block, the block (and its tree node) cannot be evicted:
+// leases are the RAII lock handles of the design. allocate() evicts cached
+// leaves, least recently used first, when free blocks run short.
+//
+// Namespaces: kv_namespace_for_adapter("") == "base"; an isolated adapter NAME
+// uses "lora/NAME". Later sharing modes add their own namespaces.
+//
+// Thread: engine thread only. The manager must outlive its leases.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kv/block_pool.h"
+#include "kv/radix_tree.h"
+
+namespace loom {
+
+std::string kv_namespace_for_adapter(const std::string& adapter_name);
+
+class KvCacheManager;
+
+// Move-only; releases its blocks when destroyed.
+class KvLease {
+ public:
+  KvLease() = default;
+  KvLease(KvLease&& other) noexcept { *this = std::move(other); }
+  KvLease& operator=(KvLease&& other) noexcept;
+  KvLease(const KvLease&) = delete;
+  KvLease& operator=(const KvLease&) = delete;
+  ~KvLease() { release(); }
+
+  const std::vector<int32_t>& block_ids() const { return block_ids_; }
+  int32_t num_blocks() const { return static_cast<int32_t>(block_ids_.size()); }
+  int32_t num_committed_blocks() const { return num_committed_blocks_; }
+  // Tokens found in the cache when the lease was made (a multiple of block_size).
+  int32_t num_cached_tokens() const { return num_cached_tokens_; }
+  const std::string& kv_namespace() const { return kv_namespace_; }
+  bool active() const { return manager_ != nullptr; }
+  // Gives every block back: committed ones stay cached, the rest become free.
+  void release();
+
+ private:
+  friend class KvCacheManager;
+  KvCacheManager* manager_ = nullptr;
+  std::string kv_namespace_;
+  std::vector<int32_t> block_ids_;
+  int32_t num_committed_blocks_ = 0;
+  int32_t num_cached_tokens_ = 0;
+};
+
+struct KvCacheStats {
+  int32_t num_total_blocks = 0, num_free_blocks = 0, num_cached_blocks = 0, num_in_use_blocks = 0;
+  int64_t num_evicted_blocks = 0;  // since start
+};
+
+class KvCacheManager {
+ public:
+  KvCacheManager(int32_t num_blocks, int32_t block_size);
+  KvCacheManager(const KvCacheManager&) = delete;
+  KvCacheManager& operator=(const KvCacheManager&) = delete;
+
+  int32_t block_size() const { return tree_.block_size(); }
+  int32_t num_total_blocks() const { return pool_.num_total_blocks(); }
+
+  // Number of tokens of tokens[0, max_tokens) whose blocks are cached (a
+  // multiple of block_size). Changes nothing.
+  int32_t num_cached_prefix_tokens(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const;
+  // A lease over the cached blocks of the longest cached prefix of `tokens`
+  // (whole blocks only; pass tokens.first(n) to cap it). Never fails; the
+  // lease may be empty. Marks those blocks used now (LRU).
+  KvLease lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens);
+
+  // Whether `num_blocks` more blocks can be had (free + cached).
+  bool can_allocate(int32_t num_blocks) const;
+  // Appends `num_blocks` blocks to the lease, evicting LRU cached leaves if
+  // needed. Returns false, changing nothing, when can_allocate is false.
+  bool allocate(KvLease& lease, int32_t num_blocks);
+
+  // Puts the lease's full blocks of computed tokens into the tree:
+  // blocks [num_committed_blocks, num_computed_tokens / block_size).
+  // tokens[0, num_computed_tokens) are the tokens whose K/V the blocks hold.
+  // A block whose tokens another request already committed is swapped for the
+  // tree's block (the duplicate is freed), so block_ids() may change.
+  void commit(KvLease& lease, std::span<const KvTokenId> tokens, int32_t num_computed_tokens);
+
+  // Drops every cached block of a namespace (e.g. an unloaded adapter's).
+  // Precondition: no lease of that namespace holds blocks. Returns blocks freed.
+  int32_t drop_namespace(const std::string& kv_namespace);
+  // Evicts every cached block (tests; "after the blocks were evicted").
+  int32_t evict_all_cached();
+
+  KvCacheStats stats() const;
+  // "" when free + cached + in use == total and the tree is consistent.
+  std::string integrity_error() const;
+
+  const RadixTree& tree() const { return tree_; }
+
+ private:
+  friend class KvLease;
+  void release(KvLease& lease);
+
+  BlockPool pool_;
+  RadixTree tree_;
+  int64_t clock_ = 0;
+  int64_t num_evicted_blocks_ = 0;
+};
+
+}  // namespace loom

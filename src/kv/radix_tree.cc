@@ -1,0 +1,196 @@
+#include "kv/radix_tree.h"
+
+#include <fmt/format.h>
+
+#include "util/error.h"
+
+namespace loom {
+
+RadixTree::RadixTree(BlockPool& pool, int32_t block_size)
+    : pool_(pool), block_size_(block_size), node_by_block_(static_cast<size_t>(pool.num_total_blocks()), nullptr) {
+  LOOM_CHECK(block_size > 0);
+}
+
+RadixTree::~RadixTree() = default;
+
+RadixNode* RadixTree::root(const std::string& kv_namespace) const {
+  auto it = roots_.find(kv_namespace);
+  return it == roots_.end() ? nullptr : it->second.get();
+}
+
+std::vector<RadixNode*> RadixTree::match(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const {
+  std::vector<RadixNode*> path;
+  RadixNode* node = root(kv_namespace);
+  if (node == nullptr) return path;
+  const size_t block = static_cast<size_t>(block_size_);
+  for (size_t start = 0; start + block <= tokens.size(); start += block) {
+    auto it = node->children.find(std::vector<KvTokenId>(tokens.begin() + start, tokens.begin() + start + block));
+    if (it == node->children.end()) break;
+    node = it->second.get();
+    if (node->tier != KvTier::kDevice || node->state != KvNodeState::kReady) break;
+    path.push_back(node);
+  }
+  return path;
+}
+
+RadixNode* RadixTree::find_child(const std::string& kv_namespace, RadixNode* parent,
+                                 std::span<const KvTokenId> block_tokens) const {
+  if (parent == nullptr) parent = root(kv_namespace);
+  if (parent == nullptr) return nullptr;
+  auto it = parent->children.find(std::vector<KvTokenId>(block_tokens.begin(), block_tokens.end()));
+  return it == parent->children.end() ? nullptr : it->second.get();
+}
+
+RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
+                             std::span<const KvTokenId> block_tokens, int32_t block_id) {
+  LOOM_CHECK(static_cast<int32_t>(block_tokens.size()) == block_size_);
+  LOOM_CHECK(block_id >= 0 && block_id < pool_.num_total_blocks() && node_by_block_[static_cast<size_t>(block_id)] == nullptr);
+  if (parent == nullptr) {
+    auto& slot = roots_[kv_namespace];
+    if (!slot) {
+      slot = std::make_unique<RadixNode>();
+      slot->kv_namespace = kv_namespace;
+    }
+    parent = slot.get();
+  }
+  LOOM_CHECK(parent->kv_namespace == kv_namespace);
+  std::vector<KvTokenId> key(block_tokens.begin(), block_tokens.end());
+  LOOM_CHECK(parent->children.count(key) == 0);
+  auto node = std::make_unique<RadixNode>();
+  node->parent = parent;
+  node->kv_namespace = kv_namespace;
+  node->tokens = key;
+  node->block_id = block_id;
+  node->node_id = next_node_id_++;
+  node->last_access = parent->last_access;
+  RadixNode* raw = node.get();
+  parent->children.emplace(std::move(key), std::move(node));
+  node_by_block_[static_cast<size_t>(block_id)] = raw;
+  ++num_nodes_;
+  update(raw);
+  if (!parent->is_root()) update(parent);  // no longer a leaf
+  return raw;
+}
+
+RadixNode* RadixTree::node_of_block(int32_t block_id) const {
+  if (block_id < 0 || block_id >= static_cast<int32_t>(node_by_block_.size())) return nullptr;
+  return node_by_block_[static_cast<size_t>(block_id)];
+}
+
+void RadixTree::on_ref_changed(int32_t block_id) {
+  if (RadixNode* node = node_of_block(block_id)) update(node);
+}
+
+void RadixTree::touch(std::span<const int32_t> block_ids, int64_t now) {
+  for (int32_t id : block_ids) {
+    if (RadixNode* node = node_of_block(id)) {
+      node->last_access = now;
+      update(node);
+    }
+  }
+}
+
+// Keeps the unreferenced count and the evictable set in step with the node.
+void RadixTree::update(RadixNode* node) {
+  const bool unreferenced = pool_.ref_count(node->block_id) == 0;
+  if (unreferenced != node->counted_unreferenced) {
+    num_unreferenced_ += unreferenced ? 1 : -1;
+    node->counted_unreferenced = unreferenced;
+  }
+  if (node->evictable_key) {
+    evictable_.erase(*node->evictable_key);
+    evictable_nodes_.erase(node->node_id);
+    node->evictable_key.reset();
+  }
+  const bool evictable = unreferenced && node->children.empty() && node->state == KvNodeState::kReady &&
+                         node->tier == KvTier::kDevice;
+  if (evictable) {
+    node->evictable_key = std::make_pair(node->last_access, node->node_id);
+    evictable_.insert(*node->evictable_key);
+    evictable_nodes_[node->node_id] = node;
+  }
+}
+
+void RadixTree::detach(RadixNode* node) {
+  LOOM_CHECK(!node->is_root() && node->children.empty());
+  if (node->evictable_key) {
+    evictable_.erase(*node->evictable_key);
+    evictable_nodes_.erase(node->node_id);
+  }
+  if (node->counted_unreferenced) --num_unreferenced_;
+  node_by_block_[static_cast<size_t>(node->block_id)] = nullptr;
+  --num_nodes_;
+  RadixNode* parent = node->parent;
+  parent->children.erase(node->tokens);  // destroys node
+  if (!parent->is_root()) update(parent);
+}
+
+std::optional<int32_t> RadixTree::evict_one() {
+  if (evictable_.empty()) return std::nullopt;
+  RadixNode* victim = evictable_nodes_.at(evictable_.begin()->second);
+  const int32_t block_id = victim->block_id;
+  detach(victim);
+  return block_id;
+}
+
+std::vector<int32_t> RadixTree::remove_namespace(const std::string& kv_namespace) {
+  std::vector<int32_t> freed;
+  RadixNode* top = root(kv_namespace);
+  if (top == nullptr) return freed;
+  // Post-order: leaves go first, so every detach() removes a leaf.
+  std::vector<std::pair<RadixNode*, bool>> stack{{top, false}};
+  while (!stack.empty()) {
+    auto [node, expanded] = stack.back();
+    stack.pop_back();
+    if (!expanded) {
+      stack.push_back({node, true});
+      for (auto& [key, child] : node->children) stack.push_back({child.get(), false});
+    } else if (!node->is_root()) {
+      LOOM_CHECK(pool_.ref_count(node->block_id) == 0);
+      freed.push_back(node->block_id);
+      detach(node);
+    }
+  }
+  roots_.erase(kv_namespace);
+  return freed;
+}
+
+std::string RadixTree::integrity_error() const {
+  int32_t num_nodes = 0, num_unreferenced = 0, num_evictable = 0;
+  std::vector<const RadixNode*> stack;
+  for (const auto& [name, top] : roots_) stack.push_back(top.get());
+  while (!stack.empty()) {
+    const RadixNode* node = stack.back();
+    stack.pop_back();
+    for (const auto& [key, child] : node->children) {
+      if (child->parent != node || child->tokens != key || child->kv_namespace != node->kv_namespace)
+        return fmt::format("node {} is linked wrongly", child->node_id);
+      stack.push_back(child.get());
+    }
+    if (node->is_root()) continue;
+    ++num_nodes;
+    const int32_t id = node->block_id;
+    if (id < 0 || id >= pool_.num_total_blocks() || node_by_block_[static_cast<size_t>(id)] != node)
+      return fmt::format("node {} has block {} that does not map back to it", node->node_id, id);
+    if (pool_.is_free(id)) return fmt::format("block {} is both free and in the tree", id);
+    if (static_cast<int32_t>(node->tokens.size()) != block_size_)
+      return fmt::format("node {} holds {} tokens, not a block", node->node_id, node->tokens.size());
+    const bool unreferenced = pool_.ref_count(id) == 0;
+    if (unreferenced) ++num_unreferenced;
+    if (!unreferenced && !node->parent->is_root() && pool_.ref_count(node->parent->block_id) == 0)
+      return fmt::format("block {} is referenced but its parent block {} is not", id, node->parent->block_id);
+    const bool evictable = unreferenced && node->children.empty();
+    if (evictable != node->evictable_key.has_value())
+      return fmt::format("node {} (block {}) has a stale evictable flag", node->node_id, id);
+    if (evictable) ++num_evictable;
+  }
+  if (num_nodes != num_nodes_) return fmt::format("{} nodes counted, {} recorded", num_nodes, num_nodes_);
+  if (num_unreferenced != num_unreferenced_)
+    return fmt::format("{} unreferenced nodes counted, {} recorded", num_unreferenced, num_unreferenced_);
+  if (num_evictable != static_cast<int32_t>(evictable_.size()) ||
+      evictable_.size() != evictable_nodes_.size())
+    return fmt::format("{} evictable nodes counted, {} recorded", num_evictable, evictable_.size());
+  return {};
+}
+
+}  // namespace loom

@@ -1,0 +1,120 @@
+// Continuous-batching scheduler: decides, each step, which requests run and
+// how many of their tokens, and holds their KV block leases. Pure host code
+// (no backend headers); the engine turns a StepPlan into a backend Batch.
+//
+// A request's tokens (prompt, then generated) and what a step computes:
+//
+//   tokens:  |<-- num_computed_tokens -->|<------ uncomputed ------>|
+//             K/V in cache (prefix hit      this step: num_new_tokens of them
+//             or earlier steps)             (all, or a prefill chunk)
+//
+// The step samples a new token for a request when its new tokens reach the end
+// of `tokens` (ScheduledRequest::samples_next_token); the engine then calls
+// append_token() (or finish()).
+//
+// Policy of plan():
+//   1. Running requests, decode first (one uncomputed token), then running
+//      prefills (chunked), each group in rank order; then waiting requests in
+//      rank order. Rank: lower priority value first, then earlier arrival (FCFS).
+//   2. At most max_batch_tokens tokens per step; a prefill takes what budget is
+//      left (chunked prefill). At most max_running_requests running.
+//   3. A waiting request whose adapter would make the running set use more than
+//      max_loras_per_batch distinct adapters waits (later requests may pass it);
+//      the base model does not count.
+//   4. Preemption by recompute: when a running request needs a block and none
+//      can be had, the victim is the worst-ranked running request (highest
+//      priority value, then latest arrival) — possibly the request itself. The
+//      victim's blocks are released (full blocks stay cached, so it often
+//      re-hits them) and it goes back to waiting with num_computed_tokens = 0.
+//      No waiting request is admitted in a step that preempted.
+//   5. A waiting request that does not get its blocks stops admission for the
+//      step (FCFS; running requests are never preempted for waiting ones).
+//
+// Thread: engine thread only.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+
+namespace loom {
+
+struct SchedulerConfig {
+  int32_t max_batch_tokens = 2048;
+  int32_t max_running_requests = 64;
+  int32_t max_loras_per_batch = 8;
+};
+
+using SchedulerRequestId = int64_t;
+
+struct ScheduledRequest {
+  SchedulerRequestId id = 0;
+  int32_t num_cached_tokens = 0;   // K/V already in the cache (positions 0 .. this-1)
+  int32_t num_new_tokens = 0;      // tokens [num_cached_tokens, num_cached_tokens + num_new_tokens)
+  std::vector<int32_t> block_ids;  // covers num_cached_tokens + num_new_tokens
+  bool samples_next_token = false;
+  // Set when this step admitted the request from waiting: prompt tokens found
+  // in the prefix cache (first admission only; -1 otherwise).
+  int32_t num_prefix_hit_tokens = -1;
+};
+
+struct StepPlan {
+  std::vector<ScheduledRequest> requests;  // decode requests first
+  std::vector<SchedulerRequestId> preempted;
+  int32_t num_tokens() const;
+  bool empty() const { return requests.empty(); }
+};
+
+class Scheduler {
+ public:
+  // `kv_cache` must outlive the scheduler.
+  Scheduler(SchedulerConfig config, KvCacheManager& kv_cache);
+  ~Scheduler();
+
+  // Queues a request. `adapter` is "" for the base model; `kv_namespace` keys
+  // its cached blocks. Precondition: a new id, a non-empty prompt.
+  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, std::string kv_namespace,
+           int32_t priority);
+  StepPlan plan();
+  // After the backend ran the plan: advances num_computed_tokens and commits
+  // full blocks to the cache. Call before append_token / finish.
+  void complete_step(const StepPlan& plan);
+  void append_token(SchedulerRequestId id, int32_t token);
+  // Removes the request (finished or cancelled), releasing its blocks. Returns
+  // false for an unknown id. Safe at any point between steps.
+  bool finish(SchedulerRequestId id);
+
+  bool contains(SchedulerRequestId id) const;
+  const std::vector<int32_t>& tokens(SchedulerRequestId id) const;
+  int32_t num_computed_tokens(SchedulerRequestId id) const;
+  bool is_running(SchedulerRequestId id) const;
+  int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
+  int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
+  bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  int64_t num_preemptions() const { return num_preemptions_; }
+  std::vector<SchedulerRequestId> running_ids() const { return running_; }
+
+ private:
+  struct RequestState;
+  RequestState& state(SchedulerRequestId id);
+  const RequestState& state(SchedulerRequestId id) const;
+  bool ranks_before(const RequestState& a, const RequestState& b) const;
+  std::vector<SchedulerRequestId> sorted(const std::vector<SchedulerRequestId>& ids) const;
+  void preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget);
+  int32_t num_blocks_for(int32_t num_tokens) const;
+
+  SchedulerConfig config_;
+  KvCacheManager& kv_cache_;
+  int64_t next_arrival_ = 0;
+  int64_t num_preemptions_ = 0;
+  std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
+  std::vector<SchedulerRequestId> running_;
+  std::vector<SchedulerRequestId> waiting_;
+};
+
+}  // namespace loom
