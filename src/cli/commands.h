@@ -14,6 +14,7 @@ using CommandRunner = std::function<int()>;
 CommandRunner register_generate(CLI::App& app);
 CommandRunner register_convert(CLI::App& app);
 CommandRunner register_make_model(CLI::App& app);
+CommandRunner register_serve(CLI::App& app);
 
 // The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to

@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   add("convert", "Convert a GGUF file into a Hugging Face directory", loom::cli::register_convert);
   add("make-model", "Write a random model (and PEFT adapters) for tests and benchmarks",
       loom::cli::register_make_model);
+  add("serve", "Serve a model and its adapters over an OpenAI-compatible HTTP API", loom::cli::register_serve);
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);

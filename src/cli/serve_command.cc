@@ -1,0 +1,155 @@
+// `loom serve`: load a model and its adapters, start the engine thread and the
+// OpenAI-compatible HTTP server; SIGINT/SIGTERM stop it gracefully (exit 0).
+#include <csignal>
+#include <filesystem>
+#include <thread>
+
+#include <pthread.h>
+#include <spdlog/spdlog.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "engine/engine.h"
+#include "model/loader.h"
+#include "server/http_server.h"
+#include "util/error.h"
+
+namespace loom::cli {
+namespace {
+
+struct ServeOptions {
+  std::string model;
+  std::string served_model_name;
+  std::string host = "127.0.0.1";
+  int port = 8000;
+  std::vector<std::string> loras;  // NAME=PATH[:MODE]
+  std::string device = "cpu";
+  std::string api_key;
+  bool allow_runtime_lora = false;
+  std::string lora_dir;
+  size_t max_request_bytes = 8u << 20;
+  int threads = 0;
+  int http_threads = 128;
+  EngineConfig engine;
+};
+
+struct LoraSpec {
+  std::string name, path, mode;
+};
+
+LoraSpec parse_lora_spec(const std::string& spec) {
+  const size_t equals = spec.find('=');
+  if (equals == std::string::npos || equals == 0 || equals + 1 == spec.size())
+    throw Error(ErrorKind::kInvalidArgument, "bad --lora '" + spec + "'", "use NAME=PATH[:MODE]");
+  LoraSpec result{spec.substr(0, equals), spec.substr(equals + 1), ""};
+  const size_t colon = result.path.rfind(':');
+  if (colon != std::string::npos && result.path.find('/', colon) == std::string::npos) {
+    result.mode = result.path.substr(colon + 1);
+    result.path.resize(colon);
+  }
+  if (!result.mode.empty() && result.mode != "isolated")
+    throw Error(ErrorKind::kUnsupported, "sharing mode '" + result.mode + "' for adapter " + result.name,
+                "only 'isolated' is implemented in this version");
+  return result;
+}
+
+// The base model's name in requests: --served-model-name, else the file or
+// directory name ("SmolLM2-135M-Instruct.Q4_1" for .../SmolLM2-135M-Instruct.Q4_1.gguf).
+std::string default_served_name(const std::string& model_path) {
+  std::filesystem::path path(model_path);
+  if (!path.has_filename()) path = path.parent_path();
+  return path.extension() == ".gguf" ? path.stem().string() : path.filename().string();
+}
+
+int run_serve(const ServeOptions& options) {
+  if (options.device != "cpu")
+    throw Error(ErrorKind::kUnsupported, "--device " + options.device, "this build has only --device cpu");
+  // Signals go to the watcher thread only: block them before any thread starts.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGINT);
+  sigaddset(&signals, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a crash
+
+  const std::string model_path = resolve_model_path(options.model);
+  LoadedModel model = load_model(model_path);
+  CpuBackendConfig backend_config;
+  backend_config.num_threads = options.threads;
+  backend_config.max_adapter_slots = options.engine.max_adapter_slots;
+  std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
+  std::unique_ptr<Engine> engine = make_engine(std::move(model), std::move(backend), options.engine);
+  for (const auto& spec_text : options.loras) {
+    const LoraSpec spec = parse_lora_spec(spec_text);
+    engine->load_adapter(spec.name, spec.path);
+    spdlog::info("adapter '{}' from {}", spec.name, spec.path);
+  }
+
+  server::ServerConfig config;
+  config.host = options.host;
+  config.port = options.port;
+  config.api_key = options.api_key;
+  config.model_path = options.model.empty() ? model_path : options.model;
+  config.served_model_name =
+      options.served_model_name.empty() ? default_served_name(model_path) : options.served_model_name;
+  config.allow_runtime_lora = options.allow_runtime_lora;
+  config.lora_dir = options.lora_dir;
+  config.max_request_bytes = options.max_request_bytes;
+  config.num_http_threads = options.http_threads;
+  server::HttpServer server(*engine, config);
+  server.bind();
+
+  std::thread signal_watcher([&] {
+    int signal_number = 0;
+    sigwait(&signals, &signal_number);
+    if (signal_number == 0) return;  // woken by ourselves at normal exit
+    spdlog::info("signal {}: stopping (in-flight requests are cancelled)", signal_number);
+    server.stop();
+    engine->shutdown(false);
+  });
+  spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.host,
+               server.bound_port(), engine->max_context_tokens());
+  server.run();
+  server.stop();
+  engine->shutdown(false);
+  pthread_kill(signal_watcher.native_handle(), SIGTERM);  // no-op if it already returned
+  signal_watcher.join();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner register_serve(CLI::App& app) {
+  auto options = std::make_shared<ServeOptions>();
+  EngineConfig& engine = options->engine;
+  app.add_option("--model", options->model, "Hugging Face directory or .gguf file (default: built-in SmolLM2-135M)");
+  app.add_option("--served-model-name", options->served_model_name, "Base model name in requests (default: file name)");
+  app.add_option("--host", options->host, "Address to bind (default 127.0.0.1)");
+  app.add_option("--port", options->port, "Port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
+  app.add_option("--lora", options->loras, "Adapter NAME=PATH[:MODE] (repeatable)");
+  app.add_option("--device", options->device, "cpu (cuda arrives with the CUDA backend)");
+  app.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY on /v1/*");
+  app.add_flag("--allow-runtime-lora", options->allow_runtime_lora,
+               "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter");
+  app.add_option("--lora-dir", options->lora_dir, "Runtime adapters must lie under this directory");
+  app.add_option("--max-request-bytes", options->max_request_bytes, "Larger request bodies get 413")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-batch-tokens", engine.max_batch_tokens, "Tokens per forward step")->check(CLI::PositiveNumber);
+  app.add_option("--max-running-requests", engine.max_running_requests, "Requests in the running batch at most")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-waiting-requests", engine.max_waiting_requests, "Queued requests beyond this get 503")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-loras-per-batch", engine.max_loras_per_batch, "Distinct adapters in one batch at most")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--max-context-tokens", engine.max_context_tokens, "Prompt + output limit (0 = the model's)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--block-size", engine.block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-bytes", engine.kv_cache_bytes, "KV cache pool size in bytes")->check(CLI::PositiveNumber);
+  app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_option("--http-threads", options->http_threads, "HTTP worker threads (one per open connection)")
+      ->check(CLI::PositiveNumber);
+  return [options] { return run_serve(*options); };
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,118 @@
+"""Starts a real `loom serve` on a tiny random model for black-box tests.
+
+LOOM_BINARY names the binary (CTest sets it); the model comes from
+`loom make-model --arch llama --preset tiny --adapters 4`.
+"""
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+
+SKIP_EXIT_CODE = 77  # CTest's SKIP_RETURN_CODE
+
+
+def require_openai():
+    try:
+        import openai  # noqa: F401
+    except ImportError:
+        print("SKIPPED: the `openai` package is missing (pip install -r scripts/python-requirements.txt)")
+        sys.exit(SKIP_EXIT_CODE)
+
+
+def loom_binary():
+    binary = os.environ.get("LOOM_BINARY")
+    if not binary:
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        binary = os.path.join(root, "build", "loom")
+    if not os.path.exists(binary):
+        raise RuntimeError(f"loom binary not found at {binary}; set LOOM_BINARY")
+    return binary
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LoomServer:
+    """A model directory plus a running server; stop() ends both."""
+
+    def __init__(self, extra_args=(), num_adapters=4):
+        self.directory = tempfile.mkdtemp(prefix="loom-http-")
+        self.model_dir = os.path.join(self.directory, "model")
+        subprocess.run([loom_binary(), "make-model", "--arch", "llama", "--preset", "tiny", "--adapters",
+                        str(num_adapters), "--out", self.model_dir], check=True, stdout=subprocess.DEVNULL)
+        self.adapter_dir = os.path.join(self.model_dir, "adapters")
+        self.adapter_names = sorted(os.listdir(self.adapter_dir))
+        self.port = free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        args = [loom_binary(), "serve", "--model", self.model_dir, "--served-model-name", "tiny",
+                "--port", str(self.port), "--threads", "1", "--block-size", "4"]
+        for name in self.adapter_names:
+            args += ["--lora", f"{name}={os.path.join(self.adapter_dir, name)}"]
+        args += list(extra_args)
+        self.log_path = os.path.join(self.directory, "server.log")
+        self.log = open(self.log_path, "w")
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        self._wait_healthy()
+
+    def _wait_healthy(self, timeout=60.0):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"loom serve exited with {self.process.returncode}:\n{self.read_log()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"loom serve did not become healthy:\n{self.read_log()}")
+
+    def read_log(self):
+        with open(self.log_path) as log:
+            return log.read()
+
+    def request(self, method, path, body=None, headers=None, raw=None):
+        """(status, headers, body bytes) of one plain HTTP request."""
+        data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+        request = urllib.request.Request(self.base_url + path, data=data, method=method,
+                                         headers={"Content-Type": "application/json", **(headers or {})})
+        try:
+            with urllib.request.urlopen(request, timeout=60) as response:
+                return response.status, dict(response.headers), response.read()
+        except urllib.error.HTTPError as error:
+            return error.code, dict(error.headers), error.read()
+
+    def metrics(self):
+        """Prometheus samples as {'name{labels}': value}."""
+        _, _, body = self.request("GET", "/metrics")
+        samples = {}
+        for line in body.decode().splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def stop(self):
+        """SIGTERM; returns the exit status."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        return self.process.returncode
+
+    def cleanup(self):
+        shutil.rmtree(self.directory, ignore_errors=True)
