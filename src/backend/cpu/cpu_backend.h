@@ -4,7 +4,12 @@
 // Threads: forward() runs OpenMP regions of num_threads threads on the calling
 // (engine) thread. GEMMs are split across those threads with one single-threaded
 // OpenBLAS call each, so make_cpu_backend sets OpenBLAS to one thread for the
-// whole process (openblas_set_num_threads(1)).
+// whole process (openblas_set_num_threads(1)). Decode-sized GEMMs (<= 8 rows)
+// use a small AVX2 kernel instead of OpenBLAS (see skinny_gemm.h).
+//
+// Speed note: OpenBLAS 0.3.21 does not know recent Xeons (e.g. Emerald Rapids)
+// and falls back to SSE3 kernels; the backend logs a warning then, and
+// OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment fixes it.
 #pragma once
 
 #include <memory>
