@@ -1,4 +1,6 @@
 // The engine thread's loop (EngineImpl's private half; see engine_impl.h).
+#include <thread>
+
 #include <spdlog/spdlog.h>
 
 #include "engine/batch_builder.h"
@@ -126,7 +128,10 @@ void EngineImpl::publish_gauges() {
 void EngineImpl::step() {
   const StepPlan plan = scheduler_->plan();
   publish_gauges();
-  if (plan.empty()) return;  // nothing fits this step (cannot happen with the submit() checks)
+  if (plan.empty()) {  // nothing fits this step (submit()'s checks should prevent it): do not spin
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
 
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   for (const ScheduledRequest& entry : plan.requests) {
