@@ -292,6 +292,23 @@ TEST_F(EngineTest, BadRequestsAreTypedErrors) {
   EXPECT_EQ(run(request("still serving", 3)).tokens.size(), 3u);
 }
 
+TEST_F(EngineTest, KvBlocksDeriveFromTheCacheBytes) {
+  EngineConfig config = small_config();
+  config.num_kv_blocks = 0;
+  const int64_t bytes_per_block = make_cpu_backend(model_->config, model_->weights)->kv_bytes_per_token() * 4;
+  config.kv_cache_bytes = bytes_per_block * 37 + bytes_per_block / 2;
+  engine_ = start(config);
+  EXPECT_EQ(engine_->num_kv_blocks(), 37);
+  EXPECT_EQ(engine_->take_metrics().kv_blocks_total, 37);
+  // 37 blocks of 4 tokens: 148 slots, whatever the context length.
+  try {
+    engine_->submit(request("x", 150));
+    FAIL() << "expected kCapacity";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kCapacity);
+  }
+}
+
 TEST_F(EngineTest, ShutdownDrainsOrCancels) {
   engine_ = start();
   auto drained = engine_->submit(request("finishes during a draining shutdown", 12));
