@@ -203,6 +203,21 @@ TEST(SchedulerTest, MaxRunningRequestsAndTokenBudget) {
     EXPECT_EQ(harness.outputs[id], run_alone(prompt(3, static_cast<int32_t>(id)), 3));
 }
 
+TEST(SchedulerTest, AWaitingRequestWithoutRoomBlocksLaterOnes) {
+  Harness harness(4, 4, {});
+  harness.add(1, prompt(12, 1), 2);  // 3 blocks
+  harness.add(2, prompt(8, 2), 2);   // 2 blocks: only 1 left
+  harness.add(3, prompt(2, 3), 2);   // would fit, but FCFS keeps it behind request 2
+  const StepPlan first = harness.step();
+  ASSERT_EQ(first.requests.size(), 1u);
+  EXPECT_EQ(first.requests[0].id, 1);
+  EXPECT_EQ(first.requests[0].block_ids, (std::vector<int32_t>{0, 1, 2}));
+  EXPECT_EQ(harness.scheduler.num_waiting(), 2);
+  harness.run_to_end();
+  for (SchedulerRequestId id = 1; id <= 3; ++id) EXPECT_EQ(harness.outputs[id].size(), 2u);
+  EXPECT_EQ(harness.outputs[2], run_alone(prompt(8, 2), 2));
+}
+
 TEST(SchedulerTest, CancellationAtAnyPointFreesEverything) {
   Harness harness(16, 4, {.max_batch_tokens = 4});
   harness.add(1, prompt(10, 1), 8);  // cancelled mid-prefill
