@@ -1,5 +1,7 @@
 #include "server/http_server.h"
 
+#include <sys/socket.h>
+
 #include <filesystem>
 #include <mutex>
 
@@ -70,6 +72,7 @@ struct HttpServer::Impl {
   MetricsExporter metrics;
   CompletionContext completion;
   std::mutex adapter_mutex;  // serialises runtime load/unload
+  int listen_socket = -1;    // recorded by the socket-options hook, for the backlog below
 
   Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping)
       : engine(engine_ref), config(std::move(server_config)) {
@@ -103,6 +106,10 @@ void HttpServer::Impl::install_routes() {
   // Clients idle between requests; a long read timeout keeps slow uploads working.
   http.set_read_timeout(60, 0);
   http.set_write_timeout(60, 0);
+  http.set_socket_options([this](socket_t socket) {
+    httplib::default_socket_options(socket);
+    listen_socket = socket;
+  });
 
   http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
     // Compressed chunks would sit in zlib's buffer and stall token streaming.
@@ -247,6 +254,10 @@ void HttpServer::bind() {
       fail(ErrorKind::kInvalidArgument, "cannot bind {}:{} (in use, or a bad --host?)", config.host, config.port);
     bound_port_ = config.port;
   }
+  // Debian's compiled cpp-httplib listens with a backlog of 5: a burst of
+  // concurrent clients overflows it and connections get dropped. Linux lets a
+  // second listen() on the bound socket raise the backlog.
+  if (impl_->listen_socket >= 0) ::listen(impl_->listen_socket, SOMAXCONN);
 }
 
 void HttpServer::run() { impl_->http.listen_after_bind(); }
