@@ -27,19 +27,7 @@ namespace {
 using test::TempDir;
 namespace fs = std::filesystem;
 
-void expect_error(const std::function<void()>& action, ErrorKind kind,
-                  std::initializer_list<std::string> needles) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-          << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
-    return;
-  }
-  ADD_FAILURE() << "no loom::Error thrown";
-}
+using test::expect_error;
 
 nlohmann::json read_json(const fs::path& path) {
   std::ifstream stream(path);

@@ -24,19 +24,7 @@ using test::TempDir;
 
 constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kBF16 = 30;
 
-void expect_error(const std::function<void()>& action, ErrorKind kind,
-                  std::initializer_list<std::string> needles) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-          << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
-    return;
-  }
-  ADD_FAILURE() << "no loom::Error thrown";
-}
+using test::expect_error;
 
 std::vector<float> values_of(const Tensor& tensor) {
   return std::vector<float>(tensor.data, tensor.data + tensor.numel());

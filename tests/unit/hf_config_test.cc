@@ -17,19 +17,7 @@ namespace {
 
 using nlohmann::json;
 
-void expect_error(const std::function<void()>& action, ErrorKind kind,
-                  std::initializer_list<std::string> needles) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-          << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
-    return;
-  }
-  ADD_FAILURE() << "no loom::Error thrown";
-}
+using test::expect_error;
 
 // Llama-3.1-8B-Instruct's config.json as published (transformers 4 spelling).
 json llama31_config() {

@@ -22,19 +22,7 @@ namespace {
 using test::TempDir;
 
 // Runs `action`, which must throw loom::Error of `kind` whose message contains every needle.
-void expect_error(const std::function<void()>& action, ErrorKind kind,
-                  std::initializer_list<std::string> needles) {
-  try {
-    action();
-  } catch (const Error& error) {
-    EXPECT_EQ(error.kind(), kind) << error.what();
-    for (const std::string& needle : needles)
-      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
-          << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
-    return;
-  }
-  ADD_FAILURE() << "no loom::Error thrown";
-}
+using test::expect_error;
 
 std::vector<float> values_of(const Tensor& tensor) {
   return std::vector<float>(tensor.data, tensor.data + tensor.numel());

@@ -4,6 +4,8 @@
 #include <cstdlib>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 namespace loom::test {
 
 TempDir::TempDir() {
@@ -17,6 +19,20 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+void expect_error(const std::function<void()>& action, ErrorKind kind,
+                  std::initializer_list<std::string> needles) {
+  try {
+    action();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), kind) << error.what();
+    for (const std::string& needle : needles)
+      EXPECT_NE(std::string(error.what()).find(needle), std::string::npos)
+          << "message \"" << error.what() << "\" lacks \"" << needle << "\"";
+    return;
+  }
+  ADD_FAILURE() << "no loom::Error thrown";
 }
 
 std::string fixture_path(const std::string& name) {

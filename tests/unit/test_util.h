@@ -2,7 +2,11 @@
 #pragma once
 
 #include <filesystem>
+#include <functional>
+#include <initializer_list>
 #include <string>
+
+#include "util/error.h"
 
 namespace loom::test {
 
@@ -17,6 +21,11 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Runs `action`, which must throw loom::Error of `kind` whose message contains
+// every needle (e.g. the file and tensor it should name); a GoogleTest failure otherwise.
+void expect_error(const std::function<void()>& action, ErrorKind kind,
+                  std::initializer_list<std::string> needles);
 
 // <repo>/tests/fixtures/<name>
 std::string fixture_path(const std::string& name);
