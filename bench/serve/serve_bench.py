@@ -212,7 +212,8 @@ def bench_concurrency(client, seed, concurrency, prompt_words, max_tokens, log):
                "per_request_tokens_per_s_median": statistics.median(per_request) if per_request else None,
                "prompt_tokens_mean": statistics.mean(r["prompt_tokens"] or 0 for r in done) if done else None}
     log(f"  concurrency {concurrency}: {num_tokens} tokens in {wall:.2f}s = {summary['output_tokens_per_s']:.1f} tok/s, "
-        f"TTFT p50={summary['ttft_p50_s']:.3f}s p95={summary['ttft_p95_s']:.3f}s errors={len(errors)}")
+        f"TTFT p50={summary['ttft_p50_s']:.3f}s p95={summary['ttft_p95_s']:.3f}s errors={len(errors)}"
+        + (f" first error: {errors[0]}" if errors else ""))
     return summary
 
 
