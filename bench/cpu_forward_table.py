@@ -3,6 +3,7 @@
 a markdown table: Loom tokens/s, llama.cpp tokens/s and their ratio for prefill
 and decode at each batch size, plus the machine. Standard library only."""
 import argparse
+import glob
 import json
 import os
 import platform
@@ -15,6 +16,41 @@ def read_json(path):
         return None
     with open(path) as f:
         return json.load(f)
+
+
+def merge_loom_rounds(raw, prefix):
+    """One loom_bench_forward report from raw/PREFIX.r*.json: samples of every round, medians over them."""
+    paths = sorted(glob.glob(os.path.join(raw, f"{prefix}.r*.json")))
+    if not paths:
+        return None
+    reports = [read_json(path) for path in paths]
+    merged = dict(reports[0])
+    merged["repeats"] = sum(report["repeats"] for report in reports)
+    results = []
+    for entry in reports[0]["results"]:
+        combined = {"batch": entry["batch"]}
+        for phase in ("prefill", "decode"):
+            samples = [sample for report in reports for other in report["results"]
+                       if other["batch"] == entry["batch"] for sample in other[phase]["samples_s"]]
+            median_s = statistics.median(samples)
+            combined[phase] = {"num_tokens": entry[phase]["num_tokens"], "median_s": median_s,
+                               "tokens_per_s": entry[phase]["num_tokens"] / median_s, "samples_s": samples}
+        results.append(combined)
+    merged["results"] = results
+    return merged
+
+
+def merge_llama_bench_rounds(raw, suffix):
+    """llama-bench tests from raw/llama_bench{suffix}.r*.json with samples_ns of all rounds."""
+    tests = None
+    for path in sorted(glob.glob(os.path.join(raw, f"llama_bench{suffix}.r*.json"))):
+        round_tests = read_json(path)
+        if tests is None:
+            tests = round_tests
+        else:
+            for test, other in zip(tests, round_tests):
+                test["samples_ns"] = test["samples_ns"] + other["samples_ns"]
+    return tests
 
 
 def read_jsonl(path):
@@ -82,10 +118,10 @@ def main():
     parser.add_argument("--md-out", required=True)
     args = parser.parse_args()
 
-    loom_empty = read_json(os.path.join(args.raw, "loom_empty.json"))
-    loom_prompt = read_json(os.path.join(args.raw, "loom_prompt.json"))
-    llama_tests = read_json(os.path.join(args.raw, "llama_bench.json"))
-    llama_f32_tests = read_json(os.path.join(args.raw, "llama_bench_f32.json"))
+    loom_empty = merge_loom_rounds(args.raw, "loom_empty")
+    loom_prompt = merge_loom_rounds(args.raw, "loom_prompt")
+    llama_tests = merge_llama_bench_rounds(args.raw, "")
+    llama_f32_tests = merge_llama_bench_rounds(args.raw, "_f32")
     batched_lines = read_jsonl(os.path.join(args.raw, "batched_bench.jsonl"))
     batched_f32_lines = read_jsonl(os.path.join(args.raw, "batched_bench_f32.jsonl"))
     has_f32 = bool(llama_f32_tests or batched_f32_lines)
@@ -151,7 +187,8 @@ def main():
         f"Machine: {machine.get('Model name', 'unknown CPU')}, {machine.get('CPU(s)', '?')} logical CPUs "
         f"({machine.get('Core(s) per socket', '?')} cores/socket x {machine.get('Thread(s) per core', '?')} "
         f"threads/core), SIMD {','.join(machine.get('simd', []))}; threads used: {args.threads} (both engines).",
-        f"Prompt {prompt_tokens} tokens, decode {decode_tokens} tokens, median of {reference['repeats']} runs.",
+        f"Prompt {prompt_tokens} tokens, decode {decode_tokens} tokens, median of {reference['repeats']} rounds "
+        "(each round runs every measurement once, engines back to back).",
         "",
     ]
     header = "| batch | phase | llama.cpp setting | Loom (fp32) tok/s | llama.cpp (model as given) tok/s | Loom / llama.cpp |"
