@@ -16,6 +16,14 @@ CommandRunner register_convert(CLI::App& app);
 CommandRunner register_make_model(CLI::App& app);
 CommandRunner register_serve(CLI::App& app);
 
+// A --lora flag value: NAME=PATH[:MODE]. A trailing ":word" with no '/' after
+// it is the sharing mode; only "isolated" is served in this version. Throws
+// Error(kInvalidArgument) / Error(kUnsupported) with a hint.
+struct LoraSpec {
+  std::string name, path, mode;
+};
+LoraSpec parse_lora_spec(const std::string& spec);
+
 // The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to
 // run the setup script when it is absent.
