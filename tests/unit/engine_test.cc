@@ -243,14 +243,19 @@ TEST_F(EngineTest, CancellingAndDroppingStreamsFreeTheirBlocks) {
 TEST_F(EngineTest, AdaptersLoadAndUnloadAtRunTime) {
   engine_ = start();
   EXPECT_EQ(engine_->adapters().size(), 2u);
-  auto running = engine_->submit(request("keeps a1 busy for a while", 64, "a1"));
+  // Long enough that it is still running when unload is tried (a short one can
+  // finish first on a fast machine); cancelled once the refusal is checked.
+  auto running = engine_->submit(request("keeps a1 busy for a while", 900, "a1"));
+  const std::optional<RequestOutput> first = running->next(std::chrono::seconds(30));
+  ASSERT_TRUE(first.has_value());
   try {
     engine_->unload_adapter("a1");
     FAIL() << "unloading an adapter in use must be refused";
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::kInvalidArgument);
   }
-  collect(*running);
+  running->cancel();
+  collect(*running, first->new_tokens.size());
   engine_->unload_adapter("a1");
   EXPECT_EQ(engine_->adapters().size(), 1u);
   try {

@@ -132,7 +132,9 @@ TEST(SamplerTest, LogprobsAreNormalisedAndTopListIsSorted) {
   double total = 0.0;
   for (size_t i = 0; i < token.top_logprobs.size(); ++i) {
     total += std::exp(token.top_logprobs[i].second);
-    if (i > 0) EXPECT_GE(token.top_logprobs[i - 1].second, token.top_logprobs[i].second);
+    if (i > 0) {
+      EXPECT_GE(token.top_logprobs[i - 1].second, token.top_logprobs[i].second);
+    }
   }
   EXPECT_NEAR(total, 1.0, 1e-6);
   EXPECT_EQ(token.top_logprobs[0].first, 1);
