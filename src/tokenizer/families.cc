@@ -68,6 +68,19 @@ nlohmann::json family_pre_tokenizer_json(PreTokenizerFamily family) {
 
 bool family_ignores_merges(PreTokenizerFamily family) { return family == PreTokenizerFamily::kLlama3; }
 
+nlohmann::json byte_level_bpe_model_json(nlohmann::json vocab, nlohmann::json merges, PreTokenizerFamily family) {
+  return {{"type", "BPE"},
+          {"dropout", nullptr},
+          {"unk_token", nullptr},
+          {"continuing_subword_prefix", nullptr},
+          {"end_of_word_suffix", nullptr},
+          {"fuse_unk", false},
+          {"byte_fallback", false},
+          {"ignore_merges", family_ignores_merges(family)},
+          {"vocab", std::move(vocab)},
+          {"merges", std::move(merges)}};
+}
+
 nlohmann::json byte_level_decoder_json() {
   return {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}};
 }

@@ -28,5 +28,7 @@ nlohmann::json family_pre_tokenizer_json(PreTokenizerFamily family);
 bool family_ignores_merges(PreTokenizerFamily family);
 // ByteLevel decoder JSON (all families decode the same way).
 nlohmann::json byte_level_decoder_json();
+// The "model" object of a byte-level BPE tokenizer.json (no unk, no byte fallback).
+nlohmann::json byte_level_bpe_model_json(nlohmann::json vocab, nlohmann::json merges, PreTokenizerFamily family);
 
 }  // namespace loom

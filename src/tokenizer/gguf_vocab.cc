@@ -124,17 +124,7 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& gguf) {
       {"pre_tokenizer", family_pre_tokenizer_json(*family)},
       {"post_processor", nullptr},
       {"decoder", byte_level_decoder_json()},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", family_ignores_merges(*family)},
-        {"vocab", std::move(vocab)},
-        {"merges", std::move(merges_json)}}}};
+      {"model", byte_level_bpe_model_json(std::move(vocab), std::move(merges_json), *family)}};
   nlohmann::json byte_level_processor = {
       {"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", false}, {"use_regex", true}};
   if (add_bos && bos) {

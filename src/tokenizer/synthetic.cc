@@ -182,17 +182,7 @@ SyntheticTokenizer make_synthetic_tokenizer(int vocab_size, SyntheticPreTokenize
                                                                     template_processor_json(bos, result.bos_token_id)}}}
                                    : byte_level_processor},
       {"decoder", byte_level_decoder_json()},
-      {"model",
-       {{"type", "BPE"},
-        {"dropout", nullptr},
-        {"unk_token", nullptr},
-        {"continuing_subword_prefix", nullptr},
-        {"end_of_word_suffix", nullptr},
-        {"fuse_unk", false},
-        {"byte_fallback", false},
-        {"ignore_merges", family_ignores_merges(kind)},
-        {"vocab", std::move(vocab)},
-        {"merges", std::move(merges)}}}};
+      {"model", byte_level_bpe_model_json(std::move(vocab), std::move(merges), kind)}};
   result.tokenizer_json = tokenizer.dump(1) + "\n";
 
   ChatTemplate chat_template = ChatTemplate::chatml();
