@@ -16,6 +16,25 @@
 //   block_table:  [b0][b1]...[bk]  covers all num_cached_tokens + num_new_tokens
 //
 // New token i of sequence s attends to KV entries 0 .. num_cached_tokens + i (causal).
+//
+// KV sharing modes (DESIGN §1) show up in the batch as:
+//   activated  per-token adapter_slots: -1 before the invocation start, the
+//              adapter's slot from it on. Nothing else.
+//   base       decoder_adapter_slot >= 0: the sequence's tokens run as base rows
+//              (adapter_slots -1; they write K/V), and each token that gives
+//              logits also runs as a decoder row (base + the adapter's LoRA on
+//              q, o, gate, up, down; never k/v) that attends to the same K/V
+//              (its own position's entry is the base row's) and writes nothing.
+//              The logits row comes from the decoder row.
+//   forked     forked_adapter_slot >= 0 (== the tokens' adapter_slots): the main
+//              pool holds the bCache (RoPE(x·W_k), x·W_v, no LoRA on k/v) and the
+//              residual pool the rCache (x·A_k, x·A_v of that adapter).
+//              Attention uses K = bK + RoPE(s_k·rK·B_k^T), V = bV + s_v·rV·B_v^T
+//              (ResidualAttention: reconstructed per tile, V's up-projection after
+//              the loop). Cached entry j has RoPE position j.
+// Write masks: the main entries [0, num_kv_present_tokens) and residual entries
+// [0, num_residual_present_tokens) already hold data (possibly shared with other
+// sequences) and are read, never written, even where they overlap new tokens.
 #pragma once
 
 #include <cstdint>
@@ -33,6 +52,13 @@ struct BatchSequence {
   int32_t block_table_offset = 0; // index of its first block id in Batch::block_tables
   int32_t num_blocks = 0;         // >= ceil((num_cached_tokens + num_new_tokens) / block_size)
   bool logits_for_all_tokens = false;  // false: logits for the last new token only
+
+  int32_t num_kv_present_tokens = 0;        // see "Write masks" above; 0 = write all new tokens
+  int32_t decoder_adapter_slot = -1;        // >= 0: base (ICaRus) sharing with this adapter
+  int32_t forked_adapter_slot = -1;         // >= 0: forked (ForkKV) sharing with this adapter
+  int32_t residual_block_table_offset = 0;  // forked: first rCache block id in Batch::residual_block_tables
+  int32_t num_residual_blocks = 0;          // forked: >= ceil((cached + new) / block_size)
+  int32_t num_residual_present_tokens = 0;
 };
 
 struct Batch {
@@ -43,6 +69,9 @@ struct Batch {
   std::vector<int32_t> adapter_slots;
   std::vector<BatchSequence> sequences;
   std::vector<int32_t> block_tables;   // concatenated block ids
+  std::vector<int32_t> residual_block_tables;  // concatenated rCache block ids (forked sequences)
+  // Fill ForwardResult::hidden_states (divergence tooling; slow).
+  bool capture_hidden_states = false;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };
@@ -53,6 +82,19 @@ struct ForwardResult {
   std::vector<float> logits;              // [num_rows, vocab_size]
   std::vector<int32_t> logit_token_index; // [num_rows]
   int32_t vocab_size = 0;
+  // When Batch::capture_hidden_states: [num_layers + 1][num_rows][hidden_size],
+  // the residual stream of each logits row (its decoder row in base sharing)
+  // after the embedding (0) and after each layer (1..num_layers), before the final norm.
+  std::vector<float> hidden_states;
+};
+
+// The rCache pool: per layer num_blocks x block_size slots of 2 * max_rank
+// values ([rK: max_rank][rV: max_rank]; an adapter of rank r < max_rank uses the
+// first r of each half).
+struct ResidualCacheShape {
+  int32_t num_blocks = 0;
+  int32_t block_size = 16;
+  int32_t max_rank = 0;
 };
 
 struct KvCacheShape {
@@ -69,6 +111,13 @@ class Backend {
   virtual KvCacheShape kv_cache_shape() const = 0;
   // Bytes one KV slot takes across all layers (K and V), for capacity planning.
   virtual int64_t kv_bytes_per_token() const = 0;
+
+  // (Re)allocates the rCache pool for forked sharing; previous contents are lost.
+  // Throws Error(kUnsupported) where the backend has no forked sharing.
+  virtual void allocate_residual_cache(const ResidualCacheShape& shape);
+  virtual ResidualCacheShape residual_cache_shape() const { return {0, 0, 0}; }
+  // Bytes one rCache slot takes across all layers for this max rank.
+  virtual int64_t residual_bytes_per_token(int32_t max_rank) const;
 
   // Binds an adapter to a slot (0 <= slot < max_adapter_slots()); nullptr frees it.
   // The backend keeps the shared_ptr while bound.

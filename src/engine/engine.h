@@ -12,6 +12,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -21,6 +22,7 @@
 #include "backend/backend.h"
 #include "engine/generator.h"
 #include "engine/sampler.h"
+#include "lora/kv_sharing.h"
 #include "model/loader.h"
 #include "util/error.h"
 
@@ -36,6 +38,16 @@ struct EngineConfig {
   int32_t max_loras_per_batch = 8;     // --max-loras-per-batch
   int32_t max_adapter_slots = 64;      // adapters loaded at once
   int32_t max_context_tokens = 0;      // 0: the model's max_position_embeddings
+  // Mode for adapters whose mode nobody chose (--default-sharing; see choose_kv_sharing).
+  KvSharing default_sharing = KvSharing::kIsolated;
+  // rCache pool for forked adapters, taken out of kv_cache_bytes: -1 = auto
+  // (kv_cache_bytes / 8 when a forked adapter is loaded at start or
+  // default_sharing is forked, else 0); 0 = none (loading a forked adapter then
+  // fails with a hint).
+  int64_t residual_kv_cache_bytes = -1;
+  // Largest LoRA rank (k/v) a forked adapter may have; 0 = the largest among the
+  // adapters loaded at start, at least 16 (--max-lora-rank).
+  int32_t max_lora_rank = 0;
 };
 
 struct EngineRequest {
@@ -80,6 +92,7 @@ struct AdapterInfo {
   std::string path;
   int32_t rank = 0;
   int32_t num_running_requests = 0;
+  KvSharing sharing = KvSharing::kIsolated;
 };
 
 // Point-in-time numbers for /metrics and /health.
@@ -89,6 +102,14 @@ struct EngineMetrics {
   int64_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_in_use = 0;
   int64_t kv_bytes_in_use_or_cached = 0;
   int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;   // totals since start
+  // The same split by the request's mode: "none" (base model), "isolated",
+  // "activated", "base", "forked".
+  std::map<std::string, int64_t> prefix_queried_tokens_by_mode, prefix_hit_tokens_by_mode;
+  // Bytes held now (in use or cached) in the main pool ("base" kind: every
+  // namespace of the main pool) and in the rCache pool ("residual").
+  int64_t kv_bytes_base = 0, kv_bytes_residual = 0;
+  // Per adapter: bytes of its own namespaces (lora/, alora/...@, resid/).
+  std::map<std::string, int64_t> kv_bytes_by_adapter;
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
   int64_t num_finished_requests = 0;
@@ -107,7 +128,10 @@ class Engine {
   // waiting queue is full, Error(kInvalidArgument) for bad sampling params.
   virtual std::unique_ptr<RequestStream> submit(EngineRequest request) = 0;
 
-  virtual void load_adapter(const std::string& name, const std::string& path) = 0;  // loom::Error on failure
+  // loom::Error on failure. `sharing` overrides the adapter's own choice (see
+  // choose_kv_sharing); check_kv_sharing's errors are thrown, its warning logged.
+  virtual void load_adapter(const std::string& name, const std::string& path,
+                            std::optional<KvSharing> sharing = std::nullopt) = 0;
   // Refused with Error(kInvalidArgument) while requests use it.
   virtual void unload_adapter(const std::string& name) = 0;
   virtual std::vector<AdapterInfo> adapters() const = 0;

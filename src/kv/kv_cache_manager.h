@@ -17,18 +17,26 @@
 // leases are the RAII lock handles of the design. allocate() evicts cached
 // leaves, least recently used first, when free blocks run short.
 //
-// Namespaces: kv_namespace_for_adapter("") == "base"; an isolated adapter NAME
-// uses "lora/NAME". Later sharing modes add their own namespaces.
+// Namespaces and keys: see kv/kv_key.h. A lease remembers its KvKey, so
+// commit() files each block under the namespace the key gives that block
+// (an activated request's early blocks go to "base", later ones to its branch).
+// kv_namespace_for_adapter("") == "base"; an isolated adapter NAME uses "lora/NAME".
+//
+// ForkKV's residual cache is a second KvCacheManager over its own pool (the
+// rCache blocks), with namespaces "resid/NAME"; the two evict independently.
 //
 // Thread: engine thread only. The manager must outlive its leases.
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/kv_key.h"
 #include "kv/radix_tree.h"
 
 namespace loom {
@@ -52,7 +60,8 @@ class KvLease {
   int32_t num_committed_blocks() const { return num_committed_blocks_; }
   // Tokens found in the cache when the lease was made (a multiple of block_size).
   int32_t num_cached_tokens() const { return num_cached_tokens_; }
-  const std::string& kv_namespace() const { return kv_namespace_; }
+  const KvKey& kv_key() const { return kv_key_; }
+  const std::string& kv_namespace() const { return kv_key_.kv_namespace; }
   bool active() const { return manager_ != nullptr; }
   // Gives every block back: committed ones stay cached, the rest become free.
   void release();
@@ -60,7 +69,7 @@ class KvLease {
  private:
   friend class KvCacheManager;
   KvCacheManager* manager_ = nullptr;
-  std::string kv_namespace_;
+  KvKey kv_key_;
   std::vector<int32_t> block_ids_;
   int32_t num_committed_blocks_ = 0;
   int32_t num_cached_tokens_ = 0;
@@ -69,6 +78,10 @@ class KvLease {
 struct KvCacheStats {
   int32_t num_total_blocks = 0, num_free_blocks = 0, num_cached_blocks = 0, num_in_use_blocks = 0;
   int64_t num_evicted_blocks = 0;  // since start
+  // Blocks in the tree (cached or in use by a lease that committed them) per
+  // namespace; private (uncommitted) blocks are counted under their lease's
+  // namespace for the block index they hold.
+  std::map<std::string, int32_t> num_blocks_by_namespace;
 };
 
 class KvCacheManager {
@@ -82,11 +95,18 @@ class KvCacheManager {
 
   // Number of tokens of tokens[0, max_tokens) whose blocks are cached (a
   // multiple of block_size). Changes nothing.
-  int32_t num_cached_prefix_tokens(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const;
+  int32_t num_cached_prefix_tokens(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
+  int32_t num_cached_prefix_tokens(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const {
+    return num_cached_prefix_tokens(KvKey::single(kv_namespace), tokens);
+  }
   // A lease over the cached blocks of the longest cached prefix of `tokens`
   // (whole blocks only; pass tokens.first(n) to cap it). Never fails; the
   // lease may be empty. Marks those blocks used now (LRU).
-  KvLease lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens);
+  // Block i is looked up (and later committed) under kv_key.namespace_of_block(i).
+  KvLease lock_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens);
+  KvLease lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens) {
+    return lock_prefix(KvKey::single(kv_namespace), tokens);
+  }
 
   // Whether `num_blocks` more blocks can be had (free + cached).
   bool can_allocate(int32_t num_blocks) const;
@@ -104,6 +124,9 @@ class KvCacheManager {
   // Drops every cached block of a namespace (e.g. an unloaded adapter's).
   // Precondition: no lease of that namespace holds blocks. Returns blocks freed.
   int32_t drop_namespace(const std::string& kv_namespace);
+  // Drops every cached block whose namespace `matches` (with its descendants,
+  // e.g. all "alora/NAME@S" branches under base nodes). Same precondition.
+  int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
   // Evicts every cached block (tests; "after the blocks were evicted").
   int32_t evict_all_cached();
 

@@ -30,6 +30,20 @@
 //   5. A waiting request that does not get its blocks stops admission for the
 //      step (FCFS; running requests are never preempted for waiting ones).
 //
+// Forked (ForkKV) requests hold two leases: the shared bCache in the main
+// manager (SchedulerRequestKv::key, namespace "fork") and their rCache in the
+// residual manager (residual_namespace). At admission both prefixes are
+// locked; they may differ in length (the trees evict independently):
+//
+//   tokens:   |<---- bCache hit: Lb ---->|
+//             |<-- rCache hit: Lr -->|
+//             |<- computed = min ---->|<----- new tokens ----->|
+//   writes:   bCache from max(Lb, cached), rCache from max(Lr, cached)
+//
+// so a partial hit recomputes the forward over [min, ...) but writes only
+// the part that is missing (ScheduledRequest::num_*_present_tokens). A step
+// needs blocks in both managers; running short in either preempts as in 4.
+//
 // Thread: engine thread only.
 #pragma once
 
@@ -52,11 +66,23 @@ struct SchedulerConfig {
 
 using SchedulerRequestId = int64_t;
 
+// How a request's KV is keyed (built by the engine from the adapter's mode).
+struct SchedulerRequestKv {
+  KvKey key;                       // main K/V blocks (for forked: the shared bCache)
+  std::string residual_namespace;  // forked only: its rCache namespace ("resid/NAME"); "" otherwise
+};
+
 struct ScheduledRequest {
   SchedulerRequestId id = 0;
   int32_t num_cached_tokens = 0;   // K/V already in the cache (positions 0 .. this-1)
   int32_t num_new_tokens = 0;      // tokens [num_cached_tokens, num_cached_tokens + num_new_tokens)
-  std::vector<int32_t> block_ids;  // covers num_cached_tokens + num_new_tokens
+  std::vector<int32_t> block_ids;  // covers num_cached_tokens + num_new_tokens (may hold more)
+  // Main K/V entries [0, num_kv_present_tokens) already hold data (>= num_cached_tokens
+  // after a partial forked hit; else == num_cached_tokens): the backend must not write them.
+  int32_t num_kv_present_tokens = 0;
+  // Forked only: the rCache lease's blocks and how many entries already hold data.
+  std::vector<int32_t> residual_block_ids;
+  int32_t num_residual_present_tokens = 0;
   bool samples_next_token = false;
   // Set when this step admitted the request from waiting: prompt tokens found
   // in the prefix cache (first admission only; -1 otherwise).
@@ -72,14 +98,22 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  // `kv_cache` must outlive the scheduler.
-  Scheduler(SchedulerConfig config, KvCacheManager& kv_cache);
+  // `kv_cache` (and `residual_cache`, nullptr when no adapter is forked) must
+  // outlive the scheduler.
+  Scheduler(SchedulerConfig config, KvCacheManager& kv_cache, KvCacheManager* residual_cache = nullptr);
   ~Scheduler();
 
-  // Queues a request. `adapter` is "" for the base model; `kv_namespace` keys
-  // its cached blocks. Precondition: a new id, a non-empty prompt.
-  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, std::string kv_namespace,
+  // Queues a request. `adapter` is "" for the base model (it counts towards
+  // max_loras_per_batch otherwise); `kv` keys its cached blocks.
+  // Preconditions: a new id, a non-empty prompt; a residual_namespace only
+  // with a residual manager.
+  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, SchedulerRequestKv kv,
            int32_t priority);
+  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, std::string kv_namespace,
+           int32_t priority) {
+    add(id, std::move(prompt_tokens), std::move(adapter), SchedulerRequestKv{KvKey::single(std::move(kv_namespace)), ""},
+        priority);
+  }
   StepPlan plan();
   // After the backend ran the plan: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
@@ -110,6 +144,7 @@ class Scheduler {
 
   SchedulerConfig config_;
   KvCacheManager& kv_cache_;
+  KvCacheManager* residual_cache_ = nullptr;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
