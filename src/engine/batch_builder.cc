@@ -3,7 +3,7 @@
 namespace loom {
 
 Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
-                  const std::function<int32_t(SchedulerRequestId)>& adapter_slot_of) {
+                  const std::function<SequenceSharing(SchedulerRequestId)>& sharing_of) {
   Batch batch;
   const int32_t num_tokens = plan.num_tokens();
   batch.token_ids.reserve(static_cast<size_t>(num_tokens));
@@ -11,22 +11,44 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
   batch.adapter_slots.reserve(static_cast<size_t>(num_tokens));
   for (const ScheduledRequest& entry : plan.requests) {
     const std::vector<int32_t>& tokens = scheduler.tokens(entry.id);
-    const int32_t slot = adapter_slot_of(entry.id);
+    const SequenceSharing sharing = sharing_of(entry.id);
+    const int32_t slot = sharing.adapter_slot;
     BatchSequence sequence;
     sequence.num_cached_tokens = entry.num_cached_tokens;
     sequence.num_new_tokens = entry.num_new_tokens;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
     sequence.num_blocks = static_cast<int32_t>(entry.block_ids.size());
+    sequence.num_kv_present_tokens = entry.num_kv_present_tokens;
+    // Which tokens run through the adapter's LoRA (the backend's adapter_slots).
+    int32_t first_adapted_token = 0;
+    if (slot >= 0 && sharing.sharing == KvSharing::kActivated) first_adapted_token = sharing.invocation_start;
+    const bool no_token_slots = slot < 0 || sharing.sharing == KvSharing::kBase;
+    if (slot >= 0 && sharing.sharing == KvSharing::kBase) sequence.decoder_adapter_slot = slot;
+    if (slot >= 0 && sharing.sharing == KvSharing::kForked) {
+      sequence.forked_adapter_slot = slot;
+      sequence.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
+      sequence.num_residual_blocks = static_cast<int32_t>(entry.residual_block_ids.size());
+      sequence.num_residual_present_tokens = entry.num_residual_present_tokens;
+      batch.residual_block_tables.insert(batch.residual_block_tables.end(), entry.residual_block_ids.begin(),
+                                         entry.residual_block_ids.end());
+    }
     for (int32_t j = entry.num_cached_tokens; j < entry.num_cached_tokens + entry.num_new_tokens; ++j) {
       batch.token_ids.push_back(tokens[static_cast<size_t>(j)]);
       batch.positions.push_back(j);
-      batch.adapter_slots.push_back(slot);
+      batch.adapter_slots.push_back(no_token_slots || j < first_adapted_token ? -1 : slot);
     }
     batch.block_tables.insert(batch.block_tables.end(), entry.block_ids.begin(), entry.block_ids.end());
     batch.sequences.push_back(sequence);
   }
   return batch;
+}
+
+Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
+                  const std::function<int32_t(SchedulerRequestId)>& adapter_slot_of) {
+  return build_batch(plan, scheduler, [&](SchedulerRequestId id) {
+    return SequenceSharing{adapter_slot_of(id), KvSharing::kIsolated, 0};
+  });
 }
 
 }  // namespace loom

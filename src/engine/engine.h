@@ -48,6 +48,12 @@ struct EngineConfig {
   // Largest LoRA rank (k/v) a forked adapter may have; 0 = the largest among the
   // adapters loaded at start, at least 16 (--max-lora-rank).
   int32_t max_lora_rank = 0;
+  // rCache pool of exactly this many blocks (tests), overriding
+  // residual_kv_cache_bytes; 0: derived from it.
+  int32_t num_residual_kv_blocks = 0;
+  // "At start" above means: before the first request is submitted. Until then,
+  // loading a forked adapter (re)sizes both pools (contents are lost; there are
+  // none yet); afterwards a forked adapter that does not fit the pools fails.
 };
 
 struct EngineRequest {
@@ -100,7 +106,7 @@ struct EngineMetrics {
   int32_t num_running = 0;
   int32_t num_waiting = 0;
   int64_t kv_blocks_total = 0, kv_blocks_free = 0, kv_blocks_cached = 0, kv_blocks_in_use = 0;
-  int64_t kv_bytes_in_use_or_cached = 0;
+  int64_t kv_bytes_in_use_or_cached = 0;  // kv_bytes_base + kv_bytes_residual
   int64_t prefix_queried_tokens = 0, prefix_hit_tokens = 0;   // totals since start
   // The same split by the request's mode: "none" (base model), "isolated",
   // "activated", "base", "forked".
@@ -108,8 +114,14 @@ struct EngineMetrics {
   // Bytes held now (in use or cached) in the main pool ("base" kind: every
   // namespace of the main pool) and in the rCache pool ("residual").
   int64_t kv_bytes_base = 0, kv_bytes_residual = 0;
-  // Per adapter: bytes of its own namespaces (lora/, alora/...@, resid/).
+  // Per adapter: bytes of its own namespaces (lora/, alora/...@, resid/); every
+  // loaded adapter has an entry (0 when it holds nothing).
   std::map<std::string, int64_t> kv_bytes_by_adapter;
+  // Bytes one token takes across all layers: a main-pool K/V slot, an rCache
+  // slot (0 without an rCache pool). Their ratio is ForkKV's per-agent saving.
+  int64_t kv_bytes_per_token_base = 0, kv_bytes_per_token_residual = 0;
+  // The rCache pool's blocks (all 0 without one); free + cached + in use = total.
+  int64_t residual_blocks_total = 0, residual_blocks_free = 0, residual_blocks_cached = 0, residual_blocks_in_use = 0;
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
   int64_t num_finished_requests = 0;

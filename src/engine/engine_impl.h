@@ -6,9 +6,15 @@
 //
 // Adapters: loaded on the caller's thread (file I/O), then bound to a backend
 // slot by a command run on the engine thread; every loaded adapter stays bound
-// until unloaded. An isolated adapter NAME caches its KV under namespace
-// "lora/NAME" (kv_namespace_for_adapter); unloading drops that namespace so a
-// later adapter with the same name never sees stale K/V.
+// until unloaded. Each has a KvSharing mode (choose_kv_sharing) that keys its
+// requests' KV (engine/request_kv.h); unloading drops every namespace of the
+// adapter (kv_namespace_belongs_to_adapter) in both cache managers, so a later
+// adapter with the same name never sees stale K/V.
+//
+// Pools (engine_pools.cc): the main KV pool and, for forked adapters, the
+// rCache pool with its own KvCacheManager, both carved out of kv_cache_bytes.
+// Until the first request is admitted, loading a forked adapter may (re)size
+// them (EngineConfig::residual_kv_cache_bytes / max_lora_rank "at start").
 #pragma once
 
 #include <atomic>
@@ -26,13 +32,17 @@
 
 namespace loom {
 
+// The rCache rank when EngineConfig::max_lora_rank is 0 and no loaded adapter needs more.
+inline constexpr int32_t kMinAutoLoraRank = 16;
+
 class EngineImpl final : public Engine {
  public:
   EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config);
   ~EngineImpl() override;
 
   std::unique_ptr<RequestStream> submit(EngineRequest request) override;
-  void load_adapter(const std::string& name, const std::string& path) override;
+  void load_adapter(const std::string& name, const std::string& path,
+                    std::optional<KvSharing> sharing = std::nullopt) override;
   void unload_adapter(const std::string& name) override;
   std::vector<AdapterInfo> adapters() const override;
   EngineMetrics take_metrics() override;
@@ -41,13 +51,17 @@ class EngineImpl final : public Engine {
   void shutdown(bool drain) override;
 
   // Number of KV blocks the pool was given (derived from kv_cache_bytes when 0).
-  int32_t num_kv_blocks() const { return num_kv_blocks_; }
+  int32_t num_kv_blocks() const { return num_kv_blocks_.load(); }
+  // rCache blocks (0 without an rCache pool) and the rank its slots hold.
+  int32_t num_residual_kv_blocks() const { return num_residual_kv_blocks_.load(); }
+  int32_t residual_max_rank() const { return residual_max_rank_.load(); }
   // Runs `command` on the engine thread and waits for it (or runs it here when
   // the thread has exited). Rethrows what it throws. Tests use it to inspect
   // or evict the cache between requests.
   void run_on_engine_thread(const std::function<void()>& command);
   // Engine thread only (inside run_on_engine_thread).
   KvCacheManager& kv_cache() { return *kv_cache_; }
+  KvCacheManager* residual_kv_cache() { return residual_kv_cache_.get(); }
 
  private:
   struct AdapterEntry {
@@ -56,6 +70,7 @@ class EngineImpl final : public Engine {
     int32_t slot = 0;
     int32_t num_running_requests = 0;
     bool ready = false;  // bound in the backend
+    KvSharing sharing = KvSharing::kIsolated;
   };
 
   void thread_main();
@@ -66,18 +81,34 @@ class EngineImpl final : public Engine {
   void end_request(int64_t id, RequestOutput final_output);
   void fail_all(const Error& error);
   void publish_gauges();
+  // engine_pools.cc. Engine thread (or the constructor): (re)allocates the main
+  // pool and, when with_residual, the rCache pool; recreates the managers and
+  // the scheduler (which must hold no request).
+  void allocate_pools(bool with_residual, int64_t residual_bytes, int32_t max_rank);
+  // Engine thread: makes sure the rCache pool can hold a forked adapter of k/v
+  // rank `kv_rank`, resizing while no request was admitted yet; else throws
+  // with a hint.
+  void prepare_forked_adapter(const std::string& name, int32_t kv_rank);
+  // Engine thread: drops every cached block of the adapter's namespaces in
+  // both managers (no request may use the adapter). Returns blocks freed.
+  int32_t drop_adapter_kv(const std::string& name);
 
   LoadedModel model_;
   std::unique_ptr<Backend> backend_;
   EngineConfig config_;
   int32_t max_context_tokens_ = 0;
-  int32_t num_kv_blocks_ = 0;
+  std::atomic<int32_t> num_kv_blocks_{0};
+  std::atomic<int32_t> num_residual_kv_blocks_{0};
+  std::atomic<int32_t> residual_max_rank_{0};
   int64_t kv_bytes_per_block_ = 0;
+  int64_t residual_bytes_per_block_ = 0;  // engine thread (and metrics under metrics_mutex_)
   std::vector<TokenId> eos_ids_;
 
   // Engine thread only.
   std::unique_ptr<KvCacheManager> kv_cache_;
+  std::unique_ptr<KvCacheManager> residual_kv_cache_;  // nullptr: no rCache pool
   std::unique_ptr<Scheduler> scheduler_;
+  bool any_request_admitted_ = false;  // pools are fixed from then on
   std::unordered_map<int64_t, std::unique_ptr<PendingRequest>> active_;
   bool idle_checked_ = false;
 

@@ -30,6 +30,9 @@ void EngineImpl::thread_main() {
           idle_checked_ = true;
           const std::string problem = kv_cache_->integrity_error();
           if (!problem.empty()) spdlog::error("KV cache integrity check failed: {}", problem);
+          const std::string residual_problem = residual_kv_cache_ ? residual_kv_cache_->integrity_error() : "";
+          if (!residual_problem.empty())
+            spdlog::error("forked residual KV cache integrity check failed: {}", residual_problem);
         }
         inbox_->cv.wait(lock, has_input);
       }
@@ -66,7 +69,8 @@ void EngineImpl::thread_main() {
 
 void EngineImpl::admit(std::unique_ptr<PendingRequest> request) {
   const int64_t id = request->id;
-  scheduler_->add(id, request->request.prompt_tokens, request->request.adapter, request->kv_namespace,
+  any_request_admitted_ = true;
+  scheduler_->add(id, request->request.prompt_tokens, request->kv_plan.scheduler_adapter, request->kv_plan.kv,
                   request->request.priority);
   active_.emplace(id, std::move(request));
 }
@@ -111,17 +115,43 @@ void EngineImpl::fail_all(const Error& error) {
 
 void EngineImpl::publish_gauges() {
   const KvCacheStats stats = kv_cache_->stats();
+  const KvCacheStats residual_stats = residual_kv_cache_ ? residual_kv_cache_->stats() : KvCacheStats{};
+  std::vector<std::string> adapter_names;
+  {
+    std::lock_guard<std::mutex> lock(adapters_mutex_);
+    for (const auto& [name, entry] : adapters_) adapter_names.push_back(name);
+  }
+  std::map<std::string, int64_t> bytes_by_adapter;
+  for (const std::string& name : adapter_names) bytes_by_adapter[name] = 0;
+  auto add_namespaces = [&](const KvCacheStats& pool_stats, int64_t bytes_per_block) {
+    for (const auto& [kv_namespace, num_blocks] : pool_stats.num_blocks_by_namespace)
+      for (const std::string& name : adapter_names)
+        if (kv_namespace_belongs_to_adapter(kv_namespace, name)) bytes_by_adapter[name] += num_blocks * bytes_per_block;
+  };
   num_scheduler_waiting_ = scheduler_->num_waiting();
   std::lock_guard<std::mutex> lock(metrics_mutex_);
+  add_namespaces(stats, kv_bytes_per_block_);
+  add_namespaces(residual_stats, residual_bytes_per_block_);
+  metrics_.kv_bytes_by_adapter = std::move(bytes_by_adapter);
   metrics_.num_running = scheduler_->num_running();
   metrics_.num_waiting = scheduler_->num_waiting();
   metrics_.kv_blocks_total = stats.num_total_blocks;
   metrics_.kv_blocks_free = stats.num_free_blocks;
   metrics_.kv_blocks_cached = stats.num_cached_blocks;
   metrics_.kv_blocks_in_use = stats.num_in_use_blocks;
-  metrics_.kv_bytes_in_use_or_cached =
+  metrics_.residual_blocks_total = residual_stats.num_total_blocks;
+  metrics_.residual_blocks_free = residual_stats.num_free_blocks;
+  metrics_.residual_blocks_cached = residual_stats.num_cached_blocks;
+  metrics_.residual_blocks_in_use = residual_stats.num_in_use_blocks;
+  metrics_.kv_bytes_base =
       static_cast<int64_t>(stats.num_cached_blocks + stats.num_in_use_blocks) * kv_bytes_per_block_;
-  metrics_.num_evicted_tokens = stats.num_evicted_blocks * config_.block_size;
+  metrics_.kv_bytes_residual =
+      static_cast<int64_t>(residual_stats.num_cached_blocks + residual_stats.num_in_use_blocks) *
+      residual_bytes_per_block_;
+  metrics_.kv_bytes_in_use_or_cached = metrics_.kv_bytes_base + metrics_.kv_bytes_residual;
+  metrics_.kv_bytes_per_token_base = kv_bytes_per_block_ / config_.block_size;
+  metrics_.kv_bytes_per_token_residual = residual_bytes_per_block_ / config_.block_size;
+  metrics_.num_evicted_tokens = (stats.num_evicted_blocks + residual_stats.num_evicted_blocks) * config_.block_size;
   metrics_.num_preemptions = scheduler_->num_preemptions();
 }
 
@@ -142,15 +172,19 @@ void EngineImpl::step() {
       metrics_.queue_time.push_back(seconds_between(request.submitted_at, scheduled_at));
     }
     if (entry.num_prefix_hit_tokens >= 0) {
+      const auto num_prompt_tokens = static_cast<int64_t>(request.request.prompt_tokens.size());
+      const std::string& mode = request.kv_plan.mode_label;
       request.num_cached_prompt_tokens = entry.num_prefix_hit_tokens;
-      metrics_.prefix_queried_tokens += static_cast<int64_t>(request.request.prompt_tokens.size());
+      metrics_.prefix_queried_tokens += num_prompt_tokens;
       metrics_.prefix_hit_tokens += entry.num_prefix_hit_tokens;
-      metrics_.num_prompt_tokens += static_cast<int64_t>(request.request.prompt_tokens.size());
+      metrics_.prefix_queried_tokens_by_mode[mode] += num_prompt_tokens;
+      metrics_.prefix_hit_tokens_by_mode[mode] += entry.num_prefix_hit_tokens;
+      metrics_.num_prompt_tokens += num_prompt_tokens;
     }
   }
 
   const Batch batch =
-      build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->adapter_slot; });
+      build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
   ForwardResult result;
   try {
     result = backend_->forward(batch);

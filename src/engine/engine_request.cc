@@ -6,10 +6,9 @@
 namespace loom {
 
 PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineRequest request_in,
-                               int32_t adapter_slot_in, std::string kv_namespace_in,
-                               std::shared_ptr<const Tokenizer> tokenizer)
-    : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), adapter_slot(adapter_slot_in),
-      kv_namespace(std::move(kv_namespace_in)), channel(std::make_shared<RequestChannel>()),
+                               RequestKvPlan kv_plan_in, std::shared_ptr<const Tokenizer> tokenizer)
+    : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), kv_plan(std::move(kv_plan_in)),
+      channel(std::make_shared<RequestChannel>()),
       sampler(request.sampling), detokenizer(std::move(tokenizer)), stop_filter(request.stop_strings),
       submitted_at(std::chrono::steady_clock::now()) {}
 

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "engine/request_channel.h"
+#include "engine/request_kv.h"
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
 #include "tokenizer/tokenizer.h"
@@ -24,8 +25,7 @@ struct PendingRequest {
   int64_t id = 0;
   std::string request_id;
   EngineRequest request;
-  int32_t adapter_slot = -1;  // -1: base model
-  std::string kv_namespace;
+  RequestKvPlan kv_plan;  // KV key, token layout and mode label (engine/request_kv.h)
   std::shared_ptr<RequestChannel> channel;
   Sampler sampler;
   IncrementalDetokenizer detokenizer;
@@ -35,8 +35,8 @@ struct PendingRequest {
   int32_t num_output_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
 
-  PendingRequest(int64_t id, std::string request_id, EngineRequest request, int32_t adapter_slot,
-                 std::string kv_namespace, std::shared_ptr<const Tokenizer> tokenizer);
+  PendingRequest(int64_t id, std::string request_id, EngineRequest request, RequestKvPlan kv_plan,
+                 std::shared_ptr<const Tokenizer> tokenizer);
 
   // Samples the next token from one row of logits (masking EOS and stop token
   // ids while fewer than min_new_tokens were produced) and turns it into the
