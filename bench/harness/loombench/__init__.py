@@ -1,0 +1,1 @@
+"""Loom's agentic-workflow benchmark harness (`loom bench`); see bench/README.md."""

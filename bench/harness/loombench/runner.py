@@ -1,0 +1,252 @@
+"""Runs one configuration against one server: warm-up, a /metrics scrape,
+the measured tasks (closed loop or Poisson), a second scrape, and the metrics
+of report.json."""
+import asyncio
+import time
+from dataclasses import asdict
+from typing import Dict, List, Optional
+
+from . import arrivals, prometheus, stats
+from .client import CallResult, Client
+from .configs import Config
+from .text import WORDS, TextSource
+from .workflow import Models, TaskContext
+from . import workloads
+
+
+class Sampler:
+    """Polls /metrics every interval_s while the measured phase runs (gauges
+    such as KV bytes and running requests have no history in Prometheus)."""
+
+    def __init__(self, client: Client, interval_s: float):
+        self.client = client
+        self.interval_s = interval_s
+        self.samples: List[Dict[str, float]] = []
+        self._task: Optional[asyncio.Task] = None
+
+    async def _loop(self):
+        while True:
+            try:
+                scrape = prometheus.parse(await self.client.get_text("/metrics"))
+                self.samples.append(gauges(scrape))
+            except Exception:  # a missed sample is not worth failing the run
+                pass
+            await asyncio.sleep(self.interval_s)
+
+    def start(self):
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def stop(self):
+        if self._task:
+            self._task.cancel()
+            try:
+                await self._task
+            except asyncio.CancelledError:
+                pass
+
+
+def gauges(scrape: prometheus.Samples) -> Dict[str, float]:
+    """The gauges one sample keeps (absent ones as 0)."""
+    def get(name: str, **labels: str) -> float:
+        return prometheus.value(scrape, name, **labels) or 0.0
+    return {"running": get("loom_num_requests_running"), "waiting": get("loom_num_requests_waiting"),
+            "kv_bytes_device": get("loom_kv_cache_bytes", tier="device"),
+            "kv_bytes_residual": get("loom_kv_cache_bytes", tier="device", kind="residual"),
+            "blocks_in_use": get("loom_kv_cache_blocks", state="in_use"),
+            "blocks_cached": get("loom_kv_cache_blocks", state="cached")}
+
+
+def kv_bytes_per_agent(samples: List[Dict[str, float]]) -> Optional[float]:
+    """Mean over samples with requests running of (device KV bytes held for
+    running requests) / (requests running). Held bytes include cached blocks;
+    the in-use share is held bytes x in_use / (in_use + cached) blocks."""
+    values = []
+    for sample in samples:
+        if sample["running"] <= 0:
+            continue
+        held_blocks = sample["blocks_in_use"] + sample["blocks_cached"]
+        share = sample["blocks_in_use"] / held_blocks if held_blocks > 0 else 1.0
+        values.append(sample["kv_bytes_device"] * share / sample["running"])
+    return stats.mean(values)
+
+
+async def calibrate(client: Client, models: Models, text: TextSource, num_words: int = 400) -> float:
+    """Tokens per word of the server's tokenizer on text like the prompts'."""
+    if text.context_words is not None:
+        sample = " ".join(text.context_words[:num_words])
+        num_words = min(num_words, len(text.context_words))
+    else:
+        import random
+        rng = random.Random("calibration")
+        sample = " ".join(rng.choice(WORDS) for _ in range(num_words))
+    with_text = await client.prompt_tokens(models.base, "x\n" + sample)
+    without = await client.prompt_tokens(models.base, "x")
+    return max(0.05, (with_text - without) / num_words)
+
+
+async def fetch_models(client: Client) -> Models:
+    data = (await client.get_json("/v1/models"))["data"]
+    base = [m["id"] for m in data if not m.get("parent")]
+    adapters = [m["id"] for m in data if m.get("parent")]
+    if not base:
+        raise RuntimeError("/v1/models lists no base model (an entry without 'parent')")
+    return Models(base=base[0], adapters=adapters)
+
+
+async def run_task(client: Client, workload: str, ctx: TaskContext, models: Models, text: TextSource,
+                   params: workloads.Params) -> dict:
+    """Runs one task to the end, or to its first failed call."""
+    start = time.perf_counter()
+    task = workloads.make_task(workload, ctx, models, text, params)
+    results: List[CallResult] = []
+    error = None
+    try:
+        stage = next(task)
+        while True:
+            if stage.delay_s > 0:
+                await asyncio.sleep(stage.delay_s)
+            done = await asyncio.gather(*(client.complete(call, f"{workload}-{ctx.workflow_id}")
+                                          for call in stage.calls))
+            results.extend(done)
+            failed = [r for r in done if r.error]
+            if failed:
+                error = failed[0].error
+                task.close()
+                break
+            stage = task.send([r.text for r in done])
+    except StopIteration:
+        pass
+    return {"index": ctx.task_index, "copy": ctx.copy_index, "start_s": start, "end_s": time.perf_counter(),
+            "calls": results, "error": error}
+
+
+async def run_tasks(client: Client, workload: str, config: Config, models: Models, text: TextSource,
+                    seed: int, task_offset: int = 0, num_tasks: Optional[int] = None) -> List[dict]:
+    a = config.arrivals
+    num_tasks = num_tasks or a.num_tasks
+    plan = arrivals.make_plan(num_tasks, a.concurrency, a.rate, seed)
+
+    def ctx(index: int, copy: int) -> TaskContext:
+        return TaskContext(task_index=task_offset + index, copy_index=copy, seed=seed)
+
+    if plan.is_closed_loop:
+        async def slot_worker(slot: int, indices: List[int]) -> List[dict]:
+            return [await run_task(client, workload, ctx(i, slot), models, text, config.params) for i in indices]
+        per_slot = await asyncio.gather(*(slot_worker(slot, indices) for slot, indices in
+                                          enumerate(arrivals.closed_loop_assignment(num_tasks, plan.concurrency))))
+        return sorted((t for slot in per_slot for t in slot), key=lambda t: t["index"])
+
+    began = time.perf_counter()
+
+    async def delayed(index: int, offset: float) -> dict:
+        await asyncio.sleep(max(0.0, began + offset - time.perf_counter()))
+        return await run_task(client, workload, ctx(index, index % plan.concurrency), models, text, config.params)
+    return list(await asyncio.gather(*(delayed(i, off) for i, off in enumerate(plan.offsets_s))))
+
+
+async def warm_up(client: Client, models: Models, num_requests: int):
+    """Short distinct prompts to every model: loads adapters into slots, starts thread pools."""
+    from .workflow import Call
+    calls = [Call(model, "warmup", f"Warm-up {model} {i}: hello there", 4)
+             for model in [models.base, *models.adapters] for i in range(num_requests)]
+    for call in calls:  # one at a time: warm-up must not itself be a load test
+        result = await client.complete(call)
+        if result.error:
+            raise RuntimeError(f"warm-up request to {call.model} failed: {result.error}")
+
+
+def phase_summary(calls: List[CallResult]) -> Dict[str, dict]:
+    phases: Dict[str, List[CallResult]] = {}
+    for call in calls:
+        phases.setdefault(call.call.phase, []).append(call)
+    return {name: {"num_calls": len(group),
+                   **stats.summarize([c.ttft_s for c in group], "ttft"),
+                   **stats.summarize([c.e2e_s for c in group], "e2e"),
+                   "prompt_tokens_mean": stats.mean([c.prompt_tokens for c in group]),
+                   "output_tokens_mean": stats.mean([c.output_tokens for c in group])}
+            for name, group in sorted(phases.items())}
+
+
+def compute_metrics(tasks: List[dict], before: prometheus.Samples, after: prometheus.Samples,
+                    samples: List[Dict[str, float]]) -> dict:
+    ok_tasks = [t for t in tasks if not t["error"]]
+    calls = [c for t in tasks for c in t["calls"]]
+    ok_calls = [c for c in calls if not c.error]
+    wall = (max(t["end_s"] for t in tasks) - min(t["start_s"] for t in tasks)) if tasks else 0.0
+    output_tokens = sum(c.output_tokens for c in ok_calls)
+    metrics = {
+        "num_tasks": len(tasks), "num_failed_tasks": len(tasks) - len(ok_tasks),
+        "num_calls": len(calls), "num_failed_calls": len(calls) - len(ok_calls), "wall_s": wall,
+        "tasks_per_s": stats.ratio(len(ok_tasks), wall),
+        "output_tokens_per_s": stats.ratio(output_tokens, wall),
+        "prompt_tokens_total": sum(c.prompt_tokens for c in ok_calls), "output_tokens_total": output_tokens,
+        **stats.summarize([c.ttft_s for c in ok_calls], "ttft"),
+        **stats.summarize([c.e2e_s for c in ok_calls], "e2e"),
+        **stats.summarize([t["end_s"] - t["start_s"] for t in ok_tasks], "task"),
+    }
+
+    def counter(name: str) -> Optional[float]:
+        return prometheus.delta(before, after, name)
+    queried = counter("loom_prefix_cache_queried_tokens_total")
+    metrics["prefix_hit_rate"] = stats.ratio(counter("loom_prefix_cache_hit_tokens_total"), queried)
+    metrics["prefix_queried_tokens"] = queried
+    for key, name in [("queue", "loom_request_queue_time_seconds"), ("prefill", "loom_request_prefill_time_seconds"),
+                      ("decode", "loom_request_decode_time_seconds"),
+                      ("server_ttft", "loom_time_to_first_token_seconds"),
+                      ("server_e2e", "loom_e2e_request_latency_seconds")]:
+        histogram = prometheus.HistogramDelta(before, after, name)
+        metrics[f"{key}_time_mean_s" if key in ("queue", "prefill", "decode") else f"{key}_mean_s"] = histogram.mean()
+        metrics[f"{key}_p95_s"] = histogram.quantile(0.95)
+    metrics["decode_batch_size_mean"] = prometheus.HistogramDelta(before, after, "loom_decode_batch_size").mean()
+    metrics["preemptions"] = counter("loom_num_preemptions_total")
+    metrics["evicted_tokens"] = counter("loom_evicted_tokens_total")
+    metrics["loaded_tokens"] = counter("loom_loaded_tokens_total")
+    metrics["prefetched_tokens"] = counter("loom_prefetched_tokens_total")
+    metrics["kv_bytes_per_agent"] = kv_bytes_per_agent(samples)
+    metrics["kv_bytes_peak"] = max((s["kv_bytes_device"] for s in samples), default=None)
+    metrics["kv_residual_bytes_peak"] = max((s["kv_bytes_residual"] for s in samples), default=None)
+    metrics["running_requests_mean"] = stats.mean([s["running"] for s in samples])
+    metrics["num_metric_samples"] = len(samples)
+    return metrics
+
+
+async def run_config(url: str, api_key: str, workload: str, config: Config, text: TextSource, options) -> dict:
+    """Measures `config` on the server at `url`. text.tokens_per_word is set
+    by the first configuration (calibration) and reused, so every configuration
+    sends the same prompts."""
+    extra = {"ignore_eos": True} if options.ignore_eos else {}
+    client = Client(url, api_key, extra_body=extra, hints=options.workflow_hints,
+                    timeout_s=options.request_timeout)
+    try:
+        models = await fetch_models(client)
+        if options.calibrate:
+            text.tokens_per_word = await calibrate(client, models, text)
+            options.calibrate = False
+        if options.warmup_requests > 0:
+            await warm_up(client, models, options.warmup_requests)
+        if options.warmup_tasks > 0:
+            await run_tasks(client, workload, config, models, text, options.seed + 7777, task_offset=10**6,
+                            num_tasks=options.warmup_tasks)
+        graph = workloads.graph(workload, config.params)
+        declared = []
+        if options.declare_workflows and graph:
+            for copy in range(max(config.arrivals.concurrency, 1)):
+                status = await client.put_json(f"/v1/workflows/{workload}-copy{copy}", graph)
+                declared.append(status)
+        before = prometheus.parse(await client.get_text("/metrics"))
+        sampler = Sampler(client, options.sample_interval)
+        sampler.start()
+        try:
+            tasks = await run_tasks(client, workload, config, models, text, options.seed)
+        finally:
+            await sampler.stop()
+        after = prometheus.parse(await client.get_text("/metrics"))
+        metrics = compute_metrics(tasks, before, after, sampler.samples)
+        calls = [c for t in tasks for c in t["calls"] if not c.error]
+        errors = [t["error"] for t in tasks if t["error"]]
+        return {"name": config.name, "compare": config.compare, "metrics": metrics, "phases": phase_summary(calls),
+                "models": asdict(models), "tokens_per_word": text.tokens_per_word,
+                "params": asdict(config.params), "arrivals": asdict(config.arrivals),
+                "workflows_declared": declared, "errors": errors[:5]}
+    finally:
+        await client.close()

@@ -1,0 +1,239 @@
+"""The five agentic workloads. Each turns (task identity, models, text source,
+parameters) into a task generator of Stages (see workflow.py).
+
+Sizes are in tokens (converted to words through TextSource); outputs are
+forced to their length with ignore_eos by the client. Prompts are plain text
+segments joined by newlines, so a later call's prompt extends an earlier one's
+and prefix caching can find it.
+"""
+import random
+from dataclasses import dataclass, fields, replace
+from typing import Callable, Dict, List, Optional
+
+from .text import TextSource
+from .workflow import Call, Models, Stage, TaskContext, TaskGenerator, agent_graph
+
+
+@dataclass(frozen=True)
+class Params:
+    """Workload knobs; None means the workload's own default (DEFAULTS below)."""
+    agents: Optional[int] = None            # agents (models) per workflow
+    context_tokens: Optional[int] = None    # static context / fixed prompt / pipeline prompt x
+    instruction_tokens: Optional[int] = None  # dynamic, task-specific part
+    output_tokens: Optional[int] = None     # generated per agent call (pipeline: first base call)
+    observation_tokens: int = 100           # tool observation appended after a step
+    tool_latency_s: float = 0.1             # simulated tool call
+    loops: int = 2                          # react: loops over the agents
+    trials: int = 2                         # reflexion: actor/evaluator/reflection rounds
+    eval_tokens: int = 16                   # reflexion evaluator, pipeline adapter evaluations
+    final_tokens: int = 64                  # pipeline: consolidating base call (0 = no final call)
+    pipeline_adapters: int = 5              # pipeline: adapters invoked in parallel
+    num_contexts: int = 1                   # distinct static contexts (copy i uses i % num_contexts)
+    distinct_adapters: bool = True          # react/mapreduce: each copy's agents use other adapters
+    invocation: str = "round-robin"         # reflexion: round-robin | skewed
+    skew_probability: float = 0.5           # reflexion skewed: share of the hot agent
+    agent_models: str = "auto"              # sequential: base | adapters (auto = base, as KVFlow)
+    reducer: str = "adapter"                # mapreduce: adapter | base
+    share_fixed: bool = False               # sequential: copies share the agents' fixed prompts
+    invocation_text: str = ""               # pipeline: text before each adapter's answer (aLoRA)
+
+
+DEFAULTS: Dict[str, Dict[str, object]] = {
+    # ForkKV §7.1: 32K static context, ~24-token instructions, 256 output tokens, 100-token observations.
+    "react": dict(agents=4, context_tokens=2048, instruction_tokens=24, output_tokens=64),
+    "mapreduce": dict(agents=4, context_tokens=2048, instruction_tokens=24, output_tokens=64),
+    # ICaRus §4.3: 2/4/8 models, multi-turn requests routed round-robin (skewed: one agent 50%).
+    "reflexion": dict(agents=4, context_tokens=512, instruction_tokens=24, output_tokens=64),
+    "reflexion-skewed": dict(agents=4, context_tokens=512, instruction_tokens=24, output_tokens=64,
+                             invocation="skewed"),
+    # alora-serving §4: prompt 256, base generation 256, 5 adapters x 16 tokens, final base call.
+    "pipeline": dict(agents=5, context_tokens=256, instruction_tokens=0, output_tokens=256),
+    # KVFlow: 10-agent sequential workflow, fixed/dynamic/output = 8192/32/32 (scaled down here).
+    "sequential": dict(agents=10, context_tokens=512, instruction_tokens=32, output_tokens=32),
+}
+
+ALIASES = {"prompt_tokens": "context_tokens", "fixed_tokens": "context_tokens", "gen_tokens": "output_tokens",
+           "dynamic_tokens": "instruction_tokens"}
+
+
+def resolve(workload: str, params: Params) -> Params:
+    """params with the workload's defaults filled in where None."""
+    if workload not in DEFAULTS:
+        raise ValueError(f"unknown workload {workload!r}; one of {', '.join(sorted(DEFAULTS))}")
+    given = {f.name: getattr(params, f.name) for f in fields(Params)}
+    defaults = Params()
+    for key, default in DEFAULTS[workload].items():
+        # a field still at its dataclass default takes the workload's default
+        if given[key] is None or given[key] == getattr(defaults, key):
+            given[key] = default
+    resolved = Params(**given)
+    if resolved.agents < 1:
+        raise ValueError("--agents must be >= 1")
+    if resolved.invocation not in ("round-robin", "skewed"):
+        raise ValueError(f"--invocation must be round-robin or skewed, got {resolved.invocation!r}")
+    return resolved
+
+
+def with_value(params: Params, key: str, text: str) -> Params:
+    """params with field `key` (or an alias) set from its string form."""
+    key = ALIASES.get(key, key).replace("-", "_")
+    names = {f.name: f for f in fields(Params)}
+    if key not in names:
+        raise KeyError(key)
+    current = getattr(Params(), key)
+    if isinstance(current, bool):
+        value: object = text.lower() in ("1", "true", "yes", "on")
+    elif isinstance(current, float):
+        value = float(text)
+    elif isinstance(current, str):
+        value = text
+    else:  # int or Optional[int]
+        value = int(text)
+    return replace(params, **{key: value})
+
+
+class Builder:
+    """Prompt pieces of one task: a seeded rng and the text source."""
+
+    def __init__(self, ctx: TaskContext, text: TextSource, workload: str):
+        self.ctx = ctx
+        self.text = text
+        self.rng = random.Random(f"{workload}-{ctx.seed}-{ctx.task_index}")
+
+    def words(self, num_tokens: int) -> str:
+        return self.text.random_words(self.rng, num_tokens) if num_tokens > 0 else ""
+
+    def context(self, index: int, num_tokens: int) -> str:
+        return self.text.context(index, num_tokens, self.ctx.seed)
+
+
+def join(*parts: str) -> str:
+    return "\n".join(part for part in parts if part)
+
+
+def react(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """ForkKV's ReAct: a loop of agents (distinct adapters) over one static
+    context plus the task's instruction; each step's thought and a tool
+    observation (after tool_latency_s) are appended for the next agent."""
+    b = Builder(ctx, text, "react")
+    static = join(b.context(ctx.copy_index % p.num_contexts, p.context_tokens),
+                  "Task: " + b.words(p.instruction_tokens))
+    history: List[str] = []
+    num_steps = p.agents * p.loops
+    for step in range(num_steps):
+        agent = step % p.agents
+        model = models.adapter(ctx.copy_index * p.agents + agent if p.distinct_adapters else agent)
+        prompt = join(static, *history, f"Agent {agent} thought:")
+        [thought] = yield Stage([Call(model, f"agent{agent}", prompt, p.output_tokens)],
+                               delay_s=p.tool_latency_s if step > 0 else 0.0)
+        history.append(f"Agent {agent} thought: {thought}")
+        if step + 1 < num_steps:
+            history.append("Observation: " + b.words(p.observation_tokens))
+
+
+def mapreduce(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """Fan-out of `agents` mappers over one static context (each with its own
+    sub-instruction), then a reducer that reads every mapper's output."""
+    b = Builder(ctx, text, "mapreduce")
+    static = join(b.context(ctx.copy_index % p.num_contexts, p.context_tokens),
+                  "Task: " + b.words(p.instruction_tokens))
+    first_adapter = ctx.copy_index * (p.agents + 1) if p.distinct_adapters else 0
+    calls = [Call(models.adapter(first_adapter + k), f"mapper{k}",
+                  join(static, f"Mapper {k}: " + b.words(p.instruction_tokens), "Answer:"), p.output_tokens,
+                  phase="map")
+             for k in range(p.agents)]
+    outputs = yield Stage(calls)
+    reducer_model = models.base if p.reducer == "base" else models.adapter(first_adapter + p.agents)
+    prompt = join(static, *(f"Mapper {k} answer: {out}" for k, out in enumerate(outputs)), "Reduce:")
+    yield Stage([Call(reducer_model, "reducer", prompt, p.output_tokens, phase="reduce")])
+
+
+def reflexion(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """ICaRus's Reflexion: trials of actor (then a tool observation), evaluator
+    and reflection over a growing shared history. Call k goes to model k mod
+    agents (round-robin), or with `skewed` to agent 0 with skew_probability and
+    otherwise to a uniformly random other agent."""
+    b = Builder(ctx, text, "reflexion")
+    history = [b.context(ctx.copy_index % p.num_contexts, p.context_tokens),
+               "Question: " + b.words(p.instruction_tokens)]
+    call_index = 0
+
+    def pick_agent() -> int:
+        nonlocal call_index
+        call_index += 1
+        if p.invocation == "round-robin" or p.agents == 1:
+            return (call_index - 1) % p.agents
+        if b.rng.random() < p.skew_probability:
+            return 0
+        return 1 + b.rng.randrange(p.agents - 1)
+
+    roles = [("actor", p.output_tokens), ("evaluator", p.eval_tokens), ("reflection", p.output_tokens)]
+    for trial in range(p.trials):
+        for role, max_tokens in roles:
+            agent = pick_agent()
+            prompt = join(*history, f"{role.capitalize()} (trial {trial}):")
+            delay = p.tool_latency_s if role == "evaluator" else 0.0  # the actor's action ran a tool
+            [out] = yield Stage([Call(models.adapter(agent), f"agent{agent}", prompt, max_tokens, phase=role)],
+                                delay_s=delay)
+            history.append(f"{role.capitalize()} (trial {trial}): {out}")
+            if role == "actor":
+                history.append("Observation: " + b.words(p.observation_tokens))
+
+
+def pipeline(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """alora-serving §4: base model on prompt x (context_tokens of fresh
+    random text) generates y (output_tokens); `pipeline_adapters` adapters
+    evaluate x+y in parallel (eval_tokens each, after invocation_text); a final
+    base call consolidates x+y+evaluations (final_tokens; 0 skips it)."""
+    b = Builder(ctx, text, "pipeline")
+    x = join(f"Request {ctx.task_index}:", b.words(p.context_tokens))
+    [y] = yield Stage([Call(models.base, "base", x, p.output_tokens, phase="base")])
+    conversation = join(x, y)
+    calls = [Call(models.adapter(k), f"evaluator{k}", join(conversation, p.invocation_text), p.eval_tokens,
+                  phase="eval")
+             for k in range(p.pipeline_adapters)]
+    evaluations = yield Stage(calls)
+    if p.final_tokens > 0:
+        prompt = join(conversation, *(f"Evaluation {k}: {e}" for k, e in enumerate(evaluations)), "Final answer:")
+        yield Stage([Call(models.base, "base", prompt, p.final_tokens, phase="final")])
+
+
+def sequential(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """KVFlow's sequential workflow: agents run one after the other, each on
+    its own fixed prompt (context_tokens; distinct per copy unless
+    share_fixed) plus fresh dynamic tokens, generating output_tokens. Running
+    many copies at once makes the fixed prompts compete for the cache."""
+    b = Builder(ctx, text, "sequential")
+    use_adapters = p.agent_models == "adapters"
+    for agent in range(p.agents):
+        fixed_index = agent if p.share_fixed else ctx.copy_index * p.agents + agent
+        fixed = b.context(1000 + fixed_index, p.context_tokens)  # 1000+: apart from the other workloads'
+        prompt = join(fixed, "Input: " + b.words(p.instruction_tokens), f"Agent {agent}:")
+        model = models.adapter(agent) if use_adapters else models.base
+        yield Stage([Call(model, f"agent{agent}", prompt, p.output_tokens)])
+
+
+WORKLOADS: Dict[str, Callable[[TaskContext, Models, TextSource, Params], TaskGenerator]] = {
+    "react": react, "mapreduce": mapreduce, "reflexion": reflexion, "reflexion-skewed": reflexion,
+    "pipeline": pipeline, "sequential": sequential,
+}
+
+
+def graph(workload: str, p: Params) -> Optional[dict]:
+    """The agent step graph a workflow copy declares (issue 5), or None when
+    the order is random (skewed reflexion)."""
+    if workload in ("react", "sequential") or (workload == "reflexion" and p.invocation == "round-robin"):
+        return agent_graph([f"agent{a}" for a in range(p.agents)], cyclic=True)
+    if workload == "mapreduce":
+        mappers = [f"mapper{k}" for k in range(p.agents)]
+        return agent_graph(mappers + ["reducer"], cyclic=False,
+                           joins={"reducer": mappers, **{m: ["reducer"] for m in mappers}})
+    if workload == "pipeline":
+        evaluators = [f"evaluator{k}" for k in range(p.pipeline_adapters)]
+        return agent_graph(["base"] + evaluators, cyclic=False,
+                           joins={"base": evaluators, **{e: ["base"] for e in evaluators}})
+    return None
+
+
+def make_task(workload: str, ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    return WORKLOADS[workload](ctx, models, text, p)

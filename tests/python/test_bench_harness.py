@@ -1,0 +1,274 @@
+"""Unit tests of the `loom bench` harness's own logic (bench/harness/loombench):
+arrival processes, percentiles, workflow step generation, /metrics parsing and
+differences, --compare expansion, and the report's shape. Pure Python: no
+server, no third-party packages."""
+import os
+import statistics
+import sys
+import tempfile
+import unittest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+sys.path.insert(0, os.path.join(ROOT, "bench", "harness"))
+
+from loombench import arrivals, configs, prometheus, report, stats, workloads  # noqa: E402
+from loombench.text import TextSource  # noqa: E402
+from loombench.workflow import Models, TaskContext, run_offline  # noqa: E402
+
+MODELS = Models("base", [f"a{i}" for i in range(8)])
+
+
+def stages_of(workload, copy=0, task=0, seed=0, reply="ok", **params):
+    p = workloads.resolve(workload, workloads.Params(**params))
+    return run_offline(workloads.make_task(workload, TaskContext(task, copy, seed), MODELS, TextSource(), p), reply)
+
+
+class ArrivalTest(unittest.TestCase):
+    def test_poisson_is_seeded_and_has_the_rate(self):
+        offsets = arrivals.poisson_offsets(4000, rate=2.0, seed=7)
+        self.assertEqual(offsets, arrivals.poisson_offsets(4000, rate=2.0, seed=7))
+        self.assertNotEqual(offsets, arrivals.poisson_offsets(4000, rate=2.0, seed=8))
+        self.assertEqual(offsets[0], 0.0)
+        self.assertEqual(offsets, sorted(offsets))
+        gaps = [b - a for a, b in zip(offsets, offsets[1:])]
+        self.assertAlmostEqual(statistics.mean(gaps), 0.5, delta=0.03)  # mean gap 1/rate
+        # exponential gaps: standard deviation equals the mean
+        self.assertAlmostEqual(statistics.pstdev(gaps), 0.5, delta=0.05)
+
+    def test_closed_loop_splits_tasks_over_slots(self):
+        self.assertEqual(arrivals.closed_loop_assignment(7, 3), [[0, 3, 6], [1, 4], [2, 5]])
+        self.assertEqual(arrivals.closed_loop_assignment(2, 5), [[0], [1]])
+        plan = arrivals.make_plan(10, concurrency=4)
+        self.assertTrue(plan.is_closed_loop)
+        self.assertEqual(plan.concurrency, 4)
+        open_plan = arrivals.make_plan(5, rate=1.0, seed=3)
+        self.assertFalse(open_plan.is_closed_loop)
+        self.assertEqual(len(open_plan.offsets_s), 5)
+
+    def test_bad_arguments(self):
+        with self.assertRaises(ValueError):
+            arrivals.make_plan(0)
+        with self.assertRaises(ValueError):
+            arrivals.poisson_offsets(3, rate=0.0, seed=1)
+
+
+class PercentileTest(unittest.TestCase):
+    def test_linear_interpolation(self):
+        values = [5.0, 1.0, 4.0, 2.0, 3.0]
+        self.assertEqual(stats.percentile(values, 0), 1.0)
+        self.assertEqual(stats.percentile(values, 50), 3.0)
+        self.assertEqual(stats.percentile(values, 100), 5.0)
+        self.assertAlmostEqual(stats.percentile(values, 95), 4.8)
+        self.assertAlmostEqual(stats.percentile(range(1, 101), 99), 99.01)
+        self.assertIsNone(stats.percentile([], 50))
+        self.assertEqual(stats.percentile([2.5], 99), 2.5)
+        with self.assertRaises(ValueError):
+            stats.percentile(values, 101)
+
+    def test_summary_keys(self):
+        summary = stats.summarize([0.1, 0.2, 0.3], "ttft")
+        self.assertEqual(set(summary), {"ttft_p50_s", "ttft_p95_s", "ttft_p99_s", "ttft_mean_s"})
+        self.assertAlmostEqual(summary["ttft_p50_s"], 0.2)
+        self.assertIsNone(stats.ratio(1.0, 0.0))
+
+
+class WorkloadTest(unittest.TestCase):
+    def test_react_loops_agents_over_a_growing_shared_prefix(self):
+        stages = stages_of("react", copy=1, agents=3, loops=2, context_tokens=50, output_tokens=7, reply="THOUGHT")
+        self.assertEqual(len(stages), 6)
+        calls = [stage.calls[0] for stage in stages]
+        # copy 1 of 3-agent workflows uses adapters 3, 4, 5 (distinct from copy 0's)
+        self.assertEqual([c.model for c in calls], ["a3", "a4", "a5", "a3", "a4", "a5"])
+        self.assertEqual([s.delay_s for s in stages], [0.0] + [0.1] * 5)
+        self.assertTrue(all(c.max_tokens == 7 for c in calls))
+        for earlier, later in zip(calls, calls[1:]):
+            static_and_history = earlier.prompt.rsplit("\n", 1)[0]
+            self.assertTrue(later.prompt.startswith(static_and_history))
+            self.assertIn("THOUGHT\nObservation: ", later.prompt)
+            # each step adds the thought and a ~100-token observation (words at 1 token/word)
+            self.assertGreater(len(later.prompt.split()), len(earlier.prompt.split()) + 100)
+
+    def test_same_seed_same_prompts_other_task_other_instruction(self):
+        first = stages_of("react", task=0)
+        self.assertEqual([s.calls[0].prompt for s in first], [s.calls[0].prompt for s in stages_of("react", task=0)])
+        other = stages_of("react", task=1)
+        context = first[0].calls[0].prompt.split("\nTask:")[0]
+        self.assertEqual(context, other[0].calls[0].prompt.split("\nTask:")[0])  # one static context
+        self.assertNotEqual(first[0].calls[0].prompt, other[0].calls[0].prompt)
+
+    def test_mapreduce_fans_out_then_reduces_every_output(self):
+        stages = stages_of("mapreduce", agents=4, reply="MAPPED")
+        self.assertEqual([len(s.calls) for s in stages], [4, 1])
+        self.assertEqual([c.model for c in stages[0].calls], ["a0", "a1", "a2", "a3"])
+        reducer = stages[1].calls[0]
+        self.assertEqual((reducer.model, reducer.phase), ("a4", "reduce"))
+        self.assertEqual(reducer.prompt.count("MAPPED"), 4)
+        self.assertEqual(stages_of("mapreduce", agents=2, reducer="base")[1].calls[0].model, "base")
+
+    def test_reflexion_round_robin_and_skewed(self):
+        stages = stages_of("reflexion", agents=2, trials=2)
+        calls = [s.calls[0] for s in stages]
+        self.assertEqual([c.phase for c in calls], ["actor", "evaluator", "reflection"] * 2)
+        self.assertEqual([c.model for c in calls], ["a0", "a1"] * 3)
+        self.assertEqual(calls[1].max_tokens, 16)
+        # skewed: agent 0 takes about half of the calls over many tasks
+        models = [s.calls[0].model for task in range(60)
+                  for s in stages_of("reflexion-skewed", task=task, agents=4, trials=3)]
+        share = models.count("a0") / len(models)
+        self.assertAlmostEqual(share, 0.5, delta=0.08)
+        self.assertEqual(set(models), {"a0", "a1", "a2", "a3"})
+
+    def test_pipeline_base_then_parallel_adapters_then_base(self):
+        stages = stages_of("pipeline", context_tokens=40, output_tokens=30, reply="Y")
+        self.assertEqual([len(s.calls) for s in stages], [1, 5, 1])
+        base, evaluations, final = stages[0].calls[0], stages[1].calls, stages[2].calls[0]
+        self.assertEqual((base.model, base.max_tokens, base.phase), ("base", 30, "base"))
+        self.assertEqual([c.model for c in evaluations], ["a0", "a1", "a2", "a3", "a4"])
+        self.assertTrue(all(c.prompt.startswith(base.prompt + "\nY") and c.max_tokens == 16 for c in evaluations))
+        self.assertEqual((final.model, final.phase), ("base", "final"))
+        self.assertEqual(final.prompt.count("Evaluation "), 5)
+        self.assertEqual(len(stages_of("pipeline", final_tokens=0)), 2)
+
+    def test_sequential_ten_agents_with_fixed_prompts_per_copy(self):
+        stages = stages_of("sequential", context_tokens=20, instruction_tokens=5, output_tokens=3)
+        self.assertEqual(len(stages), 10)
+        self.assertTrue(all(s.calls[0].model == "base" and s.calls[0].max_tokens == 3 for s in stages))
+        fixed = [s.calls[0].prompt.split("\nInput:")[0] for s in stages]
+        self.assertEqual(len(set(fixed)), 10)
+        again = [s.calls[0].prompt.split("\nInput:")[0] for s in stages_of("sequential", task=5, context_tokens=20)]
+        self.assertEqual(fixed, again)  # the next task of copy 0 reuses the fixed prompts
+        other_copy = [s.calls[0].prompt.split("\nInput:")[0] for s in stages_of("sequential", copy=1, context_tokens=20)]
+        self.assertFalse(set(fixed) & set(other_copy))
+        shared = [s.calls[0].prompt.split("\nInput:")[0]
+                  for s in stages_of("sequential", copy=1, context_tokens=20, share_fixed=True)]
+        self.assertEqual(fixed, shared)
+
+    def test_text_sizes_follow_tokens_per_word(self):
+        text = TextSource(tokens_per_word=2.0)
+        self.assertEqual(text.num_words(100), 50)
+        with tempfile.NamedTemporaryFile("w", suffix=".txt", delete=False) as file:
+            file.write("alpha beta gamma delta\nepsilon")
+        try:
+            source = TextSource.from_file(file.name)
+            self.assertEqual(source.context(0, 7, seed=0), "Context 0:\nalpha beta gamma delta epsilon alpha beta")
+        finally:
+            os.unlink(file.name)
+
+    def test_graphs(self):
+        p = workloads.resolve("sequential", workloads.Params(agents=3))
+        self.assertEqual(workloads.graph("sequential", p)["agents"][0], {"name": "agent0", "after": ["agent2"]})
+        mr = workloads.graph("mapreduce", workloads.resolve("mapreduce", workloads.Params(agents=2)))
+        self.assertIn({"name": "reducer", "after": ["mapper0", "mapper1"], "join": "all"}, mr["agents"])
+        self.assertIsNone(workloads.graph("reflexion-skewed", workloads.resolve("reflexion-skewed", workloads.Params())))
+
+
+METRICS_BEFORE = """# HELP loom_prefix_cache_hit_tokens_total x
+# TYPE loom_prefix_cache_hit_tokens_total counter
+loom_prefix_cache_hit_tokens_total 100
+loom_prefix_cache_queried_tokens_total 400
+loom_kv_cache_bytes{tier="device",kind="base"} 1000
+loom_kv_cache_bytes{tier="device",kind="residual"} 24
+loom_kv_cache_bytes{tier="host",kind="base"} 0
+loom_request_queue_time_seconds_bucket{le="0.1"} 2
+loom_request_queue_time_seconds_bucket{le="1"} 2
+loom_request_queue_time_seconds_bucket{le="+Inf"} 2
+loom_request_queue_time_seconds_sum 0.1
+loom_request_queue_time_seconds_count 2
+"""
+METRICS_AFTER = METRICS_BEFORE.replace(" 100\n", " 400\n").replace("queried_tokens_total 400", "queried_tokens_total 1000") \
+    .replace('le="0.1"} 2', 'le="0.1"} 4').replace('le="1"} 2', 'le="1"} 12').replace('le="+Inf"} 2', 'le="+Inf"} 12') \
+    .replace("_sum 0.1", "_sum 5.1").replace("_count 2", "_count 12")
+
+
+class PrometheusTest(unittest.TestCase):
+    def test_parse_labels_and_sums(self):
+        samples = prometheus.parse(METRICS_BEFORE + 'odd{a="x\\"y",b="2"} +Inf\n')
+        self.assertEqual(prometheus.value(samples, "loom_kv_cache_bytes", tier="device", kind="base"), 1000)
+        self.assertEqual(prometheus.value(samples, "loom_kv_cache_bytes", tier="device"), 1024)
+        self.assertEqual(prometheus.value(samples, "odd", a='x"y'), float("inf"))
+        self.assertIsNone(prometheus.value(samples, "absent"))
+        with self.assertRaises(ValueError):
+            prometheus.parse("not a metric line at all {")
+
+    def test_counter_and_histogram_deltas(self):
+        before, after = prometheus.parse(METRICS_BEFORE), prometheus.parse(METRICS_AFTER)
+        hit = prometheus.delta(before, after, "loom_prefix_cache_hit_tokens_total")
+        queried = prometheus.delta(before, after, "loom_prefix_cache_queried_tokens_total")
+        self.assertEqual((hit, queried), (300, 600))
+        histogram = prometheus.HistogramDelta(before, after, "loom_request_queue_time_seconds")
+        self.assertEqual(histogram.count, 10)
+        self.assertAlmostEqual(histogram.mean(), 0.5)
+        self.assertEqual(histogram.buckets, [(0.1, 2), (1.0, 10), (float("inf"), 10)])
+        # rank 5 of 10 lies in (0.1, 1]: 0.1 + 0.9 * (5 - 2) / 8
+        self.assertAlmostEqual(histogram.quantile(0.5), 0.1 + 0.9 * 3 / 8)
+        self.assertAlmostEqual(histogram.quantile(0.1), 0.05)
+        self.assertIsNone(prometheus.HistogramDelta(before, before, "loom_request_queue_time_seconds").quantile(0.5))
+
+    def test_kv_bytes_per_agent_counts_running_requests_only(self):
+        from loombench.runner import kv_bytes_per_agent  # needs no server, but imports the client module
+        samples = [{"running": 0, "kv_bytes_device": 5000, "blocks_in_use": 0, "blocks_cached": 5},
+                   {"running": 2, "kv_bytes_device": 4000, "blocks_in_use": 2, "blocks_cached": 2},
+                   {"running": 1, "kv_bytes_device": 3000, "blocks_in_use": 3, "blocks_cached": 0}]
+        self.assertAlmostEqual(kv_bytes_per_agent(samples), (1000 + 3000) / 2)
+        self.assertIsNone(kv_bytes_per_agent(samples[:1]))
+
+
+class CompareTest(unittest.TestCase):
+    def build(self, *specs, loras=("x=/m/adapters/x", "y=/m/y:isolated")):
+        return configs.build("react", list(specs), ["--model", "/m"], list(loras), workloads.Params(),
+                             configs.Arrivals(num_tasks=4, concurrency=2))
+
+    def test_sharing_rewrites_every_lora(self):
+        result = self.build("sharing=isolated,forked")
+        self.assertEqual([c.name for c in result], ["sharing=isolated", "sharing=forked"])
+        self.assertEqual(result[1].serve_args, ["--model", "/m", "--lora", "x=/m/adapters/x:forked",
+                                                "--lora", "y=/m/y:forked"])
+        self.assertTrue(result[0].needs_own_server)
+        with self.assertRaises(ValueError):
+            self.build("sharing=shared")
+        with self.assertRaises(ValueError):
+            self.build("sharing=forked", loras=())
+
+    def test_product_of_server_and_workload_keys(self):
+        result = self.build("eviction=lru,workflow", "workflows=1,8", "context_tokens=64")
+        self.assertEqual(len(result), 4)
+        last = result[-1]
+        self.assertEqual(last.name, "eviction=workflow,workflows=8,context_tokens=64")
+        self.assertIn("--eviction-policy", last.serve_args)
+        self.assertEqual(last.arrivals.concurrency, 8)
+        self.assertEqual(last.params.context_tokens, 64)
+        self.assertEqual(last.params.output_tokens, 64)  # react's default still filled in
+        plain = self.build("serve.max-batch-tokens=128", "prompt_tokens=32", "rate=0.5")[0]
+        self.assertEqual(plain.serve_args[2:4], ["--max-batch-tokens", "128"])
+        self.assertEqual((plain.params.context_tokens, plain.arrivals.rate), (32, 0.5))
+        self.assertFalse(self.build("prompt_tokens=32")[0].needs_own_server)
+        for bad in ("nonsense=1", "sharing", "workflows=1,1"):
+            with self.assertRaises(ValueError):
+                self.build(bad)
+
+
+class ReportTest(unittest.TestCase):
+    def test_design_shape_ratios_and_table(self):
+        def config(name, tasks_per_s):
+            metrics = {key: 1.0 for key in report.REQUIRED_METRICS}
+            metrics["tasks_per_s"] = tasks_per_s
+            return {"name": name, "compare": {"sharing": name}, "metrics": metrics, "phases": {}}
+        data = {"workload": "react", "configs": [config("isolated", 2.0), config("forked", 5.0),
+                                                 {"name": "broken", "compare": {}, "error": "RuntimeError: x"}]}
+        with tempfile.TemporaryDirectory() as out:
+            json_path, md_path = report.write(out, data)
+            import json
+            with open(json_path) as file:
+                saved = json.load(file)
+            for entry in saved["configs"][:2]:
+                self.assertTrue(set(report.REQUIRED_METRICS) <= set(entry["metrics"]))
+            self.assertAlmostEqual(saved["ratios"]["forked"]["tasks_per_s"], 2.5)
+            with open(md_path) as file:
+                table = file.read()
+        self.assertIn("| forked | 5.000 |", table)
+        self.assertIn("tasks/s 2.50x", table)
+        self.assertIn("| broken | failed: RuntimeError: x |", table)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=2)
