@@ -7,14 +7,14 @@
 namespace loom {
 
 std::string kv_namespace_for_adapter(const std::string& adapter_name) {
-  return adapter_name.empty() ? std::string("base") : "lora/" + adapter_name;
+  return adapter_name.empty() ? std::string(kBaseKvNamespace) : isolated_kv_namespace(adapter_name);
 }
 
 KvLease& KvLease::operator=(KvLease&& other) noexcept {
   if (this != &other) {
     release();
     manager_ = other.manager_;
-    kv_namespace_ = std::move(other.kv_namespace_);
+    kv_key_ = std::move(other.kv_key_);
     block_ids_ = std::move(other.block_ids_);
     num_committed_blocks_ = other.num_committed_blocks_;
     num_cached_tokens_ = other.num_cached_tokens_;
@@ -36,16 +36,15 @@ void KvLease::release() {
 KvCacheManager::KvCacheManager(int32_t num_blocks, int32_t block_size)
     : pool_(num_blocks), tree_(pool_, block_size) {}
 
-int32_t KvCacheManager::num_cached_prefix_tokens(const std::string& kv_namespace,
-                                                 std::span<const KvTokenId> tokens) const {
-  return static_cast<int32_t>(tree_.match(kv_namespace, tokens).size()) * block_size();
+int32_t KvCacheManager::num_cached_prefix_tokens(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
+  return static_cast<int32_t>(tree_.match(kv_key, tokens).size()) * block_size();
 }
 
-KvLease KvCacheManager::lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens) {
+KvLease KvCacheManager::lock_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens) {
   KvLease lease;
   lease.manager_ = this;
-  lease.kv_namespace_ = kv_namespace;
-  for (RadixNode* node : tree_.match(kv_namespace, tokens)) {
+  lease.kv_key_ = kv_key;
+  for (RadixNode* node : tree_.match(kv_key, tokens)) {
     pool_.add_ref(node->block_id);
     tree_.on_ref_changed(node->block_id);
     lease.block_ids_.push_back(node->block_id);
@@ -72,7 +71,17 @@ bool KvCacheManager::allocate(KvLease& lease, int32_t num_blocks) {
   auto ids = pool_.take_free(num_blocks);
   LOOM_CHECK(ids.has_value());
   lease.block_ids_.insert(lease.block_ids_.end(), ids->begin(), ids->end());
+  count_private_blocks(lease, lease.num_blocks() - num_blocks, lease.num_blocks(), +1);
   return true;
+}
+
+void KvCacheManager::count_private_blocks(const KvLease& lease, int32_t begin, int32_t end, int32_t delta) {
+  for (int32_t i = begin; i < end; ++i) {
+    auto it = num_private_blocks_by_namespace_.try_emplace(lease.kv_key_.namespace_of_block(i), 0).first;
+    it->second += delta;
+    LOOM_CHECK(it->second >= 0);
+    if (it->second == 0) num_private_blocks_by_namespace_.erase(it);
+  }
 }
 
 void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, int32_t num_computed_tokens) {
@@ -85,12 +94,14 @@ void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, i
                           ? nullptr
                           : tree_.node_of_block(lease.block_ids_[static_cast<size_t>(lease.num_committed_blocks_ - 1)]);
   const int64_t now = ++clock_;
+  count_private_blocks(lease, lease.num_committed_blocks_, num_full, -1);
   for (int32_t i = lease.num_committed_blocks_; i < num_full; ++i) {
     std::span<const KvTokenId> block_tokens = tokens.subspan(static_cast<size_t>(i) * block, block);
     int32_t& block_id = lease.block_ids_[static_cast<size_t>(i)];
-    RadixNode* node = tree_.find_child(lease.kv_namespace_, parent, block_tokens);
+    const std::string& kv_namespace = lease.kv_key_.namespace_of_block(i);
+    RadixNode* node = tree_.find_child(kv_namespace, parent, block_tokens);
     if (node == nullptr) {
-      node = tree_.insert(lease.kv_namespace_, parent, block_tokens, block_id);
+      node = tree_.insert(kv_namespace, parent, block_tokens, block_id);
     } else if (node->block_id != block_id) {
       // Computed twice (two requests prefilled the same tokens at once): keep the tree's copy.
       pool_.add_ref(node->block_id);
@@ -107,6 +118,7 @@ void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, i
 
 void KvCacheManager::release(KvLease& lease) {
   const int64_t now = ++clock_;
+  count_private_blocks(lease, lease.num_committed_blocks_, lease.num_blocks(), -1);
   // Tail first, so that a parent is never unreferenced while its child is referenced.
   for (auto it = lease.block_ids_.rbegin(); it != lease.block_ids_.rend(); ++it) {
     const int32_t id = *it;
@@ -120,7 +132,11 @@ void KvCacheManager::release(KvLease& lease) {
 }
 
 int32_t KvCacheManager::drop_namespace(const std::string& kv_namespace) {
-  std::vector<int32_t> freed = tree_.remove_namespace(kv_namespace);
+  return drop_namespaces([&](const std::string& ns) { return ns == kv_namespace; });
+}
+
+int32_t KvCacheManager::drop_namespaces(const std::function<bool(const std::string&)>& matches) {
+  std::vector<int32_t> freed = tree_.remove_namespaces(matches);
   for (int32_t id : freed) pool_.put_free(id);
   return static_cast<int32_t>(freed.size());
 }
@@ -142,6 +158,9 @@ KvCacheStats KvCacheManager::stats() const {
   stats.num_cached_blocks = tree_.num_cached_blocks();
   stats.num_in_use_blocks = stats.num_total_blocks - stats.num_free_blocks - stats.num_cached_blocks;
   stats.num_evicted_blocks = num_evicted_blocks_;
+  stats.num_blocks_by_namespace = tree_.num_nodes_by_namespace();
+  for (const auto& [kv_namespace, count] : num_private_blocks_by_namespace_)
+    stats.num_blocks_by_namespace[kv_namespace] += count;
   return stats;
 }
 
@@ -164,6 +183,11 @@ std::string KvCacheManager::integrity_error() const {
   if (num_free + num_cached + num_in_use != pool_.num_total_blocks())
     return fmt::format("free {} + cached {} + in use {} != total {}", num_free, num_cached, num_in_use,
                        pool_.num_total_blocks());
+  int32_t num_private = 0;
+  for (const auto& [kv_namespace, count] : num_private_blocks_by_namespace_) num_private += count;
+  if (num_private + tree_.num_nodes() != num_in_use + num_cached)
+    return fmt::format("{} private + {} tree blocks != {} in use + {} cached", num_private, tree_.num_nodes(),
+                       num_in_use, num_cached);
   if (num_cached != tree_.num_cached_blocks())
     return fmt::format("{} cached blocks counted, tree records {}", num_cached, tree_.num_cached_blocks());
   return tree_.integrity_error();

@@ -139,11 +139,14 @@ class KvCacheManager {
  private:
   friend class KvLease;
   void release(KvLease& lease);
+  // Private (uncommitted) blocks of leases [begin, end) leave or join the per-namespace count.
+  void count_private_blocks(const KvLease& lease, int32_t begin, int32_t end, int32_t delta);
 
   BlockPool pool_;
   RadixTree tree_;
   int64_t clock_ = 0;
   int64_t num_evicted_blocks_ = 0;
+  std::map<std::string, int32_t> num_private_blocks_by_namespace_;
 };
 
 }  // namespace loom

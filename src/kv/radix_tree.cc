@@ -18,13 +18,14 @@ RadixNode* RadixTree::root(const std::string& kv_namespace) const {
   return it == roots_.end() ? nullptr : it->second.get();
 }
 
-std::vector<RadixNode*> RadixTree::match(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const {
+std::vector<RadixNode*> RadixTree::match(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
   std::vector<RadixNode*> path;
-  RadixNode* node = root(kv_namespace);
+  RadixNode* node = root(kv_key.namespace_of_block(0));
   if (node == nullptr) return path;
   const size_t block = static_cast<size_t>(block_size_);
   for (size_t start = 0; start + block <= tokens.size(); start += block) {
-    auto it = node->children.find(std::vector<KvTokenId>(tokens.begin() + start, tokens.begin() + start + block));
+    const int32_t block_index = static_cast<int32_t>(start / block);
+    auto it = node->children.find(RadixChildView{kv_key.namespace_of_block(block_index), tokens.subspan(start, block)});
     if (it == node->children.end()) break;
     node = it->second.get();
     if (node->tier != KvTier::kDevice || node->state != KvNodeState::kReady) break;
@@ -37,7 +38,7 @@ RadixNode* RadixTree::find_child(const std::string& kv_namespace, RadixNode* par
                                  std::span<const KvTokenId> block_tokens) const {
   if (parent == nullptr) parent = root(kv_namespace);
   if (parent == nullptr) return nullptr;
-  auto it = parent->children.find(std::vector<KvTokenId>(block_tokens.begin(), block_tokens.end()));
+  auto it = parent->children.find(RadixChildView{kv_namespace, block_tokens});
   return it == parent->children.end() ? nullptr : it->second.get();
 }
 
@@ -53,13 +54,14 @@ RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
     }
     parent = slot.get();
   }
-  LOOM_CHECK(parent->kv_namespace == kv_namespace);
-  std::vector<KvTokenId> key(block_tokens.begin(), block_tokens.end());
+  // A root's children are of its namespace; below that, a branch may change it.
+  LOOM_CHECK(!parent->is_root() || parent->kv_namespace == kv_namespace);
+  RadixChildKey key{kv_namespace, std::vector<KvTokenId>(block_tokens.begin(), block_tokens.end())};
   LOOM_CHECK(parent->children.count(key) == 0);
   auto node = std::make_unique<RadixNode>();
   node->parent = parent;
   node->kv_namespace = kv_namespace;
-  node->tokens = key;
+  node->tokens = key.second;
   node->block_id = block_id;
   node->node_id = next_node_id_++;
   node->last_access = parent->last_access;
@@ -67,6 +69,7 @@ RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
   parent->children.emplace(std::move(key), std::move(node));
   node_by_block_[static_cast<size_t>(block_id)] = raw;
   ++num_nodes_;
+  ++num_nodes_by_namespace_[kv_namespace];
   update(raw);
   if (!parent->is_root()) update(parent);  // no longer a leaf
   return raw;
@@ -120,8 +123,9 @@ void RadixTree::detach(RadixNode* node) {
   if (node->counted_unreferenced) --num_unreferenced_;
   node_by_block_[static_cast<size_t>(node->block_id)] = nullptr;
   --num_nodes_;
+  if (auto it = num_nodes_by_namespace_.find(node->kv_namespace); --it->second == 0) num_nodes_by_namespace_.erase(it);
   RadixNode* parent = node->parent;
-  parent->children.erase(node->tokens);  // destroys node
+  parent->children.erase(parent->children.find(RadixChildView{node->kv_namespace, node->tokens}));  // destroys node
   if (!parent->is_root()) update(parent);
 }
 
@@ -133,42 +137,70 @@ std::optional<int32_t> RadixTree::evict_one() {
   return block_id;
 }
 
-std::vector<int32_t> RadixTree::remove_namespace(const std::string& kv_namespace) {
-  std::vector<int32_t> freed;
-  RadixNode* top = root(kv_namespace);
-  if (top == nullptr) return freed;
-  // Post-order: leaves go first, so every detach() removes a leaf.
-  std::vector<std::pair<RadixNode*, bool>> stack{{top, false}};
+std::vector<int32_t> RadixTree::remove_namespaces(const std::function<bool(const std::string&)>& matches) {
+  // The tops of the subtrees to remove: matching nodes whose parent is kept (or a root).
+  std::vector<RadixNode*> tops;
+  std::vector<RadixNode*> stack;
+  for (const auto& [name, top] : roots_) stack.push_back(top.get());
   while (!stack.empty()) {
-    auto [node, expanded] = stack.back();
+    RadixNode* node = stack.back();
     stack.pop_back();
-    if (!expanded) {
-      stack.push_back({node, true});
-      for (auto& [key, child] : node->children) stack.push_back({child.get(), false});
-    } else if (!node->is_root()) {
-      LOOM_CHECK(pool_.ref_count(node->block_id) == 0);
-      freed.push_back(node->block_id);
-      detach(node);
+    for (auto& [key, child] : node->children) {
+      if (matches(child->kv_namespace))
+        tops.push_back(child.get());
+      else
+        stack.push_back(child.get());
     }
   }
-  roots_.erase(kv_namespace);
-  return freed;
+  // Post-order over each subtree: leaves go first, so every detach() removes a leaf.
+  std::vector<int32_t> removed;
+  std::vector<RadixNode*> order;
+  for (RadixNode* top : tops) {
+    std::vector<std::pair<RadixNode*, bool>> walk{{top, false}};
+    while (!walk.empty()) {
+      auto [node, expanded] = walk.back();
+      walk.pop_back();
+      if (!expanded) {
+        walk.push_back({node, true});
+        for (auto& [key, child] : node->children) walk.push_back({child.get(), false});
+      } else {
+        LOOM_CHECK(pool_.ref_count(node->block_id) == 0);
+        order.push_back(node);
+      }
+    }
+  }
+  for (RadixNode* node : order) {
+    removed.push_back(node->block_id);
+    detach(node);
+  }
+  for (auto it = roots_.begin(); it != roots_.end();) {
+    if (matches(it->first)) {
+      LOOM_CHECK(it->second->children.empty());
+      it = roots_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  return removed;
 }
 
 std::string RadixTree::integrity_error() const {
   int32_t num_nodes = 0, num_unreferenced = 0, num_evictable = 0;
+  std::map<std::string, int32_t> num_nodes_by_namespace;
   std::vector<const RadixNode*> stack;
   for (const auto& [name, top] : roots_) stack.push_back(top.get());
   while (!stack.empty()) {
     const RadixNode* node = stack.back();
     stack.pop_back();
     for (const auto& [key, child] : node->children) {
-      if (child->parent != node || child->tokens != key || child->kv_namespace != node->kv_namespace)
+      if (child->parent != node || child->tokens != key.second || child->kv_namespace != key.first ||
+          (node->is_root() && child->kv_namespace != node->kv_namespace))
         return fmt::format("node {} is linked wrongly", child->node_id);
       stack.push_back(child.get());
     }
     if (node->is_root()) continue;
     ++num_nodes;
+    ++num_nodes_by_namespace[node->kv_namespace];
     const int32_t id = node->block_id;
     if (id < 0 || id >= pool_.num_total_blocks() || node_by_block_[static_cast<size_t>(id)] != node)
       return fmt::format("node {} has block {} that does not map back to it", node->node_id, id);
@@ -185,6 +217,7 @@ std::string RadixTree::integrity_error() const {
     if (evictable) ++num_evictable;
   }
   if (num_nodes != num_nodes_) return fmt::format("{} nodes counted, {} recorded", num_nodes, num_nodes_);
+  if (num_nodes_by_namespace != num_nodes_by_namespace_) return "nodes per namespace are miscounted";
   if (num_unreferenced != num_unreferenced_)
     return fmt::format("{} unreferenced nodes counted, {} recorded", num_unreferenced, num_unreferenced_);
   if (num_evictable != static_cast<int32_t>(evictable_.size()) ||

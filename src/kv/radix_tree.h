@@ -1,19 +1,27 @@
 // A radix tree of KV blocks keyed by (namespace, tokens), one block per edge.
 //
-// Each namespace (e.g. "base", or one isolated adapter's namespace) has its own
-// root. A node below a root stands for one full block: the block_size tokens on
-// its edge, whose K/V live in `block_id`, computed with every ancestor's tokens
+// A node below a root stands for one full block: the block_size tokens on its
+// edge, whose K/V live in `block_id`, computed with every ancestor's tokens
 // before them. A path root -> n1 -> n2 therefore caches tokens [0, 2*block_size).
+// A node's children are keyed by (namespace, block tokens), so a child may be
+// of another namespace than its parent: that is how an activated (aLoRA)
+// request's branch hangs under its last base block (kv/kv_key.h).
 //
 //   root("base") ── [t0..t15]#4 ── [t16..t31]#7 ── [t32..t47]#2
-//                                └─ [u16..u31]#9          (#k: block id)
+//                 │              ├─ [u16..u31]#9                 (#k: block id)
+//                 │              └─ alora/X@37: [t32..t47]#5 ── alora/X@37: ...#6
+//   root("lora/A") ── [t0..t15]#3
+//
+// The first block of a chain hangs under the root of its own namespace
+// (KvKey::namespace_of_block(0)); block i > 0 under the node of block i - 1,
+// looked up under namespace_of_block(i).
 //
 // Edges are exactly one block long (prefix reuse is at block granularity, so
 // there is nothing to gain from longer edges and splitting never happens).
 // Every node records its tier (device / host / disk) and state (ready / loading
 // / offloading); today only device + ready nodes exist, and match() only returns
-// those. A second instance over its own BlockPool can serve as ForkKV's
-// residual tree (DESIGN §1).
+// those. A second instance over its own BlockPool serves as ForkKV's residual
+// tree (DESIGN §1).
 //
 // Reference counts live in the BlockPool. Invariant (kept by KvCacheManager):
 // a referenced node's ancestors are referenced too, because a request holds
@@ -23,17 +31,21 @@
 // Thread: engine thread only.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/kv_key.h"
 
 namespace loom {
 
@@ -42,16 +54,42 @@ using KvTokenId = int32_t;
 enum class KvTier : uint8_t { kDevice, kHost, kDisk };
 enum class KvNodeState : uint8_t { kReady, kLoading, kOffloading };
 
+// A child's key: (namespace, block tokens). Lookups compare a RadixChildView
+// against it without copying (transparent comparator).
+using RadixChildKey = std::pair<std::string, std::vector<KvTokenId>>;
+struct RadixChildView {
+  std::string_view kv_namespace;
+  std::span<const KvTokenId> tokens;
+};
+struct RadixChildKeyLess {
+  using is_transparent = void;
+  static int compare(std::string_view ns_a, std::span<const KvTokenId> a, std::string_view ns_b,
+                     std::span<const KvTokenId> b) {
+    if (const int c = ns_a.compare(ns_b); c != 0) return c;
+    if (std::lexicographical_compare(a.begin(), a.end(), b.begin(), b.end())) return -1;
+    return std::lexicographical_compare(b.begin(), b.end(), a.begin(), a.end()) ? 1 : 0;
+  }
+  bool operator()(const RadixChildKey& a, const RadixChildKey& b) const {
+    return compare(a.first, a.second, b.first, b.second) < 0;
+  }
+  bool operator()(const RadixChildKey& a, const RadixChildView& b) const {
+    return compare(a.first, a.second, b.kv_namespace, b.tokens) < 0;
+  }
+  bool operator()(const RadixChildView& a, const RadixChildKey& b) const {
+    return compare(a.kv_namespace, a.tokens, b.first, b.second) < 0;
+  }
+};
+
 struct RadixNode {
   RadixNode* parent = nullptr;            // nullptr for a namespace root
-  std::string kv_namespace;
+  std::string kv_namespace;               // a root's: its namespace; else this block's
   std::vector<KvTokenId> tokens;          // block_size tokens; empty for a root
   int32_t block_id = -1;                  // -1 for a root
   KvTier tier = KvTier::kDevice;
   KvNodeState state = KvNodeState::kReady;
   int64_t last_access = 0;                // logical clock of the last use
   int64_t node_id = 0;                    // creation order, breaks LRU ties
-  std::map<std::vector<KvTokenId>, std::unique_ptr<RadixNode>> children;
+  std::map<RadixChildKey, std::unique_ptr<RadixNode>, RadixChildKeyLess> children;
 
   bool is_root() const { return parent == nullptr; }
   // Set while the node sits in the evictable set (under this key).
@@ -67,14 +105,17 @@ class RadixTree {
 
   int32_t block_size() const { return block_size_; }
 
-  // The longest chain of ready device nodes matching tokens block by block
-  // (only whole blocks of `tokens` are looked at). Does not touch LRU times.
-  std::vector<RadixNode*> match(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const;
+  // The longest chain of ready device nodes matching tokens block by block,
+  // block i under kv_key.namespace_of_block(i) (only whole blocks of `tokens`
+  // are looked at). Does not touch LRU times.
+  std::vector<RadixNode*> match(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
 
-  // The child of `parent` (nullptr: the namespace root) for one block of tokens, or nullptr.
+  // The child of `parent` (nullptr: the root of `kv_namespace`) keyed by
+  // (kv_namespace, block_tokens), or nullptr.
   RadixNode* find_child(const std::string& kv_namespace, RadixNode* parent,
                         std::span<const KvTokenId> block_tokens) const;
-  // Adds a leaf for one block under `parent` (nullptr: the namespace root).
+  // Adds a leaf of `kv_namespace` for one block under `parent` (nullptr: the
+  // root of `kv_namespace`, created if needed).
   // Precondition: no such child yet; block_id is referenced and in no tree.
   RadixNode* insert(const std::string& kv_namespace, RadixNode* parent, std::span<const KvTokenId> block_tokens,
                     int32_t block_id);
@@ -88,14 +129,21 @@ class RadixTree {
   // Unreferenced nodes: their blocks are "cached" and reclaimable.
   int32_t num_cached_blocks() const { return num_unreferenced_; }
   int32_t num_nodes() const { return num_nodes_; }
+  // Nodes per namespace (no zero entries).
+  const std::map<std::string, int32_t>& num_nodes_by_namespace() const { return num_nodes_by_namespace_; }
 
   // Removes the least recently used unreferenced leaf (ties: oldest node) and
   // returns its block id, now in no tree (its ref count is 0; the caller frees
   // it). nullopt when nothing is evictable.
   std::optional<int32_t> evict_one();
-  // Removes every node of the namespace (all must be unreferenced) and
-  // returns their block ids.
-  std::vector<int32_t> remove_namespace(const std::string& kv_namespace);
+  // Removes every node whose namespace `matches`, with all its descendants
+  // (whatever their namespace), and the roots of matching namespaces. Returns
+  // the removed block ids. Precondition: every removed node is unreferenced
+  // (checked before anything is removed).
+  std::vector<int32_t> remove_namespaces(const std::function<bool(const std::string&)>& matches);
+  std::vector<int32_t> remove_namespace(const std::string& kv_namespace) {
+    return remove_namespaces([&](const std::string& ns) { return ns == kv_namespace; });
+  }
 
   // "" when the tree is consistent, else what is wrong.
   std::string integrity_error() const;
@@ -110,7 +158,8 @@ class RadixTree {
   int64_t next_node_id_ = 1;
   int32_t num_unreferenced_ = 0;
   int32_t num_nodes_ = 0;
-  std::map<std::string, std::unique_ptr<RadixNode>> roots_;
+  std::map<std::string, std::unique_ptr<RadixNode>, std::less<>> roots_;
+  std::map<std::string, int32_t> num_nodes_by_namespace_;
   std::vector<RadixNode*> node_by_block_;  // indexed by block id; nullptr: not in this tree
   std::set<std::pair<int64_t, int64_t>> evictable_;  // (last_access, node_id)
   std::map<int64_t, RadixNode*> evictable_nodes_;    // node_id -> node

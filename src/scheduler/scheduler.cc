@@ -11,13 +11,25 @@ struct Scheduler::RequestState {
   SchedulerRequestId id = 0;
   std::vector<int32_t> tokens;
   std::string adapter;
-  std::string kv_namespace;
+  SchedulerRequestKv kv;
   int32_t priority = 0;
   int64_t arrival = 0;
   int32_t num_computed_tokens = 0;
   bool was_admitted = false;
   bool running = false;
   KvLease lease;
+  KvLease residual_lease;  // forked only
+  // Entries found in each cache at admission (a forked partial hit may find
+  // more than it computes from); what the backend must not write is
+  // max(this, num_computed_tokens).
+  int32_t num_kv_found_tokens = 0;
+  int32_t num_residual_found_tokens = 0;
+
+  bool is_forked() const { return !kv.residual_namespace.empty(); }
+  int32_t num_kv_present_tokens() const { return std::max(num_kv_found_tokens, num_computed_tokens); }
+  int32_t num_residual_present_tokens() const {
+    return is_forked() ? std::max(num_residual_found_tokens, num_computed_tokens) : 0;
+  }
 };
 
 int32_t StepPlan::num_tokens() const {
@@ -26,7 +38,8 @@ int32_t StepPlan::num_tokens() const {
   return total;
 }
 
-Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv_cache) : config_(config), kv_cache_(kv_cache) {
+Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv_cache, KvCacheManager* residual_cache)
+    : config_(config), kv_cache_(kv_cache), residual_cache_(residual_cache) {
   LOOM_CHECK(config_.max_batch_tokens > 0 && config_.max_running_requests > 0 && config_.max_loras_per_batch > 0);
 }
 
@@ -59,14 +72,19 @@ int32_t Scheduler::num_blocks_for(int32_t num_tokens) const {
   return (num_tokens + kv_cache_.block_size() - 1) / kv_cache_.block_size();
 }
 
+int32_t Scheduler::num_residual_blocks_for(int32_t num_tokens) const {
+  return (num_tokens + residual_cache_->block_size() - 1) / residual_cache_->block_size();
+}
+
 void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter,
-                    std::string kv_namespace, int32_t priority) {
+                    SchedulerRequestKv kv, int32_t priority) {
   LOOM_CHECK(!prompt_tokens.empty() && requests_.count(id) == 0);
+  LOOM_CHECK(kv.residual_namespace.empty() || residual_cache_ != nullptr);
   auto request = std::make_unique<RequestState>();
   request->id = id;
   request->tokens = std::move(prompt_tokens);
   request->adapter = std::move(adapter);
-  request->kv_namespace = std::move(kv_namespace);
+  request->kv = std::move(kv);
   request->priority = priority;
   request->arrival = next_arrival_++;
   requests_.emplace(id, std::move(request));
@@ -77,7 +95,10 @@ void Scheduler::preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget) 
   RequestState& request = state(id);
   LOOM_CHECK(request.running);
   request.lease.release();
+  request.residual_lease.release();
   request.num_computed_tokens = 0;
+  request.num_kv_found_tokens = 0;
+  request.num_residual_found_tokens = 0;
   request.running = false;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_back(id);
@@ -89,6 +110,32 @@ void Scheduler::preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget) 
     budget += scheduled->num_new_tokens;
     plan.requests.erase(scheduled);
   }
+}
+
+// Preempting a request that holds no rCache cannot help a short residual pool,
+// so then the victim is the worst-ranked forked request (the asking one at worst).
+SchedulerRequestId Scheduler::choose_victim(bool is_main_short) const {
+  const std::vector<SchedulerRequestId> order = sorted(running_);
+  for (auto it = order.rbegin(); it != order.rend(); ++it)
+    if (is_main_short || state(*it).is_forked()) return *it;
+  LOOM_CHECK(false);
+  return order.back();
+}
+
+ScheduledRequest Scheduler::scheduled_entry(const RequestState& request, int32_t num_new_tokens,
+                                            int32_t num_uncomputed_tokens) const {
+  ScheduledRequest entry;
+  entry.id = request.id;
+  entry.num_cached_tokens = request.num_computed_tokens;
+  entry.num_new_tokens = num_new_tokens;
+  entry.block_ids = request.lease.block_ids();
+  entry.num_kv_present_tokens = request.num_kv_present_tokens();
+  if (request.is_forked()) {
+    entry.residual_block_ids = request.residual_lease.block_ids();
+    entry.num_residual_present_tokens = request.num_residual_present_tokens();
+  }
+  entry.samples_next_token = num_new_tokens == num_uncomputed_tokens;
+  return entry;
 }
 
 StepPlan Scheduler::plan() {
@@ -112,11 +159,17 @@ StepPlan Scheduler::plan() {
     const int32_t num_uncomputed = static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens;
     LOOM_CHECK(num_uncomputed > 0);
     const int32_t num_new = std::min(num_uncomputed, budget);
-    const int32_t num_needed =
-        std::max(0, num_blocks_for(request.num_computed_tokens + num_new) - request.lease.num_blocks());
+    const int32_t num_tokens_after = request.num_computed_tokens + num_new;
+    const int32_t num_needed = std::max(0, num_blocks_for(num_tokens_after) - request.lease.num_blocks());
+    const int32_t num_residual_needed =
+        request.is_forked() ? std::max(0, num_residual_blocks_for(num_tokens_after) - request.residual_lease.num_blocks())
+                            : 0;
     bool preempted_self = false;
-    while (!kv_cache_.can_allocate(num_needed)) {
-      const SchedulerRequestId victim = sorted(running_).back();
+    for (;;) {
+      const bool is_main_short = !kv_cache_.can_allocate(num_needed);
+      const bool is_residual_short = num_residual_needed > 0 && !residual_cache_->can_allocate(num_residual_needed);
+      if (!is_main_short && !is_residual_short) break;
+      const SchedulerRequestId victim = choose_victim(is_main_short);
       preempt(victim, plan, budget);
       if (victim == id) {
         preempted_self = true;
@@ -125,13 +178,8 @@ StepPlan Scheduler::plan() {
     }
     if (preempted_self) continue;
     LOOM_CHECK(kv_cache_.allocate(request.lease, num_needed));
-    ScheduledRequest entry;
-    entry.id = id;
-    entry.num_cached_tokens = request.num_computed_tokens;
-    entry.num_new_tokens = num_new;
-    entry.block_ids = request.lease.block_ids();
-    entry.samples_next_token = num_new == num_uncomputed;
-    plan.requests.push_back(std::move(entry));
+    if (request.is_forked()) LOOM_CHECK(residual_cache_->allocate(request.residual_lease, num_residual_needed));
+    plan.requests.push_back(scheduled_entry(request, num_new, num_uncomputed));
     budget -= num_new;
   }
   if (!plan.preempted.empty()) return plan;
@@ -148,25 +196,37 @@ StepPlan Scheduler::plan() {
       continue;
     // At least one token must be computed to get logits, so the last token never comes from the cache.
     std::span<const int32_t> all_tokens(request.tokens);
-    KvLease lease = kv_cache_.lock_prefix(request.kv_namespace, all_tokens.first(all_tokens.size() - 1));
-    const int32_t num_computed = lease.num_cached_tokens();
+    const std::span<const int32_t> lookup_tokens = all_tokens.first(all_tokens.size() - 1);
+    KvLease lease = kv_cache_.lock_prefix(request.kv.key, lookup_tokens);
+    KvLease residual_lease;
+    int32_t num_computed = lease.num_cached_tokens();
+    if (request.is_forked()) {
+      // The trees evict independently: compute from the shorter hit, write only what is missing.
+      residual_lease = residual_cache_->lock_prefix(KvKey::single(request.kv.residual_namespace), lookup_tokens);
+      num_computed = std::min(num_computed, residual_lease.num_cached_tokens());
+    }
     const int32_t num_uncomputed = static_cast<int32_t>(request.tokens.size()) - num_computed;
     const int32_t num_new = std::min(num_uncomputed, budget);
-    const int32_t num_needed = num_blocks_for(num_computed + num_new) - lease.num_blocks();
-    if (!kv_cache_.allocate(lease, num_needed)) break;
+    const int32_t num_needed = std::max(0, num_blocks_for(num_computed + num_new) - lease.num_blocks());
+    const int32_t num_residual_needed =
+        request.is_forked() ? std::max(0, num_residual_blocks_for(num_computed + num_new) - residual_lease.num_blocks())
+                            : 0;
+    if (!kv_cache_.can_allocate(num_needed) ||
+        (request.is_forked() && !residual_cache_->can_allocate(num_residual_needed)))
+      break;
+    LOOM_CHECK(kv_cache_.allocate(lease, num_needed));
+    if (request.is_forked()) LOOM_CHECK(residual_cache_->allocate(residual_lease, num_residual_needed));
+    request.num_kv_found_tokens = lease.num_cached_tokens();
+    request.num_residual_found_tokens = residual_lease.num_cached_tokens();
     request.lease = std::move(lease);
+    request.residual_lease = std::move(residual_lease);
     request.num_computed_tokens = num_computed;
     request.running = true;
     waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
     running_.push_back(id);
     if (!request.adapter.empty()) adapters.insert(request.adapter);
 
-    ScheduledRequest entry;
-    entry.id = id;
-    entry.num_cached_tokens = num_computed;
-    entry.num_new_tokens = num_new;
-    entry.block_ids = request.lease.block_ids();
-    entry.samples_next_token = num_new == num_uncomputed;
+    ScheduledRequest entry = scheduled_entry(request, num_new, num_uncomputed);
     entry.num_prefix_hit_tokens = request.was_admitted ? -1 : num_computed;
     request.was_admitted = true;
     plan.requests.push_back(std::move(entry));
@@ -183,6 +243,7 @@ void Scheduler::complete_step(const StepPlan& plan) {
     LOOM_CHECK(request.running && request.num_computed_tokens == entry.num_cached_tokens);
     request.num_computed_tokens += entry.num_new_tokens;
     kv_cache_.commit(request.lease, request.tokens, request.num_computed_tokens);
+    if (request.is_forked()) residual_cache_->commit(request.residual_lease, request.tokens, request.num_computed_tokens);
   }
 }
 
@@ -192,6 +253,7 @@ bool Scheduler::finish(SchedulerRequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
   it->second->lease.release();
+  it->second->residual_lease.release();
   auto& queue = it->second->running ? running_ : waiting_;
   queue.erase(std::find(queue.begin(), queue.end(), id));
   requests_.erase(it);

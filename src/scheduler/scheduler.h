@@ -42,7 +42,9 @@
 //
 // so a partial hit recomputes the forward over [min, ...) but writes only
 // the part that is missing (ScheduledRequest::num_*_present_tokens). A step
-// needs blocks in both managers; running short in either preempts as in 4.
+// needs blocks in both managers; running short in either preempts as in 4,
+// except that when only the residual pool is short the victim is the
+// worst-ranked running forked request (others hold no rCache to give back).
 //
 // Thread: engine thread only.
 #pragma once
@@ -140,7 +142,11 @@ class Scheduler {
   bool ranks_before(const RequestState& a, const RequestState& b) const;
   std::vector<SchedulerRequestId> sorted(const std::vector<SchedulerRequestId>& ids) const;
   void preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget);
+  SchedulerRequestId choose_victim(bool is_main_short) const;
+  ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens,
+                                   int32_t num_uncomputed_tokens) const;
   int32_t num_blocks_for(int32_t num_tokens) const;
+  int32_t num_residual_blocks_for(int32_t num_tokens) const;
 
   SchedulerConfig config_;
   KvCacheManager& kv_cache_;

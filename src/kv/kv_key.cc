@@ -1,0 +1,46 @@
+#include "kv/kv_key.h"
+
+#include <algorithm>
+#include <cctype>
+
+#include "util/error.h"
+
+namespace loom {
+
+namespace {
+constexpr std::string_view kIsolatedPrefix = "lora/";
+constexpr std::string_view kActivatedPrefix = "alora/";
+constexpr std::string_view kResidualPrefix = "resid/";
+}  // namespace
+
+std::string isolated_kv_namespace(const std::string& adapter_name) {
+  return std::string(kIsolatedPrefix) + adapter_name;
+}
+
+std::string residual_kv_namespace(const std::string& adapter_name) {
+  return std::string(kResidualPrefix) + adapter_name;
+}
+
+KvKey activated_kv_key(const std::string& adapter_name, int32_t invocation_start, int32_t block_size) {
+  LOOM_CHECK(invocation_start >= 0 && block_size > 0);
+  return KvKey{kBaseKvNamespace, std::string(kActivatedPrefix) + adapter_name + "@" + std::to_string(invocation_start),
+               invocation_start / block_size};
+}
+
+bool kv_namespace_belongs_to_adapter(const std::string& kv_namespace, const std::string& adapter_name) {
+  const std::string_view ns = kv_namespace;
+  auto is_prefixed = [&](std::string_view prefix) {
+    return ns.size() == prefix.size() + adapter_name.size() && ns.starts_with(prefix) &&
+           ns.substr(prefix.size()) == adapter_name;
+  };
+  if (is_prefixed(kIsolatedPrefix) || is_prefixed(kResidualPrefix)) return true;
+  // "alora/NAME@S": S all digits, so that adapter "a" does not claim "alora/a@b@5" (adapter "a@b").
+  if (!ns.starts_with(kActivatedPrefix)) return false;
+  const std::string_view rest = ns.substr(kActivatedPrefix.size());
+  if (rest.size() < adapter_name.size() + 2 || !rest.starts_with(adapter_name) || rest[adapter_name.size()] != '@')
+    return false;
+  const std::string_view start = rest.substr(adapter_name.size() + 1);
+  return std::all_of(start.begin(), start.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+}
+
+}  // namespace loom
