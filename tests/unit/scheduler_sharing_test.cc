@@ -1,12 +1,16 @@
 // Scheduler with KV sharing keys: activated (aLoRA) branches in the main
 // cache, and forked (ForkKV) requests holding a bCache lease in the main
-// manager plus an rCache lease in the residual manager.
+// manager plus an rCache lease in the residual manager. The first tests check
+// plans; the last ones run plans through the batch builder and the fake
+// backend, whose write masks prove that present entries hold the right data.
 #include <gtest/gtest.h>
 
 #include <map>
 #include <numeric>
 
+#include "engine/batch_builder.h"
 #include "scheduler/scheduler.h"
+#include "scheduler_fake_backend.h"
 
 namespace loom {
 namespace {
@@ -251,6 +255,162 @@ TEST(SchedulerSharingTest, ForkedRequestWaitsWhenTheResidualPoolCannotHoldItsPro
   harness.scheduler.finish(1);
   harness.run_to_end();
   EXPECT_EQ(harness.outputs.at(2).size(), 1u);
+}
+
+
+// Runs requests through build_batch and the fake backend (the engine's loop).
+class BatchHarness {
+ public:
+  BatchHarness(int32_t num_blocks, int32_t num_residual_blocks, int32_t block_size, SchedulerConfig config)
+      : cache(num_blocks, block_size),
+        residual(num_residual_blocks, block_size),
+        scheduler(config, cache, &residual),
+        block_size_(block_size) {
+    backend.allocate_kv_cache({num_blocks, block_size});
+    backend.allocate_residual_cache({num_residual_blocks, block_size, 16});
+  }
+  ~BatchHarness() {
+    EXPECT_EQ(cache.integrity_error(), "");
+    EXPECT_EQ(residual.integrity_error(), "");
+  }
+
+  // `adapter` "" with slot -1 is the base model.
+  void add(SchedulerRequestId id, const Tokens& tokens, int32_t max_new_tokens, const std::string& adapter,
+           SequenceSharing sharing) {
+    max_new_tokens_[id] = max_new_tokens;
+    sharing_[id] = sharing;
+    SchedulerRequestKv kv{KvKey::single(kBaseKvNamespace), ""};
+    if (sharing.adapter_slot >= 0) {
+      switch (sharing.sharing) {
+        case KvSharing::kIsolated: kv.key = KvKey::single(isolated_kv_namespace(adapter)); break;
+        case KvSharing::kActivated: kv.key = activated_kv_key(adapter, sharing.invocation_start, block_size_); break;
+        case KvSharing::kBase: break;
+        case KvSharing::kForked: kv = forked_kv(adapter); break;
+      }
+    }
+    scheduler.add(id, tokens, sharing.adapter_slot >= 0 ? adapter : "", std::move(kv), 0);
+  }
+
+  void run_to_end() {
+    for (int guard = 0; scheduler.has_work() && guard < 1000; ++guard) step();
+    EXPECT_FALSE(scheduler.has_work());
+  }
+
+  void step() {
+    const StepPlan plan = scheduler.plan();
+    const Batch batch = build_batch(plan, scheduler, [&](SchedulerRequestId id) { return sharing_.at(id); });
+    const ForwardResult result = backend.forward(batch);
+    scheduler.complete_step(plan);
+    for (size_t row = 0; row < plan.requests.size(); ++row) {
+      const ScheduledRequest& entry = plan.requests[row];
+      if (entry.num_prefix_hit_tokens >= 0) prefix_hits[entry.id] = entry.num_prefix_hit_tokens;
+      if (!entry.samples_next_token) continue;
+      const float* logits = result.logits.data() + row * static_cast<size_t>(result.vocab_size);
+      const int32_t token = static_cast<int32_t>(std::max_element(logits, logits + result.vocab_size) - logits);
+      outputs[entry.id].push_back(token);
+      if (static_cast<int32_t>(outputs[entry.id].size()) >= max_new_tokens_.at(entry.id))
+        scheduler.finish(entry.id);
+      else
+        scheduler.append_token(entry.id, token);
+    }
+    EXPECT_EQ(cache.integrity_error(), "");
+    EXPECT_EQ(residual.integrity_error(), "");
+  }
+
+  KvCacheManager cache;
+  KvCacheManager residual;
+  Scheduler scheduler;
+  test::FakeBackend backend;
+  std::map<SchedulerRequestId, Tokens> outputs;
+  std::map<SchedulerRequestId, int32_t> prefix_hits;
+
+ private:
+  int32_t block_size_;
+  std::map<SchedulerRequestId, int32_t> max_new_tokens_;
+  std::map<SchedulerRequestId, SequenceSharing> sharing_;
+};
+
+Tokens fake_prompt(int32_t length, int32_t seed) {
+  Tokens tokens;
+  for (int32_t i = 0; i < length; ++i) tokens.push_back((seed * 31 + i * 7) % test::FakeBackend::kVocabSize);
+  return tokens;
+}
+
+Tokens run_alone(const Tokens& tokens, int32_t max_new_tokens, const std::string& adapter, SequenceSharing sharing) {
+  BatchHarness harness(64, 64, 4, {});
+  harness.add(1, tokens, max_new_tokens, adapter, sharing);
+  harness.run_to_end();
+  return harness.outputs.at(1);
+}
+
+TEST(SchedulerSharingBatchTest, ForkedAgentsMatchRunningAloneThroughPartialHits) {
+  const Tokens context = fake_prompt(13, 1);
+  const Tokens prompt_a = concat(context, {5}), prompt_b = concat(context, {6});
+  const SequenceSharing agent_a{0, KvSharing::kForked, 0}, agent_b{1, KvSharing::kForked, 0};
+  const Tokens alone_a = run_alone(prompt_a, 6, "A", agent_a), alone_b = run_alone(prompt_b, 6, "B", agent_b);
+  EXPECT_NE(alone_a, alone_b);
+
+  BatchHarness harness(32, 32, 4, {.max_batch_tokens = 5});
+  harness.add(1, prompt_a, 6, "A", agent_a);
+  harness.run_to_end();
+  harness.add(2, prompt_b, 6, "B", agent_b);  // inherits A's bCache for the context
+  harness.add(3, prompt_a, 6, "A", agent_a);  // full hit
+  harness.run_to_end();
+  EXPECT_EQ(harness.outputs.at(1), alone_a);
+  EXPECT_EQ(harness.outputs.at(2), alone_b);
+  EXPECT_EQ(harness.outputs.at(3), alone_a);
+  EXPECT_EQ(harness.prefix_hits.at(2), 0);
+  EXPECT_EQ(harness.prefix_hits.at(3), 12);
+
+  // bCache gone, rCache kept (and the reverse): recompute, write only what is missing.
+  harness.cache.evict_all_cached();
+  harness.add(4, prompt_a, 6, "A", agent_a);
+  harness.run_to_end();
+  EXPECT_EQ(harness.outputs.at(4), alone_a);
+  harness.residual.evict_all_cached();
+  harness.add(5, prompt_b, 6, "B", agent_b);
+  harness.run_to_end();
+  EXPECT_EQ(harness.outputs.at(5), alone_b);
+  EXPECT_EQ(harness.prefix_hits.at(4), 0);
+  EXPECT_EQ(harness.prefix_hits.at(5), 0);
+}
+
+TEST(SchedulerSharingBatchTest, MixedModesInOneBatchMatchRunningAlone) {
+  const Tokens context = fake_prompt(18, 2);
+  struct Case {
+    std::string adapter;
+    SequenceSharing sharing;
+    Tokens tokens;
+  };
+  const std::vector<Case> cases{
+      {"", {-1, KvSharing::kIsolated, 0}, concat(context, {1})},
+      {"iso", {2, KvSharing::kIsolated, 0}, concat(context, {2})},
+      {"act", {3, KvSharing::kActivated, 10}, concat(context, {3})},  // start inside block 2
+      {"act", {3, KvSharing::kActivated, 16}, concat(context, {4})},  // block-aligned start
+      {"ica", {4, KvSharing::kBase, 0}, concat(context, {5})},
+      {"frk", {0, KvSharing::kForked, 0}, concat(context, {6})},
+  };
+  std::vector<Tokens> alone;
+  for (const Case& c : cases) alone.push_back(run_alone(c.tokens, 4, c.adapter, c.sharing));
+
+  BatchHarness harness(64, 32, 4, {});
+  for (size_t round = 0; round < 2; ++round) {  // all at once, then again over a warm cache
+    for (size_t i = 0; i < cases.size(); ++i) {
+      const SchedulerRequestId id = static_cast<SchedulerRequestId>(round * 10 + i);
+      harness.add(id, cases[i].tokens, 4, cases[i].adapter, cases[i].sharing);
+    }
+    harness.run_to_end();
+    for (size_t i = 0; i < cases.size(); ++i)
+      EXPECT_EQ(harness.outputs.at(static_cast<SchedulerRequestId>(round * 10 + i)), alone[i]) << "case " << i;
+  }
+  // Warm round: every request hit its own full blocks (19 tokens: 4 blocks, the last token never cached).
+  for (size_t i = 0; i < cases.size(); ++i) EXPECT_EQ(harness.prefix_hits.at(static_cast<SchedulerRequestId>(10 + i)), 16);
+  // Another activated adapter hits the base blocks before its start's block (written by base-keyed requests).
+  const SequenceSharing other{5, KvSharing::kActivated, 10};
+  harness.add(30, cases[2].tokens, 4, "act2", other);
+  harness.run_to_end();
+  EXPECT_EQ(harness.prefix_hits.at(30), 8);
+  EXPECT_EQ(harness.outputs.at(30), run_alone(cases[2].tokens, 4, "act2", other));
 }
 
 }  // namespace
