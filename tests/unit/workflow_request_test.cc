@@ -1,0 +1,138 @@
+// JSON bodies of the workflow API into native types; every error names its field.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "server/workflow_request.h"
+#include "util/error.h"
+
+namespace loom::server {
+namespace {
+
+using Json = nlohmann::json;
+
+// The message of the Error(kInvalidArgument) that `parse` throws.
+std::string error_of(const std::function<void()>& parse) {
+  try {
+    parse();
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kInvalidArgument);
+    return error.message();
+  }
+  ADD_FAILURE() << "no error";
+  return {};
+}
+
+std::string spec_error(const std::string& body) {
+  return error_of([&] { parse_workflow_spec(body); });
+}
+std::string progress_error(const std::string& body) {
+  return error_of([&] { parse_workflow_progress(body); });
+}
+std::string hints_error(const Json& body) {
+  return error_of([&] { parse_workflow_hints(body); });
+}
+
+TEST(WorkflowRequestTest, ParsesTheIssueExampleGraph) {
+  const WorkflowSpec spec = parse_workflow_spec(R"({"agents": [
+      {"name": "planner", "after": ["reviewer"]},
+      {"name": "expresser", "after": ["executor1", "executor2"], "join": "all"},
+      {"name": "reviewer", "after": ["expresser"], "join": "any"},
+      {"name": "executor1", "after": null},
+      {"name": "executor2", "join": null}]})");
+  ASSERT_EQ(spec.agents.size(), 5u);
+  EXPECT_EQ(spec.agents[0].name, "planner");
+  EXPECT_EQ(spec.agents[0].after, (std::vector<std::string>{"reviewer"}));
+  EXPECT_EQ(spec.agents[0].join, JoinKind::kAll);
+  EXPECT_EQ(spec.agents[1].after, (std::vector<std::string>{"executor1", "executor2"}));
+  EXPECT_EQ(spec.agents[1].join, JoinKind::kAll);
+  EXPECT_EQ(spec.agents[2].join, JoinKind::kAny);
+  EXPECT_TRUE(spec.agents[3].after.empty());
+  EXPECT_EQ(spec.agents[4].join, JoinKind::kAll);
+  EXPECT_TRUE(parse_workflow_spec(R"({"agents": []})").agents.empty());
+}
+
+TEST(WorkflowRequestTest, RejectsBadGraphBodiesNamingTheField) {
+  EXPECT_TRUE(spec_error("{").starts_with("body: invalid JSON"));
+  EXPECT_EQ(spec_error("[]"), "body: expected a JSON object");
+  EXPECT_EQ(spec_error("{}"), "agents: required");
+  EXPECT_EQ(spec_error(R"({"agents": {}})"), "agents: expected an array");
+  EXPECT_EQ(spec_error(R"({"agents": [], "extra": 1})"), "extra: unknown field");
+  EXPECT_EQ(spec_error(R"({"agents": [7]})"), "agents[0]: expected an object");
+  EXPECT_EQ(spec_error(R"({"agents": [{"after": []}]})"), "agents[0].name: required");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": ""}]})"), "agents[0].name: agent name is empty");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": 3}]})"), "agents[0].name: expected a string");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": "a"}, {"name": "b", "aftr": ["a"]}]})"),
+            "agents[1].aftr: unknown field");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": "a", "after": "b"}]})"),
+            "agents[0].after: expected an array of agent names");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": "a", "after": ["b", 1]}]})"), "agents[0].after[1]: expected a string");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": "a", "after": ["b", "b"]}]})"),
+            "agents[0].after[1]: \"b\" is listed twice");
+  EXPECT_EQ(spec_error(R"({"agents": [{"name": "a", "join": "some"}]})"),
+            "agents[0].join: expected \"all\" or \"any\", got \"some\"");
+  Json too_many = {{"agents", Json::array()}};
+  for (int32_t i = 0; i <= kMaxAgentsPerWorkflow; ++i) too_many["agents"].push_back({{"name", std::to_string(i)}});
+  EXPECT_EQ(spec_error(too_many.dump()), "agents: 257 agents, at most 256");
+}
+
+TEST(WorkflowRequestTest, ParsesProgress) {
+  const WorkflowProgress progress =
+      parse_workflow_progress(R"({"running": ["executor1", "executor2"], "steps_to_execution": {"reviewer": 2, "planner": 3.0}})");
+  EXPECT_EQ(progress.running, (std::vector<std::string>{"executor1", "executor2"}));
+  EXPECT_EQ(progress.steps_to_execution, (std::map<std::string, int32_t, std::less<>>{{"planner", 3}, {"reviewer", 2}}));
+  const WorkflowProgress empty = parse_workflow_progress(R"({"running": null})");
+  EXPECT_TRUE(empty.running.empty());
+  EXPECT_TRUE(empty.steps_to_execution.empty());
+}
+
+TEST(WorkflowRequestTest, RejectsBadProgressNamingTheField) {
+  EXPECT_EQ(progress_error(R"({"runing": []})"), "runing: unknown field");
+  EXPECT_EQ(progress_error(R"({"running": "a"})"), "running: expected an array of agent names");
+  EXPECT_EQ(progress_error(R"({"running": ["a", 2]})"), "running[1]: expected a string");
+  EXPECT_EQ(progress_error(R"({"running": ["a", "a"]})"), "running[1]: agent \"a\" listed twice");
+  EXPECT_EQ(progress_error(R"({"running": [""]})"), "running[0]: agent name is empty");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": [1]})"),
+            "steps_to_execution: expected an object of agent name -> steps");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": -1}})"), "steps_to_execution.a: -1 is outside [0, 1000000]");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": 1000001}})"),
+            "steps_to_execution.a: 1000001 is outside [0, 1000000]");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": 1.5}})"), "steps_to_execution.a: expected an integer");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": "1"}})"), "steps_to_execution.a: expected an integer");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": true}})"), "steps_to_execution.a: expected an integer");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"": 1}})"), "steps_to_execution: agent name is empty");
+}
+
+TEST(WorkflowRequestTest, ReadsRequestHints) {
+  const WorkflowHints hints = parse_workflow_hints(
+      Json{{"model", "m"}, {"prompt", "x"}, {"workflow", "wf-1"}, {"agent", "planner"}, {"fixed_prefix_tokens", 812}});
+  EXPECT_EQ(hints.workflow, "wf-1");
+  EXPECT_EQ(hints.agent, "planner");
+  EXPECT_EQ(hints.fixed_prefix_tokens, 812);
+  EXPECT_TRUE(hints.has_agent());
+  const WorkflowHints none = parse_workflow_hints(Json{{"model", "m"}, {"workflow", nullptr}});
+  EXPECT_TRUE(none.workflow.empty());
+  EXPECT_FALSE(none.has_agent());
+  EXPECT_EQ(none.fixed_prefix_tokens, std::nullopt);
+  const WorkflowHints workflow_only = parse_workflow_hints(Json{{"workflow", "w"}, {"fixed_prefix_tokens", 0}});
+  EXPECT_EQ(workflow_only.workflow, "w");
+  EXPECT_FALSE(workflow_only.has_agent());
+  EXPECT_EQ(workflow_only.fixed_prefix_tokens, 0);
+}
+
+TEST(WorkflowRequestTest, RejectsBadHintsNamingTheField) {
+  EXPECT_EQ(hints_error(Json{{"workflow", 5}}), "workflow: expected a string");
+  EXPECT_EQ(hints_error(Json{{"workflow", ""}}), "workflow: workflow id is empty");
+  EXPECT_EQ(hints_error(Json{{"workflow", "a b"}}), "workflow: invalid workflow id \"a b\"");
+  EXPECT_EQ(hints_error(Json{{"workflow", "w"}, {"agent", ""}}), "agent: agent name is empty");
+  EXPECT_EQ(hints_error(Json{{"agent", "planner"}}), "agent: given without a workflow");
+  EXPECT_EQ(hints_error(Json{{"workflow", "w"}, {"fixed_prefix_tokens", -3}}),
+            "fixed_prefix_tokens: -3 is outside [0, 2147483647]");
+  EXPECT_EQ(hints_error(Json{{"workflow", "w"}, {"fixed_prefix_tokens", "12"}}), "fixed_prefix_tokens: expected an integer");
+}
+
+}  // namespace
+}  // namespace loom::server
