@@ -187,6 +187,10 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(prometheus.value(samples, "loom_kv_cache_bytes", tier="device"), 1024)
         self.assertEqual(prometheus.value(samples, "odd", a='x"y'), float("inf"))
         self.assertIsNone(prometheus.value(samples, "absent"))
+        # an unlabelled total is not added to its per-mode breakdown
+        by_mode = prometheus.parse('hits 10\nhits{mode="forked"} 6\nhits{mode="none"} 4\n')
+        self.assertEqual(prometheus.value(by_mode, "hits"), 10)
+        self.assertEqual(prometheus.value(by_mode, "hits", mode="forked"), 6)
         with self.assertRaises(ValueError):
             prometheus.parse("not a metric line at all {")
 
@@ -211,6 +215,10 @@ class PrometheusTest(unittest.TestCase):
                    {"running": 1, "kv_bytes_device": 3000, "blocks_in_use": 3, "blocks_cached": 0}]
         self.assertAlmostEqual(kv_bytes_per_agent(samples), (1000 + 3000) / 2)
         self.assertIsNone(kv_bytes_per_agent(samples[:1]))
+        # forked: the residual pool's in-use share is added to the base pool's
+        forked = [{"running": 2, "kv_bytes_device": 1400, "kv_bytes_base": 1000, "kv_bytes_residual": 400,
+                   "blocks_in_use": 1, "blocks_cached": 4, "residual_blocks_in_use": 2, "residual_blocks_cached": 2}]
+        self.assertAlmostEqual(kv_bytes_per_agent(forked), (200 + 200) / 2)
 
 
 class CompareTest(unittest.TestCase):

@@ -86,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /metrics samples")
     r.add_argument("--request-timeout", type=float, default=600.0)
     r.add_argument("--out", help="output directory (default: loom-bench-WORKLOAD)")
+    r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     r.add_argument("--dry-run", action="store_true", help="print the first task's calls and exit (no server)")
     r.add_argument("--replot", action="store_true", help="rewrite report.md and plots from OUT/report.json")
     return p
@@ -210,7 +211,7 @@ def main(argv=None) -> int:
                 entry["server_exit_status"] = server.stop()
         result["configs"].append(entry)
     result["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
-    paths = report.write(out_dir, result) + plots.write(out_dir, result)
+    paths = report.write(out_dir, result) + (plots.write(out_dir, result) if args.plots else [])
     print(report.markdown(result))
     for path in paths:
         print("wrote", path)

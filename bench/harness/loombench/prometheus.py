@@ -44,8 +44,13 @@ def parse(text: str) -> Samples:
 
 
 def value(samples: Samples, name: str, **labels: str) -> Optional[float]:
-    """One sample, or the sum over label sets that contain `labels` (so
-    value(s, "loom_kv_cache_bytes", tier="device") adds base and residual)."""
+    """The sample with exactly `labels` if there is one (so an unlabelled
+    total wins over its per-mode breakdown), else the sum over label sets that
+    contain `labels` (value(s, "loom_kv_cache_bytes", tier="device") adds base
+    and residual)."""
+    exact = samples.get((name, tuple(sorted(labels.items()))))
+    if exact is not None:
+        return exact
     wanted = set(labels.items())
     found = [v for (sample_name, sample_labels), v in samples.items()
              if sample_name == name and wanted <= set(sample_labels)]

@@ -51,22 +51,34 @@ def gauges(scrape: prometheus.Samples) -> Dict[str, float]:
         return prometheus.value(scrape, name, **labels) or 0.0
     return {"running": get("loom_num_requests_running"), "waiting": get("loom_num_requests_waiting"),
             "kv_bytes_device": get("loom_kv_cache_bytes", tier="device"),
+            "kv_bytes_base": get("loom_kv_cache_bytes", tier="device", kind="base"),
             "kv_bytes_residual": get("loom_kv_cache_bytes", tier="device", kind="residual"),
             "blocks_in_use": get("loom_kv_cache_blocks", state="in_use"),
-            "blocks_cached": get("loom_kv_cache_blocks", state="cached")}
+            "blocks_cached": get("loom_kv_cache_blocks", state="cached"),
+            "residual_blocks_in_use": get("loom_residual_kv_cache_blocks", state="in_use"),
+            "residual_blocks_cached": get("loom_residual_kv_cache_blocks", state="cached")}
+
+
+def _in_use_share(in_use: float, cached: float) -> float:
+    held = in_use + cached
+    return in_use / held if held > 0 else 1.0
 
 
 def kv_bytes_per_agent(samples: List[Dict[str, float]]) -> Optional[float]:
     """Mean over samples with requests running of (device KV bytes held for
     running requests) / (requests running). Held bytes include cached blocks;
-    the in-use share is held bytes x in_use / (in_use + cached) blocks."""
+    each pool's (base, forked residual) in-use share is its bytes x in_use /
+    (in_use + cached) blocks. Shared blocks count once, so sharing modes show
+    up as fewer bytes per agent (ForkKV Fig. 14a)."""
     values = []
     for sample in samples:
         if sample["running"] <= 0:
             continue
-        held_blocks = sample["blocks_in_use"] + sample["blocks_cached"]
-        share = sample["blocks_in_use"] / held_blocks if held_blocks > 0 else 1.0
-        values.append(sample["kv_bytes_device"] * share / sample["running"])
+        base = sample.get("kv_bytes_base", sample["kv_bytes_device"] - sample.get("kv_bytes_residual", 0.0))
+        in_use = base * _in_use_share(sample["blocks_in_use"], sample["blocks_cached"])
+        in_use += sample.get("kv_bytes_residual", 0.0) * _in_use_share(sample.get("residual_blocks_in_use", 0.0),
+                                                                       sample.get("residual_blocks_cached", 0.0))
+        values.append(in_use / sample["running"])
     return stats.mean(values)
 
 
@@ -190,6 +202,12 @@ def compute_metrics(tasks: List[dict], before: prometheus.Samples, after: promet
     queried = counter("loom_prefix_cache_queried_tokens_total")
     metrics["prefix_hit_rate"] = stats.ratio(counter("loom_prefix_cache_hit_tokens_total"), queried)
     metrics["prefix_queried_tokens"] = queried
+    modes = sorted({dict(labels)["mode"] for name, labels in after
+                    if name == "loom_prefix_cache_queried_tokens_total" and "mode" in dict(labels)})
+    metrics["prefix_hit_rate_by_mode"] = {
+        mode: stats.ratio(prometheus.delta(before, after, "loom_prefix_cache_hit_tokens_total", mode=mode),
+                          prometheus.delta(before, after, "loom_prefix_cache_queried_tokens_total", mode=mode))
+        for mode in modes}
     for key, name in [("queue", "loom_request_queue_time_seconds"), ("prefill", "loom_request_prefill_time_seconds"),
                       ("decode", "loom_request_decode_time_seconds"),
                       ("server_ttft", "loom_time_to_first_token_seconds"),
