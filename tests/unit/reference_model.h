@@ -281,6 +281,205 @@ inline std::vector<std::vector<double>> reference_logits(const ModelConfig& conf
   return logits;
 }
 
+// A naive run of one sequence that keeps what the sharing tests compare:
+// hidden[l][t] is token t's residual stream after the embedding (l = 0) and
+// after layer l (before the final norm); keys/values[l][t] the K (after RoPE)
+// and V its attention read; base_keys/base_values[l][t] the bCache of a forked
+// run (RoPE(h W_k + b_k), h W_v + b_v, or the inherited entries).
+struct ReferenceRun {
+  using Matrix = std::vector<std::vector<double>>;
+  Matrix logits;  // [tokens][vocab]
+  std::vector<Matrix> hidden, keys, values, base_keys, base_values;
+};
+
+namespace reference_detail {
+
+inline std::vector<double> project_q(const ModelConfig& config, const LayerWeights& w, int layer,
+                                     const std::vector<double>& h, const LoraAdapter* adapter, int64_t position) {
+  std::vector<double> q = linear(h, w.q_proj, &w.q_bias);
+  add_lora(adapter, layer, LoraTarget::kQ, h, q);
+  const std::vector<double> inv = inverse_frequencies(config);
+  for (int head = 0; head < config.num_heads; ++head) {
+    double* qh = q.data() + head * config.head_dim;
+    if (config.qk_norm) std::ranges::copy(rms_norm(qh, config.head_dim, w.q_norm, config.rms_norm_eps), qh);
+    rope(qh, config.head_dim, inv, position);
+  }
+  return q;
+}
+
+// RoPE over every kv head of a [kv_size] row (q/k norm first when asked).
+inline void rope_kv_row(const ModelConfig& config, const LayerWeights& w, std::vector<double>& k, int64_t position,
+                        bool with_norm) {
+  const std::vector<double> inv = inverse_frequencies(config);
+  for (int head = 0; head < config.num_kv_heads; ++head) {
+    double* kh = k.data() + head * config.head_dim;
+    if (with_norm && config.qk_norm)
+      std::ranges::copy(rms_norm(kh, config.head_dim, w.k_norm, config.rms_norm_eps), kh);
+    rope(kh, config.head_dim, inv, position);
+  }
+}
+
+// Causal GQA attention of one query row over keys/values[0 .. count).
+inline std::vector<double> attend(const ModelConfig& config, const std::vector<double>& q,
+                                  const std::vector<std::vector<double>>& keys,
+                                  const std::vector<std::vector<double>>& values, int64_t count) {
+  const int head_dim = config.head_dim;
+  const int group = config.num_heads / config.num_kv_heads;
+  std::vector<double> attention(config.q_size(), 0.0);
+  for (int head = 0; head < config.num_heads; ++head) {
+    const int kv_head = head / group;
+    std::vector<double> scores(count);
+    double max_score = -1e300;
+    for (int64_t j = 0; j < count; ++j) {
+      double dot = 0.0;
+      for (int d = 0; d < head_dim; ++d) dot += q[head * head_dim + d] * keys[j][kv_head * head_dim + d];
+      scores[j] = dot / std::sqrt(static_cast<double>(head_dim));
+      max_score = std::max(max_score, scores[j]);
+    }
+    double sum = 0.0;
+    for (double& score : scores) sum += (score = std::exp(score - max_score));
+    for (int64_t j = 0; j < count; ++j)
+      for (int d = 0; d < head_dim; ++d)
+        attention[head * head_dim + d] += scores[j] / sum * values[j][kv_head * head_dim + d];
+  }
+  return attention;
+}
+
+// o_proj, residual add, MLP and residual add of one row, `adapter` on o/gate/up/down.
+inline void finish_layer(const ModelConfig& config, const LayerWeights& w, int layer,
+                         const std::vector<double>& attention, const LoraAdapter* adapter, std::vector<double>& x) {
+  const int64_t hidden = config.hidden_size;
+  std::vector<double> o = linear(attention, w.o_proj, &w.o_bias);
+  add_lora(adapter, layer, LoraTarget::kO, attention, o);
+  for (int64_t i = 0; i < hidden; ++i) x[i] += o[i];
+  const std::vector<double> h = rms_norm(x.data(), hidden, w.post_attention_norm, config.rms_norm_eps);
+  std::vector<double> gate = linear(h, w.gate_proj, nullptr);
+  std::vector<double> up = linear(h, w.up_proj, nullptr);
+  add_lora(adapter, layer, LoraTarget::kGate, h, gate);
+  add_lora(adapter, layer, LoraTarget::kUp, h, up);
+  for (size_t i = 0; i < gate.size(); ++i) gate[i] = gate[i] / (1.0 + std::exp(-gate[i])) * up[i];
+  std::vector<double> down = linear(gate, w.down_proj, nullptr);
+  add_lora(adapter, layer, LoraTarget::kDown, gate, down);
+  for (int64_t i = 0; i < hidden; ++i) x[i] += down[i];
+}
+
+inline std::vector<double> logits_of(const ModelConfig& config, const ModelWeights& weights,
+                                     const std::vector<double>& x) {
+  return linear(rms_norm(x.data(), config.hidden_size, weights.final_norm, config.rms_norm_eps), weights.lm_head,
+                nullptr);
+}
+
+// s * (h A^T) B^T of a module, or zeros when the adapter does not target it.
+inline std::vector<double> lora_delta(const LoraAdapter& adapter, int layer, LoraTarget target,
+                                      const std::vector<double>& h, int64_t out_features) {
+  std::vector<double> delta(out_features, 0.0);
+  add_lora(&adapter, layer, target, h, delta);
+  return delta;
+}
+
+}  // namespace reference_detail
+
+// One sequence from scratch at positions 0.. (like reference_logits), keeping
+// hidden states, K and V. adapters[t] applies to every module of token t.
+inline ReferenceRun reference_run(const ModelConfig& config, const ModelWeights& weights,
+                                  const std::vector<int32_t>& tokens, const std::vector<const LoraAdapter*>& adapters) {
+  using namespace reference_detail;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  ReferenceRun run;
+  ReferenceRun::Matrix x(n);
+  for (int64_t t = 0; t < n; ++t) x[t] = at(weights.embed_tokens, tokens[t], config.hidden_size);
+  run.hidden.push_back(x);
+  for (int l = 0; l < config.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    ReferenceRun::Matrix q(n), k(n), v(n);
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> h = rms_norm(x[t].data(), config.hidden_size, w.input_norm, config.rms_norm_eps);
+      q[t] = project_q(config, w, l, h, adapters[t], t);
+      k[t] = linear(h, w.k_proj, &w.k_bias);
+      v[t] = linear(h, w.v_proj, &w.v_bias);
+      add_lora(adapters[t], l, LoraTarget::kK, h, k[t]);
+      add_lora(adapters[t], l, LoraTarget::kV, h, v[t]);
+      rope_kv_row(config, w, k[t], t, /*with_norm=*/true);
+    }
+    for (int64_t t = 0; t < n; ++t) finish_layer(config, w, l, attend(config, q[t], k, v, t + 1), adapters[t], x[t]);
+    run.keys.push_back(std::move(k));
+    run.values.push_back(std::move(v));
+    run.hidden.push_back(x);
+  }
+  for (int64_t t = 0; t < n; ++t) run.logits.push_back(logits_of(config, weights, x[t]));
+  return run;
+}
+
+// ICaRus' logical decoder at token p: base + `adapter` on q, o and the MLP (never
+// k/v), attending to the base model's K/V of tokens 0..p (`base`, a reference_run
+// without adapters). Returns one row: logits[0], hidden[l][0].
+inline ReferenceRun reference_decoder_row(const ModelConfig& config, const ModelWeights& weights,
+                                          const std::vector<int32_t>& tokens, const ReferenceRun& base,
+                                          const LoraAdapter& adapter, int64_t p) {
+  using namespace reference_detail;
+  ReferenceRun run;
+  std::vector<double> x = at(weights.embed_tokens, tokens[p], config.hidden_size);
+  run.hidden.push_back({x});
+  for (int l = 0; l < config.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    const std::vector<double> h = rms_norm(x.data(), config.hidden_size, w.input_norm, config.rms_norm_eps);
+    const std::vector<double> q = project_q(config, w, l, h, &adapter, p);
+    finish_layer(config, w, l, attend(config, q, base.keys[l], base.values[l], p + 1), &adapter, x);
+    run.hidden.push_back({x});
+  }
+  run.logits.push_back(logits_of(config, weights, x));
+  return run;
+}
+
+// A ForkKV agent with `adapter` over `tokens` (positions 0..), K/V built
+// explicitly: K_t = bK_t + RoPE_t(s_k (h A_k^T) B_k^T), V_t = bV_t + s_v (h A_v^T) B_v^T,
+// where bK_t, bV_t are this run's base projections, or `inherited`'s bCache for
+// t < num_inherited (another agent's entries).
+inline ReferenceRun reference_forked(const ModelConfig& config, const ModelWeights& weights,
+                                     const std::vector<int32_t>& tokens, const LoraAdapter& adapter,
+                                     const ReferenceRun* inherited = nullptr, int64_t num_inherited = 0) {
+  using namespace reference_detail;
+  const int64_t n = static_cast<int64_t>(tokens.size());
+  const int64_t kv_size = config.kv_size();
+  ReferenceRun run;
+  ReferenceRun::Matrix x(n);
+  for (int64_t t = 0; t < n; ++t) x[t] = at(weights.embed_tokens, tokens[t], config.hidden_size);
+  run.hidden.push_back(x);
+  for (int l = 0; l < config.num_layers; ++l) {
+    const LayerWeights& w = weights.layers[l];
+    ReferenceRun::Matrix q(n), k(n), v(n), base_k(n), base_v(n);
+    for (int64_t t = 0; t < n; ++t) {
+      const std::vector<double> h = rms_norm(x[t].data(), config.hidden_size, w.input_norm, config.rms_norm_eps);
+      q[t] = project_q(config, w, l, h, &adapter, t);
+      if (t < num_inherited) {
+        base_k[t] = inherited->base_keys[l][t];
+        base_v[t] = inherited->base_values[l][t];
+      } else {
+        base_k[t] = linear(h, w.k_proj, &w.k_bias);
+        rope_kv_row(config, w, base_k[t], t, /*with_norm=*/false);
+        base_v[t] = linear(h, w.v_proj, &w.v_bias);
+      }
+      std::vector<double> lora_k = lora_delta(adapter, l, LoraTarget::kK, h, kv_size);
+      rope_kv_row(config, w, lora_k, t, /*with_norm=*/false);
+      const std::vector<double> lora_v = lora_delta(adapter, l, LoraTarget::kV, h, kv_size);
+      k[t] = base_k[t];
+      v[t] = base_v[t];
+      for (int64_t i = 0; i < kv_size; ++i) {
+        k[t][i] += lora_k[i];
+        v[t][i] += lora_v[i];
+      }
+    }
+    for (int64_t t = 0; t < n; ++t) finish_layer(config, w, l, attend(config, q[t], k, v, t + 1), &adapter, x[t]);
+    run.keys.push_back(std::move(k));
+    run.values.push_back(std::move(v));
+    run.base_keys.push_back(std::move(base_k));
+    run.base_values.push_back(std::move(base_v));
+    run.hidden.push_back(x);
+  }
+  for (int64_t t = 0; t < n; ++t) run.logits.push_back(logits_of(config, weights, x[t]));
+  return run;
+}
+
 // One sequence of a batch, as the tests describe it.
 struct SequenceInput {
   std::vector<int32_t> tokens;     // new tokens
@@ -290,6 +489,12 @@ struct SequenceInput {
   int32_t num_cached_tokens = 0;
   std::vector<int32_t> block_ids;
   bool logits_for_all_tokens = false;
+  // KV sharing (backend.h).
+  int32_t num_kv_present_tokens = 0;
+  int32_t decoder_adapter_slot = -1;
+  int32_t forked_adapter_slot = -1;
+  std::vector<int32_t> residual_block_ids;
+  int32_t num_residual_present_tokens = 0;
 };
 
 inline Batch make_batch(const std::vector<SequenceInput>& inputs) {
@@ -302,6 +507,14 @@ inline Batch make_batch(const std::vector<SequenceInput>& inputs) {
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
     sequence.num_blocks = static_cast<int32_t>(input.block_ids.size());
     sequence.logits_for_all_tokens = input.logits_for_all_tokens;
+    sequence.num_kv_present_tokens = input.num_kv_present_tokens;
+    sequence.decoder_adapter_slot = input.decoder_adapter_slot;
+    sequence.forked_adapter_slot = input.forked_adapter_slot;
+    sequence.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
+    sequence.num_residual_blocks = static_cast<int32_t>(input.residual_block_ids.size());
+    sequence.num_residual_present_tokens = input.num_residual_present_tokens;
+    batch.residual_block_tables.insert(batch.residual_block_tables.end(), input.residual_block_ids.begin(),
+                                       input.residual_block_ids.end());
     for (size_t i = 0; i < input.tokens.size(); ++i) {
       batch.token_ids.push_back(input.tokens[i]);
       batch.positions.push_back(input.positions.empty() ? input.num_cached_tokens + static_cast<int32_t>(i)
@@ -319,6 +532,13 @@ inline double max_abs_diff(const float* logits, const std::vector<double>& refer
   double worst = 0.0;
   for (size_t i = 0; i < reference.size(); ++i) worst = std::max(worst, std::abs(logits[i] - reference[i]));
   return worst;
+}
+
+// max |a - b| / max |b| over a row of float logits against a reference row.
+inline double relative_diff(const float* logits, const std::vector<double>& reference) {
+  double largest = 0.0;
+  for (double value : reference) largest = std::max(largest, std::abs(value));
+  return max_abs_diff(logits, reference) / std::max(largest, 1e-30);
 }
 
 inline std::vector<int32_t> random_tokens(uint64_t seed, int count, int vocab_size) {

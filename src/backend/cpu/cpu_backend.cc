@@ -13,6 +13,7 @@
 #include "backend/cpu/input_checks.h"
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
+#include "backend/cpu/residual_attention.h"
 #include "backend/cpu/rope.h"
 #include "lora/adapter.h"
 #include "util/error.h"
@@ -46,17 +47,27 @@ class CpuBackend final : public Backend {
   int64_t kv_bytes_per_token() const override {
     return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * sizeof(float);
   }
+  void allocate_residual_cache(const ResidualCacheShape& shape) override;
+  ResidualCacheShape residual_cache_shape() const override { return residual_shape_; }
+  int64_t residual_bytes_per_token(int32_t max_rank) const override {
+    return static_cast<int64_t>(config_.num_layers) * 2 * max_rank * sizeof(float);
+  }
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
 
  private:
+  void group_rows_by_adapter(const Batch& batch);
   void prepare_rope_tables(const Batch& batch);
+  void extend_position_tables(int32_t num_positions);
+  void embed_rows(const Batch& batch);
+  void choose_logit_rows(const Batch& batch);
+  void capture_hidden_states(int index, ForwardResult& result) const;
   void attention_block(int layer, const Batch& batch);
   void mlp_block(int layer);
   void apply_lora(LoraTarget target, int layer, const float* x, int64_t in_features, float* y,
                   int64_t out_features);
-  void compute_logits(const Batch& batch, ForwardResult& result);
+  void compute_logits(ForwardResult& result);
 
   const ModelConfig config_;
   const std::shared_ptr<const ModelWeights> weights_;
@@ -66,22 +77,35 @@ class CpuBackend final : public Backend {
   KvCacheShape kv_shape_{0, 0};
   std::vector<std::vector<float>> k_pools_;  // [layer][num_blocks * block_size * kv_size]
   std::vector<std::vector<float>> v_pools_;
+  ResidualCacheShape residual_shape_{0, 0, 0};
+  std::vector<std::vector<float>> residual_pools_;  // [layer][num_blocks * block_size * 2 * max_rank]
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // [slot], nullptr = free
   bool warned_about_sliding_window_ = false;
+  // cos/sin of positions 0 .. num_table_positions_ - 1 (deferred RoPE of forked
+  // sequences), [position, head_dim / 2]; grown on demand, never changes.
+  std::vector<float> position_cos_, position_sin_;
+  int32_t num_table_positions_ = 0;
 
   // Per-forward scratch, grown on demand and kept to avoid allocations per step.
+  // Rows: the batch's tokens, then the decoder rows of base-mode sequences (paged_attention.h).
   int64_t num_tokens_ = 0;
-  cpu::LoraApplier lora_;
+  int64_t num_rows_ = 0;
+  cpu::LoraApplier lora_;     // q, o, gate, up, down over all rows (and k, v without sharing)
+  cpu::LoraApplier kv_lora_;  // k, v when the batch shares KV: tokens only, forked ones excluded
+  bool kv_lora_is_row_lora_ = true;
+  std::vector<int32_t> row_adapter_slots_, kv_adapter_slots_;
   cpu::TokenPlacement placement_;
-  std::vector<float> hidden_;          // [tokens, hidden] residual stream
-  std::vector<float> normed_;          // [tokens, hidden]
-  std::vector<float> q_, k_, v_;       // [tokens, q_size], [tokens, kv_size] x2
-  std::vector<float> attention_out_;   // [tokens, q_size]
-  std::vector<float> projected_;       // [tokens, hidden] o_proj / down_proj output
-  std::vector<float> gate_, up_;       // [tokens, intermediate]
-  std::vector<float> rope_cos_, rope_sin_;  // [tokens, head_dim / 2]
+  std::vector<float> hidden_;          // [rows, hidden] residual stream
+  std::vector<float> normed_;          // [rows, hidden]
+  std::vector<float> q_, k_, v_;       // [rows, q_size], [rows, kv_size] x2
+  std::vector<float> attention_out_;   // [rows, q_size]
+  std::vector<float> projected_;       // [rows, hidden] o_proj / down_proj output
+  std::vector<float> gate_, up_;       // [rows, intermediate]
+  std::vector<float> rope_cos_, rope_sin_;  // [rows, head_dim / 2]
   std::vector<float> attention_scratch_;
-  std::vector<int32_t> logit_tokens_;
+  std::vector<float> residual_scratch_;
+  std::vector<int32_t> logit_tokens_;  // [logits rows] batch token of each
+  std::vector<int32_t> logit_rows_;    // [logits rows] row it is read from (decoder row in base sharing)
 };
 
 CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWeights> weights,
@@ -127,6 +151,24 @@ void CpuBackend::allocate_kv_cache(const KvCacheShape& shape) {
   kv_shape_ = shape;
 }
 
+void CpuBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0 || shape.max_rank <= 0)
+    fail(ErrorKind::kInvalidArgument, "cpu backend: residual cache of {} blocks of {} tokens, max rank {}",
+         shape.num_blocks, shape.block_size, shape.max_rank);
+  const int64_t floats_per_pool = static_cast<int64_t>(shape.num_blocks) * shape.block_size * 2 * shape.max_rank;
+  residual_pools_.clear();
+  residual_shape_ = {0, 0, 0};
+  try {
+    residual_pools_.resize(config_.num_layers);
+    for (auto& pool : residual_pools_) pool.assign(floats_per_pool, 0.0f);
+  } catch (const std::bad_alloc&) {
+    residual_pools_.clear();
+    fail(ErrorKind::kCapacity, "cpu backend: cannot allocate a residual cache of {} bytes",
+         floats_per_pool * config_.num_layers * static_cast<int64_t>(sizeof(float)));
+  }
+  residual_shape_ = shape;
+}
+
 void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
   if (slot < 0 || slot >= max_adapter_slots())
     fail(ErrorKind::kInvalidArgument, "cpu backend: adapter slot {} outside [0, {})", slot,
@@ -136,7 +178,10 @@ void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> ad
 }
 
 ForwardResult CpuBackend::forward(const Batch& batch) {
-  cpu::validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
+  cpu::validate_batch(batch,
+                      {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
+                       residual_shape_.block_size, residual_shape_.max_rank, config_.qk_norm},
+                      adapters_);
   ForwardResult result;
   result.vocab_size = config_.vocab_size;
   num_tokens_ = batch.num_tokens();
@@ -144,8 +189,9 @@ ForwardResult CpuBackend::forward(const Batch& batch) {
 
   // Applies to this (engine) thread's parallel regions only.
   omp_set_num_threads(num_threads_);
-  lora_.group_tokens(batch.adapter_slots, max_adapter_slots());
-  cpu::place_tokens(batch, kv_shape_.block_size, placement_);
+  cpu::place_tokens(batch, kv_shape_.block_size, placement_, residual_shape_.block_size);
+  num_rows_ = num_tokens_ + placement_.num_decoder_rows();
+  group_rows_by_adapter(batch);
   if (config_.sliding_window > 0 && placement_.max_context_length > config_.sliding_window &&
       !warned_about_sliding_window_) {
     warned_about_sliding_window_ = true;
@@ -153,37 +199,106 @@ ForwardResult CpuBackend::forward(const Batch& batch) {
                  placement_.max_context_length, config_.sliding_window);
   }
   prepare_rope_tables(batch);
-
-  const int64_t hidden = config_.hidden_size;
-  hidden_.resize(num_tokens_ * hidden);
-  for (int64_t t = 0; t < num_tokens_; ++t)
-    std::memcpy(hidden_.data() + t * hidden, weights_->embed_tokens.data + batch.token_ids[t] * hidden,
-                hidden * sizeof(float));
+  if (placement_.has_forked_sequences) extend_position_tables(placement_.max_forked_context_length);
+  embed_rows(batch);
+  choose_logit_rows(batch);
+  if (batch.capture_hidden_states) {
+    result.hidden_states.resize((config_.num_layers + 1) * logit_rows_.size() * config_.hidden_size);
+    capture_hidden_states(0, result);
+  }
 
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     attention_block(layer, batch);
     mlp_block(layer);
+    if (batch.capture_hidden_states) capture_hidden_states(layer + 1, result);
   }
-  compute_logits(batch, result);
+  compute_logits(result);
   return result;
+}
+
+void CpuBackend::group_rows_by_adapter(const Batch& batch) {
+  kv_lora_is_row_lora_ = placement_.num_decoder_rows() == 0 && !placement_.has_forked_sequences;
+  if (kv_lora_is_row_lora_) {
+    lora_.group_tokens(batch.adapter_slots, max_adapter_slots());
+    return;
+  }
+  // Decoder rows take their sequence's adapter on q, o and the MLP; k/v get no
+  // LoRA on decoder rows (they write nothing) nor on forked tokens (rCache instead).
+  row_adapter_slots_.assign(batch.adapter_slots.begin(), batch.adapter_slots.end());
+  for (int32_t token : placement_.token_of_decoder_row)
+    row_adapter_slots_.push_back(batch.sequences[placement_.sequence_of_token[token]].decoder_adapter_slot);
+  lora_.group_tokens(row_adapter_slots_, max_adapter_slots());
+  kv_adapter_slots_.assign(batch.adapter_slots.begin(), batch.adapter_slots.end());
+  for (const BatchSequence& sequence : batch.sequences)
+    if (sequence.forked_adapter_slot >= 0)
+      std::fill_n(kv_adapter_slots_.begin() + sequence.token_offset, sequence.num_new_tokens, -1);
+  kv_lora_.group_tokens(kv_adapter_slots_, max_adapter_slots());
 }
 
 void CpuBackend::prepare_rope_tables(const Batch& batch) {
   const int64_t half = config_.head_dim / 2;
-  rope_cos_.resize(num_tokens_ * half);
-  rope_sin_.resize(num_tokens_ * half);
+  rope_cos_.resize(num_rows_ * half);
+  rope_sin_.resize(num_rows_ * half);
   for (int64_t t = 0; t < num_tokens_; ++t)
     rope_.cos_sin(batch.positions[t], rope_cos_.data() + t * half, rope_sin_.data() + t * half);
+  for (int64_t row = num_tokens_; row < num_rows_; ++row) {
+    const int64_t token = placement_.token_of_decoder_row[row - num_tokens_];
+    std::copy_n(rope_cos_.data() + token * half, half, rope_cos_.data() + row * half);
+    std::copy_n(rope_sin_.data() + token * half, half, rope_sin_.data() + row * half);
+  }
+}
+
+void CpuBackend::extend_position_tables(int32_t num_positions) {
+  if (num_positions <= num_table_positions_) return;
+  const int64_t half = config_.head_dim / 2;
+  position_cos_.resize(num_positions * half);
+  position_sin_.resize(num_positions * half);
+  for (int64_t position = num_table_positions_; position < num_positions; ++position)
+    rope_.cos_sin(position, position_cos_.data() + position * half, position_sin_.data() + position * half);
+  num_table_positions_ = num_positions;
+}
+
+void CpuBackend::embed_rows(const Batch& batch) {
+  const int64_t hidden = config_.hidden_size;
+  hidden_.resize(num_rows_ * hidden);
+  for (int64_t row = 0; row < num_rows_; ++row) {
+    const int64_t token = row < num_tokens_ ? row : placement_.token_of_decoder_row[row - num_tokens_];
+    std::memcpy(hidden_.data() + row * hidden, weights_->embed_tokens.data + batch.token_ids[token] * hidden,
+                hidden * sizeof(float));
+  }
+}
+
+void CpuBackend::choose_logit_rows(const Batch& batch) {
+  logit_tokens_.clear();
+  logit_rows_.clear();
+  for (const BatchSequence& sequence : batch.sequences) {
+    const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
+                                                         : sequence.token_offset + sequence.num_new_tokens - 1;
+    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t) {
+      logit_tokens_.push_back(t);
+      logit_rows_.push_back(sequence.decoder_adapter_slot >= 0 ? placement_.decoder_row_of_token[t] : t);
+    }
+  }
+}
+
+void CpuBackend::capture_hidden_states(int index, ForwardResult& result) const {
+  const int64_t hidden = config_.hidden_size;
+  float* destination = result.hidden_states.data() + index * logit_rows_.size() * hidden;
+  for (size_t r = 0; r < logit_rows_.size(); ++r)
+    std::memcpy(destination + r * hidden, hidden_.data() + logit_rows_[r] * hidden, hidden * sizeof(float));
 }
 
 void CpuBackend::apply_lora(LoraTarget target, int layer, const float* x, int64_t in_features, float* y,
                             int64_t out_features) {
-  if (lora_.has_groups()) lora_.apply(target, layer, x, in_features, y, out_features, adapters_);
+  const bool is_kv = target == LoraTarget::kK || target == LoraTarget::kV;
+  cpu::LoraApplier& lora = is_kv && !kv_lora_is_row_lora_ ? kv_lora_ : lora_;
+  if (lora.has_groups()) lora.apply(target, layer, x, in_features, y, out_features, adapters_);
 }
 
 void CpuBackend::attention_block(int layer, const Batch& batch) {
   const LayerWeights& weights = weights_->layers[layer];
-  const int64_t n = num_tokens_;
+  const int64_t n = num_rows_;  // k/v rows past num_tokens_ (decoder rows) are computed, never used
+  const int64_t num_tokens = num_tokens_;
   const int64_t hidden = config_.hidden_size;
   const int64_t q_size = config_.q_size();
   const int64_t kv_size = config_.kv_size();
@@ -212,7 +327,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   if (config_.qk_norm) {
     cpu::rms_norm_rows(q_.data(), n * config_.num_heads, head_dim, weights.q_norm.data,
                        config_.rms_norm_eps, q_.data());
-    cpu::rms_norm_rows(k_.data(), n * config_.num_kv_heads, head_dim, weights.k_norm.data,
+    cpu::rms_norm_rows(k_.data(), num_tokens * config_.num_kv_heads, head_dim, weights.k_norm.data,
                        config_.rms_norm_eps, k_.data());
   }
   const int64_t half = head_dim / 2;
@@ -220,14 +335,23 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   for (int64_t t = 0; t < n; ++t) {
     rope_.rotate(q_.data() + t * q_size, config_.num_heads, rope_cos_.data() + t * half,
                  rope_sin_.data() + t * half);
-    rope_.rotate(k_.data() + t * kv_size, config_.num_kv_heads, rope_cos_.data() + t * half,
-                 rope_sin_.data() + t * half);
+    if (t < num_tokens)
+      rope_.rotate(k_.data() + t * kv_size, config_.num_kv_heads, rope_cos_.data() + t * half,
+                   rope_sin_.data() + t * half);
   }
 
   cpu::write_kv(k_.data(), v_.data(), placement_, kv_size, k_pools_[layer].data(), v_pools_[layer].data());
   const cpu::AttentionShape shape{config_.num_heads, config_.num_kv_heads, head_dim, kv_shape_.block_size};
-  cpu::paged_attention(q_.data(), batch, placement_, shape, k_pools_[layer].data(),
-                       v_pools_[layer].data(), num_threads_, attention_scratch_, attention_out_.data());
+  cpu::ForkedAttention forked;
+  if (placement_.has_forked_sequences) {
+    cpu::write_residuals(normed_.data(), hidden, batch, placement_, layer, adapters_, residual_shape_.max_rank,
+                         residual_pools_[layer].data(), residual_scratch_);
+    forked = {residual_pools_[layer].data(), residual_shape_.block_size, residual_shape_.max_rank, layer,
+              &adapters_, &rope_, position_cos_.data(), position_sin_.data()};
+  }
+  cpu::paged_attention(q_.data(), batch, placement_, shape, k_pools_[layer].data(), v_pools_[layer].data(),
+                       num_threads_, attention_scratch_, attention_out_.data(),
+                       placement_.has_forked_sequences ? &forked : nullptr);
 
   const float* o_bias = config_.o_bias ? optional_data(weights.o_bias) : nullptr;
   cpu::linear(attention_out_.data(), n, q_size, weights.o_proj.data, o_bias, hidden, projected_.data());
@@ -237,7 +361,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
 
 void CpuBackend::mlp_block(int layer) {
   const LayerWeights& weights = weights_->layers[layer];
-  const int64_t n = num_tokens_;
+  const int64_t n = num_rows_;
   const int64_t hidden = config_.hidden_size;
   const int64_t intermediate = config_.intermediate_size;
   gate_.resize(n * intermediate);
@@ -256,19 +380,11 @@ void CpuBackend::mlp_block(int layer) {
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
 }
 
-void CpuBackend::compute_logits(const Batch& batch, ForwardResult& result) {
-  logit_tokens_.clear();
-  for (const BatchSequence& sequence : batch.sequences) {
-    const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
-                                                         : sequence.token_offset + sequence.num_new_tokens - 1;
-    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t)
-      logit_tokens_.push_back(t);
-  }
-  const int64_t num_rows = static_cast<int64_t>(logit_tokens_.size());
+void CpuBackend::compute_logits(ForwardResult& result) {
+  const int64_t num_rows = static_cast<int64_t>(logit_rows_.size());
   const int64_t hidden = config_.hidden_size;
   for (int64_t r = 0; r < num_rows; ++r)
-    std::memcpy(normed_.data() + r * hidden, hidden_.data() + logit_tokens_[r] * hidden,
-                hidden * sizeof(float));
+    std::memcpy(normed_.data() + r * hidden, hidden_.data() + logit_rows_[r] * hidden, hidden * sizeof(float));
   cpu::rms_norm_rows(normed_.data(), num_rows, hidden, weights_->final_norm.data, config_.rms_norm_eps,
                      normed_.data());
   result.logits.resize(num_rows * config_.vocab_size);

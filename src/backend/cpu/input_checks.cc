@@ -50,6 +50,95 @@ void check_sequence(const Batch& batch, size_t index, int32_t expected_token_off
   }
 }
 
+void check_adapter_slot(int32_t slot, const char* field, size_t index,
+                        const std::vector<std::shared_ptr<const LoraAdapter>>& adapters) {
+  if (slot == -1) return;
+  if (slot < -1 || slot >= static_cast<int32_t>(adapters.size()))
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: {} {} outside [-1, {})", index, field, slot,
+         adapters.size());
+  if (adapters[slot] == nullptr)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: {} {} has no adapter bound", index, field, slot);
+}
+
+void check_forked_sequence(const Batch& batch, size_t index, const BatchLimits& limits,
+                           const std::vector<std::shared_ptr<const LoraAdapter>>& adapters) {
+  const BatchSequence& sequence = batch.sequences[index];
+  if (limits.has_qk_norm)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("batch sequence {}: forked KV sharing on a model with q/k norm (RMSNorm on K does "
+                            "not commute with the residual split)",
+                            index),
+                "serve this adapter with kv_sharing isolated, activated or base");
+  if (limits.num_residual_blocks <= 0)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: forked sharing but no residual cache is allocated",
+         index);
+  const LoraAdapter& adapter = *adapters[sequence.forked_adapter_slot];
+  for (size_t layer = 0; layer < adapter.layers.size(); ++layer)
+    for (LoraTarget target : {LoraTarget::kK, LoraTarget::kV}) {
+      const auto& module = adapter.layers[layer][static_cast<int>(target)];
+      if (module.has_value() && module->rank > limits.residual_max_rank)
+        fail(ErrorKind::kInvalidArgument,
+             "batch sequence {}: adapter '{}' layer {} {} has rank {}, over the residual cache's max rank {}",
+             index, adapter.name, layer, lora_target_module_name(target), module->rank, limits.residual_max_rank);
+    }
+  for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
+    const int32_t token = sequence.token_offset + i;
+    if (batch.adapter_slots[token] != sequence.forked_adapter_slot)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: forked on slot {} but token {} has adapter slot {}",
+           index, sequence.forked_adapter_slot, token, batch.adapter_slots[token]);
+    // Deferred RoPE rotates residual entry j at position j.
+    if (batch.positions[token] != sequence.num_cached_tokens + i)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: forked token {} has position {}, expected its KV index {}",
+           index, token, batch.positions[token], sequence.num_cached_tokens + i);
+  }
+  const int64_t num_entries = static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+  if (sequence.num_residual_present_tokens < 0 || sequence.num_residual_present_tokens > num_entries)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_residual_present_tokens {} outside [0, {}]", index,
+         sequence.num_residual_present_tokens, num_entries);
+  const int64_t blocks_needed = (num_entries + limits.residual_block_size - 1) / limits.residual_block_size;
+  if (sequence.num_residual_blocks < blocks_needed)
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: {} residual blocks cannot hold {} entries (residual block size {})", index,
+         sequence.num_residual_blocks, num_entries, limits.residual_block_size);
+  if (sequence.residual_block_table_offset < 0 ||
+      static_cast<int64_t>(sequence.residual_block_table_offset) + sequence.num_residual_blocks >
+          static_cast<int64_t>(batch.residual_block_tables.size()))
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: residual block table [{}, +{}) exceeds residual_block_tables of size {}", index,
+         sequence.residual_block_table_offset, sequence.num_residual_blocks, batch.residual_block_tables.size());
+  for (int64_t b = 0; b < blocks_needed; ++b) {
+    const int32_t block_id = batch.residual_block_tables[sequence.residual_block_table_offset + b];
+    if (block_id < 0 || block_id >= limits.num_residual_blocks)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: residual block id {} outside the {} residual blocks",
+           index, block_id, limits.num_residual_blocks);
+  }
+}
+
+// The sharing fields of one sequence; runs after check_sequence and the token checks.
+void check_sharing(const Batch& batch, size_t index, const BatchLimits& limits,
+                   const std::vector<std::shared_ptr<const LoraAdapter>>& adapters) {
+  const BatchSequence& sequence = batch.sequences[index];
+  const int64_t num_entries = static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+  if (sequence.num_kv_present_tokens < 0 || sequence.num_kv_present_tokens > num_entries)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_kv_present_tokens {} outside [0, {}]", index,
+         sequence.num_kv_present_tokens, num_entries);
+  check_adapter_slot(sequence.decoder_adapter_slot, "decoder_adapter_slot", index, adapters);
+  check_adapter_slot(sequence.forked_adapter_slot, "forked_adapter_slot", index, adapters);
+  if (sequence.decoder_adapter_slot >= 0 && sequence.forked_adapter_slot >= 0)
+    fail(ErrorKind::kInvalidArgument,
+         "batch sequence {}: both decoder_adapter_slot {} (base sharing) and forked_adapter_slot {} are set",
+         index, sequence.decoder_adapter_slot, sequence.forked_adapter_slot);
+  if (sequence.decoder_adapter_slot >= 0) {
+    for (int32_t token = sequence.token_offset; token < sequence.token_offset + sequence.num_new_tokens; ++token)
+      if (batch.adapter_slots[token] != -1)
+        fail(ErrorKind::kInvalidArgument,
+             "batch sequence {}: base sharing (decoder slot {}) but token {} has adapter slot {}; its tokens "
+             "run as base rows (-1)",
+             index, sequence.decoder_adapter_slot, token, batch.adapter_slots[token]);
+  }
+  if (sequence.forked_adapter_slot >= 0) check_forked_sequence(batch, index, limits, adapters);
+}
+
 }  // namespace
 
 void validate_batch(const Batch& batch, const BatchLimits& limits,
@@ -86,6 +175,7 @@ void validate_batch(const Batch& batch, const BatchLimits& limits,
       fail(ErrorKind::kInvalidArgument, "batch token {}: adapter slot {} has no adapter bound", t,
            slot);
   }
+  for (size_t s = 0; s < batch.sequences.size(); ++s) check_sharing(batch, s, limits, adapters);
 }
 
 constexpr const char* kTargetNames[kNumLoraTargets] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
