@@ -15,6 +15,7 @@ CommandRunner register_generate(CLI::App& app);
 CommandRunner register_convert(CLI::App& app);
 CommandRunner register_make_model(CLI::App& app);
 CommandRunner register_serve(CLI::App& app);
+CommandRunner register_bench(CLI::App& app);  // bench_command.cc: runs bench/harness (Python)
 
 // A --lora flag value: NAME=PATH[:MODE]. A trailing ":word" with no '/' after
 // it is the sharing mode; only "isolated" is served in this version. Throws

@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
   add("make-model", "Write a random model (and PEFT adapters) for tests and benchmarks",
       loom::cli::register_make_model);
   add("serve", "Serve a model and its adapters over an OpenAI-compatible HTTP API", loom::cli::register_serve);
+  add("bench", "Benchmark agentic workflows against servers it launches or --url", loom::cli::register_bench);
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
