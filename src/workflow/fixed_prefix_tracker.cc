@@ -75,6 +75,20 @@ void FixedPrefixTracker::forget_workflow(std::string_view workflow) {
   workflows_.erase(workflow_it);
 }
 
+int32_t FixedPrefixTracker::forget_workflows_if(const std::function<bool(std::string_view workflow)>& should_forget) {
+  int32_t num_forgotten = 0;
+  for (auto it = workflows_.begin(); it != workflows_.end();) {
+    if (!should_forget(it->first)) {
+      ++it;
+      continue;
+    }
+    for (const auto& [agent, history] : it->second) lru_.erase(history.lru_position);
+    it = workflows_.erase(it);
+    ++num_forgotten;
+  }
+  return num_forgotten;
+}
+
 void FixedPrefixTracker::forget_least_recent() {
   const auto& [workflow, agent] = lru_.front();
   const auto workflow_it = workflows_.find(workflow);

@@ -30,6 +30,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <list>
 #include <map>
 #include <optional>
@@ -83,6 +84,9 @@ class FixedPrefixTracker {
 
   // Forgets every agent of `workflow` (it ended or expired).
   void forget_workflow(std::string_view workflow);
+  // Forgets every workflow for which `should_forget(workflow)` holds, e.g. those
+  // missing from a new WorkflowSnapshot. Returns how many.
+  int32_t forget_workflows_if(const std::function<bool(std::string_view workflow)>& should_forget);
   int32_t num_tracked_agents() const { return static_cast<int32_t>(lru_.size()); }
 
  private:

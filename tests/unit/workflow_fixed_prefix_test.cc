@@ -106,6 +106,19 @@ TEST(WorkflowFixedPrefixTest, ForgetsWorkflowsAndTheLeastRecentAgents) {
   EXPECT_EQ(tracker.num_tracked_agents(), 2);
 }
 
+TEST(WorkflowFixedPrefixTest, ForgetsWorkflowsByPredicate) {
+  FixedPrefixTracker tracker;
+  tracker.observe("keep", "a", prompt(4, {1}));
+  tracker.observe("drop-1", "a", prompt(4, {1}));
+  tracker.observe("drop-1", "b", prompt(4, {1}));
+  tracker.observe("drop-2", "a", prompt(4, {1}));
+  EXPECT_EQ(tracker.forget_workflows_if([](std::string_view workflow) { return workflow.starts_with("drop"); }), 2);
+  EXPECT_EQ(tracker.num_tracked_agents(), 1);
+  EXPECT_NE(tracker.latest("keep", "a"), std::nullopt);
+  EXPECT_EQ(tracker.latest("drop-1", "b"), std::nullopt);
+  EXPECT_EQ(tracker.observe("keep", "a", prompt(4, {2})), detected(4));
+}
+
 TEST(WorkflowFixedPrefixTest, KeepsAtMostMaxPrefixTokensPerAgent) {
   FixedPrefixTrackerConfig config;
   config.max_prefix_tokens = 5;
