@@ -1,5 +1,7 @@
 #include "engine/batch_builder.h"
 
+#include <algorithm>
+
 namespace loom {
 
 Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
@@ -19,7 +21,10 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
     sequence.num_blocks = static_cast<int32_t>(entry.block_ids.size());
-    sequence.num_kv_present_tokens = entry.num_kv_present_tokens;
+    // Entries past this step's tokens (a forked partial hit prefilled in
+    // chunks) are neither read nor written by it: the backend sees only its range.
+    const int32_t num_step_tokens = entry.num_cached_tokens + entry.num_new_tokens;
+    sequence.num_kv_present_tokens = std::min(entry.num_kv_present_tokens, num_step_tokens);
     // Which tokens run through the adapter's LoRA (the backend's adapter_slots).
     int32_t first_adapted_token = 0;
     if (slot >= 0 && sharing.sharing == KvSharing::kActivated) first_adapted_token = sharing.invocation_start;
@@ -29,7 +34,7 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
       sequence.forked_adapter_slot = slot;
       sequence.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
       sequence.num_residual_blocks = static_cast<int32_t>(entry.residual_block_ids.size());
-      sequence.num_residual_present_tokens = entry.num_residual_present_tokens;
+      sequence.num_residual_present_tokens = std::min(entry.num_residual_present_tokens, num_step_tokens);
       batch.residual_block_tables.insert(batch.residual_block_tables.end(), entry.residual_block_ids.begin(),
                                          entry.residual_block_ids.end());
     }

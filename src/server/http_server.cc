@@ -186,7 +186,8 @@ void HttpServer::Impl::handle_models(httplib::Response& response) {
                     {"owned_by", "loom"},
                     {"root", adapter.path},
                     {"parent", config.served_model_name},
-                    {"max_model_len", max_model_len}});
+                    {"max_model_len", max_model_len},
+                    {"kv_sharing", kv_sharing_name(adapter.sharing)}});
   response.set_content(Json{{"object", "list"}, {"data", data}}.dump(), "application/json");
 }
 
@@ -206,18 +207,30 @@ void HttpServer::Impl::handle_load_adapter(const httplib::Request& request, http
   const Json body = parse_object(request.body);
   const std::string name = required_string(body, "lora_name");
   const std::string path = checked_lora_path(required_string(body, "lora_path"));
+  std::optional<KvSharing> sharing;  // absent or null: the adapter's own choice (choose_kv_sharing)
+  if (body.contains("kv_sharing") && !body["kv_sharing"].is_null()) {
+    const Json& value = body["kv_sharing"];
+    if (value.is_string()) sharing = parse_kv_sharing(value.get<std::string>());
+    if (!sharing)
+      throw_bad_request("kv_sharing", fmt::format("'kv_sharing' must be one of \"isolated\", \"activated\", "
+                                                  "\"base\", \"forked\" (got {})",
+                                                  value.dump()));
+  }
   std::lock_guard lock(adapter_mutex);
   if (name == config.served_model_name || completion.parse.has_adapter(name))
     throw_bad_request("lora_name", fmt::format("The lora adapter '{}' has already been loaded.", name));
   try {
-    engine.load_adapter(name, path);
+    engine.load_adapter(name, path, sharing);
   } catch (const Error& error) {
     // A missing or malformed adapter is the client's input: 400 as vLLM answers.
     if (error.kind() == ErrorKind::kInternal) throw;
     throw ApiError(400, fmt::format("loading adapter '{}' from {} failed: {}", name, path, error.what()),
                    "invalid_request_error", "lora_path");
   }
-  spdlog::info("loaded adapter '{}' from {}", name, path);
+  std::string mode = "?";
+  for (const auto& adapter : engine.adapters())
+    if (adapter.name == name) mode = kv_sharing_name(adapter.sharing);
+  spdlog::info("loaded adapter '{}' from {} (kv_sharing {})", name, path, mode);
   response.set_content(fmt::format("Success: LoRA adapter '{}' added successfully.", name), "text/plain");
 }
 

@@ -1,6 +1,7 @@
 #include "server/metrics_exporter.h"
 
 #include <algorithm>
+#include <map>
 
 #include <fmt/format.h>
 
@@ -19,6 +20,32 @@ void header(std::string& out, const std::string& name, const char* type, const s
 void scalar(std::string& out, const std::string& name, const char* type, const std::string& help, double value) {
   header(out, name, type, help);
   out += fmt::format("{} {}\n", name, value);
+}
+
+// A label value as the exposition format wants it: \\, \" and \n escaped.
+std::string escape_label_value(const std::string& value) {
+  std::string escaped;
+  for (char c : value) {
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') {
+      escaped += "\\n";
+      continue;
+    }
+    escaped += c;
+  }
+  return escaped;
+}
+
+// Prefix-cache counters: the unlabelled total (kept for existing dashboards)
+// plus one sample per request mode.
+void by_mode(std::string& out, const std::string& name, const std::string& help, int64_t total,
+             const std::map<std::string, int64_t>& by_mode_values) {
+  header(out, name, "counter", help);
+  out += fmt::format("{} {}\n", name, total);
+  std::map<std::string, int64_t> values = {{"none", 0}, {"isolated", 0}, {"activated", 0}, {"base", 0}, {"forked", 0}};
+  for (const auto& [mode, value] : by_mode_values) values[mode] = value;
+  for (const auto& [mode, value] : values)
+    out += fmt::format("{}{{mode=\"{}\"}} {}\n", name, escape_label_value(mode), value);
 }
 
 }  // namespace
@@ -75,23 +102,43 @@ std::string MetricsExporter::render() const {
   scalar(out, "loom_num_requests_running", "gauge", "Requests in the running batch", m.num_running);
   scalar(out, "loom_num_requests_waiting", "gauge", "Requests waiting to be scheduled", m.num_waiting);
 
-  header(out, "loom_kv_cache_bytes", "gauge", "KV cache bytes held now (in use or cached), by tier and kind");
+  header(out, "loom_kv_cache_bytes", "gauge",
+         "KV cache bytes held now (in use or cached), by tier and kind (base: the main pool, whatever the mode; "
+         "residual: forked adapters' rCache)");
   for (const char* tier : {"device", "host", "disk"})
     for (const char* kind : {"base", "residual"}) {
-      const bool is_pool = std::string(tier) == "device" && std::string(kind) == "base";
-      out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind,
-                         is_pool ? m.kv_bytes_in_use_or_cached : 0);
+      int64_t value = 0;
+      if (std::string(tier) == "device") value = std::string(kind) == "base" ? m.kv_bytes_base : m.kv_bytes_residual;
+      out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind, value);
     }
+  header(out, "loom_kv_cache_bytes_per_token", "gauge",
+         "Bytes one token takes across all layers: a K/V slot (base) or an rCache slot (residual)");
+  out += fmt::format("loom_kv_cache_bytes_per_token{{kind=\"base\"}} {}\n", m.kv_bytes_per_token_base);
+  out += fmt::format("loom_kv_cache_bytes_per_token{{kind=\"residual\"}} {}\n", m.kv_bytes_per_token_residual);
+  header(out, "loom_kv_cache_adapter_bytes", "gauge",
+         "KV bytes held now in an adapter's own namespaces (isolated, activated branches, forked rCache)");
+  for (const auto& [adapter, bytes] : m.kv_bytes_by_adapter)
+    out += fmt::format("loom_kv_cache_adapter_bytes{{adapter=\"{}\"}} {}\n", escape_label_value(adapter), bytes);
   header(out, "loom_kv_cache_blocks", "gauge", "KV cache blocks by state (free + cached + in_use = total)");
   out += fmt::format("loom_kv_cache_blocks{{state=\"free\"}} {}\n", m.kv_blocks_free);
   out += fmt::format("loom_kv_cache_blocks{{state=\"cached\"}} {}\n", m.kv_blocks_cached);
   out += fmt::format("loom_kv_cache_blocks{{state=\"in_use\"}} {}\n", m.kv_blocks_in_use);
   scalar(out, "loom_kv_cache_blocks_total", "gauge", "KV cache blocks in the pool", static_cast<double>(m.kv_blocks_total));
+  header(out, "loom_residual_kv_cache_blocks", "gauge",
+         "Forked rCache blocks by state (free + cached + in_use = total; all 0 without an rCache pool)");
+  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"free\"}} {}\n", m.residual_blocks_free);
+  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"cached\"}} {}\n", m.residual_blocks_cached);
+  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"in_use\"}} {}\n", m.residual_blocks_in_use);
+  scalar(out, "loom_residual_kv_cache_blocks_total", "gauge", "Forked rCache blocks in the pool",
+         static_cast<double>(m.residual_blocks_total));
 
-  scalar(out, "loom_prefix_cache_queried_tokens_total", "counter", "Prompt tokens looked up in the prefix cache",
-         static_cast<double>(m.prefix_queried_tokens));
-  scalar(out, "loom_prefix_cache_hit_tokens_total", "counter", "Prompt tokens found in the prefix cache",
-         static_cast<double>(m.prefix_hit_tokens));
+  by_mode(out, "loom_prefix_cache_queried_tokens_total",
+          "Prompt tokens looked up in the prefix cache (unlabelled: all; mode: the adapter's KV sharing, none = base "
+          "model)",
+          m.prefix_queried_tokens, m.prefix_queried_tokens_by_mode);
+  by_mode(out, "loom_prefix_cache_hit_tokens_total",
+          "Prompt tokens found in the prefix cache (unlabelled: all; mode: the adapter's KV sharing, none = base model)",
+          m.prefix_hit_tokens, m.prefix_hit_tokens_by_mode);
   scalar(out, "loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)",
          static_cast<double>(m.num_preemptions));
   scalar(out, "loom_evicted_tokens_total", "counter", "Cached tokens evicted", static_cast<double>(m.num_evicted_tokens));

@@ -48,10 +48,15 @@ class FakeEngine : public Engine {
     return std::make_unique<Stream>(*this, std::move(request));
   }
 
-  void load_adapter(const std::string& name, const std::string& path) override {
+  // Fake sharing rules: "activated" needs "alora" in the path; no choice = isolated.
+  void load_adapter(const std::string& name, const std::string& path,
+                    std::optional<KvSharing> sharing = std::nullopt) override {
     if (path.find("missing") != std::string::npos) fail(ErrorKind::kNotFound, "{}: no adapter_config.json", path);
+    if (sharing == KvSharing::kActivated && path.find("alora") == std::string::npos)
+      fail(ErrorKind::kInvalidArgument, "adapter '{}' has no alora_invocation_tokens", name);
     std::lock_guard lock(mutex_);
     adapters_[name] = path;
+    sharing_[name] = sharing.value_or(KvSharing::kIsolated);
   }
   void unload_adapter(const std::string& name) override {
     std::lock_guard lock(mutex_);
@@ -60,7 +65,7 @@ class FakeEngine : public Engine {
   std::vector<AdapterInfo> adapters() const override {
     std::lock_guard lock(mutex_);
     std::vector<AdapterInfo> list;
-    for (const auto& [name, path] : adapters_) list.push_back({name, path, 8, 0});
+    for (const auto& [name, path] : adapters_) list.push_back({name, path, 8, 0, sharing_.at(name)});
     return list;
   }
   EngineMetrics take_metrics() override {
@@ -125,6 +130,7 @@ class FakeEngine : public Engine {
 
   mutable std::mutex mutex_;
   std::map<std::string, std::string> adapters_;
+  std::map<std::string, KvSharing> sharing_;
   LoadedModel model_;
   int32_t max_context_;
 };

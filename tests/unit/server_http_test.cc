@@ -153,6 +153,8 @@ TEST_F(ServerHttpTest, ModelsHealthMetrics) {
   EXPECT_EQ(models["data"][1]["id"], "agent0");
   EXPECT_EQ(models["data"][1]["parent"], "tiny");
   EXPECT_EQ(models["data"][1]["root"], "/adapters/agent0");
+  EXPECT_EQ(models["data"][1]["kv_sharing"], "isolated");
+  EXPECT_FALSE(models["data"][0].contains("kv_sharing"));
   const auto metrics = client_->Get("/metrics");
   EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"), std::string::npos);
   EXPECT_NE(metrics->body.find("loom_num_requests_running 0"), std::string::npos);
@@ -182,6 +184,32 @@ TEST_F(ServerHttpTest, RuntimeAdaptersOnlyWhenAllowed) {
   EXPECT_EQ(post("/v1/unload_lora_adapter", {{"lora_name", "b"}})->status, 200);
   EXPECT_EQ(post("/v1/unload_lora_adapter", {{"lora_name", "b"}})->status, 404);
   EXPECT_EQ(post("/v1/completions", {{"model", "b"}, {"prompt", "x"}})->status, 404);
+}
+
+TEST_F(ServerHttpTest, LoadBodyChoosesTheKvSharingMode) {
+  ServerConfig config;
+  config.allow_runtime_lora = true;
+  start(config);
+  auto result = post("/v1/load_lora_adapter", {{"lora_name", "f"}, {"lora_path", "/a/f"}, {"kv_sharing", "forked"}});
+  ASSERT_EQ(result->status, 200) << result->body;
+  result = post("/v1/load_lora_adapter", {{"lora_name", "n"}, {"lora_path", "/a/n"}, {"kv_sharing", nullptr}});
+  ASSERT_EQ(result->status, 200) << result->body;
+  for (const Json& bad : {Json("shared"), Json("Forked"), Json(3), Json::array()}) {
+    result = post("/v1/load_lora_adapter", {{"lora_name", "x"}, {"lora_path", "/a/x"}, {"kv_sharing", bad}});
+    EXPECT_EQ(result->status, 400) << bad;
+    EXPECT_EQ(error_of(result)["param"], "kv_sharing");
+    const std::string message = error_of(result)["message"];
+    for (const char* mode : {"isolated", "activated", "base", "forked"})
+      EXPECT_NE(message.find(mode), std::string::npos) << message;
+  }
+  // The engine refusing a mode (activated without invocation tokens) is a 400 too.
+  result = post("/v1/load_lora_adapter", {{"lora_name", "a"}, {"lora_path", "/a/a"}, {"kv_sharing", "activated"}});
+  EXPECT_EQ(result->status, 400);
+  const Json models = Json::parse(client_->Get("/v1/models")->body);
+  std::map<std::string, std::string> modes;
+  for (const Json& model : models["data"])
+    if (model.contains("kv_sharing")) modes[model["id"]] = model["kv_sharing"];
+  EXPECT_EQ(modes, (std::map<std::string, std::string>{{"agent0", "isolated"}, {"f", "forked"}, {"n", "isolated"}}));
 }
 
 TEST_F(ServerHttpTest, DisconnectMidStreamCancels) {
