@@ -2,10 +2,14 @@
 // and returns the function to run once parsing succeeded.
 #pragma once
 
+#include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include <CLI/CLI.hpp>
+
+#include "lora/kv_sharing.h"
 
 namespace loom::cli {
 
@@ -18,12 +22,18 @@ CommandRunner register_serve(CLI::App& app);
 CommandRunner register_bench(CLI::App& app);  // bench_command.cc: runs bench/harness (Python)
 
 // A --lora flag value: NAME=PATH[:MODE]. A trailing ":word" with no '/' after
-// it is the sharing mode; only "isolated" is served in this version. Throws
-// Error(kInvalidArgument) / Error(kUnsupported) with a hint.
+// it is the KV sharing mode (isolated, activated, base, forked; see
+// lora/kv_sharing.h); without it the adapter's own choice applies
+// (choose_kv_sharing). Throws Error(kInvalidArgument) with a hint.
 struct LoraSpec {
   std::string name, path, mode;
+  std::optional<KvSharing> sharing;  // parsed `mode`; nullopt when absent
 };
 LoraSpec parse_lora_spec(const std::string& spec);
+
+// "4096", "512K", "64M", "2G" (powers of 1024; a trailing "B"/"iB" allowed)
+// -> bytes. Throws Error(kInvalidArgument) naming `flag` for anything else.
+int64_t parse_byte_size(const std::string& text, const std::string& flag);
 
 // The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to

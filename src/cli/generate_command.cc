@@ -1,4 +1,5 @@
-// `loom generate`: one-shot generation on the CPU backend.
+// `loom generate`: one-shot generation on the CPU backend, through the Engine.
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <iostream>
@@ -9,8 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
-#include "engine/generator.h"
-#include "lora/adapter.h"
+#include "engine/engine.h"
 #include "model/loader.h"
 #include "util/error.h"
 
@@ -35,6 +35,7 @@ struct GenerateOptions {
   int logprobs = 0;
   bool json = false;
   int block_size = 16;
+  int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
   std::string device = "cpu";
 };
@@ -58,39 +59,28 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
   return messages;
 }
 
+// Runs through the serving Engine (scheduler, prefix cache, KV sharing modes)
+// rather than the offline Generator, so that every --lora MODE behaves as in
+// `loom serve`: activated masks, base-mode decoder rows, forked rCache.
 int run_generate(const GenerateOptions& options) {
   if (options.device != "cpu")
     throw Error(ErrorKind::kUnsupported, "--device " + options.device, "this build has only --device cpu");
   if (options.prompts.empty() && options.messages_json.empty())
     fail(ErrorKind::kInvalidArgument, "give --prompt TEXT or --messages JSON");
+  std::vector<LoraSpec> specs;
+  for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));
+  if (!options.adapter.empty() &&
+      std::none_of(specs.begin(), specs.end(), [&](const LoraSpec& spec) { return spec.name == options.adapter; }))
+    throw Error(ErrorKind::kNotFound, "unknown adapter '" + options.adapter + "'",
+                "load it with --lora " + options.adapter + "=PATH");
 
   const auto load_start = std::chrono::steady_clock::now();
   LoadedModel model = load_model(resolve_model_path(options.model));
   CpuBackendConfig backend_config;
   backend_config.num_threads = options.threads;
   std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
-
-  std::map<std::string, int32_t> adapter_slots;
-  for (const auto& spec_text : options.loras) {
-    LoraSpec spec = parse_lora_spec(spec_text);
-    if (adapter_slots.count(spec.name)) fail(ErrorKind::kInvalidArgument, "adapter '{}' given twice", spec.name);
-    const int32_t slot = static_cast<int32_t>(adapter_slots.size());
-    backend->set_adapter(slot, load_lora_adapter(spec.name, spec.path, model.config));
-    adapter_slots[spec.name] = slot;
-  }
-  int32_t adapter_slot = -1;
-  if (!options.adapter.empty()) {
-    auto found = adapter_slots.find(options.adapter);
-    if (found == adapter_slots.end())
-      throw Error(ErrorKind::kNotFound, "unknown adapter '" + options.adapter + "'",
-                  "load it with --lora " + options.adapter + "=PATH");
-    adapter_slot = found->second;
-  } else if (adapter_slots.size() == 1) {
-    adapter_slot = adapter_slots.begin()->second;
-  }
-  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
-
-  const Tokenizer& tokenizer = *model.tokenizer;
+  std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
+  const Tokenizer& tokenizer = *tokenizer_owner;
   std::vector<std::vector<TokenId>> prompt_tokens;
   if (!options.messages_json.empty()) {
     std::string rendered = tokenizer.chat_template().render(parse_messages(options.messages_json));
@@ -107,30 +97,62 @@ int run_generate(const GenerateOptions& options) {
     }
   }
 
-  std::vector<GenerationRequest> requests;
+  EngineConfig engine_config;
+  engine_config.block_size = options.block_size;
+  if (options.kv_cache_bytes > 0) {
+    engine_config.kv_cache_bytes = options.kv_cache_bytes;
+  } else {  // room for every request at once, and no more (as the offline Generator did)
+    // Capped at the context: longer requests fail at submit with a clear error.
+    const int64_t max_context = model.config.max_position_embeddings;
+    int64_t num_blocks = 0;
+    for (const auto& prompt : prompt_tokens) {
+      const int64_t num_tokens = std::min<int64_t>(static_cast<int64_t>(prompt.size()) + options.max_tokens, max_context);
+      num_blocks += (num_tokens + options.block_size - 1) / options.block_size;
+    }
+    engine_config.num_kv_blocks = static_cast<int32_t>(std::clamp<int64_t>(num_blocks, 1, 1 << 30));
+    engine_config.num_residual_kv_blocks = engine_config.num_kv_blocks;  // used only if an adapter is forked
+  }
+  std::unique_ptr<Engine> engine = make_engine(std::move(model), std::move(backend), engine_config);
+  for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
+  std::string adapter = options.adapter;
+  if (adapter.empty() && specs.size() == 1) adapter = specs.front().name;
+  for (const AdapterInfo& info : engine->adapters())
+    if (info.name == adapter) spdlog::debug("adapter '{}' with kv_sharing {}", info.name, kv_sharing_name(info.sharing));
+  const double load_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count();
+
+  // Every request is queued before any is read, so they run as one batch.
+  const auto generate_start = std::chrono::steady_clock::now();
+  std::vector<std::unique_ptr<RequestStream>> streams;
   for (size_t i = 0; i < prompt_tokens.size(); ++i) {
-    GenerationRequest request;
+    EngineRequest request;
     request.prompt_tokens = prompt_tokens[i];
-    request.adapter_slot = adapter_slot;
+    request.adapter = adapter;
     request.sampling = {options.temperature, options.top_k, options.top_p, options.seed + i, options.logprobs};
     request.max_new_tokens = options.max_tokens;
     request.stop_strings = options.stops;
     request.ignore_eos = options.ignore_eos;
-    requests.push_back(std::move(request));
+    streams.push_back(engine->submit(std::move(request)));
   }
-
-  GeneratorConfig generator_config;
-  generator_config.block_size = options.block_size;
-  generator_config.max_context_tokens = model.config.max_position_embeddings;
-  Generator generator(*backend, model.tokenizer, generator_config);
-  const bool stream = !options.json && requests.size() == 1;
-  const auto generate_start = std::chrono::steady_clock::now();
-  auto results = generator.generate(requests, [&](size_t, const std::string& delta) {
-    if (stream) {
-      std::fwrite(delta.data(), 1, delta.size(), stdout);
-      std::fflush(stdout);
+  const bool stream = !options.json && streams.size() == 1;
+  std::vector<GenerationResult> results(streams.size());
+  for (size_t i = 0; i < streams.size(); ++i) {
+    for (;;) {
+      std::optional<RequestOutput> output = streams[i]->next(std::chrono::seconds(3600));
+      if (!output) throw Error(ErrorKind::kInternal, "the engine produced nothing for an hour");
+      if (output->error) throw *output->error;
+      for (auto& token : output->new_tokens) results[i].tokens.push_back(std::move(token));
+      results[i].text += output->text_delta;
+      if (stream) {
+        std::fwrite(output->text_delta.data(), 1, output->text_delta.size(), stdout);
+        std::fflush(stdout);
+      }
+      if (output->finished) {
+        results[i].finish_reason = output->finish_reason;
+        break;
+      }
     }
-  });
+  }
+  engine->shutdown(true);
   const double generate_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - generate_start).count();
 
@@ -173,7 +195,8 @@ int run_generate(const GenerateOptions& options) {
 CommandRunner register_generate(CLI::App& app) {
   auto options = std::make_shared<GenerateOptions>();
   app.add_option("--model", options->model, "Hugging Face directory or .gguf file (default: built-in SmolLM2-135M)");
-  app.add_option("--lora", options->loras, "Adapter NAME=PATH[:MODE] (repeatable)");
+  app.add_option("--lora", options->loras,
+                 "Adapter NAME=PATH[:MODE] (repeatable; MODE: isolated, activated, base, forked)");
   app.add_option("--adapter", options->adapter, "Adapter to generate with (default: the only --lora, else base)");
   app.add_option("--prompt", options->prompts, "User prompt (repeatable: prompts run as one batch)");
   app.add_option("--messages", options->messages_json, "Chat messages as a JSON array of {role, content}");
@@ -189,6 +212,8 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--logprobs", options->logprobs, "Top alternatives per token in --json output");
   app.add_flag("--json", options->json, "Print token ids, logprobs and text as JSON");
   app.add_option("--block-size", options->block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-bytes", options->kv_cache_bytes, "KV cache pool size in bytes (0 = what the prompts need)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--device", options->device, "cpu (cuda arrives with the CUDA backend)");
   return [options] { return run_generate(*options); };

@@ -1,3 +1,5 @@
+#include <cctype>
+
 #include "cli/commands.h"
 #include "util/error.h"
 
@@ -7,16 +9,40 @@ LoraSpec parse_lora_spec(const std::string& spec) {
   const size_t equals = spec.find('=');
   if (equals == std::string::npos || equals == 0 || equals + 1 == spec.size())
     throw Error(ErrorKind::kInvalidArgument, "bad --lora '" + spec + "'", "use NAME=PATH[:MODE]");
-  LoraSpec result{spec.substr(0, equals), spec.substr(equals + 1), ""};
+  LoraSpec result{spec.substr(0, equals), spec.substr(equals + 1), "", std::nullopt};
   const size_t colon = result.path.rfind(':');
   if (colon != std::string::npos && result.path.find('/', colon) == std::string::npos) {
     result.mode = result.path.substr(colon + 1);
     result.path.resize(colon);
   }
-  if (!result.mode.empty() && result.mode != "isolated")
-    throw Error(ErrorKind::kUnsupported, "sharing mode '" + result.mode + "' for adapter " + result.name,
-                "only 'isolated' is implemented in this version");
+  if (result.path.empty()) throw Error(ErrorKind::kInvalidArgument, "bad --lora '" + spec + "'", "use NAME=PATH[:MODE]");
+  if (!result.mode.empty()) {
+    result.sharing = parse_kv_sharing(result.mode);
+    if (!result.sharing)
+      throw Error(ErrorKind::kInvalidArgument, "unknown KV sharing mode '" + result.mode + "' for adapter " + result.name,
+                  "use NAME=PATH[:MODE] with MODE one of isolated, activated, base, forked");
+  }
   return result;
+}
+
+int64_t parse_byte_size(const std::string& text, const std::string& flag) {
+  const auto bad = [&] {
+    throw Error(ErrorKind::kInvalidArgument, "bad " + flag + " '" + text + "'", "give bytes, e.g. 4096, 512K, 64M, 2G");
+  };
+  size_t digits = 0;
+  while (digits < text.size() && std::isdigit(static_cast<unsigned char>(text[digits]))) ++digits;
+  if (digits == 0 || digits > 12) bad();
+  int64_t value = std::stoll(text.substr(0, digits));
+  std::string unit = text.substr(digits);
+  for (char& c : unit) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  if (unit.size() > 1 && unit.back() == 'B') unit.pop_back();
+  if (unit.size() > 1 && unit.back() == 'I') unit.pop_back();
+  const std::string units = "KMGT";
+  if (unit.empty() || unit == "B") return value;
+  const size_t power = units.find(unit);
+  if (unit.size() != 1 || power == std::string::npos) bad();
+  for (size_t i = 0; i <= power; ++i) value *= 1024;
+  return value;
 }
 
 }  // namespace loom::cli

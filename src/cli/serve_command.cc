@@ -27,6 +27,8 @@ struct ServeOptions {
   std::string api_key;
   bool allow_runtime_lora = false;
   std::string lora_dir;
+  std::string default_sharing = "isolated";
+  std::string residual_kv_cache_memory = "auto";
   size_t max_request_bytes = 8u << 20;
   int threads = 0;
   int http_threads = 128;
@@ -52,18 +54,31 @@ int run_serve(const ServeOptions& options) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a crash
 
+  EngineConfig engine_config = options.engine;
+  const std::optional<KvSharing> default_sharing = parse_kv_sharing(options.default_sharing);
+  if (!default_sharing)
+    throw Error(ErrorKind::kInvalidArgument, "--default-sharing " + options.default_sharing,
+                "use one of isolated, activated, base, forked");
+  engine_config.default_sharing = *default_sharing;
+  engine_config.residual_kv_cache_bytes =
+      options.residual_kv_cache_memory == "auto" ? -1
+                                                 : parse_byte_size(options.residual_kv_cache_memory,
+                                                                   "--residual-kv-cache-memory");
+  std::vector<LoraSpec> specs;
+  for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));  // bad flags fail early
+
   const std::string model_path = resolve_model_path(options.model);
   LoadedModel model = load_model(model_path);
   CpuBackendConfig backend_config;
   backend_config.num_threads = options.threads;
   backend_config.max_adapter_slots = options.engine.max_adapter_slots;
   std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
-  std::unique_ptr<Engine> engine = make_engine(std::move(model), std::move(backend), options.engine);
-  for (const auto& spec_text : options.loras) {
-    const LoraSpec spec = parse_lora_spec(spec_text);
-    engine->load_adapter(spec.name, spec.path);
-    spdlog::info("adapter '{}' from {}", spec.name, spec.path);
-  }
+  std::unique_ptr<Engine> engine = make_engine(std::move(model), std::move(backend), engine_config);
+  // Loaded before any request: forked adapters here size the rCache pool.
+  for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
+  for (const AdapterInfo& adapter : engine->adapters())
+    spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
+                 kv_sharing_name(adapter.sharing));
 
   server::ServerConfig config;
   config.host = options.host;
@@ -125,7 +140,18 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--max-context-tokens", engine.max_context_tokens, "Prompt + output limit (0 = the model's)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", engine.block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
-  app.add_option("--kv-cache-bytes", engine.kv_cache_bytes, "KV cache pool size in bytes")->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-bytes", engine.kv_cache_bytes, "KV cache pool size in bytes (rCache included)")
+      ->check(CLI::PositiveNumber);
+  app.add_option("--default-sharing", options->default_sharing,
+                 "KV sharing of adapters that choose none: isolated (default), base, forked (activated only for "
+                 "aLoRA adapters, which get it anyway)")
+      ->check(CLI::IsMember({"isolated", "activated", "base", "forked"}));
+  app.add_option("--residual-kv-cache-memory", options->residual_kv_cache_memory,
+                 "Forked adapters' rCache pool, taken out of --kv-cache-bytes: BYTES (suffix K, M, G allowed), 0 = "
+                 "none, auto (default) = 1/8 of the KV cache when a forked adapter is loaded at start");
+  app.add_option("--max-lora-rank", engine.max_lora_rank,
+                 "Largest k/v LoRA rank of a forked adapter (0 = the largest loaded at start, at least 16)")
+      ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--http-threads", options->http_threads, "HTTP worker threads (one per open connection)")
       ->check(CLI::PositiveNumber);

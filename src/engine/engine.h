@@ -48,8 +48,9 @@ struct EngineConfig {
   // Largest LoRA rank (k/v) a forked adapter may have; 0 = the largest among the
   // adapters loaded at start, at least 16 (--max-lora-rank).
   int32_t max_lora_rank = 0;
-  // rCache pool of exactly this many blocks (tests), overriding
-  // residual_kv_cache_bytes; 0: derived from it.
+  // When there is an rCache pool, exactly this many blocks (tests, `loom
+  // generate`) instead of residual_kv_cache_bytes' worth; 0: derived from it.
+  // Whether there is one still follows residual_kv_cache_bytes.
   int32_t num_residual_kv_blocks = 0;
   // "At start" above means: before the first request is submitted. Until then,
   // loading a forked adapter (re)sizes both pools (contents are lost; there are

@@ -59,16 +59,16 @@ void EngineImpl::allocate_pools(bool with_residual, int64_t residual_bytes, int3
 }
 
 void EngineImpl::prepare_forked_adapter(const std::string& name, int32_t kv_rank) {
-  const bool has_pool = residual_kv_cache_ != nullptr;
-  if (has_pool && kv_rank <= residual_max_rank_.load()) return;
   const std::string rank_hint = "restart the server with --max-lora-rank >= " + std::to_string(kv_rank) +
                                 ", or load the adapter with another kv_sharing mode";
-  if (has_pool && config_.max_lora_rank > 0)
+  if (config_.max_lora_rank > 0 && kv_rank > config_.max_lora_rank)
     throw Error(ErrorKind::kCapacity,
                 fmt::format("adapter '{}' has k/v LoRA rank {}, over the forked residual cache's max rank {}", name,
-                            kv_rank, residual_max_rank_.load()),
+                            kv_rank, config_.max_lora_rank),
                 rank_hint);
-  if (!has_pool && config_.residual_kv_cache_bytes == 0 && config_.num_residual_kv_blocks <= 0)
+  const bool has_pool = residual_kv_cache_ != nullptr;
+  if (has_pool && kv_rank <= residual_max_rank_.load()) return;
+  if (!has_pool && config_.residual_kv_cache_bytes == 0)
     throw Error(ErrorKind::kCapacity,
                 fmt::format("adapter '{}' needs a forked residual cache and the server has none "
                             "(residual KV cache memory 0)",

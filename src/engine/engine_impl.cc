@@ -27,7 +27,7 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
   // before any request makes one (prepare_forked_adapter).
   int64_t residual_bytes = config_.residual_kv_cache_bytes;
   if (residual_bytes < 0) residual_bytes = config_.default_sharing == KvSharing::kForked ? config_.kv_cache_bytes / 8 : 0;
-  const bool with_residual = residual_bytes > 0 || config_.num_residual_kv_blocks > 0;
+  const bool with_residual = residual_bytes > 0;
   allocate_pools(with_residual, residual_bytes, config_.max_lora_rank > 0 ? config_.max_lora_rank : kMinAutoLoraRank);
   slot_used_.assign(static_cast<size_t>(std::min(config_.max_adapter_slots, backend_->max_adapter_slots())), false);
   eos_ids_ = model_.tokenizer->eos_token_ids();

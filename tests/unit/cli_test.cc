@@ -74,6 +74,35 @@ TEST_F(CliTest, GenerateJsonIsDeterministicAndAdaptersChangeTheOutput) {
   EXPECT_NE(parse_json_output(adapted.output)["tokens"], base_json["tokens"]);
 }
 
+TEST_F(CliTest, GenerateHonoursTheKvSharingModeOfLora) {
+  const std::string common = "generate --model " + model() +
+                             " --raw --prompt 'the loom weaves a cloth of many threads' --max-tokens 6 --ignore-eos "
+                             "--json --lora coder=" + model() + "/adapters/adapter0";
+  auto tokens_of = [&](const std::string& arguments) {
+    CommandResult result = run(arguments);
+    EXPECT_EQ(result.exit_code, 0) << result.output;
+    return result.exit_code == 0 ? parse_json_output(result.output)["tokens"] : nlohmann::json();
+  };
+  const nlohmann::json isolated = tokens_of(common + ":isolated");
+  EXPECT_EQ(tokens_of(common), isolated);              // the adapter's own choice: isolated
+  EXPECT_EQ(tokens_of(common + ":forked"), isolated);  // one agent alone: the same math
+  const nlohmann::json base_model =
+      tokens_of("generate --model " + model() +
+                " --raw --prompt 'the loom weaves a cloth of many threads' --max-tokens 6 --ignore-eos --json");
+  const nlohmann::json base_mode = tokens_of(common + ":base");
+  EXPECT_NE(base_mode, base_model);  // the decoder row is the adapter's
+
+  CommandResult activated = run(common + ":activated");  // no alora_invocation_tokens in its config
+  EXPECT_EQ(activated.exit_code, 2);
+  EXPECT_NE(activated.output.find("alora_invocation_tokens"), std::string::npos) << activated.output;
+  CommandResult bogus = run(common + ":shared");
+  EXPECT_EQ(bogus.exit_code, 2);
+  EXPECT_NE(bogus.output.find("isolated, activated, base, forked"), std::string::npos) << bogus.output;
+  CommandResult bad_size = run("serve --model " + model() + " --residual-kv-cache-memory 12Q");
+  EXPECT_EQ(bad_size.exit_code, 2);
+  EXPECT_NE(bad_size.output.find("--residual-kv-cache-memory"), std::string::npos) << bad_size.output;
+}
+
 TEST_F(CliTest, SampledGenerationDependsOnTheSeed) {
   const std::string common = "generate --model " + model() +
                              " --raw --prompt 'x' --max-tokens 12 --ignore-eos --json --temperature 1.5 --seed ";
