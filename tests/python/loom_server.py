@@ -44,11 +44,13 @@ def free_port():
 class LoomServer:
     """A model directory plus a running server; stop() ends both."""
 
-    def __init__(self, extra_args=(), num_adapters=4):
+    def __init__(self, extra_args=(), num_adapters=4, make_model_args=(), lora_modes=None):
+        """lora_modes: {adapter name: KV sharing mode} appended as --lora NAME=PATH:MODE."""
         self.directory = tempfile.mkdtemp(prefix="loom-http-")
         self.model_dir = os.path.join(self.directory, "model")
         subprocess.run([loom_binary(), "make-model", "--arch", "llama", "--preset", "tiny", "--adapters",
-                        str(num_adapters), "--out", self.model_dir], check=True, stdout=subprocess.DEVNULL)
+                        str(num_adapters), *make_model_args, "--out", self.model_dir], check=True,
+                       stdout=subprocess.DEVNULL)
         self.adapter_dir = os.path.join(self.model_dir, "adapters")
         self.adapter_names = sorted(os.listdir(self.adapter_dir))
         self.port = free_port()
@@ -56,7 +58,8 @@ class LoomServer:
         args = [loom_binary(), "serve", "--model", self.model_dir, "--served-model-name", "tiny",
                 "--port", str(self.port), "--threads", "1", "--block-size", "4"]
         for name in self.adapter_names:
-            args += ["--lora", f"{name}={os.path.join(self.adapter_dir, name)}"]
+            mode = (lora_modes or {}).get(name)
+            args += ["--lora", f"{name}={os.path.join(self.adapter_dir, name)}" + (f":{mode}" if mode else "")]
         args += list(extra_args)
         self.log_path = os.path.join(self.directory, "server.log")
         self.log = open(self.log_path, "w")
