@@ -4,6 +4,7 @@
 // request's tokens.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <thread>
 
@@ -376,6 +377,9 @@ TEST_F(EngineSharingTest, OneBatchMixingEveryModeEqualsEachRequestAlone) {
       EXPECT_NEAR(results[i].logprobs[t], alone.logprobs[t], 1e-4) << which << " token " << t;
   }
   const EngineMetrics metrics = engine_->take_metrics();
+  // They did run together: decode steps held most of them at once.
+  ASSERT_FALSE(metrics.decode_batch_sizes.empty());
+  EXPECT_GE(*std::max_element(metrics.decode_batch_sizes.begin(), metrics.decode_batch_sizes.end()), 10);
   for (const char* mode : {"none", "activated", "isolated", "base", "forked"})
     EXPECT_GT(metrics.prefix_queried_tokens_by_mode.at(mode), 0) << mode;
   EXPECT_GT(metrics.kv_bytes_residual, 0);
