@@ -150,15 +150,19 @@ bool WorkflowRegistry::note_request(std::string_view workflow, std::string_view 
   const AgentStepGraph* graph = state->graph.get();
   const std::optional<int32_t> arriving = graph ? graph->index_of(agent) : std::nullopt;
   for (const std::string& name : state->progress.running) {
+    if (name == agent) {  // keeps its place: the order is part of what a snapshot shows
+      running.push_back(name);
+      continue;
+    }
     const std::optional<int32_t> index = graph ? graph->index_of(name) : std::nullopt;
-    if (!index || name == agent) continue;
+    if (!index) continue;
     if (arriving) {
       const std::vector<int32_t>& predecessors = graph->predecessors(*arriving);
       if (std::find(predecessors.begin(), predecessors.end(), *index) != predecessors.end()) continue;
     }
     running.push_back(name);
   }
-  running.emplace_back(agent);
+  if (std::find(running.begin(), running.end(), agent) == running.end()) running.emplace_back(agent);
   if (running != state->progress.running || created) {
     state->progress.running = std::move(running);
     update_steps(*state, created);

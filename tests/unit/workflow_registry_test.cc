@@ -89,6 +89,10 @@ TEST_F(WorkflowRegistryTest, ParallelBranchesRunTogetherUntilTheirJoinArrives) {
   EXPECT_EQ(registry.snapshot()->workflow("w")->running, (std::vector<std::string>{"e1", "e2"}));
   EXPECT_EQ(steps(registry, "w"), (std::map<std::string, int32_t>{
                                       {"planner", 3}, {"e1", 0}, {"e2", 0}, {"expresser", 1}, {"reviewer", 2}}));
+  const uint64_t version = registry.version();
+  registry.note_request("w", "e1");  // e1 calls the model again: nothing moves
+  EXPECT_EQ(registry.snapshot()->workflow("w")->running, (std::vector<std::string>{"e1", "e2"}));
+  EXPECT_EQ(registry.version(), version);
   registry.note_request("w", "expresser");
   EXPECT_EQ(registry.snapshot()->workflow("w")->running, (std::vector<std::string>{"expresser"}));
   EXPECT_EQ(steps(registry, "w"), (std::map<std::string, int32_t>{
