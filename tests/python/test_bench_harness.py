@@ -256,6 +256,18 @@ class CompareTest(unittest.TestCase):
 
 
 class ReportTest(unittest.TestCase):
+    def test_ratios_keep_the_other_keys_fixed(self):
+        def config(sharing, workflows, tasks_per_s):
+            return {"name": f"sharing={sharing},workflows={workflows}",
+                    "compare": {"sharing": sharing, "workflows": workflows}, "metrics": {"tasks_per_s": tasks_per_s}}
+        configs_ = [config("isolated", "1", 1.0), config("isolated", "4", 2.0), config("forked", "1", 3.0),
+                    config("forked", "4", 8.0)]
+        result = report.ratios(configs_)
+        self.assertEqual(result["sharing=forked,workflows=4"]["over"], "sharing=isolated,workflows=4")
+        self.assertAlmostEqual(result["sharing=forked,workflows=4"]["tasks_per_s"], 4.0)
+        self.assertAlmostEqual(result["sharing=forked,workflows=1"]["tasks_per_s"], 3.0)
+        self.assertNotIn("sharing=isolated,workflows=4", result)  # its own baseline
+
     def test_design_shape_ratios_and_table(self):
         def config(name, tasks_per_s):
             metrics = {key: 1.0 for key in report.REQUIRED_METRICS}
@@ -274,7 +286,7 @@ class ReportTest(unittest.TestCase):
             with open(md_path) as file:
                 table = file.read()
         self.assertIn("| forked | 5.000 |", table)
-        self.assertIn("tasks/s 2.50x", table)
+        self.assertIn("`forked` over `isolated`: tasks/s 2.50x", table)
         self.assertIn("| broken | failed: RuntimeError: x |", table)
 
 

@@ -15,7 +15,7 @@ COLUMNS = [
     ("e2e_p95_s", "e2e p95 s", "{:.3f}"), ("e2e_p99_s", "e2e p99 s", "{:.3f}"),
     ("queue_time_mean_s", "queue s", "{:.3f}"), ("prefill_time_mean_s", "prefill s", "{:.3f}"),
     ("decode_time_mean_s", "decode s", "{:.3f}"), ("prefix_hit_rate", "hit rate", "{:.1%}"),
-    ("kv_bytes_per_agent", "KV MiB/agent", "mib"), ("decode_batch_size_mean", "decode batch", "{:.2f}"),
+    ("kv_bytes_per_agent", "KV MiB/agent", "mib"), ("kv_bytes_peak", "KV MiB peak", "mib"), ("decode_batch_size_mean", "decode batch", "{:.2f}"),
     ("preemptions", "preempt", "{:.0f}"), ("evicted_tokens", "evicted tok", "{:.0f}"),
     ("num_failed_calls", "failed calls", "{:.0f}"),
 ]
@@ -31,17 +31,37 @@ def fmt(value: Optional[float], spec: str) -> str:
     return spec.format(value)
 
 
+def baseline_of(config: dict, configs: List[dict]) -> Optional[dict]:
+    """The configuration `config` is compared with: the same values of every
+    --compare key but the first, and the first key's first value (so with
+    sharing x workflows, forked@4 is divided by isolated@4)."""
+    compare = config.get("compare") or {}
+    if not compare:
+        return configs[0] if configs else None
+    first_key = next(iter(compare))
+    for candidate in configs:
+        other = candidate.get("compare") or {}
+        if other.get(first_key) == (configs[0].get("compare") or {}).get(first_key) and all(
+                other.get(k) == v for k, v in compare.items() if k != first_key):
+            return candidate
+    return None
+
+
 def ratios(configs: List[dict]) -> dict:
-    """Each configuration's headline metrics over the first configuration's."""
+    """Headline metrics of each configuration over its baseline_of()'s:
+    {"baseline": first config's name, NAME: {"over": baseline name, metric: ratio}}."""
     ok = [c for c in configs if c.get("metrics")]
     if len(ok) < 2:
         return {}
-    base = ok[0]["metrics"]
     out = {"baseline": ok[0]["name"]}
-    for config in ok[1:]:
-        out[config["name"]] = {metric: (config["metrics"][metric] / base[metric]
-                                        if config["metrics"].get(metric) is not None and base.get(metric) else None)
-                               for metric, _ in RATIO_METRICS}
+    for config in ok:
+        base = baseline_of(config, ok)
+        if base is None or base is config:
+            continue
+        out[config["name"]] = {"over": base["name"], **{
+            metric: (config["metrics"][metric] / base["metrics"][metric]
+                     if config["metrics"].get(metric) is not None and base["metrics"].get(metric) else None)
+            for metric, _ in RATIO_METRICS}}
     return out
 
 
@@ -59,12 +79,12 @@ def markdown(report: dict) -> str:
         lines.append(f"| {config['name']} | " + " | ".join(fmt(metrics.get(m), spec) for m, _, spec in COLUMNS) + " |")
     table_ratios = report.get("ratios") or {}
     if table_ratios:
-        lines += ["", f"Ratios over `{table_ratios['baseline']}`:", ""]
+        lines += ["", "Ratios (each over the configuration with the first --compare key's first value):", ""]
         for name, values in table_ratios.items():
             if name == "baseline":
                 continue
             parts = [f"{title} {values[m]:.2f}x" for m, title in RATIO_METRICS if values.get(m) is not None]
-            lines.append(f"- `{name}`: " + ", ".join(parts))
+            lines.append(f"- `{name}` over `{values['over']}`: " + ", ".join(parts))
     phase_names = sorted({p for c in report["configs"] for p in (c.get("phases") or {})})
     if len(phase_names) > 1:
         lines += ["", "Per phase (client side):", "",
