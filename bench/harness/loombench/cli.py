@@ -164,6 +164,11 @@ def main(argv=None) -> int:
     if args.url and (serve_args or args.model or args.lora or args.make_model):
         raise SystemExit(f"loom bench: --url benchmarks a running server; server flags make no sense with it: "
                          f"{' '.join(serve_args) or '--model/--lora/--make-model'}")
+    try:
+        import httpx  # noqa: F401
+    except ImportError:
+        raise SystemExit(f"loom bench: {sys.executable} lacks httpx: pip install -r scripts/python-requirements.txt "
+                         "(or point LOOM_PYTHON at a python that has it)")
     os.makedirs(out_dir, exist_ok=True)
     if args.make_model:
         make_model(args, out_dir)
