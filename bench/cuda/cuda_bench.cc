@@ -1,0 +1,323 @@
+// Benchmarks of the CUDA backend on the 8B-shape model (random bf16 weights
+// drawn on the GPU, as `--model random:llama-8b`):
+//   decode   step time at batch 1/16/64/256 with 2K-token contexts, eager and as
+//            a CUDA graph, against the bandwidth floor (weight + KV bytes / 3.35 TB/s)
+//   prefill  one 8K-token prompt: model FLOPs utilisation against 989 TFLOP/s
+//   lora     8 distinct adapters (r=16, all seven projections) in a decode batch
+//            of 64 against base only
+//   attention the attention kernels alone (decode 64 x 2K, prefill 8K causal),
+//            to hold against torch's scaled_dot_product_attention (sdpa_reference.py)
+// Writes one JSON object (--out) and prints a short table. Times are medians of
+// CUDA-event timings after warm-up; the logits' copy to the host is not timed.
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_check.h"
+#include "model/synthetic.h"
+#include "util/prng.h"
+
+namespace loom::cuda {
+namespace {
+
+constexpr double kPeakBandwidth = 3.35e12;  // H100 SXM HBM3, bytes/s
+constexpr double kPeakBf16 = 989e12;        // H100 SXM dense bf16, FLOP/s
+constexpr int kBlockSize = 16;
+constexpr int kContext = 2048;
+constexpr int kContextGroups = 128;  // distinct 2K contexts; batch 256 shares them pairwise
+
+struct Timer {
+  cudaStream_t stream;
+  cudaEvent_t start, stop;
+  explicit Timer(cudaStream_t s) : stream(s) {
+    LOOM_CUDA_CHECK(cudaEventCreate(&start));
+    LOOM_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~Timer() {
+    cudaEventDestroy(start);
+    cudaEventDestroy(stop);
+  }
+  template <typename F>
+  double median_ms(F&& work, int iterations) {
+    std::vector<double> times;
+    for (int i = 0; i < iterations; ++i) {
+      LOOM_CUDA_CHECK(cudaEventRecord(start, stream));
+      work();
+      LOOM_CUDA_CHECK(cudaEventRecord(stop, stream));
+      LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
+      float ms = 0;
+      LOOM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+      times.push_back(ms);
+    }
+    std::sort(times.begin(), times.end());
+    return times[times.size() / 2];
+  }
+};
+
+// Decode batch: sequence s reads context group s % 128 (127 shared blocks) plus
+// its own last block, where its new token (position 2047) is written.
+Batch decode_batch(int batch_size, const std::vector<int32_t>& slots, Prng& prng, int vocab) {
+  Batch batch;
+  const int blocks_per_sequence = kContext / kBlockSize;
+  for (int s = 0; s < batch_size; ++s) {
+    BatchSequence sequence;
+    sequence.num_cached_tokens = kContext - 1;
+    sequence.num_new_tokens = 1;
+    sequence.token_offset = s;
+    sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+    sequence.num_blocks = blocks_per_sequence;
+    const int group = s % kContextGroups;
+    for (int b = 0; b < blocks_per_sequence - 1; ++b) batch.block_tables.push_back(group * (blocks_per_sequence - 1) + b);
+    batch.block_tables.push_back(kContextGroups * (blocks_per_sequence - 1) + s);
+    batch.sequences.push_back(sequence);
+    batch.token_ids.push_back(static_cast<int32_t>(prng.next_below(vocab)));
+    batch.positions.push_back(kContext - 1);
+    batch.adapter_slots.push_back(slots.empty() ? -1 : slots[s % slots.size()]);
+  }
+  return batch;
+}
+
+Batch prefill_batch(int num_tokens, Prng& prng, int vocab) {
+  Batch batch;
+  BatchSequence sequence;
+  sequence.num_new_tokens = num_tokens;
+  sequence.num_blocks = num_tokens / kBlockSize;
+  batch.sequences.push_back(sequence);
+  for (int t = 0; t < num_tokens; ++t) {
+    batch.token_ids.push_back(static_cast<int32_t>(prng.next_below(vocab)));
+    batch.positions.push_back(t);
+    batch.adapter_slots.push_back(-1);
+  }
+  for (int b = 0; b < sequence.num_blocks; ++b) batch.block_tables.push_back(b);
+  return batch;
+}
+
+struct StepTimes {
+  double eager_ms = 0, graph_ms = 0;
+};
+
+StepTimes time_step(CudaBackend& backend, const Batch& batch, int iterations, bool with_graph) {
+  Timer timer(backend.stream());
+  for (int i = 0; i < 3; ++i) backend.enqueue_forward(batch);  // grow buffers, load modules
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
+  StepTimes times;
+  times.eager_ms = timer.median_ms([&] { backend.enqueue_forward(batch); }, iterations);
+  if (with_graph) {
+    cudaGraph_t graph = nullptr;
+    cudaGraphExec_t exec = nullptr;
+    LOOM_CUDA_CHECK(cudaStreamBeginCapture(backend.stream(), cudaStreamCaptureModeThreadLocal));
+    backend.enqueue_forward(batch);
+    LOOM_CUDA_CHECK(cudaStreamEndCapture(backend.stream(), &graph));
+    LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    for (int i = 0; i < 3; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, backend.stream()));
+    times.graph_ms = timer.median_ms([&] { LOOM_CUDA_CHECK(cudaGraphLaunch(exec, backend.stream())); }, iterations);
+    cudaGraphExecDestroy(exec);
+    cudaGraphDestroy(graph);
+  }
+  return times;
+}
+
+// Bytes every decode step must read: all weights except the embedding table
+// (only the batch's rows), plus every attended KV entry.
+double decode_floor_ms(const CudaBackend& backend, int batch_size) {
+  const ModelConfig& config = backend.config();
+  const double embedding = static_cast<double>(config.vocab_size) * config.hidden_size * 2;
+  const double weights = static_cast<double>(backend.model().weight_bytes()) - embedding;
+  const double kv = static_cast<double>(batch_size) * kContext * backend.kv_bytes_per_token();
+  return (weights + kv) / kPeakBandwidth * 1e3;
+}
+
+double prefill_flops(const ModelConfig& config, int64_t tokens) {
+  const double hidden = config.hidden_size, q = config.q_size(), kv = config.kv_size(), inter = config.intermediate_size;
+  const double linear_per_token = 2.0 * (hidden * (q + 2 * kv) + q * hidden + hidden * 2 * inter + inter * hidden);
+  const double pairs = static_cast<double>(tokens) * (tokens + 1) / 2;
+  const double attention_per_layer = 4.0 * config.num_heads * config.head_dim * pairs;
+  return config.num_layers * (linear_per_token * tokens + attention_per_layer) + 2.0 * hidden * config.vocab_size;
+}
+
+double measure_copy_bandwidth(cudaStream_t stream) {
+  const size_t bytes = 4ull << 30;
+  DeviceBuffer a(bytes), b(bytes);
+  LOOM_CUDA_CHECK(cudaMemsetAsync(a.data(), 1, bytes, stream));
+  Timer timer(stream);
+  const double ms = timer.median_ms([&] { LOOM_CUDA_CHECK(cudaMemcpyAsync(b.data(), a.data(), bytes, cudaMemcpyDeviceToDevice, stream)); }, 5);
+  return 2.0 * bytes / (ms * 1e-3);
+}
+
+// The attention kernels alone on layer 0's pools, for the batch's plan.
+double time_attention(CudaBackend& backend, const Batch& batch, int iterations) {
+  const ModelConfig& config = backend.config();
+  StepPlan plan;
+  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132});
+  DeviceBuffer plan_d(plan.words().size() * 4);
+  LOOM_CUDA_CHECK(cudaMemcpy(plan_d.data(), plan.words().data(), plan.words().size() * 4, cudaMemcpyHostToDevice));
+  const size_t n = batch.token_ids.size();
+  DeviceBuffer q(n * config.q_size() * 2), out(n * config.q_size() * 2);
+  launch_synthetic_fill_bf16(q.as<bf16>(), n * config.q_size(), 99, false, 2.0f, backend.stream());
+  const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * config.num_kv_heads * kAttentionMaxRows;
+  DeviceBuffer partial_out(partial_rows * config.head_dim * 4), partial_lse(partial_rows * 4);
+  AttentionParams params;
+  params.q = q.as<bf16>();
+  params.k_cache = backend.k_pool(0);
+  params.v_cache = backend.v_pool(0);
+  const int32_t* words = plan_d.as<int32_t>();
+  params.block_tables = words + plan.sections().block_tables;
+  params.sequences = reinterpret_cast<const AttentionSequence*>(words + plan.sections().sequences);
+  params.out = out.as<bf16>();
+  params.partial_out = partial_out.as<float>();
+  params.partial_lse = partial_lse.as<float>();
+  params.num_heads = config.num_heads;
+  params.num_kv_heads = config.num_kv_heads;
+  params.head_dim = config.head_dim;
+  params.block_size = kBlockSize;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  auto run = [&] {
+    launch_attention(params, AttentionVariant::kPrefill,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+                     plan.num_prefill_items(), backend.stream());
+    launch_attention(params, AttentionVariant::kDecode,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
+                     plan.num_decode_items(), backend.stream());
+    launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
+                             plan.num_combine_items(), backend.stream());
+  };
+  for (int i = 0; i < 3; ++i) run();
+  Timer timer(backend.stream());
+  return timer.median_ms(run, iterations);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"CUDA backend benchmarks (8B-shape model, random bf16 weights)"};
+  std::string out_path = "cuda_bench.json";
+  int iterations = 20;
+  std::vector<int> batch_sizes = {1, 4, 16, 64, 256};
+  int prefill_tokens = 8192;
+  app.add_option("--out", out_path, "JSON results");
+  app.add_option("--iterations", iterations, "Timed repetitions per figure (median)");
+  app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
+  app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
+  CLI11_PARSE(app, argc, argv);
+
+  nlohmann::json results;
+  results["device"] = cuda_device_description(0);
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k8b);
+  const auto load_start = std::chrono::steady_clock::now();
+  CudaBackendConfig backend_config;
+  backend_config.max_adapter_slots = 8;
+  auto owner = make_synthetic_cuda_backend(config, 0, true, backend_config);
+  auto& backend = static_cast<CudaBackend&>(*owner);
+  results["model"] = {{"name", "random:llama-8b"},
+                      {"weight_bytes", backend.model().weight_bytes()},
+                      {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()}};
+  const int blocks_per_sequence = kContext / kBlockSize;
+  const int num_blocks = kContextGroups * (blocks_per_sequence - 1) + 256;
+  backend.allocate_kv_cache({num_blocks, kBlockSize});
+  // Random K/V (never time on zeros).
+  const int64_t kv_elements = static_cast<int64_t>(num_blocks) * kBlockSize * backend.kv_bytes_per_token() / 2;
+  launch_synthetic_fill_bf16(backend.k_pool(0), kv_elements, 12345, false, 1.0f, backend.stream());
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
+  const double copy_bandwidth = measure_copy_bandwidth(backend.stream());
+  results["measured_copy_bandwidth_bytes_per_s"] = copy_bandwidth;
+  std::printf("device: %s\nmeasured device-to-device copy: %.2f TB/s (read + write)\n", results["device"].get<std::string>().c_str(),
+              copy_bandwidth / 1e12);
+
+  Prng prng(1);
+  std::printf("\n%-28s %10s %10s %10s %8s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms", "x floor");
+  for (int batch_size : batch_sizes) {
+    const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+    const StepTimes times = time_step(backend, batch, iterations, true);
+    const double floor_ms = decode_floor_ms(backend, batch_size);
+    double cublas_graph_ms = 0;
+    if (batch_size <= kSkinnyGemmMaxRows) {  // the same step with cuBLAS for every GEMM
+      backend.set_skinny_gemm(false);
+      cublas_graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+      backend.set_skinny_gemm(true);
+    }
+    results["decode"].push_back({{"batch", batch_size}, {"context", kContext}, {"eager_ms", times.eager_ms},
+                                 {"cublas_only_graph_ms", cublas_graph_ms},
+                                 {"graph_ms", times.graph_ms}, {"floor_ms", floor_ms},
+                                 {"graph_over_floor", times.graph_ms / floor_ms},
+                                 {"eager_over_floor", times.eager_ms / floor_ms},
+                                 {"kv_shared_pairwise", batch_size > kContextGroups}});
+    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f\n", ("batch " + std::to_string(batch_size)).c_str(), times.eager_ms,
+                times.graph_ms, floor_ms, times.graph_ms / floor_ms);
+  }
+
+  {
+    SyntheticModelOptions options;
+    options.num_adapters = 8;
+    options.rank = 16;
+    options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const auto specs = synthetic_adapter_specs(options, config);
+    std::vector<int32_t> slots;
+    for (int a = 0; a < 8; ++a) {
+      backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 0)));
+      slots.push_back(a);
+    }
+    const Batch base = decode_batch(64, {}, prng, config.vocab_size);
+    const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
+    const StepTimes base_times = time_step(backend, base, iterations, true);
+    const StepTimes lora_times = time_step(backend, mixed, iterations, true);
+    results["lora"] = {{"batch", 64}, {"adapters", 8}, {"rank", 16}, {"base_graph_ms", base_times.graph_ms},
+                       {"lora_graph_ms", lora_times.graph_ms}, {"base_eager_ms", base_times.eager_ms},
+                       {"lora_eager_ms", lora_times.eager_ms}, {"ratio_graph", lora_times.graph_ms / base_times.graph_ms},
+                       {"ratio_eager", lora_times.eager_ms / base_times.eager_ms}};
+    std::printf("\nmulti-LoRA decode 64 (8 adapters r=16): base %.3f ms, lora %.3f ms, ratio %.3f (graph)\n",
+                base_times.graph_ms, lora_times.graph_ms, lora_times.graph_ms / base_times.graph_ms);
+    for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
+  }
+
+  {
+    const Batch batch = prefill_batch(prefill_tokens, prng, config.vocab_size);
+    const StepTimes times = time_step(backend, batch, std::max(3, iterations / 4), false);
+    const double flops = prefill_flops(config, prefill_tokens);
+    const double mfu = flops / (times.eager_ms * 1e-3) / kPeakBf16;
+    results["prefill"] = {{"tokens", prefill_tokens}, {"ms", times.eager_ms}, {"flops", flops}, {"mfu", mfu},
+                          {"tflops", flops / (times.eager_ms * 1e-3) / 1e12}};
+    std::printf("\nprefill %d tokens: %.1f ms, %.1f TFLOP/s, MFU %.1f%%\n", prefill_tokens, times.eager_ms,
+                flops / (times.eager_ms * 1e-3) / 1e12, 100 * mfu);
+  }
+
+  {
+    const Batch decode = decode_batch(64, {}, prng, config.vocab_size);
+    const double decode_ms = time_attention(backend, decode, iterations);
+    const double decode_bytes = 64.0 * kContext * config.kv_size() * 2 * 2;
+    const Batch prefill = prefill_batch(prefill_tokens, prng, config.vocab_size);
+    const double prefill_ms = time_attention(backend, prefill, std::max(3, iterations / 2));
+    const double pairs = static_cast<double>(prefill_tokens) * (prefill_tokens + 1) / 2;
+    const double prefill_flop = 4.0 * config.num_heads * config.head_dim * pairs;
+    results["attention"] = {
+        {"decode", {{"batch", 64}, {"context", kContext}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
+                    {"head_dim", config.head_dim}, {"ms", decode_ms}, {"kv_bytes", decode_bytes},
+                    {"bandwidth_bytes_per_s", decode_bytes / (decode_ms * 1e-3)}}},
+        {"prefill", {{"tokens", prefill_tokens}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
+                     {"head_dim", config.head_dim}, {"causal", true}, {"ms", prefill_ms}, {"flops", prefill_flop},
+                     {"tflops", prefill_flop / (prefill_ms * 1e-3) / 1e12}}}};
+    std::printf("\nattention alone, one layer: decode 64x2K %.3f ms (%.2f TB/s of K/V); prefill %d causal %.3f ms (%.0f TFLOP/s)\n",
+                decode_ms, decode_bytes / (decode_ms * 1e-3) / 1e12, prefill_tokens, prefill_ms,
+                prefill_flop / (prefill_ms * 1e-3) / 1e12);
+  }
+
+  std::ofstream(out_path) << results.dump(2) << "\n";
+  std::printf("\nwrote %s\n", out_path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return loom::cuda::run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "loom_cuda_bench: %s\n", error.what());
+    return 1;
+  }
+}

@@ -1,0 +1,47 @@
+#!/bin/bash
+# Runs the CUDA backend's tests or benchmarks on the GPU machine (the `run`
+# tool's device), from binaries built here and carried in .carry/cuda:
+#   .carry/cuda/loom_cuda_pkg.tar.xz  bin/{cuda_backend_test,loom_cuda_bench,loom} + lib/*.so
+#                                      (the Debian shared libraries the device image lacks)
+# The SmolLM2 GGUF (98 MB) is over one call's carry limit: .carry/smol_a/part
+# (first 50 MB) travels with `tests` and is kept in /tmp/loom, .carry/smol_b/part
+# with `smol`, which must follow while the machine is still warm.
+#   bench/cuda/run_device.sh tests | smol | bench | all-after-tests
+set -u
+MODE=${1:-tests}
+OUT=${OUT:-/tmp/loom-out}
+mkdir -p /tmp/loom "$OUT"
+if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom; fi
+[ -f .carry/smol_a/part ] && cp .carry/smol_a/part /tmp/loom/smol_a
+CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
+[ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
+[ -z "$CUBLAS" ] && CUBLAS=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.13"))' 2>/dev/null)
+export LD_LIBRARY_PATH=/tmp/loom/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
+echo "cublas: $CUBLAS" | tee -a "$OUT/env.txt"
+nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$OUT/env.txt"
+T=/tmp/loom/bin/cuda_backend_test
+
+run_suite() {  # one process per suite: a sticky CUDA error stays in its suite
+  timeout "${2:-200}" "$T" --gtest_filter="$1" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|NMSE|smollm2|nmse" | head -60
+  local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ] && grep -q "cuda: .* failed" "$OUT/tests.log"; then
+    echo "== $1 hit a CUDA error: rerunning under compute-sanitizer"
+    timeout 150 compute-sanitizer --print-limit 5 "$T" --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1
+    grep -E "=========" "$OUT/sanitizer.log" | head -30
+  fi
+}
+
+case "$MODE" in
+  tests)
+    for suite in 'CudaKernels.*' 'CudaLora.*' 'CudaAttention.*' 'AllArchs/*' 'CudaBackend.*'; do run_suite "$suite"; done
+    ;;
+  smol)
+    cat /tmp/loom/smol_a .carry/smol_b/part > /tmp/loom/smol.gguf
+    ls -la /tmp/loom/smol.gguf
+    LOOM_SMOLLM2_GGUF=/tmp/loom/smol.gguf run_suite 'CudaSmolLM2.*' 300
+    ;;
+  bench)
+    timeout 420 /tmp/loom/bin/loom_cuda_bench --out "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/bench.log"
+    timeout 120 python3 bench/cuda/sdpa_reference.py > "$OUT/sdpa.json" 2> "$OUT/sdpa.err"; cat "$OUT/sdpa.json"
+    ;;
+esac

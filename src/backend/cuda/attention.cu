@@ -1,0 +1,421 @@
+// Paged causal GQA attention on tensor cores (FlashAttention-2 style), for
+// prefill and decode, with split-KV partials merged by a combine kernel.
+//
+// A CTA (128 threads) runs one work item for one kv head (blockIdx.y): up to
+// 64 (prefill) or 16 (decode) rows of (token, query head) of one sequence
+// against KV entries [kv_begin, kv_end), in tiles of 64 keys gathered through
+// the block table with cp.async (double-buffered, zero-filled past the end).
+// S = Q K^T and O += P V use mma.sync m16n8k16 (bf16 in, fp32 accumulate) with
+// ldmatrix fragments; the softmax is online, in the log2 domain.
+//   prefill: warp w owns rows [16w, 16w + 16) and all 64 keys of each tile.
+//   decode:  every warp owns the 16 rows and keys [16w, 16w + 16) of each tile;
+//            the four (m, l, O) are merged through shared memory at the end.
+// Masking: row (token i) sees key j iff j < kv_end and j <= num_cached + i.
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kThreads = 128;
+constexpr int kTileKeys = kAttentionTileKeys;
+
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(source_bytes));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* shared) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* shared) {
+  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(address));
+}
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+__device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
+  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+template <int kHeadDim, int kRowWarps>
+constexpr size_t attention_shared_bytes() {
+  constexpr int kStride = kHeadDim + 8;
+  return static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride * sizeof(bf16);
+}
+
+// Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
+struct RowWriter {
+  const AttentionParams& p;
+  const AttentionWorkItem& item;
+  int kv_head, group, token_offset;
+
+  __device__ void write(int local_row, int d, float v0, float v1) const {
+    const int row = item.row_begin + local_row;
+    if (item.partial_index >= 0) {
+      float* destination = p.partial_out +
+                           ((static_cast<int64_t>(item.partial_index) * p.num_kv_heads + kv_head) * kAttentionMaxRows +
+                            local_row) * p.head_dim + d;
+      destination[0] = v0;
+      destination[1] = v1;
+      return;
+    }
+    const int64_t token = token_offset + row / group;
+    const int head = kv_head * group + row % group;
+    *reinterpret_cast<__nv_bfloat162*>(p.out + token * p.num_heads * p.head_dim + head * p.head_dim + d) =
+        __floats2bfloat162_rn(v0, v1);
+  }
+  __device__ void write_lse(int local_row, float lse) const {
+    if (item.partial_index < 0) return;
+    p.partial_lse[(static_cast<int64_t>(item.partial_index) * p.num_kv_heads + kv_head) * kAttentionMaxRows +
+                  local_row] = lse;
+  }
+};
+
+template <int kHeadDim, int kRowWarps>
+__global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
+  constexpr int kKeyWarps = 4 / kRowWarps;
+  constexpr int kRows = 16 * kRowWarps;
+  constexpr int kKeysPerWarp = kTileKeys / kKeyWarps;  // 64 or 16
+  constexpr int kScoreTiles = kKeysPerWarp / 8;
+  constexpr int kOutTiles = kHeadDim / 8;
+  constexpr int kDimSteps = kHeadDim / 16;
+  constexpr int kStride = kHeadDim + 8;  // +16 bytes a row: conflict-free ldmatrix
+  constexpr int kChunksPerRow = kHeadDim / 8;
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  bf16* q_shared = reinterpret_cast<bf16*>(shared_raw);  // [kRows][kStride]
+  bf16* k_shared = q_shared + kRows * kStride;            // [2][kTileKeys][kStride]
+  bf16* v_shared = k_shared + 2 * kTileKeys * kStride;    // [2][kTileKeys][kStride]
+
+  const AttentionWorkItem item = items[blockIdx.x];
+  const int kv_head = blockIdx.y;
+  const AttentionSequence sequence = p.sequences[item.sequence];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int total_rows = sequence.num_new_tokens * group;
+  const int q_size = p.num_heads * kHeadDim;
+  const int kv_size = p.num_kv_heads * kHeadDim;
+  const int tid = threadIdx.x;
+  const int warp = tid / 32;
+  const int lane = tid % 32;
+  const int row_warp = warp % kRowWarps;
+  const int key_warp = warp / kRowWarps;
+  const int32_t* block_table = p.block_tables + sequence.block_table_offset;
+
+  for (int chunk = tid; chunk < kRows * kChunksPerRow; chunk += kThreads) {
+    const int r = chunk / kChunksPerRow;
+    const int c = chunk % kChunksPerRow;
+    const int row = item.row_begin + r;
+    uint4 value = make_uint4(0, 0, 0, 0);
+    if (row < total_rows) {
+      const int64_t token = sequence.token_offset + row / group;
+      const int head = kv_head * group + row % group;
+      value = *reinterpret_cast<const uint4*>(p.q + token * q_size + head * kHeadDim + c * 8);
+    }
+    *reinterpret_cast<uint4*>(q_shared + r * kStride + c * 8) = value;
+  }
+
+  auto load_tile = [&](int tile_start, int buffer) {
+    for (int chunk = tid; chunk < kTileKeys * kChunksPerRow; chunk += kThreads) {
+      const int r = chunk / kChunksPerRow;
+      const int c = chunk % kChunksPerRow;
+      const int key = tile_start + r;
+      const bool valid = key < item.kv_end;
+      const bf16* k_source = p.k_cache;
+      const bf16* v_source = p.v_cache;
+      if (valid) {
+        const int64_t slot = static_cast<int64_t>(block_table[key / p.block_size]) * p.block_size + key % p.block_size;
+        const int64_t offset = slot * kv_size + kv_head * kHeadDim + c * 8;
+        k_source += offset;
+        v_source += offset;
+      }
+      const int destination = (buffer * kTileKeys + r) * kStride + c * 8;
+      cp_async_16(k_shared + destination, k_source, valid);
+      cp_async_16(v_shared + destination, v_source, valid);
+    }
+    cp_async_commit();
+  };
+
+  const int num_tiles = (item.kv_end - item.kv_begin + kTileKeys - 1) / kTileKeys;
+  load_tile(item.kv_begin, 0);
+  __syncthreads();  // q_shared written with plain stores
+
+  uint32_t q_fragments[kDimSteps][4];
+#pragma unroll
+  for (int step = 0; step < kDimSteps; ++step)
+    ldmatrix_x4(q_fragments[step], q_shared + (row_warp * 16 + lane % 16) * kStride + step * 16 + (lane / 16) * 8);
+
+  const int g = lane / 4;
+  const int quad = lane % 4;
+  // Exclusive key limit per owned row (0 for padding rows: everything masked).
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + row_warp * 16 + g + 8 * h;
+    const int causal = row < total_rows ? sequence.num_cached_tokens + row / group + 1 : 0;
+    row_limit[h] = causal < item.kv_end ? causal : item.kv_end;
+  }
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  float out[kOutTiles][4];
+#pragma unroll
+  for (int t = 0; t < kOutTiles; ++t) out[t][0] = out[t][1] = out[t][2] = out[t][3] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int buffer = tile & 1;
+    const int tile_start = item.kv_begin + tile * kTileKeys;
+    if (tile + 1 < num_tiles) {
+      load_tile(tile_start + kTileKeys, buffer ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    __syncthreads();
+
+    const int first_key = tile_start + key_warp * kKeysPerWarp;
+    const bf16* k_base = k_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kStride;
+    float score[kScoreTiles][4];
+#pragma unroll
+    for (int t = 0; t < kScoreTiles; ++t) score[t][0] = score[t][1] = score[t][2] = score[t][3] = 0.0f;
+    // Skip tiles this warp's rows cannot see (causal upper triangle).
+    const bool any_visible = __any_sync(0xffffffffu, first_key < row_limit[0] || first_key < row_limit[1]);
+    if (any_visible) {
+#pragma unroll
+      for (int step = 0; step < kDimSteps; ++step) {
+#pragma unroll
+        for (int t = 0; t < kScoreTiles; t += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, k_base + (t * 8 + lane % 8 + (lane / 16) * 8) * kStride + step * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(score[t], q_fragments[step], b[0], b[1]);
+          mma_bf16(score[t + 1], q_fragments[step], b[2], b[3]);
+        }
+      }
+
+      float tile_max[2] = {-INFINITY, -INFINITY};
+#pragma unroll
+      for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          const int key = first_key + t * 8 + 2 * quad + (e & 1);
+          const float value = key < row_limit[h] ? score[t][e] * scale_log2 : -INFINITY;
+          score[t][e] = value;
+          tile_max[h] = fmaxf(tile_max[h], value);
+        }
+      }
+      float rescale[2], shift[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float new_max = fmaxf(row_max[h], tile_max[h]);
+        shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
+        rescale[h] = exp2f(row_max[h] - shift[h]);
+        row_max[h] = new_max;
+      }
+      float tile_sum[2] = {0.0f, 0.0f};
+#pragma unroll
+      for (int t = 0; t < kScoreTiles; ++t) {
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          const int h = e / 2;
+          score[t][e] = exp2f(score[t][e] - shift[h]);
+          tile_sum[h] += score[t][e];
+        }
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+#pragma unroll
+      for (int t = 0; t < kOutTiles; ++t) {
+        out[t][0] *= rescale[0];
+        out[t][1] *= rescale[0];
+        out[t][2] *= rescale[1];
+        out[t][3] *= rescale[1];
+      }
+
+      const bf16* v_base = v_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kStride;
+#pragma unroll
+      for (int step = 0; step < kKeysPerWarp / 16; ++step) {
+        const uint32_t a[4] = {pack_bf16(score[2 * step][0], score[2 * step][1]),
+                               pack_bf16(score[2 * step][2], score[2 * step][3]),
+                               pack_bf16(score[2 * step + 1][0], score[2 * step + 1][1]),
+                               pack_bf16(score[2 * step + 1][2], score[2 * step + 1][3])};
+#pragma unroll
+        for (int t = 0; t < kOutTiles; t += 2) {
+          uint32_t b[4];
+          ldmatrix_x4_trans(b, v_base + (step * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kStride + t * 8 + (lane / 16) * 8);
+          mma_bf16(out[t], a, b[0], b[1]);
+          mma_bf16(out[t + 1], a, b[2], b[3]);
+        }
+      }
+    }
+    __syncthreads();  // everyone is done with `buffer` before it is refilled
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+  const RowWriter writer{p, item, kv_head, group, sequence.token_offset};
+  const int rows_in_item = min(kRows, total_rows - item.row_begin);
+
+  if constexpr (kKeyWarps == 1) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int local_row = row_warp * 16 + g + 8 * h;
+      if (local_row >= rows_in_item) continue;
+      const float inverse = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
+#pragma unroll
+      for (int t = 0; t < kOutTiles; ++t)
+        writer.write(local_row, t * 8 + 2 * quad, out[t][2 * h] * inverse, out[t][2 * h + 1] * inverse);
+      if (quad == 0) writer.write_lse(local_row, row_sum[h] > 0.0f ? row_max[h] + log2f(row_sum[h]) : -INFINITY);
+    }
+  } else {
+    // Merge the key warps' partial (max, sum, O) through shared memory (the K/V
+    // buffers are free now: the loop ended with a barrier).
+    float* merge_out = reinterpret_cast<float*>(k_shared);  // [kKeyWarps][16][kHeadDim]
+    float* merge_max = merge_out + kKeyWarps * 16 * kHeadDim;
+    float* merge_sum = merge_max + kKeyWarps * 16;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int r = g + 8 * h;
+      if (quad == 0) {
+        merge_max[key_warp * 16 + r] = row_max[h];
+        merge_sum[key_warp * 16 + r] = row_sum[h];
+      }
+#pragma unroll
+      for (int t = 0; t < kOutTiles; ++t) {
+        float* destination = merge_out + (key_warp * 16 + r) * kHeadDim + t * 8 + 2 * quad;
+        destination[0] = out[t][2 * h];
+        destination[1] = out[t][2 * h + 1];
+      }
+    }
+    __syncthreads();
+    for (int index = tid; index < 16 * (kHeadDim / 2); index += kThreads) {
+      const int r = index / (kHeadDim / 2);
+      const int d = (index % (kHeadDim / 2)) * 2;
+      if (r >= rows_in_item) continue;
+      float max_all = -INFINITY;
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) max_all = fmaxf(max_all, merge_max[w * 16 + r]);
+      const float shift = max_all == -INFINITY ? 0.0f : max_all;
+      float sum = 0.0f, v0 = 0.0f, v1 = 0.0f;
+#pragma unroll
+      for (int w = 0; w < kKeyWarps; ++w) {
+        const float weight = exp2f(merge_max[w * 16 + r] - shift);
+        sum += merge_sum[w * 16 + r] * weight;
+        v0 += merge_out[(w * 16 + r) * kHeadDim + d] * weight;
+        v1 += merge_out[(w * 16 + r) * kHeadDim + d + 1] * weight;
+      }
+      const float inverse = sum > 0.0f ? 1.0f / sum : 0.0f;
+      writer.write(r, d, v0 * inverse, v1 * inverse);
+      if (d == 0) writer.write_lse(r, sum > 0.0f ? max_all + log2f(sum) : -INFINITY);
+    }
+  }
+}
+
+__global__ void attention_combine_kernel(AttentionParams p, const AttentionCombineItem* items) {
+  const AttentionCombineItem item = items[blockIdx.x];
+  const int kv_head = blockIdx.y;
+  const AttentionSequence sequence = p.sequences[item.sequence];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int head_dim = p.head_dim;
+  for (int index = threadIdx.x; index < item.num_rows * head_dim; index += blockDim.x) {
+    const int r = index / head_dim;
+    const int d = index % head_dim;
+    float max_all = -INFINITY;
+    for (int k = 0; k < item.num_partials; ++k)
+      max_all = fmaxf(max_all, p.partial_lse[(static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) *
+                                                 kAttentionMaxRows + r]);
+    const float shift = max_all == -INFINITY ? 0.0f : max_all;
+    float sum = 0.0f, value = 0.0f;
+    for (int k = 0; k < item.num_partials; ++k) {
+      const int64_t base = (static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) * kAttentionMaxRows + r;
+      const float weight = exp2f(p.partial_lse[base] - shift);
+      sum += weight;
+      value += weight * p.partial_out[base * head_dim + d];
+    }
+    const int row = item.row_begin + r;
+    const int64_t token = sequence.token_offset + row / group;
+    const int head = kv_head * group + row % group;
+    p.out[token * p.num_heads * head_dim + head * head_dim + d] = __float2bfloat16_rn(sum > 0.0f ? value / sum : 0.0f);
+  }
+}
+
+template <int kHeadDim, int kRowWarps>
+void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, cudaStream_t stream) {
+  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps>();
+  static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
+                "the decode merge must fit in the K/V buffers");
+  // Once per instantiation (a magic static: thread-safe, retried if it threw).
+  static const bool attribute_set = [] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(num_items, params.num_kv_heads);
+  attention_kernel<kHeadDim, kRowWarps><<<grid, kThreads, kShared, stream>>>(params, items);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+template <int kRowWarps>
+void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                       cudaStream_t stream) {
+  switch (params.head_dim) {
+    case 16: return launch_for<16, kRowWarps>(params, items, num_items, stream);
+    case 32: return launch_for<32, kRowWarps>(params, items, num_items, stream);
+    case 64: return launch_for<64, kRowWarps>(params, items, num_items, stream);
+    case 128: return launch_for<128, kRowWarps>(params, items, num_items, stream);
+    default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", params.head_dim);
+  }
+}
+
+}  // namespace
+
+bool attention_supports_head_dim(int32_t head_dim) {
+  return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
+                      int32_t num_items, cudaStream_t stream) {
+  if (num_items == 0) return;
+  if (variant == AttentionVariant::kPrefill) {
+    dispatch_head_dim<4>(params, items, num_items, stream);
+  } else {
+    dispatch_head_dim<1>(params, items, num_items, stream);
+  }
+}
+
+void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items, int32_t num_items,
+                              cudaStream_t stream) {
+  if (num_items == 0) return;
+  const dim3 grid(num_items, params.num_kv_heads);
+  attention_combine_kernel<<<grid, 256, 0, stream>>>(params, items);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace loom::cuda

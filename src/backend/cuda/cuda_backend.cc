@@ -1,0 +1,413 @@
+#include "backend/cuda/cuda_backend_impl.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "backend/cpu/input_checks.h"
+#include "backend/cuda/cuda_check.h"
+#include "util/error.h"
+
+namespace loom {
+
+namespace cuda {
+
+namespace {
+
+void check_model_supported(const ModelConfig& config) {
+  if (!attention_supports_head_dim(config.head_dim))
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("cuda backend: head_dim {} (the attention kernels are built for 16, 32, 64, 128)",
+                            config.head_dim),
+                "use --device cpu for this model");
+  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 || config.q_size() % 8 != 0)
+    fail(ErrorKind::kUnsupported, "cuda backend: hidden {} / intermediate {} / q size {} must be multiples of 8",
+         config.hidden_size, config.intermediate_size, config.q_size());
+}
+
+void check_batch_supported(const Batch& batch) {
+  if (batch.capture_hidden_states)
+    throw Error(ErrorKind::kUnsupported, "cuda backend: capture_hidden_states", "use --device cpu for divergence tooling");
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const BatchSequence& sequence = batch.sequences[s];
+    if (sequence.decoder_adapter_slot >= 0 || sequence.forked_adapter_slot >= 0)
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("cuda backend: batch sequence {} uses {} KV sharing", s,
+                              sequence.decoder_adapter_slot >= 0 ? "base" : "forked"),
+                  "serve base/forked adapters with --device cpu, or load them as isolated or activated");
+    if (sequence.num_kv_present_tokens < 0)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_kv_present_tokens is {}", s,
+           sequence.num_kv_present_tokens);
+  }
+}
+
+int current_sm_count(int device) {
+  int count = 0;
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+  return count;
+}
+
+}  // namespace
+
+CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStream_t stream, int device,
+                         const CudaBackendConfig& backend_config)
+    : config_(config), device_(device), stream_(stream), model_(std::move(model)) {
+  num_sms_ = current_sm_count(device);
+  gemm_ = std::make_unique<Gemm>(stream_);
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&plan_copied_, cudaEventDisableTiming));
+  adapters_.resize(backend_config.max_adapter_slots);
+  lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
+  spdlog::info("cuda backend: {} weights {:.2f} GiB on {}", architecture_hf_name(config_.arch),
+               static_cast<double>(model_.weight_bytes()) / (1 << 30), cuda_device_description(device));
+}
+
+CudaBackend::~CudaBackend() {
+  cudaStreamSynchronize(stream_);
+  gemm_.reset();
+  if (plan_copied_ != nullptr) cudaEventDestroy(plan_copied_);
+  cudaStreamDestroy(stream_);
+}
+
+int64_t CudaBackend::kv_bytes_per_token() const {
+  return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
+void CudaBackend::allocate_kv_cache(const KvCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: KV cache of {} blocks of {} tokens", shape.num_blocks,
+         shape.block_size);
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_pool_.release();
+  kv_shape_ = {0, 0};
+  const int64_t bytes = static_cast<int64_t>(shape.num_blocks) * shape.block_size * kv_bytes_per_token();
+  try {
+    kv_pool_.allocate(static_cast<size_t>(bytes));
+  } catch (const Error& error) {
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot allocate a KV cache of {} bytes ({} blocks): {}", bytes,
+                            shape.num_blocks, error.message()),
+                "lower --kv-cache-bytes");
+  }
+  // Zeros: a slot read before it is written (never, for a correct batch) gives no NaN.
+  LOOM_CUDA_CHECK(cudaMemsetAsync(kv_pool_.data(), 0, kv_pool_.size(), stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  kv_shape_ = shape;
+}
+
+__nv_bfloat16* CudaBackend::k_pool(int layer) const {
+  if (kv_pool_.data() == nullptr) return nullptr;
+  const int64_t pool_elements = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size * config_.kv_size();
+  return kv_pool_.as<__nv_bfloat16>() + (2LL * layer) * pool_elements;
+}
+
+__nv_bfloat16* CudaBackend::v_pool(int layer) const {
+  if (kv_pool_.data() == nullptr) return nullptr;
+  const int64_t pool_elements = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size * config_.kv_size();
+  return kv_pool_.as<__nv_bfloat16>() + (2LL * layer + 1) * pool_elements;
+}
+
+void CudaBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  if (slot < 0 || slot >= max_adapter_slots())
+    fail(ErrorKind::kInvalidArgument, "cuda backend: adapter slot {} outside [0, {})", slot, max_adapter_slots());
+  if (adapter != nullptr) {
+    cpu::validate_adapter(*adapter, config_);
+    if (adapter->max_rank() > kLoraMaxRank)
+      fail(ErrorKind::kUnsupported, "adapter '{}': rank {} above the cuda backend's {}", adapter->name,
+           adapter->max_rank(), kLoraMaxRank);
+  }
+  lora_table_->set(slot, adapter.get(), stream_);
+  adapters_[slot] = std::move(adapter);
+}
+
+void CudaBackend::grow_buffers() {
+  const size_t n = static_cast<size_t>(plan_.num_tokens());
+  const size_t hidden = config_.hidden_size;
+  const size_t q_size = config_.q_size();
+  const size_t qkv = q_size + 2 * config_.kv_size();
+  const size_t intermediate = config_.intermediate_size;
+  residual_.reserve(n * hidden * sizeof(float));
+  delta_.reserve(n * hidden * sizeof(float));
+  normed_.reserve(n * hidden * sizeof(__nv_bfloat16));
+  qkv_.reserve(n * qkv * sizeof(float));
+  q_.reserve(n * q_size * sizeof(__nv_bfloat16));
+  attention_out_.reserve(n * q_size * sizeof(__nv_bfloat16));
+  gate_up_.reserve(n * 2 * intermediate * sizeof(__nv_bfloat16));
+  activation_.reserve(n * intermediate * sizeof(__nv_bfloat16));
+  lora_max_rank_ = lora_table_->max_rank();
+  lora_max_splits_ = lora_splits(std::max({config_.hidden_size, config_.q_size(), config_.intermediate_size}));
+  if (plan_.num_lora_rows() > 0)
+    lora_v_.reserve(3 * static_cast<size_t>(lora_max_splits_) * plan_.num_lora_rows() * lora_max_rank_ * sizeof(float));
+  const size_t partial_rows = static_cast<size_t>(plan_.num_partials()) * config_.num_kv_heads * kAttentionMaxRows;
+  if (partial_rows > 0) {
+    partial_out_.reserve(partial_rows * config_.head_dim * sizeof(float));
+    partial_lse_.reserve(partial_rows * sizeof(float));
+  }
+  logits_.reserve(plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+  plan_device_.reserve(plan_.words().size() * sizeof(int32_t));
+  plan_host_.reserve(plan_.words().size() * sizeof(int32_t));
+}
+
+void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y,
+                         bool y_is_bf16, int32_t y_stride) {
+  if (use_skinny_gemm_ && m <= kSkinnyGemmMaxRows) {
+    launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, stream_);
+    return;
+  }
+  gemm_->linear(x, m, k, w, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
+}
+
+void CudaBackend::apply_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
+                             int32_t x_stride, void* y, bool y_is_bf16, int32_t y_stride) {
+  if (plan_.num_lora_tiles() == 0) return;
+  const PlanSections& sections = plan_.sections();
+  LoraParams params;
+  params.modules = lora_table_->device_table();
+  params.num_layers = config_.num_layers;
+  params.layer = layer;
+  params.sorted_tokens = plan_pointer<int32_t>(sections.lora_tokens);
+  params.tiles = plan_pointer<LoraTile>(sections.lora_tiles);
+  params.num_tiles = plan_.num_lora_tiles();
+  params.num_rows = plan_.num_lora_rows();
+  params.max_rank = lora_max_rank_;
+  params.x = x;
+  params.x_stride = x_stride;
+  params.v = lora_v_.as<float>();
+  params.max_splits = lora_max_splits_;
+  params.y = y;
+  params.y_is_bf16 = y_is_bf16;
+  params.y_stride = y_stride;
+  const int32_t hidden = config_.hidden_size;
+  const int32_t q_size = config_.q_size();
+  const int32_t kv_size = config_.kv_size();
+  const int32_t intermediate = config_.intermediate_size;
+  for (LoraTarget target : targets) {
+    LoraTargetArgs& args = params.targets[params.num_targets++];
+    args.target = static_cast<int32_t>(target);
+    switch (target) {
+      case LoraTarget::kQ: args = {args.target, hidden, q_size, 0}; break;
+      case LoraTarget::kK: args = {args.target, hidden, kv_size, q_size}; break;
+      case LoraTarget::kV: args = {args.target, hidden, kv_size, q_size + kv_size}; break;
+      case LoraTarget::kO: args = {args.target, q_size, hidden, 0}; break;
+      case LoraTarget::kGate: args = {args.target, hidden, intermediate, 0}; break;
+      case LoraTarget::kUp: args = {args.target, hidden, intermediate, intermediate}; break;
+      case LoraTarget::kDown: args = {args.target, intermediate, hidden, 0}; break;
+    }
+  }
+  launch_lora(params, stream_);
+}
+
+void CudaBackend::run_layer(int layer) {
+  const DeviceLayer& weights = model_.layers()[layer];
+  const PlanSections& sections = plan_.sections();
+  const int32_t n = plan_.num_tokens();
+  const int32_t hidden = config_.hidden_size;
+  const int32_t q_size = config_.q_size();
+  const int32_t kv_size = config_.kv_size();
+  const int32_t qkv = q_size + 2 * kv_size;
+  const int32_t intermediate = config_.intermediate_size;
+  using bf16 = __nv_bfloat16;
+
+  // Input norm; from layer 1 on it first adds the previous MLP's output.
+  launch_add_rms_norm(residual_.as<float>(), layer == 0 ? nullptr : delta_.as<float>(), nullptr, weights.input_norm,
+                      config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), stream_);
+  linear(normed_.as<bf16>(), n, hidden, weights.qkv_proj, qkv, qkv_.data(), false, qkv);
+  apply_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv_.data(), false,
+             qkv);
+
+  QkvParams post;
+  post.qkv = qkv_.as<float>();
+  post.bias = config_.qkv_bias ? weights.qkv_bias : nullptr;
+  post.q_norm = config_.qk_norm ? weights.q_norm : nullptr;
+  post.k_norm = config_.qk_norm ? weights.k_norm : nullptr;
+  post.inv_freq = model_.inverse_frequencies();
+  post.positions = plan_pointer<int32_t>(sections.positions);
+  post.kv_slots = plan_pointer<int32_t>(sections.kv_slots);
+  post.q_out = q_.as<bf16>();
+  post.k_cache = k_pool(layer);
+  post.v_cache = v_pool(layer);
+  post.num_tokens = n;
+  post.num_heads = config_.num_heads;
+  post.num_kv_heads = config_.num_kv_heads;
+  post.head_dim = config_.head_dim;
+  post.eps = config_.rms_norm_eps;
+  launch_qkv_postprocess(post, stream_);
+
+  AttentionParams attention;
+  attention.q = q_.as<bf16>();
+  attention.k_cache = k_pool(layer);
+  attention.v_cache = v_pool(layer);
+  attention.block_tables = plan_pointer<int32_t>(sections.block_tables);
+  attention.sequences = plan_pointer<AttentionSequence>(sections.sequences);
+  attention.out = attention_out_.as<bf16>();
+  attention.partial_out = partial_out_.as<float>();
+  attention.partial_lse = partial_lse_.as<float>();
+  attention.num_heads = config_.num_heads;
+  attention.num_kv_heads = config_.num_kv_heads;
+  attention.head_dim = config_.head_dim;
+  attention.block_size = kv_shape_.block_size;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
+  launch_attention(attention, AttentionVariant::kPrefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
+                   plan_.num_prefill_items(), stream_);
+  launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
+                   plan_.num_decode_items(), stream_);
+  launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
+                           plan_.num_combine_items(), stream_);
+
+  linear(attention_out_.as<bf16>(), n, q_size, weights.o_proj, hidden, delta_.data(), false, hidden);
+  apply_lora(layer, {LoraTarget::kO}, attention_out_.as<bf16>(), q_size, delta_.data(), false, hidden);
+  launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), config_.o_bias ? weights.o_bias : nullptr,
+                      weights.post_attention_norm, config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(),
+                      stream_);
+
+  if (use_skinny_gemm_ && n <= kSkinnyGemmMaxRows && plan_.num_lora_tiles() == 0) {
+    // No LoRA to add between the projection and SwiGLU: one fused kernel.
+    launch_skinny_gate_up_swiglu(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
+                                 activation_.as<bf16>(), stream_);
+  } else {
+    linear(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, gate_up_.data(), true,
+           2 * intermediate);
+    apply_lora(layer, {LoraTarget::kGate, LoraTarget::kUp}, normed_.as<bf16>(), hidden, gate_up_.data(), true,
+               2 * intermediate);
+    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_);
+  }
+  linear(activation_.as<bf16>(), n, intermediate, weights.down_proj, hidden, delta_.data(), false, hidden);
+  apply_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, delta_.data(), false, hidden);
+}
+
+void CudaBackend::enqueue_forward(const Batch& batch) {
+  check_batch_supported(batch);  // first: the generic checks would reject base sharing's fields differently
+  cpu::validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
+  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_});
+  if (plan_.num_tokens() == 0) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  const bool capturing = capture != cudaStreamCaptureStatusNone;
+  // Steps may be enqueued back to back (benchmarks): the previous upload must
+  // have left plan_host_ before it is overwritten. A captured graph replays the
+  // copy from plan_host_ as it is at launch time.
+  if (!capturing) LOOM_CUDA_CHECK(cudaEventSynchronize(plan_copied_));
+  grow_buffers();
+  std::memcpy(plan_host_.data(), plan_.words().data(), plan_.words().size() * sizeof(int32_t));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(plan_device_.data(), plan_host_.data(), plan_.words().size() * sizeof(int32_t),
+                                  cudaMemcpyHostToDevice, stream_));
+  if (!capturing) LOOM_CUDA_CHECK(cudaEventRecord(plan_copied_, stream_));
+
+  const PlanSections& sections = plan_.sections();
+  const int32_t n = plan_.num_tokens();
+  const int32_t hidden = config_.hidden_size;
+  launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, model_.embed_tokens(), hidden, residual_.as<float>(),
+                   stream_);
+  for (int layer = 0; layer < config_.num_layers; ++layer) run_layer(layer);
+
+  const int32_t num_rows = static_cast<int32_t>(plan_.logit_rows().size());
+  launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), nullptr, model_.final_norm(), config_.rms_norm_eps,
+                      hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows, normed_.as<__nv_bfloat16>(),
+                      stream_);
+  linear(normed_.as<__nv_bfloat16>(), num_rows, hidden, model_.lm_head(), config_.vocab_size, logits_.data(), false,
+         config_.vocab_size);
+}
+
+ForwardResult CudaBackend::finish_forward() {
+  ForwardResult result;
+  result.vocab_size = config_.vocab_size;
+  if (plan_.num_tokens() == 0) return result;
+  const size_t count = plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size);
+  logits_host_.reserve(count * sizeof(float));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits_.data(), count * sizeof(float), cudaMemcpyDeviceToHost,
+                                  stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  result.logits.assign(logits_host_.as<float>(), logits_host_.as<float>() + count);
+  result.logit_token_index = plan_.logit_rows();
+  return result;
+}
+
+ForwardResult CudaBackend::forward(const Batch& batch) {
+  enqueue_forward(batch);
+  return finish_forward();
+}
+
+}  // namespace cuda
+
+namespace {
+
+cudaStream_t make_stream(int device) {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("--device cuda: no CUDA GPU available ({})",
+                            status != cudaSuccess ? cudaGetErrorString(status) : "0 devices"),
+                "run on a machine with an NVIDIA GPU, or use --device cpu");
+  }
+  if (device < 0 || device >= count)
+    fail(ErrorKind::kInvalidArgument, "--device cuda: GPU {} outside the {} present", device, count);
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  int major = 0;
+  LOOM_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  if (major < 9)
+    throw Error(ErrorKind::kUnsupported, fmt::format("--device cuda: {} is not a Hopper GPU", cuda_device_description(device)),
+                "this build's kernels are compiled for sm_90a (H100/H200)");
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                           const CudaBackendConfig& backend_config) {
+  cpu::validate_weights(weights, config);
+  cuda::check_model_supported(config);
+  cudaStream_t stream = make_stream(backend_config.device);
+  try {
+    cuda::DeviceModel model = cuda::DeviceModel::upload(config, weights, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+}
+
+std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
+                                                     const CudaBackendConfig& backend_config) {
+  cuda::check_model_supported(config);
+  cudaStream_t stream = make_stream(backend_config.device);
+  try {
+    cuda::DeviceModel model = cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+  } catch (...) {
+    cudaStreamDestroy(stream);
+    throw;
+  }
+}
+
+std::string cuda_device_description(int device) {
+  cudaDeviceProp properties{};
+  const cudaError_t status = cudaGetDeviceProperties(&properties, device);
+  if (status != cudaSuccess) {
+    cudaGetLastError();
+    throw Error(ErrorKind::kUnsupported, fmt::format("no CUDA GPU {}: {}", device, cudaGetErrorString(status)));
+  }
+  return fmt::format("{} ({} SMs, {:.1f} GiB, sm_{}{})", properties.name, properties.multiProcessorCount,
+                     static_cast<double>(properties.totalGlobalMem) / (1 << 30), properties.major, properties.minor);
+}
+
+int64_t cuda_free_memory_bytes(int device) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
+int64_t cuda_total_memory_bytes(int device) {
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
+  size_t free_bytes = 0, total_bytes = 0;
+  LOOM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(total_bytes);
+}
+
+}  // namespace loom

@@ -1,0 +1,49 @@
+// The CUDA backend (Hopper, sm_90a): bf16 weights and KV pools in GPU memory,
+// tensor-core paged attention, cuBLAS GEMMs, batched multi-LoRA. Numerically it
+// follows the CPU backend (backend/cpu/cpu_backend.h), the reference it is
+// tested against, within bf16 tolerances.
+//
+// KV pools: per layer a K and a V pool of num_blocks x block_size slots of
+// num_kv_heads x head_dim bf16 (backend.h's addressing), allocated by
+// allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
+// honoured (those entries are read, never written); base (decoder rows) and
+// forked sharing and capture_hidden_states raise Error(kUnsupported).
+//
+// Thread: the engine thread only. forward() blocks until the logits are on the host.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace loom {
+
+struct CudaBackendConfig {
+  int device = 0;
+  int max_adapter_slots = 64;
+};
+
+// Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The
+// host weights are not kept. Throws Error(kUnsupported) without a usable GPU
+// or for a head_dim the attention kernels lack (16, 32, 64, 128 are built).
+std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                           const CudaBackendConfig& backend_config = {});
+
+// Builds `config`'s synthetic model (model/synthetic.h) on the device with
+// `loom make-model`'s per-tensor seeds: bf16 weights equal to make-model's
+// bf16 file (and to its f32 file rounded to bf16). round_to_bf16 also rounds
+// norms and biases through bf16, as the 8b preset's bf16 file stores them.
+std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
+                                                     const CudaBackendConfig& backend_config = {});
+
+// "NVIDIA H100 80GB HBM3 (132 SMs, 79.1 GiB)"; throws Error(kUnsupported) without a GPU.
+std::string cuda_device_description(int device = 0);
+// Free / total device memory in bytes right now (for sizing the KV pool).
+int64_t cuda_free_memory_bytes(int device = 0);
+int64_t cuda_total_memory_bytes(int device = 0);
+
+}  // namespace loom

@@ -1,0 +1,106 @@
+// The CUDA backend class itself, for the backend's own tests and benchmarks
+// (tests/cuda, bench/cuda), which time the device work without the host copy
+// of the logits and run kernels on the backend's buffers. Everyone else uses
+// the Backend interface through cuda_backend.h.
+#pragma once
+
+#include <memory>
+#include <vector>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_lora.h"
+#include "backend/cuda/device_model.h"
+#include "backend/cuda/gemm.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/step_plan.h"
+#include "lora/adapter.h"
+
+namespace loom::cuda {
+
+class CudaBackend final : public Backend {
+ public:
+  // Takes ownership of `stream` (created by the factory on `device`).
+  CudaBackend(const ModelConfig& config, DeviceModel model, cudaStream_t stream, int device,
+              const CudaBackendConfig& backend_config);
+  ~CudaBackend() override;
+
+  void allocate_kv_cache(const KvCacheShape& shape) override;
+  KvCacheShape kv_cache_shape() const override { return kv_shape_; }
+  int64_t kv_bytes_per_token() const override;
+  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
+  int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
+  ForwardResult forward(const Batch& batch) override;
+
+  // forward() in two halves: validate, plan and enqueue the whole step (no host
+  // synchronisation, so it can be captured in a CUDA graph once the buffers have
+  // grown to the batch's size: call it once uncaptured first) ...
+  void enqueue_forward(const Batch& batch);
+  // ... then wait and copy the logits of the enqueued step to the host.
+  ForwardResult finish_forward();
+
+  cudaStream_t stream() const { return stream_; }
+  const DeviceModel& model() const { return model_; }
+  const ModelConfig& config() const { return config_; }
+  const StepPlan& plan() const { return plan_; }
+  // Device logits of the last enqueued step: [rows, vocab] fp32.
+  const float* device_logits() const { return logits_.as<float>(); }
+  // Decode steps of <= 4 tokens use the weight-streaming kernels of
+  // skinny_gemm.cu instead of cuBLAS (default on; the benchmark compares both).
+  void set_skinny_gemm(bool enabled) { use_skinny_gemm_ = enabled; }
+  // This layer's K / V pool (nullptr before allocate_kv_cache).
+  __nv_bfloat16* k_pool(int layer) const;
+  __nv_bfloat16* v_pool(int layer) const;
+
+ private:
+  void grow_buffers();
+  // y = x W^T through the skinny kernels for <= 4 rows, else cuBLAS.
+  void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
+              int32_t y_stride);
+  void run_layer(int layer);
+  void apply_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
+                  void* y, bool y_is_bf16, int32_t y_stride);
+  template <typename T>
+  T* plan_pointer(size_t section) const {
+    return reinterpret_cast<T*>(plan_device_.as<int32_t>() + section);
+  }
+
+  const ModelConfig config_;
+  const int device_;
+  int32_t num_sms_ = 132;
+  bool use_skinny_gemm_ = true;
+  cudaStream_t stream_ = nullptr;
+  DeviceModel model_;
+  std::unique_ptr<Gemm> gemm_;
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;
+  std::unique_ptr<DeviceLoraTable> lora_table_;
+
+  KvCacheShape kv_shape_{0, 0};
+  DeviceBuffer kv_pool_;  // [layer][K|V][num_blocks * block_size][kv_size] bf16
+
+  StepPlan plan_;
+  PinnedBuffer plan_host_;
+  cudaEvent_t plan_copied_ = nullptr;  // the last upload from plan_host_ is done once this fires
+  DeviceBuffer plan_device_;
+  PinnedBuffer logits_host_;
+  int32_t lora_max_rank_ = 0;    // max_rank of the LoRA scratch this step
+  int32_t lora_max_splits_ = 0;  // shrink chunks of the widest LoRA input
+
+  // Activations, grown on demand (never shrunk).
+  DeviceBuffer residual_;   // [tokens, hidden] fp32
+  DeviceBuffer delta_;      // [tokens, hidden] fp32: o_proj / down_proj output
+  DeviceBuffer normed_;     // [tokens, hidden] bf16
+  DeviceBuffer qkv_;        // [tokens, q + 2 kv] fp32
+  DeviceBuffer q_;          // [tokens, q] bf16
+  DeviceBuffer attention_out_;  // [tokens, q] bf16
+  DeviceBuffer gate_up_;    // [tokens, 2 intermediate] bf16
+  DeviceBuffer activation_; // [tokens, intermediate] bf16
+  DeviceBuffer lora_v_;     // [3, lora rows, max rank] fp32
+  DeviceBuffer partial_out_, partial_lse_;
+  DeviceBuffer logits_;     // [rows, vocab] fp32
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,189 @@
+#include "backend/cuda/device_model.h"
+
+#include <algorithm>
+#include <string>
+#include <unordered_map>
+
+#include <fmt/format.h>
+
+#include "backend/cpu/rope.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "model/synthetic_weights.h"
+#include "util/error.h"
+
+namespace loom::cuda {
+
+namespace {
+
+// Hands out 256-byte aligned pieces of one allocation: first a dry run that
+// only counts, then the real one over the allocated base.
+class Arena {
+ public:
+  explicit Arena(char* base) : base_(base) {}
+  template <typename T>
+  T* take(int64_t count) {
+    offset_ = (offset_ + 255) / 256 * 256;
+    T* pointer = reinterpret_cast<T*>(base_ + offset_);
+    offset_ += count * static_cast<int64_t>(sizeof(T));
+    return pointer;
+  }
+  int64_t size() const { return offset_; }
+
+ private:
+  char* base_;
+  int64_t offset_ = 0;
+};
+
+// Where one host/synthetic tensor lands: bf16 or fp32, at `destination`.
+struct Destination {
+  void* pointer = nullptr;
+  bool is_bf16 = true;
+};
+
+}  // namespace
+
+void DeviceModel::lay_out(const ModelConfig& config, bool tied) {
+  const int64_t hidden = config.hidden_size;
+  const int64_t qkv = config.q_size() + 2 * config.kv_size();
+  const int64_t intermediate = config.intermediate_size;
+  const int64_t vocab = config.vocab_size;
+  auto plan = [&](Arena& arena) {
+    layers_.assign(config.num_layers, {});
+    embed_tokens_ = arena.take<__nv_bfloat16>(vocab * hidden);
+    lm_head_ = tied ? embed_tokens_ : arena.take<__nv_bfloat16>(vocab * hidden);
+    final_norm_ = arena.take<float>(hidden);
+    inverse_frequencies_ = arena.take<float>(config.head_dim / 2);
+    for (DeviceLayer& layer : layers_) {
+      layer.qkv_proj = arena.take<__nv_bfloat16>(qkv * hidden);
+      layer.o_proj = arena.take<__nv_bfloat16>(hidden * config.q_size());
+      layer.gate_up_proj = arena.take<__nv_bfloat16>(2 * intermediate * hidden);
+      layer.down_proj = arena.take<__nv_bfloat16>(hidden * intermediate);
+      layer.input_norm = arena.take<float>(hidden);
+      layer.post_attention_norm = arena.take<float>(hidden);
+      if (config.qkv_bias) layer.qkv_bias = arena.take<float>(qkv);
+      if (config.o_bias) layer.o_bias = arena.take<float>(hidden);
+      if (config.qk_norm) {
+        layer.q_norm = arena.take<float>(config.head_dim);
+        layer.k_norm = arena.take<float>(config.head_dim);
+      }
+    }
+  };
+  Arena counting(nullptr);
+  plan(counting);
+  storage_.allocate(static_cast<size_t>(counting.size()));
+  Arena real(storage_.as<char>());
+  plan(real);
+}
+
+namespace {
+
+// HF tensor name -> device destination, for every tensor of the model.
+std::unordered_map<std::string, Destination> destinations(const ModelConfig& config, const DeviceModel& model) {
+  std::unordered_map<std::string, Destination> map;
+  auto bf16_at = [](const __nv_bfloat16* pointer) { return Destination{const_cast<__nv_bfloat16*>(pointer), true}; };
+  auto f32_at = [](const float* pointer) { return Destination{const_cast<float*>(pointer), false}; };
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_size = config.q_size();
+  const int64_t kv_size = config.kv_size();
+  const int64_t intermediate = config.intermediate_size;
+  map["model.embed_tokens.weight"] = bf16_at(model.embed_tokens());
+  if (model.lm_head() != model.embed_tokens()) map["lm_head.weight"] = bf16_at(model.lm_head());
+  map["model.norm.weight"] = f32_at(model.final_norm());
+  for (int l = 0; l < config.num_layers; ++l) {
+    const DeviceLayer& layer = model.layers()[l];
+    const std::string prefix = fmt::format("model.layers.{}.", l);
+    map[prefix + "input_layernorm.weight"] = f32_at(layer.input_norm);
+    map[prefix + "post_attention_layernorm.weight"] = f32_at(layer.post_attention_norm);
+    map[prefix + "self_attn.q_proj.weight"] = bf16_at(layer.qkv_proj);
+    map[prefix + "self_attn.k_proj.weight"] = bf16_at(layer.qkv_proj + q_size * hidden);
+    map[prefix + "self_attn.v_proj.weight"] = bf16_at(layer.qkv_proj + (q_size + kv_size) * hidden);
+    map[prefix + "self_attn.o_proj.weight"] = bf16_at(layer.o_proj);
+    map[prefix + "mlp.gate_proj.weight"] = bf16_at(layer.gate_up_proj);
+    map[prefix + "mlp.up_proj.weight"] = bf16_at(layer.gate_up_proj + intermediate * hidden);
+    map[prefix + "mlp.down_proj.weight"] = bf16_at(layer.down_proj);
+    if (layer.qkv_bias != nullptr) {
+      map[prefix + "self_attn.q_proj.bias"] = f32_at(layer.qkv_bias);
+      map[prefix + "self_attn.k_proj.bias"] = f32_at(layer.qkv_bias + q_size);
+      map[prefix + "self_attn.v_proj.bias"] = f32_at(layer.qkv_bias + q_size + kv_size);
+    }
+    if (layer.o_bias != nullptr) map[prefix + "self_attn.o_proj.bias"] = f32_at(layer.o_bias);
+    if (layer.q_norm != nullptr) {
+      map[prefix + "self_attn.q_norm.weight"] = f32_at(layer.q_norm);
+      map[prefix + "self_attn.k_norm.weight"] = f32_at(layer.k_norm);
+    }
+  }
+  return map;
+}
+
+void upload_inverse_frequencies(const ModelConfig& config, const float* destination, cudaStream_t stream) {
+  const cpu::Rope rope(config);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(destination), rope.inverse_frequencies().data(),
+                                  rope.inverse_frequencies().size() * sizeof(float), cudaMemcpyHostToDevice, stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+}  // namespace
+
+DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream) {
+  DeviceModel model;
+  const bool tied = weights.lm_head.data == weights.embed_tokens.data;
+  model.lay_out(config, tied);
+  upload_inverse_frequencies(config, model.inverse_frequencies_, stream);
+
+  TensorMap tensors = model_weights_to_tensor_map(config, weights);
+  tensors["lm_head.weight"] = weights.lm_head;  // whatever the config says about tying
+  const std::unordered_map<std::string, Destination> map = destinations(config, model);
+  // fp32 chunks go through a pinned staging buffer and are converted on the device.
+  constexpr int64_t kChunk = 8 << 20;  // floats
+  PinnedBuffer staging;
+  staging.reserve(kChunk * sizeof(float));
+  DeviceBuffer chunk_device(kChunk * sizeof(float));
+  for (const auto& [name, destination] : map) {
+    const auto found = tensors.find(name);
+    if (found == tensors.end() || found->second.data == nullptr)
+      fail(ErrorKind::kFormat, "cuda backend: tensor {} is missing", name);
+    const Tensor& tensor = found->second;
+    for (int64_t start = 0; start < tensor.numel(); start += kChunk) {
+      const int64_t count = std::min(kChunk, tensor.numel() - start);
+      std::copy(tensor.data + start, tensor.data + start + count, staging.as<float>());
+      if (destination.is_bf16) {
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(chunk_device.data(), staging.data(), count * sizeof(float),
+                                        cudaMemcpyHostToDevice, stream));
+        launch_f32_to_bf16(chunk_device.as<float>(), count, static_cast<__nv_bfloat16*>(destination.pointer) + start,
+                           stream);
+      } else {
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(destination.pointer) + start, staging.data(),
+                                        count * sizeof(float), cudaMemcpyHostToDevice, stream));
+      }
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // staging is reused by the next chunk
+    }
+  }
+  return model;
+}
+
+DeviceModel DeviceModel::synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream) {
+  DeviceModel model;
+  model.lay_out(config, config.tie_word_embeddings);
+  upload_inverse_frequencies(config, model.inverse_frequencies_, stream);
+  const std::unordered_map<std::string, Destination> map = destinations(config, model);
+  const std::vector<SyntheticTensorSpec> specs = synthetic_base_tensor_specs(config);
+  if (specs.size() != map.size())
+    fail(ErrorKind::kInternal, "cuda backend: {} synthetic tensors for {} device tensors", specs.size(), map.size());
+  for (const SyntheticTensorSpec& spec : specs) {
+    const auto found = map.find(spec.name);
+    if (found == map.end()) fail(ErrorKind::kInternal, "cuda backend: no device tensor for synthetic {}", spec.name);
+    const uint64_t tensor_seed = synthetic_tensor_seed(seed, spec.name);
+    if (found->second.is_bf16) {
+      launch_synthetic_fill_bf16(static_cast<__nv_bfloat16*>(found->second.pointer), spec.numel(), tensor_seed,
+                                 spec.is_norm, spec.scale, stream);
+    } else {
+      launch_synthetic_fill_f32(static_cast<float*>(found->second.pointer), spec.numel(), tensor_seed, spec.is_norm,
+                                spec.scale, round_to_bf16, stream);
+    }
+  }
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return model;
+}
+
+}  // namespace loom::cuda

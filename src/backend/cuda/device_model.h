@@ -1,0 +1,64 @@
+// The model's weights on the GPU: linear weights in bf16 (q/k/v fused into one
+// [q_size + 2 kv_size, hidden] matrix, gate/up into one [2 intermediate, hidden]),
+// norms and biases in fp32, all in one allocation.
+//
+// Built either from host fp32 ModelWeights (converted on the device, chunk by
+// chunk) or drawn on the device with `loom make-model`'s per-tensor seeds
+// (model/synthetic_weights.h), so a 16 GB model never exists on the host.
+// Immutable after construction. Thread: the owning backend's thread.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/device_buffer.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace loom::cuda {
+
+struct DeviceLayer {
+  const __nv_bfloat16* qkv_proj = nullptr;      // [q_size + 2 kv_size, hidden]
+  const __nv_bfloat16* o_proj = nullptr;        // [hidden, q_size]
+  const __nv_bfloat16* gate_up_proj = nullptr;  // [2 intermediate, hidden]: gate rows, then up rows
+  const __nv_bfloat16* down_proj = nullptr;     // [hidden, intermediate]
+  const float* input_norm = nullptr;            // [hidden]
+  const float* post_attention_norm = nullptr;   // [hidden]
+  const float* qkv_bias = nullptr;              // [q_size + 2 kv_size] or null
+  const float* o_bias = nullptr;                // [hidden] or null
+  const float* q_norm = nullptr;                // [head_dim] or null
+  const float* k_norm = nullptr;
+};
+
+class DeviceModel {
+ public:
+  // Copies and converts `weights` (validated by the caller against `config`).
+  static DeviceModel upload(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream);
+  // Draws the synthetic model of `config` for `seed` on the device. With
+  // round_to_bf16, fp32 tensors (norms, biases) are rounded through bf16 as in
+  // make-model's bf16 files (the 8b preset); otherwise they are exact fp32 (tiny).
+  static DeviceModel synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream);
+
+  const std::vector<DeviceLayer>& layers() const { return layers_; }
+  const __nv_bfloat16* embed_tokens() const { return embed_tokens_; }  // [vocab, hidden]
+  const __nv_bfloat16* lm_head() const { return lm_head_; }            // [vocab, hidden]; == embed when tied
+  const float* final_norm() const { return final_norm_; }
+  const float* inverse_frequencies() const { return inverse_frequencies_; }  // [head_dim / 2]
+  int64_t weight_bytes() const { return static_cast<int64_t>(storage_.size()); }
+
+ private:
+  DeviceModel() = default;
+  void lay_out(const ModelConfig& config, bool tied);
+
+  DeviceBuffer storage_;
+  std::vector<DeviceLayer> layers_;
+  const __nv_bfloat16* embed_tokens_ = nullptr;
+  const __nv_bfloat16* lm_head_ = nullptr;
+  const float* final_norm_ = nullptr;
+  const float* inverse_frequencies_ = nullptr;
+};
+
+}  // namespace loom::cuda

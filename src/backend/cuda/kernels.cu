@@ -1,0 +1,257 @@
+// Element-wise and row-wise kernels of the CUDA backend (see kernels.h).
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+
+namespace loom::cuda {
+
+namespace {
+
+__device__ __forceinline__ float warp_sum(float value) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset >>= 1) value += __shfl_xor_sync(0xffffffffu, value, offset);
+  return value;
+}
+
+// Sum over the block (blockDim.x a multiple of 32, at most 1024); every thread gets the result.
+__device__ float block_sum(float value, float* scratch /* [33] */) {
+  const int lane = threadIdx.x % 32;
+  const int warp = threadIdx.x / 32;
+  value = warp_sum(value);
+  if (lane == 0) scratch[warp] = value;
+  __syncthreads();
+  if (warp == 0) {
+    float total = lane < static_cast<int>(blockDim.x / 32) ? scratch[lane] : 0.0f;
+    total = warp_sum(total);
+    if (lane == 0) scratch[32] = total;
+  }
+  __syncthreads();
+  return scratch[32];
+}
+
+__global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, int32_t hidden, float* out) {
+  const int64_t token = blockIdx.x;
+  const bf16* row = table + static_cast<int64_t>(token_ids[token]) * hidden;
+  float* out_row = out + token * hidden;
+  for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
+    const uint4 packed = *reinterpret_cast<const uint4*>(row + i);
+    const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+    float values[8];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 pair = __bfloat1622float2(pairs[k]);
+      values[2 * k] = pair.x;
+      values[2 * k + 1] = pair.y;
+    }
+    *reinterpret_cast<float4*>(out_row + i) = make_float4(values[0], values[1], values[2], values[3]);
+    *reinterpret_cast<float4*>(out_row + i + 4) = make_float4(values[4], values[5], values[6], values[7]);
+  }
+}
+
+__global__ void add_rms_norm_kernel(float* residual, const float* delta, const float* delta_bias,
+                                    const float* weight, float eps, int32_t hidden, const int32_t* row_index,
+                                    bf16* out) {
+  __shared__ float scratch[33];
+  const int64_t row = blockIdx.x;
+  const int64_t token = row_index != nullptr ? row_index[row] : row;
+  float* x = residual + token * hidden;
+  const float* d = delta != nullptr ? delta + token * hidden : nullptr;
+  float sum_of_squares = 0.0f;
+  for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
+    float4 value = *reinterpret_cast<const float4*>(x + i);
+    if (d != nullptr) {
+      const float4 add = *reinterpret_cast<const float4*>(d + i);
+      value.x += add.x;
+      value.y += add.y;
+      value.z += add.z;
+      value.w += add.w;
+      if (delta_bias != nullptr) {
+        value.x += delta_bias[i];
+        value.y += delta_bias[i + 1];
+        value.z += delta_bias[i + 2];
+        value.w += delta_bias[i + 3];
+      }
+      *reinterpret_cast<float4*>(x + i) = value;
+    }
+    sum_of_squares += value.x * value.x + value.y * value.y + value.z * value.z + value.w * value.w;
+  }
+  const float total = block_sum(sum_of_squares, scratch);
+  const float inverse_rms = 1.0f / sqrtf(total / static_cast<float>(hidden) + eps);
+  bf16* out_row = out + row * hidden;
+  // Each thread re-reads only the elements it wrote itself: no barrier needed.
+  for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
+    const float4 value = *reinterpret_cast<const float4*>(x + i);
+    const __nv_bfloat162 first = __floats2bfloat162_rn(weight[i] * (value.x * inverse_rms),
+                                                       weight[i + 1] * (value.y * inverse_rms));
+    const __nv_bfloat162 second = __floats2bfloat162_rn(weight[i + 2] * (value.z * inverse_rms),
+                                                        weight[i + 3] * (value.w * inverse_rms));
+    *reinterpret_cast<__nv_bfloat162*>(out_row + i) = first;
+    *reinterpret_cast<__nv_bfloat162*>(out_row + i + 2) = second;
+  }
+}
+
+constexpr int kQkvThreads = 128;
+
+__global__ void qkv_postprocess_kernel(QkvParams p) {
+  extern __shared__ float rope_table[];  // [half] cos, then [half] sin
+  const int head_dim = p.head_dim;
+  const int half = head_dim / 2;
+  const int64_t token = blockIdx.x;
+  const int position = p.positions[token];
+  float* cos_table = rope_table;
+  float* sin_table = rope_table + half;
+  for (int i = threadIdx.x; i < half; i += blockDim.x) {
+    // fp32 angle, then cos/sin through double: the CPU backend's (and torch's) rounding.
+    const float angle = __fmul_rn(p.inv_freq[i], static_cast<float>(position));
+    double sine, cosine;
+    sincos(static_cast<double>(angle), &sine, &cosine);
+    cos_table[i] = static_cast<float>(cosine);
+    sin_table[i] = static_cast<float>(sine);
+  }
+  __syncthreads();
+
+  const int q_size = p.num_heads * head_dim;
+  const int kv_size = p.num_kv_heads * head_dim;
+  const int row_width = q_size + 2 * kv_size;
+  const float* row = p.qkv + token * row_width;
+  const int slot = p.kv_slots[token];
+  const int warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  const int num_heads_total = p.num_heads + 2 * p.num_kv_heads;
+  for (int head = warp; head < num_heads_total; head += kQkvThreads / 32) {
+    const int column = head * head_dim;  // q heads, then k heads, then v heads
+    if (head >= p.num_heads + p.num_kv_heads) {
+      if (slot < 0) continue;
+      const int v_column = column - q_size - kv_size;
+      bf16* destination = p.v_cache + static_cast<int64_t>(slot) * kv_size + v_column;
+      for (int d = lane; d < head_dim; d += 32) {
+        float value = row[column + d];
+        if (p.bias != nullptr) value += p.bias[column + d];
+        destination[d] = __float2bfloat16_rn(value);
+      }
+      continue;
+    }
+    const bool is_query = head < p.num_heads;
+    if (!is_query && slot < 0) continue;
+    const float* norm = is_query ? p.q_norm : p.k_norm;
+    // Each lane holds the pairs (i, i + half) for i = lane, lane + 32, ... (head_dim <= 256).
+    float first[4], second[4];
+    float sum_of_squares = 0.0f;
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = lane + 32 * k;
+      first[k] = second[k] = 0.0f;
+      if (i < half) {
+        first[k] = row[column + i];
+        second[k] = row[column + i + half];
+        if (p.bias != nullptr) {
+          first[k] += p.bias[column + i];
+          second[k] += p.bias[column + i + half];
+        }
+        sum_of_squares += first[k] * first[k] + second[k] * second[k];
+      }
+    }
+    if (norm != nullptr) {
+      const float inverse_rms = 1.0f / sqrtf(warp_sum(sum_of_squares) / static_cast<float>(head_dim) + p.eps);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int i = lane + 32 * k;
+        if (i < half) {
+          first[k] = norm[i] * (first[k] * inverse_rms);
+          second[k] = norm[i + half] * (second[k] * inverse_rms);
+        }
+      }
+    }
+    bf16* destination = is_query ? p.q_out + token * q_size + column
+                                 : p.k_cache + static_cast<int64_t>(slot) * kv_size + (column - q_size);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const int i = lane + 32 * k;
+      if (i < half) {
+        const float c = cos_table[i];
+        const float s = sin_table[i];
+        destination[i] = __float2bfloat16_rn(first[k] * c - second[k] * s);
+        destination[i + half] = __float2bfloat16_rn(second[k] * c + first[k] * s);
+      }
+    }
+  }
+}
+
+__global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t intermediate, bf16* out) {
+  const int64_t vectors_per_row = intermediate / 8;
+  const int64_t total = num_tokens * vectors_per_row;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t token = index / vectors_per_row;
+    const int64_t column = (index % vectors_per_row) * 8;
+    const bf16* row = gate_up + token * 2 * intermediate;
+    const uint4 gate_packed = *reinterpret_cast<const uint4*>(row + column);
+    const uint4 up_packed = *reinterpret_cast<const uint4*>(row + intermediate + column);
+    const __nv_bfloat162* gate = reinterpret_cast<const __nv_bfloat162*>(&gate_packed);
+    const __nv_bfloat162* up = reinterpret_cast<const __nv_bfloat162*>(&up_packed);
+    uint4 result;
+    __nv_bfloat162* result_pairs = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float2 g = __bfloat1622float2(gate[k]);
+      const float2 u = __bfloat1622float2(up[k]);
+      result_pairs[k] = __floats2bfloat162_rn(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y);
+    }
+    *reinterpret_cast<uint4*>(out + token * intermediate + column) = result;
+  }
+}
+
+__global__ void f32_to_bf16_kernel(const float* in, int64_t count, bf16* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(in[i]);
+}
+
+int grid_for(int64_t count, int threads) {
+  const int64_t blocks = (count + threads - 1) / threads;
+  return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
+}
+
+}  // namespace
+
+void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
+                      float* out, cudaStream_t stream) {
+  if (num_tokens == 0) return;
+  const int threads = hidden / 8 >= 256 ? 256 : ((hidden / 8 + 31) / 32) * 32;
+  embedding_kernel<<<num_tokens, threads, 0, stream>>>(token_ids, table, hidden, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
+                         float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
+                         cudaStream_t stream) {
+  if (num_rows == 0) return;
+  int threads = ((hidden / 4 + 31) / 32) * 32;
+  if (threads > 1024) threads = 1024;
+  add_rms_norm_kernel<<<num_rows, threads, 0, stream>>>(residual, delta, delta_bias, weight, eps, hidden,
+                                                        row_index, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
+  if (params.num_tokens == 0) return;
+  const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
+  qkv_postprocess_kernel<<<params.num_tokens, kQkvThreads, shared, stream>>>(params);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream) {
+  if (num_tokens == 0) return;
+  const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
+  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream) {
+  if (count == 0) return;
+  f32_to_bf16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(in, count, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,132 @@
+// Launchers of the CUDA backend's kernels (kernels.cu, attention.cu, lora.cu,
+// synthetic_init.cu). Every pointer is device memory unless named host_*; every
+// launcher enqueues on `stream`, returns at once and throws loom::Error if the
+// launch fails. Matrices are row-major and dense unless a *_stride says otherwise.
+//
+// Precision: weights and GEMM inputs are bf16; the residual stream, GEMM
+// outputs feeding it (q/k/v, o_proj, down_proj) and all reductions are fp32.
+// Thread: call from the thread that owns the stream.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/cuda/plan_types.h"
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// out[t, :] = float(table[token_ids[t], :]) for t < num_tokens. hidden % 8 == 0.
+void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
+                      float* out, cudaStream_t stream);
+
+// For each output row r (token t = row_index ? row_index[r] : r):
+//   if delta: residual[t] += delta[t] (+ delta_bias), written back;
+//   out[r] = bf16(weight * residual[t] * rsqrt(mean(residual[t]^2) + eps)).
+// HF LlamaRMSNorm with the residual add of the previous block fused in.
+void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
+                         float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
+                         cudaStream_t stream);
+
+struct QkvParams {
+  const float* qkv = nullptr;      // [num_tokens, q_size + 2 kv_size]: GEMM (+ LoRA) output
+  const float* bias = nullptr;     // optional [q_size + 2 kv_size]
+  const float* q_norm = nullptr;   // optional [head_dim] (Qwen3 q/k RMSNorm)
+  const float* k_norm = nullptr;
+  const float* inv_freq = nullptr; // [head_dim / 2] (llama3 scaling already applied)
+  const int32_t* positions = nullptr;
+  const int32_t* kv_slots = nullptr;  // [num_tokens], -1: leave the cache entry alone
+  bf16* q_out = nullptr;           // [num_tokens, q_size]
+  bf16* k_cache = nullptr;         // this layer's pools: [slots, kv_size]
+  bf16* v_cache = nullptr;
+  int32_t num_tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  float eps = 1e-6f;
+};
+// Bias, q/k norm, RoPE (rotate-half) on q and k; q -> q_out, k/v -> their slots.
+void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream);
+
+// out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate + i]. intermediate % 8 == 0.
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream);
+
+struct AttentionParams {
+  const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
+  const bf16* k_cache = nullptr;     // [slots, num_kv_heads * head_dim]
+  const bf16* v_cache = nullptr;
+  const int32_t* block_tables = nullptr;
+  const AttentionSequence* sequences = nullptr;
+  bf16* out = nullptr;               // [num_tokens, num_heads * head_dim]
+  float* partial_out = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows, head_dim]
+  float* partial_lse = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows] (log2 domain)
+  int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
+  float scale = 1.0f;                // softmax scale, 1 / sqrt(head_dim)
+};
+// True for the head sizes the attention kernels are built for (16, 32, 64, 128).
+bool attention_supports_head_dim(int32_t head_dim);
+// Runs the work items (see plan_types.h). `variant` picks the tile shape.
+void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
+                      int32_t num_items, cudaStream_t stream);
+// Merges split-KV partial results into params.out.
+void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items,
+                              int32_t num_items, cudaStream_t stream);
+
+// One LoRA-targeted projection in a launch: module `target` (LoraTarget index)
+// reads `in_features` columns and adds into `out_features` columns of y starting
+// at `y_column`.
+struct LoraTargetArgs {
+  int32_t target = 0;
+  int32_t in_features = 0;
+  int32_t out_features = 0;
+  int32_t y_column = 0;
+};
+struct LoraParams {
+  const LoraModuleRef* modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
+  int32_t num_layers = 0;
+  int32_t layer = 0;
+  const int32_t* sorted_tokens = nullptr;  // batch token of each LoRA row, grouped by adapter
+  const LoraTile* tiles = nullptr;
+  int32_t num_tiles = 0;
+  int32_t num_rows = 0;                    // LoRA rows (tokens with an adapter)
+  int32_t max_rank = 0;                    // v's row stride
+  const bf16* x = nullptr;                 // shrink input, row t at x + t * x_stride
+  int32_t x_stride = 0;
+  float* v = nullptr;                      // [num_targets][max_splits][num_rows][max_rank] scratch
+  int32_t max_splits = 0;                  // >= lora_splits(largest in_features)
+  void* y = nullptr;                       // expand output (+=), fp32 or bf16
+  bool y_is_bf16 = false;
+  int32_t y_stride = 0;
+  int32_t num_targets = 0;                 // 1..3, all reading x and writing y
+  LoraTargetArgs targets[3];
+};
+// The shrink splits in_features into chunks computed in parallel; v holds one
+// partial per chunk.
+int32_t lora_splits(int32_t in_features);
+// v = x A^T (shrink), then y += scale * v B^T (expand), per adapter group of rows.
+// Rows whose adapter does not target the module are skipped. Requires
+// in_features % 8 == 0 and max_rank <= kLoraMaxRank.
+void launch_lora(const LoraParams& params, cudaStream_t stream);
+
+// Decode-sized GEMMs (skinny_gemm.cu), m in 1..4: y[r * y_stride + c] = x[r] . w[c]
+// for c < n (k % 8 == 0, x rows 16-byte aligned). The gate/up variant computes
+// both halves of a fused [2 intermediate, k] weight and writes SwiGLU's output.
+inline constexpr int32_t kSkinnyGemmMaxRows = 4;
+void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t n, int32_t k, void* y,
+                        bool y_is_bf16, int32_t y_stride, cudaStream_t stream);
+void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
+                                  int32_t k, bf16* out, cudaStream_t stream);
+
+// Synthetic weights (model/synthetic_weights.h), value i of a tensor from
+// SplitMix64 at state tensor_seed + (i + 1) * golden: value-for-value what
+// SyntheticValueStream draws. bf16 output rounds to nearest even as make-model's
+// bf16 files do; fp32 output optionally rounds through bf16 first.
+void launch_synthetic_fill_bf16(bf16* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
+                                cudaStream_t stream);
+void launch_synthetic_fill_f32(float* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
+                               bool round_to_bf16, cudaStream_t stream);
+
+// out[i] = bf16(in[i]) (weights uploaded in fp32 chunks are converted on the device).
+void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
+
+}  // namespace loom::cuda

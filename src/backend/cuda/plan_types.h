@@ -1,0 +1,71 @@
+// Plain structs the host step plan (step_plan.h) writes and the kernels read.
+// All int32 so that the whole plan is one array of words, uploaded at once.
+#pragma once
+
+#include <cstdint>
+
+#include <cuda_bf16.h>
+
+namespace loom::cuda {
+
+// Attention tiles: a work item covers up to kAttentionMaxRows "rows" of one
+// sequence and one kv head, a row being a (new token, query head of the kv
+// head's group) pair, numbered token-major: row = i * group + h. Packing the
+// group's heads into rows lets GQA read each K/V tile once per group.
+inline constexpr int32_t kAttentionMaxRows = 64;
+inline constexpr int32_t kAttentionTileKeys = 64;
+
+enum class AttentionVariant : int32_t {
+  kPrefill = 0,  // 64 rows, 4 warps x 16 rows, each warp over all keys of a tile
+  kDecode = 1,   // 16 rows, 4 warps over a quarter of each tile's keys, merged at the end
+};
+inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
+  return variant == AttentionVariant::kPrefill ? 64 : 16;
+}
+
+struct AttentionSequence {
+  int32_t token_offset = 0;
+  int32_t num_cached_tokens = 0;
+  int32_t num_new_tokens = 0;
+  int32_t block_table_offset = 0;
+};
+
+struct AttentionWorkItem {
+  int32_t sequence = 0;
+  int32_t row_begin = 0;       // first row of the tile
+  int32_t kv_begin = 0;        // KV entries [kv_begin, kv_end) of this item
+  int32_t kv_end = 0;
+  int32_t partial_index = -1;  // -1: write the output; else a split-KV partial slot
+  int32_t padding[3] = {0, 0, 0};
+};
+
+struct AttentionCombineItem {
+  int32_t sequence = 0;
+  int32_t row_begin = 0;
+  int32_t num_rows = 0;
+  int32_t first_partial = 0;
+  int32_t num_partials = 0;
+  int32_t padding[3] = {0, 0, 0};
+};
+
+// LoRA rows are the batch tokens that carry an adapter, grouped by adapter slot.
+// A tile is up to kLoraTileRows consecutive rows of one group.
+inline constexpr int32_t kLoraTileRows = 16;
+inline constexpr int32_t kLoraMaxRank = 256;
+
+struct LoraTile {
+  int32_t slot = 0;
+  int32_t first_row = 0;
+  int32_t num_rows = 0;
+  int32_t padding = 0;
+};
+
+// One adapter module on the device; rank 0 = the adapter does not target it.
+struct LoraModuleRef {
+  const __nv_bfloat16* a = nullptr;  // [rank, in_features]
+  const __nv_bfloat16* b = nullptr;  // [out_features, rank]
+  int32_t rank = 0;
+  float scale = 0.0f;
+};
+
+}  // namespace loom::cuda

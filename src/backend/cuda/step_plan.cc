@@ -1,0 +1,145 @@
+#include "backend/cuda/step_plan.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace loom::cuda {
+
+namespace {
+
+struct TileCandidate {
+  int32_t sequence = 0;
+  int32_t row_begin = 0;
+  int32_t num_rows = 0;
+  int32_t kv_end = 0;   // causal limit of the tile's last row
+  int32_t num_key_tiles = 0;
+};
+
+// Splits below this many key tiles per chunk cost more in combining than they gain.
+constexpr int32_t kMinKeyTilesPerChunk = 2;
+
+}  // namespace
+
+template <typename T>
+void StepPlan::append(size_t& offset, const std::vector<T>& values) {
+  static_assert(sizeof(T) % sizeof(int32_t) == 0, "plan entries are whole words");
+  offset = (words_.size() + 3) / 4 * 4;  // 16-byte aligned sections
+  const size_t num_words = values.size() * sizeof(T) / sizeof(int32_t);
+  words_.resize(offset + num_words);
+  if (num_words > 0) std::memcpy(words_.data() + offset, values.data(), num_words * sizeof(int32_t));
+}
+
+void StepPlan::plan_attention(const Batch& batch, const PlanShape& shape) {
+  prefill_items_.clear();
+  decode_items_.clear();
+  combine_items_.clear();
+  num_partials_ = 0;
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  std::vector<TileCandidate> candidates[2];  // [AttentionVariant]
+  for (int32_t s = 0; s < static_cast<int32_t>(batch.sequences.size()); ++s) {
+    const BatchSequence& sequence = batch.sequences[s];
+    const int32_t total_rows = sequence.num_new_tokens * group;
+    const AttentionVariant variant = total_rows <= attention_variant_rows(AttentionVariant::kDecode)
+                                         ? AttentionVariant::kDecode
+                                         : AttentionVariant::kPrefill;
+    const int32_t rows_per_tile = attention_variant_rows(variant);
+    for (int32_t row = 0; row < total_rows; row += rows_per_tile) {
+      const int32_t num_rows = std::min(rows_per_tile, total_rows - row);
+      const int32_t last_token = (row + num_rows - 1) / group;
+      const int32_t kv_end = sequence.num_cached_tokens + last_token + 1;
+      candidates[static_cast<int>(variant)].push_back(
+          {s, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
+    }
+  }
+
+  for (int v = 0; v < 2; ++v) {
+    std::vector<TileCandidate>& list = candidates[v];
+    std::vector<AttentionWorkItem>& items = v == 0 ? prefill_items_ : decode_items_;
+    // Longest first, so that the tail of the grid is made of short items.
+    std::stable_sort(list.begin(), list.end(),
+                     [](const TileCandidate& a, const TileCandidate& b) { return a.num_key_tiles > b.num_key_tiles; });
+    int64_t total_key_tiles = 0;
+    for (const TileCandidate& c : list) total_key_tiles += c.num_key_tiles;
+    int32_t tiles_per_chunk = INT32_MAX;
+    if (!list.empty()) {
+      // Decode is bandwidth-bound: many short items (about 32 per SM) keep every
+      // SM streaming K/V to the end instead of leaving the last wave half empty.
+      // Prefill tiles carry enough work; they split only when too few to fill the GPU.
+      const bool is_decode = v == static_cast<int>(AttentionVariant::kDecode);
+      const int64_t wanted_ctas = (is_decode ? 32LL : 4LL) * shape.num_sms;
+      const int64_t wanted_items = (wanted_ctas + shape.num_kv_heads - 1) / shape.num_kv_heads;
+      if (is_decode || static_cast<int64_t>(list.size()) < wanted_items)
+        tiles_per_chunk = static_cast<int32_t>(
+            std::max<int64_t>(kMinKeyTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
+    }
+    for (const TileCandidate& c : list) {
+      if (c.num_key_tiles <= tiles_per_chunk) {
+        items.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
+        continue;
+      }
+      const int32_t num_chunks = (c.num_key_tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+      combine_items_.push_back({c.sequence, c.row_begin, c.num_rows, num_partials_, num_chunks, {0, 0, 0}});
+      for (int32_t k = 0; k < num_chunks; ++k) {
+        const int32_t begin = k * tiles_per_chunk * kAttentionTileKeys;
+        const int32_t end = std::min(c.kv_end, (k + 1) * tiles_per_chunk * kAttentionTileKeys);
+        items.push_back({c.sequence, c.row_begin, begin, end, num_partials_ + k, {0, 0, 0}});
+      }
+      num_partials_ += num_chunks;
+    }
+  }
+}
+
+void StepPlan::plan_lora(const Batch& batch) {
+  lora_tokens_.clear();
+  lora_tiles_.clear();
+  // Group by slot in order of first appearance; counting sort over the slots present.
+  std::vector<int32_t> slots;
+  for (int32_t slot : batch.adapter_slots)
+    if (slot >= 0 && std::find(slots.begin(), slots.end(), slot) == slots.end()) slots.push_back(slot);
+  for (int32_t slot : slots) {
+    const int32_t first = static_cast<int32_t>(lora_tokens_.size());
+    for (int32_t t = 0; t < static_cast<int32_t>(batch.adapter_slots.size()); ++t)
+      if (batch.adapter_slots[t] == slot) lora_tokens_.push_back(t);
+    const int32_t last = static_cast<int32_t>(lora_tokens_.size());
+    for (int32_t row = first; row < last; row += kLoraTileRows)
+      lora_tiles_.push_back({slot, row, std::min(kLoraTileRows, last - row), 0});
+  }
+}
+
+void StepPlan::build(const Batch& batch, const PlanShape& shape) {
+  num_tokens_ = batch.num_tokens();
+  kv_slots_.assign(num_tokens_, -1);
+  sequences_.clear();
+  logit_rows_.clear();
+  for (const BatchSequence& sequence : batch.sequences) {
+    const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
+    for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
+      const int32_t kv_index = sequence.num_cached_tokens + i;
+      if (kv_index < sequence.num_kv_present_tokens) continue;  // shared entry: read, never written
+      kv_slots_[sequence.token_offset + i] =
+          block_table[kv_index / shape.block_size] * shape.block_size + kv_index % shape.block_size;
+    }
+    sequences_.push_back({sequence.token_offset, sequence.num_cached_tokens, sequence.num_new_tokens,
+                          sequence.block_table_offset});
+    const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
+                                                         : sequence.token_offset + sequence.num_new_tokens - 1;
+    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t) logit_rows_.push_back(t);
+  }
+  plan_attention(batch, shape);
+  plan_lora(batch);
+
+  words_.clear();
+  append(sections_.token_ids, batch.token_ids);
+  append(sections_.positions, batch.positions);
+  append(sections_.kv_slots, kv_slots_);
+  append(sections_.block_tables, batch.block_tables);
+  append(sections_.sequences, sequences_);
+  append(sections_.prefill_items, prefill_items_);
+  append(sections_.decode_items, decode_items_);
+  append(sections_.combine_items, combine_items_);
+  append(sections_.lora_tokens, lora_tokens_);
+  append(sections_.lora_tiles, lora_tiles_);
+  append(sections_.logit_rows, logit_rows_);
+}
+
+}  // namespace loom::cuda

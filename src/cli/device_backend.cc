@@ -1,0 +1,162 @@
+#include "cli/device_backend.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "backend/cpu/cpu_backend.h"
+#include "cli/commands.h"
+#include "model/synthetic.h"
+#include "model/synthetic_weights.h"
+#include "tokenizer/synthetic.h"
+#include "tokenizer/tokenizer.h"
+#include "util/error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
+
+namespace loom::cli {
+
+namespace {
+
+constexpr const char* kRandomPrefix = "random:";
+
+struct RandomSpec {
+  Architecture arch = Architecture::kLlama;
+  SyntheticPreset preset = SyntheticPreset::kTiny;
+  uint64_t seed = 0;
+};
+
+RandomSpec parse_random_spec(const std::string& flag) {
+  std::string text = flag.substr(std::string(kRandomPrefix).size());
+  RandomSpec spec;
+  const size_t colon = text.find(':');
+  if (colon != std::string::npos) {
+    try {
+      spec.seed = std::stoull(text.substr(colon + 1));
+    } catch (const std::exception&) {
+      fail(ErrorKind::kInvalidArgument, "--model {}: seed '{}' is not a number", flag, text.substr(colon + 1));
+    }
+    text = text.substr(0, colon);
+  }
+  const size_t dash = text.find('-');
+  if (dash != std::string::npos) {
+    spec.arch = architecture_from_short_name(text.substr(0, dash));
+    text = text.substr(dash + 1);
+  }
+  spec.preset = synthetic_preset_from_name(text);
+  return spec;
+}
+
+[[maybe_unused]] int cuda_device_index(const std::string& device) {
+  if (device == "cuda") return 0;
+  try {
+    return std::stoi(device.substr(5));
+  } catch (const std::exception&) {
+    fail(ErrorKind::kInvalidArgument, "--device {}: expected cpu, cuda or cuda:N", device);
+  }
+}
+
+bool is_cuda(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
+
+void check_device_name(const std::string& device) {
+  if (device != "cpu" && !is_cuda(device))
+    fail(ErrorKind::kInvalidArgument, "--device {}: expected cpu, cuda or cuda:N", device);
+#ifndef LOOM_HAVE_CUDA
+  if (is_cuda(device))
+    throw Error(ErrorKind::kUnsupported, "--device " + device + ": this build has no CUDA backend",
+                "rebuild with -DLOOM_CUDA=ON on a machine with the CUDA toolkit");
+#endif
+}
+
+// The synthetic tokenizer `loom make-model` writes for this arch, loaded through a temporary directory.
+std::shared_ptr<const Tokenizer> synthetic_tokenizer(const ModelConfig& config) {
+  PreTokenizerFamily family = PreTokenizerFamily::kSmolLM;
+  if (config.arch == Architecture::kLlama) family = PreTokenizerFamily::kLlama3;
+  if (config.arch == Architecture::kQwen2 || config.arch == Architecture::kQwen3) family = PreTokenizerFamily::kQwen2;
+  const SyntheticTokenizer tokenizer = make_synthetic_tokenizer(config.vocab_size, family);
+  const std::filesystem::path directory =
+      std::filesystem::temp_directory_path() / ("loom-random-tokenizer-" + std::to_string(::getpid()));
+  std::filesystem::create_directories(directory);
+  std::ofstream(directory / "tokenizer.json", std::ios::trunc) << tokenizer.tokenizer_json;
+  std::ofstream(directory / "tokenizer_config.json", std::ios::trunc) << tokenizer.tokenizer_config_json;
+  std::shared_ptr<const Tokenizer> loaded = Tokenizer::from_hf_directory(directory.string());
+  std::error_code ignored;
+  std::filesystem::remove_all(directory, ignored);
+  return loaded;
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
+  check_device_name(options.device);
+  if (model.weights == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no host weights to put on a device", model.path);
+  if (options.device == "cpu") {
+    CpuBackendConfig config;
+    config.num_threads = options.threads;
+    config.max_adapter_slots = options.max_adapter_slots;
+    return make_cpu_backend(model.config, model.weights, config);
+  }
+#ifdef LOOM_HAVE_CUDA
+  CudaBackendConfig config;
+  config.device = cuda_device_index(options.device);
+  config.max_adapter_slots = options.max_adapter_slots;
+  return make_cuda_backend(model.config, *model.weights, config);
+#else
+  fail(ErrorKind::kInternal, "unreachable");
+#endif
+}
+
+ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOptions& options) {
+  check_device_name(options.device);
+  ModelOnDevice result;
+  if (model_flag.rfind(kRandomPrefix, 0) != 0) {
+    result.model = load_model(resolve_model_path(model_flag));
+    result.backend = make_backend_for_device(result.model, options);
+    return result;
+  }
+  const RandomSpec spec = parse_random_spec(model_flag);
+  result.model.path = model_flag;
+  result.model.config = synthetic_model_config(spec.arch, spec.preset);
+  result.model.tokenizer = synthetic_tokenizer(result.model.config);
+  if (options.device == "cpu") {
+    if (spec.preset != SyntheticPreset::kTiny)
+      throw Error(ErrorKind::kUnsupported, "--model " + model_flag + " on --device cpu",
+                  "use --device cuda, or write it with `loom make-model` first");
+    TensorMap tensors;
+    for (const SyntheticTensorSpec& tensor_spec : synthetic_base_tensor_specs(result.model.config))
+      tensors[tensor_spec.name] = make_synthetic_tensor(tensor_spec, spec.seed);
+    result.model.weights =
+        std::make_shared<ModelWeights>(build_model_weights(result.model.config, tensors, model_flag));
+    result.backend = make_backend_for_device(result.model, options);
+    return result;
+  }
+#ifdef LOOM_HAVE_CUDA
+  CudaBackendConfig config;
+  config.device = cuda_device_index(options.device);
+  config.max_adapter_slots = options.max_adapter_slots;
+  // make-model stores the 8b preset in bf16 (norms included) and tiny in f32.
+  result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset == SyntheticPreset::k8b, config);
+#endif
+  return result;
+}
+
+int64_t kv_cache_bytes_for_gpu_fraction(const DeviceOptions& options, double fraction) {
+  check_device_name(options.device);
+  if (!is_cuda(options.device)) return 0;
+  if (!(fraction > 0.0 && fraction <= 1.0))
+    fail(ErrorKind::kInvalidArgument, "--gpu-memory-fraction {}: expected a value in (0, 1]", fraction);
+#ifdef LOOM_HAVE_CUDA
+  const int device = cuda_device_index(options.device);
+  // Free memory now (weights loaded) minus the share of the card to leave free.
+  const int64_t free_bytes = cuda_free_memory_bytes(device);
+  const int64_t keep_free = static_cast<int64_t>((1.0 - fraction) * static_cast<double>(cuda_total_memory_bytes(device)));
+  return std::max<int64_t>(free_bytes - keep_free, 0);
+#else
+  return 0;
+#endif
+}
+
+}  // namespace loom::cli

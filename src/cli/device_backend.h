@@ -1,0 +1,46 @@
+// `--device` and `--model random:...` for the CLI commands: picks the backend
+// (CPU, or CUDA when this build has it) and loads the model for it.
+//
+//   --device cpu | cuda | cuda:N
+//   --model  PATH (a Hugging Face directory or .gguf, as load_model takes)
+//            random:[ARCH-]PRESET[:SEED]  e.g. random:llama-8b, random:tiny, random:qwen3-tiny:7
+//            The synthetic model of `loom make-model --arch ARCH --preset PRESET --seed SEED`
+//            (ARCH default llama, SEED default 0), built directly on the GPU with
+//            make-model's per-tensor seeds: no 16 GB file. Its tokenizer is the
+//            synthetic one make-model writes. On --device cpu only the tiny preset.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "backend/backend.h"
+#include "model/loader.h"
+
+namespace loom::cli {
+
+struct DeviceOptions {
+  std::string device = "cpu";
+  int threads = 0;              // CPU backend threads (0: all cores)
+  int max_adapter_slots = 64;
+};
+
+struct ModelOnDevice {
+  LoadedModel model;            // weights are null for random models on the GPU
+  std::unique_ptr<Backend> backend;
+};
+
+// Loads `model_flag` (after resolve_model_path for plain paths) and makes the
+// backend for `options.device`. Throws Error(kUnsupported) for cuda in a build
+// without it or on a machine without a GPU, Error(kInvalidArgument) for an
+// unknown device or random model spec.
+ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOptions& options);
+
+// The backend for an already loaded model (weights required).
+std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options);
+
+// For --gpu-memory-fraction F: the KV pool bytes that leave (1 - F) of the
+// GPU's memory free after the weights (already loaded) and the pool. 0 on cpu.
+int64_t kv_cache_bytes_for_gpu_fraction(const DeviceOptions& options, double fraction);
+
+}  // namespace loom::cli

@@ -1,0 +1,193 @@
+// Paged attention (prefill + decode kernels, split-KV combine) against the CPU
+// backend's paged_attention on the same bf16 values: random block tables,
+// block sizes 16 and 32, contexts 1..16K, batches 1..128, GQA ratios 1/4/8.
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "backend/cpu/paged_attention.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/step_plan.h"
+#include "cuda_test_util.h"
+
+namespace loom::cuda {
+namespace {
+
+using test::download_bf16;
+using test::random_values;
+using test::upload;
+using test::upload_bf16;
+
+struct AttentionCase {
+  int num_heads = 32, num_kv_heads = 8, head_dim = 128, block_size = 16;
+  std::vector<std::pair<int, int>> sequences;  // (num_cached, num_new)
+  uint64_t seed = 1;
+};
+
+std::string describe(const AttentionCase& c) {
+  int64_t max_context = 0;
+  for (auto [cached, fresh] : c.sequences) max_context = std::max<int64_t>(max_context, cached + fresh);
+  return "heads " + std::to_string(c.num_heads) + "/" + std::to_string(c.num_kv_heads) + " d " +
+         std::to_string(c.head_dim) + " bs " + std::to_string(c.block_size) + " batch " +
+         std::to_string(c.sequences.size()) + " max context " + std::to_string(max_context);
+}
+
+void run_case(const AttentionCase& c) {
+  SCOPED_TRACE(describe(c));
+  Prng prng(c.seed);
+  Batch batch;
+  int num_blocks_total = 0;
+  for (auto [cached, fresh] : c.sequences) num_blocks_total += (cached + fresh + c.block_size - 1) / c.block_size;
+  const int num_blocks = num_blocks_total + 3;
+  // A random permutation of the pool's blocks, handed out to the sequences.
+  std::vector<int32_t> blocks(num_blocks);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  for (int i = num_blocks - 1; i > 0; --i) std::swap(blocks[i], blocks[prng.next_below(i + 1)]);
+  int next_block = 0;
+  for (auto [cached, fresh] : c.sequences) {
+    BatchSequence sequence;
+    sequence.num_cached_tokens = cached;
+    sequence.num_new_tokens = fresh;
+    sequence.token_offset = batch.num_tokens();
+    sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+    sequence.num_blocks = (cached + fresh + c.block_size - 1) / c.block_size;
+    for (int b = 0; b < sequence.num_blocks; ++b) batch.block_tables.push_back(blocks[next_block++]);
+    for (int i = 0; i < fresh; ++i) {
+      batch.token_ids.push_back(0);
+      batch.positions.push_back(cached + i);
+      batch.adapter_slots.push_back(-1);
+    }
+    batch.sequences.push_back(sequence);
+  }
+  const int n = batch.num_tokens();
+  const int q_size = c.num_heads * c.head_dim, kv_size = c.num_kv_heads * c.head_dim;
+  const int64_t num_slots = static_cast<int64_t>(num_blocks) * c.block_size;
+  const std::vector<float> q = random_values(prng, static_cast<size_t>(n) * q_size, 2.0f);
+  const std::vector<float> k_pool = random_values(prng, num_slots * kv_size, 1.0f);
+  const std::vector<float> v_pool = random_values(prng, num_slots * kv_size, 1.0f);
+
+  cpu::TokenPlacement placement;
+  cpu::place_tokens(batch, c.block_size, placement);
+  std::vector<float> expected(static_cast<size_t>(n) * q_size), scratch;
+  const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.block_size};
+  cpu::paged_attention(q.data(), batch, placement, shape, k_pool.data(), v_pool.data(), 16, scratch, expected.data());
+
+  StepPlan plan;
+  plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132});
+  DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(k_pool),
+               v_d = upload_bf16(v_pool), out_d(static_cast<size_t>(n) * q_size * 2);
+  const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
+  DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
+  LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written
+  AttentionParams params;
+  params.q = q_d.as<bf16>();
+  params.k_cache = k_d.as<bf16>();
+  params.v_cache = v_d.as<bf16>();
+  const int32_t* words = plan_d.as<int32_t>();
+  params.block_tables = words + plan.sections().block_tables;
+  params.sequences = reinterpret_cast<const AttentionSequence*>(words + plan.sections().sequences);
+  params.out = out_d.as<bf16>();
+  params.partial_out = partial_out.as<float>();
+  params.partial_lse = partial_lse.as<float>();
+  params.num_heads = c.num_heads;
+  params.num_kv_heads = c.num_kv_heads;
+  params.head_dim = c.head_dim;
+  params.block_size = c.block_size;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
+  launch_attention(params, AttentionVariant::kPrefill,
+                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+                   plan.num_prefill_items(), nullptr);
+  launch_attention(params, AttentionVariant::kDecode,
+                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
+                   plan.num_decode_items(), nullptr);
+  launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
+                           plan.num_combine_items(), nullptr);
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
+  const bool long_reduction = placement.max_context_length > 256;
+  EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
+      << plan.num_prefill_items() << " prefill items, " << plan.num_decode_items() << " decode items, "
+      << plan.num_combine_items() << " combined";
+}
+
+TEST(CudaAttention, DecodeSingleTokenContexts1To16K) {
+  LOOM_REQUIRE_GPU();
+  for (int context : {1, 2, 15, 16, 17, 63, 64, 65, 1000, 4096, 16384}) {
+    AttentionCase c;
+    c.sequences = {{context - 1, 1}};
+    c.seed = context;
+    run_case(c);
+  }
+}
+
+TEST(CudaAttention, DecodeBatchesWithGqaRatios1And4And8) {
+  LOOM_REQUIRE_GPU();
+  struct Heads { int heads, kv_heads; };
+  for (Heads h : {Heads{8, 8}, Heads{32, 8}, Heads{32, 4}}) {
+    for (int batch_size : {1, 7, 64, 128}) {
+      AttentionCase c;
+      c.num_heads = h.heads;
+      c.num_kv_heads = h.kv_heads;
+      c.block_size = batch_size % 2 == 0 ? 16 : 32;
+      c.seed = 100 * batch_size + h.heads + h.kv_heads;
+      Prng prng(c.seed);
+      for (int s = 0; s < batch_size; ++s) c.sequences.push_back({static_cast<int>(prng.next_below(2048)), 1});
+      run_case(c);
+    }
+  }
+}
+
+TEST(CudaAttention, PrefillCausalWithAndWithoutCache) {
+  LOOM_REQUIRE_GPU();
+  for (int block_size : {16, 32}) {
+    AttentionCase c;
+    c.block_size = block_size;
+    c.num_heads = 8;
+    c.num_kv_heads = 8;  // GQA 1
+    c.sequences = {{0, 1000}};
+    run_case(c);
+    c.num_heads = 32;
+    c.num_kv_heads = 4;  // GQA 8
+    c.sequences = {{0, 300}, {77, 129}, {500, 17}, {3, 5}, {0, 1}};
+    c.seed = 2;
+    run_case(c);
+  }
+}
+
+TEST(CudaAttention, ChunkedPrefillOverLongCacheSplitsKv) {
+  LOOM_REQUIRE_GPU();
+  AttentionCase c;
+  c.num_heads = 32;
+  c.num_kv_heads = 4;
+  c.block_size = 32;
+  c.sequences = {{16384 - 128, 128}};
+  run_case(c);
+  c.num_kv_heads = 8;
+  c.block_size = 16;
+  c.sequences = {{8000, 3}, {12000, 40}};
+  c.seed = 3;
+  run_case(c);
+}
+
+TEST(CudaAttention, MixedBatchEveryHeadDim) {
+  LOOM_REQUIRE_GPU();
+  for (int head_dim : {16, 32, 64, 128}) {
+    AttentionCase c;
+    c.head_dim = head_dim;
+    c.num_heads = 9;  // SmolLM2: 9 heads over 3 kv heads
+    c.num_kv_heads = 3;
+    c.seed = head_dim;
+    Prng prng(head_dim);
+    for (int s = 0; s < 24; ++s) {
+      const int fresh = s % 3 == 0 ? 1 + static_cast<int>(prng.next_below(40)) : 1;
+      c.sequences.push_back({static_cast<int>(prng.next_below(3000)), fresh});
+    }
+    run_case(c);
+  }
+}
+
+}  // namespace
+}  // namespace loom::cuda
