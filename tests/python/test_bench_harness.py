@@ -267,6 +267,9 @@ class ReportTest(unittest.TestCase):
         self.assertAlmostEqual(result["sharing=forked,workflows=4"]["tasks_per_s"], 4.0)
         self.assertAlmostEqual(result["sharing=forked,workflows=1"]["tasks_per_s"], 3.0)
         self.assertNotIn("sharing=isolated,workflows=4", result)  # its own baseline
+        # a key with one value is not the compared one
+        single = [dict(c, compare={"eviction": "lru", **c["compare"]}) for c in configs_[:2]]
+        self.assertEqual(report.ratios(single)["sharing=isolated,workflows=4"]["over"], "sharing=isolated,workflows=1")
 
     def test_design_shape_ratios_and_table(self):
         def config(name, tasks_per_s):

@@ -31,14 +31,23 @@ def fmt(value: Optional[float], spec: str) -> str:
     return spec.format(value)
 
 
+def compared_key(configs: List[dict]) -> Optional[str]:
+    """The first --compare key that takes more than one value."""
+    keys = list((configs[0].get("compare") or {}) if configs else {})
+    for key in keys:
+        if len({(c.get("compare") or {}).get(key) for c in configs}) > 1:
+            return key
+    return None
+
+
 def baseline_of(config: dict, configs: List[dict]) -> Optional[dict]:
     """The configuration `config` is compared with: the same values of every
-    --compare key but the first, and the first key's first value (so with
+    --compare key but compared_key(), which takes its first value (so with
     sharing x workflows, forked@4 is divided by isolated@4)."""
     compare = config.get("compare") or {}
-    if not compare:
+    first_key = compared_key(configs)
+    if first_key is None:
         return configs[0] if configs else None
-    first_key = next(iter(compare))
     for candidate in configs:
         other = candidate.get("compare") or {}
         if other.get(first_key) == (configs[0].get("compare") or {}).get(first_key) and all(
@@ -79,7 +88,7 @@ def markdown(report: dict) -> str:
         lines.append(f"| {config['name']} | " + " | ".join(fmt(metrics.get(m), spec) for m, _, spec in COLUMNS) + " |")
     table_ratios = report.get("ratios") or {}
     if table_ratios:
-        lines += ["", "Ratios (each over the configuration with the first --compare key's first value):", ""]
+        lines += ["", "Ratios (each over the configuration that differs only in the first compared key):", ""]
         for name, values in table_ratios.items():
             if name == "baseline":
                 continue
