@@ -211,8 +211,12 @@ TEST_F(EngineSharingTest, BatchLayoutFollowsEachMode) {
         break;
       case 6: EXPECT_EQ(slots, (std::vector<int32_t>{-1, -1, -1})); break;
     }
-    if (id != 4) EXPECT_EQ(sequence.decoder_adapter_slot, -1) << id;
-    if (id != 5) EXPECT_EQ(sequence.forked_adapter_slot, -1) << id;
+    if (id != 4) {
+      EXPECT_EQ(sequence.decoder_adapter_slot, -1) << id;
+    }
+    if (id != 5) {
+      EXPECT_EQ(sequence.forked_adapter_slot, -1) << id;
+    }
   }
 }
 
