@@ -100,18 +100,23 @@ class BenchSmokeTest(unittest.TestCase):
         self.assertGreater(config["metrics"]["prefix_hit_rate"], 0.2)
 
     def test_compare_launches_one_server_per_configuration(self):
-        report, out = self.bench("react", "--agents", "2", "--loops", "1", "--compare", "sharing=isolated",
-                                 "--compare", "serve.max-batch-tokens=64,512", plots=True)
+        # issue 6's "done when" command, at smoke size
+        report, out = self.bench("react", "--agents", "2", "--loops", "1", "--compare", "sharing=isolated,forked",
+                                 "--compare", "workflows=1,2", plots=True)
         names = [c["name"] for c in report["configs"]]
-        self.assertEqual(names, ["sharing=isolated,serve.max-batch-tokens=64",
-                                 "sharing=isolated,serve.max-batch-tokens=512"])
+        self.assertEqual(names, ["sharing=isolated,workflows=1", "sharing=isolated,workflows=2",
+                                 "sharing=forked,workflows=1", "sharing=forked,workflows=2"])
         for config in report["configs"]:
             self.check_config(config, num_calls=4)
             self.assertEqual(config["server_exit_status"], 0)
-            self.assertIn("adapter0=" + os.path.join(self.model, "adapters", "adapter0") + ":isolated",
+            mode = config["compare"]["sharing"]
+            self.assertIn("adapter0=" + os.path.join(self.model, "adapters", "adapter0") + ":" + mode,
                           config["serve_args"])
-        self.assertIn("sharing=isolated,serve.max-batch-tokens=512", report["ratios"])
-        self.assertTrue(os.path.exists(os.path.join(out, "tasks_per_s_vs_serve.max-batch-tokens.png")))
+            self.assertEqual(config["arrivals"]["concurrency"], int(config["compare"]["workflows"]))
+            # the server counted the prompt tokens under the mode asked for
+            self.assertIsNotNone(config["metrics"]["prefix_hit_rate_by_mode"].get(mode))
+        self.assertEqual(report["ratios"]["sharing=forked,workflows=2"]["over"], "sharing=isolated,workflows=2")
+        self.assertTrue(os.path.exists(os.path.join(out, "tasks_per_s_vs_workflows.png")))
 
     def test_failed_configuration_is_reported(self):
         report, _ = self.bench("react", "--agents", "1", "--loops", "1", "--compare", "serve.block-size=0",
