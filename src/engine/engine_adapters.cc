@@ -93,8 +93,9 @@ void EngineImpl::prepare_forked_adapter(const std::string& name, int32_t kv_rank
   }
   const int64_t residual_bytes =
       config_.residual_kv_cache_bytes >= 0 ? config_.residual_kv_cache_bytes : config_.kv_cache_bytes / 8;
-  spdlog::info("forked residual KV cache: {} bytes at max rank {} (for adapter '{}')", residual_bytes, max_rank, name);
   allocate_pools(true, residual_bytes, max_rank);
+  spdlog::info("forked residual KV cache: {} blocks of {} bytes at max rank {} (for adapter '{}'); main KV: {} blocks",
+               num_residual_kv_blocks_.load(), residual_bytes_per_block_, max_rank, name, num_kv_blocks_.load());
 }
 
 int32_t EngineImpl::drop_adapter_kv(const std::string& name) {
