@@ -74,7 +74,10 @@ std::vector<AgentSteps> WorkflowSnapshot::agents_with_steps(int32_t min_steps, i
 
 WorkflowRegistry::WorkflowRegistry(WorkflowRegistryConfig config)
     : config_(std::move(config)), snapshot_(std::make_shared<WorkflowSnapshot>()) {
-  if (config_.max_workflows < 0) fail(ErrorKind::kInvalidArgument, "max_workflows: {} is negative", config_.max_workflows);
+  if (config_.max_workflows < 0)
+    fail(ErrorKind::kInvalidArgument, "max_workflows: {} is negative", config_.max_workflows);
+  if (config_.ttl <= std::chrono::steady_clock::duration::zero())
+    fail(ErrorKind::kInvalidArgument, "workflow ttl must be positive");
 }
 
 WorkflowRegistry::~WorkflowRegistry() = default;

@@ -104,6 +104,7 @@ class WorkflowSnapshot {
 
 class WorkflowRegistry {
  public:
+  // Throws Error(kInvalidArgument) for a ttl <= 0 or max_workflows < 0.
   explicit WorkflowRegistry(WorkflowRegistryConfig config = {});
   ~WorkflowRegistry();
   WorkflowRegistry(const WorkflowRegistry&) = delete;

@@ -2,8 +2,11 @@
 // scoping, TTL expiry on an injected clock, snapshots and versions.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <thread>
@@ -236,6 +239,14 @@ TEST_F(WorkflowRegistryTest, BadInputChangesNothing) {
   EXPECT_FALSE(registry.note_request("", ""));
 }
 
+TEST_F(WorkflowRegistryTest, RejectsBadConfig) {
+  WorkflowRegistryConfig bad = config();
+  bad.ttl = 0s;
+  EXPECT_EQ(error_kind([&] { WorkflowRegistry registry(bad); }), ErrorKind::kInvalidArgument);
+  bad = config(-1);
+  EXPECT_EQ(error_kind([&] { WorkflowRegistry registry(bad); }), ErrorKind::kInvalidArgument);
+}
+
 TEST_F(WorkflowRegistryTest, FullRegistryRefusesNewWorkflowsButServesRequests) {
   WorkflowRegistry registry(config(2));
   registry.declare("a", fig1_cycle());
@@ -252,7 +263,7 @@ TEST_F(WorkflowRegistryTest, FullRegistryRefusesNewWorkflowsButServesRequests) {
 
 TEST_F(WorkflowRegistryTest, ConcurrentWritersAndASnapshotReader) {
   WorkflowRegistry registry(config(64));
-  for (int32_t w = 0; w < 4; ++w) registry.declare("w" + std::to_string(w), fig1_cycle());
+  for (int32_t w = 0; w < 4; ++w) registry.declare(fmt::format("w{}", w), fig1_cycle());
   const std::vector<std::string> order{"planner", "executor", "expresser", "reviewer"};
   std::atomic<bool> done{false};
   std::atomic<int64_t> num_bad{0};
@@ -263,7 +274,7 @@ TEST_F(WorkflowRegistryTest, ConcurrentWritersAndASnapshotReader) {
       if (snapshot->version() < last_version) ++num_bad;
       last_version = snapshot->version();
       for (int32_t w = 0; w < 4; ++w) {
-        const WorkflowSteps* steps = snapshot->workflow("w" + std::to_string(w));
+        const WorkflowSteps* steps = snapshot->workflow(fmt::format("w{}", w));
         // Exactly one agent runs; the others are 1, 2, 3 steps away.
         int64_t sum = 0;
         if (steps != nullptr)
@@ -275,7 +286,7 @@ TEST_F(WorkflowRegistryTest, ConcurrentWritersAndASnapshotReader) {
   std::vector<std::thread> writers;
   for (int32_t w = 0; w < 4; ++w)
     writers.emplace_back([&, w] {
-      for (int32_t i = 0; i < 2000; ++i) registry.note_request("w" + std::to_string(w), order[i % 4]);
+      for (int32_t i = 0; i < 2000; ++i) registry.note_request(fmt::format("w{}", w), order[i % 4]);
     });
   for (std::thread& writer : writers) writer.join();
   done = true;

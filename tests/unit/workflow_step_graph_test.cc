@@ -2,6 +2,8 @@
 // branches, self-loops, disconnected agents), exact values.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <map>
 #include <string>
 #include <vector>
@@ -76,7 +78,7 @@ TEST(WorkflowStepGraphTest, RejectsBadGraphsNamingTheField) {
   EXPECT_EQ(build_error({{agent("a"), agent("b", {"a", "a"})}}), "agents[1].after[1]: \"a\" is listed twice");
   EXPECT_EQ(build_error({{agent("bad\nname")}}), "agents[0].name: invalid agent name");
   WorkflowSpec too_many;
-  for (int32_t i = 0; i <= kMaxAgentsPerWorkflow; ++i) too_many.agents.push_back(agent("a" + std::to_string(i)));
+  for (int32_t i = 0; i <= kMaxAgentsPerWorkflow; ++i) too_many.agents.push_back(agent(fmt::format("a{}", i)));
   EXPECT_EQ(build_error(too_many), "agents: 257 agents, at most 256");
 }
 
@@ -202,8 +204,9 @@ TEST(WorkflowStepGraphTest, RejectsExplicitStepsOutOfRange) {
 
 TEST(WorkflowStepGraphTest, LongChainStaysExactAndEmptyGraphIsFine) {
   WorkflowSpec chain;
-  chain.agents.push_back(agent("a0", {"a" + std::to_string(kMaxAgentsPerWorkflow - 1)}));
-  for (int32_t i = 1; i < kMaxAgentsPerWorkflow; ++i) chain.agents.push_back(agent("a" + std::to_string(i), {"a" + std::to_string(i - 1)}));
+  chain.agents.push_back(agent("a0", {fmt::format("a{}", kMaxAgentsPerWorkflow - 1)}));
+  for (int32_t i = 1; i < kMaxAgentsPerWorkflow; ++i)
+    chain.agents.push_back(agent(fmt::format("a{}", i), {fmt::format("a{}", i - 1)}));
   const AgentStepGraph graph(chain);
   WorkflowProgress progress;
   progress.running = {"a10"};
