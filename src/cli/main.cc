@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   add("serve", "Serve a model and its adapters over an OpenAI-compatible HTTP API", loom::cli::register_serve);
   add("bench", "Benchmark agentic workflows against servers it launches or --url", loom::cli::register_bench);
   add("make-adapters", "Write random PEFT LoRA adapters for an existing model", loom::cli::register_make_adapters);
+  add("divergence", "Measure how far KV sharing modes move adapters from isolated", loom::cli::register_divergence);
 
   CLI11_PARSE(app, argc, argv);
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
