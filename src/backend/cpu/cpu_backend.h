@@ -7,6 +7,12 @@
 // whole process (openblas_set_num_threads(1)). Decode-sized GEMMs (<= 8 rows)
 // use a small AVX2 kernel instead of OpenBLAS (see skinny_gemm.h).
 //
+// KV sharing (backend.h): base-sharing sequences add decoder rows after the
+// batch's tokens, run in the same GEMMs and beside their tokens in attention
+// (paged_attention.h); forked sequences keep an fp32 rCache pool
+// (allocate_residual_cache) and attend through ResidualAttention
+// (residual_attention.h), which needs a model without q/k norm.
+//
 // Speed note: OpenBLAS 0.3.21 does not know recent Xeons (e.g. Emerald Rapids)
 // and falls back to SSE3 kernels; the backend logs a warning then, and
 // OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment fixes it.
