@@ -25,6 +25,7 @@
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
 #include "util/error.h"
+#include "workflow/workflow_registry.h"
 
 namespace loom {
 
@@ -48,6 +49,10 @@ struct EngineConfig {
   // Largest LoRA rank (k/v) a forked adapter may have; 0 = the largest among the
   // adapters loaded at start, at least 16 (--max-lora-rank).
   int32_t max_lora_rank = 0;
+  // --eviction-policy lru|workflow: KVFlow steps-to-execution eviction when true.
+  bool workflow_aware_eviction = false;
+  // Workflows not seen for this long are forgotten (--workflow-ttl-seconds).
+  double workflow_ttl_seconds = 600.0;
   // When there is an rCache pool, exactly this many blocks (tests, `loom
   // generate`) instead of residual_kv_cache_bytes' worth; 0: derived from it.
   // Whether there is one still follows residual_kv_cache_bytes.
@@ -67,6 +72,10 @@ struct EngineRequest {
   std::vector<TokenId> stop_token_ids; // in addition to the tokenizer's EOS ids
   bool ignore_eos = false;
   int32_t priority = 0;                // lower runs first (vLLM convention); FCFS within a priority
+  // Workflow hints (issue 5): agent names are scoped by workflow. Empty = none.
+  std::string workflow;
+  std::string agent;
+  std::optional<int32_t> fixed_prefix_tokens;  // explicit end of the agent's fixed prompt part
 };
 
 // One message from the engine about a request. Text never splits a UTF-8
@@ -150,6 +159,8 @@ class Engine {
   virtual std::vector<AdapterInfo> adapters() const = 0;
 
   virtual EngineMetrics take_metrics() = 0;
+  // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).
+  virtual WorkflowRegistry& workflows() = 0;
   virtual const LoadedModel& model() const = 0;
   virtual int32_t max_context_tokens() const = 0;
 

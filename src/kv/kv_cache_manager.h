@@ -127,6 +127,32 @@ class KvCacheManager {
   // Drops every cached block whose namespace `matches` (with its descendants,
   // e.g. all "alora/NAME@S" branches under base nodes). Same precondition.
   int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
+  // ---- Workflow-aware eviction (KVFlow, issue 5; DESIGN §2) ----
+  //
+  // With EvictionPolicy::kWorkflow, allocate() evicts among unreferenced leaves:
+  //   1. nodes on no agent's fixed prefix ("dynamic suffixes"), LRU first;
+  //   2. then fixed-prefix nodes by steps-to-execution, largest first
+  //      (kStepsFar first of all), LRU within equal steps.
+  // A node's steps = min over the agents whose fixed prefix passes through it
+  // (an agent's value sits on the last block of its fixed prefix and
+  // propagates to ancestors as the min over children). kLru ignores all this.
+  enum class EvictionPolicy : uint8_t { kLru, kWorkflow };
+  void set_eviction_policy(EvictionPolicy policy);
+  EvictionPolicy eviction_policy() const;
+  // Declares (or moves) agent `agent_key`'s fixed prefix: the full blocks of
+  // tokens[0, num_fixed_tokens) under kv_key, as far as they are in the tree now
+  // (blocks committed later are covered by calling it again). `agent_key` is
+  // unique per (workflow, agent), e.g. "wf-1/planner". Cheap; engine thread.
+  void set_agent_fixed_prefix(const std::string& agent_key, const KvKey& kv_key,
+                              std::span<const KvTokenId> tokens, int32_t num_fixed_tokens);
+  // Sets the steps-to-execution of agents (absent agents keep their value;
+  // INT32_MAX = far). Re-derives node priorities.
+  void set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key);
+  // Forgets agents (their nodes become dynamic unless another agent covers them).
+  void forget_agents(const std::function<bool(const std::string&)>& matches);
+  // Evictable leaves in the order allocate() would take them (tests, debugging).
+  std::vector<int32_t> eviction_order() const;
+
   // Evicts every cached block (tests; "after the blocks were evicted").
   int32_t evict_all_cached();
 
