@@ -160,7 +160,9 @@ class Engine {
 
   virtual EngineMetrics take_metrics() = 0;
   // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).
-  virtual WorkflowRegistry& workflows() = 0;
+  virtual WorkflowRegistry& workflows() {
+    throw Error(ErrorKind::kUnsupported, "this engine has no workflow registry");
+  }
   virtual const LoadedModel& model() const = 0;
   virtual int32_t max_context_tokens() const = 0;
 
