@@ -141,6 +141,27 @@ int32_t KvCacheManager::drop_namespaces(const std::function<bool(const std::stri
   return static_cast<int32_t>(freed.size());
 }
 
+void KvCacheManager::set_eviction_policy(EvictionPolicy policy) { tree_.set_eviction_policy(policy); }
+
+KvCacheManager::EvictionPolicy KvCacheManager::eviction_policy() const { return tree_.eviction_policy(); }
+
+void KvCacheManager::set_agent_fixed_prefix(const std::string& agent_key, const KvKey& kv_key,
+                                            std::span<const KvTokenId> tokens, int32_t num_fixed_tokens) {
+  const size_t num_tokens = std::min(tokens.size(), static_cast<size_t>(std::max(num_fixed_tokens, 0)));
+  const std::vector<RadixNode*> path = tree_.match(kv_key, tokens.first(num_tokens));
+  tree_.set_agent_prefix_end(agent_key, path.empty() ? nullptr : path.back());
+}
+
+void KvCacheManager::set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key) {
+  for (const auto& [agent_key, steps] : steps_by_agent_key) tree_.set_agent_steps(agent_key, std::max(steps, 0));
+}
+
+void KvCacheManager::forget_agents(const std::function<bool(const std::string&)>& matches) {
+  tree_.forget_agents(matches);
+}
+
+std::vector<int32_t> KvCacheManager::eviction_order() const { return tree_.eviction_order(); }
+
 int32_t KvCacheManager::evict_all_cached() {
   int32_t count = 0;
   while (auto evicted = tree_.evict_one()) {

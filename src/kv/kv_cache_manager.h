@@ -15,7 +15,8 @@
 //
 // While a lease holds a block, the block (and its tree node) cannot be evicted:
 // leases are the RAII lock handles of the design. allocate() evicts cached
-// leaves, least recently used first, when free blocks run short.
+// leaves, least recently used first (or workflow-aware, see below), when free
+// blocks run short.
 //
 // Namespaces and keys: see kv/kv_key.h. A lease remembers its KvKey, so
 // commit() files each block under the namespace the key gives that block
@@ -110,8 +111,9 @@ class KvCacheManager {
 
   // Whether `num_blocks` more blocks can be had (free + cached).
   bool can_allocate(int32_t num_blocks) const;
-  // Appends `num_blocks` blocks to the lease, evicting LRU cached leaves if
-  // needed. Returns false, changing nothing, when can_allocate is false.
+  // Appends `num_blocks` blocks to the lease, evicting cached leaves if needed
+  // (LRU, or as the workflow policy below says). Returns false, changing
+  // nothing, when can_allocate is false.
   bool allocate(KvLease& lease, int32_t num_blocks);
 
   // Puts the lease's full blocks of computed tokens into the tree:
@@ -136,7 +138,9 @@ class KvCacheManager {
   // A node's steps = min over the agents whose fixed prefix passes through it
   // (an agent's value sits on the last block of its fixed prefix and
   // propagates to ancestors as the min over children). kLru ignores all this.
-  enum class EvictionPolicy : uint8_t { kLru, kWorkflow };
+  // Default kLru. Marks and steps are kept under both policies, so switching
+  // takes effect at once (kv/eviction_priority.h has the exact keys).
+  using EvictionPolicy = KvEvictionPolicy;  // kLru, kWorkflow
   void set_eviction_policy(EvictionPolicy policy);
   EvictionPolicy eviction_policy() const;
   // Declares (or moves) agent `agent_key`'s fixed prefix: the full blocks of
@@ -150,7 +154,9 @@ class KvCacheManager {
   void set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key);
   // Forgets agents (their nodes become dynamic unless another agent covers them).
   void forget_agents(const std::function<bool(const std::string&)>& matches);
-  // Evictable leaves in the order allocate() would take them (tests, debugging).
+  // Every cached block in the order allocate() would take them if nothing
+  // else changed (the evictable leaves by key, a parent once its children
+  // are gone). Tests and debugging; O(n log n).
   std::vector<int32_t> eviction_order() const;
 
   // Evicts every cached block (tests; "after the blocks were evicted").

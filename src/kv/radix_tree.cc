@@ -108,7 +108,7 @@ void RadixTree::update(RadixNode* node) {
   const bool evictable = unreferenced && node->children.empty() && node->state == KvNodeState::kReady &&
                          node->tier == KvTier::kDevice;
   if (evictable) {
-    node->evictable_key = std::make_pair(node->last_access, node->node_id);
+    node->evictable_key = eviction_key(policy_, node->fixed_steps, node->last_access, node->node_id);
     evictable_.insert(*node->evictable_key);
     evictable_nodes_[node->node_id] = node;
   }
@@ -121,17 +121,21 @@ void RadixTree::detach(RadixNode* node) {
     evictable_nodes_.erase(node->node_id);
   }
   if (node->counted_unreferenced) --num_unreferenced_;
+  hand_marks_to_parent(node);
   node_by_block_[static_cast<size_t>(node->block_id)] = nullptr;
   --num_nodes_;
   if (auto it = num_nodes_by_namespace_.find(node->kv_namespace); --it->second == 0) num_nodes_by_namespace_.erase(it);
   RadixNode* parent = node->parent;
   parent->children.erase(parent->children.find(RadixChildView{node->kv_namespace, node->tokens}));  // destroys node
-  if (!parent->is_root()) update(parent);
+  if (!parent->is_root()) {
+    propagate_fixed_steps(parent);
+    update(parent);
+  }
 }
 
 std::optional<int32_t> RadixTree::evict_one() {
   if (evictable_.empty()) return std::nullopt;
-  RadixNode* victim = evictable_nodes_.at(evictable_.begin()->second);
+  RadixNode* victim = evictable_nodes_.at((*evictable_.begin())[3]);
   const int32_t block_id = victim->block_id;
   detach(victim);
   return block_id;
@@ -185,7 +189,7 @@ std::vector<int32_t> RadixTree::remove_namespaces(const std::function<bool(const
 }
 
 std::string RadixTree::integrity_error() const {
-  int32_t num_nodes = 0, num_unreferenced = 0, num_evictable = 0;
+  int32_t num_nodes = 0, num_unreferenced = 0, num_evictable = 0, num_marks = 0;
   std::map<std::string, int32_t> num_nodes_by_namespace;
   std::vector<const RadixNode*> stack;
   for (const auto& [name, top] : roots_) stack.push_back(top.get());
@@ -215,7 +219,13 @@ std::string RadixTree::integrity_error() const {
     if (evictable != node->evictable_key.has_value())
       return fmt::format("node {} (block {}) has a stale evictable flag", node->node_id, id);
     if (evictable) ++num_evictable;
+    if (std::string error = priority_error(node); !error.empty()) return error;
+    num_marks += static_cast<int32_t>(node->prefix_end_of_agents.size());
   }
+  const auto num_marked_agents =
+      std::count_if(agents_.begin(), agents_.end(), [](const auto& entry) { return entry.second.prefix_end != nullptr; });
+  if (num_marks != num_marked_agents)
+    return fmt::format("{} agent marks on nodes, {} agents marked", num_marks, num_marked_agents);
   if (num_nodes != num_nodes_) return fmt::format("{} nodes counted, {} recorded", num_nodes, num_nodes_);
   if (num_nodes_by_namespace != num_nodes_by_namespace_) return "nodes per namespace are miscounted";
   if (num_unreferenced != num_unreferenced_)

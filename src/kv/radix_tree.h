@@ -26,7 +26,9 @@
 // Reference counts live in the BlockPool. Invariant (kept by KvCacheManager):
 // a referenced node's ancestors are referenced too, because a request holds
 // its whole block table from position 0. Hence every unreferenced node can be
-// reclaimed by evicting leaves (LRU first).
+// reclaimed by evicting leaves: LRU first, or under KvEvictionPolicy::kWorkflow
+// dynamic suffixes first, then by agents' steps-to-execution (kv/eviction_priority.h;
+// the agent marks live in radix_tree_agents.cc).
 //
 // Thread: engine thread only.
 #pragma once
@@ -45,6 +47,7 @@
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/eviction_priority.h"
 #include "kv/kv_key.h"
 
 namespace loom {
@@ -91,9 +94,15 @@ struct RadixNode {
   int64_t node_id = 0;                    // creation order, breaks LRU ties
   std::map<RadixChildKey, std::unique_ptr<RadixNode>, RadixChildKeyLess> children;
 
+  // Smallest steps-to-execution of the agents whose fixed prefix passes
+  // through this node; kDynamicNodeSteps when none does (eviction_priority.h).
+  int32_t fixed_steps = kDynamicNodeSteps;
+  // Agents whose marked fixed prefix ends at this node (usually 0 or 1).
+  std::vector<std::string> prefix_end_of_agents;
+
   bool is_root() const { return parent == nullptr; }
   // Set while the node sits in the evictable set (under this key).
-  std::optional<std::pair<int64_t, int64_t>> evictable_key;
+  std::optional<EvictionKey> evictable_key;
   bool counted_unreferenced = false;
 };
 
@@ -132,10 +141,33 @@ class RadixTree {
   // Nodes per namespace (no zero entries).
   const std::map<std::string, int32_t>& num_nodes_by_namespace() const { return num_nodes_by_namespace_; }
 
-  // Removes the least recently used unreferenced leaf (ties: oldest node) and
+  // Removes the first unreferenced leaf in eviction order (kLru: least
+  // recently used, ties: oldest node; kWorkflow: see eviction_priority.h) and
   // returns its block id, now in no tree (its ref count is 0; the caller frees
   // it). nullopt when nothing is evictable.
   std::optional<int32_t> evict_one();
+
+  // ---- Workflow priorities (radix_tree_agents.cc) ----
+  // kLru by default. Changing it re-keys the evictable set.
+  void set_eviction_policy(KvEvictionPolicy policy);
+  KvEvictionPolicy eviction_policy() const { return policy_; }
+  // Marks `agent_key`'s fixed prefix as the path root -> `prefix_end`
+  // (nullptr: none of it is in the tree), replacing an earlier mark. An agent
+  // not seen before starts with kFarAgentSteps. When the end node is removed
+  // (evicted or dropped), the mark moves to its parent, so the rest of the
+  // prefix keeps the agent's value; at a root it becomes nullptr.
+  void set_agent_prefix_end(const std::string& agent_key, RadixNode* prefix_end);
+  // Sets an agent's steps (>= 0; kFarAgentSteps = far), declaring it if new.
+  void set_agent_steps(const std::string& agent_key, int32_t steps);
+  // Forgets matching agents; their nodes become dynamic unless another agent covers them.
+  void forget_agents(const std::function<bool(const std::string&)>& matches);
+  int32_t num_agents() const { return static_cast<int32_t>(agents_.size()); }
+  // Where an agent's marked prefix ends now (nullptr: unknown agent or none).
+  const RadixNode* agent_prefix_end(const std::string& agent_key) const;
+  // Every cached (unreferenced) block, in the order repeated evict_one() calls
+  // would take them if nothing else changed: the evictable leaves by key, a
+  // parent joining once its last child is gone. Tests and debugging; O(n log n).
+  std::vector<int32_t> eviction_order() const;
   // Removes every node whose namespace `matches`, with all its descendants
   // (whatever their namespace), and the roots of matching namespaces. Returns
   // the removed block ids. Precondition: every removed node is unreferenced
@@ -152,6 +184,19 @@ class RadixTree {
   RadixNode* root(const std::string& kv_namespace) const;
   void update(RadixNode* node);
   void detach(RadixNode* node);  // removes a leaf; updates its parent
+  // fixed_steps of `node` from its marks and its children (not stored).
+  int32_t derived_fixed_steps(const RadixNode* node) const;
+  // Re-derives fixed_steps from `node` up to its root, as far as values change.
+  void propagate_fixed_steps(RadixNode* node);
+  // Moves the marks of `node` (about to be removed) to its parent.
+  void hand_marks_to_parent(RadixNode* node);
+  // "" when `node`'s priority, marks and evictable key are consistent.
+  std::string priority_error(const RadixNode* node) const;
+
+  struct AgentMark {
+    RadixNode* prefix_end = nullptr;
+    int32_t steps = kFarAgentSteps;
+  };
 
   BlockPool& pool_;
   int32_t block_size_;
@@ -161,8 +206,10 @@ class RadixTree {
   std::map<std::string, std::unique_ptr<RadixNode>, std::less<>> roots_;
   std::map<std::string, int32_t> num_nodes_by_namespace_;
   std::vector<RadixNode*> node_by_block_;  // indexed by block id; nullptr: not in this tree
-  std::set<std::pair<int64_t, int64_t>> evictable_;  // (last_access, node_id)
-  std::map<int64_t, RadixNode*> evictable_nodes_;    // node_id -> node
+  KvEvictionPolicy policy_ = KvEvictionPolicy::kLru;
+  std::set<EvictionKey> evictable_;                // eviction_key(policy_, ...) of each evictable leaf
+  std::map<int64_t, RadixNode*> evictable_nodes_;  // node_id -> node
+  std::map<std::string, AgentMark, std::less<>> agents_;
 };
 
 }  // namespace loom
