@@ -24,22 +24,32 @@ AgentStepGraph::AgentStepGraph(const WorkflowSpec& spec) {
     names_.push_back(name);
     joins_.push_back(spec.agents[i].join);
   }
+  // An agent named only in an `after` list is declared implicitly (no
+  // predecessors, join all), after the declared ones, in order of first mention.
+  for (size_t i = 0; i < spec.agents.size(); ++i) {
+    const std::vector<std::string>& after = spec.agents[i].after;
+    for (size_t j = 0; j < after.size(); ++j) {
+      check_agent_name(after[j], fmt::format("agents[{}].after[{}]", i, j));
+      if (index_by_name_.emplace(after[j], static_cast<int32_t>(names_.size())).second) {
+        names_.push_back(after[j]);
+        joins_.push_back(JoinKind::kAll);
+      }
+    }
+  }
+  if (names_.size() > static_cast<size_t>(kMaxAgentsPerWorkflow))
+    fail(ErrorKind::kInvalidArgument, "agents: {} agents (declared or named in \"after\"), at most {}",
+         names_.size(), kMaxAgentsPerWorkflow);
   predecessors_.resize(names_.size());
   successors_.resize(names_.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const std::vector<std::string>& after = spec.agents[i].after;
     for (size_t j = 0; j < after.size(); ++j) {
-      const std::string field = fmt::format("agents[{}].after[{}]", i, j);
-      check_agent_name(after[j], field);
-      const std::optional<int32_t> predecessor = index_of(after[j]);
-      if (!predecessor)
-        throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: unknown agent \"{}\"", field, after[j]),
-                    "declare every agent in \"agents\", also those with no predecessors");
+      const int32_t predecessor = *index_of(after[j]);
       std::vector<int32_t>& predecessors = predecessors_[i];
-      if (std::find(predecessors.begin(), predecessors.end(), *predecessor) != predecessors.end())
-        fail(ErrorKind::kInvalidArgument, "{}: \"{}\" is listed twice", field, after[j]);
-      predecessors.push_back(*predecessor);
-      successors_[*predecessor].push_back(static_cast<int32_t>(i));
+      if (std::find(predecessors.begin(), predecessors.end(), predecessor) != predecessors.end())
+        fail(ErrorKind::kInvalidArgument, "agents[{}].after[{}]: \"{}\" is listed twice", i, j, after[j]);
+      predecessors.push_back(predecessor);
+      successors_[predecessor].push_back(static_cast<int32_t>(i));
     }
   }
 }

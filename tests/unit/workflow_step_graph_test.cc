@@ -69,8 +69,6 @@ TEST(WorkflowStepGraphTest, IndexesAgentsInDeclarationOrder) {
 }
 
 TEST(WorkflowStepGraphTest, RejectsBadGraphsNamingTheField) {
-  EXPECT_EQ(build_error({{agent("planner"), agent("expresser", {"executor"})}}),
-            "agents[1].after[0]: unknown agent \"executor\"");
   EXPECT_EQ(build_error({{agent("planner"), agent("planner")}}),
             "agents[1].name: agent \"planner\" is declared twice (first as agents[0])");
   EXPECT_EQ(build_error({{agent("planner"), agent("")}}), "agents[1].name: agent name is empty");
@@ -80,6 +78,29 @@ TEST(WorkflowStepGraphTest, RejectsBadGraphsNamingTheField) {
   WorkflowSpec too_many;
   for (int32_t i = 0; i <= kMaxAgentsPerWorkflow; ++i) too_many.agents.push_back(agent(fmt::format("a{}", i)));
   EXPECT_EQ(build_error(too_many), "agents: 257 agents, at most 256");
+  // Implicit agents count too.
+  WorkflowSpec too_many_implicit;
+  too_many_implicit.agents.push_back(agent("a0"));
+  for (int32_t i = 1; i <= kMaxAgentsPerWorkflow; ++i) too_many_implicit.agents[0].after.push_back(fmt::format("a{}", i));
+  EXPECT_EQ(build_error(too_many_implicit), "agents: 257 agents (declared or named in \"after\"), at most 256");
+}
+
+TEST(WorkflowStepGraphTest, DeclaresAgentsNamedOnlyInAfterImplicitly) {
+  // The issue's own example body: reviewer, executor1 and executor2 are never declared.
+  const AgentStepGraph graph({{agent("planner", {"reviewer"}), agent("expresser", {"executor1", "executor2"})}});
+  EXPECT_EQ(graph.names(), (std::vector<std::string>{"planner", "expresser", "reviewer", "executor1", "executor2"}));
+  EXPECT_EQ(graph.predecessors(0), (std::vector<int32_t>{2}));
+  EXPECT_EQ(graph.predecessors(1), (std::vector<int32_t>{3, 4}));
+  EXPECT_TRUE(graph.predecessors(2).empty());
+  EXPECT_EQ(graph.join(3), JoinKind::kAll);
+  EXPECT_EQ(steps_of(graph, {"reviewer", "executor1", "executor2"}),
+            (std::map<std::string, int32_t>{
+                {"planner", 1}, {"expresser", 1}, {"reviewer", 0}, {"executor1", 0}, {"executor2", 0}}));
+  // Named in `after` before its own declaration: declared once, at its own index.
+  const AgentStepGraph later({{agent("planner", {"reviewer"}), agent("reviewer", {"planner"})}});
+  EXPECT_EQ(later.names(), (std::vector<std::string>{"planner", "reviewer"}));
+  EXPECT_EQ(later.predecessors(1), (std::vector<int32_t>{0}));
+  EXPECT_EQ(steps_of(later, {"planner"}), (std::map<std::string, int32_t>{{"planner", 0}, {"reviewer", 1}}));
 }
 
 TEST(WorkflowStepGraphTest, KvflowFig1CycleCountsStepsAroundTheLoop) {
