@@ -33,7 +33,7 @@ class LabeledCache {
              const std::vector<KvTokenId>& dynamic, const std::string& dynamic_label) {
     std::vector<KvTokenId> tokens = fixed;
     tokens.insert(tokens.end(), dynamic.begin(), dynamic.end());
-    KvLease lease = kv.lock_prefix(kBaseKvNamespace, tokens);
+    KvLease lease = kv.lock_prefix(kv_namespace, tokens);
     last_num_cached_tokens = lease.num_cached_tokens();
     const Labels predicted = labels(kv.eviction_order());
     const int32_t num_needed = static_cast<int32_t>(tokens.size()) / kBlock - lease.num_blocks();
@@ -60,7 +60,7 @@ class LabeledCache {
       label_by_block.try_emplace(lease.block_ids()[i],
                                  i < num_fixed_blocks ? fmt::format("{}{}", letter, i) : dynamic_label);
     }
-    kv.set_agent_fixed_prefix(agent_key, KvKey::single(kBaseKvNamespace), tokens, static_cast<int32_t>(fixed.size()));
+    kv.set_agent_fixed_prefix(agent_key, KvKey::single(kv_namespace), tokens, static_cast<int32_t>(fixed.size()));
     lease.release();
     EXPECT_EQ(kv.integrity_error(), "");
     return predicted_head;
@@ -79,6 +79,7 @@ class LabeledCache {
   }
 
   KvCacheManager kv;
+  std::string kv_namespace{kBaseKvNamespace};
   std::map<int32_t, std::string> label_by_block;
   int32_t last_num_cached_tokens = 0;
 };
@@ -258,6 +259,20 @@ TEST(KvWorkflowEvictionTest, ForgetAgentsMakesTheirNodesDynamic) {
   // a's blocks are dynamic now: LRU among dynamic, before b's fixed prefix.
   EXPECT_EQ(cache.labels(cache.kv.eviction_order()), (Labels{"Ad", "A1", "A0", "Bd", "B1", "B0"}));
   EXPECT_EQ(cache.kv.integrity_error(), "");
+}
+
+TEST(KvWorkflowEvictionTest, ResidualManagerEvictsByItsOwnMarks) {
+  // ForkKV's rCache is a second manager with "resid/NAME" namespaces: same machinery, own marks.
+  LabeledCache base(6, Policy::kLru), residual(6, Policy::kWorkflow);
+  residual.kv_namespace = "resid/x";
+  for (LabeledCache* cache : {&base, &residual}) {
+    cache->kv.set_agent_steps({{"w/a", 0}, {"w/b", 5}});
+    cache->run("w/a", "A", token_range(10, 2 * kBlock), token_range(900, kBlock), "Ad");
+    cache->run("w/b", "B", token_range(20, 2 * kBlock), token_range(910, kBlock), "Bd");
+  }
+  EXPECT_EQ(base.labels(base.kv.eviction_order()), (Labels{"Ad", "A1", "A0", "Bd", "B1", "B0"}));
+  EXPECT_EQ(residual.labels(residual.kv.eviction_order()), (Labels{"Ad", "Bd", "B1", "B0", "A1", "A0"}));
+  EXPECT_EQ(residual.kv.stats().num_blocks_by_namespace.at("resid/x"), 6);
 }
 
 TEST(KvWorkflowEvictionTest, MarksAreCheckedByIntegrityAndSurviveNamespaceDrops) {

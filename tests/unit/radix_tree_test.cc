@@ -1,5 +1,6 @@
 // Radix tree: children keyed by (namespace, block tokens), branches under
-// nodes of another namespace, removal by namespace predicate, LRU eviction.
+// nodes of another namespace, removal by namespace predicate, LRU eviction,
+// workflow priorities (agent marks, fixed_steps, eviction order).
 #include <gtest/gtest.h>
 
 #include <map>
@@ -133,6 +134,48 @@ TEST_F(RadixTreeTest, EvictsBranchLeavesBeforeTheirBaseParent) {
   EXPECT_EQ(tree.evict_one(), 3);
   EXPECT_EQ(tree.evict_one(), std::nullopt);
   for (int32_t id : {0, 1, 2, 3}) pool.put_free(id);
+}
+
+TEST_F(RadixTreeTest, WorkflowPolicyOrdersByMarksAndMovesMarksUpOnEviction) {
+  RadixNode* b0 = add("base", nullptr, {1, 2});     // block 0: shared by both agents
+  RadixNode* p1 = add("base", b0, {3, 4});          // block 1: planner's prefix end
+  RadixNode* e1 = add("base", b0, {5, 6});          // block 2: executor's prefix end
+  RadixNode* d2 = add("base", p1, {7, 8});          // block 3: a dynamic suffix
+  RadixNode* other = add("base", nullptr, {9, 9});  // block 4: dynamic, older than the rest
+  tree.touch(Ids{4}, 1);
+  tree.touch(Ids{0, 1, 2, 3}, 2);
+  for (RadixNode* node : {d2, p1, e1, b0, other}) unref(node);
+  tree.set_agent_steps("w/planner", 3);
+  tree.set_agent_prefix_end("w/planner", p1);
+  tree.set_agent_prefix_end("w/executor", e1);  // steps not set yet: far
+  EXPECT_EQ(p1->fixed_steps, 3);
+  EXPECT_EQ(e1->fixed_steps, kFarAgentSteps);
+  EXPECT_EQ(b0->fixed_steps, 3);
+  EXPECT_EQ(d2->fixed_steps, kDynamicNodeSteps);
+  EXPECT_EQ(tree.eviction_policy(), KvEvictionPolicy::kLru);
+  EXPECT_EQ(tree.eviction_order(), (Ids{4, 2, 3, 1, 0}));  // kLru ignores the marks
+  tree.set_eviction_policy(KvEvictionPolicy::kWorkflow);
+  EXPECT_EQ(tree.eviction_order(), (Ids{4, 3, 2, 1, 0}));
+  tree.set_agent_steps("w/executor", 1);
+  EXPECT_EQ(b0->fixed_steps, 1);
+  EXPECT_EQ(tree.eviction_order(), (Ids{4, 3, 1, 2, 0}));
+  EXPECT_EQ(tree.integrity_error(), "");
+  // Evicting the planner's end moves its mark to b0; b0 keeps min(3, 1).
+  EXPECT_EQ(tree.evict_one(), 4);
+  EXPECT_EQ(tree.evict_one(), 3);
+  EXPECT_EQ(tree.evict_one(), 1);
+  EXPECT_EQ(tree.agent_prefix_end("w/planner"), b0);
+  EXPECT_EQ(b0->fixed_steps, 1);
+  EXPECT_EQ(tree.integrity_error(), "");
+  tree.forget_agents([](const std::string& key) { return key == "w/executor"; });
+  EXPECT_EQ(b0->fixed_steps, 3);
+  EXPECT_EQ(e1->fixed_steps, kDynamicNodeSteps);
+  EXPECT_EQ(tree.eviction_order(), (Ids{2, 0}));
+  EXPECT_EQ(tree.evict_one(), 2);
+  EXPECT_EQ(tree.evict_one(), 0);
+  EXPECT_EQ(tree.agent_prefix_end("w/planner"), nullptr);  // its whole prefix is gone
+  EXPECT_EQ(tree.num_agents(), 1);
+  for (int32_t id : {0, 1, 2, 3, 4}) pool.put_free(id);
 }
 
 }  // namespace
