@@ -29,6 +29,7 @@ struct ServeOptions {
   std::string lora_dir;
   std::string default_sharing = "isolated";
   std::string residual_kv_cache_memory = "auto";
+  std::string eviction_policy = "lru";
   size_t max_request_bytes = 8u << 20;
   int threads = 0;
   int http_threads = 128;
@@ -60,6 +61,7 @@ int run_serve(const ServeOptions& options) {
     throw Error(ErrorKind::kInvalidArgument, "--default-sharing " + options.default_sharing,
                 "use one of isolated, activated, base, forked");
   engine_config.default_sharing = *default_sharing;
+  engine_config.workflow_aware_eviction = options.eviction_policy == "workflow";
   engine_config.residual_kv_cache_bytes =
       options.residual_kv_cache_memory == "auto" ? -1
                                                  : parse_byte_size(options.residual_kv_cache_memory,
@@ -152,6 +154,13 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--max-lora-rank", engine.max_lora_rank,
                  "Largest k/v LoRA rank of a forked adapter (0 = the largest loaded at start, at least 16)")
       ->check(CLI::NonNegativeNumber);
+  app.add_option("--eviction-policy", options->eviction_policy,
+                 "Which cached KV blocks go first: lru (default) or workflow (KVFlow: dynamic suffixes, then agents' "
+                 "fixed prefixes by steps-to-execution, furthest first; see PUT /v1/workflows/{id})")
+      ->check(CLI::IsMember({"lru", "workflow"}));
+  app.add_option("--workflow-ttl-seconds", engine.workflow_ttl_seconds,
+                 "Workflows without a request or API call for this long are forgotten (default 600)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--http-threads", options->http_threads, "HTTP worker threads (one per open connection)")
       ->check(CLI::PositiveNumber);

@@ -135,6 +135,10 @@ struct EngineMetrics {
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
   int64_t num_finished_requests = 0;
+  // Workflows the registry knows now (declared, progressed or seen in a request
+  // within the TTL), and the eviction policy ("lru" or "workflow").
+  int32_t num_workflows_active = 0;
+  std::string eviction_policy = "lru";
   // Latency samples (seconds) taken since the previous call; the caller
   // accumulates them into histograms.
   std::vector<double> time_to_first_token, inter_token, end_to_end, queue_time, prefill_time, decode_time;

@@ -13,6 +13,7 @@
 #include "server/api_error.h"
 #include "server/completion_handler.h"
 #include "server/metrics_exporter.h"
+#include "server/workflow_routes.h"
 
 namespace loom::server {
 namespace {
@@ -156,6 +157,25 @@ void HttpServer::Impl::install_routes() {
   });
   http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
     guarded(response, [&] { handle_completion(Endpoint::kChatCompletions, completion, request, response); });
+  });
+  // Workflow API (server/workflow_routes.h). Ids are URL-safe by rule, so one path segment.
+  const std::string workflow_path = R"(/v1/workflows/([^/]+))";
+  auto json_route = [this](httplib::Response& response, auto&& handler) {
+    guarded(response, [&] { response.set_content(handler(), "application/json"); });
+  };
+  http.Put(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
+    json_route(response, [&] { return put_workflow(engine, request.matches[1].str(), request.body); });
+  });
+  http.Post(workflow_path + "/progress",
+            [this, json_route](const httplib::Request& request, httplib::Response& response) {
+              json_route(response,
+                         [&] { return post_workflow_progress(engine, request.matches[1].str(), request.body); });
+            });
+  http.Get(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
+    json_route(response, [&] { return get_workflow(engine, request.matches[1].str()); });
+  });
+  http.Delete(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
+    json_route(response, [&] { return delete_workflow(engine, request.matches[1].str()); });
   });
   // As in vLLM, the runtime adapter routes exist only when enabled (404 otherwise).
   if (config.allow_runtime_lora) {

@@ -3,7 +3,8 @@
 // back; the engine thread runs the model.
 //
 // Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions, and with allow_runtime_lora POST
+// POST /v1/chat/completions, PUT/GET/DELETE /v1/workflows/{id} and POST
+// /v1/workflows/{id}/progress (server/workflow_routes.h), and with allow_runtime_lora POST
 // /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies).
 //
 // Ownership: borrows the engine, which must outlive the server.

@@ -142,6 +142,11 @@ std::string MetricsExporter::render() const {
   scalar(out, "loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)",
          static_cast<double>(m.num_preemptions));
   scalar(out, "loom_evicted_tokens_total", "counter", "Cached tokens evicted", static_cast<double>(m.num_evicted_tokens));
+  scalar(out, "loom_workflows_active", "gauge",
+         "Workflows known now (declared, progressed or seen in a request within --workflow-ttl-seconds)",
+         m.num_workflows_active);
+  header(out, "loom_kv_eviction_policy_info", "gauge", "The KV eviction policy (--eviction-policy), as a label");
+  out += fmt::format("loom_kv_eviction_policy_info{{policy=\"{}\"}} 1\n", escape_label_value(m.eviction_policy));
   scalar(out, "loom_loaded_tokens_total", "counter", "Tokens loaded from a lower tier", 0);
   scalar(out, "loom_prefetched_tokens_total", "counter", "Tokens prefetched from a lower tier", 0);
   scalar(out, "loom_prompt_tokens_total", "counter", "Prompt tokens processed", static_cast<double>(m.num_prompt_tokens));

@@ -7,6 +7,8 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/workflow_request.h"
+#include "server/workflow_routes.h"
 
 namespace loom::server {
 namespace {
@@ -241,6 +243,14 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   }
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.priority = static_cast<int32_t>(read_int(body, "priority", 0, INT32_MIN, INT32_MAX));
+  try {
+    WorkflowHints hints = parse_workflow_hints(body);
+    request.workflow = std::move(hints.workflow);
+    request.agent = std::move(hints.agent);
+    request.fixed_prefix_tokens = hints.fixed_prefix_tokens;
+  } catch (const Error& error) {
+    throw workflow_api_error(error);
+  }
 
   parsed.prompts = is_chat ? std::vector<std::vector<TokenId>>{read_chat_prompt(body, *context.tokenizer)}
                            : read_prompts(body, *context.tokenizer);

@@ -23,6 +23,9 @@ class FakeEngine : public Engine {
     model_.tokenizer = std::move(tokenizer);
   }
 
+  // The workflow registry's clock (seconds) and TTL, so tests can expire workflows.
+  static constexpr int kWorkflowTtlSeconds = 60;
+  std::atomic<int64_t> workflow_clock_seconds{0};
   std::atomic<bool> queue_full{false};
   std::atomic<int> token_delay_ms{0};
   std::atomic<int> num_submitted{0}, num_cancelled{0}, num_live{0};
@@ -73,8 +76,12 @@ class FakeEngine : public Engine {
     metrics.num_running = num_live;
     metrics.kv_blocks_in_use = num_live;
     metrics.time_to_first_token = {0.003, 0.2};
+    registry_.expire_unseen();
+    metrics.num_workflows_active = registry_.snapshot()->num_workflows();
+    metrics.eviction_policy = "workflow";
     return metrics;
   }
+  WorkflowRegistry& workflows() override { return registry_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_; }
   void shutdown(bool) override {}
@@ -133,6 +140,9 @@ class FakeEngine : public Engine {
   std::map<std::string, KvSharing> sharing_;
   LoadedModel model_;
   int32_t max_context_;
+  WorkflowRegistry registry_{WorkflowRegistryConfig{
+      std::chrono::seconds(kWorkflowTtlSeconds), 4096,
+      [this] { return std::chrono::steady_clock::time_point(std::chrono::seconds(workflow_clock_seconds.load())); }}};
 };
 
 }  // namespace loom::test
