@@ -51,6 +51,7 @@ void EngineImpl::allocate_pools(bool with_residual, int64_t residual_bytes, int3
   num_kv_blocks_ = num_blocks;
   num_residual_kv_blocks_ = num_residual_blocks;
   residual_max_rank_ = with_residual ? max_rank : 0;
+  reset_workflow_kv_state();
   {
     std::lock_guard<std::mutex> lock(metrics_mutex_);
     residual_bytes_per_block_ = residual_bytes_per_block;

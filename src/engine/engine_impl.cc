@@ -14,7 +14,8 @@ std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> 
 }
 
 EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config)
-    : model_(std::move(model)), backend_(std::move(backend)), config_(config) {
+    : model_(std::move(model)), backend_(std::move(backend)), config_(config),
+      workflows_(workflow_registry_config(config)) {
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);
   if (config_.max_batch_tokens <= 0 || config_.max_running_requests <= 0 || config_.max_loras_per_batch <= 0)
     fail(ErrorKind::kInvalidArgument, "max batch tokens, max running requests and max loras per batch must be > 0");
@@ -55,6 +56,11 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
                 fmt::format("prompt + max tokens ({} tokens) does not fit in the KV cache ({} tokens)",
                             num_total_tokens, static_cast<int64_t>(num_kv_blocks_.load()) * config_.block_size),
                 "lower max tokens or give the server a larger KV cache");
+
+  const bool has_workflow_hints =
+      !request.workflow.empty() || !request.agent.empty() || request.fixed_prefix_tokens.has_value();
+  if (has_workflow_hints)
+    check_workflow_hints(WorkflowHints{request.workflow, request.agent, request.fixed_prefix_tokens});
 
   RequestKvPlan kv_plan;
   {
@@ -103,6 +109,11 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
         throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", pending->request.adapter));
       ++it->second.num_running_requests;
     }
+    // Before the engine thread can see the request, so its first step already
+    // has the workflow (and this agent running) in the registry's snapshot.
+    // Validated above: nothing throws past this point. A full registry keeps
+    // serving the request without workflow awareness.
+    if (!pending->request.workflow.empty()) workflows_.note_request(pending->request.workflow, pending->request.agent);
     ++num_in_inbox_;
     inbox_->new_requests.push_back(std::move(pending));
   }
@@ -129,6 +140,9 @@ void EngineImpl::run_on_engine_thread(const std::function<void()>& command) {
 EngineMetrics EngineImpl::take_metrics() {
   std::lock_guard<std::mutex> lock(metrics_mutex_);
   EngineMetrics snapshot = metrics_;
+  workflows_.expire_unseen();  // thread-safe; /metrics then counts only live workflows
+  snapshot.num_workflows_active = workflows_.snapshot()->num_workflows();
+  snapshot.eviction_policy = config_.workflow_aware_eviction ? "workflow" : "lru";
   snapshot.num_waiting += num_in_inbox_.load();  // submitted, not yet in the scheduler
   for (auto* samples : {&metrics_.time_to_first_token, &metrics_.inter_token, &metrics_.end_to_end,
                         &metrics_.queue_time, &metrics_.prefill_time, &metrics_.decode_time})

@@ -29,11 +29,17 @@
 #include "engine/request_channel.h"
 #include "kv/kv_cache_manager.h"
 #include "scheduler/scheduler.h"
+#include "workflow/fixed_prefix_tracker.h"
+#include "workflow/workflow_registry.h"
 
 namespace loom {
 
 // The rCache rank when EngineConfig::max_lora_rank is 0 and no loaded adapter needs more.
 inline constexpr int32_t kMinAutoLoraRank = 16;
+
+// The registry's settings from EngineConfig (workflow_ttl_seconds; a ttl <= 0
+// or NaN throws Error(kInvalidArgument) from the registry).
+WorkflowRegistryConfig workflow_registry_config(const EngineConfig& config);
 
 class EngineImpl final : public Engine {
  public:
@@ -46,6 +52,7 @@ class EngineImpl final : public Engine {
   void unload_adapter(const std::string& name) override;
   std::vector<AdapterInfo> adapters() const override;
   EngineMetrics take_metrics() override;
+  WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }
   void shutdown(bool drain) override;
@@ -89,6 +96,17 @@ class EngineImpl final : public Engine {
   // rank `kv_rank`, resizing while no request was admitted yet; else throws
   // with a hint.
   void prepare_forked_adapter(const std::string& name, int32_t kv_rank);
+  // engine_workflows.cc, engine thread. Once per step: expires workflows (at
+  // most once a second) and, when the registry's version moved, pushes the
+  // agents' steps to both managers and forgets agents of ended workflows.
+  void sync_workflows();
+  // At admission: the request's agent key and fixed prefix length (tracker).
+  void observe_workflow_hints(PendingRequest& request);
+  // After complete_step: declares the fixed prefixes whose blocks this step
+  // committed (or found cached) to the managers.
+  void declare_fixed_prefixes(const StepPlan& plan);
+  // After allocate_pools: the new managers get the policy and know no agent yet.
+  void reset_workflow_kv_state();
   // Engine thread: drops every cached block of the adapter's namespaces in
   // both managers (no request may use the adapter). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& name);
@@ -96,6 +114,7 @@ class EngineImpl final : public Engine {
   LoadedModel model_;
   std::unique_ptr<Backend> backend_;
   EngineConfig config_;
+  WorkflowRegistry workflows_;  // thread-safe; outlives the engine thread
   int32_t max_context_tokens_ = 0;
   std::atomic<int32_t> num_kv_blocks_{0};
   std::atomic<int32_t> num_residual_kv_blocks_{0};
@@ -110,6 +129,12 @@ class EngineImpl final : public Engine {
   std::unique_ptr<Scheduler> scheduler_;
   bool any_request_admitted_ = false;  // pools are fixed from then on
   std::unordered_map<int64_t, std::unique_ptr<PendingRequest>> active_;
+  // Workflow state of the engine thread (engine_workflows.cc).
+  FixedPrefixTracker prefix_tracker_;
+  std::shared_ptr<const WorkflowSnapshot> workflow_snapshot_;  // as last pushed to the managers
+  bool workflow_steps_pushed_ = false;                          // workflow_snapshot_'s steps are in the managers
+  std::map<std::string, int32_t> pushed_agent_steps_;           // agent key ("wf/agent") -> steps, as pushed
+  std::chrono::steady_clock::time_point last_workflow_expiry_{};
   bool idle_checked_ = false;
 
   std::shared_ptr<EngineInbox> inbox_ = std::make_shared<EngineInbox>();

@@ -70,6 +70,7 @@ void EngineImpl::thread_main() {
 void EngineImpl::admit(std::unique_ptr<PendingRequest> request) {
   const int64_t id = request->id;
   any_request_admitted_ = true;
+  observe_workflow_hints(*request);
   scheduler_->add(id, request->request.prompt_tokens, request->kv_plan.scheduler_adapter, request->kv_plan.kv,
                   request->request.priority);
   active_.emplace(id, std::move(request));
@@ -156,6 +157,7 @@ void EngineImpl::publish_gauges() {
 }
 
 void EngineImpl::step() {
+  sync_workflows();  // before plan(): its allocations evict by the current steps
   const StepPlan plan = scheduler_->plan();
   publish_gauges();
   if (plan.empty()) {  // nothing fits this step (submit()'s checks should prevent it): do not spin
@@ -200,6 +202,7 @@ void EngineImpl::step() {
     return;
   }
   scheduler_->complete_step(plan);
+  declare_fixed_prefixes(plan);
 
   int32_t num_decodes = 0;
   const SteadyTime now = std::chrono::steady_clock::now();

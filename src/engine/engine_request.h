@@ -34,6 +34,10 @@ struct PendingRequest {
   std::optional<SteadyTime> first_scheduled_at, first_token_at, last_token_at;
   int32_t num_output_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
+  // Workflow hints, resolved at admission (engine thread): "workflow/agent"
+  // ("" without an agent) and the prompt's fixed prefix in tokens (0: none known).
+  std::string agent_key;
+  int32_t num_fixed_prefix_tokens = 0;
 
   PendingRequest(int64_t id, std::string request_id, EngineRequest request, RequestKvPlan kv_plan,
                  std::shared_ptr<const Tokenizer> tokenizer);
