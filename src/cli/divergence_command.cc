@@ -12,6 +12,7 @@
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -69,7 +70,7 @@ struct DivergenceCommandOptions {
   int num_adapters = 4;
   int rank = 16;
   float alpha = 32.0f;
-  float relative_norm = 0.2f;
+  float relative_norm = 0.15f;
   float b_sigma = 0.0f;
   uint64_t seed = 0;
   int context_tokens = 256;
@@ -139,6 +140,12 @@ std::string table_row(const std::string& name, const DivergenceStats& s, const s
 }
 
 int run_divergence(const DivergenceCommandOptions& options) {
+  // --json owns stdout; progress and warnings go to stderr.
+  if (options.json) {
+    const spdlog::level::level_enum level = spdlog::get_level();
+    spdlog::set_default_logger(spdlog::stderr_color_mt("loom-divergence"));
+    spdlog::set_level(level);
+  }
   for (int value : {options.num_adapters, options.context_tokens, options.suffix_tokens, options.num_generated,
                     options.prompts_per_adapter})
     if (value < 1) fail(ErrorKind::kInvalidArgument, "counts must be >= 1, got {}", value);

@@ -332,14 +332,15 @@ std::vector<DivergenceStats> measure_divergence(Backend& backend, const ModelCon
 
   Runner runner(backend, config);
   const std::vector<int32_t> prompt_tokens = concat(prompt.context, prompt.suffix);
-  // The greedy path from the context on, then the teacher-forced trace on `path_to_follow` (own path when empty).
+  // The greedy path from `start` on, then the teacher-forced trace from the
+  // context's end on `path_to_follow` (its own path when null).
   auto outcome = [&](const Lane& lane, int32_t start, const std::vector<int32_t>* path_to_follow) {
     Outcome result;
     result.path = runner.greedy(lane, prompt_tokens, start, num_generated);
     const std::vector<int32_t>& path = path_to_follow != nullptr ? *path_to_follow : result.path;
     std::vector<int32_t> tokens = prompt_tokens;
     tokens.insert(tokens.end(), path.begin(), path.end() - 1);
-    result.trace = runner.teacher_forced(lane, tokens, start, num_rows);
+    result.trace = runner.teacher_forced(lane, tokens, num_context, num_rows);
     return result;
   };
 
@@ -353,7 +354,7 @@ std::vector<DivergenceStats> measure_divergence(Backend& backend, const ModelCon
   std::vector<DivergenceStats> results;
   for (const DivergenceCase& c : cases) {
     if (c.mode == DivergenceMode::kActivated) {
-      if (!masked) {  // one prefill over C + S with the aLoRA mask, its own KV
+      if (!masked) {  // one prefill over C + S with the aLoRA mask, its own KV (the context's kept after)
         const Lane lane{.main_blocks = one_shot, .context_slot = -1, .slot = reader_slot, .context_end = num_context};
         masked = outcome(lane, 0, nullptr);
       }
@@ -385,12 +386,14 @@ std::vector<DivergenceStats> measure_divergence(Backend& backend, const ModelCon
           runner.run(writer_lane, prompt.context, 0, num_context, false, false);
           bcache = writer_context;
         }
+        // On its own bCache the reader also has its rCache (a full hit); else it
+        // recomputes its rCache over the context, the writer's bCache present, read only.
+        const bool is_own = c.writer == ForkedWriter::kSelf;
         lane = {.main_blocks = with_continuation(bcache, continuation),
-                .residual_blocks = with_continuation(reader_residual, residual_continuation),
+                .residual_blocks = with_continuation(is_own ? writer_residual : reader_residual, residual_continuation),
                 .context_slot = reader_slot, .slot = reader_slot, .context_end = num_context,
                 .forked_slot = reader_slot};
-        // The reader's own rCache over the context; the writer's bCache is present, read only.
-        runner.run(lane, prompt.context, 0, num_context, false, false, num_context);
+        if (!is_own) runner.run(lane, prompt.context, 0, num_context, false, false, num_context);
         break;
       }
       case DivergenceMode::kActivated:

@@ -14,11 +14,13 @@
 //   kForked         isolated B                     C's bCache written by the *writer* (the base model,
 //                                                  another adapter A run forked, or B itself), marked
 //                                                  present; B recomputes only its rCache over C (its own
-//                                                  x, the writer's bCache in attention), then S and the
-//                                                  generated tokens forked with its own bCache + rCache
+//                                                  x, the writer's bCache in attention; with writer B
+//                                                  itself both are hits), then S and the generated
+//                                                  tokens forked with its own bCache + rCache
 //   kActivated      B with the aLoRA mask (base    C's K/V from a separate base-model run (the base
-//                   on C, B from S on), one        namespace), then S and the generated tokens with B
-//                   prefill over C + S, own KV     (invocation start = |C|); exact: a sanity row
+//                   on C, B from S on): greedy     namespace), then S and the generated tokens with B
+//                   after one prefill over C + S,  (invocation start = |C|); exact: a sanity row
+//                   own KV
 //
 // "isolated B" = B on every token, its own KV: C prefilled, then S + generated.
 //
@@ -130,7 +132,7 @@ struct RandomLoraOptions {
   int rank = 16;
   float alpha = 32.0f;
   std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  float relative_norm = 0.2f;
+  float relative_norm = 0.15f;
   float b_sigma = 0.0f;  // > 0: overrides relative_norm
   uint64_t seed = 0;
 };
