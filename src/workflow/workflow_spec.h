@@ -13,8 +13,9 @@
 // Agent names are scoped per workflow: ("w1", "planner") and ("w2", "planner")
 // are different agents. A workflow id doubles as the client scope of KVFlow §3.3.
 //
-// The validators below check names and numbers only; the graph itself (unknown
-// predecessors, duplicate agents) is checked by AgentStepGraph's constructor.
+// The validators below check names and numbers only; the graph itself
+// (duplicate agents, repeated predecessors; an agent named only in an `after`
+// list is declared implicitly) is checked by AgentStepGraph's constructor.
 #pragma once
 
 #include <cstdint>

@@ -227,7 +227,7 @@ TEST_F(WorkflowRegistryTest, BadInputChangesNothing) {
   registry.declare("w", fig1_cycle());
   registry.note_request("w", "planner");
   const auto before = registry.snapshot();
-  EXPECT_EQ(error_kind([&] { registry.declare("w", {{agent("a", {"ghost"})}}); }), ErrorKind::kInvalidArgument);
+  EXPECT_EQ(error_kind([&] { registry.declare("w", {{agent("a", {"b", "b"})}}); }), ErrorKind::kInvalidArgument);
   EXPECT_EQ(error_kind([&] { registry.declare("bad id", fig1_cycle()); }), ErrorKind::kInvalidArgument);
   EXPECT_EQ(error_kind([&] { registry.declare("", fig1_cycle()); }), ErrorKind::kInvalidArgument);
   EXPECT_EQ(error_kind([&] { registry.post_progress("w", progress({"a", "a"})); }), ErrorKind::kInvalidArgument);
