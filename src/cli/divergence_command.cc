@@ -70,7 +70,7 @@ struct DivergenceCommandOptions {
   int num_adapters = 4;
   int rank = 16;
   float alpha = 32.0f;
-  float relative_norm = 0.15f;
+  float relative_norm = 0.1f;
   float b_sigma = 0.0f;
   uint64_t seed = 0;
   int context_tokens = 256;
@@ -276,6 +276,11 @@ int run_divergence(const DivergenceCommandOptions& options) {
         row["writer"] = cases[i].writer.empty() ? nlohmann::json(nullptr) : nlohmann::json(cases[i].writer);
         row["reference"] = cases[i].c.mode == DivergenceMode::kActivated ? "isolated-masked" : "isolated";
         row["suffix"] = suffix_index;
+        row["kl_by_position"] = stats[i].kl_by_position;
+        row["reference_tokens"] = stats[i].reference_tokens;
+        row["mode_tokens"] = stats[i].mode_tokens;
+        row["reference_text"] = tokenizer.decode(stats[i].reference_tokens);
+        row["mode_text"] = tokenizer.decode(stats[i].mode_tokens);
         rows.push_back(row);
       }
     }

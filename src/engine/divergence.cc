@@ -235,6 +235,7 @@ DivergenceStats compare(const ModelConfig& config, const Outcome& reference, con
   for (int64_t r = 0; r < num_rows; ++r) {
     const double kl = logit_kl_divergence(reference.trace.logits.data() + r * vocab, mode.trace.logits.data() + r * vocab,
                                           vocab);
+    stats.kl_by_position.push_back(kl);
     stats.mean_kl += kl / num_rows;
     stats.max_kl = std::max(stats.max_kl, kl);
   }
@@ -252,6 +253,8 @@ DivergenceStats compare(const ModelConfig& config, const Outcome& reference, con
       break;
     }
   stats.free_running_agreement = static_cast<double>(stats.first_divergence) / num_generated;
+  stats.reference_tokens = reference.path;
+  stats.mode_tokens = mode.path;
   return stats;
 }
 

@@ -96,6 +96,9 @@ struct DivergenceStats {
   double teacher_forced_agreement = 0.0;
   double free_running_agreement = 0.0;
   int32_t first_divergence = 0;       // index of the first differing free-running token; N when none
+  std::vector<double> kl_by_position;    // [num_positions]; empty after average_divergence
+  std::vector<int32_t> reference_tokens; // [N] the reference's greedy path; empty after average_divergence
+  std::vector<int32_t> mode_tokens;      // [N] the mode's own greedy path; empty after average_divergence
 };
 
 // One stats per case, in order. The reader B is bound to `reader_slot` (and
@@ -132,7 +135,7 @@ struct RandomLoraOptions {
   int rank = 16;
   float alpha = 32.0f;
   std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  float relative_norm = 0.15f;
+  float relative_norm = 0.1f;
   float b_sigma = 0.0f;  // > 0: overrides relative_norm
   uint64_t seed = 0;
 };
