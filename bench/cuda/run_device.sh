@@ -45,3 +45,17 @@ case "$MODE" in
     timeout 120 python3 bench/cuda/sdpa_reference.py > "$OUT/sdpa.json" 2> "$OUT/sdpa.err"; cat "$OUT/sdpa.json"
     ;;
 esac
+if [ "$MODE" = profile ]; then  # Nsight Compute on one launch of each hot kernel
+  B=/tmp/loom/bin/loom_cuda_bench
+  prof() {  # $1 kernel regex, $2.. bench arguments
+    local regex=$1; shift
+    timeout 150 ncu --kernel-name-base demangled --kernel-name "regex:$regex" --launch-skip 2 --launch-count 1 \
+      --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+      "$B" --iterations 3 --out /tmp/loom/prof.json "$@" > "$OUT/ncu_$(echo "$regex" | tr -c 'a-z0-9' '_').txt" 2>&1
+    grep -E "attention_kernel|lora_shrink|skinny|Duration|Memory Throughput|Compute \(SM\) Throughput|Achieved Occupancy|Registers Per|Stall|Theoretical Occupancy" \
+      "$OUT/ncu_$(echo "$regex" | tr -c 'a-z0-9' '_').txt" | head -24
+  }
+  prof 'attention_kernel<.int.128, .int.4>' --what attention
+  prof 'attention_kernel<.int.128, .int.1>' --what attention
+  prof 'lora_expand' --what lora
+fi

@@ -77,8 +77,17 @@ void run_case(const AttentionCase& c) {
 
   StepPlan plan;
   plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132});
-  DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(k_pool),
-               v_d = upload_bf16(v_pool), out_d(static_cast<size_t>(n) * q_size * 2);
+  // The GPU pools are head-major within each block (plan_types.h's kv_element_index).
+  auto device_layout = [&](const std::vector<float>& pool) {
+    std::vector<float> out(pool.size());
+    for (int64_t slot = 0; slot < num_slots; ++slot)
+      for (int h = 0; h < c.num_kv_heads; ++h)
+        std::copy_n(pool.begin() + slot * kv_size + h * c.head_dim, c.head_dim,
+                    out.begin() + kv_element_index(slot, h, c.block_size, c.num_kv_heads, c.head_dim));
+    return out;
+  };
+  DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(device_layout(k_pool)),
+               v_d = upload_bf16(device_layout(v_pool)), out_d(static_cast<size_t>(n) * q_size * 2);
   const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
   DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
   LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written

@@ -238,29 +238,42 @@ TEST(CudaBackend, SyntheticOnDeviceEqualsUploadedMakeModelWeights) {
   }
 }
 
-TEST(CudaBackend, SkinnyAndCublasPathsAgree) {
+// The decode GEMM paths (skinny kernels for 1 row, cuBLAS) give the same
+// logits for decode steps of 1, 2, 3 and 12 rows, with and without LoRA.
+TEST(CudaBackend, DecodeGemmPathsAgree) {
   LOOM_REQUIRE_GPU();
   const ModelConfig config = synthetic_model_config(Architecture::kMistral, SyntheticPreset::kTiny);
-  auto skinny_owner = make_synthetic_cuda_backend(config, 4, false);
-  auto cublas_owner = make_synthetic_cuda_backend(config, 4, false);
-  static_cast<CudaBackend&>(*cublas_owner).set_skinny_gemm(false);
-  skinny_owner->allocate_kv_cache({64, 16});
-  cublas_owner->allocate_kv_cache({64, 16});
-  Driver a(64, 16, 2), b(64, 16, 2);
-  for (int s = 0; s < 3; ++s) {
-    a.add_sequence();
-    b.add_sequence();
+  SyntheticModelOptions options;
+  options.arch = Architecture::kMistral;
+  options.num_adapters = 1;
+  const auto specs = synthetic_adapter_specs(options, config);
+  auto adapter = std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[0], config, 4));
+  using Path = CudaBackend::DecodeGemm;
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<Driver> drivers;
+  for (Path path : {Path::kAuto, Path::kCublas}) {
+    backends.push_back(make_synthetic_cuda_backend(config, 4, false));
+    static_cast<CudaBackend&>(*backends.back()).set_decode_gemm(path);
+    backends.back()->allocate_kv_cache({64, 16});
+    backends.back()->set_adapter(0, adapter);
+    drivers.emplace_back(64, 16, 2);
+    for (int s = 0; s < 12; ++s) drivers.back().add_sequence();
   }
-  std::vector<Driver::Part> prompt;
-  for (int s = 0; s < 3; ++s) prompt.push_back({s, a.random_tokens(9 + s, config.vocab_size), std::vector<int32_t>(9 + s, -1), false});
-  skinny_owner->forward(a.make_batch(prompt));
-  cublas_owner->forward(b.make_batch(prompt));
-  std::vector<Driver::Part> step;
-  for (int s = 0; s < 3; ++s) step.push_back({s, {s + 5}, {-1}, false});
-  const ForwardResult skinny = skinny_owner->forward(a.make_batch(step));
-  const ForwardResult cublas = cublas_owner->forward(b.make_batch(step));
-  const test::Closeness c = test::compare(skinny.logits, cublas.logits);
-  EXPECT_LE(c.nmse, 1e-5) << c.describe();
+  for (int rows : {12, 1, 2, 3}) {
+    for (bool lora : {false, true}) {
+      std::vector<ForwardResult> results;
+      for (size_t b = 0; b < backends.size(); ++b) {
+        std::vector<Driver::Part> step;
+        for (int s = 0; s < rows; ++s)
+          step.push_back({s, {(s * 7 + rows) % config.vocab_size}, {lora && s % 2 == 0 ? 0 : -1}, false});
+        results.push_back(backends[b]->forward(drivers[b].make_batch(step)));
+      }
+      for (size_t b = 1; b < results.size(); ++b) {
+        const test::Closeness c = test::compare(results[b].logits, results[0].logits);
+        EXPECT_LE(c.nmse, 1e-4) << "path " << b << " rows " << rows << " lora " << lora << ": " << c.describe();
+      }
+    }
+  }
 }
 
 TEST(CudaBackend, KvPresentEntriesAreReadButNeverWritten) {
@@ -295,11 +308,14 @@ TEST(CudaBackend, KvPresentEntriesAreReadButNeverWritten) {
   again.adapter_slots.assign(14, -1);
   backend->forward(again);
   const std::vector<float> k_after = test::download_bf16(backend->k_pool(1), pool);
-  const int kv = config.kv_size();
   auto slot_of = [&](int j) { return batch.block_tables[j / 16] * 16 + j % 16; };
   for (int j = 0; j < 24; ++j) {
-    const bool same = std::equal(k_before.begin() + slot_of(j) * kv, k_before.begin() + (slot_of(j) + 1) * kv,
-                                 k_after.begin() + slot_of(j) * kv);
+    bool same = true;
+    for (int h = 0; h < config.num_kv_heads; ++h) {
+      const int64_t first = kv_element_index(slot_of(j), h, 16, config.num_kv_heads, config.head_dim);
+      same = same && std::equal(k_before.begin() + first, k_before.begin() + first + config.head_dim,
+                                k_after.begin() + first);
+    }
     EXPECT_EQ(same, j < 20) << "entry " << j;
   }
 }

@@ -79,6 +79,7 @@ TEST(CudaKernels, AddRmsNormMatchesCpuAndUpdatesResidual) {
 // Bias, q/k norm and RoPE against the CPU backend's Rope, for each arch's
 // features and the 8b preset's llama3-scaled head_dim 128 at long positions.
 void check_qkv_postprocess(const ModelConfig& config, const std::vector<int32_t>& positions) {
+  constexpr int kBlockSize = 4;
   const int n = static_cast<int>(positions.size());
   const int q_size = config.q_size(), kv_size = config.kv_size(), width = q_size + 2 * kv_size;
   const int head_dim = config.head_dim;
@@ -134,27 +135,35 @@ void check_qkv_postprocess(const ModelConfig& config, const std::vector<int32_t>
   params.num_heads = config.num_heads;
   params.num_kv_heads = config.num_kv_heads;
   params.head_dim = head_dim;
+  params.block_size = kBlockSize;
   params.eps = config.rms_norm_eps;
   launch_qkv_postprocess(params, nullptr);
 
   EXPECT_TRUE(close_bf16(download_bf16(q_d.data(), n * q_size), q_ref)) << "q, head_dim " << head_dim;
   const std::vector<float> k_all = download_bf16(k_cache.data(), num_slots * kv_size);
   const std::vector<float> v_all = download_bf16(v_cache.data(), num_slots * kv_size);
+  // Gathers slot s's heads out of the pool layout (plan_types.h's kv_element_index).
+  auto slot_values = [&](const std::vector<float>& pool, int s) {
+    std::vector<float> values;
+    for (int h = 0; h < config.num_kv_heads; ++h) {
+      const int64_t first = kv_element_index(s, h, kBlockSize, config.num_kv_heads, head_dim);
+      values.insert(values.end(), pool.begin() + first, pool.begin() + first + head_dim);
+    }
+    return values;
+  };
   std::vector<bool> written(num_slots, false);
   for (int t = 0; t < n; ++t) {
     if (slots[t] < 0) continue;
     written[slots[t]] = true;
-    const std::vector<float> k_out(k_all.begin() + slots[t] * kv_size, k_all.begin() + (slots[t] + 1) * kv_size);
-    const std::vector<float> v_out(v_all.begin() + slots[t] * kv_size, v_all.begin() + (slots[t] + 1) * kv_size);
-    EXPECT_TRUE(close_bf16(k_out, {k_ref.begin() + t * kv_size, k_ref.begin() + (t + 1) * kv_size})) << "k token " << t;
-    EXPECT_TRUE(close_bf16(v_out, {v_ref.begin() + t * kv_size, v_ref.begin() + (t + 1) * kv_size})) << "v token " << t;
+    EXPECT_TRUE(close_bf16(slot_values(k_all, slots[t]), {k_ref.begin() + t * kv_size, k_ref.begin() + (t + 1) * kv_size}))
+        << "k token " << t;
+    EXPECT_TRUE(close_bf16(slot_values(v_all, slots[t]), {v_ref.begin() + t * kv_size, v_ref.begin() + (t + 1) * kv_size}))
+        << "v token " << t;
   }
   for (int s = 0; s < num_slots; ++s) {
     if (written[s]) continue;
-    for (int i = 0; i < kv_size; ++i) {
-      ASSERT_TRUE(std::isnan(k_all[s * kv_size + i])) << "slot " << s << " was written";
-      ASSERT_TRUE(std::isnan(v_all[s * kv_size + i])) << "slot " << s << " was written";
-    }
+    for (float value : slot_values(k_all, s)) ASSERT_TRUE(std::isnan(value)) << "slot " << s << " was written";
+    for (float value : slot_values(v_all, s)) ASSERT_TRUE(std::isnan(value)) << "slot " << s << " was written";
   }
 }
 

@@ -114,7 +114,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   const int group = p.num_heads / p.num_kv_heads;
   const int total_rows = sequence.num_new_tokens * group;
   const int q_size = p.num_heads * kHeadDim;
-  const int kv_size = p.num_kv_heads * kHeadDim;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
   const int lane = tid % 32;
@@ -144,8 +143,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       const bf16* k_source = p.k_cache;
       const bf16* v_source = p.v_cache;
       if (valid) {
-        const int64_t slot = static_cast<int64_t>(block_table[key / p.block_size]) * p.block_size + key % p.block_size;
-        const int64_t offset = slot * kv_size + kv_head * kHeadDim + c * 8;
+        // kv_element_index with the block from the table: this head's rows of a block are contiguous.
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t offset =
+            ((block * p.num_kv_heads + kv_head) * p.block_size + key % p.block_size) * kHeadDim + c * 8;
         k_source += offset;
         v_source += offset;
       }
@@ -347,11 +348,13 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
     const int r = index / head_dim;
     const int d = index % head_dim;
     float max_all = -INFINITY;
+#pragma unroll 4
     for (int k = 0; k < item.num_partials; ++k)
       max_all = fmaxf(max_all, p.partial_lse[(static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) *
                                                  kAttentionMaxRows + r]);
     const float shift = max_all == -INFINITY ? 0.0f : max_all;
     float sum = 0.0f, value = 0.0f;
+#pragma unroll 4
     for (int k = 0; k < item.num_partials; ++k) {
       const int64_t base = (static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) * kAttentionMaxRows + r;
       const float weight = exp2f(p.partial_lse[base] - shift);

@@ -152,7 +152,7 @@ void CudaBackend::grow_buffers() {
 
 void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y,
                          bool y_is_bf16, int32_t y_stride) {
-  if (use_skinny_gemm_ && m <= kSkinnyGemmMaxRows) {
+  if (decode_gemm_ == DecodeGemm::kAuto && m == 1) {
     launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, stream_);
     return;
   }
@@ -232,6 +232,7 @@ void CudaBackend::run_layer(int layer) {
   post.num_heads = config_.num_heads;
   post.num_kv_heads = config_.num_kv_heads;
   post.head_dim = config_.head_dim;
+  post.block_size = kv_shape_.block_size;
   post.eps = config_.rms_norm_eps;
   launch_qkv_postprocess(post, stream_);
 
@@ -262,8 +263,9 @@ void CudaBackend::run_layer(int layer) {
                       weights.post_attention_norm, config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(),
                       stream_);
 
-  if (use_skinny_gemm_ && n <= kSkinnyGemmMaxRows && plan_.num_lora_tiles() == 0) {
-    // No LoRA to add between the projection and SwiGLU: one fused kernel.
+  // With no LoRA to add between the projection and SwiGLU, decode steps use one fused kernel.
+  const bool no_lora = plan_.num_lora_tiles() == 0;
+  if (no_lora && decode_gemm_ == DecodeGemm::kAuto && n == 1) {
     launch_skinny_gate_up_swiglu(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
                                  activation_.as<bf16>(), stream_);
   } else {

@@ -5,32 +5,71 @@
 namespace loom::cuda {
 
 namespace {
-constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
-}
 
-Gemm::Gemm(cudaStream_t stream) {
-  LOOM_CUBLAS_CHECK(cublasCreate(&handle_));
+constexpr size_t kWorkspaceBytes = 32u << 20;  // cuBLAS's recommendation for Hopper
+
+// RAII for the per-call descriptors (cheap to create; keeps linear() exception-safe).
+struct Descriptors {
+  cublasLtMatmulDesc_t desc = nullptr;
+  cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+  ~Descriptors() {
+    if (c != nullptr) cublasLtMatrixLayoutDestroy(c);
+    if (b != nullptr) cublasLtMatrixLayoutDestroy(b);
+    if (a != nullptr) cublasLtMatrixLayoutDestroy(a);
+    if (desc != nullptr) cublasLtMatmulDescDestroy(desc);
+  }
+};
+
+}  // namespace
+
+Gemm::Gemm(cudaStream_t stream) : stream_(stream) {
+  LOOM_CUBLAS_CHECK(cublasLtCreate(&handle_));
   workspace_.allocate(kWorkspaceBytes);
-  LOOM_CUBLAS_CHECK(cublasSetStream(handle_, stream));
-  LOOM_CUBLAS_CHECK(cublasSetWorkspace(handle_, workspace_.data(), kWorkspaceBytes));
-  LOOM_CUBLAS_CHECK(cublasSetMathMode(handle_, CUBLAS_DEFAULT_MATH));
 }
 
 Gemm::~Gemm() {
-  if (handle_ != nullptr) cublasDestroy(handle_);
+  if (handle_ != nullptr) cublasLtDestroy(handle_);
+}
+
+const cublasLtMatmulAlgo_t& Gemm::choose_algo(const ShapeKey& key, cublasLtMatmulDesc_t desc,
+                                              cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                              cublasLtMatrixLayout_t c) {
+  const auto found = algos_.find(key);
+  if (found != algos_.end()) return found->second;
+  cublasLtMatmulPreference_t preference = nullptr;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+  const size_t workspace_bytes = kWorkspaceBytes;
+  cublasLtMatmulPreferenceSetAttribute(preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace_bytes,
+                                       sizeof(workspace_bytes));
+  cublasLtMatmulHeuristicResult_t result{};
+  int returned = 0;
+  const cublasStatus_t status = cublasLtMatmulAlgoGetHeuristic(handle_, desc, a, b, c, c, preference, 1, &result, &returned);
+  cublasLtMatmulPreferenceDestroy(preference);
+  LOOM_CUBLAS_CHECK(status);
+  if (returned == 0) LOOM_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);
+  return algos_.emplace(key, result.algo).first->second;
 }
 
 void Gemm::linear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n, void* y,
-                  Output output, int64_t y_stride, float beta, int64_t x_stride) {
+                  Output output, int64_t y_stride, int64_t x_stride) {
   if (m == 0 || n == 0) return;
-  const float alpha = 1.0f;
-  // Column-major view: Y^T[n, m] = W^T... i.e. C(n x m) = op(W)(n x k) * X^T(k x m),
-  // with W stored as a k x n column-major matrix (ld k) and X as k x m (ld x_stride).
-  LOOM_CUBLAS_CHECK(cublasGemmEx(handle_, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(n), static_cast<int>(m),
-                                 static_cast<int>(k), &alpha, w, CUDA_R_16BF, static_cast<int>(k), x, CUDA_R_16BF,
-                                 static_cast<int>(x_stride > 0 ? x_stride : k), &beta, y,
-                                 output == Output::kF32 ? CUDA_R_32F : CUDA_R_16BF, static_cast<int>(y_stride),
-                                 CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  if (x_stride == 0) x_stride = k;
+  const cudaDataType_t y_type = output == Output::kF32 ? CUDA_R_32F : CUDA_R_16BF;
+  // Column-major view: C (n x m, ld y_stride) = op(A) * B with A = W stored as
+  // k x n (ld k), transposed, and B = X stored as k x m (ld x_stride).
+  Descriptors d;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&d.desc, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t transpose = CUBLAS_OP_T, no_transpose = CUBLAS_OP_N;
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSA, &transpose, sizeof(transpose)));
+  LOOM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(d.desc, CUBLASLT_MATMUL_DESC_TRANSB, &no_transpose, sizeof(no_transpose)));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.a, CUDA_R_16BF, k, n, k));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.b, CUDA_R_16BF, k, m, x_stride));
+  LOOM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&d.c, y_type, n, m, y_stride));
+  const ShapeKey key{m, n, k, static_cast<int>(output), x_stride, y_stride};
+  const cublasLtMatmulAlgo_t& algo = choose_algo(key, d.desc, d.a, d.b, d.c);
+  const float alpha = 1.0f, beta = 0.0f;
+  LOOM_CUBLAS_CHECK(cublasLtMatmul(handle_, d.desc, &alpha, w, d.a, x, d.b, &beta, y, d.c, y, d.c, &algo,
+                                   workspace_.data(), kWorkspaceBytes, stream_));
 }
 
 }  // namespace loom::cuda

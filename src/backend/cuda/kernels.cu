@@ -91,7 +91,9 @@ __global__ void add_rms_norm_kernel(float* residual, const float* delta, const f
   }
 }
 
-constexpr int kQkvThreads = 128;
+// A warp per head and 8 heads per block (blockIdx.y picks the group): every
+// head's loads are in flight at once, which matters for decode-sized steps.
+constexpr int kQkvThreads = 256;
 
 __global__ void qkv_postprocess_kernel(QkvParams p) {
   extern __shared__ float rope_table[];  // [half] cos, then [half] sin
@@ -119,12 +121,13 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int num_heads_total = p.num_heads + 2 * p.num_kv_heads;
-  for (int head = warp; head < num_heads_total; head += kQkvThreads / 32) {
+  for (int head = blockIdx.y * (kQkvThreads / 32) + warp; head < num_heads_total;
+       head += gridDim.y * (kQkvThreads / 32)) {
     const int column = head * head_dim;  // q heads, then k heads, then v heads
     if (head >= p.num_heads + p.num_kv_heads) {
       if (slot < 0) continue;
-      const int v_column = column - q_size - kv_size;
-      bf16* destination = p.v_cache + static_cast<int64_t>(slot) * kv_size + v_column;
+      const int kv_head = head - p.num_heads - p.num_kv_heads;
+      bf16* destination = p.v_cache + kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
       for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
         if (p.bias != nullptr) value += p.bias[column + d];
@@ -163,8 +166,9 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
         }
       }
     }
-    bf16* destination = is_query ? p.q_out + token * q_size + column
-                                 : p.k_cache + static_cast<int64_t>(slot) * kv_size + (column - q_size);
+    bf16* destination =
+        is_query ? p.q_out + token * q_size + column
+                 : p.k_cache + kv_element_index(slot, head - p.num_heads, p.block_size, p.num_kv_heads, head_dim);
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = lane + 32 * k;
@@ -237,7 +241,8 @@ void launch_add_rms_norm(float* residual, const float* delta, const float* delta
 void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
   if (params.num_tokens == 0) return;
   const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
-  qkv_postprocess_kernel<<<params.num_tokens, kQkvThreads, shared, stream>>>(params);
+  const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
+  qkv_postprocess_kernel<<<dim3(params.num_tokens, head_groups), kQkvThreads, shared, stream>>>(params);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

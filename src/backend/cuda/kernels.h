@@ -40,9 +40,9 @@ struct QkvParams {
   const int32_t* positions = nullptr;
   const int32_t* kv_slots = nullptr;  // [num_tokens], -1: leave the cache entry alone
   bf16* q_out = nullptr;           // [num_tokens, q_size]
-  bf16* k_cache = nullptr;         // this layer's pools: [slots, kv_size]
+  bf16* k_cache = nullptr;         // this layer's pools (plan_types.h's kv_element_index layout)
   bf16* v_cache = nullptr;
-  int32_t num_tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0;
+  int32_t num_tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float eps = 1e-6f;
 };
 // Bias, q/k norm, RoPE (rotate-half) on q and k; q -> q_out, k/v -> their slots.
@@ -53,7 +53,7 @@ void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate
 
 struct AttentionParams {
   const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
-  const bf16* k_cache = nullptr;     // [slots, num_kv_heads * head_dim]
+  const bf16* k_cache = nullptr;     // kv_element_index layout (plan_types.h)
   const bf16* v_cache = nullptr;
   const int32_t* block_tables = nullptr;
   const AttentionSequence* sequences = nullptr;

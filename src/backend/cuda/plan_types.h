@@ -6,7 +6,23 @@
 
 #include <cuda_bf16.h>
 
+#ifdef __CUDACC__
+#define LOOM_HOST_DEVICE __host__ __device__
+#else
+#define LOOM_HOST_DEVICE
+#endif
+
 namespace loom::cuda {
+
+// The KV pools' physical layout: per block, head-major, [block][kv head][slot
+// in block][head_dim], so that one kv head's keys of a block are one
+// contiguous block_size x head_dim run (the attention CTAs work per kv head).
+// Slot addressing is backend.h's (slot = block * block_size + offset); this
+// gives the first element of (slot, kv head).
+LOOM_HOST_DEVICE inline int64_t kv_element_index(int64_t slot, int32_t kv_head, int32_t block_size,
+                                                 int32_t num_kv_heads, int32_t head_dim) {
+  return ((slot / block_size * num_kv_heads + kv_head) * block_size + slot % block_size) * head_dim;
+}
 
 // Attention tiles: a work item covers up to kAttentionMaxRows "rows" of one
 // sequence and one kv head, a row being a (new token, query head of the kv

@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""Markdown tables from loom_cuda_bench's JSON and sdpa_reference.py's JSON.
+
+  python3 bench/cuda/report.py bench/cuda/results/cuda_bench.json bench/cuda/results/sdpa.json
+"""
+import json
+import sys
+
+
+def main():
+    bench = json.load(open(sys.argv[1]))
+    sdpa = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
+    print(f"Device: {bench['device']}; measured device-to-device copy "
+          f"{bench['measured_copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (read + write).\n")
+    print("| decode, 2K context | step (CUDA graph) | eager | floor at 3.35 TB/s | step / floor | target |")
+    print("|---:|---:|---:|---:|---:|---|")
+    for row in bench.get("decode", []):
+        note = " (KV blocks shared pairwise)" if row.get("kv_shared_pairwise") else ""
+        target = "<= 1.4x" if row["batch"] <= 64 else "-"
+        print(f"| batch {row['batch']}{note} | {row['graph_ms']:.2f} ms | {row['eager_ms']:.2f} ms | "
+              f"{row['floor_ms']:.2f} ms | {row['graph_over_floor']:.2f}x | {target} |")
+    for r in bench.get("decode", []):
+        if r.get("cublas_gemm_graph_ms"):
+            print(f"\nBatch {r['batch']} with cuBLAS for every GEMM instead of the skinny kernel: "
+                  f"{r['cublas_gemm_graph_ms']:.2f} ms (default {r['graph_ms']:.2f} ms).")
+    if "prefill" in bench:
+        p = bench["prefill"]
+        print(f"\nPrefill of {p['tokens']} tokens: {p['ms']:.1f} ms, {p['tflops']:.0f} TFLOP/s of matmul + attention "
+              f"FLOPs, MFU {100 * p['mfu']:.1f}% of 989 TFLOP/s (target >= 40%).")
+    if "lora" in bench:
+        l = bench["lora"]
+        print(f"\nMulti-LoRA: decode batch {l['batch']}, {l['adapters']} distinct adapters (r={l['rank']}, all seven "
+              f"projections): {l['lora_graph_ms']:.2f} ms vs base only {l['base_graph_ms']:.2f} ms = "
+              f"{l['ratio_graph']:.3f}x (target <= 1.15x; eager {l['ratio_eager']:.3f}x).")
+    if "attention" in bench and sdpa:
+        a = bench["attention"]
+        print("\n| attention kernel (32/8 heads, d 128, bf16) | Loom (paged) | torch SDPA (contiguous) | Loom / SDPA time |")
+        print("|---|---:|---:|---:|")
+        d = a["decode"]
+        print(f"| decode 64 x 2K | {d['ms'] * 1e3:.0f} us ({d['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s) | "
+              f"{sdpa['decode']['ms'] * 1e3:.0f} us | {d['ms'] / sdpa['decode']['ms']:.2f} |")
+        p = a["prefill"]
+        print(f"| prefill {p['tokens']} causal | {p['ms']:.2f} ms ({p['tflops']:.0f} TFLOP/s) | "
+              f"{sdpa['prefill']['ms']:.2f} ms ({sdpa['prefill']['tflops']:.0f} TFLOP/s) | "
+              f"{p['ms'] / sdpa['prefill']['ms']:.2f} |")
+
+
+if __name__ == "__main__":
+    main()
