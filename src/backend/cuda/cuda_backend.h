@@ -4,8 +4,9 @@
 // tested against, within bf16 tolerances.
 //
 // KV pools: per layer a K and a V pool of num_blocks x block_size slots of
-// num_kv_heads x head_dim bf16 (backend.h's addressing), allocated by
-// allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
+// num_kv_heads x head_dim bf16, addressed through block tables as backend.h
+// says, stored head-major within each block (plan_types.h, kv_element_index),
+// allocated by allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
 // honoured (those entries are read, never written); base (decoder rows) and
 // forked sharing and capture_hidden_states raise Error(kUnsupported).
 //
