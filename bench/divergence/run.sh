@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
 # Runs `loom divergence` on the default model (SmolLM2-135M) with 4 random
 # rank-16 adapters and writes bench/divergence/results/NAME.{txt,json}.
-# Usage: bench/divergence/run.sh [LOOM_BINARY [NAME [extra loom divergence flags...]]]
-#   NAME defaults to "divergence"; later flags override the ones below
-#   (e.g. run.sh build/loom rel0.05 --relative-norm 0.05).
+# Usage: [RELATIVE_NORM=0.1] bench/divergence/run.sh [LOOM_BINARY [NAME [more loom divergence flags...]]]
+#   NAME defaults to "divergence"; e.g. RELATIVE_NORM=0.05 run.sh build/loom rel0.05
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 loom="${1:-$here/../../build/loom}"
@@ -15,6 +14,6 @@ mkdir -p "$here/results"
 export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-passive}"
 export OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-Haswell}"
 set -x
-time "$loom" divergence --adapters 4 --rank 16 --alpha 32 --relative-norm 0.1 --seed 0 \
+time "$loom" divergence --adapters 4 --rank 16 --alpha 32 --relative-norm "${RELATIVE_NORM:-0.1}" --seed 0 \
   --context-tokens 256 --suffix-tokens 32 --generate 32 --prompts-per-adapter 1 \
   --out "$here/results/$name.json" "$@" | tee "$here/results/$name.txt"

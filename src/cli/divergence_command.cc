@@ -46,22 +46,22 @@ constexpr const char* kDefaultContext =
 
 // Each agent's own instruction after the shared context.
 const std::vector<std::string> kDefaultSuffixes = {
-    "\n\nQuestion: In two sentences, what was the root cause of the incident, and which change introduced it? "
-    "Answer:",
+    "\n\nQuestion: In two short, clear sentences, what was the root cause of this checkout incident, and which "
+    "change in the release introduced it? Answer:",
     "\n\nTask: Write a short status update for the customer support team that explains what happened to the "
-    "failed orders. Update:",
-    "\n\nTask: List the action items from the report as a numbered list, each with a one-line reason why it "
-    "helps. List:",
-    "\n\nQuestion: How long did the incident last from the first errors to recovery, and how many orders "
-    "failed? Answer:",
-    "\n\nTask: Summarize the incident in one tweet-length message for the engineering channel, without "
-    "customer data. Message:",
-    "\n\nQuestion: Why did the error rate fall only slowly after the rollback finished at 09:40? Explain "
+    "failed orders and what affected customers should do now. Update:",
+    "\n\nTask: List the action items from the report above as a numbered list, each with a one-line reason why "
+    "it helps prevent this. List:",
+    "\n\nQuestion: How long did the whole incident last, from the very first errors to full recovery, and how many orders "
+    "failed during that time? Answer:",
+    "\n\nTask: Summarize the incident in one tweet-length message for the engineering channel, without any "
+    "customer data, names or any order numbers. Message:",
+    "\n\nQuestion: Why did the error rate fall only slowly after the rollback had finished at 09:40? Explain it "
     "briefly. Answer:",
-    "\n\nTask: Suggest a title for the postmortem document and three keywords to file it under for later "
-    "search. Title:",
-    "\n\nQuestion: Which monitoring gaps did the review find, and what alert would have caught the problem "
-    "earlier? Answer:",
+    "\n\nTask: Suggest a clear title for the postmortem document and three keywords to file it under, so that "
+    "other teams find it later. Title:",
+    "\n\nQuestion: Which monitoring gaps did the incident review find, and which single new alert would have caught "
+    "the problem earliest of all, and why? Answer:",
 };
 
 struct DivergenceCommandOptions {
@@ -212,7 +212,8 @@ int run_divergence(const DivergenceCommandOptions& options) {
     residual_max_rank = std::max(residual_max_rank, adapters[slot]->max_rank());
   }
 
-  // Prompts: the context cut to --context-tokens, each suffix to --suffix-tokens.
+  // Prompts: the context cut to its first --context-tokens, each suffix to its
+  // last --suffix-tokens (the instruction's cue, "Answer:", stays at the end).
   const Tokenizer& tokenizer = *model.tokenizer;
   const std::string context_text = options.context_file.empty() ? kDefaultContext : read_text_file(options.context_file);
   std::vector<int32_t> context = tokenizer.encode(context_text, true);
@@ -223,7 +224,8 @@ int run_divergence(const DivergenceCommandOptions& options) {
   std::vector<std::vector<int32_t>> suffixes;
   for (const std::string& text : suffix_texts) {
     std::vector<int32_t> tokens = tokenizer.encode(text, false);
-    tokens.resize(std::min<size_t>(tokens.size(), options.suffix_tokens));
+    if (static_cast<int>(tokens.size()) > options.suffix_tokens)
+      tokens.erase(tokens.begin(), tokens.end() - options.suffix_tokens);
     if (tokens.empty()) fail(ErrorKind::kInvalidArgument, "a suffix encodes to no tokens");
     suffixes.push_back(std::move(tokens));
   }
@@ -361,7 +363,7 @@ CommandRunner register_divergence(CLI::App& app) {
   app.add_option("--b-sigma", options->b_sigma, "Random B ~ N(0, sigma) with this fixed sigma (overrides --relative-norm)");
   app.add_option("--seed", options->seed, "Random adapters' seed")->capture_default_str();
   app.add_option("--context-tokens", options->context_tokens, "Shared context length (tokens)")->capture_default_str();
-  app.add_option("--suffix-tokens", options->suffix_tokens, "Each suffix cut to this many tokens")->capture_default_str();
+  app.add_option("--suffix-tokens", options->suffix_tokens, "Each suffix cut to its last this many tokens")->capture_default_str();
   app.add_option("--generate", options->num_generated, "Generated tokens per run (N)")->capture_default_str();
   app.add_option("--prompts-per-adapter", options->prompts_per_adapter,
                  "Suffixes per adapter (adapter i takes suffixes i, i+1, ...)")
