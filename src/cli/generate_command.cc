@@ -10,6 +10,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/device_backend.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "util/error.h"
@@ -63,8 +64,6 @@ std::vector<ChatMessage> parse_messages(const std::string& text) {
 // rather than the offline Generator, so that every --lora MODE behaves as in
 // `loom serve`: activated masks, base-mode decoder rows, forked rCache.
 int run_generate(const GenerateOptions& options) {
-  if (options.device != "cpu")
-    throw Error(ErrorKind::kUnsupported, "--device " + options.device, "this build has only --device cpu");
   if (options.prompts.empty() && options.messages_json.empty())
     fail(ErrorKind::kInvalidArgument, "give --prompt TEXT or --messages JSON");
   std::vector<LoraSpec> specs;
@@ -75,10 +74,9 @@ int run_generate(const GenerateOptions& options) {
                 "load it with --lora " + options.adapter + "=PATH");
 
   const auto load_start = std::chrono::steady_clock::now();
-  LoadedModel model = load_model(resolve_model_path(options.model));
-  CpuBackendConfig backend_config;
-  backend_config.num_threads = options.threads;
-  std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
+  ModelOnDevice loaded = load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64});
+  LoadedModel model = std::move(loaded.model);
+  std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
   const Tokenizer& tokenizer = *tokenizer_owner;
   std::vector<std::vector<TokenId>> prompt_tokens;
@@ -215,7 +213,7 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--kv-cache-bytes", options->kv_cache_bytes, "KV cache pool size in bytes (0 = what the prompts need)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
-  app.add_option("--device", options->device, "cpu (cuda arrives with the CUDA backend)");
+  app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");
   return [options] { return run_generate(*options); };
 }
 

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/device_backend.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "server/http_server.h"
@@ -24,6 +25,7 @@ struct ServeOptions {
   int port = 8000;
   std::vector<std::string> loras;  // NAME=PATH[:MODE]
   std::string device = "cpu";
+  double gpu_memory_fraction = 0.0;
   std::string api_key;
   bool allow_runtime_lora = false;
   std::string lora_dir;
@@ -45,8 +47,6 @@ std::string default_served_name(const std::string& model_path) {
 }
 
 int run_serve(const ServeOptions& options) {
-  if (options.device != "cpu")
-    throw Error(ErrorKind::kUnsupported, "--device " + options.device, "this build has only --device cpu");
   // Signals go to the watcher thread only: block them before any thread starts.
   sigset_t signals;
   sigemptyset(&signals);
@@ -69,13 +69,13 @@ int run_serve(const ServeOptions& options) {
   std::vector<LoraSpec> specs;
   for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));  // bad flags fail early
 
-  const std::string model_path = resolve_model_path(options.model);
-  LoadedModel model = load_model(model_path);
-  CpuBackendConfig backend_config;
-  backend_config.num_threads = options.threads;
-  backend_config.max_adapter_slots = options.engine.max_adapter_slots;
-  std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
-  std::unique_ptr<Engine> engine = make_engine(std::move(model), std::move(backend), engine_config);
+  const bool is_random_model = options.model.rfind("random:", 0) == 0;
+  const std::string model_path = is_random_model ? options.model : resolve_model_path(options.model);
+  const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots};
+  ModelOnDevice loaded = load_model_on_device(model_path, device_options);
+  if (options.gpu_memory_fraction > 0.0)
+    engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, options.gpu_memory_fraction);
+  std::unique_ptr<Engine> engine = make_engine(std::move(loaded.model), std::move(loaded.backend), engine_config);
   // Loaded before any request: forked adapters here size the rCache pool.
   for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
   for (const AdapterInfo& adapter : engine->adapters())
@@ -125,7 +125,9 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--host", options->host, "Address to bind (default 127.0.0.1)");
   app.add_option("--port", options->port, "Port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--lora", options->loras, "Adapter NAME=PATH[:MODE] (repeatable)");
-  app.add_option("--device", options->device, "cpu (cuda arrives with the CUDA backend)");
+  app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");
+  app.add_option("--gpu-memory-fraction", options->gpu_memory_fraction,
+                 "cuda: size the KV pool so that this fraction of GPU memory is used (overrides --kv-cache-bytes)");
   app.add_option("--api-key", options->api_key, "Require Authorization: Bearer KEY on /v1/*");
   app.add_flag("--allow-runtime-lora", options->allow_runtime_lora,
                "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter");
