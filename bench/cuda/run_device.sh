@@ -9,14 +9,7 @@
 #   bench/cuda/run_device.sh tests | smol | bench | all-after-tests
 set -u
 MODE=${1:-tests}
-OUT=${OUT:-/tmp/loom-out}
-mkdir -p /tmp/loom "$OUT"
-if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom; fi
-[ -f .carry/smol_a/part ] && cp .carry/smol_a/part /tmp/loom/smol_a
-CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
-[ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
-[ -z "$CUBLAS" ] && CUBLAS=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.13"))' 2>/dev/null)
-export LD_LIBRARY_PATH=/tmp/loom/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
+. "$(dirname "$0")/device_env.sh"
 echo "cublas: $CUBLAS" | tee -a "$OUT/env.txt"
 nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv | tee -a "$OUT/env.txt"
 T=/tmp/loom/bin/cuda_backend_test

@@ -2,17 +2,10 @@
 # On the GPU machine: `loom serve --device cuda` answers the OpenAI API.
 #   bench/cuda/serve_check.sh random   # --model random:llama-8b (8B shape, random bf16 built on the GPU)
 #   bench/cuda/serve_check.sh smol     # the default SmolLM2 GGUF, reassembled from .carry/smol_{a,b}
-# Needs the package of run_device.sh (.carry/cuda) already unpacked in /tmp/loom.
+# Carries .carry/cuda (and .carry/smol_a, then .carry/smol_b for smol), as run_device.sh does.
 set -u
 MODE=${1:-random}
-OUT=${OUT:-/tmp/loom-out}
-mkdir -p /tmp/loom "$OUT"
-if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom; fi
-[ -f .carry/smol_a/part ] && cp .carry/smol_a/part /tmp/loom/smol_a
-CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
-[ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
-[ -z "$CUBLAS" ] && CUBLAS=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.13"))' 2>/dev/null)
-export LD_LIBRARY_PATH=/tmp/loom/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
+. "$(dirname "$0")/device_env.sh"
 case "$MODE" in
   random) MODEL=random:llama-8b; PROMPT='"prompt": [1, 2, 3, 4, 5, 6, 7, 8]' ;;
   smol) cat /tmp/loom/smol_a .carry/smol_b/part > /tmp/loom/smol.gguf; MODEL=/tmp/loom/smol.gguf

@@ -1,0 +1,12 @@
+# Sourced by run_device.sh and serve_check.sh on the GPU machine: unpacks the
+# carried package (.carry/cuda: bin/ + the shared libraries the device image
+# lacks) into /tmp/loom, stages the first half of the SmolLM2 GGUF, and points
+# LD_LIBRARY_PATH at the package and at the device's cuBLAS.
+OUT=${OUT:-/tmp/loom-out}
+mkdir -p /tmp/loom "$OUT"
+if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom; fi
+[ -f .carry/smol_a/part ] && cp .carry/smol_a/part /tmp/loom/smol_a
+CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
+[ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
+[ -z "$CUBLAS" ] && CUBLAS=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.13"))' 2>/dev/null)
+export LD_LIBRARY_PATH=/tmp/loom/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
