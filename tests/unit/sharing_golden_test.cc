@@ -38,6 +38,9 @@
 namespace loom {
 namespace {
 
+using test::fnv1a64_hex;
+using test::safetensors_metadata;
+
 constexpr float kLogitTolerance = 1e-3f;  // as golden_test.cc: fp32 vs fp32, other summation order
 constexpr int32_t kChunkPattern[] = {9, 16};
 
@@ -54,28 +57,8 @@ constexpr SharingFixture kFixtures[] = {
     {"base_qwen2", Architecture::kQwen2, 4, false},
 };
 
-std::string read_bytes(const std::string& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::ostringstream bytes;
-  bytes << stream.rdbuf();
-  return bytes.str();
-}
 
-nlohmann::json safetensors_metadata(const std::string& path) {
-  const std::string bytes = read_bytes(path);
-  uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes.at(i))) << (8 * i);
-  return nlohmann::json::parse(bytes.substr(8, length)).at("__metadata__");
-}
 
-std::string fnv1a64_hex(const std::string& bytes) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  return fmt::format("{:016x}", hash);
-}
 
 std::vector<int32_t> row_ids(const Tensor& tensor, int64_t row) {
   const int64_t width = tensor.shape.back();
@@ -191,7 +174,7 @@ class SharingGoldenTest : public ::testing::TestWithParam<std::tuple<int, int32_
     for (const auto& [key, value] : metadata_.items()) {
       if (key.rfind("fnv1a64.", 0) != 0) continue;
       const std::string file = key.substr(8);
-      ASSERT_EQ(fnv1a64_hex(read_bytes((directory_.path() / file).string())), value.get<std::string>())
+      ASSERT_EQ(fnv1a64_hex(test::read_file_bytes((directory_.path() / file).string())), value.get<std::string>())
           << file << " changed: regenerate with tools/golden/make_sharing_fixtures.sh";
       ++num_checked_files;
     }

@@ -27,19 +27,14 @@ namespace {
 
 namespace fs = std::filesystem;
 using test::TempDir;
-
-std::string read_bytes(const fs::path& path) {
-  std::ifstream stream(path, std::ios::binary);
-  std::stringstream buffer;
-  buffer << stream.rdbuf();
-  return buffer.str();
-}
+using test::fnv1a64_hex;
+using test::safetensors_metadata;
 
 // Relative path -> bytes of every file under `root`.
 std::map<std::string, std::string> directory_contents(const fs::path& root) {
   std::map<std::string, std::string> contents;
   for (const auto& entry : fs::recursive_directory_iterator(root))
-    if (entry.is_regular_file()) contents[fs::relative(entry.path(), root).string()] = read_bytes(entry.path());
+    if (entry.is_regular_file()) contents[fs::relative(entry.path(), root).string()] = test::read_file_bytes(entry.path());
   return contents;
 }
 
@@ -235,22 +230,7 @@ TEST(SyntheticModel, Bf16CheckpointStreamsTheSameValues) {
   for (int i = 0; i < 1000; ++i) ASSERT_EQ(chunked[i], whole.data[i]);
 }
 
-// The __metadata__ of a safetensors file.
-nlohmann::json safetensors_metadata(const std::string& path) {
-  const std::string bytes = read_bytes(path);
-  uint64_t length = 0;
-  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes.at(i))) << (8 * i);
-  return nlohmann::json::parse(bytes.substr(8, length)).at("__metadata__");
-}
 
-std::string fnv1a64_hex(const std::string& bytes) {
-  uint64_t hash = 0xcbf29ce484222325ull;
-  for (unsigned char c : bytes) {
-    hash ^= c;
-    hash *= 0x100000001b3ull;
-  }
-  return fmt::format("{:016x}", hash);
-}
 
 // The goldens in tests/fixtures/golden were computed by transformers + PEFT on
 // models from `loom make-model` (tools/golden/make_fixtures.sh). Regenerating
@@ -279,7 +259,7 @@ TEST(SyntheticModel, GoldenFixturesBelongToTheseModels) {
     for (const auto& [key, value] : metadata.items()) {
       if (key.rfind("fnv1a64.", 0) != 0) continue;
       const std::string file = key.substr(8);
-      EXPECT_EQ(fnv1a64_hex(read_bytes(dir.path() / file)), value.get<std::string>()) << file << " changed";
+      EXPECT_EQ(fnv1a64_hex(test::read_file_bytes(dir.path() / file)), value.get<std::string>()) << file << " changed";
       ++num_checked_files;
     }
     EXPECT_EQ(num_checked_files, 2 + 2 * fixture.num_adapters);

@@ -1,9 +1,12 @@
 #include "test_util.h"
 
 #include <atomic>
+#include <fstream>
+#include <sstream>
 #include <cstdlib>
 #include <unistd.h>
 
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 namespace loom::test {
@@ -49,6 +52,29 @@ std::string smollm2_gguf_path() {
   std::filesystem::path path =
       std::filesystem::path(home) / ".cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf";
   return std::filesystem::exists(path) ? path.string() : "";
+}
+
+std::string read_file_bytes(const std::filesystem::path& path) {
+  std::ifstream stream(path, std::ios::binary);
+  std::stringstream bytes;
+  bytes << stream.rdbuf();
+  return bytes.str();
+}
+
+nlohmann::json safetensors_metadata(const std::filesystem::path& path) {
+  const std::string bytes = read_file_bytes(path);
+  uint64_t length = 0;
+  for (int i = 0; i < 8; ++i) length |= static_cast<uint64_t>(static_cast<uint8_t>(bytes.at(i))) << (8 * i);
+  return nlohmann::json::parse(bytes.substr(8, length)).at("__metadata__");
+}
+
+std::string fnv1a64_hex(const std::string& bytes) {
+  uint64_t hash = 0xcbf29ce484222325ull;
+  for (unsigned char c : bytes) {
+    hash ^= c;
+    hash *= 0x100000001b3ull;
+  }
+  return fmt::format("{:016x}", hash);
 }
 
 }  // namespace loom::test

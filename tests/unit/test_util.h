@@ -6,6 +6,8 @@
 #include <initializer_list>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 #include "util/error.h"
 
 namespace loom::test {
@@ -34,5 +36,12 @@ std::string loom_binary();
 // Path of the SmolLM2 GGUF fetched by the setup script, or "" if absent
 // ($LOOM_SMOLLM2_GGUF, else ~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf).
 std::string smollm2_gguf_path();
+
+// The whole file as bytes ("" when it cannot be read).
+std::string read_file_bytes(const std::filesystem::path& path);
+// The __metadata__ object of a safetensors file (golden fixtures).
+nlohmann::json safetensors_metadata(const std::filesystem::path& path);
+// FNV-1a 64 of `bytes` as 16 hex digits, as the golden tools record model files.
+std::string fnv1a64_hex(const std::string& bytes);
 
 }  // namespace loom::test
