@@ -11,4 +11,12 @@ void Backend::allocate_residual_cache(const ResidualCacheShape&) {
 
 int64_t Backend::residual_bytes_per_token(int32_t) const { return 0; }
 
+void Backend::allocate_host_kv_cache(KvPoolKind, int32_t) {
+  throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "run without --host-kv-memory");
+}
+
+void Backend::copy_kv_blocks(KvPoolKind, KvCopyDirection, std::span<const int32_t>, std::span<const int32_t>) {
+  throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "");
+}
+
 }  // namespace loom

@@ -39,6 +39,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <vector>
 
 namespace loom {
@@ -97,6 +98,9 @@ struct ResidualCacheShape {
   int32_t max_rank = 0;
 };
 
+enum class KvPoolKind : uint8_t { kMain, kResidual };
+enum class KvCopyDirection : uint8_t { kDeviceToHost, kHostToDevice };
+
 struct KvCacheShape {
   int32_t num_blocks = 0;
   int32_t block_size = 16;
@@ -118,6 +122,28 @@ class Backend {
   virtual ResidualCacheShape residual_cache_shape() const { return {0, 0, 0}; }
   // Bytes one rCache slot takes across all layers for this max rank.
   virtual int64_t residual_bytes_per_token(int32_t max_rank) const;
+
+  // ---- Host tier of the KV cache (issue 5; kv/kv_cache_manager.h "Host tier") ----
+  // A second pool of num_blocks blocks in host memory holding exactly what a
+  // device block holds (every layer's K and V slots of the block, or the rCache
+  // slots for KvPoolKind::kResidual). The CPU backend keeps a second arena; the
+  // CUDA backend pinned host memory copied on its own stream.
+  // (Re)allocates it; previous host contents are lost. Throws
+  // Error(kUnsupported) where the backend has none, Error(kCapacity) when the
+  // memory cannot be had. Engine thread, with no copy in flight.
+  virtual void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks);
+  virtual int32_t num_host_kv_blocks(KvPoolKind /*pool*/) const { return 0; }
+  // Copies whole blocks: device block device_block_ids[i] to host block
+  // host_block_ids[i] (kDeviceToHost) or back, and returns when the data has
+  // landed. Throws Error on a bad id or a failed copy (the caller treats the
+  // transfer as failed).
+  // Thread: any thread, at most one call per direction at a time, concurrently
+  // with forward() on the engine thread. The caller (KvCacheManager states)
+  // guarantees that no block a copy writes is read or written by a concurrent
+  // forward, and no block it reads is written by one. Never concurrently with
+  // allocate_kv_cache / allocate_residual_cache / allocate_host_kv_cache.
+  virtual void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                              std::span<const int32_t> host_block_ids);
 
   // Binds an adapter to a slot (0 <= slot < max_adapter_slots()); nullptr frees it.
   // The backend keeps the shared_ptr while bound.

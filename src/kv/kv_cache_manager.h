@@ -78,7 +78,16 @@ class KvLease {
 
 struct KvCacheStats {
   int32_t num_total_blocks = 0, num_free_blocks = 0, num_cached_blocks = 0, num_in_use_blocks = 0;
-  int64_t num_evicted_blocks = 0;  // since start
+  int64_t num_evicted_blocks = 0;  // since start: device blocks evicted (moved to the host or dropped)
+  // Host tier (0 without one). Counters are since start, in blocks.
+  int32_t num_host_total_blocks = 0, num_host_used_blocks = 0;  // used: valid backups + offloads in flight
+  int64_t num_offloaded_blocks = 0;        // device -> host copies finished
+  int64_t num_loaded_blocks = 0;           // host -> device copies finished (prefetches included)
+  int64_t num_prefetched_blocks = 0;       // of those, started by prefetch_agent
+  int64_t num_prefetch_hit_blocks = 0;     // prefetched blocks first locked by lock_prefix when ready ("in time")
+  int64_t num_prefetch_late_blocks = 0;    // prefetched blocks a prefix_status found still loading ("late")
+  int64_t num_failed_transfers = 0;
+  int32_t num_host_only_blocks = 0;        // nodes whose K/V is only on the host now
   // Blocks in the tree (cached or in use by a lease that committed them) per
   // namespace; private (uncommitted) blocks are counted under their lease's
   // namespace for the block index they hold.
@@ -158,6 +167,87 @@ class KvCacheManager {
   // else changed (the evictable leaves by key, a parent once its children
   // are gone). Tests and debugging; O(n log n).
   std::vector<int32_t> eviction_order() const;
+
+  // ---- Host tier (KVFlow's / HiCache's host memory; issue 5, DESIGN §2) ----
+  //
+  // With enable_host_tier(), a tree node keeps its K/V on the device (block_id),
+  // in a host block (host_block_id), or both:
+  //
+  //   node         tier    state        device block  host block   lock_prefix  device-evictable
+  //   device       device  ready        yes           -            matches      yes: node removed
+  //   backed up    device  ready        yes           yes (valid)  matches      yes: becomes "host"
+  //   offloading   device  offloading   yes           yes (filling) matches     no (pinned)
+  //   host         host    ready        -             yes (valid)  stops here   -
+  //   loading      host    loading      yes (filling) yes (valid)  stops here   no (in use)
+  //
+  // Invariants: a node's device-resident ancestors are all device-resident
+  // (device eviction takes nodes with no device-resident child; loads go top
+  // down), so a path is [device ...][loading ...][host ...]. A device node with no
+  // valid backup that is evicted is removed with every host node below it.
+  //
+  // Backups are written through: commit() plans an offload (device -> host copy)
+  // for each newly inserted node when a host block can be had (free, or by
+  // dropping a host-tier leaf in eviction order: "host" nodes with no children,
+  // same policy as the device). A full host pool means no backup: the block is
+  // recomputed if it is evicted (degrades to recompute, never fails).
+  //
+  // Transfers are planned here and executed by someone else (the engine's
+  // kv_transfer_worker, through Backend::copy_kv_blocks):
+  //   take_transfers()           the jobs planned since the last call, in order;
+  //   finish_transfer(id, ok)    applies one when its copy has finished.
+  // Until finished, a transfer's device and host blocks are pinned: never
+  // evicted, reused or dropped (drop_namespaces() defers removing nodes in
+  // flight; they go when their transfer finishes). A failed offload leaves the
+  // node without backup; a failed load drops the host copies it was reading (they
+  // are suspect), so the request recomputes them.
+  //
+  // Metrics (stats()): offloaded / loaded / prefetched blocks, prefetched blocks
+  // later found ready by lock_prefix ("in time") or still loading by
+  // prefix_status ("late"), failed transfers, host blocks in use.
+  void enable_host_tier(int32_t num_host_blocks);
+  bool has_host_tier() const;
+  int32_t num_host_blocks() const;
+
+  struct PrefixStatus {
+    int32_t num_device_tokens = 0;   // what lock_prefix would lock now
+    int32_t num_loading_tokens = 0;  // next: blocks being loaded (the request should wait)
+    int32_t num_host_tokens = 0;     // then: blocks only on the host (start_load can fetch them)
+  };
+  // Where the cached prefix of tokens (whole blocks) lives. Changes nothing
+  // except the "late prefetch" metric (a prefetched block found still loading).
+  PrefixStatus prefix_status(const KvKey& kv_key, std::span<const KvTokenId> tokens);
+
+  enum class LoadReason : uint8_t { kDemand, kPrefetch };
+  // Starts loading the host-only blocks of tokens' cached prefix that follow its
+  // device part (at most max_blocks, the first ones): allocates device blocks
+  // (evicting as allocate() does; kPrefetch evicts only blocks that come before
+  // the loaded path's own priority in eviction order, so a prefetch never pushes
+  // out something the policy values more), marks them loading and plans one
+  // transfer. Pins the device ancestors until it finishes. Returns the number
+  // of blocks now loading: 0 when nothing waits on the host, when a loading
+  // block is in the way, or when no device block can be had ("no room").
+  int32_t start_load(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_blocks,
+                     LoadReason reason = LoadReason::kDemand);
+  // Prefetch: start_load over the marked fixed prefix of `agent_key`
+  // (set_agent_fixed_prefix; the mark stays on nodes moved to the host) with
+  // kPrefetch. Returns the number of blocks now loading (0: unknown agent,
+  // nothing on the host, or no room).
+  int32_t prefetch_agent(const std::string& agent_key, int32_t max_blocks);
+
+  struct Transfer {
+    enum class Kind : uint8_t { kOffload, kLoad };
+    int64_t id = 0;
+    Kind kind = Kind::kOffload;
+    LoadReason reason = LoadReason::kDemand;   // loads only
+    std::vector<int32_t> device_block_ids;     // copy device_block_ids[i] <-> host_block_ids[i]
+    std::vector<int32_t> host_block_ids;
+  };
+  std::vector<Transfer> take_transfers();
+  // Applies a finished transfer (succeeded: the copy completed). Precondition:
+  // an id from take_transfers() not finished yet.
+  void finish_transfer(int64_t transfer_id, bool succeeded);
+  // Transfers planned and not finished (taken or not).
+  int32_t num_transfers_in_flight() const;
 
   // Evicts every cached block (tests; "after the blocks were evicted").
   int32_t evict_all_cached();

@@ -87,9 +87,11 @@ struct RadixNode {
   RadixNode* parent = nullptr;            // nullptr for a namespace root
   std::string kv_namespace;               // a root's: its namespace; else this block's
   std::vector<KvTokenId> tokens;          // block_size tokens; empty for a root
-  int32_t block_id = -1;                  // -1 for a root
-  KvTier tier = KvTier::kDevice;
+  int32_t block_id = -1;                  // -1 for a root, and for a host-tier node that is not loading
+  int32_t host_block_id = -1;             // host tier: its backup (or the one being written); -1: none
+  KvTier tier = KvTier::kDevice;          // kHost: K/V only in host_block_id (kv_cache_manager.h "Host tier")
   KvNodeState state = KvNodeState::kReady;
+  bool loaded_by_prefetch = false;        // a prefetch loaded it and no lock_prefix used it yet (metrics)
   int64_t last_access = 0;                // logical clock of the last use
   int64_t node_id = 0;                    // creation order, breaks LRU ties
   std::map<RadixChildKey, std::unique_ptr<RadixNode>, RadixChildKeyLess> children;

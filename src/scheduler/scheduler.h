@@ -29,6 +29,15 @@
 //      No waiting request is admitted in a step that preempted.
 //   5. A waiting request that does not get its blocks stops admission for the
 //      step (FCFS; running requests are never preempted for waiting ones).
+//   6. Status-aware admission (host tier, issue 5): when the main manager
+//      has_host_tier(), a waiting request's prefix_status is checked first:
+//      - blocks of its prefix are loading: it waits, and later requests may
+//        pass it (it does not stop admission as in 5);
+//      - blocks follow on the host only: start_load(kDemand) for them; if any
+//        started, it waits as above; if none could (no room), it is admitted
+//        now with its device prefix and recomputes the rest.
+//      Either way its id is in StepPlan::waiting_on_load for that step. A load
+//      that fails leaves the blocks off the host, so the next check admits it.
 //
 // Forked (ForkKV) requests hold two leases: the shared bCache in the main
 // manager (SchedulerRequestKv::key, namespace "fork") and their rCache in the
@@ -94,6 +103,9 @@ struct ScheduledRequest {
 struct StepPlan {
   std::vector<ScheduledRequest> requests;  // decode requests first
   std::vector<SchedulerRequestId> preempted;
+  // Waiting requests held back this step because their prefix is (now) loading
+  // from the host tier (policy 6). The engine measures their wait.
+  std::vector<SchedulerRequestId> waiting_on_load;
   int32_t num_tokens() const;
   bool empty() const { return requests.empty(); }
 };

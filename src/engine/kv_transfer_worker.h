@@ -1,0 +1,60 @@
+// Executes the KV cache manager's host-tier transfers (issue 5) off the engine
+// thread: a loader thread for host -> device loads and an offloader thread for
+// device -> host backups, each behind a bounded queue, so a slow copy never
+// blocks a step and loads never queue behind backups.
+//
+//   engine thread:  manager.take_transfers() -> submit() ... take_finished() -> manager.finish_transfer()
+//   loader:         pops a load,    copy(transfer), pushes (id, ok)
+//   offloader:      pops an offload, copy(transfer), pushes (id, ok)
+//
+// `copy` runs on the worker threads and must follow Backend::copy_kv_blocks's
+// threading rules (one call per direction at a time, which the one thread per
+// direction gives). An exception from it marks the transfer failed (the
+// manager then falls back to recompute); it is logged, never rethrown.
+//
+// Thread: submit / take_finished / wait_idle / the destructor on the engine
+// thread only. The destructor waits for queued transfers (they hold blocks the
+// backend may be about to free) and joins both threads.
+#pragma once
+
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <mutex>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "kv/kv_cache_manager.h"
+
+namespace loom {
+
+class KvTransferWorker {
+ public:
+  using Transfer = KvCacheManager::Transfer;
+  using CopyFunction = std::function<void(const Transfer&)>;
+  struct Finished {
+    int64_t transfer_id = 0;
+    bool succeeded = false;
+  };
+
+  // max_queued_per_direction > 0: transfers waiting (not yet copying) per direction.
+  KvTransferWorker(CopyFunction copy, int32_t max_queued_per_direction);
+  ~KvTransferWorker();
+  KvTransferWorker(const KvTransferWorker&) = delete;
+  KvTransferWorker& operator=(const KvTransferWorker&) = delete;
+
+  // Queues a transfer for its direction's thread. Returns false, queuing
+  // nothing, when that queue is full: the caller finishes it as failed.
+  bool submit(Transfer transfer);
+  // Transfers whose copy ended since the last call, in the order they ended.
+  std::vector<Finished> take_finished();
+  // Blocks until every submitted transfer has ended (they stay in
+  // take_finished()). For reallocating pools and for tests.
+  void wait_idle();
+  // Submitted and not yet taken by take_finished().
+  int32_t num_pending() const;
+};
+
+}  // namespace loom
