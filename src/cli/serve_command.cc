@@ -32,6 +32,8 @@ struct ServeOptions {
   std::string default_sharing = "isolated";
   std::string residual_kv_cache_memory = "auto";
   std::string eviction_policy = "lru";
+  std::string host_kv_memory = "0";
+  std::string prefetch_max_bytes = "0";
   size_t max_request_bytes = 8u << 20;
   int threads = 0;
   int http_threads = 128;
@@ -62,6 +64,8 @@ int run_serve(const ServeOptions& options) {
                 "use one of isolated, activated, base, forked");
   engine_config.default_sharing = *default_sharing;
   engine_config.workflow_aware_eviction = options.eviction_policy == "workflow";
+  engine_config.host_kv_cache_bytes = parse_byte_size(options.host_kv_memory, "--host-kv-memory");
+  engine_config.prefetch_max_bytes = parse_byte_size(options.prefetch_max_bytes, "--prefetch-max-bytes");
   engine_config.residual_kv_cache_bytes =
       options.residual_kv_cache_memory == "auto" ? -1
                                                  : parse_byte_size(options.residual_kv_cache_memory,
@@ -160,6 +164,15 @@ CommandRunner register_serve(CLI::App& app) {
                  "Which cached KV blocks go first: lru (default) or workflow (KVFlow: dynamic suffixes, then agents' "
                  "fixed prefixes by steps-to-execution, furthest first; see PUT /v1/workflows/{id})")
       ->check(CLI::IsMember({"lru", "workflow"}));
+  app.add_option("--host-kv-memory", options->host_kv_memory,
+                 "Host-memory tier of the KV cache: BYTES (suffix K, M, G allowed; 0 = none, the default). Cached "
+                 "blocks are backed up there and evicted blocks load back instead of being recomputed");
+  app.add_option("--prefetch-agents", engine.prefetch_agents,
+                 "With a host tier: load back the fixed prefixes of this many agents closest to running, from the "
+                 "workflow graphs (0 = no prefetch; default 2)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--prefetch-max-bytes", options->prefetch_max_bytes,
+                 "With a host tier: KV bytes one step may start prefetching (0 = no limit but the pool)");
   app.add_option("--workflow-ttl-seconds", engine.workflow_ttl_seconds,
                  "Workflows without a request or API call for this long are forgotten (default 600)")
       ->check(CLI::PositiveNumber);

@@ -53,6 +53,20 @@ struct EngineConfig {
   bool workflow_aware_eviction = false;
   // Workflows not seen for this long are forgotten (--workflow-ttl-seconds).
   double workflow_ttl_seconds = 600.0;
+  // Host tier of the main KV pool (issue 5, --host-kv-memory): bytes of host
+  // memory that back up evicted blocks (0 = none). num_host_kv_blocks > 0 sets
+  // the block count exactly instead (tests). The forked rCache has no host tier.
+  int64_t host_kv_cache_bytes = 0;
+  int32_t num_host_kv_blocks = 0;
+  // Proactive prefetch from the host tier (--prefetch-agents, --prefetch-max-bytes):
+  // each step, the fixed prefixes of up to this many agents closest to running
+  // (smallest steps-to-execution, >= 1) are loaded back when they sit on the host,
+  // at most prefetch_max_bytes in flight (0 = no limit but the pool). 0 agents = off.
+  int32_t prefetch_agents = 2;
+  int64_t prefetch_max_bytes = 0;
+  // Transfers queued per direction (loads, backups) before new ones are refused
+  // (a refused backup is skipped, a refused load recomputes).
+  int32_t max_queued_kv_transfers = 64;
   // When there is an rCache pool, exactly this many blocks (tests, `loom
   // generate`) instead of residual_kv_cache_bytes' worth; 0: derived from it.
   // Whether there is one still follows residual_kv_cache_bytes.
@@ -133,6 +147,14 @@ struct EngineMetrics {
   // The rCache pool's blocks (all 0 without one); free + cached + in use = total.
   int64_t residual_blocks_total = 0, residual_blocks_free = 0, residual_blocks_cached = 0, residual_blocks_in_use = 0;
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
+  // Host tier (all 0 without one). Bytes held now; token counters since start.
+  int64_t kv_bytes_host = 0;
+  int64_t num_offloaded_tokens = 0, num_loaded_tokens = 0, num_prefetched_tokens = 0;
+  // Prefetched tokens a request then found ready ("in time") or still loading ("late").
+  int64_t num_prefetch_hit_tokens = 0, num_prefetch_late_tokens = 0;
+  int64_t num_failed_kv_transfers = 0;
+  int32_t num_waiting_on_load = 0;  // requests held back last step because their prefix was loading
+  std::vector<double> load_wait_time;  // seconds each admitted request waited on loads (only those that did)
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
   int64_t num_finished_requests = 0;
   // Workflows the registry knows now (declared, progressed or seen in a request

@@ -37,7 +37,9 @@ void EngineImpl::allocate_pools(bool with_residual, int64_t residual_bytes, int3
                             with_residual ? " beside the forked residual cache" : ""),
                 "raise the KV cache size");
 
-  // The scheduler holds leases into the managers: it goes first.
+  // Copies in flight read and write the pools; the scheduler holds leases into the managers.
+  drain_kv_transfers();
+  kv_transfers_.reset();
   scheduler_.reset();
   residual_kv_cache_.reset();
   kv_cache_.reset();
@@ -52,6 +54,7 @@ void EngineImpl::allocate_pools(bool with_residual, int64_t residual_bytes, int3
   num_residual_kv_blocks_ = num_residual_blocks;
   residual_max_rank_ = with_residual ? max_rank : 0;
   reset_workflow_kv_state();
+  setup_host_tier();
   {
     std::lock_guard<std::mutex> lock(metrics_mutex_);
     residual_bytes_per_block_ = residual_bytes_per_block;
@@ -101,6 +104,7 @@ void EngineImpl::prepare_forked_adapter(const std::string& name, int32_t kv_rank
 
 int32_t EngineImpl::drop_adapter_kv(const std::string& name) {
   const auto belongs = [&](const std::string& kv_namespace) { return kv_namespace_belongs_to_adapter(kv_namespace, name); };
+  drain_kv_transfers();  // the managers drop nothing a copy still pins
   int32_t num_freed = kv_cache_->drop_namespaces(belongs);
   if (residual_kv_cache_) num_freed += residual_kv_cache_->drop_namespaces(belongs);
   return num_freed;

@@ -26,6 +26,7 @@
 
 #include "engine/engine.h"
 #include "engine/engine_request.h"
+#include "engine/kv_transfer_worker.h"
 #include "engine/request_channel.h"
 #include "kv/kv_cache_manager.h"
 #include "scheduler/scheduler.h"
@@ -110,6 +111,20 @@ class EngineImpl final : public Engine {
   // Engine thread: drops every cached block of the adapter's namespaces in
   // both managers (no request may use the adapter). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& name);
+  // engine_host_tier.cc, engine thread. After allocate_pools made the managers:
+  // the host pool, the manager's host tier and the transfer worker (when
+  // host_kv_cache_bytes / num_host_kv_blocks ask for one).
+  void setup_host_tier();
+  // Hands finished transfers to the manager and new ones to the worker (a
+  // refused one finishes as failed). Cheap; called around every step.
+  void pump_kv_transfers();
+  // Waits for every transfer and applies it: before pools change or namespaces drop.
+  void drain_kv_transfers();
+  bool has_kv_transfers_in_flight() const;
+  // Starts loads of the next agents' fixed prefixes (EngineConfig::prefetch_agents).
+  void prefetch_next_agents();
+  // Load-wait bookkeeping and metrics for one plan.
+  void note_load_waits(const StepPlan& plan, SteadyTime now);
 
   LoadedModel model_;
   std::unique_ptr<Backend> backend_;
@@ -127,6 +142,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvCacheManager> kv_cache_;
   std::unique_ptr<KvCacheManager> residual_kv_cache_;  // nullptr: no rCache pool
   std::unique_ptr<Scheduler> scheduler_;
+  // Host tier (nullptr: none). Declared after the managers, so it is destroyed
+  // (draining its copies) before them; the backend outlives it.
+  std::unique_ptr<KvTransferWorker> kv_transfers_;
+  int32_t num_host_kv_blocks_ = 0;
   bool any_request_admitted_ = false;  // pools are fixed from then on
   std::unordered_map<int64_t, std::unique_ptr<PendingRequest>> active_;
   // Workflow state of the engine thread (engine_workflows.cc).

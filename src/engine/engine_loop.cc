@@ -25,7 +25,10 @@ void EngineImpl::thread_main() {
         return !inbox_->new_requests.empty() || !inbox_->commands.empty() || inbox_->cancel_pending ||
                inbox_->stopping;
       };
-      if (!scheduler_->has_work() && !has_input()) {
+      if (!scheduler_->has_work() && !has_input() && has_kv_transfers_in_flight()) {
+        // Idle but copying: come back soon to apply the finished transfers.
+        inbox_->cv.wait_for(lock, std::chrono::milliseconds(1), has_input);
+      } else if (!scheduler_->has_work() && !has_input()) {
         if (!idle_checked_) {
           idle_checked_ = true;
           const std::string problem = kv_cache_->integrity_error();
@@ -44,6 +47,7 @@ void EngineImpl::thread_main() {
       drain = inbox_->drain;
     }
     idle_checked_ = false;
+    pump_kv_transfers();
     for (auto& command : commands) command();  // packaged tasks: exceptions go to the caller
     for (auto& request : new_requests) admit(std::move(request));
     handle_cancellations();
@@ -154,18 +158,30 @@ void EngineImpl::publish_gauges() {
   metrics_.kv_bytes_per_token_residual = residual_bytes_per_block_ / config_.block_size;
   metrics_.num_evicted_tokens = (stats.num_evicted_blocks + residual_stats.num_evicted_blocks) * config_.block_size;
   metrics_.num_preemptions = scheduler_->num_preemptions();
+  const int64_t block_size = config_.block_size;
+  metrics_.kv_bytes_host = static_cast<int64_t>(stats.num_host_used_blocks) * kv_bytes_per_block_;
+  metrics_.num_offloaded_tokens = stats.num_offloaded_blocks * block_size;
+  metrics_.num_loaded_tokens = stats.num_loaded_blocks * block_size;
+  metrics_.num_prefetched_tokens = stats.num_prefetched_blocks * block_size;
+  metrics_.num_prefetch_hit_tokens = stats.num_prefetch_hit_blocks * block_size;
+  metrics_.num_prefetch_late_tokens = stats.num_prefetch_late_blocks * block_size;
+  metrics_.num_failed_kv_transfers = stats.num_failed_transfers;
 }
 
 void EngineImpl::step() {
   sync_workflows();  // before plan(): its allocations evict by the current steps
+  pump_kv_transfers();
   const StepPlan plan = scheduler_->plan();
+  const SteadyTime scheduled_at = std::chrono::steady_clock::now();
+  note_load_waits(plan, scheduled_at);
+  prefetch_next_agents();  // after plan(): demand loads and admissions go first
+  pump_kv_transfers();
   publish_gauges();
-  if (plan.empty()) {  // nothing fits this step (submit()'s checks should prevent it): do not spin
+  if (plan.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
 
-  const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   for (const ScheduledRequest& entry : plan.requests) {
     PendingRequest& request = *active_.at(entry.id);
     std::lock_guard<std::mutex> lock(metrics_mutex_);
@@ -203,6 +219,7 @@ void EngineImpl::step() {
   }
   scheduler_->complete_step(plan);
   declare_fixed_prefixes(plan);
+  pump_kv_transfers();  // the backups complete_step planned start while we sample
 
   int32_t num_decodes = 0;
   const SteadyTime now = std::chrono::steady_clock::now();

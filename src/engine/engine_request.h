@@ -32,6 +32,9 @@ struct PendingRequest {
   StopStringFilter stop_filter;
   SteadyTime submitted_at;
   std::optional<SteadyTime> first_scheduled_at, first_token_at, last_token_at;
+  // Set the first step the scheduler held it back for a load (host tier); the
+  // wait ends when it is admitted.
+  std::optional<SteadyTime> load_wait_started_at;
   int32_t num_output_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;
   // Workflow hints, resolved at admission (engine thread): "workflow/agent"

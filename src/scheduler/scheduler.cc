@@ -197,6 +197,10 @@ StepPlan Scheduler::plan() {
     // At least one token must be computed to get logits, so the last token never comes from the cache.
     std::span<const int32_t> all_tokens(request.tokens);
     const std::span<const int32_t> lookup_tokens = all_tokens.first(all_tokens.size() - 1);
+    if (kv_cache_.has_host_tier() && is_waiting_on_load(request, lookup_tokens)) {
+      plan.waiting_on_load.push_back(id);
+      continue;
+    }
     KvLease lease = kv_cache_.lock_prefix(request.kv.key, lookup_tokens);
     KvLease residual_lease;
     int32_t num_computed = lease.num_cached_tokens();
@@ -233,6 +237,15 @@ StepPlan Scheduler::plan() {
     budget -= num_new;
   }
   return plan;
+}
+
+bool Scheduler::is_waiting_on_load(const RequestState& request, std::span<const int32_t> lookup_tokens) {
+  const KvCacheManager::PrefixStatus status = kv_cache_.prefix_status(request.kv.key, lookup_tokens);
+  if (status.num_loading_tokens > 0) return true;
+  if (status.num_host_tokens == 0) return false;
+  // No room to load means recompute: admit with the device prefix.
+  return kv_cache_.start_load(request.kv.key, lookup_tokens, status.num_host_tokens / kv_cache_.block_size(),
+                              KvCacheManager::LoadReason::kDemand) > 0;
 }
 
 void Scheduler::complete_step(const StepPlan& plan) {

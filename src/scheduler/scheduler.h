@@ -62,6 +62,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,8 @@ class Scheduler {
                                    int32_t num_uncomputed_tokens) const;
   int32_t num_blocks_for(int32_t num_tokens) const;
   int32_t num_residual_blocks_for(int32_t num_tokens) const;
+  // Policy 6: whether the request must wait for (possibly just started) loads from the host tier.
+  bool is_waiting_on_load(const RequestState& request, std::span<const int32_t> lookup_tokens);
 
   SchedulerConfig config_;
   KvCacheManager& kv_cache_;

@@ -74,6 +74,7 @@ void Histogram::render(const std::string& name, const std::string& help, std::st
 MetricsExporter::MetricsExporter()
     : time_to_first_token_(latency_bounds()), inter_token_(latency_bounds()), end_to_end_(latency_bounds()),
       queue_time_(latency_bounds()), prefill_time_(latency_bounds()), decode_time_(latency_bounds()),
+      load_wait_time_(latency_bounds()),
       decode_batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}) {}
 
 void MetricsExporter::absorb(const EngineMetrics& metrics) {
@@ -84,6 +85,7 @@ void MetricsExporter::absorb(const EngineMetrics& metrics) {
   for (double value : metrics.queue_time) queue_time_.observe(value);
   for (double value : metrics.prefill_time) prefill_time_.observe(value);
   for (double value : metrics.decode_time) decode_time_.observe(value);
+  for (double value : metrics.load_wait_time) load_wait_time_.observe(value);
   for (int32_t value : metrics.decode_batch_sizes) decode_batch_size_.observe(value);
   latest_ = metrics;
   latest_.time_to_first_token.clear();
@@ -92,6 +94,7 @@ void MetricsExporter::absorb(const EngineMetrics& metrics) {
   latest_.queue_time.clear();
   latest_.prefill_time.clear();
   latest_.decode_time.clear();
+  latest_.load_wait_time.clear();
   latest_.decode_batch_sizes.clear();
 }
 
@@ -109,6 +112,7 @@ std::string MetricsExporter::render() const {
     for (const char* kind : {"base", "residual"}) {
       int64_t value = 0;
       if (std::string(tier) == "device") value = std::string(kind) == "base" ? m.kv_bytes_base : m.kv_bytes_residual;
+      if (std::string(tier) == "host" && std::string(kind) == "base") value = m.kv_bytes_host;
       out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind, value);
     }
   header(out, "loom_kv_cache_bytes_per_token", "gauge",
@@ -147,8 +151,22 @@ std::string MetricsExporter::render() const {
          m.num_workflows_active);
   header(out, "loom_kv_eviction_policy_info", "gauge", "The KV eviction policy (--eviction-policy), as a label");
   out += fmt::format("loom_kv_eviction_policy_info{{policy=\"{}\"}} 1\n", escape_label_value(m.eviction_policy));
-  scalar(out, "loom_loaded_tokens_total", "counter", "Tokens loaded from a lower tier", 0);
-  scalar(out, "loom_prefetched_tokens_total", "counter", "Tokens prefetched from a lower tier", 0);
+  scalar(out, "loom_offloaded_tokens_total", "counter", "Tokens backed up from the device to the host tier",
+         static_cast<double>(m.num_offloaded_tokens));
+  scalar(out, "loom_loaded_tokens_total", "counter", "Tokens loaded from the host tier (prefetches included)",
+         static_cast<double>(m.num_loaded_tokens));
+  scalar(out, "loom_prefetched_tokens_total", "counter", "Tokens loaded from the host tier by proactive prefetch",
+         static_cast<double>(m.num_prefetched_tokens));
+  header(out, "loom_prefetch_outcome_tokens_total", "counter",
+         "Prefetched tokens by what the request that needed them found: ready (in time) or still loading (late)");
+  out += fmt::format("loom_prefetch_outcome_tokens_total{{outcome=\"in_time\"}} {}\n", m.num_prefetch_hit_tokens);
+  out += fmt::format("loom_prefetch_outcome_tokens_total{{outcome=\"late\"}} {}\n", m.num_prefetch_late_tokens);
+  scalar(out, "loom_kv_transfer_failures_total", "counter",
+         "Host-tier copies that failed or were refused (the blocks are recomputed)",
+         static_cast<double>(m.num_failed_kv_transfers));
+  scalar(out, "loom_num_requests_waiting_on_load", "gauge",
+         "Waiting requests held back last step because their prefix is loading from the host tier",
+         m.num_waiting_on_load);
   scalar(out, "loom_prompt_tokens_total", "counter", "Prompt tokens processed", static_cast<double>(m.num_prompt_tokens));
   scalar(out, "loom_generation_tokens_total", "counter", "Tokens generated", static_cast<double>(m.num_generated_tokens));
   scalar(out, "loom_request_success_total", "counter", "Requests finished",
@@ -158,6 +176,8 @@ std::string MetricsExporter::render() const {
   inter_token_.render("loom_inter_token_latency_seconds", "Time between output tokens", out);
   end_to_end_.render("loom_e2e_request_latency_seconds", "Request latency from arrival to finish", out);
   queue_time_.render("loom_request_queue_time_seconds", "Time waiting before first scheduled", out);
+  load_wait_time_.render("loom_kv_load_wait_seconds", "Time a request waited for its prefix to load from the host tier",
+                         out);
   prefill_time_.render("loom_request_prefill_time_seconds", "Time in prefill", out);
   decode_time_.render("loom_request_decode_time_seconds", "Time in decode", out);
   decode_batch_size_.render("loom_decode_batch_size", "Sequences per decode step", out);

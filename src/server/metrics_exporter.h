@@ -42,6 +42,7 @@ class MetricsExporter {
   mutable std::mutex mutex_;
   EngineMetrics latest_;  // sample vectors unused
   Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;
+  Histogram load_wait_time_;  // host tier: time admitted requests waited on loads
   Histogram decode_batch_size_;
 };
 
