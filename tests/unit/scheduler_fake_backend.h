@@ -19,6 +19,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -99,6 +100,31 @@ class FakeBackend final : public Backend {
     return result;
   }
 
+  // Host tier: a second slot array per block, copied whole (kMain only).
+  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override {
+    LOOM_CHECK(pool == KvPoolKind::kMain && num_blocks > 0);
+    num_host_blocks_ = num_blocks;
+    host_slots_.assign(static_cast<size_t>(num_blocks) * static_cast<size_t>(shape_.block_size), kUnwritten);
+  }
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return pool == KvPoolKind::kMain ? num_host_blocks_ : 0; }
+  void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                      std::span<const int32_t> host_block_ids) override {
+    LOOM_CHECK(pool == KvPoolKind::kMain && device_block_ids.size() == host_block_ids.size());
+    const auto block = static_cast<size_t>(shape_.block_size);
+    for (size_t i = 0; i < device_block_ids.size(); ++i) {
+      LOOM_CHECK(device_block_ids[i] >= 0 && device_block_ids[i] < shape_.num_blocks);
+      LOOM_CHECK(host_block_ids[i] >= 0 && host_block_ids[i] < num_host_blocks_);
+      auto device = slots_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(device_block_ids[i]) * block);
+      auto host = host_slots_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(host_block_ids[i]) * block);
+      const auto n = static_cast<std::ptrdiff_t>(block);
+      if (direction == KvCopyDirection::kDeviceToHost)
+        std::copy(device, device + n, host);
+      else
+        std::copy(host, host + n, device);
+    }
+    ++num_copies;
+  }
+
   // Forgets every K/V (as if the blocks were overwritten), to prove reuse is real.
   void scramble_kv() {
     std::fill(slots_.begin(), slots_.end(), kUnwritten);
@@ -106,6 +132,7 @@ class FakeBackend final : public Backend {
   }
 
   int64_t num_forward_calls = 0;
+  int64_t num_copies = 0;
 
  private:
   static constexpr int64_t kUnwritten = -1;
@@ -124,6 +151,8 @@ class FakeBackend final : public Backend {
   ResidualCacheShape residual_shape_;
   std::vector<int64_t> slots_;
   std::vector<int64_t> residual_slots_;
+  int32_t num_host_blocks_ = 0;
+  std::vector<int64_t> host_slots_;
 };
 
 }  // namespace loom::test
