@@ -255,6 +255,20 @@ class CompareTest(unittest.TestCase):
                 self.build(bad)
 
 
+    def test_cache_presets_set_policy_host_tier_and_prefetch(self):
+        result = configs.build("sequential", ["cache=lru,lru+host,workflow+prefetch"], ["--model", "/m"], [],
+                               workloads.Params(), configs.Arrivals(num_tasks=4, concurrency=2), "512M")
+        self.assertEqual([c.name for c in result], ["cache=lru", "cache=lru+host", "cache=workflow+prefetch"])
+        self.assertEqual(result[0].serve_args[2:], ["--eviction-policy", "lru", "--host-kv-memory", "0"])
+        self.assertEqual(result[1].serve_args[2:], ["--eviction-policy", "lru", "--host-kv-memory", "512M",
+                                                    "--prefetch-agents", "0"])
+        self.assertEqual(result[2].serve_args[2:], ["--eviction-policy", "workflow", "--host-kv-memory", "512M",
+                                                    "--prefetch-agents", "2"])
+        self.assertTrue(all(c.needs_own_server for c in result))
+        with self.assertRaises(ValueError):
+            self.build("cache=lru+disk")
+
+
 class ReportTest(unittest.TestCase):
     def test_ratios_keep_the_other_keys_fixed(self):
         def config(sharing, workflows, tasks_per_s):

@@ -45,7 +45,9 @@ def parser() -> argparse.ArgumentParser:
                    help="`loom make-model` flags for --make-model (default: %(default)s)")
     g.add_argument("--compare", action="append", default=[], metavar="KEY=V1,V2",
                    help="one configuration per value (several: their product); keys: sharing, eviction, "
-                        "serve.FLAG, workflows, rate, num_tasks, any workload parameter")
+                        "cache (lru, lru+host, workflow, workflow+host, workflow+prefetch), serve.FLAG, workflows, rate, num_tasks, any workload parameter")
+    g.add_argument("--host-kv-memory", default="2G",
+                   help="host tier size of the +host cache presets (--compare cache=...; default %(default)s)")
     g.add_argument("--startup-timeout", type=float, default=300.0)
     a = p.add_argument_group("arrivals")
     a.add_argument("--num-tasks", type=int, default=8, help="measured tasks per configuration (ICaRus: 128)")
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
     arrivals = configs_module.Arrivals(args.num_tasks, args.concurrency, args.rate)
     try:
         configs = configs_module.build(args.workload, args.compare, base_serve_args, [] if args.url else loras,
-                                       params, arrivals)
+                                       params, arrivals, args.host_kv_memory)
     except ValueError as error:
         raise SystemExit(f"loom bench: {error}")
     if args.url and any(c.needs_own_server for c in configs):

@@ -6,6 +6,9 @@ Keys:
                      isolated | activated | base | forked)
   eviction=POLICY    `loom serve --eviction-policy POLICY` (issue 5: lru | workflow);
                      the flag name lives in SERVE_FLAGS below, one place to change
+  cache=PRESET       the KV cache setup of issue 5's benchmark, one of CACHE_PRESETS:
+                     lru | lru+host | workflow | workflow+host | workflow+prefetch
+                     (+host: a host tier of --host-kv-memory; +prefetch: also --prefetch-agents 2)
   serve.FLAG=V       any other `loom serve --FLAG V` (e.g. serve.kv-cache-bytes=...)
   workflows / concurrency, rate, num_tasks       arrival settings
   any workload parameter (context_tokens, output_tokens, agents, ...; see workloads.Params)
@@ -18,6 +21,14 @@ from . import workloads
 
 SHARING_MODES = ("isolated", "activated", "base", "forked")
 SERVE_FLAGS = {"eviction": "--eviction-policy"}
+# cache=PRESET -> `loom serve` flags; "{host}" is the harness's --host-kv-memory.
+CACHE_PRESETS = {
+    "lru": ["--eviction-policy", "lru", "--host-kv-memory", "0"],
+    "lru+host": ["--eviction-policy", "lru", "--host-kv-memory", "{host}", "--prefetch-agents", "0"],
+    "workflow": ["--eviction-policy", "workflow", "--host-kv-memory", "0"],
+    "workflow+host": ["--eviction-policy", "workflow", "--host-kv-memory", "{host}", "--prefetch-agents", "0"],
+    "workflow+prefetch": ["--eviction-policy", "workflow", "--host-kv-memory", "{host}", "--prefetch-agents", "2"],
+}
 ARRIVAL_KEYS = {"workflows": "concurrency", "concurrency": "concurrency", "rate": "rate", "num_tasks": "num_tasks",
                 "num-tasks": "num_tasks"}
 
@@ -48,6 +59,10 @@ def parse_compare(spec: str) -> Tuple[str, List[str]]:
     key = key.strip()
     if len(set(values)) != len(values):
         raise ValueError(f"--compare {spec!r} repeats a value")
+    if key == "cache":
+        for value in values:
+            if value not in CACHE_PRESETS:
+                raise ValueError(f"--compare cache: unknown preset {value!r} (one of {', '.join(CACHE_PRESETS)})")
     if key == "sharing":
         for value in values:
             if value not in SHARING_MODES:
@@ -65,18 +80,21 @@ def with_lora_mode(lora_spec: str, mode: str) -> str:
 
 
 def is_server_key(key: str) -> bool:
-    return key == "sharing" or key in SERVE_FLAGS or key.startswith("serve.")
+    return key in ("sharing", "cache") or key in SERVE_FLAGS or key.startswith("serve.")
 
 
-def apply_serve_key(serve_args: List[str], loras: List[str], key: str, value: str) -> Tuple[List[str], List[str]]:
+def apply_serve_key(serve_args: List[str], loras: List[str], key: str, value: str,
+                    host_kv_memory: str = "2G") -> Tuple[List[str], List[str]]:
     if key == "sharing":
         return serve_args, [with_lora_mode(spec, value) for spec in loras]
+    if key == "cache":
+        return serve_args + [flag.format(host=host_kv_memory) for flag in CACHE_PRESETS[value]], loras
     flag = SERVE_FLAGS.get(key) or "--" + key[len("serve."):]
     return serve_args + [flag, value], loras
 
 
 def build(workload: str, compare_specs: List[str], serve_args: List[str], loras: List[str],
-          params: workloads.Params, arrivals: Arrivals) -> List[Config]:
+          params: workloads.Params, arrivals: Arrivals, host_kv_memory: str = "2G") -> List[Config]:
     """Every configuration, each with its final `loom serve` args (base args,
     then --lora flags) and resolved workload parameters."""
     axes = [parse_compare(spec) for spec in compare_specs]
@@ -92,7 +110,7 @@ def build(workload: str, compare_specs: List[str], serve_args: List[str], loras:
         chosen = dict(zip(keys, combination))
         for key, value in chosen.items():
             if is_server_key(key):
-                args, config_loras = apply_serve_key(args, config_loras, key, value)
+                args, config_loras = apply_serve_key(args, config_loras, key, value, host_kv_memory)
             elif key in ARRIVAL_KEYS:
                 field_name = ARRIVAL_KEYS[key]
                 typed = float(value) if field_name == "rate" else int(value)

@@ -220,6 +220,14 @@ def compute_metrics(tasks: List[dict], before: prometheus.Samples, after: promet
     metrics["evicted_tokens"] = counter("loom_evicted_tokens_total")
     metrics["loaded_tokens"] = counter("loom_loaded_tokens_total")
     metrics["prefetched_tokens"] = counter("loom_prefetched_tokens_total")
+    metrics["offloaded_tokens"] = counter("loom_offloaded_tokens_total")
+    metrics["prefetch_in_time_tokens"] = prometheus.delta(before, after, "loom_prefetch_outcome_tokens_total",
+                                                          outcome="in_time")
+    metrics["prefetch_late_tokens"] = prometheus.delta(before, after, "loom_prefetch_outcome_tokens_total",
+                                                       outcome="late")
+    load_wait = prometheus.HistogramDelta(before, after, "loom_kv_load_wait_seconds")
+    metrics["load_wait_mean_s"] = load_wait.mean()
+    metrics["load_wait_p95_s"] = load_wait.quantile(0.95)
     metrics["kv_bytes_per_agent"] = kv_bytes_per_agent(samples)
     metrics["kv_bytes_peak"] = max((s["kv_bytes_device"] for s in samples), default=None)
     metrics["kv_residual_bytes_peak"] = max((s["kv_bytes_residual"] for s in samples), default=None)
