@@ -55,6 +55,28 @@ class KvTransferWorker {
   void wait_idle();
   // Submitted and not yet taken by take_finished().
   int32_t num_pending() const;
+
+ private:
+  // One direction: its queue and the thread that drains it.
+  struct Lane {
+    const char* name = "";
+    std::deque<Transfer> queue;  // waiting, not yet copying
+    std::condition_variable has_work;
+    std::thread thread;
+  };
+  Lane& lane_of(Transfer::Kind kind) { return kind == Transfer::Kind::kLoad ? loads_ : offloads_; }
+  void run(Lane& lane);
+
+  const CopyFunction copy_;
+  const int32_t max_queued_per_direction_;
+
+  mutable std::mutex mutex_;  // guards everything below except the threads
+  std::condition_variable copy_ended_;
+  std::vector<Finished> finished_;  // ended, not yet taken
+  int32_t num_unfinished_ = 0;      // submitted, copy not ended
+  bool stopping_ = false;
+  Lane loads_;
+  Lane offloads_;
 };
 
 }  // namespace loom

@@ -1,0 +1,225 @@
+// KvTransferWorker: per-direction ordering, loads never wait behind offloads,
+// bounded queues, failed copies, wait_idle and shutdown with queued work.
+#include "engine/kv_transfer_worker.h"
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <stdexcept>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "util/error.h"
+
+namespace loom {
+namespace {
+
+using Kind = KvCacheManager::Transfer::Kind;
+using Transfer = KvTransferWorker::Transfer;
+using Finished = KvTransferWorker::Finished;
+
+Transfer make_transfer(int64_t id, Kind kind) {
+  Transfer transfer;
+  transfer.id = id;
+  transfer.kind = kind;
+  transfer.device_block_ids = {static_cast<int32_t>(id)};
+  transfer.host_block_ids = {static_cast<int32_t>(id)};
+  return transfer;
+}
+
+// A gate the copy function can block on until the test opens it.
+class Gate {
+ public:
+  void wait() {
+    std::unique_lock lock(mutex_);
+    ++num_waiting_;
+    changed_.notify_all();
+    changed_.wait(lock, [this] { return open_; });
+  }
+  void open() {
+    std::lock_guard lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+  // Blocks until `count` copies wait at the gate.
+  void wait_for_waiters(int count) {
+    std::unique_lock lock(mutex_);
+    changed_.wait(lock, [&] { return num_waiting_ >= count; });
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  int num_waiting_ = 0;
+  bool open_ = false;
+};
+
+std::vector<int64_t> ids_of(const std::vector<Finished>& finished) {
+  std::vector<int64_t> ids;
+  for (const Finished& f : finished) ids.push_back(f.transfer_id);
+  return ids;
+}
+
+std::vector<int64_t> ids_of_kind(const std::vector<Finished>& finished, const std::vector<Kind>& kind_of_id,
+                                 Kind kind) {
+  std::vector<int64_t> ids;
+  for (const Finished& f : finished)
+    if (kind_of_id[f.transfer_id] == kind) ids.push_back(f.transfer_id);
+  return ids;
+}
+
+TEST(KvTransferWorker, KeepsSubmissionOrderPerDirection) {
+  std::mutex mutex;
+  std::vector<int64_t> copied;
+  KvTransferWorker worker(
+      [&](const Transfer& transfer) {
+        std::lock_guard lock(mutex);
+        copied.push_back(transfer.id);
+      },
+      16);
+  std::vector<Kind> kind_of_id;
+  for (int64_t id = 0; id < 12; ++id) {
+    kind_of_id.push_back(id % 3 == 0 ? Kind::kLoad : Kind::kOffload);
+    ASSERT_TRUE(worker.submit(make_transfer(id, kind_of_id.back())));
+  }
+  worker.wait_idle();
+  const std::vector<Finished> finished = worker.take_finished();
+  ASSERT_EQ(finished.size(), 12u);
+  for (const Finished& f : finished) EXPECT_TRUE(f.succeeded) << f.transfer_id;
+  EXPECT_EQ(ids_of_kind(finished, kind_of_id, Kind::kLoad), (std::vector<int64_t>{0, 3, 6, 9}));
+  EXPECT_EQ(ids_of_kind(finished, kind_of_id, Kind::kOffload), (std::vector<int64_t>{1, 2, 4, 5, 7, 8, 10, 11}));
+  // Completion order is the order the copies ended.
+  EXPECT_EQ(ids_of(finished), copied);
+  EXPECT_TRUE(worker.take_finished().empty());
+  EXPECT_EQ(worker.num_pending(), 0);
+}
+
+TEST(KvTransferWorker, LoadFinishesWhileAnOffloadIsStuck) {
+  Gate offload_gate;
+  KvTransferWorker worker(
+      [&](const Transfer& transfer) {
+        if (transfer.kind == Kind::kOffload) offload_gate.wait();
+      },
+      4);
+  ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload)));
+  ASSERT_TRUE(worker.submit(make_transfer(2, Kind::kOffload)));
+  offload_gate.wait_for_waiters(1);
+  ASSERT_TRUE(worker.submit(make_transfer(3, Kind::kLoad)));
+
+  std::vector<Finished> finished;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (finished.empty() && std::chrono::steady_clock::now() < deadline) {
+    finished = worker.take_finished();
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  ASSERT_EQ(finished.size(), 1u);
+  EXPECT_EQ(finished[0].transfer_id, 3);
+  EXPECT_TRUE(finished[0].succeeded);
+  EXPECT_EQ(worker.num_pending(), 2);
+
+  offload_gate.open();
+  worker.wait_idle();
+  EXPECT_EQ(ids_of(worker.take_finished()), (std::vector<int64_t>{1, 2}));
+}
+
+TEST(KvTransferWorker, FullQueueRefusesWithoutQueuing) {
+  Gate gate;
+  std::atomic<int> num_copies{0};
+  KvTransferWorker worker(
+      [&](const Transfer&) {
+        gate.wait();
+        ++num_copies;
+      },
+      2);
+  // One copying (out of the queue), two waiting: the queue is full.
+  ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload)));
+  gate.wait_for_waiters(1);
+  ASSERT_TRUE(worker.submit(make_transfer(2, Kind::kOffload)));
+  ASSERT_TRUE(worker.submit(make_transfer(3, Kind::kOffload)));
+  EXPECT_FALSE(worker.submit(make_transfer(4, Kind::kOffload)));
+  // The other direction has its own queue.
+  ASSERT_TRUE(worker.submit(make_transfer(5, Kind::kLoad)));
+  ASSERT_TRUE(worker.submit(make_transfer(6, Kind::kLoad)));
+  EXPECT_EQ(worker.num_pending(), 5);
+
+  gate.open();
+  worker.wait_idle();
+  const std::vector<Finished> finished = worker.take_finished();
+  EXPECT_EQ(num_copies.load(), 5);
+  ASSERT_EQ(finished.size(), 5u);
+  for (const Finished& f : finished) EXPECT_NE(f.transfer_id, 4);
+  // Room again once drained.
+  EXPECT_TRUE(worker.submit(make_transfer(7, Kind::kOffload)));
+  worker.wait_idle();
+  EXPECT_EQ(ids_of(worker.take_finished()), (std::vector<int64_t>{7}));
+}
+
+TEST(KvTransferWorker, ThrowingCopyMarksTheTransferFailed) {
+  KvTransferWorker worker(
+      [](const Transfer& transfer) {
+        if (transfer.id == 2) throw Error(ErrorKind::kInvalidArgument, "host block 99 outside a pool of 8");
+        if (transfer.id == 3) throw 42;  // not even a std::exception
+      },
+      4);
+  for (int64_t id = 1; id <= 4; ++id) ASSERT_TRUE(worker.submit(make_transfer(id, Kind::kLoad)));
+  worker.wait_idle();
+  const std::vector<Finished> finished = worker.take_finished();
+  ASSERT_EQ(finished.size(), 4u);
+  EXPECT_EQ(ids_of(finished), (std::vector<int64_t>{1, 2, 3, 4}));
+  EXPECT_TRUE(finished[0].succeeded);
+  EXPECT_FALSE(finished[1].succeeded);
+  EXPECT_FALSE(finished[2].succeeded);
+  EXPECT_TRUE(finished[3].succeeded);
+}
+
+TEST(KvTransferWorker, WaitIdleWaitsForSlowCopies) {
+  std::atomic<int> num_done{0};
+  KvTransferWorker worker(
+      [&](const Transfer&) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        ++num_done;
+      },
+      8);
+  for (int64_t id = 0; id < 3; ++id) ASSERT_TRUE(worker.submit(make_transfer(id, Kind::kOffload)));
+  ASSERT_TRUE(worker.submit(make_transfer(3, Kind::kLoad)));
+  worker.wait_idle();
+  EXPECT_EQ(num_done.load(), 4);
+  EXPECT_EQ(worker.num_pending(), 4);  // ended, not taken yet
+  EXPECT_EQ(worker.take_finished().size(), 4u);
+  EXPECT_EQ(worker.num_pending(), 0);
+  worker.wait_idle();  // nothing in flight: returns at once
+}
+
+TEST(KvTransferWorker, DestructorRunsQueuedTransfers) {
+  Gate gate;
+  std::atomic<int> num_copies{0};
+  std::thread opener;
+  {
+    KvTransferWorker worker(
+        [&](const Transfer& transfer) {
+          if (transfer.id == 0) gate.wait();
+          ++num_copies;
+        },
+        8);
+    for (int64_t id = 0; id < 5; ++id) ASSERT_TRUE(worker.submit(make_transfer(id, Kind::kOffload)));
+    for (int64_t id = 5; id < 8; ++id) ASSERT_TRUE(worker.submit(make_transfer(id, Kind::kLoad)));
+    gate.wait_for_waiters(1);
+    // Opened later, from another thread, while the destructor waits.
+    opener = std::thread([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      gate.open();
+    });
+  }
+  opener.join();
+  EXPECT_EQ(num_copies.load(), 8);
+}
+
+TEST(KvTransferWorker, RejectsBadConstruction) {
+  EXPECT_THROW(KvTransferWorker([](const Transfer&) {}, 0), Error);
+  EXPECT_THROW(KvTransferWorker(nullptr, 4), Error);
+}
+
+}  // namespace
+}  // namespace loom
