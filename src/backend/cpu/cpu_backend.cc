@@ -5,11 +5,13 @@
 
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/host_kv_pool.h"
 #include "backend/cpu/input_checks.h"
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
@@ -52,11 +54,20 @@ class CpuBackend final : public Backend {
   int64_t residual_bytes_per_token(int32_t max_rank) const override {
     return static_cast<int64_t>(config_.num_layers) * 2 * max_rank * sizeof(float);
   }
+  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return host_pool(pool).num_blocks(); }
+  void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                      std::span<const int32_t> host_block_ids) override;
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
 
  private:
+  const cpu::HostKvPool& host_pool(KvPoolKind pool) const {
+    return pool == KvPoolKind::kMain ? host_main_pool_ : host_residual_pool_;
+  }
+  // Floats one block of one device array holds (0 before the pool is allocated).
+  int64_t device_floats_per_block(KvPoolKind pool) const;
   void group_rows_by_adapter(const Batch& batch);
   void prepare_rope_tables(const Batch& batch);
   void extend_position_tables(int32_t num_positions);
@@ -80,6 +91,9 @@ class CpuBackend final : public Backend {
   ResidualCacheShape residual_shape_{0, 0, 0};
   std::vector<std::vector<float>> residual_pools_;  // [layer][num_blocks * block_size * 2 * max_rank]
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // [slot], nullptr = free
+  // Host tier (host_kv_pool.h); copy_kv_blocks may read/write them off the engine thread.
+  cpu::HostKvPool host_main_pool_;      // arrays: per layer K, V
+  cpu::HostKvPool host_residual_pool_;  // arrays: per layer rCache
   bool warned_about_sliding_window_ = false;
   // cos/sin of positions 0 .. num_table_positions_ - 1 (deferred RoPE of forked
   // sequences), [position, head_dim / 2]; grown on demand, never changes.
@@ -167,6 +181,48 @@ void CpuBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
          floats_per_pool * config_.num_layers * static_cast<int64_t>(sizeof(float)));
   }
   residual_shape_ = shape;
+}
+
+int64_t CpuBackend::device_floats_per_block(KvPoolKind pool) const {
+  if (pool == KvPoolKind::kMain) return static_cast<int64_t>(kv_shape_.block_size) * config_.kv_size();
+  return static_cast<int64_t>(residual_shape_.block_size) * 2 * residual_shape_.max_rank;
+}
+
+void CpuBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
+  const bool is_main = pool == KvPoolKind::kMain;
+  if ((is_main ? kv_shape_.num_blocks : residual_shape_.num_blocks) <= 0)
+    fail(ErrorKind::kInvalidArgument, "cpu backend: host {} pool before its device pool was allocated",
+         is_main ? "KV" : "residual");
+  cpu::HostKvPool& host = is_main ? host_main_pool_ : host_residual_pool_;
+  host.allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_floats_per_block(pool),
+                is_main ? "host KV pool" : "host residual pool");
+}
+
+void CpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                                std::span<const int32_t> host_block_ids) {
+  const bool is_main = pool == KvPoolKind::kMain;
+  const cpu::HostKvPool& host = host_pool(pool);
+  if (host.num_blocks() == 0)
+    fail(ErrorKind::kInvalidArgument, "cpu backend: copy of {} blocks with no host {} pool allocated",
+         device_block_ids.size(), is_main ? "KV" : "residual");
+  // The device pool may have been reallocated with another block size since.
+  if (host.floats_per_block() != device_floats_per_block(pool))
+    fail(ErrorKind::kInvalidArgument,
+         "cpu backend: host {} pool has blocks of {} floats per array, the device pool {}; reallocate it",
+         is_main ? "KV" : "residual", host.floats_per_block(), device_floats_per_block(pool));
+  // A local list, not backend scratch: this runs beside forward().
+  std::vector<float*> device_arrays;
+  device_arrays.reserve(host.num_arrays());
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    if (is_main) {
+      device_arrays.push_back(k_pools_[layer].data());
+      device_arrays.push_back(v_pools_[layer].data());
+    } else {
+      device_arrays.push_back(residual_pools_[layer].data());
+    }
+  }
+  host.copy(direction, device_arrays, is_main ? kv_shape_.num_blocks : residual_shape_.num_blocks, device_block_ids,
+            host_block_ids);
 }
 
 void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {

@@ -13,6 +13,10 @@
 // (allocate_residual_cache) and attend through ResidualAttention
 // (residual_attention.h), which needs a model without q/k norm.
 //
+// Host tier (backend.h): allocate_host_kv_cache keeps a second arena per pool
+// kind and copy_kv_blocks memcpys whole blocks (host_kv_pool.h), on any thread
+// beside forward().
+//
 // Speed note: OpenBLAS 0.3.21 does not know recent Xeons (e.g. Emerald Rapids)
 // and falls back to SSE3 kernels; the backend logs a warning then, and
 // OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment fixes it.

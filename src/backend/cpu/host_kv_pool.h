@@ -1,0 +1,55 @@
+// The CPU backend's host tier of the KV cache (backend.h "Host tier"): one
+// arena per pool kind, in ordinary memory, holding whole blocks copied out of
+// (and back into) the device-side pools with memcpy.
+//
+// Layout. A device pool kind is num_arrays arrays (main: per layer K then V;
+// residual: per layer the rCache), each num_device_blocks x floats_per_block
+// floats. A host block keeps all of them together:
+//
+//   host block h:  [array 0: floats_per_block][array 1] ... [array num_arrays - 1]
+//   device block d of array a:  device_arrays[a] + d * floats_per_block
+//
+// Threads: allocate() on the engine thread with no copy in flight; copy() on
+// any thread, at most one per direction at a time, concurrently with forward()
+// (it touches only the blocks it names and no backend scratch state).
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include "backend/backend.h"
+
+namespace loom::cpu {
+
+class HostKvPool {
+ public:
+  // Frees, then allocates num_blocks blocks of num_arrays x floats_per_block
+  // floats (contents undefined); num_blocks 0 just frees. `what` names the pool
+  // in errors. Throws Error(kInvalidArgument) on negative sizes, Error(kCapacity)
+  // when the memory cannot be had.
+  void allocate(int32_t num_blocks, int32_t num_arrays, int64_t floats_per_block, const char* what);
+  int32_t num_blocks() const { return num_blocks_; }
+  int32_t num_arrays() const { return num_arrays_; }
+  int64_t floats_per_block() const { return floats_per_block_; }
+
+  // Copies device block device_block_ids[i] of every array to host block
+  // host_block_ids[i] (kDeviceToHost) or back. device_arrays: num_arrays()
+  // pointers to arrays of num_device_blocks x floats_per_block() floats.
+  // Validates every id (and the two spans' sizes) before copying anything:
+  // Error(kInvalidArgument) naming the bad id and the pool's size.
+  void copy(KvCopyDirection direction, std::span<float* const> device_arrays, int32_t num_device_blocks,
+            std::span<const int32_t> device_block_ids, std::span<const int32_t> host_block_ids) const;
+
+ private:
+  float* host_block(int32_t block) const { return arena_.get() + static_cast<int64_t>(block) * floats_per_host_block(); }
+  int64_t floats_per_host_block() const { return num_arrays_ * floats_per_block_; }
+
+  const char* what_ = "host KV pool";
+  std::unique_ptr<float[]> arena_;
+  int32_t num_blocks_ = 0;
+  int32_t num_arrays_ = 0;
+  int64_t floats_per_block_ = 0;
+};
+
+}  // namespace loom::cpu
