@@ -15,6 +15,7 @@
 #include "backend/cuda/device_lora.h"
 #include "backend/cuda/device_model.h"
 #include "backend/cuda/gemm.h"
+#include "backend/cuda/host_kv_tier.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_plan.h"
 #include "lora/adapter.h"
@@ -31,6 +32,11 @@ class CudaBackend final : public Backend {
   void allocate_kv_cache(const KvCacheShape& shape) override;
   KvCacheShape kv_cache_shape() const override { return kv_shape_; }
   int64_t kv_bytes_per_token() const override;
+  // Host tier (host_kv_tier.h, host_kv_tier.cc): main pool only; kResidual throws kUnsupported.
+  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override;
+  void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                      std::span<const int32_t> host_block_ids) override;
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
@@ -87,6 +93,9 @@ class CudaBackend final : public Backend {
 
   KvCacheShape kv_shape_{0, 0};
   DeviceBuffer kv_pool_;  // [layer][K|V][num_blocks * block_size][kv_size] bf16
+  std::unique_ptr<HostKvTier> host_kv_tier_;  // created by allocate_host_kv_cache
+  // Bytes of one block of one layer's K (or V) pool.
+  size_t device_bytes_per_kv_block() const;
 
   StepPlan plan_;
   PinnedBuffer plan_host_;

@@ -1,0 +1,132 @@
+#include "backend/cuda/host_kv_tier.h"
+
+#include <fmt/format.h>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_check.h"
+#include "util/error.h"
+
+namespace loom::cuda {
+
+HostKvTier::~HostKvTier() {
+  for (cudaStream_t& stream : streams_) {
+    if (stream == nullptr) continue;
+    cudaStreamSynchronize(stream);  // errors here are not actionable
+    cudaStreamDestroy(stream);
+    stream = nullptr;
+  }
+  release();
+}
+
+void HostKvTier::release() {
+  if (host_ != nullptr) cudaFreeHost(host_);
+  host_ = nullptr;
+  num_blocks_ = 0;
+}
+
+void HostKvTier::allocate(int32_t num_blocks, int32_t num_arrays, size_t bytes_per_block) {
+  if (num_blocks < 0 || num_arrays <= 0 || bytes_per_block == 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: host KV pool of {} blocks of {} x {} bytes", num_blocks,
+         num_arrays, bytes_per_block);
+  release();
+  num_arrays_ = num_arrays;
+  bytes_per_block_ = bytes_per_block;
+  if (num_blocks == 0) return;
+  const size_t bytes = static_cast<size_t>(num_blocks) * static_cast<size_t>(num_arrays) * bytes_per_block;
+  LOOM_CUDA_CHECK(cudaSetDevice(device_));
+  const cudaError_t status = cudaHostAlloc(&host_, bytes, cudaHostAllocPortable);
+  if (status != cudaSuccess) {
+    cudaGetLastError();  // clear it, so a later launch check does not report it
+    host_ = nullptr;
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot pin {} bytes of host memory for a host KV pool of {} blocks: {}",
+                            bytes, num_blocks, cudaGetErrorString(status)),
+                "lower --host-kv-memory");
+  }
+  num_blocks_ = num_blocks;
+}
+
+cudaStream_t HostKvTier::stream_for(KvCopyDirection direction) {
+  cudaStream_t& stream = streams_[static_cast<int>(direction)];
+  // Non-blocking: never orders against the legacy default stream (nor the engine's work).
+  if (stream == nullptr) LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  return stream;
+}
+
+void HostKvTier::copy(KvCopyDirection direction, const DevicePool& device, std::span<const int32_t> device_block_ids,
+                      std::span<const int32_t> host_block_ids) {
+  if (device_block_ids.size() != host_block_ids.size())
+    fail(ErrorKind::kInvalidArgument, "cuda backend: host KV copy of {} device blocks to {} host blocks",
+         device_block_ids.size(), host_block_ids.size());
+  if (num_blocks_ == 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: copy of {} blocks with no host KV pool allocated",
+         device_block_ids.size());
+  for (size_t i = 0; i < device_block_ids.size(); ++i) {
+    if (device_block_ids[i] < 0 || device_block_ids[i] >= device.num_blocks)
+      fail(ErrorKind::kInvalidArgument, "cuda backend: host KV copy: device block {} outside a pool of {} blocks",
+           device_block_ids[i], device.num_blocks);
+    if (host_block_ids[i] < 0 || host_block_ids[i] >= num_blocks_)
+      fail(ErrorKind::kInvalidArgument, "cuda backend: host KV copy: host block {} outside a pool of {} blocks",
+           host_block_ids[i], num_blocks_);
+  }
+  if (device_block_ids.empty()) return;
+  // The copying thread (a transfer worker) has no current device of its own.
+  LOOM_CUDA_CHECK(cudaSetDevice(device_));
+  const cudaStream_t stream = stream_for(direction);
+  const size_t host_block_bytes = static_cast<size_t>(num_arrays_) * bytes_per_block_;
+  for (size_t i = 0; i < device_block_ids.size(); ++i) {
+    char* host = static_cast<char*>(host_) + static_cast<size_t>(host_block_ids[i]) * host_block_bytes;
+    char* block = static_cast<char*>(device.data) + static_cast<size_t>(device_block_ids[i]) * bytes_per_block_;
+    // One row per array: width bytes_per_block, device pitch the array stride.
+    if (direction == KvCopyDirection::kDeviceToHost)
+      LOOM_CUDA_CHECK(cudaMemcpy2DAsync(host, bytes_per_block_, block, device.array_stride_bytes, bytes_per_block_,
+                                        num_arrays_, cudaMemcpyDeviceToHost, stream));
+    else
+      LOOM_CUDA_CHECK(cudaMemcpy2DAsync(block, device.array_stride_bytes, host, bytes_per_block_, bytes_per_block_,
+                                        num_arrays_, cudaMemcpyHostToDevice, stream));
+  }
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
+// ---- CudaBackend's host-tier overrides (backend.h) ----
+
+void CudaBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
+  if (pool == KvPoolKind::kResidual)
+    throw Error(ErrorKind::kUnsupported, "cuda backend: a host tier for the rCache (forked sharing is CPU only)",
+                "serve forked adapters with --device cpu");
+  if (kv_shape_.num_blocks <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: host KV pool before the KV cache was allocated");
+  if (host_kv_tier_ == nullptr) host_kv_tier_ = std::make_unique<HostKvTier>(device_);
+  host_kv_tier_->allocate(num_blocks, 2 * config_.num_layers, device_bytes_per_kv_block());
+}
+
+int32_t CudaBackend::num_host_kv_blocks(KvPoolKind pool) const {
+  return pool == KvPoolKind::kMain && host_kv_tier_ != nullptr ? host_kv_tier_->num_blocks() : 0;
+}
+
+size_t CudaBackend::device_bytes_per_kv_block() const {
+  return static_cast<size_t>(kv_shape_.block_size) * config_.kv_size() * sizeof(__nv_bfloat16);
+}
+
+void CudaBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                                 std::span<const int32_t> host_block_ids) {
+  if (pool == KvPoolKind::kResidual)
+    throw Error(ErrorKind::kUnsupported, "cuda backend: host tier copies of the rCache (forked sharing is CPU only)",
+                "serve forked adapters with --device cpu");
+  if (host_kv_tier_ == nullptr || host_kv_tier_->num_blocks() == 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: copy of {} blocks with no host KV pool allocated",
+         device_block_ids.size());
+  // The KV cache may have been reallocated with another block size since.
+  if (host_kv_tier_->bytes_per_block() != device_bytes_per_kv_block())
+    fail(ErrorKind::kInvalidArgument,
+         "cuda backend: host KV pool has blocks of {} bytes per layer half, the device pool {}; reallocate it",
+         host_kv_tier_->bytes_per_block(), device_bytes_per_kv_block());
+  // Reads forward()'s blocks without ordering against stream_: forward()
+  // synchronises before returning, so what an offload reads has landed, and a
+  // load's blocks are not read until it has finished (KvCacheManager states).
+  const HostKvTier::DevicePool device{k_pool(0), kv_shape_.num_blocks,
+                                      static_cast<size_t>(kv_shape_.num_blocks) * device_bytes_per_kv_block()};
+  host_kv_tier_->copy(direction, device, device_block_ids, host_block_ids);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,68 @@
+// The CUDA backend's host tier of the KV cache (backend.h "Host tier"): pinned
+// host blocks mirroring device KV blocks, copied on a dedicated non-blocking
+// stream per direction.
+//
+// Layout. The device pool is num_arrays arrays (per layer K then V), each
+// num_device_blocks blocks of bytes_per_block contiguous bytes (a block's slots,
+// head-major inside, plan_types.h), array a starting at a * array_stride_bytes.
+// A host block keeps a block's arrays together:
+//
+//   host block h:  [array 0: bytes_per_block][array 1] ... [array num_arrays - 1]
+//
+// so one cudaMemcpy2DAsync (rows = arrays, pitches = array stride / block
+// bytes) moves one block of every layer.
+//
+// Threads: allocate() / the destructor on the engine thread with no copy in
+// flight; copy() on any thread, at most one per direction at a time, beside
+// the engine's forward(). Each direction's stream is created by its first
+// copy, on the copying thread (after cudaSetDevice).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+
+namespace loom::cuda {
+
+class HostKvTier {
+ public:
+  explicit HostKvTier(int device) : device_(device) {}
+  ~HostKvTier();
+  HostKvTier(const HostKvTier&) = delete;
+  HostKvTier& operator=(const HostKvTier&) = delete;
+
+  // Frees, then pins num_blocks x num_arrays x bytes_per_block bytes (0 blocks:
+  // just frees). Throws Error(kCapacity) when cudaHostAlloc fails.
+  void allocate(int32_t num_blocks, int32_t num_arrays, size_t bytes_per_block);
+  int32_t num_blocks() const { return num_blocks_; }
+  size_t bytes_per_block() const { return bytes_per_block_; }
+
+  struct DevicePool {
+    void* data = nullptr;           // array 0, block 0
+    int32_t num_blocks = 0;
+    size_t array_stride_bytes = 0;  // from one array to the next
+  };
+  // Copies device block device_block_ids[i] (all arrays) to host block
+  // host_block_ids[i] or back, and returns once the data has landed. All ids
+  // are validated first: Error(kInvalidArgument) naming the id and the pool
+  // size, nothing copied. CUDA failures: Error (cuda_check.h).
+  void copy(KvCopyDirection direction, const DevicePool& device, std::span<const int32_t> device_block_ids,
+            std::span<const int32_t> host_block_ids);
+
+ private:
+  cudaStream_t stream_for(KvCopyDirection direction);
+  void release();
+
+  const int device_;
+  void* host_ = nullptr;  // pinned
+  int32_t num_blocks_ = 0;
+  int32_t num_arrays_ = 0;
+  size_t bytes_per_block_ = 0;
+  cudaStream_t streams_[2] = {nullptr, nullptr};  // [KvCopyDirection]
+};
+
+}  // namespace loom::cuda
