@@ -5,6 +5,9 @@
 //   prefill  one 8K-token prompt: model FLOPs utilisation against 989 TFLOP/s
 //   lora     8 distinct adapters (r=16, all seven projections) in a decode batch
 //            of 64 against base only
+//   sampling the device sampling kernel on a decode-64 step's logits (greedy and
+//            T 0.8 / top-k 50 / top-p 0.9), and a whole step's wall time with
+//            the logits copied to the host and sampled there vs sampled on the device
 //   attention the attention kernels alone (decode 64 x 2K, prefill 8K causal),
 //            to hold against torch's scaled_dot_product_attention (sdpa_reference.py)
 // Writes one JSON object (--out) and prints a short table. Times are medians of
@@ -21,6 +24,8 @@
 
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/sampling.h"
+#include "engine/sampler.h"
 #include "model/synthetic.h"
 #include "util/prng.h"
 
@@ -203,8 +208,8 @@ int run(int argc, char** argv) {
   app.add_option("--iterations", iterations, "Timed repetitions per figure (median)");
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
-  std::vector<std::string> parts = {"decode", "lora", "prefill", "attention"};
-  app.add_option("--what", parts, "Figures to measure (decode lora prefill attention)");
+  std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention"};
+  app.add_option("--what", parts, "Figures to measure (decode lora sampling prefill attention)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -279,6 +284,60 @@ int run(int argc, char** argv) {
     for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
   }
 
+  if (wanted("sampling")) {
+    const int rows = 64;
+    Batch batch = decode_batch(rows, {}, prng, config.vocab_size);
+    backend.forward(batch);  // the step's logits stay in device_logits()
+    DeviceBuffer rows_d(rows * sizeof(SamplingRow)), out_d(rows * 8);
+    auto time_kernel = [&](const SamplingRow& row) {
+      const std::vector<SamplingRow> host_rows(rows, row);
+      LOOM_CUDA_CHECK(cudaMemcpy(rows_d.data(), host_rows.data(), rows_d.size(), cudaMemcpyHostToDevice));
+      Timer timer(backend.stream());
+      auto run = [&] {
+        launch_sampling(backend.device_logits(), rows, config.vocab_size, rows_d.as<SamplingRow>(),
+                        out_d.as<int32_t>(), reinterpret_cast<float*>(out_d.as<int32_t>() + rows), backend.stream());
+      };
+      for (int i = 0; i < 3; ++i) run();
+      return timer.median_ms(run, iterations);
+    };
+    const double greedy_ms = time_kernel({1, 0.0f, 0, 1.0f, 1, 0, 0, 0});
+    const double top_ms = time_kernel({1, 0.8f, 50, 0.9f, 1, 0, 0, 0});
+    const double top_p_ms = time_kernel({1, 1.0f, 0, 0.95f, 1, 0, 0, 0});
+    // Wall time of a whole step as the engine sees it (forward returns on the host).
+    SamplingParams host_params;
+    host_params.temperature = 0.8f;
+    host_params.top_k = 50;
+    host_params.top_p = 0.9f;
+    std::vector<Sampler> samplers(rows, Sampler(host_params));
+    auto wall_ms = [&](auto&& body) {
+      std::vector<double> times;
+      for (int i = 0; i < iterations; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        body();
+        times.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      std::sort(times.begin(), times.end());
+      return times[times.size() / 2];
+    };
+    const double host_step_ms = wall_ms([&] {
+      const ForwardResult result = backend.forward(batch);
+      for (int r = 0; r < rows; ++r) samplers[r].sample(result.logits.data() + static_cast<size_t>(r) * config.vocab_size, config.vocab_size);
+    });
+    Batch device_batch = batch;
+    device_batch.sampling.assign(rows, DeviceSampling{true, 0.8f, 50, 0.9f, 1, 0});
+    const double device_step_ms = wall_ms([&] {
+      for (DeviceSampling& sampling : device_batch.sampling) ++sampling.step;
+      const ForwardResult result = backend.forward(device_batch);
+      if (result.sampled_token_ids.size() != static_cast<size_t>(rows)) std::abort();
+    });
+    results["sampling"] = {{"rows", rows}, {"vocab", config.vocab_size}, {"kernel_greedy_ms", greedy_ms},
+                           {"kernel_t0.8_topk50_topp0.9_ms", top_ms}, {"kernel_topp0.95_ms", top_p_ms},
+                           {"step_wall_host_sampling_ms", host_step_ms}, {"step_wall_device_sampling_ms", device_step_ms}};
+    std::printf("\nsampling 64 rows x %d: kernel greedy %.3f ms, T0.8/top-k 50/top-p 0.9 %.3f ms, top-p 0.95 %.3f ms;"
+                " decode-64 step wall (forward + sampling) host %.2f ms, device %.2f ms\n",
+                config.vocab_size, greedy_ms, top_ms, top_p_ms, host_step_ms, device_step_ms);
+  }
+
   if (wanted("prefill")) {
     const Batch batch = prefill_batch(prefill_tokens, prng, config.vocab_size);
     const StepTimes times = time_step(backend, batch, std::max(3, iterations / 4), false);
@@ -291,6 +350,12 @@ int run(int argc, char** argv) {
   }
 
   if (wanted("attention")) {
+    const Batch decode16 = decode_batch(16, {}, prng, config.vocab_size);
+    const double decode16_ms = time_attention(backend, decode16, iterations);
+    const double decode16_bytes = 16.0 * kContext * config.kv_size() * 2 * 2;
+    results["attention_decode16"] = {{"batch", 16}, {"ms", decode16_ms}, {"bandwidth_bytes_per_s", decode16_bytes / (decode16_ms * 1e-3)}};
+    std::printf("\nattention alone, one layer: decode 16x2K %.3f ms (%.2f TB/s of K/V)\n", decode16_ms,
+                decode16_bytes / (decode16_ms * 1e-3) / 1e12);
     const Batch decode = decode_batch(64, {}, prng, config.vocab_size);
     const double decode_ms = time_attention(backend, decode, iterations);
     const double decode_bytes = 64.0 * kContext * config.kv_size() * 2 * 2;

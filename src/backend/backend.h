@@ -62,6 +62,25 @@ struct BatchSequence {
   int32_t num_residual_present_tokens = 0;
 };
 
+// Sampling on the device (only where Backend::supports_device_sampling()): the
+// backend draws a sequence's next token from its logits row itself and returns
+// the token id instead of the row. Semantics follow engine/sampler.h: greedy
+// (argmax, lowest id on ties) when temperature is 0 or top_k is 1; otherwise
+// the top_k highest logits (ties: lower id first), then the smallest prefix of
+// those, by descending logit, whose softmax(logits / temperature) mass reaches
+// top_p, renormalised. The random draw comes from a counter-based generator
+// (Philox4x32-10) keyed by (seed, step): the same logits, seed and step give
+// the same token wherever the sequence sits in whatever batch. (The host
+// Sampler draws from its own stream, so host and device draws differ.)
+struct DeviceSampling {
+  bool on_device = false;    // false: the sequence's logits row comes back as usual
+  float temperature = 0.0f;  // >= 0; 0: greedy
+  int32_t top_k = 0;         // >= 0; 0: no limit
+  float top_p = 1.0f;        // (0, 1]; 1: no nucleus cut
+  uint64_t seed = 0;
+  uint64_t step = 0;         // e.g. the number of tokens the request generated so far
+};
+
 struct Batch {
   std::vector<int32_t> token_ids;      // [num_tokens], sequences back to back
   std::vector<int32_t> positions;      // [num_tokens], RoPE positions
@@ -73,6 +92,9 @@ struct Batch {
   std::vector<int32_t> residual_block_tables;  // concatenated rCache block ids (forked sequences)
   // Fill ForwardResult::hidden_states (divergence tooling; slow).
   bool capture_hidden_states = false;
+  // Empty, or one entry per sequence (Backend::supports_device_sampling() only).
+  // A sequence sampled on the device must not ask for logits_for_all_tokens.
+  std::vector<DeviceSampling> sampling;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };
@@ -87,6 +109,12 @@ struct ForwardResult {
   // the residual stream of each logits row (its decoder row in base sharing)
   // after the embedding (0) and after each layer (1..num_layers), before the final norm.
   std::vector<float> hidden_states;
+  // When Batch::sampling is not empty: per row, the token drawn on the device
+  // (-1 for rows of sequences not sampled there) and its logprob under the raw
+  // logits (log-softmax, as Sampler reports it). `logits` then holds only the
+  // rows whose sampled_token_ids entry is -1, in row order.
+  std::vector<int32_t> sampled_token_ids;  // [num_rows]
+  std::vector<float> sampled_logprobs;     // [num_rows]
 };
 
 // The rCache pool: per layer num_blocks x block_size slots of 2 * max_rank
@@ -153,6 +181,10 @@ class Backend {
   // Runs the model over the batch, writing K/V of the new tokens into their
   // slots. Preconditions: every block id < num_blocks; adapter slots bound.
   virtual ForwardResult forward(const Batch& batch) = 0;
+
+  // True where forward() honours Batch::sampling (DeviceSampling above); other
+  // backends ignore it and always return logits.
+  virtual bool supports_device_sampling() const { return false; }
 };
 
 }  // namespace loom

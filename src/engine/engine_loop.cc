@@ -201,8 +201,21 @@ void EngineImpl::step() {
     }
   }
 
-  const Batch batch =
+  Batch batch =
       build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
+  // Device sampling where the backend has it: only token ids come back for the
+  // requests that need nothing else (rows that sample nothing this step take a
+  // greedy id too, so that their logits stay on the device).
+  if (backend_->supports_device_sampling()) {
+    batch.sampling.resize(plan.requests.size());
+    for (size_t i = 0; i < plan.requests.size(); ++i) {
+      const PendingRequest& request = *active_.at(plan.requests[i].id);
+      if (plan.requests[i].samples_next_token && !request.can_sample_on_device()) continue;
+      const SamplingParams& params = request.request.sampling;
+      batch.sampling[i] = {true, params.temperature, params.top_k, params.top_p, params.seed,
+                           static_cast<uint64_t>(request.num_output_tokens)};
+    }
+  }
   ForwardResult result;
   try {
     result = backend_->forward(batch);
@@ -223,13 +236,20 @@ void EngineImpl::step() {
 
   int32_t num_decodes = 0;
   const SteadyTime now = std::chrono::steady_clock::now();
+  const bool any_device_sampled = !result.sampled_token_ids.empty();
+  size_t num_host_rows = 0;  // result.logits holds only the rows not sampled on the device
   for (size_t row = 0; row < plan.requests.size(); ++row) {
     const ScheduledRequest& entry = plan.requests[row];
+    const bool device_sampled = any_device_sampled && result.sampled_token_ids[row] >= 0;
+    const size_t logits_row = device_sampled ? 0 : num_host_rows++;
     if (!entry.samples_next_token) continue;
     if (entry.num_new_tokens == 1) ++num_decodes;
     PendingRequest& request = *active_.at(entry.id);
-    RequestOutput output = request.on_logits(result.logits.data() + row * static_cast<size_t>(result.vocab_size),
-                                             result.vocab_size, eos_ids_);
+    RequestOutput output =
+        device_sampled
+            ? request.on_sampled_token({result.sampled_token_ids[row], result.sampled_logprobs[row], {}}, eos_ids_)
+            : request.on_logits(result.logits.data() + logits_row * static_cast<size_t>(result.vocab_size),
+                                result.vocab_size, eos_ids_);
     {
       std::lock_guard<std::mutex> lock(metrics_mutex_);
       ++metrics_.num_generated_tokens;

@@ -32,7 +32,15 @@ RequestOutput PendingRequest::on_logits(const float* logits, int32_t vocab_size,
     for (TokenId id : request.stop_token_ids) mask(id);
     logits = masked_logits_.data();
   }
-  SampledToken sampled = sampler.sample(logits, vocab_size);
+  return on_sampled_token(sampler.sample(logits, vocab_size), eos_ids);
+}
+
+bool PendingRequest::can_sample_on_device() const {
+  return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens;
+}
+
+RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids) {
+  const bool before_min = num_output_tokens < request.min_new_tokens;
   const TokenId token = sampled.token_id;
   ++num_output_tokens;
   RequestOutput output = make_output();

@@ -161,6 +161,24 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
         for (int o = 0; o < c.out_width; ++o)
           ASSERT_EQ(out[t * c.out_width + o], y[t * c.out_width + o]) << "base row " << t << " moved";
       }
+
+      // The backend's mode: the delta alone, written per LoRA row (NaN-poisoned first: every entry is written).
+      const int num_lora_rows = plan.num_lora_rows();
+      DeviceBuffer delta_d(static_cast<size_t>(num_lora_rows) * c.out_width * sizeof(float));
+      LOOM_CUDA_CHECK(cudaMemset(delta_d.data(), 0xff, delta_d.size()));
+      params.y = delta_d.data();
+      params.y_is_bf16 = false;
+      params.write_by_lora_row = true;
+      launch_lora(params, nullptr);
+      const std::vector<float> delta = test::download_f32(delta_d.data(), static_cast<size_t>(num_lora_rows) * c.out_width);
+      std::vector<float> expected_delta(delta.size());
+      for (int row = 0; row < num_lora_rows; ++row) {
+        const int t = plan.words()[plan.sections().lora_tokens + row];
+        ASSERT_EQ(plan.words()[plan.sections().lora_row_of_token + t], row);
+        for (int o = 0; o < c.out_width; ++o)
+          expected_delta[row * c.out_width + o] = expected[t * c.out_width + o] - y[t * c.out_width + o];
+      }
+      EXPECT_TRUE(test::close_bf16(delta, expected_delta)) << "write_by_lora_row";
     }
   }
 }

@@ -9,6 +9,7 @@
 
 #include "backend/cpu/input_checks.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/sampling.h"
 #include "util/error.h"
 
 namespace loom {
@@ -58,6 +59,9 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   num_sms_ = current_sm_count(device);
   gemm_ = std::make_unique<Gemm>(stream_);
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&plan_copied_, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   adapters_.resize(backend_config.max_adapter_slots);
   lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
   spdlog::info("cuda backend: {} weights {:.2f} GiB on {}", architecture_hf_name(config_.arch),
@@ -68,6 +72,9 @@ CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
   gemm_.reset();
   if (plan_copied_ != nullptr) cudaEventDestroy(plan_copied_);
+  cudaEventDestroy(lora_fork_);
+  cudaEventDestroy(lora_join_);
+  cudaStreamDestroy(lora_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -138,14 +145,18 @@ void CudaBackend::grow_buffers() {
   activation_.reserve(n * intermediate * sizeof(__nv_bfloat16));
   lora_max_rank_ = lora_table_->max_rank();
   lora_max_splits_ = lora_splits(std::max({config_.hidden_size, config_.q_size(), config_.intermediate_size}));
-  if (plan_.num_lora_rows() > 0)
+  if (plan_.num_lora_rows() > 0) {
     lora_v_.reserve(3 * static_cast<size_t>(lora_max_splits_) * plan_.num_lora_rows() * lora_max_rank_ * sizeof(float));
+    lora_out_.reserve(static_cast<size_t>(plan_.num_lora_rows()) * std::max({qkv, 2 * intermediate, hidden}) *
+                      sizeof(float));
+  }
   const size_t partial_rows = static_cast<size_t>(plan_.num_partials()) * config_.num_kv_heads * kAttentionMaxRows;
   if (partial_rows > 0) {
     partial_out_.reserve(partial_rows * config_.head_dim * sizeof(float));
     partial_lse_.reserve(partial_rows * sizeof(float));
   }
   logits_.reserve(plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+  sampled_.reserve(plan_.logit_rows().size() * 2 * sizeof(int32_t));
   plan_device_.reserve(plan_.words().size() * sizeof(int32_t));
   plan_host_.reserve(plan_.words().size() * sizeof(int32_t));
 }
@@ -159,9 +170,9 @@ void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __n
   gemm_->linear(x, m, k, w, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
 }
 
-void CudaBackend::apply_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
-                             int32_t x_stride, void* y, bool y_is_bf16, int32_t y_stride) {
-  if (plan_.num_lora_tiles() == 0) return;
+bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
+                             int32_t x_stride, int32_t width) {
+  if (plan_.num_lora_tiles() == 0) return false;
   const PlanSections& sections = plan_.sections();
   LoraParams params;
   params.modules = lora_table_->device_table();
@@ -176,9 +187,10 @@ void CudaBackend::apply_lora(int layer, std::initializer_list<LoraTarget> target
   params.x_stride = x_stride;
   params.v = lora_v_.as<float>();
   params.max_splits = lora_max_splits_;
-  params.y = y;
-  params.y_is_bf16 = y_is_bf16;
-  params.y_stride = y_stride;
+  params.y = lora_out_.data();
+  params.y_is_bf16 = false;
+  params.y_stride = width;
+  params.write_by_lora_row = true;
   const int32_t hidden = config_.hidden_size;
   const int32_t q_size = config_.q_size();
   const int32_t kv_size = config_.kv_size();
@@ -196,10 +208,21 @@ void CudaBackend::apply_lora(int layer, std::initializer_list<LoraTarget> target
       case LoraTarget::kDown: args = {args.target, intermediate, hidden, 0}; break;
     }
   }
-  launch_lora(params, stream_);
+  // The shrink and expand read x and write only lora_out_: they overlap the base GEMM.
+  LOOM_CUDA_CHECK(cudaEventRecord(lora_fork_, stream_));
+  LOOM_CUDA_CHECK(cudaStreamWaitEvent(lora_stream_, lora_fork_, 0));
+  launch_lora(params, lora_stream_);
+  LOOM_CUDA_CHECK(cudaEventRecord(lora_join_, lora_stream_));
+  return true;
 }
 
-void CudaBackend::run_layer(int layer) {
+const float* CudaBackend::end_lora(bool active) {
+  if (!active) return nullptr;
+  LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
+  return lora_out_.as<float>();
+}
+
+const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta) {
   const DeviceLayer& weights = model_.layers()[layer];
   const PlanSections& sections = plan_.sections();
   const int32_t n = plan_.num_tokens();
@@ -211,11 +234,12 @@ void CudaBackend::run_layer(int layer) {
   using bf16 = __nv_bfloat16;
 
   // Input norm; from layer 1 on it first adds the previous MLP's output.
+  const int32_t* lora_rows = plan_pointer<int32_t>(sections.lora_row_of_token);
   launch_add_rms_norm(residual_.as<float>(), layer == 0 ? nullptr : delta_.as<float>(), nullptr, weights.input_norm,
-                      config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), stream_);
+                      config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), stream_, previous_lora_delta,
+                      lora_rows);
+  bool lora = begin_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv);
   linear(normed_.as<bf16>(), n, hidden, weights.qkv_proj, qkv, qkv_.data(), false, qkv);
-  apply_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv_.data(), false,
-             qkv);
 
   QkvParams post;
   post.qkv = qkv_.as<float>();
@@ -234,6 +258,8 @@ void CudaBackend::run_layer(int layer) {
   post.head_dim = config_.head_dim;
   post.block_size = kv_shape_.block_size;
   post.eps = config_.rms_norm_eps;
+  post.lora = end_lora(lora);
+  post.lora_rows = lora_rows;
   launch_qkv_postprocess(post, stream_);
 
   AttentionParams attention;
@@ -257,11 +283,11 @@ void CudaBackend::run_layer(int layer) {
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                            plan_.num_combine_items(), stream_);
 
+  lora = begin_lora(layer, {LoraTarget::kO}, attention_out_.as<bf16>(), q_size, hidden);
   linear(attention_out_.as<bf16>(), n, q_size, weights.o_proj, hidden, delta_.data(), false, hidden);
-  apply_lora(layer, {LoraTarget::kO}, attention_out_.as<bf16>(), q_size, delta_.data(), false, hidden);
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), config_.o_bias ? weights.o_bias : nullptr,
                       weights.post_attention_norm, config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(),
-                      stream_);
+                      stream_, end_lora(lora), lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, decode steps use one fused kernel.
   const bool no_lora = plan_.num_lora_tiles() == 0;
@@ -269,18 +295,19 @@ void CudaBackend::run_layer(int layer) {
     launch_skinny_gate_up_swiglu(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
                                  activation_.as<bf16>(), stream_);
   } else {
+    lora = begin_lora(layer, {LoraTarget::kGate, LoraTarget::kUp}, normed_.as<bf16>(), hidden, 2 * intermediate);
     linear(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, gate_up_.data(), true,
            2 * intermediate);
-    apply_lora(layer, {LoraTarget::kGate, LoraTarget::kUp}, normed_.as<bf16>(), hidden, gate_up_.data(), true,
-               2 * intermediate);
-    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_);
+    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_, end_lora(lora), lora_rows);
   }
+  lora = begin_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, hidden);
   linear(activation_.as<bf16>(), n, intermediate, weights.down_proj, hidden, delta_.data(), false, hidden);
-  apply_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, delta_.data(), false, hidden);
+  return end_lora(lora);  // added by the next norm, with delta_
 }
 
 void CudaBackend::enqueue_forward(const Batch& batch) {
   check_batch_supported(batch);  // first: the generic checks would reject base sharing's fields differently
+  check_device_sampling(batch);
   cpu::validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
   plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_});
   if (plan_.num_tokens() == 0) return;
@@ -302,26 +329,51 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   const int32_t hidden = config_.hidden_size;
   launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, model_.embed_tokens(), hidden, residual_.as<float>(),
                    stream_);
-  for (int layer = 0; layer < config_.num_layers; ++layer) run_layer(layer);
+  const float* lora_delta = nullptr;
+  for (int layer = 0; layer < config_.num_layers; ++layer) lora_delta = run_layer(layer, lora_delta);
 
   const int32_t num_rows = static_cast<int32_t>(plan_.logit_rows().size());
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), nullptr, model_.final_norm(), config_.rms_norm_eps,
                       hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows, normed_.as<__nv_bfloat16>(),
-                      stream_);
+                      stream_, lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
   linear(normed_.as<__nv_bfloat16>(), num_rows, hidden, model_.lm_head(), config_.vocab_size, logits_.data(), false,
          config_.vocab_size);
+  if (!plan_.sampling_rows().empty())
+    launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
+                    sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
 }
 
 ForwardResult CudaBackend::finish_forward() {
   ForwardResult result;
   result.vocab_size = config_.vocab_size;
   if (plan_.num_tokens() == 0) return result;
-  const size_t count = plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size);
-  logits_host_.reserve(count * sizeof(float));
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits_.data(), count * sizeof(float), cudaMemcpyDeviceToHost,
-                                  stream_));
+  const size_t num_rows = plan_.logit_rows().size();
+  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const std::vector<SamplingRow>& sampling = plan_.sampling_rows();
+  // With device sampling only the rows left to the host travel, packed in row order.
+  const size_t num_host_rows = sampling.empty() ? num_rows : num_rows - plan_.num_device_sampled_rows();
+  logits_host_.reserve(std::max<size_t>(num_host_rows * vocab, 1) * sizeof(float));
+  if (sampling.empty()) {
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits_.data(), num_rows * vocab * sizeof(float),
+                                    cudaMemcpyDeviceToHost, stream_));
+  } else {
+    sampled_host_.reserve(num_rows * 2 * sizeof(int32_t));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(sampled_host_.data(), sampled_.data(), num_rows * 2 * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, stream_));
+    for (size_t row = 0, host_row = 0; row < num_rows; ++row) {
+      if (sampling[row].on_device) continue;
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>() + host_row++ * vocab, logits_.as<float>() + row * vocab,
+                                      vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+    }
+  }
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  result.logits.assign(logits_host_.as<float>(), logits_host_.as<float>() + count);
+  result.logits.assign(logits_host_.as<float>(), logits_host_.as<float>() + num_host_rows * vocab);
+  if (!sampling.empty()) {
+    const int32_t* tokens = sampled_host_.as<int32_t>();
+    result.sampled_token_ids.assign(tokens, tokens + num_rows);
+    const float* logprobs = reinterpret_cast<const float*>(tokens + num_rows);
+    result.sampled_logprobs.assign(logprobs, logprobs + num_rows);
+  }
   result.logit_token_index = plan_.logit_rows();
   return result;
 }

@@ -40,6 +40,7 @@ class CudaBackend final : public Backend {
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
+  bool supports_device_sampling() const override { return true; }
 
   // forward() in two halves: validate, plan and enqueue the whole step (no host
   // synchronisation, so it can be captured in a CUDA graph once the buffers have
@@ -54,6 +55,9 @@ class CudaBackend final : public Backend {
   const StepPlan& plan() const { return plan_; }
   // Device logits of the last enqueued step: [rows, vocab] fp32.
   const float* device_logits() const { return logits_.as<float>(); }
+  // Device sampling results of the last enqueued step (Batch::sampling):
+  // [rows] token ids (-1: not sampled on the device), then [rows] logprobs.
+  const int32_t* device_sampled_tokens() const { return sampled_.as<int32_t>(); }
   // Which kernels run the dense GEMMs of small (decode) steps:
   //   kAuto    skinny_gemm.cu for 1-row steps (SwiGLU folded into gate/up when
   //            no LoRA applies), cuBLAS otherwise (default)
@@ -73,9 +77,16 @@ class CudaBackend final : public Backend {
   // y = x W^T through the kernel decode_gemm_ picks for m rows.
   void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
               int32_t y_stride);
-  void run_layer(int layer);
-  void apply_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
-                  void* y, bool y_is_bf16, int32_t y_stride);
+  // Enqueues one layer; returns its down_proj LoRA delta (nullptr: none), which
+  // the next norm adds with delta_.
+  const float* run_layer(int layer, const float* previous_lora_delta);
+  // Batched LoRA of one projection group runs on lora_stream_ beside the base
+  // GEMM (same input x, own output lora_out_ [LoRA rows, width] fp32, which the
+  // next kernel adds). begin_lora forks and enqueues it (false: no LoRA rows);
+  // end_lora(true) makes stream_ wait for it and returns lora_out_.
+  bool begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
+                  int32_t width);
+  const float* end_lora(bool active);
   template <typename T>
   T* plan_pointer(size_t section) const {
     return reinterpret_cast<T*>(plan_device_.as<int32_t>() + section);
@@ -104,6 +115,8 @@ class CudaBackend final : public Backend {
   PinnedBuffer logits_host_;
   int32_t lora_max_rank_ = 0;    // max_rank of the LoRA scratch this step
   int32_t lora_max_splits_ = 0;  // shrink chunks of the widest LoRA input
+  cudaStream_t lora_stream_ = nullptr;
+  cudaEvent_t lora_fork_ = nullptr, lora_join_ = nullptr;
 
   // Activations, grown on demand (never shrunk).
   DeviceBuffer residual_;   // [tokens, hidden] fp32
@@ -115,8 +128,11 @@ class CudaBackend final : public Backend {
   DeviceBuffer gate_up_;    // [tokens, 2 intermediate] bf16
   DeviceBuffer activation_; // [tokens, intermediate] bf16
   DeviceBuffer lora_v_;     // [3, lora rows, max rank] fp32
+  DeviceBuffer lora_out_;   // [lora rows, widest group] fp32: the LoRA delta of one projection group
   DeviceBuffer partial_out_, partial_lse_;
   DeviceBuffer logits_;     // [rows, vocab] fp32
+  DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)
+  PinnedBuffer sampled_host_;
 };
 
 }  // namespace loom::cuda

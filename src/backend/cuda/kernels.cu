@@ -51,17 +51,26 @@ __global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, in
 
 __global__ void add_rms_norm_kernel(float* residual, const float* delta, const float* delta_bias,
                                     const float* weight, float eps, int32_t hidden, const int32_t* row_index,
-                                    bf16* out) {
+                                    bf16* out, const float* lora_delta, const int32_t* lora_rows) {
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
   const int64_t token = row_index != nullptr ? row_index[row] : row;
   float* x = residual + token * hidden;
   const float* d = delta != nullptr ? delta + token * hidden : nullptr;
+  const int64_t lora_row = lora_delta != nullptr && d != nullptr ? lora_rows[token] : -1;
+  const float* l = lora_row >= 0 ? lora_delta + lora_row * hidden : nullptr;
   float sum_of_squares = 0.0f;
   for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
     float4 value = *reinterpret_cast<const float4*>(x + i);
     if (d != nullptr) {
-      const float4 add = *reinterpret_cast<const float4*>(d + i);
+      float4 add = *reinterpret_cast<const float4*>(d + i);
+      if (l != nullptr) {
+        const float4 lora = *reinterpret_cast<const float4*>(l + i);
+        add.x += lora.x;
+        add.y += lora.y;
+        add.z += lora.z;
+        add.w += lora.w;
+      }
       value.x += add.x;
       value.y += add.y;
       value.z += add.z;
@@ -117,6 +126,8 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   const int kv_size = p.num_kv_heads * head_dim;
   const int row_width = q_size + 2 * kv_size;
   const float* row = p.qkv + token * row_width;
+  const int64_t lora_row = p.lora != nullptr ? p.lora_rows[token] : -1;
+  const float* lora = lora_row >= 0 ? p.lora + lora_row * row_width : nullptr;
   const int slot = p.kv_slots[token];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -130,6 +141,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       bf16* destination = p.v_cache + kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
       for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
+        if (lora != nullptr) value += lora[column + d];
         if (p.bias != nullptr) value += p.bias[column + d];
         destination[d] = __float2bfloat16_rn(value);
       }
@@ -148,6 +160,10 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       if (i < half) {
         first[k] = row[column + i];
         second[k] = row[column + i + half];
+        if (lora != nullptr) {
+          first[k] += lora[column + i];
+          second[k] += lora[column + i + half];
+        }
         if (p.bias != nullptr) {
           first[k] += p.bias[column + i];
           second[k] += p.bias[column + i + half];
@@ -182,7 +198,8 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   }
 }
 
-__global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t intermediate, bf16* out) {
+__global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t intermediate, bf16* out,
+                              const float* lora, const int32_t* lora_rows) {
   const int64_t vectors_per_row = intermediate / 8;
   const int64_t total = num_tokens * vectors_per_row;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
@@ -196,10 +213,26 @@ __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t i
     const __nv_bfloat162* up = reinterpret_cast<const __nv_bfloat162*>(&up_packed);
     uint4 result;
     __nv_bfloat162* result_pairs = reinterpret_cast<__nv_bfloat162*>(&result);
+    const int64_t lora_row = lora != nullptr ? lora_rows[token] : -1;
+    float lora_gate[8], lora_up[8];
+#pragma unroll
+    for (int k = 0; k < 8; ++k) lora_gate[k] = lora_up[k] = 0.0f;
+    if (lora_row >= 0) {
+      const float* l = lora + lora_row * 2 * intermediate + column;
+#pragma unroll
+      for (int k = 0; k < 8; k += 4) {
+        const float4 g4 = *reinterpret_cast<const float4*>(l + k);
+        const float4 u4 = *reinterpret_cast<const float4*>(l + intermediate + k);
+        lora_gate[k] = g4.x, lora_gate[k + 1] = g4.y, lora_gate[k + 2] = g4.z, lora_gate[k + 3] = g4.w;
+        lora_up[k] = u4.x, lora_up[k + 1] = u4.y, lora_up[k + 2] = u4.z, lora_up[k + 3] = u4.w;
+      }
+    }
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
-      const float2 g = __bfloat1622float2(gate[k]);
-      const float2 u = __bfloat1622float2(up[k]);
+      float2 g = __bfloat1622float2(gate[k]);
+      float2 u = __bfloat1622float2(up[k]);
+      g.x += lora_gate[2 * k], g.y += lora_gate[2 * k + 1];
+      u.x += lora_up[2 * k], u.y += lora_up[2 * k + 1];
       result_pairs[k] = __floats2bfloat162_rn(g.x / (1.0f + __expf(-g.x)) * u.x, g.y / (1.0f + __expf(-g.y)) * u.y);
     }
     *reinterpret_cast<uint4*>(out + token * intermediate + column) = result;
@@ -229,12 +262,12 @@ void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* 
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         cudaStream_t stream) {
+                         cudaStream_t stream, const float* lora_delta, const int32_t* lora_rows) {
   if (num_rows == 0) return;
   int threads = ((hidden / 4 + 31) / 32) * 32;
   if (threads > 1024) threads = 1024;
   add_rms_norm_kernel<<<num_rows, threads, 0, stream>>>(residual, delta, delta_bias, weight, eps, hidden,
-                                                        row_index, out);
+                                                        row_index, out, lora_delta, lora_rows);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
@@ -246,10 +279,11 @@ void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream) {
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
+                   const float* lora, const int32_t* lora_rows) {
   if (num_tokens == 0) return;
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
-  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out);
+  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out, lora, lora_rows);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -27,9 +27,11 @@ void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* 
 //   if delta: residual[t] += delta[t] (+ delta_bias), written back;
 //   out[r] = bf16(weight * residual[t] * rsqrt(mean(residual[t]^2) + eps)).
 // HF LlamaRMSNorm with the residual add of the previous block fused in.
+// lora_delta ([LoRA rows, hidden], LoraParams::write_by_lora_row's output) is
+// added with delta for tokens t whose lora_rows[t] >= 0.
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         cudaStream_t stream);
+                         cudaStream_t stream, const float* lora_delta = nullptr, const int32_t* lora_rows = nullptr);
 
 struct QkvParams {
   const float* qkv = nullptr;      // [num_tokens, q_size + 2 kv_size]: GEMM (+ LoRA) output
@@ -44,12 +46,19 @@ struct QkvParams {
   bf16* v_cache = nullptr;
   int32_t num_tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float eps = 1e-6f;
+  // Optional LoRA output [LoRA rows, q_size + 2 kv_size] added to qkv for
+  // tokens t with lora_rows[t] >= 0 (before the bias).
+  const float* lora = nullptr;
+  const int32_t* lora_rows = nullptr;
 };
 // Bias, q/k norm, RoPE (rotate-half) on q and k; q -> q_out, k/v -> their slots.
 void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream);
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate + i]. intermediate % 8 == 0.
-void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream);
+// With lora ([LoRA rows, 2 intermediate] fp32), tokens with lora_rows[t] >= 0
+// first add their row to gate_up's.
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
+                   const float* lora = nullptr, const int32_t* lora_rows = nullptr);
 
 struct AttentionParams {
   const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
@@ -99,6 +108,10 @@ struct LoraParams {
   int32_t y_stride = 0;
   int32_t num_targets = 0;                 // 1..3, all reading x and writing y
   LoraTargetArgs targets[3];
+  // false: y[token] += (y rows are batch tokens). true: y is fp32 with a row
+  // per LoRA row (sorted_tokens' order) and is written, not added: scale v B^T,
+  // zeros where the row's adapter does not target the module.
+  bool write_by_lora_row = false;
 };
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.

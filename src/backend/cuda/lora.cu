@@ -122,12 +122,18 @@ __global__ void __launch_bounds__(kExpandThreads) lora_expand_kernel(LoraParams 
   const LoraTargetArgs target = p.targets[blockIdx.z];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int first_output = blockIdx.y * kExpandThreads;
-  if (module.rank == 0 || first_output >= target.out_features) return;
-  extern __shared__ float v_tile[];  // [kLoraTileRows][rank]
-  const int rank = module.rank;
+  if (first_output >= target.out_features) return;
   const int output = first_output + threadIdx.x;
   const bool has_output = output < target.out_features;
   const int column = target.y_column + output;
+  if (module.rank == 0) {
+    if (p.write_by_lora_row && has_output)  // every LoRA row's columns get written
+      for (int r = 0; r < tile.num_rows; ++r)
+        static_cast<float*>(p.y)[static_cast<int64_t>(tile.first_row + r) * p.y_stride + column] = 0.0f;
+    return;
+  }
+  extern __shared__ float v_tile[];  // [kLoraTileRows][rank]
+  const int rank = module.rank;
 
   // 1. This thread's old y values (one per row) and, for ranks up to 16, its row of B.
   int32_t token[kLoraTileRows];
@@ -138,6 +144,7 @@ __global__ void __launch_bounds__(kExpandThreads) lora_expand_kernel(LoraParams 
     token[r] = -1;
     if (r < tile.num_rows && has_output) {
       token[r] = p.sorted_tokens[tile.first_row + r];
+      if (p.write_by_lora_row) continue;
       const int64_t index = static_cast<int64_t>(token[r]) * p.y_stride + column;
       y_old[r] = p.y_is_bf16 ? __bfloat162float(static_cast<const bf16*>(p.y)[index]) : static_cast<const float*>(p.y)[index];
     }
@@ -184,8 +191,9 @@ __global__ void __launch_bounds__(kExpandThreads) lora_expand_kernel(LoraParams 
       if (j < rank) sum += v_tile[r * rank + j] * b_first[j];
     for (int j = 16; j < rank; ++j) sum += v_tile[r * rank + j] * __bfloat162float(b_row[j]);
     const float value = y_old[r] + module.scale * sum;
-    const int64_t index = static_cast<int64_t>(token[r]) * p.y_stride + column;
-    if (p.y_is_bf16) {
+    const int64_t index =
+        static_cast<int64_t>(p.write_by_lora_row ? tile.first_row + r : token[r]) * p.y_stride + column;
+    if (p.y_is_bf16 && !p.write_by_lora_row) {
       static_cast<bf16*>(p.y)[index] = __float2bfloat16_rn(value);
     } else {
       static_cast<float*>(p.y)[index] = value;

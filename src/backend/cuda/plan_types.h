@@ -76,6 +76,15 @@ struct LoraTile {
   int32_t padding = 0;
 };
 
+// Device sampling of one logits row (backend.h DeviceSampling; sampling.h).
+struct SamplingRow {
+  int32_t on_device = 0;  // 0: leave the row to the host (the kernel writes token -1)
+  float temperature = 0.0f;
+  int32_t top_k = 0;
+  float top_p = 1.0f;
+  uint32_t seed_lo = 0, seed_hi = 0, step_lo = 0, step_hi = 0;
+};
+
 // One adapter module on the device; rank 0 = the adapter does not target it.
 struct LoraModuleRef {
   const __nv_bfloat16* a = nullptr;  // [rank, in_features]

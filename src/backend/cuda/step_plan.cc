@@ -1,7 +1,10 @@
 #include "backend/cuda/step_plan.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
+
+#include "util/error.h"
 
 namespace loom::cuda {
 
@@ -20,6 +23,24 @@ constexpr int32_t kMinKeyTilesPerChunk = 2;
 constexpr int32_t kMinDecodeTilesPerChunk = 4;
 
 }  // namespace
+
+void check_device_sampling(const Batch& batch) {
+  if (batch.sampling.empty()) return;
+  if (batch.sampling.size() != batch.sequences.size())
+    fail(ErrorKind::kInvalidArgument, "batch: {} sampling entries for {} sequences", batch.sampling.size(),
+         batch.sequences.size());
+  for (size_t s = 0; s < batch.sampling.size(); ++s) {
+    const DeviceSampling& sampling = batch.sampling[s];
+    if (!sampling.on_device) continue;
+    if (!(sampling.temperature >= 0.0f) || !std::isfinite(sampling.temperature))
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: temperature must be >= 0, got {}", s, sampling.temperature);
+    if (sampling.top_k < 0) fail(ErrorKind::kInvalidArgument, "batch sequence {}: top_k must be >= 0, got {}", s, sampling.top_k);
+    if (!(sampling.top_p > 0.0f && sampling.top_p <= 1.0f))
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: top_p must be in (0, 1], got {}", s, sampling.top_p);
+    if (batch.sequences[s].logits_for_all_tokens)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: device sampling with logits_for_all_tokens", s);
+  }
+}
 
 template <typename T>
 void StepPlan::append(size_t& offset, const std::vector<T>& values) {
@@ -100,6 +121,7 @@ void StepPlan::plan_attention(const Batch& batch, const PlanShape& shape) {
 void StepPlan::plan_lora(const Batch& batch) {
   lora_tokens_.clear();
   lora_tiles_.clear();
+  lora_row_of_token_.assign(batch.adapter_slots.size(), -1);
   // Group by slot in order of first appearance; counting sort over the slots present.
   std::vector<int32_t> slots;
   for (int32_t slot : batch.adapter_slots)
@@ -109,6 +131,7 @@ void StepPlan::plan_lora(const Batch& batch) {
     for (int32_t t = 0; t < static_cast<int32_t>(batch.adapter_slots.size()); ++t)
       if (batch.adapter_slots[t] == slot) lora_tokens_.push_back(t);
     const int32_t last = static_cast<int32_t>(lora_tokens_.size());
+    for (int32_t row = first; row < last; ++row) lora_row_of_token_[lora_tokens_[row]] = row;
     for (int32_t row = first; row < last; row += kLoraTileRows)
       lora_tiles_.push_back({slot, row, std::min(kLoraTileRows, last - row), 0});
   }
@@ -119,7 +142,10 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape) {
   kv_slots_.assign(num_tokens_, -1);
   sequences_.clear();
   logit_rows_.clear();
-  for (const BatchSequence& sequence : batch.sequences) {
+  sampling_rows_.clear();
+  num_device_sampled_rows_ = 0;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    const BatchSequence& sequence = batch.sequences[s];
     const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
     for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
       const int32_t kv_index = sequence.num_cached_tokens + i;
@@ -131,7 +157,24 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape) {
                           sequence.block_table_offset});
     const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
                                                          : sequence.token_offset + sequence.num_new_tokens - 1;
-    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t) logit_rows_.push_back(t);
+    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t) {
+      logit_rows_.push_back(t);
+      if (batch.sampling.empty()) continue;
+      const DeviceSampling& sampling = batch.sampling[s];
+      SamplingRow row;
+      if (sampling.on_device) {
+        row = {1,
+               sampling.temperature,
+               sampling.top_k,
+               sampling.top_p,
+               static_cast<uint32_t>(sampling.seed),
+               static_cast<uint32_t>(sampling.seed >> 32),
+               static_cast<uint32_t>(sampling.step),
+               static_cast<uint32_t>(sampling.step >> 32)};
+        ++num_device_sampled_rows_;
+      }
+      sampling_rows_.push_back(row);
+    }
   }
   plan_attention(batch, shape);
   plan_lora(batch);
@@ -148,6 +191,8 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape) {
   append(sections_.lora_tokens, lora_tokens_);
   append(sections_.lora_tiles, lora_tiles_);
   append(sections_.logit_rows, logit_rows_);
+  append(sections_.sampling, sampling_rows_);
+  append(sections_.lora_row_of_token, lora_row_of_token_);
 }
 
 }  // namespace loom::cuda

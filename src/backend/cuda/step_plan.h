@@ -28,8 +28,14 @@ struct PlanShape {
 
 struct PlanSections {  // offsets in int32 words into StepPlan::words()
   size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, sequences = 0, prefill_items = 0,
-         decode_items = 0, combine_items = 0, lora_tokens = 0, lora_tiles = 0, logit_rows = 0;
+         decode_items = 0, combine_items = 0, lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0,
+         lora_row_of_token = 0;
 };
+
+// Throws Error(kInvalidArgument) unless batch.sampling is empty or one valid
+// DeviceSampling per sequence (temperature >= 0 and finite, top_k >= 0, top_p
+// in (0, 1], no logits_for_all_tokens on a sequence sampled on the device).
+void check_device_sampling(const Batch& batch);
 
 class StepPlan {
  public:
@@ -48,6 +54,10 @@ class StepPlan {
   int32_t num_lora_rows() const { return static_cast<int32_t>(lora_tokens_.size()); }
   int32_t num_lora_tiles() const { return static_cast<int32_t>(lora_tiles_.size()); }
   const std::vector<int32_t>& logit_rows() const { return logit_rows_; }
+  // Device sampling: one SamplingRow per logits row when the batch has
+  // Batch::sampling, else empty; num_device_sampled_rows() of them on_device.
+  const std::vector<SamplingRow>& sampling_rows() const { return sampling_rows_; }
+  int32_t num_device_sampled_rows() const { return num_device_sampled_rows_; }
   // Host copies of the work lists (for tests and benchmarks).
   const std::vector<AttentionWorkItem>& prefill_items() const { return prefill_items_; }
   const std::vector<AttentionWorkItem>& decode_items() const { return decode_items_; }
@@ -65,8 +75,11 @@ class StepPlan {
   std::vector<AttentionWorkItem> prefill_items_, decode_items_;
   std::vector<AttentionCombineItem> combine_items_;
   std::vector<int32_t> lora_tokens_;
+  std::vector<int32_t> lora_row_of_token_;  // [num_tokens]: index into lora_tokens_, -1 without adapter
   std::vector<LoraTile> lora_tiles_;
   std::vector<int32_t> logit_rows_;
+  std::vector<SamplingRow> sampling_rows_;
+  int32_t num_device_sampled_rows_ = 0;
   std::vector<int32_t> words_;
   PlanSections sections_;
 };
