@@ -48,6 +48,10 @@ KvLease KvCacheManager::lock_prefix(const KvKey& kv_key, std::span<const KvToken
     pool_.add_ref(node->block_id);
     tree_.on_ref_changed(node->block_id);
     lease.block_ids_.push_back(node->block_id);
+    if (node->loaded_by_prefetch) {  // a prefetched block, ready when first used: in time
+      node->loaded_by_prefetch = false;
+      ++num_prefetch_hit_blocks_;
+    }
   }
   lease.num_committed_blocks_ = lease.num_blocks();
   lease.num_cached_tokens_ = lease.num_blocks() * block_size();
@@ -63,15 +67,21 @@ bool KvCacheManager::allocate(KvLease& lease, int32_t num_blocks) {
   LOOM_CHECK(lease.manager_ == this && num_blocks >= 0);
   if (!can_allocate(num_blocks)) return false;
   while (pool_.num_free_blocks() < num_blocks) {
-    std::optional<int32_t> evicted = tree_.evict_one();
-    LOOM_CHECK(evicted.has_value());  // every cached block is reclaimable (see radix_tree.h)
-    pool_.put_free(*evicted);
-    ++num_evicted_blocks_;
+    const bool evicted = evict_one_device_block();
+    LOOM_CHECK(evicted);  // every cached block is reclaimable (see radix_tree.h)
   }
   auto ids = pool_.take_free(num_blocks);
   LOOM_CHECK(ids.has_value());
   lease.block_ids_.insert(lease.block_ids_.end(), ids->begin(), ids->end());
   count_private_blocks(lease, lease.num_blocks() - num_blocks, lease.num_blocks(), +1);
+  return true;
+}
+
+bool KvCacheManager::evict_one_device_block() {
+  std::optional<int32_t> evicted = tree_.evict_one();
+  if (!evicted) return false;
+  pool_.put_free(*evicted);
+  ++num_evicted_blocks_;
   return true;
 }
 
@@ -88,20 +98,25 @@ void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, i
   LOOM_CHECK(lease.manager_ == this);
   LOOM_CHECK(num_computed_tokens >= 0 && num_computed_tokens <= static_cast<int32_t>(tokens.size()));
   const int32_t num_full = std::min(num_computed_tokens / block_size(), lease.num_blocks());
-  if (num_full <= lease.num_committed_blocks_) return;
+  const int32_t first = lease.num_committed_blocks_;
+  if (num_full <= first) return;
   const size_t block = static_cast<size_t>(block_size());
-  RadixNode* parent = lease.num_committed_blocks_ == 0
-                          ? nullptr
-                          : tree_.node_of_block(lease.block_ids_[static_cast<size_t>(lease.num_committed_blocks_ - 1)]);
+  RadixNode* parent = first == 0 ? nullptr : tree_.node_of_block(lease.block_ids_[static_cast<size_t>(first - 1)]);
   const int64_t now = ++clock_;
-  count_private_blocks(lease, lease.num_committed_blocks_, num_full, -1);
-  for (int32_t i = lease.num_committed_blocks_; i < num_full; ++i) {
+  std::optional<size_t> first_new;  // index of the first node inserted here (all after it are new too)
+  int32_t num_committed = first;
+  for (int32_t i = first; i < num_full; ++i) {
     std::span<const KvTokenId> block_tokens = tokens.subspan(static_cast<size_t>(i) * block, block);
     int32_t& block_id = lease.block_ids_[static_cast<size_t>(i)];
     const std::string& kv_namespace = lease.kv_key_.namespace_of_block(i);
     RadixNode* node = tree_.find_child(kv_namespace, parent, block_tokens);
     if (node == nullptr) {
       node = tree_.insert(kv_namespace, parent, block_tokens, block_id);
+      if (!first_new) first_new = static_cast<size_t>(i);
+    } else if (node->state == KvNodeState::kLoading) {
+      break;  // its device block is still filling: this and later blocks stay private for now
+    } else if (node->tier == KvTier::kHost) {
+      tree_.adopt_device_block(node, block_id);  // recomputed what the host holds; the backup stays valid
     } else if (node->block_id != block_id) {
       // Computed twice (two requests prefilled the same tokens at once): keep the tree's copy.
       pool_.add_ref(node->block_id);
@@ -112,8 +127,15 @@ void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, i
     node->last_access = now;
     tree_.on_ref_changed(node->block_id);
     parent = node;
+    num_committed = i + 1;
   }
-  lease.num_committed_blocks_ = num_full;
+  count_private_blocks(lease, first, num_committed, -1);
+  lease.num_committed_blocks_ = num_committed;
+  if (host_pool_ && first_new) {
+    std::vector<RadixNode*> path;
+    for (int32_t i = 0; i < num_committed; ++i) path.push_back(tree_.node_of_block(lease.block_ids_[static_cast<size_t>(i)]));
+    plan_offload(path, *first_new);
+  }
 }
 
 void KvCacheManager::release(KvLease& lease) {
@@ -136,6 +158,7 @@ int32_t KvCacheManager::drop_namespace(const std::string& kv_namespace) {
 }
 
 int32_t KvCacheManager::drop_namespaces(const std::function<bool(const std::string&)>& matches) {
+  LOOM_CHECK(transfers_in_flight_.empty());  // the engine drains transfers first
   std::vector<int32_t> freed = tree_.remove_namespaces(matches);
   for (int32_t id : freed) pool_.put_free(id);
   return static_cast<int32_t>(freed.size());
@@ -148,8 +171,9 @@ KvCacheManager::EvictionPolicy KvCacheManager::eviction_policy() const { return 
 void KvCacheManager::set_agent_fixed_prefix(const std::string& agent_key, const KvKey& kv_key,
                                             std::span<const KvTokenId> tokens, int32_t num_fixed_tokens) {
   const size_t num_tokens = std::min(tokens.size(), static_cast<size_t>(std::max(num_fixed_tokens, 0)));
-  const std::vector<RadixNode*> path = tree_.match(kv_key, tokens.first(num_tokens));
+  const std::vector<RadixNode*> path = tree_.match_any_tier(kv_key, tokens.first(num_tokens));
   tree_.set_agent_prefix_end(agent_key, path.empty() ? nullptr : path.back());
+  if (host_pool_) plan_offload(path, 0);
 }
 
 void KvCacheManager::set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key) {
@@ -164,11 +188,7 @@ std::vector<int32_t> KvCacheManager::eviction_order() const { return tree_.evict
 
 int32_t KvCacheManager::evict_all_cached() {
   int32_t count = 0;
-  while (auto evicted = tree_.evict_one()) {
-    pool_.put_free(*evicted);
-    ++num_evicted_blocks_;
-    ++count;
-  }
+  while (evict_one_device_block()) ++count;
   return count;
 }
 
@@ -179,9 +199,20 @@ KvCacheStats KvCacheManager::stats() const {
   stats.num_cached_blocks = tree_.num_cached_blocks();
   stats.num_in_use_blocks = stats.num_total_blocks - stats.num_free_blocks - stats.num_cached_blocks;
   stats.num_evicted_blocks = num_evicted_blocks_;
-  stats.num_blocks_by_namespace = tree_.num_nodes_by_namespace();
+  stats.num_blocks_by_namespace = tree_.num_device_nodes_by_namespace();
   for (const auto& [kv_namespace, count] : num_private_blocks_by_namespace_)
     stats.num_blocks_by_namespace[kv_namespace] += count;
+  if (host_pool_) {
+    stats.num_host_total_blocks = host_pool_->num_total_blocks();
+    stats.num_host_used_blocks = host_pool_->num_used_blocks();
+    stats.num_host_only_blocks = tree_.num_host_tier_nodes();
+  }
+  stats.num_offloaded_blocks = num_offloaded_blocks_;
+  stats.num_loaded_blocks = num_loaded_blocks_;
+  stats.num_prefetched_blocks = num_prefetched_blocks_;
+  stats.num_prefetch_hit_blocks = num_prefetch_hit_blocks_;
+  stats.num_prefetch_late_blocks = num_prefetch_late_blocks_;
+  stats.num_failed_transfers = num_failed_transfers_;
   return stats;
 }
 
@@ -206,12 +237,13 @@ std::string KvCacheManager::integrity_error() const {
                        pool_.num_total_blocks());
   int32_t num_private = 0;
   for (const auto& [kv_namespace, count] : num_private_blocks_by_namespace_) num_private += count;
-  if (num_private + tree_.num_nodes() != num_in_use + num_cached)
-    return fmt::format("{} private + {} tree blocks != {} in use + {} cached", num_private, tree_.num_nodes(),
+  if (num_private + tree_.num_device_nodes() != num_in_use + num_cached)
+    return fmt::format("{} private + {} tree blocks != {} in use + {} cached", num_private, tree_.num_device_nodes(),
                        num_in_use, num_cached);
   if (num_cached != tree_.num_cached_blocks())
     return fmt::format("{} cached blocks counted, tree records {}", num_cached, tree_.num_cached_blocks());
-  return tree_.integrity_error();
+  if (std::string error = tree_.integrity_error(); !error.empty()) return error;
+  return host_integrity_error();
 }
 
 }  // namespace loom

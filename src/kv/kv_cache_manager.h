@@ -32,11 +32,14 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "kv/block_pool.h"
+#include "kv/host_block_pool.h"
 #include "kv/kv_key.h"
 #include "kv/radix_tree.h"
 
@@ -88,9 +91,10 @@ struct KvCacheStats {
   int64_t num_prefetch_late_blocks = 0;    // prefetched blocks a prefix_status found still loading ("late")
   int64_t num_failed_transfers = 0;
   int32_t num_host_only_blocks = 0;        // nodes whose K/V is only on the host now
-  // Blocks in the tree (cached or in use by a lease that committed them) per
-  // namespace; private (uncommitted) blocks are counted under their lease's
-  // namespace for the block index they hold.
+  // Device blocks in the tree (cached, in use by a lease that committed them,
+  // or loading) per namespace; host-only nodes are not counted. Private
+  // (uncommitted) blocks are counted under their lease's namespace for the
+  // block index they hold.
   std::map<std::string, int32_t> num_blocks_by_namespace;
 };
 
@@ -132,11 +136,13 @@ class KvCacheManager {
   // tree's block (the duplicate is freed), so block_ids() may change.
   void commit(KvLease& lease, std::span<const KvTokenId> tokens, int32_t num_computed_tokens);
 
-  // Drops every cached block of a namespace (e.g. an unloaded adapter's).
-  // Precondition: no lease of that namespace holds blocks. Returns blocks freed.
+  // Drops every cached block of a namespace (e.g. an unloaded adapter's), and
+  // its host-tier copies. Preconditions: no lease of that namespace holds
+  // blocks, and num_transfers_in_flight() == 0 (the engine drains transfers
+  // first; checked). Returns device blocks freed.
   int32_t drop_namespace(const std::string& kv_namespace);
   // Drops every cached block whose namespace `matches` (with its descendants,
-  // e.g. all "alora/NAME@S" branches under base nodes). Same precondition.
+  // e.g. all "alora/NAME@S" branches under base nodes). Same preconditions.
   int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
   // ---- Workflow-aware eviction (KVFlow, issue 5; DESIGN §2) ----
   //
@@ -154,8 +160,11 @@ class KvCacheManager {
   EvictionPolicy eviction_policy() const;
   // Declares (or moves) agent `agent_key`'s fixed prefix: the full blocks of
   // tokens[0, num_fixed_tokens) under kv_key, as far as they are in the tree now
-  // (blocks committed later are covered by calling it again). `agent_key` is
-  // unique per (workflow, agent), e.g. "wf-1/planner". Cheap; engine thread.
+  // (on any tier; blocks committed later are covered by calling it again).
+  // `agent_key` is unique per (workflow, agent), e.g. "wf-1/planner". Cheap;
+  // engine thread. With a host tier, the marked device blocks that have no
+  // backup yet get one planned as commit() does (now that they are fixed they
+  // may displace a host leaf of lower priority).
   void set_agent_fixed_prefix(const std::string& agent_key, const KvKey& kv_key,
                               std::span<const KvTokenId> tokens, int32_t num_fixed_tokens);
   // Sets the steps-to-execution of agents (absent agents keep their value;
@@ -186,24 +195,42 @@ class KvCacheManager {
   // valid backup that is evicted is removed with every host node below it.
   //
   // Backups are written through: commit() plans an offload (device -> host copy)
-  // for each newly inserted node when a host block can be had (free, or by
-  // dropping a host-tier leaf in eviction order: "host" nodes with no children,
-  // same policy as the device). A full host pool means no backup: the block is
-  // recomputed if it is evicted (degrades to recompute, never fails).
+  // for each node it newly inserts (not for blocks another request committed
+  // first) when a host block can be had: a free one, else by dropping the
+  // first host leaf ("host" node with no children, same policy as the device)
+  // whose eviction key is smaller than the new node's, so under kWorkflow a
+  // dynamic block never pushes out a fixed prefix's backup. All the nodes one
+  // commit() backs up go into one transfer. A full host pool means no backup:
+  // the block is recomputed if it is evicted (degrades to recompute, never
+  // fails). A node the lease recomputed that the tree holds only on the host
+  // takes the lease's block (its backup stays); one that is still loading
+  // stops the commit there (the lease keeps the rest private until it is ready).
+  //
+  // Device eviction (allocate(), start_load, evict_all_cached) takes
+  // unreferenced ready device nodes with no device-resident child (host
+  // children do not hold a node back): one with a valid backup becomes a host
+  // node (its marks and steps stay); one without is removed with every host
+  // node below it.
   //
   // Transfers are planned here and executed by someone else (the engine's
   // kv_transfer_worker, through Backend::copy_kv_blocks):
   //   take_transfers()           the jobs planned since the last call, in order;
   //   finish_transfer(id, ok)    applies one when its copy has finished.
-  // Until finished, a transfer's device and host blocks are pinned: never
-  // evicted, reused or dropped (drop_namespaces() defers removing nodes in
-  // flight; they go when their transfer finishes). A failed offload leaves the
-  // node without backup; a failed load drops the host copies it was reading (they
-  // are suspect), so the request recomputes them.
+  // Until finished, a transfer pins the device blocks of its whole path (root
+  // -> its last node: the blocks being copied and their ancestors) by holding
+  // references, as a lease does: they count as in use, are never evicted,
+  // reused or dropped, and its host blocks are held by its nodes. A lease
+  // released while its blocks are offloading leaves them pinned until the
+  // offload finishes; then they are cached. A failed offload leaves the node
+  // without backup; a failed load removes the loading nodes and every host
+  // node below them (those host copies are suspect), so requests recompute them.
   //
   // Metrics (stats()): offloaded / loaded / prefetched blocks, prefetched blocks
   // later found ready by lock_prefix ("in time") or still loading by
   // prefix_status ("late"), failed transfers, host blocks in use.
+  //
+  // enable_host_tier(n > 0) at most once (nodes committed before it simply
+  // have no backup); n == 0 keeps the manager without a host tier.
   void enable_host_tier(int32_t num_host_blocks);
   bool has_host_tier() const;
   int32_t num_host_blocks() const;
@@ -219,13 +246,18 @@ class KvCacheManager {
 
   enum class LoadReason : uint8_t { kDemand, kPrefetch };
   // Starts loading the host-only blocks of tokens' cached prefix that follow its
-  // device part (at most max_blocks, the first ones): allocates device blocks
-  // (evicting as allocate() does; kPrefetch evicts only blocks that come before
-  // the loaded path's own priority in eviction order, so a prefetch never pushes
-  // out something the policy values more), marks them loading and plans one
-  // transfer. Pins the device ancestors until it finishes. Returns the number
-  // of blocks now loading: 0 when nothing waits on the host, when a loading
-  // block is in the way, or when no device block can be had ("no room").
+  // device part (at most max_blocks, the first ones): allocates device blocks,
+  // marks them loading and plans one transfer. Pins the device ancestors until
+  // it finishes. kDemand evicts as allocate() does (never the path itself).
+  // kPrefetch takes free blocks, and under kWorkflow evicts only nodes whose
+  // eviction key is below {1, -steps, min, min}, steps = fixed_steps of the
+  // last block to load (dynamic nodes, and fixed ones further from execution),
+  // so a prefetch never pushes out something the policy values as much or
+  // more; under kLru, or for a dynamic path, it takes free blocks only. Loads
+  // as many of the blocks as it gets blocks for. Returns the number of blocks
+  // now loading: 0, changing nothing, when nothing waits on the host, when a
+  // loading block is in the way, or when no device block can be had ("no
+  // room"). A finished load keeps the host copy (the node stays backed up).
   int32_t start_load(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_blocks,
                      LoadReason reason = LoadReason::kDemand);
   // Prefetch: start_load over the marked fixed prefix of `agent_key`
@@ -244,31 +276,60 @@ class KvCacheManager {
   };
   std::vector<Transfer> take_transfers();
   // Applies a finished transfer (succeeded: the copy completed). Precondition:
-  // an id from take_transfers() not finished yet.
+  // an id planned and not finished yet (checked; normally one from
+  // take_transfers(); one not taken yet is dropped from the next take).
   void finish_transfer(int64_t transfer_id, bool succeeded);
   // Transfers planned and not finished (taken or not).
   int32_t num_transfers_in_flight() const;
 
-  // Evicts every cached block (tests; "after the blocks were evicted").
+  // Evicts every cached device block as eviction does (with a host tier, the
+  // backed-up ones move to the host). Tests; "after the blocks were evicted".
   int32_t evict_all_cached();
 
   KvCacheStats stats() const;
-  // "" when free + cached + in use == total and the tree is consistent.
+  // "" when free + cached + in use == total, the tree is consistent and, with
+  // a host tier, every host block is free xor held by one node and every
+  // loading / offloading node belongs to a transfer in flight.
   std::string integrity_error() const;
 
   const RadixTree& tree() const { return tree_; }
 
  private:
   friend class KvLease;
+  struct TransferInFlight {
+    Transfer transfer;
+    std::vector<int32_t> pinned_block_ids;  // root -> last node, each holding one reference
+    bool taken = false;
+  };
+
   void release(KvLease& lease);
   // Private (uncommitted) blocks of leases [begin, end) leave or join the per-namespace count.
   void count_private_blocks(const KvLease& lease, int32_t begin, int32_t end, int32_t delta);
+  // Evicts one device block into the free list; false when none is evictable.
+  bool evict_one_device_block();
+  // kv_cache_manager_host.cc:
+  // Backs up path[first_candidate ...] nodes (device, ready, no backup) as far
+  // as host blocks can be had; one transfer pinning path[0 .. last backed up].
+  void plan_offload(const std::vector<RadixNode*>& path, size_t first_candidate);
+  std::optional<int32_t> take_host_block(const EvictionKey& for_key);
+  // start_load over a node path root -> ... (any tiers).
+  int32_t load_path(const std::vector<RadixNode*>& path, int32_t max_blocks, LoadReason reason);
+  void pin(std::span<const int32_t> block_ids);
+  void unpin(std::span<const int32_t> block_ids);  // tail first
+  int64_t add_transfer(Transfer transfer, std::vector<int32_t> pinned_block_ids);
+  std::string host_integrity_error() const;
 
   BlockPool pool_;
   RadixTree tree_;
   int64_t clock_ = 0;
   int64_t num_evicted_blocks_ = 0;
   std::map<std::string, int32_t> num_private_blocks_by_namespace_;
+  // Host tier (null without one).
+  std::unique_ptr<HostBlockPool> host_pool_;
+  std::map<int64_t, TransferInFlight> transfers_in_flight_;
+  int64_t next_transfer_id_ = 1;
+  int64_t num_offloaded_blocks_ = 0, num_loaded_blocks_ = 0, num_prefetched_blocks_ = 0;
+  int64_t num_prefetch_hit_blocks_ = 0, num_prefetch_late_blocks_ = 0, num_failed_transfers_ = 0;
 };
 
 }  // namespace loom

@@ -19,16 +19,21 @@
 // Edges are exactly one block long (prefix reuse is at block granularity, so
 // there is nothing to gain from longer edges and splitting never happens).
 // Every node records its tier (device / host / disk) and state (ready / loading
-// / offloading); today only device + ready nodes exist, and match() only returns
-// those. A second instance over its own BlockPool serves as ForkKV's residual
-// tree (DESIGN §1).
+// / offloading). Without a host pool (set_host_pool) only device + ready nodes
+// exist. With one, the host-tier states of kv_cache_manager.h "Host tier" are
+// kept here (radix_tree_host.cc); match() returns device-tier nodes only. A
+// node is "device-resident" when it holds a device block (block_id >= 0):
+// device-tier nodes and loading nodes. A second instance over its own
+// BlockPool serves as ForkKV's residual tree (DESIGN §1).
 //
 // Reference counts live in the BlockPool. Invariant (kept by KvCacheManager):
 // a referenced node's ancestors are referenced too, because a request holds
-// its whole block table from position 0. Hence every unreferenced node can be
-// reclaimed by evicting leaves: LRU first, or under KvEvictionPolicy::kWorkflow
-// dynamic suffixes first, then by agents' steps-to-execution (kv/eviction_priority.h;
-// the agent marks live in radix_tree_agents.cc).
+// its whole block table from position 0 (and a transfer pins its whole path).
+// Hence every unreferenced device block can be reclaimed by evicting
+// "device leaves" (nodes with no device-resident child): LRU first, or under
+// KvEvictionPolicy::kWorkflow dynamic suffixes first, then by agents'
+// steps-to-execution (kv/eviction_priority.h; the agent marks live in
+// radix_tree_agents.cc).
 //
 // Thread: engine thread only.
 #pragma once
@@ -48,6 +53,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/eviction_priority.h"
+#include "kv/host_block_pool.h"
 #include "kv/kv_key.h"
 
 namespace loom {
@@ -91,7 +97,9 @@ struct RadixNode {
   int32_t host_block_id = -1;             // host tier: its backup (or the one being written); -1: none
   KvTier tier = KvTier::kDevice;          // kHost: K/V only in host_block_id (kv_cache_manager.h "Host tier")
   KvNodeState state = KvNodeState::kReady;
-  bool loaded_by_prefetch = false;        // a prefetch loaded it and no lock_prefix used it yet (metrics)
+  // A prefetch is loading or loaded it, and neither lock_prefix used it nor
+  // prefix_status found it still loading yet (metrics: "in time" / "late").
+  bool loaded_by_prefetch = false;
   int64_t last_access = 0;                // logical clock of the last use
   int64_t node_id = 0;                    // creation order, breaks LRU ties
   std::map<RadixChildKey, std::unique_ptr<RadixNode>, RadixChildKeyLess> children;
@@ -103,9 +111,12 @@ struct RadixNode {
   std::vector<std::string> prefix_end_of_agents;
 
   bool is_root() const { return parent == nullptr; }
-  // Set while the node sits in the evictable set (under this key).
+  // Set while the node sits in the device-evictable set (under this key).
   std::optional<EvictionKey> evictable_key;
+  // Set while the node sits in the host-evictable set (a host leaf).
+  std::optional<EvictionKey> host_evictable_key;
   bool counted_unreferenced = false;
+  int32_t num_device_children = 0;  // children holding a device block (block_id >= 0)
 };
 
 class RadixTree {
@@ -116,10 +127,13 @@ class RadixTree {
 
   int32_t block_size() const { return block_size_; }
 
-  // The longest chain of ready device nodes matching tokens block by block,
-  // block i under kv_key.namespace_of_block(i) (only whole blocks of `tokens`
-  // are looked at). Does not touch LRU times.
+  // The longest chain of device-tier nodes (ready or offloading) matching
+  // tokens block by block, block i under kv_key.namespace_of_block(i) (only
+  // whole blocks of `tokens` are looked at). Does not touch LRU times.
   std::vector<RadixNode*> match(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
+  // The same chain through nodes of every tier and state: [device ...]
+  // [loading ...][host ...].
+  std::vector<RadixNode*> match_any_tier(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
 
   // The child of `parent` (nullptr: the root of `kv_namespace`) keyed by
   // (kv_namespace, block_tokens), or nullptr.
@@ -137,17 +151,58 @@ class RadixTree {
   // Sets last_access = now on the node of each block that is in the tree.
   void touch(std::span<const int32_t> block_ids, int64_t now);
 
-  // Unreferenced nodes: their blocks are "cached" and reclaimable.
+  // Unreferenced device blocks of the tree: "cached" and reclaimable.
   int32_t num_cached_blocks() const { return num_unreferenced_; }
   int32_t num_nodes() const { return num_nodes_; }
-  // Nodes per namespace (no zero entries).
+  // Nodes per namespace (no zero entries), of every tier.
   const std::map<std::string, int32_t>& num_nodes_by_namespace() const { return num_nodes_by_namespace_; }
+  // Device-resident nodes (block_id >= 0), in all and per namespace (no zero entries).
+  int32_t num_device_nodes() const { return num_device_nodes_; }
+  const std::map<std::string, int32_t>& num_device_nodes_by_namespace() const {
+    return num_device_nodes_by_namespace_;
+  }
 
-  // Removes the first unreferenced leaf in eviction order (kLru: least
-  // recently used, ties: oldest node; kWorkflow: see eviction_priority.h) and
-  // returns its block id, now in no tree (its ref count is 0; the caller frees
-  // it). nullopt when nothing is evictable.
+  // Evicts the first device-evictable node in eviction order (kLru: least
+  // recently used, ties: oldest node; kWorkflow: see eviction_priority.h):
+  // unreferenced, device tier, ready, no device-resident child. Returns its
+  // block id, now in no tree (its ref count is 0; the caller frees it). With a
+  // valid backup the node stays, as a host node; without one it is removed
+  // with the host nodes below it (their host blocks go back to the host pool).
+  // nullopt when nothing is evictable.
   std::optional<int32_t> evict_one();
+  // The key of the node evict_one() would take now; nullopt when none.
+  std::optional<EvictionKey> first_evictable_key() const;
+  // eviction_key(policy, ...) of a node now.
+  EvictionKey eviction_key_of(const RadixNode* node) const;
+
+  // ---- Host tier (radix_tree_host.cc; kv_cache_manager.h "Host tier") ----
+  // `host_pool` must outlive the tree; set before any node has a host block.
+  void set_host_pool(HostBlockPool* host_pool);
+  HostBlockPool* host_pool() const { return host_pool_; }
+  // Nodes of the host tier (ready or loading).
+  int32_t num_host_tier_nodes() const { return num_host_tier_nodes_; }
+  // The key of the first host-evictable node (tier host, ready, no children),
+  // and evicting it: the node is removed, its host block freed.
+  std::optional<EvictionKey> first_host_evictable_key() const;
+  bool evict_host_leaf();
+  // State changes, each checked against the node's current state:
+  // device ready without backup -> offloading into host_block_id.
+  void begin_offload(RadixNode* node, int32_t host_block_id);
+  // offloading -> ready; on failure the host block is freed (no backup).
+  void end_offload(RadixNode* node, bool succeeded);
+  // host ready -> loading into device_block_id (referenced, in no tree).
+  void begin_load(RadixNode* node, int32_t device_block_id, bool by_prefetch);
+  // loading -> device ready (the backup stays valid); last_access = now.
+  void end_load(RadixNode* node, int64_t now);
+  // host ready -> device ready on device_block_id (referenced, in no tree),
+  // which holds the same K/V (a request recomputed it); the backup stays.
+  void adopt_device_block(RadixNode* node, int32_t device_block_id);
+  // Removes `top` and everything below it; every device block there must be
+  // unreferenced. Host blocks go back to the host pool; returns the device
+  // block ids (the caller frees them).
+  std::vector<int32_t> remove_subtree(RadixNode* top);
+  // Visits every non-root node (parents before children). Checks and stats.
+  void for_each_node(const std::function<void(const RadixNode&)>& visit) const;
 
   // ---- Workflow priorities (radix_tree_agents.cc) ----
   // kLru by default. Changing it re-keys the evictable set.
@@ -165,15 +220,18 @@ class RadixTree {
   void forget_agents(const std::function<bool(const std::string&)>& matches);
   int32_t num_agents() const { return static_cast<int32_t>(agents_.size()); }
   // Where an agent's marked prefix ends now (nullptr: unknown agent or none).
+  // The mark stays on a node that moved to the host tier.
   const RadixNode* agent_prefix_end(const std::string& agent_key) const;
+  RadixNode* agent_prefix_end(const std::string& agent_key);
   // Every cached (unreferenced) block, in the order repeated evict_one() calls
   // would take them if nothing else changed: the evictable leaves by key, a
   // parent joining once its last child is gone. Tests and debugging; O(n log n).
   std::vector<int32_t> eviction_order() const;
   // Removes every node whose namespace `matches`, with all its descendants
   // (whatever their namespace), and the roots of matching namespaces. Returns
-  // the removed block ids. Precondition: every removed node is unreferenced
-  // (checked before anything is removed).
+  // the removed device block ids; host blocks go back to the host pool.
+  // Precondition: every removed node is unreferenced and ready (checked
+  // before anything is removed).
   std::vector<int32_t> remove_namespaces(const std::function<bool(const std::string&)>& matches);
   std::vector<int32_t> remove_namespace(const std::string& kv_namespace) {
     return remove_namespaces([&](const std::string& ns) { return ns == kv_namespace; });
@@ -185,7 +243,13 @@ class RadixTree {
  private:
   RadixNode* root(const std::string& kv_namespace) const;
   void update(RadixNode* node);
-  void detach(RadixNode* node);  // removes a leaf; updates its parent
+  void leave_evictable_sets(RadixNode* node);
+  // Gives `node` device block `block_id` (-1: none), keeping node_by_block_,
+  // the device-node counts and the parent's num_device_children in step.
+  void set_device_block(RadixNode* node, int32_t block_id);
+  void detach(RadixNode* node);  // removes a leaf; frees its host block; updates its parent
+  // "" when `node`'s tier, state and block ids fit together.
+  std::string tier_error(const RadixNode* node) const;
   // fixed_steps of `node` from its marks and its children (not stored).
   int32_t derived_fixed_steps(const RadixNode* node) const;
   // Re-derives fixed_steps from `node` up to its root, as far as values change.
@@ -205,12 +269,17 @@ class RadixTree {
   int64_t next_node_id_ = 1;
   int32_t num_unreferenced_ = 0;
   int32_t num_nodes_ = 0;
+  int32_t num_device_nodes_ = 0;
+  int32_t num_host_tier_nodes_ = 0;
   std::map<std::string, std::unique_ptr<RadixNode>, std::less<>> roots_;
   std::map<std::string, int32_t> num_nodes_by_namespace_;
+  std::map<std::string, int32_t> num_device_nodes_by_namespace_;
   std::vector<RadixNode*> node_by_block_;  // indexed by block id; nullptr: not in this tree
   KvEvictionPolicy policy_ = KvEvictionPolicy::kLru;
   std::set<EvictionKey> evictable_;                // eviction_key(policy_, ...) of each evictable leaf
   std::map<int64_t, RadixNode*> evictable_nodes_;  // node_id -> node
+  std::map<EvictionKey, RadixNode*> host_evictable_;  // host leaves by key
+  HostBlockPool* host_pool_ = nullptr;
   std::map<std::string, AgentMark, std::less<>> agents_;
 };
 

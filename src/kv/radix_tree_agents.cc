@@ -15,6 +15,7 @@ void RadixTree::set_eviction_policy(KvEvictionPolicy policy) {
   policy_ = policy;
   std::vector<RadixNode*> nodes;
   for (const auto& [node_id, node] : evictable_nodes_) nodes.push_back(node);
+  for (const auto& [key, node] : host_evictable_) nodes.push_back(node);
   for (RadixNode* node : nodes) update(node);
 }
 
@@ -49,7 +50,8 @@ void RadixTree::hand_marks_to_parent(RadixNode* node) {
 }
 
 void RadixTree::set_agent_prefix_end(const std::string& agent_key, RadixNode* prefix_end) {
-  LOOM_CHECK(prefix_end == nullptr || (!prefix_end->is_root() && node_of_block(prefix_end->block_id) == prefix_end));
+  LOOM_CHECK(prefix_end == nullptr ||
+             (!prefix_end->is_root() && (prefix_end->block_id < 0 || node_of_block(prefix_end->block_id) == prefix_end)));
   auto it = agents_.try_emplace(agent_key).first;
   RadixNode* old_end = it->second.prefix_end;
   if (old_end == prefix_end) return;
@@ -93,9 +95,16 @@ const RadixNode* RadixTree::agent_prefix_end(const std::string& agent_key) const
   return it == agents_.end() ? nullptr : it->second.prefix_end;
 }
 
+RadixNode* RadixTree::agent_prefix_end(const std::string& agent_key) {
+  const auto it = agents_.find(agent_key);
+  return it == agents_.end() ? nullptr : it->second.prefix_end;
+}
+
 std::vector<int32_t> RadixTree::eviction_order() const {
   // A parent's key does not change when its children go (its marks come up
   // with the same min), so this replays evict_one() without touching the tree.
+  // A parent joins once its last device-resident child is gone (host children
+  // do not hold it back).
   using Entry = std::pair<EvictionKey, const RadixNode*>;
   std::priority_queue<Entry, std::vector<Entry>, std::greater<>> queue;
   std::map<const RadixNode*, size_t> num_children_left;
@@ -109,9 +118,8 @@ std::vector<int32_t> RadixTree::eviction_order() const {
     if (parent->is_root() || pool_.ref_count(parent->block_id) != 0 || parent->state != KvNodeState::kReady ||
         parent->tier != KvTier::kDevice)
       continue;
-    auto [it, inserted] = num_children_left.try_emplace(parent, parent->children.size());
-    if (--it->second == 0)
-      queue.emplace(eviction_key(policy_, parent->fixed_steps, parent->last_access, parent->node_id), parent);
+    auto [it, inserted] = num_children_left.try_emplace(parent, parent->num_device_children);
+    if (--it->second == 0) queue.emplace(eviction_key_of(parent), parent);
   }
   return order;
 }
