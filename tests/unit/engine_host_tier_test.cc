@@ -148,7 +148,7 @@ class EngineHostTierTest : public ::testing::Test {
     engine_->workflows().declare("w1", spec);
     const std::map<std::string, int32_t> seeds = {{"planner", 1}, {"executor", 2}, {"expresser", 3}, {"reviewer", 4}};
     const std::vector<std::string> order = {"expresser", "reviewer", "planner", "executor", "expresser", "reviewer",
-                                            "planner"};
+                                            "planner", "executor"};
     std::map<std::string, int32_t> calls;
     std::vector<Outcome> outcomes;
     for (const std::string& agent : order) {
@@ -165,7 +165,7 @@ class EngineHostTierTest : public ::testing::Test {
     EngineImpl reference(*model_, make_cpu_backend(model_->config, model_->weights, {1, 8}), config);
     const std::map<std::string, int32_t> seeds = {{"planner", 1}, {"executor", 2}, {"expresser", 3}, {"reviewer", 4}};
     const std::vector<std::string> order = {"expresser", "reviewer", "planner", "executor", "expresser", "reviewer",
-                                            "planner"};
+                                            "planner", "executor"};
     std::map<std::string, int32_t> calls;
     std::vector<std::vector<int32_t>> tokens;
     for (const std::string& agent : order) {
@@ -202,15 +202,15 @@ LoadedModel* EngineHostTierTest::model_ = nullptr;
 TEST_F(EngineHostTierTest, LruWithHostTierLoadsEvictedPrefixesBack) {
   start({.workflow_aware = false, .num_host_blocks = 64});
   const std::vector<Outcome> outcomes = run_fig1_cycle();
-  //                                                   expresser reviewer planner executor expresser reviewer planner
-  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens}));
+  //                                  expresser reviewer planner executor expresser reviewer planner executor
+  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens, kFixedTokens}));
   expect_reference_tokens(outcomes);
   const EngineMetrics metrics = engine_->take_metrics();
-  EXPECT_EQ(metrics.num_loaded_tokens, 3 * kFixedTokens);
+  EXPECT_EQ(metrics.num_loaded_tokens, 4 * kFixedTokens);  // the four second calls, each its whole prefix
   EXPECT_EQ(metrics.num_prefetched_tokens, 0);
   EXPECT_GT(metrics.num_offloaded_tokens, 0);
   EXPECT_GT(metrics.kv_bytes_host, 0);
-  EXPECT_EQ(metrics.load_wait_time.size(), 3u);  // each of the three waited on its load
+  EXPECT_EQ(metrics.load_wait_time.size(), 4u);  // each of them waited on its load
 }
 
 // Workflow policy + prefetch: while the executor runs, the expresser (next) is
@@ -220,12 +220,16 @@ TEST_F(EngineHostTierTest, WorkflowPolicyPrefetchesTheNextAgents) {
   start({.workflow_aware = true, .num_host_blocks = 64, .prefetch_agents = 2});
   const std::vector<Outcome> outcomes = run_fig1_cycle();
   const std::vector<int32_t> values = hits(outcomes);
-  EXPECT_EQ(values, (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens}));
+  EXPECT_EQ(values, (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens, kFixedTokens}));
   expect_reference_tokens(outcomes);
   const EngineMetrics metrics = engine_->take_metrics();
-  EXPECT_GT(metrics.num_prefetched_tokens, 0);
-  EXPECT_EQ(metrics.num_prefetch_hit_tokens, metrics.num_prefetched_tokens);  // all in time
+  // Four fixed-prefix blocks pushed to the host came back by prefetch before
+  // their agent's turn; what the last calls prefetched is for agents that do
+  // not run again here.
+  EXPECT_EQ(metrics.num_prefetch_hit_tokens, 4 * kBlockSize);
+  EXPECT_GE(metrics.num_prefetched_tokens, metrics.num_prefetch_hit_tokens);
   EXPECT_EQ(metrics.num_prefetch_late_tokens, 0);
+  EXPECT_TRUE(metrics.load_wait_time.empty());  // no request waited on a load
 }
 
 // Loads that fail (and a host pool too small for any prefix) recompute: no
@@ -233,9 +237,9 @@ TEST_F(EngineHostTierTest, WorkflowPolicyPrefetchesTheNextAgents) {
 TEST_F(EngineHostTierTest, FailedLoadsRecompute) {
   start({.workflow_aware = false, .num_host_blocks = 64, .fail_loads = true});
   const std::vector<Outcome> outcomes = run_fig1_cycle();
-  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, 0, 0, 0, 0}));
   expect_reference_tokens(outcomes);
-  EXPECT_EQ(engine_->take_metrics().num_failed_kv_transfers, 3);
+  EXPECT_EQ(engine_->take_metrics().num_failed_kv_transfers, 4);  // one load per second call
 }
 
 TEST_F(EngineHostTierTest, TinyHostPoolDegradesToRecompute) {
