@@ -1,0 +1,137 @@
+// The engine's device-sampling path (backend.h DeviceSampling) on the CPU: a
+// wrapper backend that claims device sampling and answers sampled rows with the
+// argmax (greedy requests only here), returning logits for the other rows
+// packed as the contract says. Greedy requests must give the Generator's
+// tokens whichever path served each step; requests that need the host (top
+// logprobs, min_new_tokens masking) must get their logits rows.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine_impl.h"
+#include "engine/generator.h"
+#include "model/loader.h"
+#include "model/synthetic.h"
+#include "test_util.h"
+#include "tokenizer/tokenizer.h"
+
+namespace loom {
+namespace {
+
+class ArgmaxSamplingBackend final : public Backend {
+ public:
+  explicit ArgmaxSamplingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  void allocate_kv_cache(const KvCacheShape& shape) override { inner_->allocate_kv_cache(shape); }
+  KvCacheShape kv_cache_shape() const override { return inner_->kv_cache_shape(); }
+  int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
+  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override {
+    inner_->set_adapter(slot, std::move(adapter));
+  }
+  int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
+  bool supports_device_sampling() const override { return true; }
+
+  ForwardResult forward(const Batch& batch) override {
+    Batch plain = batch;
+    plain.sampling.clear();
+    ForwardResult result = inner_->forward(plain);
+    if (batch.sampling.empty()) return result;
+    EXPECT_EQ(batch.sampling.size(), batch.sequences.size());
+    const size_t vocab = static_cast<size_t>(result.vocab_size);
+    std::vector<float> packed;
+    for (size_t row = 0; row < batch.sequences.size(); ++row) {
+      const float* logits = result.logits.data() + row * vocab;
+      if (!batch.sampling[row].on_device) {
+        ++num_host_rows;
+        packed.insert(packed.end(), logits, logits + vocab);
+        result.sampled_token_ids.push_back(-1);
+        result.sampled_logprobs.push_back(0.0f);
+        continue;
+      }
+      ++num_device_rows;
+      EXPECT_EQ(batch.sampling[row].temperature, 0.0f);
+      const auto best = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+      double sum = 0.0;
+      for (size_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - logits[best]));
+      result.sampled_token_ids.push_back(best);
+      result.sampled_logprobs.push_back(static_cast<float>(-std::log(sum)));
+    }
+    result.logits = std::move(packed);
+    return result;
+  }
+
+  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0};
+
+ private:
+  std::unique_ptr<Backend> inner_;
+};
+
+std::vector<int32_t> tokens_of(RequestStream& stream) {
+  std::vector<int32_t> tokens;
+  for (;;) {
+    std::optional<RequestOutput> output = stream.next(std::chrono::seconds(30));
+    if (!output) {
+      ADD_FAILURE() << "no output within 30 s";
+      return tokens;
+    }
+    EXPECT_FALSE(output->error.has_value());
+    for (const auto& token : output->new_tokens) tokens.push_back(token.token_id);
+    if (output->finished) return tokens;
+  }
+}
+
+TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
+  test::TempDir directory;
+  SyntheticModelOptions options;
+  options.arch = Architecture::kLlama;
+  write_synthetic_model(directory.str(), options);
+  const LoadedModel model = load_model(directory.str());
+  auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}));
+  ArgmaxSamplingBackend* backend = owned.get();
+  EngineConfig config;
+  config.block_size = 4;
+  config.num_kv_blocks = 256;
+  config.max_batch_tokens = 32;
+  auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+
+  std::vector<EngineRequest> requests;
+  for (int i = 0; i < 6; ++i) {
+    EngineRequest request;
+    request.prompt_tokens = model.tokenizer->encode("device sampling request " + std::to_string(i), true);
+    request.max_new_tokens = 7;
+    request.ignore_eos = true;
+    requests.push_back(request);
+  }
+  requests[1].sampling.num_top_logprobs = 2;  // host only
+  requests[2].min_new_tokens = 3;             // host for its first three tokens
+  requests[2].stop_token_ids = {5};
+  std::vector<std::vector<int32_t>> results(requests.size());
+  std::vector<std::thread> clients;
+  for (size_t i = 0; i < requests.size(); ++i)
+    clients.emplace_back([&, i] { results[i] = tokens_of(*engine->submit(requests[i])); });
+  for (auto& client : clients) client.join();
+  engine->shutdown(false);
+
+  for (size_t i = 0; i < requests.size(); ++i) {
+    if (i == 2) continue;  // stop token 5 may end it early on either path
+    auto reference_backend = make_cpu_backend(model.config, model.weights, {1, 8});
+    GenerationRequest generation;
+    generation.prompt_tokens = requests[i].prompt_tokens;
+    generation.max_new_tokens = requests[i].max_new_tokens;
+    generation.ignore_eos = true;
+    generation.sampling = requests[i].sampling;
+    Generator generator(*reference_backend, model.tokenizer, {});
+    std::vector<int32_t> expected;
+    const std::vector<GenerationResult> generated = generator.generate({generation});
+    for (const auto& token : generated[0].tokens) expected.push_back(token.token_id);
+    EXPECT_EQ(results[i], expected) << "request " << i;
+  }
+  EXPECT_GT(backend->num_device_rows.load(), 0);
+  EXPECT_GE(backend->num_host_rows.load(), 7 + 3) << "request 1's rows and request 2's first three";
+}
+
+}  // namespace
+}  // namespace loom
