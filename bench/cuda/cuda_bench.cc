@@ -160,7 +160,7 @@ double measure_copy_bandwidth(cudaStream_t stream) {
 double time_attention(CudaBackend& backend, const Batch& batch, int iterations) {
   const ModelConfig& config = backend.config();
   StepPlan plan;
-  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132});
+  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim)});
   DeviceBuffer plan_d(plan.words().size() * 4);
   LOOM_CUDA_CHECK(cudaMemcpy(plan_d.data(), plan.words().data(), plan.words().size() * 4, cudaMemcpyHostToDevice));
   const size_t n = batch.token_ids.size();
@@ -275,6 +275,18 @@ int run(int argc, char** argv) {
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
     const StepTimes lora_times = time_step(backend, mixed, iterations, true);
+    // The other placements of the LoRA kernels (the default is the side stream).
+    using Overlap = CudaBackend::LoraOverlap;
+    backend.set_lora_overlap(Overlap::kSideStreamPdl);
+    const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_overlap(Overlap::kInline);
+    const StepTimes inline_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_overlap(Overlap::kSideStream);
+    results["lora_placements"] = {{"side_stream_graph_ms", lora_times.graph_ms},
+                                  {"side_stream_pdl_graph_ms", pdl_times.graph_ms},
+                                  {"inline_graph_ms", inline_times.graph_ms}};
+    std::printf("LoRA placements (graph ms): side stream %.3f, side stream + PDL expand %.3f, inline %.3f\n",
+                lora_times.graph_ms, pdl_times.graph_ms, inline_times.graph_ms);
     results["lora"] = {{"batch", 64}, {"adapters", 8}, {"rank", 16}, {"base_graph_ms", base_times.graph_ms},
                        {"lora_graph_ms", lora_times.graph_ms}, {"base_eager_ms", base_times.eager_ms},
                        {"lora_eager_ms", lora_times.eager_ms}, {"ratio_graph", lora_times.graph_ms / base_times.graph_ms},

@@ -22,5 +22,11 @@ for i in 1 2; do
     -d "{\"model\": \"$(python3 -c "import json;print(json.load(open('$OUT/models_$MODE.json'))['data'][0]['id'])")\", $PROMPT, \"max_tokens\": 32, \"temperature\": 0}" \
     | tee -a "$OUT/completion_$MODE.json"; echo
 done
+# Sampled on the device (temperature / top-k / top-p, seeded): the same seed twice gives the same text.
+for i in 1 2; do
+  curl -s "$URL" -H 'Content-Type: application/json' \
+    -d "{\"model\": \"$(python3 -c "import json;print(json.load(open('$OUT/models_$MODE.json'))['data'][0]['id'])")\", $PROMPT, \"max_tokens\": 24, \"temperature\": 0.8, \"top_k\": 40, \"top_p\": 0.9, \"seed\": 7}" \
+    | tee -a "$OUT/completion_sampled_$MODE.json"; echo
+done
 curl -s localhost:8123/metrics | grep -E "^loom_(num_requests|kv_cache_bytes|time_to_first_token_seconds_(sum|count))" | head
 kill $PID; wait $PID; tail -5 "$LOG"

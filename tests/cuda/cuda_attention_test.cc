@@ -76,7 +76,7 @@ void run_case(const AttentionCase& c) {
   cpu::paged_attention(q.data(), batch, placement, shape, k_pool.data(), v_pool.data(), 16, scratch, expected.data());
 
   StepPlan plan;
-  plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132});
+  plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim)});
   // The GPU pools are head-major within each block (plan_types.h's kv_element_index).
   auto device_layout = [&](const std::vector<float>& pool) {
     std::vector<float> out(pool.size());

@@ -369,10 +369,8 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
 }
 
 template <int kHeadDim, int kRowWarps>
-void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, cudaStream_t stream) {
+void ensure_shared_attribute() {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps>();
-  static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
-                "the decode merge must fit in the K/V buffers");
   // Once per instantiation (a magic static: thread-safe, retried if it threw).
   static const bool attribute_set = [] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps>,
@@ -380,6 +378,23 @@ void launch_for(const AttentionParams& params, const AttentionWorkItem* items, i
     return true;
   }();
   (void)attribute_set;
+}
+
+template <int kHeadDim>
+int32_t decode_ctas_per_sm() {
+  ensure_shared_attribute<kHeadDim, 1>();
+  int count = 0;
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1>, kThreads,
+                                                                attention_shared_bytes<kHeadDim, 1>()));
+  return count;
+}
+
+template <int kHeadDim, int kRowWarps>
+void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, cudaStream_t stream) {
+  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps>();
+  static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
+                "the decode merge must fit in the K/V buffers");
+  ensure_shared_attribute<kHeadDim, kRowWarps>();
   const dim3 grid(num_items, params.num_kv_heads);
   attention_kernel<kHeadDim, kRowWarps><<<grid, kThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();
@@ -401,6 +416,17 @@ void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* i
 
 bool attention_supports_head_dim(int32_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
+}
+
+int32_t attention_decode_ctas_per_sm(int32_t head_dim) {
+  switch (head_dim) {
+    case 16: return decode_ctas_per_sm<16>();
+    case 32: return decode_ctas_per_sm<32>();
+    case 64: return decode_ctas_per_sm<64>();
+    case 128: return decode_ctas_per_sm<128>();
+    default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", head_dim);
+  }
+  return 0;
 }
 
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,

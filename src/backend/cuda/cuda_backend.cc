@@ -57,6 +57,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
                          const CudaBackendConfig& backend_config)
     : config_(config), device_(device), stream_(stream), model_(std::move(model)) {
   num_sms_ = current_sm_count(device);
+  decode_ctas_per_sm_ = attention_decode_ctas_per_sm(config_.head_dim);
   gemm_ = std::make_unique<Gemm>(stream_);
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&plan_copied_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
@@ -208,6 +209,11 @@ bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> target
       case LoraTarget::kDown: args = {args.target, intermediate, hidden, 0}; break;
     }
   }
+  params.programmatic_expand = lora_overlap_ == LoraOverlap::kSideStreamPdl;
+  if (lora_overlap_ == LoraOverlap::kInline) {
+    launch_lora(params, stream_);
+    return true;
+  }
   // The shrink and expand read x and write only lora_out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(lora_fork_, stream_));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(lora_stream_, lora_fork_, 0));
@@ -218,7 +224,7 @@ bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> target
 
 const float* CudaBackend::end_lora(bool active) {
   if (!active) return nullptr;
-  LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
+  if (lora_overlap_ != LoraOverlap::kInline) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
   return lora_out_.as<float>();
 }
 
@@ -309,7 +315,7 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   check_batch_supported(batch);  // first: the generic checks would reject base sharing's fields differently
   check_device_sampling(batch);
   cpu::validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
-  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_});
+  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_});
   if (plan_.num_tokens() == 0) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));

@@ -68,6 +68,12 @@ class CudaBackend final : public Backend {
   // memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; }
+  // Where the batched LoRA kernels run:
+  //   kSideStream     on a second stream beside the base GEMM (default)
+  //   kSideStreamPdl  the same, the expand a programmatic dependent launch of the shrink
+  //   kInline         after the base GEMM on the main stream
+  enum class LoraOverlap { kSideStream, kSideStreamPdl, kInline };
+  void set_lora_overlap(LoraOverlap mode) { lora_overlap_ = mode; }
   // This layer's K / V pool (nullptr before allocate_kv_cache).
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
@@ -95,7 +101,9 @@ class CudaBackend final : public Backend {
   const ModelConfig config_;
   const int device_;
   int32_t num_sms_ = 132;
+  int32_t decode_ctas_per_sm_ = 0;  // attention_decode_ctas_per_sm(head_dim)
   DecodeGemm decode_gemm_ = DecodeGemm::kAuto;
+  LoraOverlap lora_overlap_ = LoraOverlap::kSideStream;
   cudaStream_t stream_ = nullptr;
   DeviceModel model_;
   std::unique_ptr<Gemm> gemm_;

@@ -74,6 +74,8 @@ struct AttentionParams {
 };
 // True for the head sizes the attention kernels are built for (16, 32, 64, 128).
 bool attention_supports_head_dim(int32_t head_dim);
+// Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm).
+int32_t attention_decode_ctas_per_sm(int32_t head_dim);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
                       int32_t num_items, cudaStream_t stream);
@@ -112,6 +114,8 @@ struct LoraParams {
   // per LoRA row (sorted_tokens' order) and is written, not added: scale v B^T,
   // zeros where the row's adapter does not target the module.
   bool write_by_lora_row = false;
+  // Launch the expand as a programmatic dependent launch of the shrink (PDL).
+  bool programmatic_expand = false;
 };
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.

@@ -51,6 +51,9 @@ __device__ __forceinline__ const LoraModuleRef& module_of(const LoraParams& p, i
 // chunk go to v[target][chunk]; the expand kernel adds the chunks (no atomics:
 // deterministic).
 __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams p) {
+  // The expand is launched programmatically dependent (PDL): let its CTAs
+  // start their prologue now; they wait for this grid before reading v.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const LoraTile tile = p.tiles[blockIdx.x];
   const LoraTargetArgs target = p.targets[blockIdx.y];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
@@ -166,7 +169,9 @@ __global__ void __launch_bounds__(kExpandThreads) lora_expand_kernel(LoraParams 
     for (int j = 0; j < 16; ++j) b_first[j] = j < rank ? __bfloat162float(b_row[j]) : 0.0f;
   }
 
-  // 2. v rows: the sum over the shrink's chunks.
+  // 2. v rows: the sum over the shrink's chunks, once the shrink grid is done
+  // (everything above reads only what was written before the shrink began).
+  asm volatile("griddepcontrol.wait;\n" ::: "memory");
   const int num_splits = (target.in_features + kLoraShrinkChunk - 1) / kLoraShrinkChunk;
   for (int index = threadIdx.x; index < tile.num_rows * rank; index += kExpandThreads) {
     const int r = index / rank;
@@ -222,7 +227,19 @@ void launch_lora(const LoraParams& params, cudaStream_t stream) {
   LOOM_CUDA_CHECK_LAUNCH();
   const dim3 expand_grid(params.num_tiles, (max_out + kExpandThreads - 1) / kExpandThreads, params.num_targets);
   const size_t shared = static_cast<size_t>(kLoraTileRows) * params.max_rank * sizeof(float);
-  lora_expand_kernel<<<expand_grid, kExpandThreads, shared, stream>>>(params);
+  // Optionally a programmatic dependent launch: the expand's launch and prologue
+  // overlap the shrink (griddepcontrol.wait is a no-op without it).
+  cudaLaunchConfig_t config = {};
+  config.gridDim = expand_grid;
+  config.blockDim = dim3(kExpandThreads);
+  config.dynamicSmemBytes = shared;
+  config.stream = stream;
+  cudaLaunchAttribute attribute = {};
+  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute.val.programmaticStreamSerializationAllowed = params.programmatic_expand ? 1 : 0;
+  config.attrs = &attribute;
+  config.numAttrs = 1;
+  LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel, params));
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

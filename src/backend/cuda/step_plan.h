@@ -24,6 +24,9 @@ struct PlanShape {
   int32_t num_heads = 0;
   int32_t num_kv_heads = 0;
   int32_t num_sms = 132;  // the GPU's multiprocessors: how much parallel work is enough
+  // Decode attention CTAs resident per SM (attention_decode_ctas_per_sm); 0:
+  // unknown, split into chunks of the minimum length.
+  int32_t decode_ctas_per_sm = 0;
 };
 
 struct PlanSections {  // offsets in int32 words into StepPlan::words()
