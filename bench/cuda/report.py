@@ -32,10 +32,25 @@ def main():
         print(f"\nMulti-LoRA: decode batch {l['batch']}, {l['adapters']} distinct adapters (r={l['rank']}, all seven "
               f"projections): {l['lora_graph_ms']:.2f} ms vs base only {l['base_graph_ms']:.2f} ms = "
               f"{l['ratio_graph']:.3f}x (target <= 1.15x; eager {l['ratio_eager']:.3f}x).")
+    if "lora_placements" in bench:
+        pl = bench["lora_placements"]
+        print(f"LoRA kernel placements (graph): side stream beside the base GEMM {pl['side_stream_graph_ms']:.2f} ms "
+              f"(default), the same with the expand as a programmatic dependent launch {pl['side_stream_pdl_graph_ms']:.2f} ms, "
+              f"inline after the GEMM {pl['inline_graph_ms']:.2f} ms.")
+    if "sampling" in bench:
+        sm = bench["sampling"]
+        print(f"\nSampling on the device, {sm['rows']} rows x vocab {sm['vocab']}: kernel greedy "
+              f"{sm['kernel_greedy_ms'] * 1e3:.0f} us, T 0.8 / top-k 50 / top-p 0.9 {sm['kernel_t0.8_topk50_topp0.9_ms'] * 1e3:.0f} us, "
+              f"top-p 0.95 alone {sm['kernel_topp0.95_ms'] * 1e3:.0f} us. Decode-64 step wall time as the engine sees it "
+              f"(eager forward + sampling, T 0.8 / top-k 50 / top-p 0.9): logits to the host and the host Sampler "
+              f"{sm['step_wall_host_sampling_ms']:.1f} ms, sampled on the device {sm['step_wall_device_sampling_ms']:.2f} ms.")
     if "attention" in bench and sdpa:
         a = bench["attention"]
         print("\n| attention kernel (32/8 heads, d 128, bf16) | Loom (paged) | torch SDPA (contiguous) | Loom / SDPA time |")
         print("|---|---:|---:|---:|")
+        if "attention_decode16" in bench:
+            d16 = bench["attention_decode16"]
+            print(f"| decode 16 x 2K | {d16['ms'] * 1e3:.0f} us ({d16['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s) | - | - |")
         d = a["decode"]
         print(f"| decode 64 x 2K | {d['ms'] * 1e3:.0f} us ({d['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s) | "
               f"{sdpa['decode']['ms'] * 1e3:.0f} us | {d['ms'] / sdpa['decode']['ms']:.2f} |")
