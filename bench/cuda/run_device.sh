@@ -25,8 +25,11 @@ run_suite() {  # one process per suite: a sticky CUDA error stays in its suite
 }
 
 case "$MODE" in
+  hosttier)
+    run_suite 'CudaHostKvTier.*'
+    ;;
   tests)
-    for suite in 'CudaSampling.*' 'CudaKernels.*' 'CudaLora.*' 'CudaAttention.*' 'AllArchs/*' 'CudaBackend.*'; do run_suite "$suite"; done
+    for suite in 'CudaHostKvTier.*' 'CudaSampling.*' 'CudaKernels.*' 'CudaLora.*' 'CudaAttention.*' 'AllArchs/*' 'CudaBackend.*'; do run_suite "$suite"; done
     ;;
   smol)
     cat /tmp/loom/smol_a .carry/smol_b/part > /tmp/loom/smol.gguf
