@@ -251,7 +251,8 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         if options.warmup_requests > 0:
             await warm_up(client, models, options.warmup_requests)
         if options.warmup_tasks > 0:
-            await run_tasks(client, workload, config, models, text, options.seed + 7777, task_offset=10**6,
+            warmup_seed = options.seed if getattr(options, "steady_state", False) else options.seed + 7777
+            await run_tasks(client, workload, config, models, text, warmup_seed, task_offset=10**6,
                             num_tasks=options.warmup_tasks)
         graph = workloads.graph(workload, config.params)
         declared = []
