@@ -20,6 +20,7 @@
 #include <numeric>
 
 #include <CLI/CLI.hpp>
+#include <cuda_profiler_api.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -275,24 +276,91 @@ int run(int argc, char** argv) {
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
     const StepTimes lora_times = time_step(backend, mixed, iterations, true);
-    // The other placements of the LoRA kernels (the default is the side stream).
+    // The other placements and kernels (the default: split kernels on the side stream).
     using Overlap = CudaBackend::LoraOverlap;
+    using Kernel = CudaBackend::LoraKernel;
     backend.set_lora_overlap(Overlap::kSideStreamPdl);
     const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
     backend.set_lora_overlap(Overlap::kInline);
     const StepTimes inline_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_kernel(Kernel::kFused);
+    const StepTimes fused_inline_times = time_step(backend, mixed, iterations, true);
     backend.set_lora_overlap(Overlap::kSideStream);
+    const StepTimes fused_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_kernel(Kernel::kFusedAttention);
+    const StepTimes fused_attention_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_overlap(Overlap::kInline);
+    const StepTimes fused_attention_inline_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_overlap(Overlap::kSideStream);
+    backend.set_lora_kernel(Kernel::kSplit);
+    std::printf("LoRA fused for q/k/v and o only (graph ms): side stream %.3f (eager %.3f), inline %.3f\n",
+                fused_attention_times.graph_ms, fused_attention_times.eager_ms, fused_attention_inline_times.graph_ms);
+    results["lora_fused_attention"] = {{"side_stream_graph_ms", fused_attention_times.graph_ms},
+                                       {"side_stream_eager_ms", fused_attention_times.eager_ms},
+                                       {"inline_graph_ms", fused_attention_inline_times.graph_ms}};
+    // Which groups gain from the side stream: each mask puts the groups of its clear bits inline.
+    std::printf("LoRA side-stream groups (bit 0 q/k/v, 1 o, 2 gate/up, 3 down; graph ms):");
+    for (const uint32_t mask : {0xFu, 0xEu, 0xDu, 0xBu, 0x7u, 0xCu, 0x3u}) {
+      backend.set_lora_side_groups(mask);
+      const StepTimes mask_times = time_step(backend, mixed, iterations, true);
+      results["lora_side_groups"].push_back({{"mask", mask}, {"graph_ms", mask_times.graph_ms}});
+      std::printf(" 0x%X %.3f", mask, mask_times.graph_ms);
+    }
+    std::printf("\n");
+    backend.set_lora_side_groups(0xF);
+    backend.set_lora_bf16_gate_up(false);
+    const StepTimes f32_delta_times = time_step(backend, mixed, iterations, true);
+    backend.set_lora_bf16_gate_up(true);
+    const StepTimes bf16_delta_times = time_step(backend, mixed, iterations, true);
+    results["lora_gate_up_delta"] = {{"f32_graph_ms", f32_delta_times.graph_ms}, {"bf16_graph_ms", bf16_delta_times.graph_ms}};
+    std::printf("LoRA gate/up delta (graph ms): fp32 %.3f, bf16 %.3f (default)\n", f32_delta_times.graph_ms,
+                bf16_delta_times.graph_ms);
+    std::printf("LoRA expand columns per thread (0: 1 column, 128 threads; graph ms):");
+    for (const int columns : {2, 1}) {
+      backend.set_lora_expand_columns(columns);
+      const StepTimes column_times = time_step(backend, mixed, iterations, true);
+      results["lora_expand_columns"].push_back(
+          {{"columns", columns}, {"graph_ms", column_times.graph_ms}, {"eager_ms", column_times.eager_ms}});
+      std::printf(" %d: %.3f (eager %.3f)", columns, column_times.graph_ms, column_times.eager_ms);
+    }
+    std::printf("\n");
+    // What each launch costs the step (results wrong while skipped): bits 2g / 2g+1 skip group g's shrink / expand.
+    std::printf("LoRA launches skipped (graph ms):");
+    for (const uint32_t mask : {0x10u, 0x20u, 0x40u, 0x80u, 0xFFu}) {
+      backend.set_lora_skip_for_measuring(mask);
+      const StepTimes skip_times = time_step(backend, mixed, iterations, true);
+      results["lora_skip"].push_back({{"mask", mask}, {"graph_ms", skip_times.graph_ms}});
+      std::printf(" 0x%02X %.3f", mask, skip_times.graph_ms);
+    }
+    std::printf("\n");
+    backend.set_lora_skip_for_measuring(0);
     results["lora_placements"] = {{"side_stream_graph_ms", lora_times.graph_ms},
                                   {"side_stream_pdl_graph_ms", pdl_times.graph_ms},
-                                  {"inline_graph_ms", inline_times.graph_ms}};
-    std::printf("LoRA placements (graph ms): side stream %.3f, side stream + PDL expand %.3f, inline %.3f\n",
-                lora_times.graph_ms, pdl_times.graph_ms, inline_times.graph_ms);
+                                  {"inline_graph_ms", inline_times.graph_ms},
+                                  {"fused_side_stream_graph_ms", fused_times.graph_ms},
+                                  {"fused_inline_graph_ms", fused_inline_times.graph_ms}};
+    std::printf("LoRA placements (graph ms): side stream %.3f (eager %.3f), + PDL expand %.3f, inline %.3f; fused "
+                "kernel side stream %.3f, inline %.3f\n",
+                lora_times.graph_ms, lora_times.eager_ms, pdl_times.graph_ms, inline_times.graph_ms,
+                fused_times.graph_ms, fused_inline_times.graph_ms);
     results["lora"] = {{"batch", 64}, {"adapters", 8}, {"rank", 16}, {"base_graph_ms", base_times.graph_ms},
                        {"lora_graph_ms", lora_times.graph_ms}, {"base_eager_ms", base_times.eager_ms},
                        {"lora_eager_ms", lora_times.eager_ms}, {"ratio_graph", lora_times.graph_ms / base_times.graph_ms},
                        {"ratio_eager", lora_times.eager_ms / base_times.eager_ms}};
     std::printf("\nmulti-LoRA decode 64 (8 adapters r=16): base %.3f ms, lora %.3f ms, ratio %.3f (graph)\n",
                 base_times.graph_ms, lora_times.graph_ms, lora_times.graph_ms / base_times.graph_ms);
+    if (wanted("loraprof")) {  // one eager step per kernel choice between cudaProfilerStart/Stop (ncu --profile-from-start off)
+      for (const auto kernel : {Kernel::kFused, Kernel::kSplit}) {
+        backend.set_lora_kernel(kernel);
+        backend.enqueue_forward(mixed);
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
+        LOOM_CUDA_CHECK(cudaProfilerStart());
+        backend.enqueue_forward(mixed);
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
+        LOOM_CUDA_CHECK(cudaProfilerStop());
+      }
+      backend.set_lora_kernel(Kernel::kSplit);
+    }
     for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
   }
 

@@ -37,6 +37,25 @@ def main():
         print(f"LoRA kernel placements (graph): side stream beside the base GEMM {pl['side_stream_graph_ms']:.2f} ms "
               f"(default), the same with the expand as a programmatic dependent launch {pl['side_stream_pdl_graph_ms']:.2f} ms, "
               f"inline after the GEMM {pl['inline_graph_ms']:.2f} ms.")
+        if "fused_side_stream_graph_ms" in pl:
+            print(f"Fused shrink+expand kernel (one launch per group): side stream {pl['fused_side_stream_graph_ms']:.2f} ms, "
+                  f"inline {pl['fused_inline_graph_ms']:.2f} ms; fused for q/k/v and o only: side stream "
+                  f"{bench['lora_fused_attention']['side_stream_graph_ms']:.2f} ms.")
+    if "lora_side_groups" in bench:
+        names = ["q/k/v", "o", "gate/up", "down"]
+        parts = []
+        for row in bench["lora_side_groups"]:
+            inline = [names[g] for g in range(4) if not (row["mask"] >> g) & 1]
+            parts.append(f"{', '.join(inline) or 'none'} inline {row['graph_ms']:.2f}")
+        print("LoRA groups inline instead of on the side stream (graph ms): " + "; ".join(parts) + ".")
+    if "lora_skip" in bench:
+        names = ["q/k/v shrink", "q/k/v expand", "o shrink", "o expand", "gate/up shrink", "gate/up expand",
+                 "down shrink", "down expand"]
+        parts = []
+        for row in bench["lora_skip"]:
+            skipped = [names[b] for b in range(8) if (row["mask"] >> b) & 1]
+            parts.append(f"{'all' if len(skipped) == 8 else ', '.join(skipped)} {row['graph_ms']:.2f}")
+        print("LoRA step with launches left out (wrong results, for attribution; graph ms): " + "; ".join(parts) + ".")
     if "sampling" in bench:
         sm = bench["sampling"]
         print(f"\nSampling on the device, {sm['rows']} rows x vocab {sm['vocab']}: kernel greedy "

@@ -125,6 +125,9 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
         column += out;
       }
 
+      for (const int variant : {-1, 0, 1, 2, 4}) {  // -1: fused kernel, else split kernels, expand_columns
+      const bool fused = variant < 0;
+      SCOPED_TRACE(fused ? "fused kernel" : "split kernels, expand columns " + std::to_string(variant));
       DeviceBuffer x_d = test::upload_bf16(x);
       DeviceBuffer y_d = c.y_bf16 ? test::upload_bf16(y) : test::upload_f32(y);
       LoraParams params;
@@ -143,6 +146,8 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       params.y = y_d.data();
       params.y_is_bf16 = c.y_bf16;
       params.y_stride = c.out_width;
+      params.fused = fused;
+      params.expand_columns = fused ? 1 : variant;
       int y_column = 0;
       for (LoraTarget target : c.targets) {
         const int out = target == LoraTarget::kK || target == LoraTarget::kV ? kv_size
@@ -167,10 +172,12 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       DeviceBuffer delta_d(static_cast<size_t>(num_lora_rows) * c.out_width * sizeof(float));
       LOOM_CUDA_CHECK(cudaMemset(delta_d.data(), 0xff, delta_d.size()));
       params.y = delta_d.data();
-      params.y_is_bf16 = false;
+      params.y_is_bf16 = c.y_bf16;  // the backend's gate/up delta is bf16
       params.write_by_lora_row = true;
       launch_lora(params, nullptr);
-      const std::vector<float> delta = test::download_f32(delta_d.data(), static_cast<size_t>(num_lora_rows) * c.out_width);
+      const size_t delta_count = static_cast<size_t>(num_lora_rows) * c.out_width;
+      const std::vector<float> delta = c.y_bf16 ? test::download_bf16(delta_d.data(), delta_count)
+                                                : test::download_f32(delta_d.data(), delta_count);
       std::vector<float> expected_delta(delta.size());
       for (int row = 0; row < num_lora_rows; ++row) {
         const int t = plan.words()[plan.sections().lora_tokens + row];
@@ -179,6 +186,7 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
           expected_delta[row * c.out_width + o] = expected[t * c.out_width + o] - y[t * c.out_width + o];
       }
       EXPECT_TRUE(test::close_bf16(delta, expected_delta)) << "write_by_lora_row";
+      }
     }
   }
 }

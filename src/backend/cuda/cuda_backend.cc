@@ -171,9 +171,9 @@ void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __n
   gemm_->linear(x, m, k, w, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
 }
 
-bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
+int CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
                              int32_t x_stride, int32_t width) {
-  if (plan_.num_lora_tiles() == 0) return false;
+  if (plan_.num_lora_tiles() == 0) return kLoraNone;
   const PlanSections& sections = plan_.sections();
   LoraParams params;
   params.modules = lora_table_->device_table();
@@ -189,7 +189,8 @@ bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> target
   params.v = lora_v_.as<float>();
   params.max_splits = lora_max_splits_;
   params.y = lora_out_.data();
-  params.y_is_bf16 = false;
+  // gate/up's delta (the widest, read by SwiGLU, which rounds to bf16 anyway) travels as bf16.
+  params.y_is_bf16 = lora_bf16_gate_up_ && *targets.begin() == LoraTarget::kGate;
   params.y_stride = width;
   params.write_by_lora_row = true;
   const int32_t hidden = config_.hidden_size;
@@ -210,21 +211,29 @@ bool CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> target
     }
   }
   params.programmatic_expand = lora_overlap_ == LoraOverlap::kSideStreamPdl;
-  if (lora_overlap_ == LoraOverlap::kInline) {
+  const int32_t first = params.targets[0].target;
+  const int group = first == static_cast<int32_t>(LoraTarget::kQ)      ? 0
+                    : first == static_cast<int32_t>(LoraTarget::kO)    ? 1
+                    : first == static_cast<int32_t>(LoraTarget::kGate) ? 2
+                                                                       : 3;
+  params.expand_columns = lora_expand_columns_;
+  params.skip_for_measuring = static_cast<int32_t>(lora_skip_ >> (2 * group) & 3);
+  params.fused = lora_kernel_ == LoraKernel::kFused || (lora_kernel_ == LoraKernel::kFusedAttention && group <= 1);
+  if (lora_overlap_ == LoraOverlap::kInline || (lora_side_groups_ >> group & 1) == 0) {
     launch_lora(params, stream_);
-    return true;
+    return kLoraInline;
   }
   // The shrink and expand read x and write only lora_out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(lora_fork_, stream_));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(lora_stream_, lora_fork_, 0));
   launch_lora(params, lora_stream_);
   LOOM_CUDA_CHECK(cudaEventRecord(lora_join_, lora_stream_));
-  return true;
+  return kLoraSide;
 }
 
-const float* CudaBackend::end_lora(bool active) {
-  if (!active) return nullptr;
-  if (lora_overlap_ != LoraOverlap::kInline) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
+const float* CudaBackend::end_lora(int active) {
+  if (active == kLoraNone) return nullptr;
+  if (active == kLoraSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
   return lora_out_.as<float>();
 }
 
@@ -244,7 +253,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   launch_add_rms_norm(residual_.as<float>(), layer == 0 ? nullptr : delta_.as<float>(), nullptr, weights.input_norm,
                       config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), stream_, previous_lora_delta,
                       lora_rows);
-  bool lora = begin_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv);
+  int lora = begin_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv);
   linear(normed_.as<bf16>(), n, hidden, weights.qkv_proj, qkv, qkv_.data(), false, qkv);
 
   QkvParams post;
@@ -304,7 +313,8 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
     lora = begin_lora(layer, {LoraTarget::kGate, LoraTarget::kUp}, normed_.as<bf16>(), hidden, 2 * intermediate);
     linear(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, gate_up_.data(), true,
            2 * intermediate);
-    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_, end_lora(lora), lora_rows);
+    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_, end_lora(lora), lora_rows,
+                  lora_bf16_gate_up_);
   }
   lora = begin_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, hidden);
   linear(activation_.as<bf16>(), n, intermediate, weights.down_proj, hidden, delta_.data(), false, hidden);

@@ -74,6 +74,21 @@ class CudaBackend final : public Backend {
   //   kInline         after the base GEMM on the main stream
   enum class LoraOverlap { kSideStream, kSideStreamPdl, kInline };
   void set_lora_overlap(LoraOverlap mode) { lora_overlap_ = mode; }
+  // Which LoRA kernels run each projection group (lora.cu):
+  //   kSplit  a shrink launch (split over the input features), then an expand launch (default)
+  //   kFused  one launch: each CTA computes its tile's shrink, then expands a block of outputs
+  //   kFusedAttention  fused for q/k/v and o, split for gate/up and down
+  enum class LoraKernel { kFused, kSplit, kFusedAttention };
+  void set_lora_kernel(LoraKernel kernel) { lora_kernel_ = kernel; }
+  // With kSideStream: bit g set = projection group g (0 q/k/v, 1 o, 2 gate/up,
+  // 3 down) on the side stream, clear = inline after its GEMM (for measuring).
+  void set_lora_side_groups(uint32_t mask) { lora_side_groups_ = mask; }
+  // gate/up's LoRA delta as bf16 (default) or fp32.
+  void set_lora_bf16_gate_up(bool bf16) { lora_bf16_gate_up_ = bf16; }
+  // Output columns per thread of the split path's expand kernel (1, 2 or 4).
+  void set_lora_expand_columns(int32_t columns) { lora_expand_columns_ = columns; }
+  // Measuring only (wrong results): per group g, bits 2g / 2g+1 skip its shrink / expand launch.
+  void set_lora_skip_for_measuring(uint32_t mask) { lora_skip_ = mask; }
   // This layer's K / V pool (nullptr before allocate_kv_cache).
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
@@ -87,12 +102,14 @@ class CudaBackend final : public Backend {
   // the next norm adds with delta_.
   const float* run_layer(int layer, const float* previous_lora_delta);
   // Batched LoRA of one projection group runs on lora_stream_ beside the base
-  // GEMM (same input x, own output lora_out_ [LoRA rows, width] fp32, which the
-  // next kernel adds). begin_lora forks and enqueues it (false: no LoRA rows);
-  // end_lora(true) makes stream_ wait for it and returns lora_out_.
-  bool begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
-                  int32_t width);
-  const float* end_lora(bool active);
+  // GEMM (same input x, own output lora_out_ [LoRA rows, width] fp32, bf16 for
+  // gate/up by default, which the
+  // next kernel adds). begin_lora forks and enqueues it (kLoraNone: no LoRA rows);
+  // end_lora(its answer) makes stream_ wait for a side-stream launch and returns lora_out_.
+  static constexpr int kLoraNone = 0, kLoraInline = 1, kLoraSide = 2;  // begin_lora's answer
+  int begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
+                 int32_t width);
+  const float* end_lora(int active);
   template <typename T>
   T* plan_pointer(size_t section) const {
     return reinterpret_cast<T*>(plan_device_.as<int32_t>() + section);
@@ -104,6 +121,11 @@ class CudaBackend final : public Backend {
   int32_t decode_ctas_per_sm_ = 0;  // attention_decode_ctas_per_sm(head_dim)
   DecodeGemm decode_gemm_ = DecodeGemm::kAuto;
   LoraOverlap lora_overlap_ = LoraOverlap::kSideStream;
+  LoraKernel lora_kernel_ = LoraKernel::kSplit;
+  uint32_t lora_side_groups_ = 0xF;
+  uint32_t lora_skip_ = 0;
+  int32_t lora_expand_columns_ = 1;
+  bool lora_bf16_gate_up_ = true;
   cudaStream_t stream_ = nullptr;
   DeviceModel model_;
   std::unique_ptr<Gemm> gemm_;
@@ -136,7 +158,7 @@ class CudaBackend final : public Backend {
   DeviceBuffer gate_up_;    // [tokens, 2 intermediate] bf16
   DeviceBuffer activation_; // [tokens, intermediate] bf16
   DeviceBuffer lora_v_;     // [3, lora rows, max rank] fp32
-  DeviceBuffer lora_out_;   // [lora rows, widest group] fp32: the LoRA delta of one projection group
+  DeviceBuffer lora_out_;   // [lora rows, widest group] fp32 (gate/up: bf16): the LoRA delta of one projection group
   DeviceBuffer partial_out_, partial_lse_;
   DeviceBuffer logits_;     // [rows, vocab] fp32
   DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)

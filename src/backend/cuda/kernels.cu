@@ -198,8 +198,18 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   }
 }
 
+__device__ __forceinline__ void unpack_bf16x8(const uint4& packed, float* out) {
+  const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float2 pair = __bfloat1622float2(pairs[k]);
+    out[2 * k] = pair.x;
+    out[2 * k + 1] = pair.y;
+  }
+}
+
 __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t intermediate, bf16* out,
-                              const float* lora, const int32_t* lora_rows) {
+                              const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
   const int64_t vectors_per_row = intermediate / 8;
   const int64_t total = num_tokens * vectors_per_row;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
@@ -217,7 +227,11 @@ __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t i
     float lora_gate[8], lora_up[8];
 #pragma unroll
     for (int k = 0; k < 8; ++k) lora_gate[k] = lora_up[k] = 0.0f;
-    if (lora_row >= 0) {
+    if (lora_row >= 0 && lora_is_bf16) {
+      const bf16* l = reinterpret_cast<const bf16*>(lora) + lora_row * 2 * intermediate + column;
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(l), lora_gate);
+      unpack_bf16x8(*reinterpret_cast<const uint4*>(l + intermediate), lora_up);
+    } else if (lora_row >= 0) {
       const float* l = lora + lora_row * 2 * intermediate + column;
 #pragma unroll
       for (int k = 0; k < 8; k += 4) {
@@ -280,10 +294,11 @@ void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
-                   const float* lora, const int32_t* lora_rows) {
+                   const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
   if (num_tokens == 0) return;
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
-  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out, lora, lora_rows);
+  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out, lora, lora_rows,
+                                                          lora_is_bf16);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

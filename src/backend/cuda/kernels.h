@@ -55,10 +55,11 @@ struct QkvParams {
 void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream);
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate + i]. intermediate % 8 == 0.
-// With lora ([LoRA rows, 2 intermediate] fp32), tokens with lora_rows[t] >= 0
+// With lora ([LoRA rows, 2 intermediate] fp32, or bf16 with lora_is_bf16), tokens with lora_rows[t] >= 0
 // first add their row to gate_up's.
+// lora_is_bf16: the LoRA delta rows are bf16 rather than fp32.
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
-                   const float* lora = nullptr, const int32_t* lora_rows = nullptr);
+                   const float* lora = nullptr, const int32_t* lora_rows = nullptr, bool lora_is_bf16 = false);
 
 struct AttentionParams {
   const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
@@ -110,12 +111,20 @@ struct LoraParams {
   int32_t y_stride = 0;
   int32_t num_targets = 0;                 // 1..3, all reading x and writing y
   LoraTargetArgs targets[3];
-  // false: y[token] += (y rows are batch tokens). true: y is fp32 with a row
-  // per LoRA row (sorted_tokens' order) and is written, not added: scale v B^T,
-  // zeros where the row's adapter does not target the module.
+  // false: y[token] += (y rows are batch tokens). true: y (fp32, or bf16 with
+  // y_is_bf16) has a row per LoRA row (sorted_tokens' order) and is written,
+  // not added: scale v B^T, zeros where the row's adapter does not target the module.
   bool write_by_lora_row = false;
   // Launch the expand as a programmatic dependent launch of the shrink (PDL).
   bool programmatic_expand = false;
+  // One fused shrink + expand launch (each CTA recomputes its tile's v; no v
+  // scratch needed) instead of the split shrink / expand pair.
+  bool fused = false;
+  // Split path: output columns per expand thread, 256 threads per CTA (1, 2 or
+  // 4); 0: one column per thread, 128 threads per CTA.
+  int32_t expand_columns = 1;
+  // Measuring only (results wrong): 1 = skip the shrink launch, 2 = skip the expand launch.
+  int32_t skip_for_measuring = 0;
 };
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.
