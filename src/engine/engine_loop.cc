@@ -169,8 +169,7 @@ void EngineImpl::publish_gauges() {
 }
 
 void EngineImpl::step() {
-  sync_workflows();  // before plan(): its allocations evict by the current steps
-  pump_kv_transfers();
+  sync_workflows();  // before plan(): its allocations evict by the current steps (thread_main pumped transfers)
   const StepPlan plan = scheduler_->plan();
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   note_load_waits(plan, scheduled_at);

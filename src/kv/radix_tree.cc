@@ -19,18 +19,11 @@ RadixNode* RadixTree::root(const std::string& kv_namespace) const {
 }
 
 std::vector<RadixNode*> RadixTree::match(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
-  std::vector<RadixNode*> path;
-  RadixNode* node = root(kv_key.namespace_of_block(0));
-  if (node == nullptr) return path;
-  const size_t block = static_cast<size_t>(block_size_);
-  for (size_t start = 0; start + block <= tokens.size(); start += block) {
-    const int32_t block_index = static_cast<int32_t>(start / block);
-    auto it = node->children.find(RadixChildView{kv_key.namespace_of_block(block_index), tokens.subspan(start, block)});
-    if (it == node->children.end()) break;
-    node = it->second.get();
-    if (node->tier != KvTier::kDevice) break;  // offloading nodes match: their K/V is final
-    path.push_back(node);
-  }
+  std::vector<RadixNode*> path = match_any_tier(kv_key, tokens);
+  // Offloading nodes match (their K/V is final); the path stops at the first host or loading node.
+  const auto first_off_device =
+      std::find_if(path.begin(), path.end(), [](const RadixNode* node) { return node->tier != KvTier::kDevice; });
+  path.erase(first_off_device, path.end());
   return path;
 }
 
