@@ -37,6 +37,7 @@ struct ServeOptions {
   size_t max_request_bytes = 8u << 20;
   int threads = 0;
   int http_threads = 128;
+  server::RequestLimits request_limits;
   EngineConfig engine;
 };
 
@@ -97,6 +98,7 @@ int run_serve(const ServeOptions& options) {
   config.lora_dir = options.lora_dir;
   config.max_request_bytes = options.max_request_bytes;
   config.num_http_threads = options.http_threads;
+  config.request_limits = options.request_limits;
   server::HttpServer server(*engine, config);
   server.bind();
 
@@ -138,6 +140,16 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--lora-dir", options->lora_dir, "Runtime adapters must lie under this directory");
   app.add_option("--max-request-bytes", options->max_request_bytes, "Larger request bodies get 413")
       ->check(CLI::PositiveNumber);
+  server::RequestLimits& limits = options->request_limits;
+  app.add_option("--max-n", limits.max_n, "Largest `n` (choices per prompt) a request may ask for")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-stop-strings", limits.max_stop_strings, "Most entries in a request's `stop`")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-stop-string-bytes", limits.max_stop_string_bytes, "Longest stop string, in bytes")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-request-output-tokens", limits.max_request_output_tokens,
+                 "Most output tokens one request may ask for: prompts x n x max_tokens")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-batch-tokens", engine.max_batch_tokens, "Tokens per forward step")->check(CLI::PositiveNumber);
   app.add_option("--max-running-requests", engine.max_running_requests, "Requests in the running batch at most")
       ->check(CLI::PositiveNumber);

@@ -90,7 +90,7 @@ struct HttpServer::Impl {
       return false;
     };
     completion.parse.max_context_tokens = engine.max_context_tokens();
-    completion.parse.max_n = config.max_n;
+    completion.parse.limits = config.request_limits;
   }
 
   void install_routes();

@@ -18,6 +18,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/openai_request.h"
 
 namespace loom::server {
 
@@ -31,7 +32,7 @@ struct ServerConfig {
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it
   size_t max_request_bytes = 8u << 20;  // bodies over this get 413
   int num_http_threads = 128;        // concurrent connections served (streams hold one each)
-  int max_n = 16;                    // largest `n` accepted
+  RequestLimits request_limits;      // per-request bounds (n, stop strings, output tokens)
 };
 
 class HttpServer {

@@ -208,7 +208,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
 
   EngineRequest& request = parsed.engine_template;
   request.adapter = parsed.adapter;
-  parsed.n = static_cast<int32_t>(read_int(body, "n", 1, 1, context.max_n));
+  parsed.n = static_cast<int32_t>(read_int(body, "n", 1, 1, context.limits.max_n));
   parsed.stream = read_bool(body, "stream", false);
   if (has(body, "stream_options")) {
     if (!body["stream_options"].is_object()) throw_bad_request("stream_options", "'stream_options' must be an object");

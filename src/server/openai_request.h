@@ -24,13 +24,22 @@ struct LogprobsRequest {
   int32_t num_top = 0;
 };
 
+// Per-request bounds on what a client may ask for (memory and work a single
+// request can claim). Each has a `loom serve` flag; defaults documented there.
+struct RequestLimits {
+  int32_t max_n = 16;                         // --max-n: largest `n`
+  int32_t max_stop_strings = 16;              // --max-stop-strings: entries in `stop`
+  int32_t max_stop_string_bytes = 1024;       // --max-stop-string-bytes: bytes of one stop string
+  int64_t max_request_output_tokens = 131072; // --max-request-output-tokens: choices x max_tokens
+};
+
 // What the parser needs to know about the server. Borrowed, not owned.
 struct ParseContext {
   const Tokenizer* tokenizer = nullptr;
   std::vector<std::string> base_model_names;  // names that mean the base model (first = canonical)
   std::function<bool(const std::string&)> has_adapter;  // adapter loaded under this name?
   int32_t max_context_tokens = 0;
-  int32_t max_n = 16;  // largest `n` accepted
+  RequestLimits limits;
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions
