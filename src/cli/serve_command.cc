@@ -1,10 +1,16 @@
 // `loom serve`: load a model and its adapters, start the engine thread and the
-// OpenAI-compatible HTTP server; SIGINT/SIGTERM stop it gracefully (exit 0).
+// OpenAI-compatible HTTP server; SIGINT/SIGTERM drain it (exit 0), a second
+// signal exits at once.
+#include <fcntl.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
 #include <csignal>
 #include <filesystem>
 #include <thread>
 
-#include <pthread.h>
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_backend.h"
@@ -34,9 +40,9 @@ struct ServeOptions {
   std::string eviction_policy = "lru";
   std::string host_kv_memory = "0";
   std::string prefetch_max_bytes = "0";
-  size_t max_request_bytes = 8u << 20;
   int threads = 0;
-  int http_threads = 128;
+  double shutdown_timeout_seconds = 30.0;
+  server::ServerConfig server;  // transport limits and flags bound directly
   server::RequestLimits request_limits;
   EngineConfig engine;
 };
@@ -49,14 +55,48 @@ std::string default_served_name(const std::string& model_path) {
   return path.extension() == ".gguf" ? path.stem().string() : path.filename().string();
 }
 
-int run_serve(const ServeOptions& options) {
-  // Signals go to the watcher thread only: block them before any thread starts.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+// SIGINT/SIGTERM, whichever thread receives them (libraries such as OpenBLAS
+// start threads before main, with signals unblocked): the first one writes its
+// number to a pipe that a watcher thread reads; a second one exits at once.
+int g_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_num_signals{0};
+
+void on_stop_signal(int signal_number) {
+  if (g_num_signals.fetch_add(1) > 0) _exit(128 + signal_number);
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+void install_stop_signals() {
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) fail(ErrorKind::kInternal, "pipe2 failed: errno {}", errno);
+  struct sigaction action {};
+  action.sa_handler = on_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
   std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a crash
+}
+
+// Open connections are file descriptors: raise the soft limit to the hard one.
+void raise_open_file_limit(int max_connections) {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  if (limit.rlim_cur < limit.rlim_max) {
+    limit.rlim_cur = limit.rlim_max;
+    setrlimit(RLIMIT_NOFILE, &limit);
+    getrlimit(RLIMIT_NOFILE, &limit);
+  }
+  if (limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur < static_cast<rlim_t>(max_connections) + 64)
+    spdlog::warn("--max-connections {} is above what the open-file limit ({}) allows; beyond it accept() fails "
+                 "and clients wait (raise `ulimit -n`)",
+                 max_connections, limit.rlim_cur);
+}
+
+int run_serve(const ServeOptions& options) {
+  install_stop_signals();  // first: a signal during loading already drains (there is nothing to drain)
 
   EngineConfig engine_config = options.engine;
   const std::optional<KvSharing> default_sharing = parse_kv_sharing(options.default_sharing);
@@ -87,7 +127,7 @@ int run_serve(const ServeOptions& options) {
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
 
-  server::ServerConfig config;
+  server::ServerConfig config = options.server;
   config.host = options.host;
   config.port = options.port;
   config.api_key = options.api_key;
@@ -96,26 +136,31 @@ int run_serve(const ServeOptions& options) {
       options.served_model_name.empty() ? default_served_name(model_path) : options.served_model_name;
   config.allow_runtime_lora = options.allow_runtime_lora;
   config.lora_dir = options.lora_dir;
-  config.max_request_bytes = options.max_request_bytes;
-  config.num_http_threads = options.http_threads;
   config.request_limits = options.request_limits;
+  raise_open_file_limit(config.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
 
+  const auto shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_seconds * 1e3));
   std::thread signal_watcher([&] {
-    int signal_number = 0;
-    sigwait(&signals, &signal_number);
+    unsigned char signal_number = 0;
+    while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
+    }
     if (signal_number == 0) return;  // woken by ourselves at normal exit
-    spdlog::info("signal {}: stopping (in-flight requests are cancelled)", signal_number);
-    server.stop();
-    engine->shutdown(false);
+    spdlog::info("signal {}: draining (new connections refused; requests in flight get up to {} s; a second "
+                 "signal exits at once)",
+                 signal_number, options.shutdown_timeout_seconds);
+    const bool drained = server.shutdown(shutdown_timeout);
+    spdlog::info(drained ? "every request in flight finished" : "requests still running were ended with an error");
   });
   spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.host,
                server.bound_port(), engine->max_context_tokens());
+  // A signal that came while loading is in the pipe already: the watcher drains at once.
   server.run();
   server.stop();
-  engine->shutdown(false);
-  pthread_kill(signal_watcher.native_handle(), SIGTERM);  // no-op if it already returned
+  engine->shutdown(false);  // cancels what is left and frees every KV block
+  const unsigned char wake = 0;
+  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &wake, 1);  // the watcher, if no signal came
   signal_watcher.join();
   spdlog::info("stopped");
   return 0;
@@ -138,8 +183,34 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_flag("--allow-runtime-lora", options->allow_runtime_lora,
                "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-dir", options->lora_dir, "Runtime adapters must lie under this directory");
-  app.add_option("--max-request-bytes", options->max_request_bytes, "Larger request bodies get 413")
-      ->check(CLI::PositiveNumber);
+  server::ServerConfig& server = options->server;
+  app.add_flag("--metrics-require-api-key", server.metrics_require_api_key,
+               "Also require the --api-key on GET /metrics");
+  app.add_option("--max-request-bytes", server.max_request_bytes,
+                 "Larger request bodies get 413, whatever the transfer encoding")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-header-bytes", server.max_header_bytes, "Larger request line + headers get 431")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-header-count", server.max_header_count, "More request header lines get 431")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--header-timeout", server.header_timeout_seconds,
+                 "Seconds from a request's first byte to the end of its headers; then 408")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--body-timeout", server.body_timeout_seconds,
+                 "Seconds from the end of the headers to the end of the body; then 408")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--keep-alive-timeout", server.keep_alive_timeout_seconds,
+                 "Seconds an idle connection stays open between requests")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--write-timeout", server.write_timeout_seconds,
+                 "Seconds one write of a response may wait for a client that does not read; then it is dropped")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-connections", server.max_connections, "Open connections at most; beyond, 503 and close")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--shutdown-timeout", options->shutdown_timeout_seconds,
+                 "On SIGINT/SIGTERM: seconds requests in flight may take to finish before they are ended with an "
+                 "error")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   server::RequestLimits& limits = options->request_limits;
   app.add_option("--max-n", limits.max_n, "Largest `n` (choices per prompt) a request may ask for")
       ->check(CLI::PositiveNumber)->capture_default_str();
@@ -189,8 +260,9 @@ CommandRunner register_serve(CLI::App& app) {
                  "Workflows without a request or API call for this long are forgotten (default 600)")
       ->check(CLI::PositiveNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
-  app.add_option("--http-threads", options->http_threads, "HTTP worker threads (one per open connection)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--http-threads", server.num_http_threads,
+                 "Requests handled at once (a streaming or waiting request holds one; idle connections none)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   return [options] { return run_serve(*options); };
 }
 

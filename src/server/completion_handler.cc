@@ -3,6 +3,7 @@
 #include <chrono>
 #include <ctime>
 #include <memory>
+#include <thread>
 
 #include <spdlog/spdlog.h>
 
@@ -15,8 +16,6 @@ namespace {
 using Clock = std::chrono::steady_clock;
 using std::chrono::milliseconds;
 
-// How long a handler keeps waiting on silent streams once shutdown began.
-constexpr auto kShutdownGrace = std::chrono::seconds(5);
 // A stream silent this long gets an SSE comment, so a vanished client is noticed.
 constexpr auto kKeepAliveInterval = std::chrono::seconds(2);
 
@@ -102,82 +101,83 @@ std::shared_ptr<Generation> submit_all(Endpoint endpoint, const CompletionContex
   return generation;
 }
 
-void respond_whole(const CompletionContext& context, Generation& generation, httplib::Response& response) {
-  auto quiet_since = Clock::now();
+ApiError shutting_down() {
+  return ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down");
+}
+
+HttpResponse respond_whole(const CompletionContext& context, Generation& generation, const HttpRequest& request) {
   while (generation.num_unfinished > 0) {
     auto outputs = generation.poll(milliseconds(100));
     for (auto& [index, output] : outputs) generation.record(index, output);
-    if (!outputs.empty()) quiet_since = Clock::now();
-    if (context.stopping->load() && Clock::now() - quiet_since > kShutdownGrace) {
+    if (context.ending_requests->load()) {
       generation.cancel_all();
-      throw ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down");
+      throw shutting_down();
+    }
+    if (request.client_gone()) {
+      spdlog::debug("client left request {}: cancelling", generation.builder->id());
+      generation.cancel_all();
+      HttpResponse response;  // never delivered
+      response.close_connection = true;
+      return response;
     }
   }
   if (generation.error) throw api_error_from(*generation.error);
-  response.set_content(generation.builder->full_body(generation.results, generation.usage()), "application/json");
+  HttpResponse response;
+  response.body = generation.builder->full_body(generation.results, generation.usage());
+  return response;
 }
 
-// The chunked content provider: writes every event of the stream in one call.
-bool write_stream(const CompletionContext& context, Generation& generation, httplib::DataSink& sink) {
-  auto write = [&](const std::string& event) { return sink.write(event.data(), event.size()); };
+// Writes every event of the stream, then [DONE]; stops early when the client leaves.
+void write_stream(const CompletionContext& context, Generation& generation, ResponseSink& sink) {
+  auto write = [&](const std::string& event) { return sink.write(event); };
+  auto client_left = [&] {
+    spdlog::debug("client left stream {}: cancelling", generation.builder->id());
+    generation.cancel_all();
+  };
   const bool is_chat = generation.request.endpoint == Endpoint::kChatCompletions;
   if (is_chat)
     for (int32_t index = 0; index < generation.request.num_choices(); ++index)
-      if (!write(generation.builder->role_event(index))) return false;
+      if (!write(generation.builder->role_event(index))) return client_left();
 
-  auto last_write = Clock::now(), last_output = Clock::now();
+  auto last_write = Clock::now();
   while (generation.num_unfinished > 0) {
     auto outputs = generation.poll(milliseconds(100));
-    if (!outputs.empty()) last_output = Clock::now();
     for (auto& [index, output] : outputs) {
       generation.record(index, output);
-      if (output.error) {
-        if (!write(ResponseBuilder::error_event(api_error_from(*output.error).body()))) return false;
-        continue;
-      }
-      if (!write(generation.builder->delta_event(index, output))) {
-        spdlog::debug("client left stream {}: cancelling", generation.builder->id());
-        generation.cancel_all();
-        return false;
-      }
+      const std::string event = output.error
+                                    ? ResponseBuilder::error_event(api_error_from(*output.error).body())
+                                    : generation.builder->delta_event(index, output);
+      if (!write(event)) return client_left();
       last_write = Clock::now();
     }
     if (outputs.empty() && Clock::now() - last_write > kKeepAliveInterval) {
-      if (!write(": keep-alive\n\n")) {
-        generation.cancel_all();
-        return false;
-      }
+      if (!write(": keep-alive\n\n")) return client_left();
       last_write = Clock::now();
     }
-    if (context.stopping->load() && Clock::now() - last_output > kShutdownGrace) {
+    if (context.ending_requests->load()) {
       generation.cancel_all();
-      write(ResponseBuilder::error_event(
-          ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down").body()));
-      break;
+      write(ResponseBuilder::error_event(shutting_down().body()));
+      write(ResponseBuilder::done_event());
+      return;
     }
   }
-  if (generation.request.include_usage && !write(generation.builder->usage_event(generation.usage()))) return false;
-  if (!write(ResponseBuilder::done_event())) return false;
-  sink.done();
-  return true;
+  if (generation.request.include_usage && !write(generation.builder->usage_event(generation.usage())))
+    return client_left();
+  write(ResponseBuilder::done_event());
 }
 
 }  // namespace
 
-void handle_completion(Endpoint endpoint, const CompletionContext& context, const httplib::Request& request,
-                       httplib::Response& response) {
+HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& context, const HttpRequest& request) {
   ParsedRequest parsed = parse_openai_request(endpoint, request.body, context.parse);
   const bool stream = parsed.stream;
   std::shared_ptr<Generation> generation = submit_all(endpoint, context, std::move(parsed));
-  if (!stream) {
-    respond_whole(context, *generation, response);
-    return;
-  }
-  response.set_header("Cache-Control", "no-cache");
-  response.set_chunked_content_provider(
-      "text/event-stream",
-      [context, generation](size_t, httplib::DataSink& sink) { return write_stream(context, *generation, sink); },
-      [generation](bool) { generation->cancel_all(); });
+  if (!stream) return respond_whole(context, *generation, request);
+  HttpResponse response;
+  response.content_type = "text/event-stream";
+  response.headers.emplace_back("Cache-Control", "no-cache");
+  response.stream = [context, generation](ResponseSink& sink) { write_stream(context, *generation, sink); };
+  return response;
 }
 
 }  // namespace loom::server

@@ -1,15 +1,15 @@
 // POST /v1/completions and /v1/chat/completions: parse -> submit one engine
 // request per choice -> a whole JSON body, or an SSE stream that ends with
-// "data: [DONE]". A client that disconnects mid-stream cancels its requests.
+// "data: [DONE]". A client that disconnects cancels its requests: a stream
+// notices at its next write, a whole-body request within one poll (100 ms).
 //
-// Runs on HTTP worker threads; the engine is shared, everything else is per call.
+// Runs on HTTP handler threads; the engine is shared, everything else is per call.
 #pragma once
 
 #include <atomic>
 
-#include <httplib.h>
-
 #include "engine/engine.h"
+#include "server/http_types.h"
 #include "server/openai_request.h"
 
 namespace loom::server {
@@ -18,12 +18,12 @@ struct CompletionContext {
   Engine* engine = nullptr;
   const Tokenizer* tokenizer = nullptr;
   ParseContext parse;
-  const std::atomic<bool>* stopping = nullptr;  // set on shutdown
-};
+  // Set when requests in flight must end now (shutdown timeout passed): they
+  // are cancelled and answered 503, or get an SSE error event then [DONE].
+  const std::atomic<bool>* ending_requests = nullptr;};
 
-// Fills `response` (status, body or chunked provider). Throws ApiError for a
-// request that cannot start; errors after streaming began go into the stream.
-void handle_completion(Endpoint endpoint, const CompletionContext& context, const httplib::Request& request,
-                       httplib::Response& response);
+// The response: a whole body, or a stream. Throws ApiError for a request that
+// cannot start; errors after streaming began go into the stream.
+HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& context, const HttpRequest& request);
 
 }  // namespace loom::server

@@ -1,19 +1,21 @@
 #include "server/http_server.h"
 
-#include <sys/socket.h>
-
+#include <algorithm>
+#include <ctime>
 #include <filesystem>
 #include <mutex>
 
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
-#include "model/loader.h"
 #include "server/api_error.h"
+#include "server/auth.h"
 #include "server/completion_handler.h"
+#include "server/http_transport.h"
+#include "server/json_output.h"
 #include "server/metrics_exporter.h"
 #include "server/workflow_routes.h"
+#include "util/json_nesting.h"
 
 namespace loom::server {
 namespace {
@@ -21,34 +23,36 @@ namespace {
 using Json = nlohmann::json;
 namespace fs = std::filesystem;
 
-void send_error(httplib::Response& response, const ApiError& error) {
+HttpResponse error_response(const ApiError& error) {
+  HttpResponse response;
   response.status = error.status();
-  if (error.retry_after_seconds() > 0) response.set_header("Retry-After", std::to_string(error.retry_after_seconds()));
-  response.set_content(error.body(), "application/json");
+  if (error.retry_after_seconds() > 0)
+    response.headers.emplace_back("Retry-After", std::to_string(error.retry_after_seconds()));
+  response.body = error.body();
+  return response;
 }
 
-// Runs a route body, turning every failure into an OpenAI-style error response.
-template <typename Body>
-void guarded(httplib::Response& response, Body&& body) {
-  try {
-    body();
-  } catch (const ApiError& error) {
-    send_error(response, error);
-  } catch (const Error& error) {
-    send_error(response, api_error_from(error));
-  } catch (const std::exception& error) {
-    spdlog::error("request failed: {}", error.what());
-    send_error(response, ApiError(500, error.what(), "server_error"));
-  }
+HttpResponse json_response(std::string body) {
+  HttpResponse response;
+  response.body = std::move(body);
+  return response;
+}
+
+HttpResponse text_response(std::string body, std::string content_type = "text/plain") {
+  HttpResponse response;
+  response.content_type = std::move(content_type);
+  response.body = std::move(body);
+  return response;
 }
 
 Json parse_object(const std::string& body) {
-  Json json;
   try {
-    json = Json::parse(body);
-  } catch (const Json::parse_error& error) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + error.what());
+    check_json_nesting(body, "the body");
+  } catch (const Error& error) {
+    throw ApiError(400, error.message());
   }
+  Json json = Json::parse(body, nullptr, false);
+  if (json.is_discarded()) throw ApiError(400, "the body is not valid JSON");
   if (!json.is_object()) throw ApiError(400, "the body must be a JSON object");
   return json;
 }
@@ -64,22 +68,35 @@ bool is_within(const fs::path& path, const fs::path& directory) {
   return mismatch.first == directory.end();
 }
 
+// The workflow id of "/v1/workflows/{id}" (suffix "") or ".../{id}/progress"
+// (suffix "/progress"), or nullopt when `path` is not that route.
+std::optional<std::string> workflow_id(const std::string& path, std::string_view suffix) {
+  static constexpr std::string_view kPrefix = "/v1/workflows/";
+  if (path.size() <= kPrefix.size() + suffix.size() || path.compare(0, kPrefix.size(), kPrefix) != 0 ||
+      path.compare(path.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return std::nullopt;
+  std::string id = path.substr(kPrefix.size(), path.size() - kPrefix.size() - suffix.size());
+  if (id.empty() || id.find('/') != std::string::npos) return std::nullopt;
+  return id;
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
   Engine& engine;
   ServerConfig config;
-  httplib::Server http;
+  const std::atomic<bool>& stopping;
   MetricsExporter metrics;
   CompletionContext completion;
   std::mutex adapter_mutex;  // serialises runtime load/unload
-  int listen_socket = -1;    // recorded by the socket-options hook, for the backlog below
+  std::unique_ptr<HttpTransport> transport;
 
-  Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping)
-      : engine(engine_ref), config(std::move(server_config)) {
+  Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping_flag,
+       const std::atomic<bool>& ending_requests)
+      : engine(engine_ref), config(std::move(server_config)), stopping(stopping_flag) {
     completion.engine = &engine;
     completion.tokenizer = engine.model().tokenizer.get();
-    completion.stopping = &stopping;
+    completion.ending_requests = &ending_requests;
     completion.parse.tokenizer = completion.tokenizer;
     completion.parse.base_model_names = {config.served_model_name};
     if (!config.model_path.empty() && config.model_path != config.served_model_name)
@@ -91,104 +108,123 @@ struct HttpServer::Impl {
     };
     completion.parse.max_context_tokens = engine.max_context_tokens();
     completion.parse.limits = config.request_limits;
+
+    TransportConfig transport_config;
+    transport_config.host = config.host;
+    transport_config.port = config.port;
+    transport_config.max_request_bytes = config.max_request_bytes;
+    transport_config.max_header_bytes = config.max_header_bytes;
+    transport_config.max_header_count = config.max_header_count;
+    transport_config.header_timeout_seconds = config.header_timeout_seconds;
+    transport_config.body_timeout_seconds = config.body_timeout_seconds;
+    transport_config.keep_alive_timeout_seconds = config.keep_alive_timeout_seconds;
+    transport_config.write_timeout_seconds = config.write_timeout_seconds;
+    transport_config.max_connections = config.max_connections;
+    transport_config.num_handler_threads = config.num_http_threads;
+    transport = std::make_unique<HttpTransport>(
+        transport_config, [this](HttpRequest& request) { return handle(request); },
+        [](int status, const std::string& message, const std::string& code) {
+          return error_response(ApiError(status, message, status >= 500 ? "server_error" : "invalid_request_error",
+                                         "", code));
+        });
   }
 
-  void install_routes();
-  void handle_models(httplib::Response& response);
-  void handle_load_adapter(const httplib::Request& request, httplib::Response& response);
-  void handle_unload_adapter(const httplib::Request& request, httplib::Response& response);
+  HttpResponse handle(HttpRequest& request);
+  // The route's answer; throws ApiError / loom::Error for failures.
+  HttpResponse route(HttpRequest& request);
+  bool authorized(const HttpRequest& request) const;
+  HttpResponse handle_models();
+  HttpResponse handle_load_adapter(const HttpRequest& request);
+  HttpResponse handle_unload_adapter(const HttpRequest& request);
   std::string checked_lora_path(const std::string& lora_path) const;
 };
 
-void HttpServer::Impl::install_routes() {
-  const int num_threads = config.num_http_threads;
-  http.new_task_queue = [num_threads] { return new httplib::ThreadPool(static_cast<size_t>(num_threads)); };
-  http.set_payload_max_length(config.max_request_bytes);
-  // Clients idle between requests; a long read timeout keeps slow uploads working.
-  http.set_read_timeout(60, 0);
-  http.set_write_timeout(60, 0);
-  http.set_socket_options([this](socket_t socket) {
-    httplib::default_socket_options(socket);
-    listen_socket = socket;
-  });
-
-  http.set_pre_routing_handler([this](const httplib::Request& request, httplib::Response& response) {
-    // Compressed chunks would sit in zlib's buffer and stall token streaming.
-    const_cast<httplib::Request&>(request).headers.erase("Accept-Encoding");
-    if (config.api_key.empty() || request.path.rfind("/v1/", 0) != 0) return httplib::Server::HandlerResponse::Unhandled;
-    if (request.get_header_value("Authorization") == "Bearer " + config.api_key)
-      return httplib::Server::HandlerResponse::Unhandled;
-    send_error(response, ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
-                                  "authentication_error", "", "invalid_api_key"));
-    return httplib::Server::HandlerResponse::Handled;
-  });
-  // Statuses raised by httplib itself (413, 404 for unknown routes, 400 for bad
-  // framing) get an OpenAI-style body; our own errors already have one.
-  http.set_error_handler([](const httplib::Request& request, httplib::Response& response) {
-    if (!response.body.empty() || response.is_chunked_content_provider_) return;
-    if (response.status == 413)
-      send_error(response, ApiError(413, "the request body is larger than --max-request-bytes", "invalid_request_error",
-                                    "", "request_too_large"));
-    else if (response.status == 404)
-      send_error(response, ApiError(404, "no route " + request.method + " " + request.path, "invalid_request_error",
-                                    "", "not_found"));
-    else
-      send_error(response, ApiError(response.status, "bad request", "invalid_request_error"));
-  });
-
-  http.Get("/health", [this](const httplib::Request&, httplib::Response& response) {
-    if (completion.stopping->load()) {
-      send_error(response, ApiError(503, "shutting down", "server_error"));
-      return;
+HttpResponse HttpServer::Impl::handle(HttpRequest& request) {
+  try {
+    if (stopping.load() && request.path != "/health") {
+      HttpResponse response = error_response(
+          ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down"));
+      response.close_connection = true;
+      return response;
     }
-    response.set_content("{\"status\":\"ok\"}", "application/json");
-  });
-  http.Get("/metrics", [this](const httplib::Request&, httplib::Response& response) {
-    guarded(response, [&] {
-      metrics.absorb(engine.take_metrics());
-      response.set_content(metrics.render(), "text/plain; version=0.0.4");
-    });
-  });
-  http.Get("/v1/models", [this](const httplib::Request&, httplib::Response& response) {
-    guarded(response, [&] { handle_models(response); });
-  });
-  http.Post("/v1/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(response, [&] { handle_completion(Endpoint::kCompletions, completion, request, response); });
-  });
-  http.Post("/v1/chat/completions", [this](const httplib::Request& request, httplib::Response& response) {
-    guarded(response, [&] { handle_completion(Endpoint::kChatCompletions, completion, request, response); });
-  });
-  // Workflow API (server/workflow_routes.h). Ids are URL-safe by rule, so one path segment.
-  const std::string workflow_path = R"(/v1/workflows/([^/]+))";
-  auto json_route = [this](httplib::Response& response, auto&& handler) {
-    guarded(response, [&] { response.set_content(handler(), "application/json"); });
-  };
-  http.Put(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
-    json_route(response, [&] { return put_workflow(engine, request.matches[1].str(), request.body); });
-  });
-  http.Post(workflow_path + "/progress",
-            [this, json_route](const httplib::Request& request, httplib::Response& response) {
-              json_route(response,
-                         [&] { return post_workflow_progress(engine, request.matches[1].str(), request.body); });
-            });
-  http.Get(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
-    json_route(response, [&] { return get_workflow(engine, request.matches[1].str()); });
-  });
-  http.Delete(workflow_path, [this, json_route](const httplib::Request& request, httplib::Response& response) {
-    json_route(response, [&] { return delete_workflow(engine, request.matches[1].str()); });
-  });
-  // As in vLLM, the runtime adapter routes exist only when enabled (404 otherwise).
-  if (config.allow_runtime_lora) {
-    http.Post("/v1/load_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
-      guarded(response, [&] { handle_load_adapter(request, response); });
-    });
-    http.Post("/v1/unload_lora_adapter", [this](const httplib::Request& request, httplib::Response& response) {
-      guarded(response, [&] { handle_unload_adapter(request, response); });
-    });
+    if (!authorized(request))
+      return error_response(ApiError(401, "Incorrect or missing API key (send Authorization: Bearer KEY)",
+                                     "authentication_error", "", "invalid_api_key"));
+    return route(request);
+  } catch (const ApiError& error) {
+    return error_response(error);
+  } catch (const Error& error) {
+    if (error.kind() == ErrorKind::kInternal) spdlog::error("{} {}: {}", request.method, request.path, error.what());
+    return error_response(api_error_from(error));
+  } catch (const std::exception& error) {
+    spdlog::error("{} {}: {}", request.method, request.path, error.what());
+    return error_response(ApiError(500, "internal server error", "server_error", "", "internal_error"));
   }
 }
 
-void HttpServer::Impl::handle_models(httplib::Response& response) {
+bool HttpServer::Impl::authorized(const HttpRequest& request) const {
+  if (config.api_key.empty()) return true;
+  const bool guarded = request.path.rfind("/v1/", 0) == 0 || (config.metrics_require_api_key && request.path == "/metrics");
+  return !guarded || api_key_matches(request.header("Authorization"), config.api_key);
+}
+
+HttpResponse HttpServer::Impl::route(HttpRequest& request) {
+  const std::string& path = request.path;
+  const std::string& method = request.method;
+  // Each known path with the methods it takes; a path match with another method is 405.
+  auto wrong_method = [&](std::initializer_list<const char*> methods) -> std::optional<HttpResponse> {
+    for (const char* allowed : methods)
+      if (method == allowed) return std::nullopt;
+    std::string list;
+    for (const char* allowed : methods) list += (list.empty() ? "" : ", ") + std::string(allowed);
+    HttpResponse response = error_response(ApiError(
+        405, fmt::format("method {} is not allowed on {} (allowed: {})", method, path, list), "invalid_request_error",
+        "", "method_not_allowed"));
+    response.headers.emplace_back("Allow", list);
+    return response;
+  };
+  if (path == "/health") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    if (stopping.load()) throw ApiError(503, "shutting down", "server_error");
+    return json_response("{\"status\":\"ok\"}");
+  }
+  if (path == "/metrics") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    metrics.absorb(engine.take_metrics());
+    return text_response(metrics.render(), "text/plain; version=0.0.4");
+  }
+  if (path == "/v1/models") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    return handle_models();
+  }
+  if (path == "/v1/completions" || path == "/v1/chat/completions") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return handle_completion(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions,
+                             completion, request);
+  }
+  // As in vLLM, the runtime adapter routes exist only when enabled (404 otherwise).
+  if (config.allow_runtime_lora && path == "/v1/load_lora_adapter") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return handle_load_adapter(request);
+  }
+  if (config.allow_runtime_lora && path == "/v1/unload_lora_adapter") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return handle_unload_adapter(request);
+  }
+  if (auto id = workflow_id(path, "/progress")) {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return json_response(post_workflow_progress(engine, *id, request.body));
+  }
+  if (auto id = workflow_id(path, "")) {
+    if (auto refused = wrong_method({"GET", "PUT", "DELETE"})) return *refused;
+    if (method == "PUT") return json_response(put_workflow(engine, *id, request.body));
+    if (method == "GET") return json_response(get_workflow(engine, *id));
+    return json_response(delete_workflow(engine, *id));
+  }
+  throw ApiError(404, fmt::format("no route {} {}", method, path), "invalid_request_error", "", "not_found");
+}
+
+HttpResponse HttpServer::Impl::handle_models() {
   const int64_t created = std::time(nullptr);
   const int32_t max_model_len = engine.max_context_tokens();
   Json data = Json::array();
@@ -208,7 +244,7 @@ void HttpServer::Impl::handle_models(httplib::Response& response) {
                     {"parent", config.served_model_name},
                     {"max_model_len", max_model_len},
                     {"kv_sharing", kv_sharing_name(adapter.sharing)}});
-  response.set_content(Json{{"object", "list"}, {"data", data}}.dump(), "application/json");
+  return json_response(dump_json(Json{{"object", "list"}, {"data", data}}));
 }
 
 std::string HttpServer::Impl::checked_lora_path(const std::string& lora_path) const {
@@ -223,7 +259,7 @@ std::string HttpServer::Impl::checked_lora_path(const std::string& lora_path) co
   return path.string();
 }
 
-void HttpServer::Impl::handle_load_adapter(const httplib::Request& request, httplib::Response& response) {
+HttpResponse HttpServer::Impl::handle_load_adapter(const HttpRequest& request) {
   const Json body = parse_object(request.body);
   const std::string name = required_string(body, "lora_name");
   const std::string path = checked_lora_path(required_string(body, "lora_path"));
@@ -234,7 +270,7 @@ void HttpServer::Impl::handle_load_adapter(const httplib::Request& request, http
     if (!sharing)
       throw_bad_request("kv_sharing", fmt::format("'kv_sharing' must be one of \"isolated\", \"activated\", "
                                                   "\"base\", \"forked\" (got {})",
-                                                  value.dump()));
+                                                  dump_json(value)));
   }
   std::lock_guard lock(adapter_mutex);
   if (name == config.served_model_name || completion.parse.has_adapter(name))
@@ -251,10 +287,10 @@ void HttpServer::Impl::handle_load_adapter(const httplib::Request& request, http
   for (const auto& adapter : engine.adapters())
     if (adapter.name == name) mode = kv_sharing_name(adapter.sharing);
   spdlog::info("loaded adapter '{}' from {} (kv_sharing {})", name, path, mode);
-  response.set_content(fmt::format("Success: LoRA adapter '{}' added successfully.", name), "text/plain");
+  return text_response(fmt::format("Success: LoRA adapter '{}' added successfully.", name));
 }
 
-void HttpServer::Impl::handle_unload_adapter(const httplib::Request& request, httplib::Response& response) {
+HttpResponse HttpServer::Impl::handle_unload_adapter(const HttpRequest& request) {
   const Json body = parse_object(request.body);
   const std::string name = required_string(body, "lora_name");
   std::lock_guard lock(adapter_mutex);
@@ -267,37 +303,40 @@ void HttpServer::Impl::handle_unload_adapter(const httplib::Request& request, ht
     throw api_error_from(error, "lora_name");
   }
   spdlog::info("unloaded adapter '{}'", name);
-  response.set_content(fmt::format("Success: LoRA adapter '{}' removed successfully.", name), "text/plain");
+  return text_response(fmt::format("Success: LoRA adapter '{}' removed successfully.", name));
 }
 
 HttpServer::HttpServer(Engine& engine, ServerConfig config)
-    : impl_(std::make_unique<Impl>(engine, std::move(config), stopping_)) {
-  impl_->install_routes();
-}
+    : impl_(std::make_unique<Impl>(engine, std::move(config), stopping_, ending_requests_)) {}
 
 HttpServer::~HttpServer() { stop(); }
 
-void HttpServer::bind() {
-  const ServerConfig& config = impl_->config;
-  if (config.port == 0) {
-    bound_port_ = impl_->http.bind_to_any_port(config.host);
-    if (bound_port_ < 0) fail(ErrorKind::kInvalidArgument, "cannot bind {}:(any port)", config.host);
-  } else {
-    if (!impl_->http.bind_to_port(config.host, config.port))
-      fail(ErrorKind::kInvalidArgument, "cannot bind {}:{} (in use, or a bad --host?)", config.host, config.port);
-    bound_port_ = config.port;
+void HttpServer::bind() { impl_->transport->bind(); }
+
+int HttpServer::bound_port() const { return impl_->transport->bound_port(); }
+
+int HttpServer::num_connections() const { return impl_->transport->num_connections(); }
+
+void HttpServer::run() { impl_->transport->run(); }
+
+bool HttpServer::shutdown(std::chrono::milliseconds timeout) {
+  stopping_ = true;
+  impl_->transport->stop_accepting();
+  const bool drained = impl_->transport->wait_for_handlers(timeout);
+  if (!drained) {
+    spdlog::warn("shutdown: {} request(s) still running after {} ms: ending them", impl_->transport->num_handling(),
+                 timeout.count());
+    ending_requests_ = true;  // handlers cancel their engine requests and answer 503 / an SSE error
+    impl_->transport->wait_for_handlers(std::chrono::seconds(5));
   }
-  // Debian's compiled cpp-httplib listens with a backlog of 5: a burst of
-  // concurrent clients overflows it and connections get dropped. Linux lets a
-  // second listen() on the bound socket raise the backlog.
-  if (impl_->listen_socket >= 0) ::listen(impl_->listen_socket, SOMAXCONN);
+  impl_->transport->stop();
+  return drained;
 }
 
-void HttpServer::run() { impl_->http.listen_after_bind(); }
-
 void HttpServer::stop() {
-  if (stopping_.exchange(true)) return;
-  impl_->http.stop();
+  stopping_ = true;
+  ending_requests_ = true;
+  impl_->transport->stop();
 }
 
 }  // namespace loom::server

@@ -1,17 +1,24 @@
-// The OpenAI-compatible HTTP server (cpp-httplib). HTTP worker threads parse,
-// validate and tokenize requests, submit them to the engine and stream results
-// back; the engine thread runs the model.
+// The OpenAI-compatible HTTP server: the routes, on top of the event-driven
+// transport (server/http_transport.h) that owns sockets, limits and deadlines.
+// Handler threads parse, validate and tokenize requests, submit them to the
+// engine and stream results back; the engine thread runs the model.
 //
 // Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions,
 // POST /v1/chat/completions, PUT/GET/DELETE /v1/workflows/{id} and POST
 // /v1/workflows/{id}/progress (server/workflow_routes.h), and with allow_runtime_lora POST
-// /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies).
+// /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies). Unknown
+// paths get 404, a known path with another method 405 (with Allow).
+//
+// Shutdown: shutdown(timeout) stops accepting, lets requests in flight finish
+// for up to `timeout`, then ends the rest explicitly (a 503 body, or an SSE
+// error event then [DONE]) and returns once every handler has returned.
 //
 // Ownership: borrows the engine, which must outlive the server.
-// Threads: start/run on one thread; stop() from any thread (a signal watcher).
+// Threads: bind/run on one thread; shutdown() and stop() from any other thread.
 #pragma once
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -26,13 +33,22 @@ struct ServerConfig {
   std::string host = "127.0.0.1";
   int port = 8000;                   // 0: an ephemeral port (see bound_port())
   std::string api_key;               // "" = no authentication
+  bool metrics_require_api_key = false;  // also guard /metrics with api_key
   std::string served_model_name;     // the base model's name in `model` and /v1/models
   std::string model_path;            // also accepted as the base model's name
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it
-  size_t max_request_bytes = 8u << 20;  // bodies over this get 413
-  int num_http_threads = 128;        // concurrent connections served (streams hold one each)
   RequestLimits request_limits;      // per-request bounds (n, stop strings, output tokens)
+  // Transport limits (server/http_transport.h says what each does).
+  size_t max_request_bytes = 8u << 20;
+  uint32_t max_header_bytes = 64u << 10;
+  int max_header_count = 128;
+  double header_timeout_seconds = 10.0;
+  double body_timeout_seconds = 60.0;
+  double keep_alive_timeout_seconds = 5.0;
+  double write_timeout_seconds = 60.0;
+  int max_connections = 4096;
+  int num_http_threads = 128;        // requests handled at once (a stream holds one)
 };
 
 class HttpServer {
@@ -42,21 +58,25 @@ class HttpServer {
   HttpServer(const HttpServer&) = delete;
   HttpServer& operator=(const HttpServer&) = delete;
 
-  // Binds host:port. Throws Error(kInvalidArgument) when it cannot.
+  // Binds host:port. Throws Error(kInvalidArgument) when it cannot (port in use).
   void bind();
-  int bound_port() const { return bound_port_; }
-  // Serves until stop(); returns once every in-flight request has ended.
+  int bound_port() const;
+  // Serves until shutdown() or stop().
   void run();
-  // Stops accepting; in-flight handlers stop waiting on streams that go quiet.
-  // Safe from any thread, idempotent.
+  // Graceful: see the header comment. Returns true when every request in
+  // flight finished by itself within `timeout`. Then run() returns.
+  bool shutdown(std::chrono::milliseconds timeout);
+  // Immediate: ends requests in flight at once (explicit errors), closes every
+  // connection; run() returns. Idempotent.
   void stop();
   bool is_stopping() const { return stopping_.load(); }
+  int num_connections() const;
 
  private:
   struct Impl;
+  std::atomic<bool> stopping_{false};     // no new requests
+  std::atomic<bool> ending_requests_{false};  // requests in flight end now
   std::unique_ptr<Impl> impl_;
-  int bound_port_ = 0;
-  std::atomic<bool> stopping_{false};
 };
 
 }  // namespace loom::server
