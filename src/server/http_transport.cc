@@ -179,7 +179,7 @@ struct HttpTransport::Impl {
   std::mutex connections_mutex;
   std::unordered_map<Connection*, std::weak_ptr<Connection>> connections;
 
-  std::atomic<bool> draining{false}, stopped{false};
+  std::atomic<bool> draining{false}, stopped{false}, running{false};
   std::atomic<int> num_handling{0};
   std::mutex handling_mutex;
   std::condition_variable handling_done;
@@ -539,7 +539,9 @@ void HttpTransport::bind() {
 void HttpTransport::run() {
   impl_->accept();
   auto guard = asio::make_work_guard(impl_->io);
+  impl_->running = true;
   impl_->io.run();
+  impl_->running = false;
 }
 
 void HttpTransport::stop_accepting() {
@@ -569,7 +571,7 @@ void HttpTransport::stop() {
     closed->set_value();
   });
   // The I/O thread may not be running (never started, or already returned).
-  if (!impl_->io.stopped()) closed->get_future().wait_for(std::chrono::seconds(2));
+  if (impl_->running.load()) closed->get_future().wait_for(std::chrono::seconds(2));
   impl_->pool.join();  // handlers on aborted connections fail their writes and return
   impl_->io.stop();
 }
