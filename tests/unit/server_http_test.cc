@@ -231,3 +231,56 @@ TEST_F(ServerHttpTest, DisconnectMidStreamCancels) {
 
 }  // namespace
 }  // namespace loom::server
+
+namespace loom::server {
+namespace {
+
+// A whole-body (non-streaming) request whose client leaves is cancelled too.
+TEST_F(ServerHttpTest, DisconnectWaitingForAWholeBodyCancels) {
+  start();
+  engine_->token_delay_ms = 20;
+  client_->set_read_timeout(0, 200 * 1000);  // give up after 200 ms: the client closes its socket
+  auto result = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 200}});
+  EXPECT_FALSE(result);
+  client_->stop();
+  for (int i = 0; i < 200 && engine_->num_live > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->num_live, 0);
+  EXPECT_EQ(engine_->num_cancelled, 1);
+}
+
+// Graceful shutdown ends what outlives the timeout with explicit errors.
+TEST_F(ServerHttpTest, ShutdownEndsRequestsThatOutliveTheTimeout) {
+  start();
+  engine_->token_delay_ms = 20;
+  std::string stream_body;
+  std::thread streaming([&] {
+    httplib::Client client("127.0.0.1", server_->bound_port());
+    client.set_read_timeout(10, 0);
+    auto result = client.Post("/v1/completions", Json{{"prompt", "x"}, {"max_tokens", 200}, {"stream", true}}.dump(),
+                              "application/json");
+    if (result) stream_body = result->body;
+  });
+  int whole_status = 0;
+  Json whole_error;
+  std::thread waiting([&] {
+    auto result = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 200}});
+    if (!result) return;
+    whole_status = result->status;
+    whole_error = error_of(result);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  EXPECT_FALSE(server_->shutdown(std::chrono::milliseconds(200)));
+  streaming.join();
+  waiting.join();
+  thread_.join();  // run() returned
+  EXPECT_EQ(whole_status, 503);
+  EXPECT_EQ(whole_error["code"], "server_shutting_down");
+  const auto list = events(stream_body);
+  ASSERT_GE(list.size(), 2u) << stream_body;
+  EXPECT_EQ(list.back(), "[DONE]");
+  EXPECT_EQ(list[list.size() - 2]["error"]["code"], "server_shutting_down");
+  EXPECT_EQ(engine_->num_live, 0);
+}
+
+}  // namespace
+}  // namespace loom::server
