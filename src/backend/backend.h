@@ -42,6 +42,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend_capabilities.h"
+
 namespace loom {
 
 struct LoraAdapter;
@@ -62,7 +64,7 @@ struct BatchSequence {
   int32_t num_residual_present_tokens = 0;
 };
 
-// Sampling on the device (only where Backend::supports_device_sampling()): the
+// Sampling on the device (only where capabilities().device_sampling): the
 // backend draws a sequence's next token from its logits row itself and returns
 // the token id instead of the row. Semantics follow engine/sampler.h: greedy
 // (argmax, lowest id on ties) when temperature is 0 or top_k is 1; otherwise
@@ -92,7 +94,7 @@ struct Batch {
   std::vector<int32_t> residual_block_tables;  // concatenated rCache block ids (forked sequences)
   // Fill ForwardResult::hidden_states (divergence tooling; slow).
   bool capture_hidden_states = false;
-  // Empty, or one entry per sequence (Backend::supports_device_sampling() only).
+  // Empty, or one entry per sequence (capabilities().device_sampling only).
   // A sequence sampled on the device must not ask for logits_for_all_tokens.
   std::vector<DeviceSampling> sampling;
 
@@ -182,9 +184,15 @@ class Backend {
   // slots. Preconditions: every block id < num_blocks; adapter slots bound.
   virtual ForwardResult forward(const Batch& batch) = 0;
 
-  // True where forward() honours Batch::sampling (DeviceSampling above); other
-  // backends ignore it and always return logits.
-  virtual bool supports_device_sampling() const { return false; }
+  // What forward() and the host tier run (backend_capabilities.h). The engine
+  // refuses, when the engine is built or an adapter is loaded, whatever is not
+  // declared here; forward() still checks as a defence. Any thread; constant
+  // for the backend's lifetime.
+  virtual BackendCapabilities capabilities() const = 0;
+
+  // capabilities().device_sampling: forward() honours Batch::sampling
+  // (DeviceSampling above); other backends ignore it and return logits.
+  bool supports_device_sampling() const { return capabilities().device_sampling; }
 };
 
 }  // namespace loom

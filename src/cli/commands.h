@@ -6,6 +6,7 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -32,6 +33,11 @@ struct LoraSpec {
   std::optional<KvSharing> sharing;  // parsed `mode`; nullopt when absent
 };
 LoraSpec parse_lora_spec(const std::string& spec);
+
+// Registers `--disable-kv-sharing MODE[,MODE]` (repeatable; isolated, activated,
+// base, forked): the KV sharing modes the operator forbids, written to `modes`
+// (EngineConfig::disabled_kv_sharing), which must outlive parsing.
+void add_disable_kv_sharing_option(CLI::App& app, std::vector<KvSharing>& modes);
 
 // "4096", "512K", "64M", "2G" (powers of 1024; a trailing "B"/"iB" allowed)
 // -> bytes. Throws Error(kInvalidArgument) naming `flag` for anything else.

@@ -39,6 +39,7 @@ struct GenerateOptions {
   int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
   std::string device = "cpu";
+  std::vector<KvSharing> disabled_kv_sharing;
 };
 
 std::vector<ChatMessage> parse_messages(const std::string& text) {
@@ -97,6 +98,7 @@ int run_generate(const GenerateOptions& options) {
 
   EngineConfig engine_config;
   engine_config.block_size = options.block_size;
+  engine_config.disabled_kv_sharing = options.disabled_kv_sharing;
   if (options.kv_cache_bytes > 0) {
     engine_config.kv_cache_bytes = options.kv_cache_bytes;
   } else {  // room for every request at once, and no more (as the offline Generator did)
@@ -214,6 +216,7 @@ CommandRunner register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");
+  add_disable_kv_sharing_option(app, options->disabled_kv_sharing);
   return [options] { return run_generate(*options); };
 }
 

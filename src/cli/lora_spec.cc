@@ -25,6 +25,19 @@ LoraSpec parse_lora_spec(const std::string& spec) {
   return result;
 }
 
+void add_disable_kv_sharing_option(CLI::App& app, std::vector<KvSharing>& modes) {
+  app.add_option_function<std::vector<std::string>>(
+         "--disable-kv-sharing",
+         [&modes](const std::vector<std::string>& names) {
+           modes.clear();
+           for (const std::string& name : names) modes.push_back(*parse_kv_sharing(name));  // checked below
+         },
+         "KV sharing modes adapters may not use here, e.g. base (lossy for adapters not trained for it): "
+         "MODE[,MODE]; adapters in them are refused when loaded, like modes the backend lacks")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"isolated", "activated", "base", "forked"}));
+}
+
 int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   const auto bad = [&] {
     throw Error(ErrorKind::kInvalidArgument, "bad " + flag + " '" + text + "'", "give bytes, e.g. 4096, 512K, 64M, 2G");

@@ -237,6 +237,7 @@ CommandRunner register_serve(CLI::App& app) {
                  "KV sharing of adapters that choose none: isolated (default), base, forked (activated only for "
                  "aLoRA adapters, which get it anyway)")
       ->check(CLI::IsMember({"isolated", "activated", "base", "forked"}));
+  add_disable_kv_sharing_option(app, engine.disabled_kv_sharing);
   app.add_option("--residual-kv-cache-memory", options->residual_kv_cache_memory,
                  "Forked adapters' rCache pool, taken out of --kv-cache-bytes: BYTES (suffix K, M, G allowed), 0 = "
                  "none, auto (default) = 1/8 of the KV cache when a forked adapter is loaded at start");

@@ -41,6 +41,11 @@ struct EngineConfig {
   int32_t max_context_tokens = 0;      // 0: the model's max_position_embeddings
   // Mode for adapters whose mode nobody chose (--default-sharing; see choose_kv_sharing).
   KvSharing default_sharing = KvSharing::kIsolated;
+  // Modes the operator forbids (--disable-kv-sharing MODE[,MODE], e.g. the
+  // lossy base). Adapters may use the backend's modes (Backend::capabilities())
+  // less these; others are refused when loaded, and a default_sharing outside
+  // them makes the engine's construction fail (engine/backend_support.h).
+  std::vector<KvSharing> disabled_kv_sharing;
   // rCache pool for forked adapters, taken out of kv_cache_bytes: -1 = auto
   // (kv_cache_bytes / 8 when a forked adapter is loaded at start or
   // default_sharing is forked, else 0); 0 = none (loading a forked adapter then
@@ -178,6 +183,8 @@ class Engine {
 
   // loom::Error on failure. `sharing` overrides the adapter's own choice (see
   // choose_kv_sharing); check_kv_sharing's errors are thrown, its warning logged.
+  // A mode or rank the backend does not run, or a mode the operator disabled,
+  // is refused with Error(kUnsupported) (engine/backend_support.h).
   virtual void load_adapter(const std::string& name, const std::string& path,
                             std::optional<KvSharing> sharing = std::nullopt) = 0;
   // Refused with Error(kInvalidArgument) while requests use it.
@@ -197,7 +204,9 @@ class Engine {
   virtual void shutdown(bool drain) = 0;
 };
 
-// Starts the engine thread.
+// Starts the engine thread. Throws Error(kUnsupported) when the backend cannot
+// run the model or the config (check_engine_supported), e.g. a default sharing
+// it lacks.
 std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config);
 
 }  // namespace loom

@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/backend_support.h"
 #include "engine/engine_impl.h"
 #include "lora/adapter.h"
 
@@ -119,6 +120,8 @@ void EngineImpl::load_adapter(const std::string& name, const std::string& path, 
   std::shared_ptr<const LoraAdapter> adapter = load_lora_adapter(name, path, model_.config);
   const KvSharing mode = choose_kv_sharing(adapter->config, sharing, config_.default_sharing);
   const std::string warning = check_kv_sharing(mode, *adapter, model_.config);
+  // Before a slot is taken: a refused adapter never reaches the backend or a batch.
+  check_adapter_supported(capabilities_, config_.disabled_kv_sharing, *adapter, mode);
   if (!warning.empty()) spdlog::warn("{}", warning);
   int32_t slot = -1;
   {

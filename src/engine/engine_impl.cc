@@ -4,6 +4,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/backend_support.h"
 #include "lora/adapter.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,7 +16,8 @@ std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> 
 
 EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config)
     : model_(std::move(model)), backend_(std::move(backend)), config_(config),
-      workflows_(workflow_registry_config(config)) {
+      capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)) {
+  check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);
   if (config_.max_batch_tokens <= 0 || config_.max_running_requests <= 0 || config_.max_loras_per_batch <= 0)
     fail(ErrorKind::kInvalidArgument, "max batch tokens, max running requests and max loras per batch must be > 0");

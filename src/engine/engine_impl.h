@@ -129,6 +129,7 @@ class EngineImpl final : public Engine {
   LoadedModel model_;
   std::unique_ptr<Backend> backend_;
   EngineConfig config_;
+  const BackendCapabilities capabilities_;  // the backend's, read once
   WorkflowRegistry workflows_;  // thread-safe; outlives the engine thread
   int32_t max_context_tokens_ = 0;
   std::atomic<int32_t> num_kv_blocks_{0};

@@ -205,7 +205,7 @@ void EngineImpl::step() {
   // Device sampling where the backend has it: only token ids come back for the
   // requests that need nothing else (rows that sample nothing this step take a
   // greedy id too, so that their logits stay on the device).
-  if (backend_->supports_device_sampling()) {
+  if (capabilities_.device_sampling) {
     batch.sampling.resize(plan.requests.size());
     for (size_t i = 0; i < plan.requests.size(); ++i) {
       const PendingRequest& request = *active_.at(plan.requests[i].id);

@@ -127,5 +127,40 @@ class KvSharingTest(unittest.TestCase):
         self.assertNotIn("bad", models)
 
 
+class DisabledKvSharingTest(unittest.TestCase):
+    """`--disable-kv-sharing base`: a base adapter is refused at load (400 naming who refused), the server and
+    every other adapter keep serving."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = loom_server.LoomServer(["--allow-runtime-lora", "--disable-kv-sharing", "base"], num_adapters=2)
+        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.server.stop()
+        cls.server.cleanup()
+        assert status == 0, f"loom serve exited with {status} on SIGTERM"
+
+    def test_base_adapter_is_refused_at_load_and_nothing_else_changes(self):
+        prompt = token_prompt(12, 7)
+        before = self.client.completions.create(model="adapter0", prompt=prompt, max_tokens=6, **GREEDY)
+        path = os.path.join(self.server.adapter_dir, "adapter1")
+        status, _, body = self.server.request("POST", "/v1/load_lora_adapter",
+                                              {"lora_name": "critic", "lora_path": path, "kv_sharing": "base"})
+        self.assertEqual(status, 400, body)
+        self.assertIn("adapter 'critic': kv_sharing 'base' is disabled on this server by --disable-kv-sharing",
+                      body.decode())
+        models = [model.id for model in self.client.models.list().data]
+        self.assertNotIn("critic", models)
+        status, _, body = self.server.request("POST", "/v1/load_lora_adapter",
+                                              {"lora_name": "critic", "lora_path": path, "kv_sharing": "isolated"})
+        self.assertEqual(status, 200, body)
+        self.assertGreater(len(self.client.completions.create(model="critic", prompt=prompt, max_tokens=4,
+                                                              **GREEDY).choices[0].text), 0)
+        after = self.client.completions.create(model="adapter0", prompt=prompt, max_tokens=6, **GREEDY)
+        self.assertEqual(after.choices[0].text, before.choices[0].text)
+
+
 if __name__ == "__main__":
     unittest.main()

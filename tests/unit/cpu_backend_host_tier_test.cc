@@ -239,6 +239,12 @@ class BareBackend final : public Backend {
   void set_adapter(int32_t, std::shared_ptr<const LoraAdapter>) override {}
   int32_t max_adapter_slots() const override { return 0; }
   ForwardResult forward(const Batch&) override { return {}; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities capabilities;
+    capabilities.name = "bare";
+    capabilities.kv_sharing_modes = {KvSharing::kIsolated};
+    return capabilities;
+  }
 };
 
 TEST(CpuBackendHostTier, BackendWithoutHostTierSaysUnsupported) {

@@ -32,7 +32,11 @@ class ArgmaxSamplingBackend final : public Backend {
     inner_->set_adapter(slot, std::move(adapter));
   }
   int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
-  bool supports_device_sampling() const override { return true; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities capabilities = inner_->capabilities();
+    capabilities.device_sampling = true;
+    return capabilities;
+  }
 
   ForwardResult forward(const Batch& batch) override {
     Batch plain = batch;

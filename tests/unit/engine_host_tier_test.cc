@@ -42,6 +42,7 @@ class FlakyCopyBackend final : public Backend {
   }
   int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
   ForwardResult forward(const Batch& batch) override { return inner_->forward(batch); }
+  BackendCapabilities capabilities() const override { return inner_->capabilities(); }
 
  private:
   std::unique_ptr<Backend> inner_;

@@ -45,6 +45,12 @@ class FakeBackend final : public Backend {
   int64_t residual_bytes_per_token(int32_t max_rank) const override { return 2 * max_rank; }
   void set_adapter(int32_t, std::shared_ptr<const LoraAdapter>) override {}
   int32_t max_adapter_slots() const override { return 8; }
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities capabilities;
+    capabilities.name = "fake";
+    capabilities.kv_sharing_modes = all_kv_sharing_modes();
+    return capabilities;
+  }
 
   ForwardResult forward(const Batch& batch) override {
     ++num_forward_calls;

@@ -61,6 +61,16 @@ class CpuBackend final : public Backend {
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
+  // The reference: every sharing mode, head dim (even: RoPE pairs) and rank;
+  // sampling stays on the host.
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities capabilities;
+    capabilities.name = "cpu";
+    capabilities.kv_sharing_modes = all_kv_sharing_modes();
+    capabilities.host_kv_tier = true;
+    capabilities.capture_hidden_states = true;
+    return capabilities;
+  }
 
  private:
   const cpu::HostKvPool& host_pool(KvPoolKind pool) const {

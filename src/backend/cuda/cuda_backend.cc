@@ -19,16 +19,11 @@ namespace cuda {
 namespace {
 
 void check_model_supported(const ModelConfig& config) {
-  if (!attention_supports_head_dim(config.head_dim))
-    throw Error(ErrorKind::kUnsupported,
-                fmt::format("cuda backend: head_dim {} (the attention kernels are built for 16, 32, 64, 128)",
-                            config.head_dim),
-                "use --device cpu for this model");
-  if (config.hidden_size % 8 != 0 || config.intermediate_size % 8 != 0 || config.q_size() % 8 != 0)
-    fail(ErrorKind::kUnsupported, "cuda backend: hidden {} / intermediate {} / q size {} must be multiples of 8",
-         config.hidden_size, config.intermediate_size, config.q_size());
+  check_model_capabilities(cuda_backend_capabilities(), config);
 }
 
+// A defence: the engine never builds such a batch (it refuses base / forked
+// adapters when they are loaded, from capabilities()).
 void check_batch_supported(const Batch& batch) {
   if (batch.capture_hidden_states)
     throw Error(ErrorKind::kUnsupported, "cuda backend: capture_hidden_states", "use --device cpu for divergence tooling");
@@ -453,6 +448,20 @@ std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, 
     cudaStreamDestroy(stream);
     throw;
   }
+}
+
+BackendCapabilities cuda_backend_capabilities() {
+  BackendCapabilities capabilities;
+  capabilities.name = "cuda";
+  capabilities.kv_sharing_modes = {KvSharing::kIsolated, KvSharing::kActivated};
+  for (int32_t head_dim = 1; head_dim <= 1024; ++head_dim)
+    if (cuda::attention_supports_head_dim(head_dim)) capabilities.head_dims.push_back(head_dim);
+  capabilities.dimension_multiple = 8;  // the LoRA and skinny GEMM kernels' 16-byte loads
+  capabilities.max_lora_rank = cuda::kLoraMaxRank;
+  capabilities.device_sampling = true;
+  capabilities.host_kv_tier = true;
+  capabilities.capture_hidden_states = false;
+  return capabilities;
 }
 
 std::string cuda_device_description(int device) {

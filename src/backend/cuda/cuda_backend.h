@@ -8,7 +8,8 @@
 // says, stored head-major within each block (plan_types.h, kv_element_index),
 // allocated by allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
 // honoured (those entries are read, never written); base (decoder rows) and
-// forked sharing and capture_hidden_states raise Error(kUnsupported).
+// forked sharing and capture_hidden_states raise Error(kUnsupported) (the
+// engine refuses such adapters when they are loaded: cuda_backend_capabilities).
 //
 // Thread: the engine thread only. forward() blocks until the logits are on the host.
 #pragma once
@@ -40,6 +41,13 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
 // norms and biases through bf16, as the 8b preset's bf16 file stores them.
 std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
                                                      const CudaBackendConfig& backend_config = {});
+
+// What the CUDA backend runs (backend_capabilities.h), without a GPU: isolated
+// and activated KV sharing (base and forked raise Error(kUnsupported) in
+// forward()), head dims 16/32/64/128, hidden / intermediate / q sizes in
+// multiples of 8, LoRA ranks up to 256, device sampling, a host tier for the
+// main pool; no capture_hidden_states.
+BackendCapabilities cuda_backend_capabilities();
 
 // "NVIDIA H100 80GB HBM3 (132 SMs, 79.1 GiB)"; throws Error(kUnsupported) without a GPU.
 std::string cuda_device_description(int device = 0);

@@ -40,7 +40,10 @@ class CudaBackend final : public Backend {
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
-  bool supports_device_sampling() const override { return true; }
+  // Isolated and activated sharing only (no decoder rows, no rCache), the
+  // head dims the attention kernels are built for, LoRA ranks up to
+  // kLoraMaxRank, device sampling, the main pool's host tier.
+  BackendCapabilities capabilities() const override { return cuda_backend_capabilities(); }
 
   // forward() in two halves: validate, plan and enqueue the whole step (no host
   // synchronisation, so it can be captured in a CUDA graph once the buffers have
