@@ -260,6 +260,12 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--workflow-ttl-seconds", engine.workflow_ttl_seconds,
                  "Workflows without a request or API call for this long are forgotten (default 600)")
       ->check(CLI::PositiveNumber);
+  app.add_option("--max-workflows", engine.max_workflows,
+                 "Workflows known at once; a new one beyond gets 503 (requests naming one are served untracked)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-workflow-agents", engine.max_workflow_agents,
+                 "Agents in one workflow graph (declared or named in `after`) and entries per progress list")
+      ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--http-threads", server.num_http_threads,
                  "Requests handled at once (a streaming or waiting request holds one; idle connections none)")

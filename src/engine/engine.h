@@ -58,6 +58,13 @@ struct EngineConfig {
   bool workflow_aware_eviction = false;
   // Workflows not seen for this long are forgotten (--workflow-ttl-seconds).
   double workflow_ttl_seconds = 600.0;
+  // Workflows the registry knows at once (--max-workflows): a new one beyond
+  // gets 503 on PUT; requests naming one are served without workflow tracking.
+  int32_t max_workflows = 10000;
+  // Agents one workflow graph may have, declared or named in `after` lists
+  // (--max-workflow-agents; so also the predecessors of one agent), and
+  // entries in each list of a progress update. Beyond: 400 naming the field.
+  int32_t max_workflow_agents = 256;
   // Host tier of the main KV pool (issue 5, --host-kv-memory): bytes of host
   // memory that back up evicted blocks (0 = none). num_host_kv_blocks > 0 sets
   // the block count exactly instead (tests). The forked rCache has no host tier.

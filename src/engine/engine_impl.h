@@ -38,8 +38,9 @@ namespace loom {
 // The rCache rank when EngineConfig::max_lora_rank is 0 and no loaded adapter needs more.
 inline constexpr int32_t kMinAutoLoraRank = 16;
 
-// The registry's settings from EngineConfig (workflow_ttl_seconds; a ttl <= 0
-// or NaN throws Error(kInvalidArgument) from the registry).
+// The registry's settings from EngineConfig (workflow_ttl_seconds, max_workflows,
+// max_workflow_agents; a ttl <= 0 or NaN throws Error(kInvalidArgument), as the
+// registry does for bad caps).
 WorkflowRegistryConfig workflow_registry_config(const EngineConfig& config);
 
 class EngineImpl final : public Engine {

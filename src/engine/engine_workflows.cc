@@ -23,6 +23,8 @@ WorkflowRegistryConfig workflow_registry_config(const EngineConfig& config) {
     fail(ErrorKind::kInvalidArgument, "workflow ttl must be > 0 seconds, got {}", seconds);
   seconds = std::min(seconds, 1.0e9);  // ~30 years: "never", without overflowing the clock's duration
   registry.ttl = std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(seconds));
+  registry.max_workflows = config.max_workflows;
+  registry.max_agents_per_workflow = config.max_workflow_agents;
   return registry;
 }
 

@@ -1,6 +1,9 @@
 #include "server/api_error.h"
 
 #include <nlohmann/json.hpp>
+#include <spdlog/spdlog.h>
+
+#include "server/json_output.h"
 
 namespace loom::server {
 
@@ -8,7 +11,7 @@ std::string ApiError::body() const {
   nlohmann::json error = {{"message", message_}, {"type", type_}, {"param", nullptr}, {"code", nullptr}};
   if (!param_.empty()) error["param"] = param_;
   if (!code_.empty()) error["code"] = code_;
-  return nlohmann::json{{"error", error}}.dump();
+  return dump_json(nlohmann::json{{"error", error}});
 }
 
 void throw_bad_request(const std::string& param, const std::string& message) {
@@ -22,7 +25,9 @@ ApiError api_error_from(const Error& error, const std::string& param) {
     case ErrorKind::kCapacity:
       return ApiError(503, error.what(), "server_error", param, "server_busy");
     case ErrorKind::kInternal:
-      return ApiError(500, error.what(), "server_error", param, "internal_error");
+      // A broken invariant: the detail is for the log, not for clients.
+      spdlog::error("internal error: {}", error.what());
+      return ApiError(500, "internal error", "server_error", param, "internal_error");
     default:
       return ApiError(400, error.what(), "invalid_request_error", param);
   }

@@ -27,7 +27,8 @@ class ApiError : public std::runtime_error {
   // Seconds for a Retry-After header (503 only; 0 = no header).
   int retry_after_seconds() const { return status_ == 503 ? 1 : 0; }
 
-  // The JSON body (param/code null when empty).
+  // The JSON body (param/code null when empty). Never throws on content:
+  // invalid UTF-8 in the message or param becomes U+FFFD (dump_json).
   std::string body() const;
 
  private:
@@ -39,7 +40,8 @@ class ApiError : public std::runtime_error {
 [[noreturn]] void throw_bad_request(const std::string& param, const std::string& message);
 
 // Maps an engine/loader error: kNotFound -> 404, kCapacity -> 503 (queue full;
-// context overflow is caught before submit and gets 400), kInternal -> 500,
+// context overflow is caught before submit and gets 400), kInternal -> 500
+// with the generic message "internal error" (the detail is logged, never sent),
 // anything else -> 400.
 ApiError api_error_from(const Error& error, const std::string& param = {});
 

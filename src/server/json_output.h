@@ -1,6 +1,8 @@
 // JSON text for clients that never throws: strings from users, files or the
-// tokenizer may hold invalid UTF-8, which nlohmann's strict dump() would throw
-// on; here such bytes become U+FFFD.
+// tokenizer may hold invalid UTF-8 (a token can end inside a character; an
+// adapter name can come from argv), which nlohmann's strict dump() throws on;
+// here such bytes become U+FFFD. Every JSON body, SSE event and error body the
+// server sends is written with dump_json.
 #pragma once
 
 #include <string>

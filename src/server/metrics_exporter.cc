@@ -22,16 +22,50 @@ void scalar(std::string& out, const std::string& name, const char* type, const s
   out += fmt::format("{} {}\n", name, value);
 }
 
-// A label value as the exposition format wants it: \\, \" and \n escaped.
+// The length of the valid UTF-8 sequence at text[i], or 0 when the bytes
+// there are not one (overlong forms, surrogates and > U+10FFFF included).
+size_t utf8_sequence_length(const std::string& text, size_t i) {
+  const auto byte = [&](size_t k) { return static_cast<unsigned char>(text[k]); };
+  const unsigned char lead = byte(i);
+  if (lead < 0x80) return 1;
+  size_t length = 0;
+  unsigned char low = 0x80, high = 0xBF;  // allowed range of the second byte
+  if (lead >= 0xC2 && lead <= 0xDF) {
+    length = 2;
+  } else if (lead >= 0xE0 && lead <= 0xEF) {
+    length = 3;
+    if (lead == 0xE0) low = 0xA0;   // overlong
+    if (lead == 0xED) high = 0x9F;  // surrogates
+  } else if (lead >= 0xF0 && lead <= 0xF4) {
+    length = 4;
+    if (lead == 0xF0) low = 0x90;   // overlong
+    if (lead == 0xF4) high = 0x8F;  // beyond U+10FFFF
+  } else {
+    return 0;
+  }
+  if (i + length > text.size()) return 0;
+  if (byte(i + 1) < low || byte(i + 1) > high) return 0;
+  for (size_t k = 2; k < length; ++k)
+    if (byte(i + k) < 0x80 || byte(i + k) > 0xBF) return 0;
+  return length;
+}
+
+// A label value as the exposition format wants it: \\, \" and \n escaped,
+// and valid UTF-8 (an adapter name from argv may not be: bad bytes become U+FFFD).
 std::string escape_label_value(const std::string& value) {
   std::string escaped;
-  for (char c : value) {
-    if (c == '\\' || c == '"') escaped += '\\';
-    if (c == '\n') {
-      escaped += "\\n";
+  for (size_t i = 0; i < value.size();) {
+    const size_t length = utf8_sequence_length(value, i);
+    if (length == 0) {
+      escaped += "\xEF\xBF\xBD";
+      ++i;
       continue;
     }
-    escaped += c;
+    const char c = value[i];
+    if (c == '\\' || c == '"') escaped += '\\';
+    if (c == '\n') escaped += "\\n";
+    else escaped.append(value, i, length);
+    i += length;
   }
   return escaped;
 }

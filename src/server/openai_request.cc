@@ -1,12 +1,15 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <cmath>
 #include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/json_input.h"
+#include "server/json_output.h"
 #include "server/workflow_request.h"
 #include "server/workflow_routes.h"
 
@@ -18,157 +21,250 @@ using Json = nlohmann::json;
 constexpr int32_t kMaxTopLogprobs = 20;
 constexpr int32_t kDefaultCompletionMaxTokens = 16;  // OpenAI's legacy completions default
 
-// Field readers: absent or null -> default; a wrong type -> 400 naming the field.
-bool has(const Json& body, const char* key) { return body.contains(key) && !body[key].is_null(); }
+// Field readers. `object` is a JSON object; absent or null -> the fallback; a
+// wrong type or an out-of-range value -> 400 naming `param` (the field's path).
+// Nothing here lets an nlohmann exception out: every get<T>() follows a type check.
+const Json* field(const Json& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+bool has(const Json& object, const char* key) { return field(object, key) != nullptr; }
 
-bool read_bool(const Json& body, const char* key, bool fallback) {
-  if (!has(body, key)) return fallback;
-  if (!body[key].is_boolean()) throw_bad_request(key, fmt::format("'{}' must be a boolean", key));
-  return body[key].get<bool>();
+[[noreturn]] void throw_out_of_range(const std::string& param, const std::string& range, const Json& value,
+                                     const std::string& note = {}) {
+  throw_bad_request(param, fmt::format("'{}' must be {}{}, got {}", param, range, note, dump_json(value)));
 }
 
-int64_t read_int(const Json& body, const char* key, int64_t fallback, int64_t min, int64_t max) {
-  if (!has(body, key)) return fallback;
-  const Json& value = body[key];
-  // JSON has one number type: 3.0 is accepted as 3, 3.5 is not.
-  if (value.is_number_float() && value.get<double>() == static_cast<double>(static_cast<int64_t>(value.get<double>())))
-    return read_int(Json{{key, static_cast<int64_t>(value.get<double>())}}, key, fallback, min, max);
-  if (!value.is_number_integer()) throw_bad_request(key, fmt::format("'{}' must be an integer", key));
-  const int64_t number = value.is_number_unsigned() && value.get<uint64_t>() > INT64_MAX ? INT64_MAX : value.get<int64_t>();
-  if (number < min || number > max)
-    throw_bad_request(key, fmt::format("'{}' must be between {} and {}, got {}", key, min, max, number));
+bool read_bool_value(const Json& value, const std::string& param) {
+  if (!value.is_boolean()) throw_bad_request(param, fmt::format("'{}' must be a boolean", param));
+  return value.get<bool>();
+}
+
+bool read_bool(const Json& object, const char* key, bool fallback, const std::string& param) {
+  const Json* value = field(object, key);
+  return value ? read_bool_value(*value, param) : fallback;
+}
+bool read_bool(const Json& object, const char* key, bool fallback) { return read_bool(object, key, fallback, key); }
+
+// An integer in [min, max]. JSON has one number type: 3.0 is accepted as 3;
+// 3.5, 1e30 and integers beyond int64 are not (no cast of an out-of-range double).
+int64_t read_integer_value(const Json& value, const std::string& param, int64_t min, int64_t max,
+                           const std::string& note = {}) {
+  const std::string range = fmt::format("an integer between {} and {}", min, max);
+  if (value.is_number_unsigned()) {
+    const uint64_t number = value.get<uint64_t>();
+    if (max < 0 || number > static_cast<uint64_t>(max)) throw_out_of_range(param, range, value, note);
+    if (static_cast<int64_t>(number) < min) throw_out_of_range(param, range, value, note);
+    return static_cast<int64_t>(number);
+  }
+  if (value.is_number_integer()) {
+    const int64_t number = value.get<int64_t>();
+    if (number < min || number > max) throw_out_of_range(param, range, value, note);
+    return number;
+  }
+  if (value.is_number_float()) {
+    const double number = value.get<double>();
+    if (!std::isfinite(number) || number != std::trunc(number))
+      throw_bad_request(param, fmt::format("'{}' must be an integer, got {}", param, dump_json(value)));
+    // [-2^63, 2^63) is exactly int64's range; compare before casting.
+    if (number < -0x1p63 || number >= 0x1p63) throw_out_of_range(param, range, value, note);
+    const auto integer = static_cast<int64_t>(number);
+    if (integer < min || integer > max) throw_out_of_range(param, range, value, note);
+    return integer;
+  }
+  throw_bad_request(param, fmt::format("'{}' must be an integer", param));
+}
+
+int64_t read_int(const Json& object, const char* key, int64_t fallback, int64_t min, int64_t max,
+                 const std::string& note = {}) {
+  const Json* value = field(object, key);
+  return value ? read_integer_value(*value, key, min, max, note) : fallback;
+}
+
+// A finite number in [min, max].
+double read_number(const Json& object, const char* key, double fallback, double min, double max) {
+  const Json* value = field(object, key);
+  if (!value) return fallback;
+  if (!value->is_number()) throw_bad_request(key, fmt::format("'{}' must be a number", key));
+  const double number = value->get<double>();
+  if (!(std::isfinite(number) && number >= min && number <= max))  // NaN fails too
+    throw_out_of_range(key, fmt::format("between {} and {}", min, max), *value);
   return number;
 }
 
-double read_number(const Json& body, const char* key, double fallback, double min, double max) {
-  if (!has(body, key)) return fallback;
-  if (!body[key].is_number()) throw_bad_request(key, fmt::format("'{}' must be a number", key));
-  const double number = body[key].get<double>();
-  if (!(number >= min && number <= max))
-    throw_bad_request(key, fmt::format("'{}' must be between {} and {}, got {}", key, min, max, number));
-  return number;
+std::string read_string(const Json& object, const char* key, const std::string& fallback) {
+  const Json* value = field(object, key);
+  if (!value) return fallback;
+  if (!value->is_string()) throw_bad_request(key, fmt::format("'{}' must be a string", key));
+  return value->get<std::string>();
 }
 
-std::string read_string(const Json& body, const char* key, const std::string& fallback) {
-  if (!has(body, key)) return fallback;
-  if (!body[key].is_string()) throw_bad_request(key, fmt::format("'{}' must be a string", key));
-  return body[key].get<std::string>();
-}
-
-std::vector<TokenId> read_token_ids(const Json& list, const char* param, int vocab_size) {
+// [id, ...] with every id in [0, vocab_size); param names the list.
+std::vector<TokenId> read_token_ids(const Json& list, const std::string& param, int vocab_size) {
   std::vector<TokenId> ids;
-  for (const Json& item : list) {
-    if (!item.is_number_integer()) throw_bad_request(param, fmt::format("'{}' token lists must hold integers", param));
-    const int64_t id = item.get<int64_t>();
-    if (id < 0 || id >= vocab_size)
-      throw_bad_request(param, fmt::format("token id {} is outside the vocabulary [0, {})", id, vocab_size));
-    ids.push_back(static_cast<TokenId>(id));
+  ids.reserve(list.size());
+  for (size_t i = 0; i < list.size(); ++i) {
+    const std::string item_param = field_path(param, i);
+    if (!list[i].is_number_integer())
+      throw_bad_request(item_param, fmt::format("'{}' token lists must hold integers", param));
+    ids.push_back(static_cast<TokenId>(read_integer_value(list[i], item_param, 0, vocab_size - 1,
+                                                          " (a token id of the vocabulary)")));
   }
   return ids;
 }
 
-// prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...]
+// prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...]. How many
+// prompts the shape holds, before anything is tokenized (0 = not one of these).
+size_t count_prompts(const Json& prompt) {
+  if (prompt.is_string()) return 1;
+  if (!prompt.is_array() || prompt.empty()) return 0;
+  return prompt[0].is_number() ? 1 : prompt.size();
+}
+
 std::vector<std::vector<TokenId>> read_prompts(const Json& body, const Tokenizer& tokenizer) {
-  if (!has(body, "prompt")) throw_bad_request("prompt", "'prompt' is required");
-  const Json& prompt = body["prompt"];
+  const Json& prompt = body["prompt"];  // present: checked by the caller
   const int vocab_size = tokenizer.vocab_size();
   std::vector<std::vector<TokenId>> prompts;
   if (prompt.is_string()) {
     prompts.push_back(tokenizer.encode(prompt.get<std::string>(), true));
   } else if (prompt.is_array() && !prompt.empty()) {
-    if (prompt[0].is_number_integer()) {
+    if (prompt[0].is_number()) {
       prompts.push_back(read_token_ids(prompt, "prompt", vocab_size));
     } else {
-      for (const Json& item : prompt) {
+      for (size_t i = 0; i < prompt.size(); ++i) {
+        const Json& item = prompt[i];
+        const std::string param = field_path("prompt", i);
         if (item.is_string()) prompts.push_back(tokenizer.encode(item.get<std::string>(), true));
-        else if (item.is_array()) prompts.push_back(read_token_ids(item, "prompt", vocab_size));
-        else throw_bad_request("prompt", "'prompt' must be a string, a list of strings, or token id list(s)");
+        else if (item.is_array()) prompts.push_back(read_token_ids(item, param, vocab_size));
+        else throw_bad_request(param, "'prompt' must be a string, a list of strings, or token id list(s)");
       }
     }
   } else {
     throw_bad_request("prompt", "'prompt' must be a non-empty string, list of strings, or token id list(s)");
   }
-  for (const auto& tokens : prompts)
-    if (tokens.empty()) throw_bad_request("prompt", "a prompt is empty");
+  for (size_t i = 0; i < prompts.size(); ++i)
+    if (prompts[i].empty())
+      throw_bad_request(prompts.size() == 1 ? std::string("prompt") : field_path("prompt", i), "a prompt is empty");
   return prompts;
 }
 
-// content: "text" | [{"type": "text", "text": "..."}, ...]
-std::string read_message_content(const Json& message, size_t index) {
-  const std::string param = fmt::format("messages[{}].content", index);
-  if (!message.contains("content") || message["content"].is_null()) return {};
-  const Json& content = message["content"];
-  if (content.is_string()) return content.get<std::string>();
-  if (!content.is_array()) throw_bad_request(param, "message content must be a string or a list of text parts");
+// content: "text" | [{"type": "text", "text": "..."}, ...] | null
+std::string read_message_content(const Json& message, const std::string& message_param) {
+  const std::string param = field_path(message_param, "content");
+  const Json* content = field(message, "content");
+  if (!content) return {};
+  if (content->is_string()) return content->get<std::string>();
+  if (!content->is_array()) throw_bad_request(param, "message content must be a string or a list of text parts");
   std::string text;
-  for (const Json& part : content) {
-    if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") || !part["text"].is_string())
-      throw_bad_request(param, "only {\"type\": \"text\", \"text\": ...} content parts are supported");
-    text += part["text"].get<std::string>();
+  for (size_t j = 0; j < content->size(); ++j) {
+    const Json& part = (*content)[j];
+    const std::string part_param = field_path(param, j);
+    if (!part.is_object()) throw_bad_request(part_param, "each content part must be an object");
+    const Json* type = field(part, "type");
+    if (!type || !type->is_string())
+      throw_bad_request(field_path(part_param, "type"), "each content part needs a string 'type'");
+    if (type->get_ref<const std::string&>() != "text")
+      throw_bad_request(field_path(part_param, "type"),
+                        fmt::format("only \"text\" content parts are supported, got {}", dump_json(*type)));
+    const Json* part_text = field(part, "text");
+    if (!part_text || !part_text->is_string())
+      throw_bad_request(field_path(part_param, "text"), "a text content part needs a string 'text'");
+    text += part_text->get_ref<const std::string&>();
   }
   return text;
 }
 
 std::vector<TokenId> read_chat_prompt(const Json& body, const Tokenizer& tokenizer) {
-  if (!has(body, "messages")) throw_bad_request("messages", "'messages' is required");
-  const Json& list = body["messages"];
-  if (!list.is_array()) throw_bad_request("messages", "'messages' must be a list");
-  if (list.empty()) throw_bad_request("messages", "'messages' must not be empty");
+  const Json* list = field(body, "messages");
+  if (!list) throw_bad_request("messages", "'messages' is required");
+  if (!list->is_array()) throw_bad_request("messages", "'messages' must be a list");
+  if (list->empty()) throw_bad_request("messages", "'messages' must not be empty");
   static const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool"};
   std::vector<ChatMessage> messages;
-  for (size_t i = 0; i < list.size(); ++i) {
-    const Json& message = list[i];
-    if (!message.is_object()) throw_bad_request(fmt::format("messages[{}]", i), "each message must be an object");
-    if (!message.contains("role") || !message["role"].is_string())
-      throw_bad_request(fmt::format("messages[{}].role", i), "each message needs a string 'role'");
-    std::string role = message["role"].get<std::string>();
+  messages.reserve(list->size());
+  for (size_t i = 0; i < list->size(); ++i) {
+    const Json& message = (*list)[i];
+    const std::string param = field_path("messages", i);
+    if (!message.is_object()) throw_bad_request(param, "each message must be an object");
+    const Json* role_value = field(message, "role");
+    if (!role_value || !role_value->is_string())
+      throw_bad_request(field_path(param, "role"), "each message needs a string 'role'");
+    std::string role = role_value->get<std::string>();
     if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles))
-      throw_bad_request(fmt::format("messages[{}].role", i), fmt::format("unknown role '{}'", role));
+      throw_bad_request(field_path(param, "role"), fmt::format("unknown role {}", dump_json(*role_value)));
     if (role == "developer") role = "system";
-    messages.push_back({role, read_message_content(message, i)});
+    messages.push_back({role, read_message_content(message, param)});
   }
   return tokenizer.encode(tokenizer.chat_template().render(messages, true), false);
 }
 
-std::vector<std::string> read_stop(const Json& body) {
-  if (!has(body, "stop")) return {};
-  const Json& stop = body["stop"];
+// stop: "text" | ["text", ...], at most limits.max_stop_strings entries of at
+// most limits.max_stop_string_bytes bytes each.
+std::vector<std::string> read_stop(const Json& body, const RequestLimits& limits) {
+  const Json* stop = field(body, "stop");
+  if (!stop) return {};
+  auto check_bytes = [&](const std::string& text, const std::string& param) {
+    if (text.size() > static_cast<size_t>(std::max(limits.max_stop_string_bytes, 0)))
+      throw_bad_request(param, fmt::format("a stop string may have at most {} bytes (the server's "
+                                           "--max-stop-string-bytes), got {}",
+                                           limits.max_stop_string_bytes, text.size()));
+  };
   std::vector<std::string> stops;
-  if (stop.is_string()) {
-    stops.push_back(stop.get<std::string>());
-  } else if (stop.is_array()) {
-    for (const Json& item : stop) {
-      if (!item.is_string()) throw_bad_request("stop", "'stop' must be a string or a list of strings");
+  if (stop->is_string()) {
+    stops.push_back(stop->get<std::string>());
+    check_bytes(stops.back(), "stop");
+  } else if (stop->is_array()) {
+    for (size_t i = 0; i < stop->size(); ++i) {
+      const Json& item = (*stop)[i];
+      const std::string param = field_path("stop", i);
+      if (!item.is_string()) throw_bad_request(param, "'stop' must be a string or a list of strings");
       stops.push_back(item.get<std::string>());
+      check_bytes(stops.back(), param);
     }
   } else {
     throw_bad_request("stop", "'stop' must be a string or a list of strings");
   }
+  if (stops.size() > static_cast<size_t>(std::max(limits.max_stop_strings, 0)))
+    throw_bad_request("stop", fmt::format("'stop' may have at most {} entries (the server's --max-stop-strings), "
+                                          "got {}",
+                                          limits.max_stop_strings, stops.size()));
   stops.erase(std::remove(stops.begin(), stops.end(), std::string()), stops.end());
   return stops;
+}
+
+// A seed: any integer of int64 or uint64 (clients pick random 64-bit values).
+uint64_t read_seed(const Json& value) {
+  if (value.is_number_unsigned()) return value.get<uint64_t>();
+  return static_cast<uint64_t>(read_integer_value(value, "seed", INT64_MIN, INT64_MAX));
 }
 
 // Knobs we do not implement are refused unless they hold their neutral value,
 // so a client never silently gets different semantics.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"})
-    if (has(body, key) && (!body[key].is_number() || body[key].get<double>() != 0.0))
+  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
+    const Json* value = field(body, key);
+    if (value && (!value->is_number() || value->get<double>() != 0.0))
       throw_bad_request(key, fmt::format("'{}' is not supported (use 0)", key));
-  if (has(body, "repetition_penalty") &&
-      (!body["repetition_penalty"].is_number() || body["repetition_penalty"].get<double>() != 1.0))
+  }
+  if (const Json* value = field(body, "repetition_penalty"); value && (!value->is_number() || value->get<double>() != 1.0))
     throw_bad_request("repetition_penalty", "'repetition_penalty' is not supported (use 1)");
-  if (has(body, "logit_bias") && !(body["logit_bias"].is_object() && body["logit_bias"].empty()))
+  if (const Json* value = field(body, "logit_bias"); value && !(value->is_object() && value->empty()))
     throw_bad_request("logit_bias", "'logit_bias' is not supported");
   if (read_bool(body, "echo", false)) throw_bad_request("echo", "'echo' is not supported");
   if (has(body, "suffix")) throw_bad_request("suffix", "'suffix' is not supported");
-  if (has(body, "best_of") && read_int(body, "best_of", 1, 1, 1) != 1)
-    throw_bad_request("best_of", "'best_of' other than 1 is not supported");
+  read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
   if (endpoint == Endpoint::kChatCompletions) {
-    if (has(body, "tools") && !(body["tools"].is_array() && body["tools"].empty()))
+    if (const Json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
       throw_bad_request("tools", "tool calling is not supported");
-    if (has(body, "response_format") &&
-        !(body["response_format"].is_object() && body["response_format"].value("type", "") == "text"))
-      throw_bad_request("response_format", "only response_format {\"type\": \"text\"} is supported");
+    if (const Json* format = field(body, "response_format")) {
+      if (!format->is_object())
+        throw_bad_request("response_format", "'response_format' must be an object such as {\"type\": \"text\"}");
+      const Json* type = field(*format, "type");
+      if (!type || !type->is_string())
+        throw_bad_request("response_format.type", "'response_format.type' must be a string");
+      if (type->get_ref<const std::string&>() != "text")
+        throw_bad_request("response_format.type", "only response_format {\"type\": \"text\"} is supported");
+    }
   }
 }
 
@@ -181,6 +277,34 @@ std::string resolve_adapter(const std::string& model, const ParseContext& contex
                  "model_not_found");
 }
 
+// a * b * c for positive factors, saturating at INT64_MAX.
+int64_t saturating_product(std::initializer_list<int64_t> factors) {
+  int64_t product = 1;
+  for (const int64_t factor : factors) {
+    if (factor > 0 && product > INT64_MAX / factor) return INT64_MAX;
+    product *= factor;
+  }
+  return product;
+}
+
+// Deliver 8: prompts x n x max_tokens is what one request may make the engine
+// produce (and hold KV for); n and the prompt count also bound the streams.
+void check_output_tokens(size_t num_prompts, int32_t n, int64_t max_tokens, bool max_tokens_is_default,
+                         const char* max_tokens_key, const RequestLimits& limits) {
+  const int64_t prompts = static_cast<int64_t>(num_prompts);
+  if (saturating_product({prompts, n}) > INT32_MAX)
+    throw_bad_request("n", fmt::format("{} prompts x n {} is too many choices", prompts, n));
+  const int64_t total = saturating_product({prompts, n, max_tokens});
+  if (total <= limits.max_request_output_tokens) return;
+  throw_bad_request(
+      max_tokens_key,
+      fmt::format("this request may produce {} tokens ({} prompt(s) x n {} x {} {}{}), more than the server allows "
+                  "one request ({}, --max-request-output-tokens); lower n or {}",
+                  total, prompts, n, max_tokens_key, max_tokens,
+                  max_tokens_is_default ? " by default: the rest of the context" : "",
+                  limits.max_request_output_tokens, max_tokens_key));
+}
+
 }  // namespace
 
 EngineRequest ParsedRequest::engine_request(int32_t choice_index) const {
@@ -191,14 +315,9 @@ EngineRequest ParsedRequest::engine_request(int32_t choice_index) const {
 }
 
 ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text, const ParseContext& context) {
-  Json body;
-  try {
-    body = Json::parse(body_text);
-  } catch (const Json::parse_error& error) {
-    throw ApiError(400, std::string("the body is not valid JSON: ") + error.what());
-  }
-  if (!body.is_object()) throw ApiError(400, "the body must be a JSON object");
+  const Json body = parse_json_object_body(body_text);
   const bool is_chat = endpoint == Endpoint::kChatCompletions;
+  const RequestLimits& limits = context.limits;
 
   ParsedRequest parsed;
   parsed.endpoint = endpoint;
@@ -208,12 +327,13 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
 
   EngineRequest& request = parsed.engine_template;
   request.adapter = parsed.adapter;
-  parsed.n = static_cast<int32_t>(read_int(body, "n", 1, 1, context.limits.max_n));
+  parsed.n = static_cast<int32_t>(
+      read_int(body, "n", 1, 1, std::max(limits.max_n, 1), fmt::format(" (the server's --max-n)")));
   parsed.stream = read_bool(body, "stream", false);
-  if (has(body, "stream_options")) {
-    if (!body["stream_options"].is_object()) throw_bad_request("stream_options", "'stream_options' must be an object");
+  if (const Json* options = field(body, "stream_options")) {
+    if (!options->is_object()) throw_bad_request("stream_options", "'stream_options' must be an object");
     if (!parsed.stream) throw_bad_request("stream_options", "'stream_options' is only allowed with stream: true");
-    parsed.include_usage = read_bool(body["stream_options"], "include_usage", false);
+    parsed.include_usage = read_bool(*options, "include_usage", false, "stream_options.include_usage");
   }
 
   if (is_chat) {
@@ -232,14 +352,14 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   if (sampling.top_p <= 0.0f) throw_bad_request("top_p", "'top_p' must be in (0, 1]");
   const int64_t top_k = read_int(body, "top_k", 0, -1, INT32_MAX);
   sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // vLLM spells "no limit" -1
-  sampling.seed = has(body, "seed") ? static_cast<uint64_t>(read_int(body, "seed", 0, INT64_MIN, INT64_MAX))
-                                    : std::random_device{}() * 0x100000000ull + std::random_device{}();
+  const Json* seed = field(body, "seed");
+  sampling.seed = seed ? read_seed(*seed) : std::random_device{}() * 0x100000000ull + std::random_device{}();
   sampling.num_top_logprobs = parsed.logprobs.enabled ? parsed.logprobs.num_top : 0;
 
-  request.stop_strings = read_stop(body);
-  if (has(body, "stop_token_ids")) {
-    if (!body["stop_token_ids"].is_array()) throw_bad_request("stop_token_ids", "'stop_token_ids' must be a list");
-    request.stop_token_ids = read_token_ids(body["stop_token_ids"], "stop_token_ids", context.tokenizer->vocab_size());
+  request.stop_strings = read_stop(body, limits);
+  if (const Json* ids = field(body, "stop_token_ids")) {
+    if (!ids->is_array()) throw_bad_request("stop_token_ids", "'stop_token_ids' must be a list");
+    request.stop_token_ids = read_token_ids(*ids, "stop_token_ids", context.tokenizer->vocab_size());
   }
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.priority = static_cast<int32_t>(read_int(body, "priority", 0, INT32_MIN, INT32_MAX));
@@ -252,13 +372,34 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
     throw workflow_api_error(error);
   }
 
+  // max_tokens: OpenAI's default 16 for completions; the rest of the context
+  // for chat. Both spellings are checked when both are given (chat uses
+  // max_completion_tokens then).
+  const int64_t explicit_max_tokens = read_int(body, "max_tokens", 0, 1, INT32_MAX);
+  const char* max_tokens_key = "max_tokens";
+  int64_t max_tokens = explicit_max_tokens;
+  if (is_chat && has(body, "max_completion_tokens")) {
+    max_tokens_key = "max_completion_tokens";
+    max_tokens = read_int(body, "max_completion_tokens", 0, 1, INT32_MAX);
+  }
+  const bool has_max_tokens = max_tokens > 0;
+
+  // The output bound before any tokenizing work where it is already known.
+  size_t num_prompts = 1;
+  if (!is_chat) {
+    if (!has(body, "prompt")) throw_bad_request("prompt", "'prompt' is required");
+    num_prompts = count_prompts(body["prompt"]);
+    if (num_prompts == 0)
+      throw_bad_request("prompt", "'prompt' must be a non-empty string, list of strings, or token id list(s)");
+    check_output_tokens(num_prompts, parsed.n, has_max_tokens ? max_tokens : kDefaultCompletionMaxTokens, false,
+                        max_tokens_key, limits);
+  } else if (has_max_tokens) {
+    check_output_tokens(1, parsed.n, max_tokens, false, max_tokens_key, limits);
+  }
+
   parsed.prompts = is_chat ? std::vector<std::vector<TokenId>>{read_chat_prompt(body, *context.tokenizer)}
                            : read_prompts(body, *context.tokenizer);
 
-  // max_tokens: OpenAI's default 16 for completions; the rest of the context for chat.
-  const char* max_tokens_key = is_chat && has(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-  const bool has_max_tokens = has(body, max_tokens_key);
-  int64_t max_tokens = read_int(body, max_tokens_key, 0, 1, INT32_MAX);
   size_t longest_prompt = 0;
   for (const auto& tokens : parsed.prompts) longest_prompt = std::max(longest_prompt, tokens.size());
   const int64_t context_tokens = context.max_context_tokens;
@@ -270,9 +411,11 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
     throw ApiError(400,
                    fmt::format("This model's maximum context length is {} tokens. However, you requested {} tokens "
                                "({} in the {}, {} in the completion). Please reduce the length of the {} or completion.",
-                               context_tokens, longest_prompt + max_tokens, longest_prompt, where, max_tokens, where),
+                               context_tokens, static_cast<int64_t>(longest_prompt) + max_tokens, longest_prompt, where,
+                               max_tokens, where),
                    "invalid_request_error", where, "context_length_exceeded");
   }
+  check_output_tokens(parsed.prompts.size(), parsed.n, max_tokens, !has_max_tokens && is_chat, max_tokens_key, limits);
   request.max_new_tokens = static_cast<int32_t>(max_tokens);
   request.min_new_tokens = static_cast<int32_t>(read_int(body, "min_tokens", 0, 0, max_tokens));
   return parsed;

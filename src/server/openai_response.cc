@@ -7,14 +7,15 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server/json_output.h"
+
 namespace loom::server {
 namespace {
 
 using Json = nlohmann::json;
 
-// Token text may be a partial UTF-8 character: replace rather than throw.
-std::string dump(const Json& json) { return json.dump(-1, ' ', false, Json::error_handler_t::replace); }
-std::string sse(const Json& json) { return "data: " + dump(json) + "\n\n"; }
+// Token text may be a partial UTF-8 character: dump_json replaces rather than throws.
+std::string sse(const Json& json) { return "data: " + dump_json(json) + "\n\n"; }
 
 // OpenAI reports -9999.0 where a probability underflows; JSON has no -inf.
 double finite_logprob(float logprob) { return std::isfinite(logprob) ? logprob : -9999.0; }
@@ -113,7 +114,7 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
                {"model", request_.model},
                {"choices", list},
                {"usage", usage_json(usage)}};
-  return dump(body);
+  return dump_json(body);
 }
 
 std::string ResponseBuilder::role_event(int32_t index) const {

@@ -16,9 +16,12 @@
 // starts with the offending field ("agents[1].join: ..."); the HTTP layer
 // turns it into a 400 (api_error_from).
 //
-// Checked here: JSON shape, names (workflow_spec.h rules), number ranges,
-// repeats within one list. Checked by WorkflowRegistry::declare (through
-// AgentStepGraph): duplicate agents and unknown predecessors.
+// Checked here: JSON nesting, syntax and UTF-8 (server/json_input.h), JSON
+// shape, names (workflow_spec.h rules), number ranges, repeats within one
+// list, list lengths against `max_agents` (the registry's
+// max_agents_per_workflow: agents, each `after`, running, steps_to_execution).
+// Checked by WorkflowRegistry::declare (through AgentStepGraph): duplicate
+// agents, unknown predecessors, the total of declared and implicit agents.
 #pragma once
 
 #include <string_view>
@@ -29,8 +32,8 @@
 
 namespace loom::server {
 
-WorkflowSpec parse_workflow_spec(std::string_view body);
-WorkflowProgress parse_workflow_progress(std::string_view body);
+WorkflowSpec parse_workflow_spec(std::string_view body, int32_t max_agents = kMaxAgentsPerWorkflow);
+WorkflowProgress parse_workflow_progress(std::string_view body, int32_t max_agents = kMaxAgentsPerWorkflow);
 // The workflow fields of an already parsed completions / chat body (an object);
 // all absent gives empty hints.
 WorkflowHints parse_workflow_hints(const nlohmann::json& request_body);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include "server/json_output.h"
 #include "server/workflow_request.h"
 
 namespace loom::server {
@@ -37,13 +38,12 @@ std::string render_steps(const std::string& id, const WorkflowSteps& steps) {
   Json by_agent = Json::object();
   for (const auto& [agent, value] : steps.steps_by_agent)
     by_agent[agent] = value == kStepsFar ? Json(nullptr) : Json(value);
-  return Json{{"id", id},
-              {"object", "workflow"},
-              {"has_graph", steps.has_graph},
-              {"follows_requests", steps.follows_requests},
-              {"running", steps.running},
-              {"steps_to_execution", by_agent}}
-      .dump();
+  return dump_json(Json{{"id", id},
+                        {"object", "workflow"},
+                        {"has_graph", steps.has_graph},
+                        {"follows_requests", steps.follows_requests},
+                        {"running", steps.running},
+                        {"steps_to_execution", by_agent}});
 }
 
 std::string current_state(WorkflowRegistry& registry, const std::string& id) {
@@ -56,6 +56,9 @@ std::string current_state(WorkflowRegistry& registry, const std::string& id) {
 }  // namespace
 
 ApiError workflow_api_error(const Error& error) {
+  // A new workflow over --max-workflows: 503 with its own code; nothing changed.
+  if (error.kind() == ErrorKind::kCapacity)
+    return ApiError(503, error.what(), "server_error", "", "too_many_workflows");
   if (error.kind() != ErrorKind::kInvalidArgument) return api_error_from(error);
   const std::string message = error.what();
   const size_t colon = message.find(':');
@@ -70,7 +73,7 @@ std::string put_workflow(Engine& engine, std::string_view id_text, std::string_v
   WorkflowRegistry& registry = registry_of(engine);
   const std::string id = checked_id(id_text);
   try {
-    registry.declare(id, parse_workflow_spec(body));
+    registry.declare(id, parse_workflow_spec(body, registry.max_agents_per_workflow()));
   } catch (const Error& error) {
     throw workflow_api_error(error);
   }
@@ -82,7 +85,7 @@ std::string post_workflow_progress(Engine& engine, std::string_view id_text, std
   const std::string id = checked_id(id_text);
   WorkflowProgress progress;
   try {
-    progress = parse_workflow_progress(body);
+    progress = parse_workflow_progress(body, registry.max_agents_per_workflow());
   } catch (const Error& error) {
     throw workflow_api_error(error);
   }
@@ -110,7 +113,7 @@ std::string delete_workflow(Engine& engine, std::string_view id_text) {
   const std::string id = checked_id(id_text);
   registry.expire_unseen();
   if (!registry.end(id)) throw unknown_workflow(id);
-  return Json{{"id", id}, {"object", "workflow.deleted"}, {"deleted", true}}.dump();
+  return dump_json(Json{{"id", id}, {"object", "workflow.deleted"}, {"deleted", true}});
 }
 
 }  // namespace loom::server

@@ -10,9 +10,10 @@
 
 namespace loom {
 
-AgentStepGraph::AgentStepGraph(const WorkflowSpec& spec) {
-  if (spec.agents.size() > static_cast<size_t>(kMaxAgentsPerWorkflow))
-    fail(ErrorKind::kInvalidArgument, "agents: {} agents, at most {}", spec.agents.size(), kMaxAgentsPerWorkflow);
+AgentStepGraph::AgentStepGraph(const WorkflowSpec& spec, int32_t max_agents) {
+  const size_t limit = static_cast<size_t>(std::max(max_agents, 0));
+  if (spec.agents.size() > limit)
+    fail(ErrorKind::kInvalidArgument, "agents: {} agents, at most {}", spec.agents.size(), limit);
   names_.reserve(spec.agents.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {
     const std::string& name = spec.agents[i].name;
@@ -33,12 +34,13 @@ AgentStepGraph::AgentStepGraph(const WorkflowSpec& spec) {
       if (index_by_name_.emplace(after[j], static_cast<int32_t>(names_.size())).second) {
         names_.push_back(after[j]);
         joins_.push_back(JoinKind::kAll);
+        // Checked as names appear, so a huge `after` list stops at the limit.
+        if (names_.size() > limit)
+          fail(ErrorKind::kInvalidArgument, "agents: {} agents (declared or named in \"after\"), at most {}",
+               names_.size(), limit);
       }
     }
   }
-  if (names_.size() > static_cast<size_t>(kMaxAgentsPerWorkflow))
-    fail(ErrorKind::kInvalidArgument, "agents: {} agents (declared or named in \"after\"), at most {}",
-         names_.size(), kMaxAgentsPerWorkflow);
   predecessors_.resize(names_.size());
   successors_.resize(names_.size());
   for (size_t i = 0; i < spec.agents.size(); ++i) {

@@ -75,11 +75,12 @@ class AgentStepGraph {
   // Validates and indexes `spec`. Throws Error(kInvalidArgument) naming the
   // field ("agents[1].name: agent \"planner\" is declared twice ...") for an
   // empty or invalid name, a duplicate agent, a repeated predecessor, or more
-  // than kMaxAgentsPerWorkflow agents. An agent named only in some `after`
+  // than `max_agents` agents (declared or implicit; so no agent has more
+  // predecessors either). An agent named only in some `after`
   // list is declared implicitly (no predecessors, join all): it gets the next
   // index after the declared agents, in order of first mention, so
   // {"planner" after ["reviewer"]} declares "reviewer" as agent 1.
-  explicit AgentStepGraph(const WorkflowSpec& spec);
+  explicit AgentStepGraph(const WorkflowSpec& spec, int32_t max_agents = kMaxAgentsPerWorkflow);
 
   int32_t num_agents() const { return static_cast<int32_t>(names_.size()); }
   // Agent names in declaration order; agent index i is names()[i].

@@ -76,6 +76,8 @@ WorkflowRegistry::WorkflowRegistry(WorkflowRegistryConfig config)
     : config_(std::move(config)), snapshot_(std::make_shared<WorkflowSnapshot>()) {
   if (config_.max_workflows < 0)
     fail(ErrorKind::kInvalidArgument, "max_workflows: {} is negative", config_.max_workflows);
+  if (config_.max_agents_per_workflow < 1)
+    fail(ErrorKind::kInvalidArgument, "max_agents_per_workflow: {} is below 1", config_.max_agents_per_workflow);
   if (config_.ttl <= std::chrono::steady_clock::duration::zero())
     fail(ErrorKind::kInvalidArgument, "workflow ttl must be positive");
 }
@@ -88,16 +90,18 @@ WorkflowRegistry::TimePoint WorkflowRegistry::now() const {
 
 void WorkflowRegistry::declare(std::string_view workflow, const WorkflowSpec& spec) {
   check_workflow_id(workflow, "workflow");
-  auto graph = std::make_shared<const AgentStepGraph>(spec);
+  auto graph = std::make_shared<const AgentStepGraph>(spec, config_.max_agents_per_workflow);
   const TimePoint time = now();
   std::lock_guard lock(mutex_);
   expire_locked(time);
   bool created = false;
   WorkflowState* state = find_or_create(workflow, time, created);
   if (state == nullptr)
-    throw Error(ErrorKind::kCapacity, fmt::format("workflow \"{}\": {} workflows are known already", workflow,
-                                                  config_.max_workflows),
-                "DELETE finished workflows");
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("workflow \"{}\" is new and {} workflows are known already (the server's "
+                            "--max-workflows)",
+                            workflow, config_.max_workflows),
+                "DELETE finished workflows, or wait for idle ones to expire");
   state->graph = std::move(graph);
   state->last_seen = time;
   update_steps(*state, created);
@@ -105,16 +109,18 @@ void WorkflowRegistry::declare(std::string_view workflow, const WorkflowSpec& sp
 
 void WorkflowRegistry::post_progress(std::string_view workflow, const WorkflowProgress& progress) {
   check_workflow_id(workflow, "workflow");
-  check_workflow_progress(progress);
+  check_workflow_progress(progress, config_.max_agents_per_workflow);
   const TimePoint time = now();
   std::lock_guard lock(mutex_);
   expire_locked(time);
   bool created = false;
   WorkflowState* state = find_or_create(workflow, time, created);
   if (state == nullptr)
-    throw Error(ErrorKind::kCapacity, fmt::format("workflow \"{}\": {} workflows are known already", workflow,
-                                                  config_.max_workflows),
-                "DELETE finished workflows");
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("workflow \"{}\" is new and {} workflows are known already (the server's "
+                            "--max-workflows)",
+                            workflow, config_.max_workflows),
+                "DELETE finished workflows, or wait for idle ones to expire");
   state->has_posted_progress = true;
   state->progress = progress;
   state->last_seen = time;

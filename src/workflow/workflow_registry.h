@@ -54,8 +54,14 @@ using WorkflowClock = std::function<std::chrono::steady_clock::time_point()>;
 
 struct WorkflowRegistryConfig {
   std::chrono::steady_clock::duration ttl = std::chrono::minutes(10);  // unseen this long: expired
-  int32_t max_workflows = 4096;  // beyond: declare/post_progress fail (kCapacity), note_request ignores
+  // Workflows known at once (--max-workflows). A new one beyond: declare and
+  // post_progress fail (kCapacity, nothing changes); note_request does not
+  // track it (the request is served anyway). Existing workflows are unaffected.
+  int32_t max_workflows = 10000;
   WorkflowClock clock;           // empty: std::chrono::steady_clock::now
+  // Agents per workflow graph, declared or implicit (--max-workflow-agents;
+  // >= 1), and entries in each list of a progress update.
+  int32_t max_agents_per_workflow = kMaxAgentsPerWorkflow;
 };
 
 // One workflow's steps at one version. Immutable; owned by shared_ptr.
@@ -104,7 +110,8 @@ class WorkflowSnapshot {
 
 class WorkflowRegistry {
  public:
-  // Throws Error(kInvalidArgument) for a ttl <= 0 or max_workflows < 0.
+  // Throws Error(kInvalidArgument) for a ttl <= 0, max_workflows < 0 or
+  // max_agents_per_workflow < 1.
   explicit WorkflowRegistry(WorkflowRegistryConfig config = {});
   ~WorkflowRegistry();
   WorkflowRegistry(const WorkflowRegistry&) = delete;
@@ -112,7 +119,8 @@ class WorkflowRegistry {
 
   // PUT: declares or replaces the step graph. Progress state (posted or from
   // requests) is kept. Throws Error(kInvalidArgument) for a bad id or graph
-  // (nothing changes then), Error(kCapacity) when max_workflows are known.
+  // (more than max_agents_per_workflow agents included; nothing changes then),
+  // Error(kCapacity) for a new workflow when max_workflows are known.
   void declare(std::string_view workflow, const WorkflowSpec& spec);
   // POST progress: from now on `progress` says who runs (see above). Creates the
   // workflow if unknown. Throws like declare() (check_workflow_progress rules).
@@ -134,6 +142,9 @@ class WorkflowRegistry {
   // The version of the current snapshot, without locking: call snapshot()
   // again only when it differs from the one held.
   uint64_t version() const { return version_.load(std::memory_order_acquire); }
+
+  int32_t max_workflows() const { return config_.max_workflows; }
+  int32_t max_agents_per_workflow() const { return config_.max_agents_per_workflow; }
 
  private:
   struct WorkflowState;

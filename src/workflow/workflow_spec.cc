@@ -1,5 +1,6 @@
 #include "workflow/workflow_spec.h"
 
+#include <algorithm>
 #include <set>
 
 #include "util/error.h"
@@ -40,13 +41,13 @@ void check_agent_name(std::string_view name, std::string_view field) {
                 fmt::format("use 1 to {} bytes without control characters", kMaxWorkflowNameBytes));
 }
 
-void check_workflow_progress(const WorkflowProgress& progress) {
-  if (progress.running.size() > static_cast<size_t>(kMaxAgentsPerWorkflow))
-    fail(ErrorKind::kInvalidArgument, "running: {} agents, at most {}", progress.running.size(),
-         kMaxAgentsPerWorkflow);
-  if (progress.steps_to_execution.size() > static_cast<size_t>(kMaxAgentsPerWorkflow))
+void check_workflow_progress(const WorkflowProgress& progress, int32_t max_agents) {
+  const size_t limit = static_cast<size_t>(std::max(max_agents, 0));
+  if (progress.running.size() > limit)
+    fail(ErrorKind::kInvalidArgument, "running: {} agents, at most {}", progress.running.size(), limit);
+  if (progress.steps_to_execution.size() > limit)
     fail(ErrorKind::kInvalidArgument, "steps_to_execution: {} agents, at most {}",
-         progress.steps_to_execution.size(), kMaxAgentsPerWorkflow);
+         progress.steps_to_execution.size(), limit);
   std::set<std::string_view> seen;
   for (size_t i = 0; i < progress.running.size(); ++i) {
     const std::string field = fmt::format("running[{}]", i);

@@ -42,8 +42,10 @@ const char* join_kind_name(JoinKind join);  // "all" / "any"
 inline constexpr int32_t kStepsFar = std::numeric_limits<int32_t>::max();
 // Largest explicit steps_to_execution a client may post.
 inline constexpr int32_t kMaxExplicitSteps = 1'000'000;
-// Largest number of agents one workflow may declare (bounds the graph work
-// done per progress update).
+// Default largest number of agents one workflow may have: declared or named in
+// `after` lists, and in each of a progress update's lists (bounds the graph
+// work done per update and the memory per workflow). WorkflowRegistryConfig::
+// max_agents_per_workflow (--max-workflow-agents) sets the server's.
 inline constexpr int32_t kMaxAgentsPerWorkflow = 256;
 // Longest workflow id / agent name, in bytes.
 inline constexpr int32_t kMaxWorkflowNameBytes = 128;
@@ -86,10 +88,11 @@ bool is_valid_workflow_id(std::string_view id);
 bool is_valid_agent_name(std::string_view name);
 
 // Throw Error(kInvalidArgument) naming `field` (e.g. "agents[2].name") when
-// the value breaks the rule above / the bounds of its struct.
+// the value breaks the rule above / the bounds of its struct. `max_agents`
+// bounds each of a progress update's lists.
 void check_workflow_id(std::string_view id, std::string_view field);
 void check_agent_name(std::string_view name, std::string_view field);
-void check_workflow_progress(const WorkflowProgress& progress);
+void check_workflow_progress(const WorkflowProgress& progress, int32_t max_agents = kMaxAgentsPerWorkflow);
 void check_workflow_hints(const WorkflowHints& hints);
 
 }  // namespace loom

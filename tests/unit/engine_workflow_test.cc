@@ -55,12 +55,15 @@ class EngineWorkflowTest : public ::testing::Test {
 
   // A pool of 15 blocks: three agents' requests (4 fixed + 1 dynamic block
   // each) fill it; a fourth must evict.
-  void start(bool workflow_aware, int32_t num_kv_blocks = 15) {
+  void start(bool workflow_aware, int32_t num_kv_blocks = 15, int32_t max_workflows = 10000,
+             int32_t max_workflow_agents = 256) {
     EngineConfig config;
     config.block_size = kBlockSize;
     config.num_kv_blocks = num_kv_blocks;
     config.max_batch_tokens = 64;
     config.workflow_aware_eviction = workflow_aware;
+    config.max_workflows = max_workflows;
+    config.max_workflow_agents = max_workflow_agents;
     engine_ = std::make_unique<EngineImpl>(*model_, make_cpu_backend(model_->config, model_->weights, {1, 8}), config);
   }
   void TearDown() override {
@@ -193,6 +196,34 @@ TEST_F(EngineWorkflowTest, BadHintsAreRejectedAtSubmit) {
   expect_invalid(agent_request("w", "planner", 1, 0, -1));          // negative fixed prefix
   EXPECT_EQ(engine_->workflows().snapshot()->num_workflows(), 0);  // nothing was noted
   EXPECT_EQ(engine_->take_metrics().eviction_policy, "workflow");
+}
+
+// --max-workflows / --max-workflow-agents reach the registry: request hints
+// of a new workflow beyond the cap are served but not tracked (the registry
+// never grows past it), and a graph over the agent cap is refused.
+TEST_F(EngineWorkflowTest, WorkflowCapsFromTheConfig) {
+  start(/*workflow_aware=*/true, /*num_kv_blocks=*/32, /*max_workflows=*/1, /*max_workflow_agents=*/3);
+  EXPECT_EQ(engine_->workflows().max_workflows(), 1);
+  EXPECT_EQ(engine_->workflows().max_agents_per_workflow(), 3);
+  run(agent_request("first", "a", 1, 0));
+  run(agent_request("second", "a", 2, 0));  // served, untracked
+  run(agent_request("third", "b", 3, 0));
+  const auto snapshot = engine_->workflows().snapshot();
+  EXPECT_EQ(snapshot->num_workflows(), 1);
+  EXPECT_NE(snapshot->workflow("first"), nullptr);
+  EXPECT_EQ(snapshot->workflow("second"), nullptr);
+  try {
+    engine_->workflows().declare("first", fig1_cycle());  // 4 agents
+    ADD_FAILURE() << "a 4-agent graph was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kInvalidArgument);
+  }
+  try {
+    engine_->workflows().declare("other", WorkflowSpec{});
+    ADD_FAILURE() << "a second workflow was accepted";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kCapacity);
+  }
 }
 
 }  // namespace

@@ -18,7 +18,9 @@ namespace loom::test {
 
 class FakeEngine : public Engine {
  public:
-  explicit FakeEngine(std::shared_ptr<const Tokenizer> tokenizer, int32_t max_context = 256) : max_context_(max_context) {
+  explicit FakeEngine(std::shared_ptr<const Tokenizer> tokenizer, int32_t max_context = 256,
+                      int32_t max_workflows = 4096)
+      : max_context_(max_context), max_workflows_(max_workflows) {
     model_.path = "/models/fake";
     model_.tokenizer = std::move(tokenizer);
   }
@@ -140,8 +142,9 @@ class FakeEngine : public Engine {
   std::map<std::string, KvSharing> sharing_;
   LoadedModel model_;
   int32_t max_context_;
+  int32_t max_workflows_;
   WorkflowRegistry registry_{WorkflowRegistryConfig{
-      std::chrono::seconds(kWorkflowTtlSeconds), 4096,
+      std::chrono::seconds(kWorkflowTtlSeconds), max_workflows_,
       [this] { return std::chrono::steady_clock::time_point(std::chrono::seconds(workflow_clock_seconds.load())); }}};
 };
 

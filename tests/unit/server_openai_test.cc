@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/json_input.h"
 #include "server/metrics_exporter.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
@@ -31,14 +32,32 @@ class ServerOpenAiTest : public ::testing::Test {
   ParsedRequest parse(Endpoint endpoint, const Json& body) const {
     return parse_openai_request(endpoint, body.dump(), context());
   }
-  // The ApiError a body raises (status 0 if none).
-  ApiError error_of(Endpoint endpoint, const std::string& body) const {
+  // The ApiError a body raises (status 0 if none). Any other exception fails
+  // the test: the parser may throw ApiError only.
+  ApiError error_of(Endpoint endpoint, const std::string& body, const RequestLimits* limits = nullptr) const {
+    ParseContext parse_context = context();
+    if (limits) parse_context.limits = *limits;
     try {
-      parse_openai_request(endpoint, body, context());
+      parse_openai_request(endpoint, body, parse_context);
     } catch (const ApiError& error) {
       return error;
+    } catch (const std::exception& error) {
+      ADD_FAILURE() << "not an ApiError: " << error.what() << " for " << body;
+      return ApiError(-1, "other exception");
     }
     return ApiError(0, "no error");
+  }
+  // Expects a 400 naming `param`, whose body serialises and whose message
+  // holds printable ASCII only (no raw body bytes).
+  void expect_bad_field(Endpoint endpoint, const std::string& body, const std::string& param,
+                        const RequestLimits* limits = nullptr) const {
+    const ApiError error = error_of(endpoint, body, limits);
+    EXPECT_EQ(error.status(), 400) << body << ": " << error.message();
+    EXPECT_EQ(error.param(), param) << body << ": " << error.message();
+    for (const char c : error.message())
+      EXPECT_TRUE(c >= 0x20 && c < 0x7f) << "raw byte " << int(static_cast<unsigned char>(c)) << " in "
+                                         << error.message();
+    EXPECT_NO_THROW(Json::parse(error.body())) << body;
   }
   const Tokenizer& tokenizer() const { return **tokenizer_; }
 
@@ -124,12 +143,12 @@ TEST_F(ServerOpenAiTest, BadInputsGetStatusAndParam) {
       {kC, R"({"model": "tiny"})", 400, "prompt"},
       {kC, R"({"prompt": 5})", 400, "prompt"},
       {kC, R"({"prompt": []})", 400, "prompt"},
-      {kC, R"({"prompt": [1, 99999]})", 400, "prompt"},
+      {kC, R"({"prompt": [1, 99999]})", 400, "prompt[1]"},
       {kC, R"({"prompt": "x", "max_tokens": "3"})", 400, "max_tokens"},
       {kC, R"({"prompt": "x", "max_tokens": 0})", 400, "max_tokens"},
       {kC, R"({"prompt": "x", "temperature": -1})", 400, "temperature"},
       {kC, R"({"prompt": "x", "top_p": 0})", 400, "top_p"},
-      {kC, R"({"prompt": "x", "stop": [1]})", 400, "stop"},
+      {kC, R"({"prompt": "x", "stop": [1]})", 400, "stop[0]"},
       {kC, R"({"prompt": "x", "stream": "yes"})", 400, "stream"},
       {kC, R"({"prompt": "x", "stream_options": {"include_usage": true}})", 400, "stream_options"},
       {kC, R"({"prompt": "x", "n": 0})", 400, "n"},
@@ -255,6 +274,282 @@ TEST_F(ServerOpenAiTest, ChatBodyAndStreamChunks) {
   EXPECT_EQ(ResponseBuilder::done_event(), "data: [DONE]\n\n");
 }
 
+// Issue 12: numbers that nlohmann cannot hold (1e999 overflows a double and
+// used to escape as a non-ApiError exception: a 500 with internal text) and
+// integers beyond each field's range, every numeric field.
+TEST_F(ServerOpenAiTest, NonFiniteAndHugeNumbersAreFieldErrors) {
+  const Endpoint kC = Endpoint::kCompletions, kChat = Endpoint::kChatCompletions;
+  const std::string chat_messages = R"("messages": [{"role": "user", "content": "x"}])";
+  struct Field {
+    Endpoint endpoint;
+    std::string name;      // the key in the body
+    std::string template_; // body with $ where the value goes
+    std::string param;
+  };
+  const std::vector<Field> fields = {
+      {kC, "temperature", R"({"prompt": "x", "temperature": $})", "temperature"},
+      {kC, "top_p", R"({"prompt": "x", "top_p": $})", "top_p"},
+      {kC, "top_k", R"({"prompt": "x", "top_k": $})", "top_k"},
+      {kC, "max_tokens", R"({"prompt": "x", "max_tokens": $})", "max_tokens"},
+      {kC, "min_tokens", R"({"prompt": "x", "min_tokens": $})", "min_tokens"},
+      {kC, "n", R"({"prompt": "x", "n": $})", "n"},
+      {kC, "seed", R"({"prompt": "x", "seed": $})", "seed"},
+      {kC, "priority", R"({"prompt": "x", "priority": $})", "priority"},
+      {kC, "logprobs", R"({"prompt": "x", "logprobs": $})", "logprobs"},
+      {kC, "best_of", R"({"prompt": "x", "best_of": $})", "best_of"},
+      {kC, "presence_penalty", R"({"prompt": "x", "presence_penalty": $})", "presence_penalty"},
+      {kC, "frequency_penalty", R"({"prompt": "x", "frequency_penalty": $})", "frequency_penalty"},
+      {kC, "repetition_penalty", R"({"prompt": "x", "repetition_penalty": $})", "repetition_penalty"},
+      {kC, "prompt token", R"({"prompt": [1, $]})", "prompt[1]"},
+      {kC, "prompt list token", R"({"prompt": [[1], [2, $]]})", "prompt[1][1]"},
+      {kC, "stop_token_ids", R"({"prompt": "x", "stop_token_ids": [$]})", "stop_token_ids[0]"},
+      {kC, "fixed_prefix_tokens", R"({"prompt": "x", "workflow": "w", "fixed_prefix_tokens": $})",
+       "fixed_prefix_tokens"},
+      {kChat, "top_logprobs", "{" + chat_messages + R"(, "logprobs": true, "top_logprobs": $})", "top_logprobs"},
+      {kChat, "max_completion_tokens", "{" + chat_messages + R"(, "max_completion_tokens": $})",
+       "max_completion_tokens"},
+  };
+  for (const Field& item : fields) {
+    for (const std::string value : {"1e999", "-1e999", "1e30", "-1e30", "18446744073709551616",
+                                    "123456789012345678901234567890"}) {
+      std::string body = item.template_;
+      body.replace(body.find('$'), 1, value);
+      SCOPED_TRACE(item.name + " = " + value);
+      expect_bad_field(item.endpoint, body, item.param);
+    }
+  }
+  // Negative counts and ids.
+  for (const auto& [body, param] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"prompt": "x", "n": -1})", "n"},
+           {R"({"prompt": "x", "max_tokens": -5})", "max_tokens"},
+           {R"({"prompt": "x", "min_tokens": -1})", "min_tokens"},
+           {R"({"prompt": "x", "logprobs": -1})", "logprobs"},
+           {R"({"prompt": "x", "top_k": -2})", "top_k"},
+           {R"({"prompt": [-1]})", "prompt[0]"},
+           {R"({"prompt": "x", "stop_token_ids": [-3]})", "stop_token_ids[0]"},
+           {R"({"prompt": "x", "workflow": "w", "fixed_prefix_tokens": -1})", "fixed_prefix_tokens"},
+           {R"({"prompt": "x", "max_tokens": 2.5})", "max_tokens"},
+           {R"({"prompt": "x", "n": 18446744073709551615})", "n"},
+           {R"({"prompt": "x", "priority": 3000000000})", "priority"},
+       })
+    expect_bad_field(kC, body, param);
+
+  // Whole floats and full 64-bit seeds still work.
+  const auto parsed = parse(kC, Json::parse(R"({"prompt": "x", "max_tokens": 3.0, "seed": 18446744073709551615})"));
+  EXPECT_EQ(parsed.engine_template.max_new_tokens, 3);
+  EXPECT_EQ(parsed.engine_template.sampling.seed, UINT64_MAX);  // used to be clamped to INT64_MAX silently
+  EXPECT_EQ(parse(kC, Json::parse(R"({"prompt": "x", "seed": -1})")).engine_template.sampling.seed, UINT64_MAX);
+}
+
+// Issue 12: a non-string "type" in a content part or in response_format used
+// to throw nlohmann's type_error (a 500); every field's wrong types are 400s
+// naming the field's path.
+TEST_F(ServerOpenAiTest, WrongTypesNameTheFieldPath) {
+  const Endpoint kC = Endpoint::kCompletions, kChat = Endpoint::kChatCompletions;
+  auto chat = [](const std::string& message, const std::string& extra = "") {
+    return R"({"messages": [{"role": "user", "content": "a"}, )" + message + "]" + extra + "}";
+  };
+  const std::string user = R"({"role": "user", "content": "x"})";
+  const std::vector<std::pair<std::string, std::string>> chat_cases = {
+      {chat(R"({"role": "user", "content": [{"type": 5, "text": "x"}]})"), "messages[1].content[0].type"},
+      {chat(R"({"role": "user", "content": [{"type": "text", "text": "x"}, {"type": null}]})"),
+       "messages[1].content[1].type"},
+      {chat(R"({"role": "user", "content": [{"type": ["text"], "text": "x"}]})"), "messages[1].content[0].type"},
+      {chat(R"({"role": "user", "content": [{"type": "image_url", "image_url": {}}]})"),
+       "messages[1].content[0].type"},
+      {chat(R"({"role": "user", "content": [{"type": "text", "text": 5}]})"), "messages[1].content[0].text"},
+      {chat(R"({"role": "user", "content": [{"type": "text"}]})"), "messages[1].content[0].text"},
+      {chat(R"({"role": "user", "content": ["x"]})"), "messages[1].content[0]"},
+      {chat(R"({"role": "user", "content": {"text": "x"}})"), "messages[1].content"},
+      {chat(R"({"role": 5, "content": "x"})"), "messages[1].role"},
+      {chat(R"({"role": ["user"], "content": "x"})"), "messages[1].role"},
+      {chat(R"("hi")"), "messages[1]"},
+      {chat(user, R"(, "response_format": {"type": 5})"), "response_format.type"},
+      {chat(user, R"(, "response_format": {"type": null})"), "response_format.type"},
+      {chat(user, R"(, "response_format": {"type": "json_object"})"), "response_format.type"},
+      {chat(user, R"(, "response_format": "text")"), "response_format"},
+      {chat(user, R"(, "response_format": ["text"])"), "response_format"},
+      {chat(user, R"(, "tools": "x")"), "tools"},
+      {chat(user, R"(, "logprobs": "yes")"), "logprobs"},
+      {chat(user, R"(, "max_tokens": "3", "max_completion_tokens": 3)"), "max_tokens"},
+      {chat(user, R"(, "stream": true, "stream_options": {"include_usage": "yes"})"), "stream_options.include_usage"},
+      {chat(user, R"(, "stream": true, "stream_options": [true])"), "stream_options"},
+  };
+  for (const auto& [body, param] : chat_cases) expect_bad_field(kChat, body, param);
+
+  const std::vector<std::pair<std::string, std::string>> completion_cases = {
+      {R"({"prompt": true})", "prompt"},
+      {R"({"prompt": [{"text": "x"}]})", "prompt[0]"},
+      {R"({"prompt": ["x", 5]})", "prompt[1]"},
+      {R"({"prompt": [[1, "a"]]})", "prompt[0][1]"},
+      {R"({"prompt": [[1], [2.5]]})", "prompt[1][0]"},
+      {R"({"prompt": [1, [2]]})", "prompt[1]"},
+      {R"({"prompt": "x", "stop": {"a": 1}})", "stop"},
+      {R"({"prompt": "x", "stop": ["a", 1]})", "stop[1]"},
+      {R"({"prompt": "x", "stop_token_ids": "1"})", "stop_token_ids"},
+      {R"({"prompt": "x", "stop_token_ids": ["a"]})", "stop_token_ids[0]"},
+      {R"({"prompt": "x", "logit_bias": {"1": 5}})", "logit_bias"},
+      {R"({"prompt": "x", "logit_bias": [1]})", "logit_bias"},
+      {R"({"prompt": "x", "echo": "yes"})", "echo"},
+      {R"({"prompt": "x", "ignore_eos": 1})", "ignore_eos"},
+      {R"({"prompt": "x", "temperature": "hot"})", "temperature"},
+      {R"({"prompt": "x", "temperature": true})", "temperature"},
+      {R"({"prompt": "x", "seed": "1"})", "seed"},
+      {R"({"prompt": "x", "presence_penalty": "0"})", "presence_penalty"},
+      {R"({"prompt": "x", "best_of": 2})", "best_of"},
+      {R"({"prompt": "x", "workflow": 5})", "workflow"},
+      {R"({"prompt": "x", "workflow": "w", "agent": ["a"]})", "agent"},
+      {R"({"prompt": "x", "workflow": "w", "fixed_prefix_tokens": "3"})", "fixed_prefix_tokens"},
+      {R"({"prompt": "x", "model": ["tiny"]})", "model"},
+  };
+  for (const auto& [body, param] : completion_cases) expect_bad_field(kC, body, param);
+}
+
+// Issue 12: invalid UTF-8 in any string (or key) is a 400 naming the field,
+// and no raw byte reaches the message (it used to, and the strict writer then
+// threw while building the error body).
+TEST_F(ServerOpenAiTest, InvalidUtf8NamesTheField) {
+  const Endpoint kC = Endpoint::kCompletions, kChat = Endpoint::kChatCompletions;
+  for (const std::string& bad : {std::string("\xff"), std::string("\xc0\xaf"), std::string("\xed\xa0\x80"),
+                                std::string("a\xe2\x82"), std::string("\\ud800"), std::string("\\udc00x")}) {
+    SCOPED_TRACE(bad);
+    const std::vector<std::pair<std::string, std::string>> completion_cases = {
+        {R"({"model": ")" + bad + R"(", "prompt": "x"})", "model"},
+        {R"({"prompt": ")" + bad + R"("})", "prompt"},
+        {R"({"prompt": ["ok", ")" + bad + R"("]})", "prompt[1]"},
+        {R"({"prompt": "x", "stop": ")" + bad + R"("})", "stop"},
+        {R"({"prompt": "x", "stop": ["a", ")" + bad + R"("]})", "stop[1]"},
+        {R"({"prompt": "x", "workflow": ")" + bad + R"("})", "workflow"},
+        {R"({"prompt": "x", "workflow": "w", "agent": ")" + bad + R"("})", "agent"},
+        {R"({"prompt": "x", "user": ")" + bad + R"("})", "user"},  // a field we ignore is checked too
+        {R"({"prompt": "x", "extra": {"deep": [")" + bad + R"("]}})", "extra.deep[0]"},
+        {R"({"prompt": "x", ")" + bad + R"(": 1})", ""},  // a key: the object it is in
+    };
+    for (const auto& [body, param] : completion_cases) expect_bad_field(kC, body, param);
+    const std::vector<std::pair<std::string, std::string>> chat_cases = {
+        {R"({"messages": [{"role": ")" + bad + R"(", "content": "x"}]})", "messages[0].role"},
+        {R"({"messages": [{"role": "user", "content": ")" + bad + R"("}]})", "messages[0].content"},
+        {R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "ok"}, {"type": "text", "text": ")" +
+             bad + R"("}]}]})",
+         "messages[0].content[1].text"},
+        {R"({"messages": [{"role": "user", "content": [{"type": ")" + bad + R"(", "text": "x"}]}]})",
+         "messages[0].content[0].type"},
+        {R"({"messages": [{"role": "user", "name": ")" + bad + R"(", "content": "x"}]})", "messages[0].name"},
+        {R"({"messages": [{"role": "user", "content": "x"}], "response_format": {"type": ")" + bad + R"("}})",
+         "response_format.type"},
+    };
+    for (const auto& [body, param] : chat_cases) expect_bad_field(kChat, body, param);
+  }
+  // A long string with a bad byte at its end: the message stays short.
+  const std::string long_body = R"({"prompt": ")" + std::string(1 << 20, 'a') + "\xff\"}";
+  const ApiError error = error_of(kC, long_body);
+  EXPECT_EQ(error.param(), "prompt");
+  EXPECT_LT(error.message().size(), 400u);
+}
+
+// Issue 12: the nesting guard runs before the parser on every body.
+TEST_F(ServerOpenAiTest, DeepNestingIsRejectedBeforeParsing) {
+  auto nested = [](int depth) {  // the body object is level 1
+    return R"({"prompt": )" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
+  };
+  for (int depth : {65, 1000, 100000}) {
+    const ApiError error = error_of(Endpoint::kCompletions, nested(depth));
+    EXPECT_EQ(error.status(), 400);
+    EXPECT_NE(error.message().find("deeper than 64"), std::string::npos) << error.message();
+  }
+  const ApiError shallow = error_of(Endpoint::kCompletions, nested(64));  // allowed depth, wrong shape
+  EXPECT_EQ(shallow.status(), 400);
+  EXPECT_EQ(shallow.message().find("deeper"), std::string::npos) << shallow.message();
+  // Brackets inside strings do not count.
+  EXPECT_EQ(parse(Endpoint::kCompletions, {{"prompt", std::string(100, '[')}}).prompts.size(), 1u);
+}
+
+// Issue 12, Deliver 8: --max-n, --max-stop-strings, --max-stop-string-bytes
+// and --max-request-output-tokens (prompts x n x max_tokens; chat's default
+// max_tokens is the rest of the context).
+TEST_F(ServerOpenAiTest, RequestLimitsAreEnforced) {
+  const Endpoint kC = Endpoint::kCompletions, kChat = Endpoint::kChatCompletions;
+  RequestLimits limits;
+  limits.max_n = 4;
+  limits.max_stop_strings = 2;
+  limits.max_stop_string_bytes = 8;
+  limits.max_request_output_tokens = 100;
+  expect_bad_field(kC, R"({"prompt": "x", "n": 5})", "n", &limits);
+  expect_bad_field(kC, R"({"prompt": "x", "stop": ["a", "b", "c"]})", "stop", &limits);
+  expect_bad_field(kC, R"({"prompt": "x", "stop": "123456789"})", "stop", &limits);
+  expect_bad_field(kC, R"({"prompt": "x", "stop": ["ok", "123456789"]})", "stop[1]", &limits);
+  expect_bad_field(kC, R"({"prompt": ["a", "b"], "n": 2, "max_tokens": 26})", "max_tokens", &limits);
+  expect_bad_field(kC, R"({"prompt": ["a", "b", "c", "d", "e", "f", "g"]})", "max_tokens", &limits);  // 7 x 16
+  expect_bad_field(kChat, R"({"messages": [{"role": "user", "content": "x"}]})", "max_tokens", &limits);
+  expect_bad_field(kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 3, "max_completion_tokens": 34})",
+                   "max_completion_tokens", &limits);
+  // At the limits: accepted.
+  ParseContext limited = context();
+  limited.limits = limits;
+  auto accepts = [&](Endpoint endpoint, const std::string& body) {
+    EXPECT_NO_THROW(parse_openai_request(endpoint, body, limited)) << body;
+  };
+  accepts(kC, R"({"prompt": ["a", "b"], "n": 2, "max_tokens": 25})");
+  accepts(kC, R"({"prompt": "x", "n": 4, "stop": ["12345678", "b"]})");
+  accepts(kC, R"({"prompt": ["a", "b", "c", "d", "e", "f"]})");  // 6 x 16 = 96
+  accepts(kChat, R"({"messages": [{"role": "user", "content": "x"}], "n": 2, "max_tokens": 50})");
+  // The defaults allow a normal request.
+  EXPECT_EQ(parse(kC, {{"prompt", "x"}, {"n", 16}, {"stop", Json::array({"a", "b"})}}).n, 16);
+}
+
+// Issue 12: error bodies never throw, whatever bytes they carry, and a 500
+// never shows internal text.
+TEST_F(ServerOpenAiTest, ErrorBodiesAreSafe) {
+  const ApiError invalid_utf8(400, "unknown thing 'a\xff\xfe'", "invalid_request_error", "field\xc3");
+  std::string body;
+  ASSERT_NO_THROW(body = invalid_utf8.body());  // nlohmann's strict dump threw type_error 316 here
+  const Json parsed = Json::parse(body);
+  EXPECT_EQ(parsed["error"]["message"], "unknown thing 'a\xEF\xBF\xBD\xEF\xBF\xBD'");
+  EXPECT_EQ(parsed["error"]["param"], "field\xEF\xBF\xBD");
+
+  const ApiError internal = api_error_from(Error(ErrorKind::kInternal, "invariant failed: x < y at kv.cc:12"));
+  EXPECT_EQ(internal.status(), 500);
+  EXPECT_EQ(internal.message(), "internal error");
+  EXPECT_EQ(internal.body().find("kv.cc"), std::string::npos);
+
+  // Response bodies and stream events with invalid UTF-8 in generated text.
+  const auto request = parse(Endpoint::kChatCompletions, {{"messages", {{{"role", "user"}, {"content", "x"}}}}});
+  ResponseBuilder builder(request, tokenizer(), "chatcmpl-1", 5);
+  ChoiceResult choice;
+  choice.text = "half a character: \xe2\x82";
+  EXPECT_NO_THROW(Json::parse(builder.full_body({choice}, {1, 1})));
+  RequestOutput output;
+  output.text_delta = "\xff";
+  const std::string event = builder.delta_event(0, output);
+  EXPECT_NO_THROW(Json::parse(event.substr(6)));
+}
+
+TEST(ServerJsonInputTest, FieldPathsOfParseErrors) {
+  JsonSyntaxError error;
+  EXPECT_FALSE(parse_json_text("{\"a\": [1, {\"b\": \"\xff\"}]}", error));
+  EXPECT_EQ(error.field, "a[1].b");
+  EXPECT_TRUE(error.message.starts_with("invalid JSON: ")) << error.message;
+  EXPECT_FALSE(parse_json_text(R"([1, 2, tru])", error));
+  EXPECT_EQ(error.field, "[2]");
+  EXPECT_FALSE(parse_json_text(R"({"a": 1,, "b": 2})", error));
+  EXPECT_EQ(error.field, "");
+  EXPECT_FALSE(parse_json_text(R"({"a": {"b": 1e400}})", error));
+  EXPECT_EQ(error.field, "a.b");
+  EXPECT_EQ(error.message, "invalid JSON: a number is out of range (numbers must be finite)");
+  EXPECT_FALSE(parse_json_text("", error));
+  EXPECT_EQ(error.field, "");
+  // What parses is what nlohmann's own parser gives (repeated keys: the last wins).
+  const std::string text = R"({"a": [1, -2, 3.5, "x", null, true, {"b": [], "c": {}}], "a2": 18446744073709551615,
+                               "k": 1, "k": 2})";
+  const std::optional<Json> value = parse_json_text(text, error);
+  ASSERT_TRUE(value);
+  EXPECT_EQ(*value, Json::parse(text));
+  EXPECT_EQ((*value)["k"], 2);
+  EXPECT_EQ(field_path("", "a"), "a");
+  EXPECT_EQ(field_path("a", 3), "a[3]");
+  EXPECT_EQ(field_path("a[3]", "b"), "a[3].b");
+}
+
 TEST(ServerMetricsTest, HistogramsAccumulateAndGaugesReplace) {
   MetricsExporter exporter;
   EngineMetrics first;
@@ -270,7 +565,7 @@ TEST(ServerMetricsTest, HistogramsAccumulateAndGaugesReplace) {
   second.kv_bytes_in_use_or_cached = 4096 + 512;
   second.kv_bytes_base = 4096;
   second.kv_bytes_residual = 512;
-  second.kv_bytes_by_adapter = {{"a\"1", 300}, {"b", 0}};
+  second.kv_bytes_by_adapter = {{"a\"1", 300}, {"b", 0}, {"bad\xff", 7}};
   second.prefix_queried_tokens = 150;
   second.prefix_hit_tokens = 60;
   second.prefix_queried_tokens_by_mode = {{"none", 50}, {"forked", 100}};
@@ -292,6 +587,7 @@ TEST(ServerMetricsTest, HistogramsAccumulateAndGaugesReplace) {
   EXPECT_TRUE(has_line("loom_prefix_cache_hit_tokens_total{mode=\"forked\"} 50"));
   EXPECT_TRUE(has_line("loom_kv_cache_adapter_bytes{adapter=\"a\\\"1\"} 300")) << text;
   EXPECT_TRUE(has_line("loom_kv_cache_adapter_bytes{adapter=\"b\"} 0"));
+  EXPECT_TRUE(has_line("loom_kv_cache_adapter_bytes{adapter=\"bad\xEF\xBF\xBD\"} 7")) << text;  // valid UTF-8
   EXPECT_TRUE(has_line("# TYPE loom_time_to_first_token_seconds histogram"));
   EXPECT_TRUE(has_line("loom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"));
   EXPECT_TRUE(has_line("loom_time_to_first_token_seconds_bucket{le=\"0.25\"} 2"));

@@ -4,12 +4,16 @@
 // /metrics.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
+
+#include <fmt/format.h>
 
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "server/http_server.h"
+#include "server/workflow_routes.h"
 #include "server_fake_engine.h"
 #include "server_tokenizer_fixture.h"
 
@@ -193,6 +197,74 @@ TEST_F(ServerWorkflowTest, UnseenWorkflowsExpireAfterTheTtl) {
   EXPECT_EQ(client_->Get("/v1/workflows/young")->status, 200);
   metrics = client_->Get("/metrics");
   EXPECT_NE(metrics->body.find("loom_workflows_active 1\n"), std::string::npos) << metrics->body;
+}
+
+// The route functions without a socket (issue 12): caps and hostile input.
+// Each returns a 200 body or throws ApiError, whose body always serialises.
+ApiError route_error(const std::function<void()>& call) {
+  try {
+    call();
+  } catch (const ApiError& error) {
+    EXPECT_NO_THROW(Json::parse(error.body())) << error.message();
+    return error;
+  } catch (const std::exception& error) {
+    ADD_FAILURE() << "not an ApiError: " << error.what();
+    return ApiError(-1, "other exception");
+  }
+  ADD_FAILURE() << "no error";
+  return ApiError(0, "no error");
+}
+
+TEST(WorkflowRoutesTest, NewWorkflowsBeyondTheCapGet503AndNothingIsLost) {
+  test::FakeEngine engine(test::make_server_test_tokenizer(), 256, /*max_workflows=*/2);
+  ASSERT_NO_THROW(put_workflow(engine, "a", kCycle));
+  ASSERT_NO_THROW(put_workflow(engine, "b", R"({"agents": [{"name": "x"}]})"));
+  const ApiError full = route_error([&] { put_workflow(engine, "c", kCycle); });
+  EXPECT_EQ(full.status(), 503);
+  EXPECT_EQ(full.code(), "too_many_workflows");
+  EXPECT_NE(full.message().find("--max-workflows"), std::string::npos) << full.message();
+  // The known ones are intact and still change; a request's hints cannot add one either.
+  EXPECT_EQ(Json::parse(get_workflow(engine, "a"))["has_graph"], true);
+  EXPECT_NO_THROW(put_workflow(engine, "b", kCycle));
+  EXPECT_NO_THROW(post_workflow_progress(engine, "a", R"({"running": ["planner"]})"));
+  EXPECT_FALSE(engine.workflows().note_request("d", "planner"));
+  EXPECT_EQ(route_error([&] { get_workflow(engine, "c"); }).status(), 404);
+  EXPECT_EQ(route_error([&] { get_workflow(engine, "d"); }).status(), 404);
+  // Room again after a DELETE.
+  EXPECT_NO_THROW(delete_workflow(engine, "b"));
+  EXPECT_NO_THROW(put_workflow(engine, "c", kCycle));
+}
+
+TEST(WorkflowRoutesTest, OversizedGraphsAndHostileBodiesAre400) {
+  test::FakeEngine engine(test::make_server_test_tokenizer());
+  Json graph = {{"agents", Json::array()}};
+  for (int32_t i = 0; i <= engine.workflows().max_agents_per_workflow(); ++i)
+    graph["agents"].push_back({{"name", fmt::format("a{}", i)}});
+  ApiError error = route_error([&] { put_workflow(engine, "w", graph.dump()); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_EQ(error.param(), "agents");
+  Json predecessors = {{"agents", {{{"name", "a"}, {"after", Json::array()}}}}};
+  for (int32_t i = 0; i <= engine.workflows().max_agents_per_workflow(); ++i)
+    predecessors["agents"][0]["after"].push_back(fmt::format("p{}", i));
+  error = route_error([&] { put_workflow(engine, "w", predecessors.dump()); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_EQ(error.param(), "agents[0].after");
+
+  // 1e999 used to escape as nlohmann's out_of_range (a 500 with its text).
+  ASSERT_NO_THROW(put_workflow(engine, "w", kCycle));
+  error = route_error([&] { post_workflow_progress(engine, "w", R"({"steps_to_execution": {"planner": 1e999}})"); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_EQ(error.param(), "steps_to_execution.planner");
+  error = route_error([&] { put_workflow(engine, "w", "{\"agents\": [{\"name\": \"\xff\"}]}"); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_EQ(error.param(), "agents[0].name");
+  error = route_error([&] { put_workflow(engine, "w", "{\"agents\": " + std::string(100000, '[') + "}"); });
+  EXPECT_EQ(error.status(), 400);
+  // An id with invalid UTF-8 (from a URL): 400 whose body still serialises.
+  error = route_error([&] { put_workflow(engine, "w\xff", kCycle); });
+  EXPECT_EQ(error.status(), 400);
+  EXPECT_EQ(error.param(), "id");
+  EXPECT_EQ(Json::parse(get_workflow(engine, "w"))["has_graph"], true);  // the failed calls changed nothing
 }
 
 }  // namespace

@@ -247,6 +247,31 @@ TEST_F(WorkflowRegistryTest, RejectsBadConfig) {
   EXPECT_EQ(error_kind([&] { WorkflowRegistry registry(bad); }), ErrorKind::kInvalidArgument);
 }
 
+TEST_F(WorkflowRegistryTest, AgentCapBoundsGraphsAndProgress) {
+  EXPECT_EQ(WorkflowRegistryConfig{}.max_workflows, 10000);  // --max-workflows default
+  EXPECT_EQ(WorkflowRegistryConfig{}.max_agents_per_workflow, 256);
+  WorkflowRegistryConfig bad = config();
+  bad.max_agents_per_workflow = 0;
+  EXPECT_EQ(error_kind([&] { WorkflowRegistry registry(bad); }), ErrorKind::kInvalidArgument);
+
+  WorkflowRegistryConfig capped = config();
+  capped.max_agents_per_workflow = 3;
+  WorkflowRegistry registry(capped);
+  EXPECT_EQ(registry.max_agents_per_workflow(), 3);
+  registry.declare("ok", {{agent("a", {"b", "c"})}});  // 3 agents, 2 implicit
+  EXPECT_EQ(error_kind([&] { registry.declare("w", fig1_cycle()); }), ErrorKind::kInvalidArgument);
+  // Implicit agents count, so one agent's predecessors are bounded too.
+  EXPECT_EQ(error_kind([&] { registry.declare("w", {{agent("a", {"b", "c", "d"})}}); }),
+            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(error_kind([&] { registry.post_progress("ok", progress({"a", "b", "c", "d"})); }),
+            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(error_kind([&] { registry.post_progress("ok", progress({}, {{"a", 1}, {"b", 1}, {"c", 1}, {"d", 1}})); }),
+            ErrorKind::kInvalidArgument);
+  EXPECT_EQ(registry.snapshot()->workflow("w"), nullptr);  // nothing was created by the refused calls
+  registry.post_progress("ok", progress({"a", "b", "c"}));
+  EXPECT_EQ(registry.snapshot()->steps_to_execution("ok", "a"), 0);
+}
+
 TEST_F(WorkflowRegistryTest, FullRegistryRefusesNewWorkflowsButServesRequests) {
   WorkflowRegistry registry(config(2));
   registry.declare("a", fig1_cycle());

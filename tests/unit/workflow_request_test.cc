@@ -134,5 +134,40 @@ TEST(WorkflowRequestTest, RejectsBadHintsNamingTheField) {
   EXPECT_EQ(hints_error(Json{{"workflow", "w"}, {"fixed_prefix_tokens", "12"}}), "fixed_prefix_tokens: expected an integer");
 }
 
+// Bodies nlohmann rejects: the failure names the field it hit and no raw body
+// bytes reach the message (issue 12). A number beyond double's range used to
+// escape as a non-loom exception (a 500).
+TEST(WorkflowRequestTest, MalformedJsonNamesTheFieldWithoutRawBytes) {
+  const std::string bad_name = spec_error("{\"agents\": [{\"name\": \"a\xff\"}]}");
+  EXPECT_TRUE(bad_name.starts_with("agents[0].name: invalid JSON")) << bad_name;
+  EXPECT_EQ(bad_name.find('\xff'), std::string::npos);
+  EXPECT_TRUE(spec_error(R"({"agents": [{"name": "a", "after": ["b", "\ud800"]}]})").starts_with("agents[0].after[1]: "));
+  EXPECT_TRUE(spec_error("{\"agents\": [], \"\xc3\": 1}").starts_with("body: invalid JSON"));  // a bad key
+  EXPECT_TRUE(progress_error(R"({"steps_to_execution": {"a": 1e999}})").starts_with("steps_to_execution.a: "));
+  EXPECT_TRUE(progress_error(R"({"steps_to_execution": {"a": -1e999}})").starts_with("steps_to_execution.a: "));
+  EXPECT_TRUE(progress_error("{\"running\": [\"a\", \"\xed\xa0\x80\"]}").starts_with("running[1]: "));
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": 1e30}})"),
+            "steps_to_execution.a: 1e+30 is outside [0, 1000000]");
+  EXPECT_EQ(progress_error(R"({"steps_to_execution": {"a": 18446744073709551615}})"),
+            "steps_to_execution.a: 18446744073709551615 is outside [0, 1000000]");
+  // Nesting deeper than the guard's limit never reaches the parser.
+  const std::string deep = "{\"agents\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  const std::string nested = spec_error(deep);
+  EXPECT_TRUE(nested.starts_with("body: ")) << nested;
+  EXPECT_NE(nested.find("deeper than 64"), std::string::npos) << nested;
+}
+
+TEST(WorkflowRequestTest, AgentCapFromTheRegistry) {
+  EXPECT_EQ(error_of([] { parse_workflow_spec(R"({"agents": [{"name": "a"}, {"name": "b"}, {"name": "c"}]})", 2); }),
+            "agents: 3 agents, at most 2");
+  EXPECT_EQ(error_of([] { parse_workflow_spec(R"({"agents": [{"name": "a", "after": ["b", "c", "d"]}]})", 2); }),
+            "agents[0].after: 3 predecessors, at most 2");
+  EXPECT_EQ(error_of([] { parse_workflow_progress(R"({"running": ["a", "b", "c"]})", 2); }),
+            "running: 3 agents, at most 2");
+  EXPECT_EQ(error_of([] { parse_workflow_progress(R"({"steps_to_execution": {"a": 1, "b": 1, "c": 1}})", 2); }),
+            "steps_to_execution: 3 agents, at most 2");
+  EXPECT_EQ(parse_workflow_spec(R"({"agents": [{"name": "a"}, {"name": "b"}]})", 2).agents.size(), 2u);
+}
+
 }  // namespace
 }  // namespace loom::server
