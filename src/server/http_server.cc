@@ -12,10 +12,10 @@
 #include "server/auth.h"
 #include "server/completion_handler.h"
 #include "server/http_transport.h"
+#include "server/json_input.h"
 #include "server/json_output.h"
 #include "server/metrics_exporter.h"
 #include "server/workflow_routes.h"
-#include "util/json_nesting.h"
 
 namespace loom::server {
 namespace {
@@ -43,18 +43,6 @@ HttpResponse text_response(std::string body, std::string content_type = "text/pl
   response.content_type = std::move(content_type);
   response.body = std::move(body);
   return response;
-}
-
-Json parse_object(const std::string& body) {
-  try {
-    check_json_nesting(body, "the body");
-  } catch (const Error& error) {
-    throw ApiError(400, error.message());
-  }
-  Json json = Json::parse(body, nullptr, false);
-  if (json.is_discarded()) throw ApiError(400, "the body is not valid JSON");
-  if (!json.is_object()) throw ApiError(400, "the body must be a JSON object");
-  return json;
 }
 
 std::string required_string(const Json& body, const char* key) {
@@ -154,8 +142,7 @@ HttpResponse HttpServer::Impl::handle(HttpRequest& request) {
   } catch (const ApiError& error) {
     return error_response(error);
   } catch (const Error& error) {
-    if (error.kind() == ErrorKind::kInternal) spdlog::error("{} {}: {}", request.method, request.path, error.what());
-    return error_response(api_error_from(error));
+    return error_response(api_error_from(error));  // logs internal errors itself
   } catch (const std::exception& error) {
     spdlog::error("{} {}: {}", request.method, request.path, error.what());
     return error_response(ApiError(500, "internal server error", "server_error", "", "internal_error"));
@@ -260,7 +247,7 @@ std::string HttpServer::Impl::checked_lora_path(const std::string& lora_path) co
 }
 
 HttpResponse HttpServer::Impl::handle_load_adapter(const HttpRequest& request) {
-  const Json body = parse_object(request.body);
+  const Json body = parse_json_object_body(request.body);
   const std::string name = required_string(body, "lora_name");
   const std::string path = checked_lora_path(required_string(body, "lora_path"));
   std::optional<KvSharing> sharing;  // absent or null: the adapter's own choice (choose_kv_sharing)
@@ -291,7 +278,7 @@ HttpResponse HttpServer::Impl::handle_load_adapter(const HttpRequest& request) {
 }
 
 HttpResponse HttpServer::Impl::handle_unload_adapter(const HttpRequest& request) {
-  const Json body = parse_object(request.body);
+  const Json body = parse_json_object_body(request.body);
   const std::string name = required_string(body, "lora_name");
   std::lock_guard lock(adapter_mutex);
   if (!completion.parse.has_adapter(name))
