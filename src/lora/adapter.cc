@@ -77,6 +77,10 @@ LoraTensorName parse_tensor_name(const std::string& name, const std::string& pat
   if (parts.size() == 8 && parts[7] != "weight")
     fail(ErrorKind::kFormat, "{}: unexpected tensor {} (trailing '{}')", path, name, parts[7]);
   LoraTensorName parsed;
+  // Digits only (checked above) but maybe more than an int holds: a hostile or
+  // corrupt name must give a clean error, not std::stoi's out_of_range.
+  if (parts[2].size() > 9)
+    fail(ErrorKind::kFormat, "{}: tensor {} names layer {}, which no model has", path, name, parts[2]);
   parsed.layer = std::stoi(parts[2]);
   parsed.is_b = parts[5] == "lora_B";
   for (int t = 0; t < kNumLoraTargets; ++t) {

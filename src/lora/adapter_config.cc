@@ -5,9 +5,11 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "util/error.h"
+#include "util/json_nesting.h"
 
 namespace loom {
 
@@ -24,16 +26,28 @@ bool is_null_or_absent(const Json& json, const char* key) { return !json.contain
   fail(ErrorKind::kFormat, "{}: field '{}' must be {}, got {}", path, key, expected, value.dump());
 }
 
+// An int in range: 1e300 or 2^40 must not wrap (or, for doubles, be UB) into a small value.
 int get_int(const Json& value, const std::string& path, const char* key) {
-  if (value.is_number_integer()) return value.get<int>();
-  if (value.is_number_float() && std::floor(value.get<double>()) == value.get<double>())
-    return static_cast<int>(value.get<double>());
-  fail_type(path, key, "an integer", value);
+  if (value.is_number_unsigned()) {
+    if (value.get<uint64_t>() <= static_cast<uint64_t>(INT32_MAX)) return static_cast<int>(value.get<uint64_t>());
+  } else if (value.is_number_integer()) {
+    const int64_t number = value.get<int64_t>();
+    if (number >= INT32_MIN && number <= INT32_MAX) return static_cast<int>(number);
+  } else if (value.is_number_float()) {
+    const double number = value.get<double>();
+    if (std::floor(number) == number && std::fabs(number) <= INT32_MAX) return static_cast<int>(number);
+  } else {
+    fail_type(path, key, "an integer", value);
+  }
+  fail(ErrorKind::kFormat, "{}: field '{}' is out of range: {}", path, key, value.dump());
 }
 
 float get_number(const Json& value, const std::string& path, const char* key) {
   if (!value.is_number()) fail_type(path, key, "a number", value);
-  return value.get<float>();
+  const double number = value.get<double>();
+  if (!(std::fabs(number) <= std::numeric_limits<float>::max()))
+    fail(ErrorKind::kFormat, "{}: field '{}' is out of range: {}", path, key, value.dump());
+  return static_cast<float>(number);
 }
 
 bool get_bool(const Json& json, const char* key, bool fallback, const std::string& path) {
@@ -188,9 +202,11 @@ LoraConfig read_lora_config(const std::string& path) {
   if (!stream) fail(ErrorKind::kNotFound, "{}: cannot open adapter config", path);
   std::stringstream text;
   text << stream.rdbuf();
+  const std::string bytes = text.str();
+  check_json_nesting(bytes, path, ErrorKind::kFormat);
   Json json;
   try {
-    json = Json::parse(text.str());
+    json = Json::parse(bytes);
   } catch (const nlohmann::json::exception& error) {
     fail(ErrorKind::kFormat, "{}: malformed JSON: {}", path, error.what());
   }

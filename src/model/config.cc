@@ -57,6 +57,10 @@ void ModelConfig::validate(const std::string& source) const {
   require_positive(num_kv_heads, "num_key_value_heads");
   require_positive(head_dim, "head_dim");
   require_positive(max_position_embeddings, "max_position_embeddings");
+  // Products the model code forms in int (q_size, kv_size, hidden x intermediate rows).
+  if (static_cast<int64_t>(num_heads) * head_dim > INT32_MAX)
+    fail(ErrorKind::kFormat, "{}: num_attention_heads x head_dim ({} x {}) is implausibly large", source,
+         num_heads, head_dim);
   if (num_heads % num_kv_heads != 0)
     fail(ErrorKind::kFormat, "{}: num_attention_heads ({}) is not a multiple of num_key_value_heads ({})",
          source, num_heads, num_kv_heads);

@@ -192,13 +192,19 @@ Tensor load_tensor(const GgufFile& gguf, const TensorInfo& info, const uint8_t* 
     fail(ErrorKind::kFormat, "{}: tensor {}: row length {} is not a multiple of the {} block size {}",
          path, info.name, info.dims.empty() ? 0 : info.dims[0], ggml_type_name(info.type),
          layout.elements_per_block);
-  uint64_t num_elements = 1;
+  // The product of the non-zero dimensions is bounded too: [0, 2^63] holds no
+  // data, but its shape would overflow Tensor::numel().
+  uint64_t num_elements = 1, nonzero_product = 1;
   for (uint64_t dim : info.dims) {
-    if (dim != 0 && num_elements > (uint64_t{1} << 48) / dim)
+    if (dim != 0 && nonzero_product > (uint64_t{1} << 48) / dim)
       fail(ErrorKind::kFormat, "{}: tensor {}: dimensions [{}] are implausibly large", path, info.name,
            fmt::join(info.dims, ", "));
     num_elements *= dim;
+    if (dim != 0) nonzero_product *= dim;
   }
+  if (num_elements == 0)
+    fail(ErrorKind::kFormat, "{}: tensor {}: dimensions [{}] hold no elements", path, info.name,
+         fmt::join(info.dims, ", "));
   const uint64_t num_bytes = num_elements / layout.elements_per_block * layout.bytes_per_block;
   if (info.offset > data_size || num_bytes > data_size - info.offset)
     fail(ErrorKind::kFormat,
@@ -220,7 +226,8 @@ Tensor load_tensor(const GgufFile& gguf, const TensorInfo& info, const uint8_t* 
   if (permute) {
     const int64_t num_rows = tensor.shape[0];
     const int64_t row_length = static_cast<int64_t>(num_elements) / std::max<int64_t>(num_rows, 1);
-    if (num_rows % (2 * num_permuted_heads) != 0)
+    // Two tests, not num_rows % (2 * heads): a hostile head count must not overflow.
+    if (num_rows % num_permuted_heads != 0 || (num_rows / num_permuted_heads) % 2 != 0)
       fail(ErrorKind::kFormat, "{}: tensor {}: {} rows do not split into {} heads of even size", path,
            info.name, num_rows, num_permuted_heads);
     unpermute_rope_rows(values->data(), num_permuted_heads, num_rows / num_permuted_heads, row_length);

@@ -31,7 +31,7 @@ int require_int(const GgufFile& gguf, const std::string& key) {
 RopeScaling llama3_scaling_from_rope_freqs(const GgufFile& gguf, const ModelConfig& config) {
   const Tensor& factors = gguf.tensors.at("rope_freqs.weight");
   const int64_t num_pairs = config.head_dim / 2;
-  if (factors.numel() != num_pairs)
+  if (num_pairs <= 0 || factors.numel() != num_pairs)
     fail(ErrorKind::kFormat, "{}: tensor rope_freqs.weight has {} entries, expected head_dim / 2 = {}", gguf.path,
          factors.numel(), num_pairs);
   RopeScaling scaling;
@@ -110,11 +110,12 @@ ModelConfig gguf_model_config(const GgufFile& gguf) {
   }
 
   if (gguf.has("tokenizer.ggml.tokens")) {
-    config.vocab_size = static_cast<int>(gguf.get_string_array("tokenizer.ggml.tokens").size());
+    config.vocab_size = to_int(gguf, "tokenizer.ggml.tokens length",
+                               static_cast<int64_t>(gguf.get_string_array("tokenizer.ggml.tokens").size()));
   } else if (gguf.has(prefix + "vocab_size")) {
     config.vocab_size = require_int(gguf, prefix + "vocab_size");
   } else if (auto embedding = gguf.tensors.find("model.embed_tokens.weight"); embedding != gguf.tensors.end()) {
-    config.vocab_size = static_cast<int>(embedding->second.shape.at(0));
+    config.vocab_size = to_int(gguf, "model.embed_tokens.weight rows", embedding->second.shape.at(0));
   }
   // llama.cpp omits output.weight exactly when the embedding is tied.
   config.tie_word_embeddings = gguf.tensors.count("lm_head.weight") == 0;

@@ -2,8 +2,11 @@
 
 #include <cmath>
 #include <fstream>
+#include <limits>
+#include <sstream>
 
 #include "util/error.h"
+#include "util/json_nesting.h"
 
 namespace loom {
 
@@ -51,7 +54,10 @@ class ConfigReader {
     if (found == object.end() || found->is_null()) return fallback;
     if (!found->is_number())
       fail(ErrorKind::kFormat, "{}: field \"{}\" must be a number, got {}", path_, label, found->dump());
-    return found->get<float>();
+    const double number = found->get<double>();
+    if (!(std::abs(number) <= std::numeric_limits<float>::max()))
+      fail(ErrorKind::kFormat, "{}: field \"{}\" is out of range, got {}", path_, label, found->dump());
+    return static_cast<float>(number);
   }
   float get_float(const std::string& key, float fallback) const {
     return float_in(root_, key, key, fallback);
@@ -254,11 +260,15 @@ ModelConfig parse_hf_config(const nlohmann::json& root, const std::string& path)
 }
 
 ModelConfig read_hf_config(const std::string& path) {
-  std::ifstream stream(path);
+  std::ifstream stream(path, std::ios::binary);
   if (!stream) fail(ErrorKind::kNotFound, "cannot open {}", path);
+  std::stringstream text;
+  text << stream.rdbuf();
+  const std::string bytes = text.str();
+  check_json_nesting(bytes, path, ErrorKind::kFormat);
   nlohmann::json root;
   try {
-    root = nlohmann::json::parse(stream);
+    root = nlohmann::json::parse(bytes);
   } catch (const nlohmann::json::exception& error) {
     fail(ErrorKind::kFormat, "{}: not valid JSON: {}", path, error.what());
   }

@@ -6,12 +6,15 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
+#include <string_view>
 
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include "util/error.h"
 #include "util/half.h"
+#include "util/json_nesting.h"
 #include "util/mapped_file.h"
 
 namespace loom {
@@ -20,6 +23,9 @@ namespace {
 
 // Same bound as the reference implementation: a header above it is corrupt.
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
+// Bounds on a tensor's shape, far beyond any checkpoint (numel() stays in int64).
+constexpr size_t kMaxDims = 8;
+constexpr uint64_t kMaxElements = 1ull << 48;
 
 struct DtypeInfo {
   const char* name;
@@ -75,15 +81,21 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
     fail(ErrorKind::kFormat, "{}: tensor {}: unknown dtype \"{}\"", path, name, entry.dtype);
 
   // Saturating product: a corrupt shape must not overflow into a small size.
-  unsigned __int128 num_elements = 1;
+  // The dimensions other than zeros must multiply to a sane count too: an empty
+  // tensor [0, 2^62, 2^62] needs no bytes, but Tensor::numel() would overflow.
+  unsigned __int128 num_elements = 1, nonzero_product = 1;
   const unsigned __int128 saturation = static_cast<unsigned __int128>(1) << 64;
+  if (shape->size() > kMaxDims)
+    fail(ErrorKind::kFormat, "{}: tensor {}: shape has {} dimensions (at most {})", path, name, shape->size(),
+         kMaxDims);
   for (const auto& dim : *shape) {
     if (!dim.is_number_unsigned())
       fail(ErrorKind::kFormat, "{}: tensor {}: shape {} has a non-integer or negative dimension", path,
            name, shape->dump());
     uint64_t size = dim.get<uint64_t>();
-    entry.shape.push_back(static_cast<int64_t>(size));
+    entry.shape.push_back(static_cast<int64_t>(size));  // each <= kMaxElements once all checks pass
     num_elements = std::min(num_elements * size, saturation);
+    if (size != 0) nonzero_product = std::min(nonzero_product * size, saturation);
   }
   const unsigned __int128 needed_bytes = num_elements * static_cast<unsigned>(element_bytes);
   entry.begin = (*offsets)[0].get<uint64_t>();
@@ -97,6 +109,8 @@ TensorEntry parse_entry(const std::string& path, const std::string& name, const 
          "{}: tensor {}: data_offsets span {} bytes but dtype {} x shape [{}] needs {} bytes", path,
          name, entry.end - entry.begin, entry.dtype, fmt::join(entry.shape, ", "),
          static_cast<double>(needed_bytes));
+  if (nonzero_product > kMaxElements)
+    fail(ErrorKind::kFormat, "{}: tensor {}: shape {} is implausibly large", path, name, shape->dump());
   return entry;
 }
 
@@ -127,7 +141,7 @@ Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint
       tensor.storage = file;
     } else {  // a header whose length is not a multiple of 4: copy rather than misalign
       auto values = std::make_shared<std::vector<float>>(num_bytes / 4);
-      std::memcpy(values->data(), source, num_bytes);
+      if (num_bytes > 0) std::memcpy(values->data(), source, num_bytes);  // data() may be null when empty
       tensor.data = values->data();
       tensor.storage = std::move(values);
     }
@@ -165,9 +179,11 @@ TensorMap read_safetensors(const std::string& path) {
   if (header_size > kMaxHeaderBytes)
     fail(ErrorKind::kFormat, "{}: header length {} is implausibly large", path, header_size);
 
+  const std::string_view header_text(reinterpret_cast<const char*>(file->data() + 8), header_size);
+  check_json_nesting(header_text, path + ": header", ErrorKind::kFormat);
   nlohmann::json header;
   try {
-    header = nlohmann::json::parse(file->data() + 8, file->data() + 8 + header_size);
+    header = nlohmann::json::parse(header_text);
   } catch (const nlohmann::json::exception& error) {
     fail(ErrorKind::kFormat, "{}: header is not valid JSON: {}", path, error.what());
   }
@@ -213,9 +229,13 @@ TensorMap read_safetensors_checkpoint(const std::string& directory) {
   const std::string index_name = index_path.string();
   nlohmann::json index;
   {
-    std::ifstream stream(index_path);
+    std::ifstream stream(index_path, std::ios::binary);
+    std::stringstream text;
+    text << stream.rdbuf();
+    const std::string bytes = text.str();
+    check_json_nesting(bytes, index_name, ErrorKind::kFormat);
     try {
-      index = nlohmann::json::parse(stream);
+      index = nlohmann::json::parse(bytes);
     } catch (const nlohmann::json::exception& error) {
       fail(ErrorKind::kFormat, "{}: not valid JSON: {}", index_name, error.what());
     }

@@ -1,5 +1,6 @@
 #include "tokenizer/bpe_model.h"
 
+#include <algorithm>
 #include <queue>
 
 #include "tokenizer/utf8.h"
@@ -54,9 +55,16 @@ std::unique_ptr<BpeModel> BpeModel::from_json(const nlohmann::json& model, const
     fail(ErrorKind::kUnsupported, "{}: BPE dropout is not supported", context);
   }
   std::vector<std::string> vocab;
-  for (const auto& [token, id_value] : model.at("vocab").items()) {
+  const nlohmann::json& entries = model.at("vocab");
+  if (!entries.is_object()) fail(ErrorKind::kFormat, "{}: model.vocab is not an object", context);
+  // Ids are dense in real vocabularies; a few gaps are tolerated, not a
+  // 16M-entry table from a one-line file.
+  const int64_t max_id = std::min<int64_t>(static_cast<int64_t>(entries.size()) + (1 << 16), 1 << 24);
+  for (const auto& [token, id_value] : entries.items()) {
+    if (!id_value.is_number_integer())
+      fail(ErrorKind::kFormat, "{}: token '{}' has id {}, not an integer", context, token, id_value.dump());
     const int64_t id = id_value.get<int64_t>();
-    if (id < 0 || id > (1 << 24)) fail(ErrorKind::kFormat, "{}: token '{}' has id {} out of range", context, token, id);
+    if (id < 0 || id > max_id) fail(ErrorKind::kFormat, "{}: token '{}' has id {} out of range", context, token, id);
     if (static_cast<size_t>(id) >= vocab.size()) vocab.resize(static_cast<size_t>(id) + 1);
     vocab[static_cast<size_t>(id)] = token;
   }

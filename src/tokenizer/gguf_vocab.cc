@@ -7,6 +7,7 @@
 #include "tokenizer/families.h"
 #include "tokenizer/gguf_vocab.h"
 #include "tokenizer/hf_tokenizer.h"
+#include "tokenizer/utf8.h"
 #include "util/error.h"
 
 namespace loom {
@@ -86,6 +87,14 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& gguf) {
     family = PreTokenizerFamily::kGpt2;
   }
 
+  // JSON strings must be UTF-8 (byte-level vocabularies always are): a hostile
+  // file's raw bytes would otherwise make serialising the tokenizer throw later.
+  for (const std::vector<std::string>* list : {&tokens, &merges})
+    for (size_t i = 0; i < list->size(); ++i)
+      if (!utf8::is_valid((*list)[i]))
+        fail(ErrorKind::kFormat, "{}: tokenizer.ggml.{} entry {} is not valid UTF-8", gguf.path,
+             list == &tokens ? "tokens" : "merges", i);
+
   nlohmann::json vocab = nlohmann::json::object();
   nlohmann::json added_tokens = nlohmann::json::array();
   for (size_t id = 0; id < tokens.size(); ++id) {
@@ -153,7 +162,7 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& gguf) {
   if (const auto pad = token_at(tokens, optional_int(gguf, "tokenizer.ggml.padding_token_id")))
     out.config_json["pad_token"] = *pad;
   const std::string chat_template = optional_string(gguf, "tokenizer.chat_template");
-  if (!chat_template.empty()) out.config_json["chat_template"] = chat_template;
+  if (!chat_template.empty()) out.config_json["chat_template"] = utf8::to_valid_lossy(chat_template);
   return out;
 }
 

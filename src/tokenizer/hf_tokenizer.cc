@@ -7,6 +7,7 @@
 
 #include "tokenizer/utf8.h"
 #include "util/error.h"
+#include "util/json_nesting.h"
 
 namespace loom {
 namespace {
@@ -44,8 +45,10 @@ nlohmann::json read_json_file(const std::string& path) {
   if (!file) fail(ErrorKind::kNotFound, "{}: cannot open file", path);
   std::stringstream buffer;
   buffer << file.rdbuf();
+  const std::string bytes = buffer.str();
+  check_json_nesting(bytes, path, ErrorKind::kFormat);
   try {
-    return nlohmann::json::parse(buffer.str());
+    return nlohmann::json::parse(bytes);
   } catch (const nlohmann::json::exception& error) {
     fail(ErrorKind::kFormat, "{}: malformed JSON: {}", path, error.what());
   }

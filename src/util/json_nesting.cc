@@ -27,8 +27,12 @@ int json_nesting_depth(std::string_view text, int stop_after) {
 }
 
 void check_json_nesting(std::string_view text, std::string_view what, int max_depth) {
+  check_json_nesting(text, what, ErrorKind::kInvalidArgument, max_depth);
+}
+
+void check_json_nesting(std::string_view text, std::string_view what, ErrorKind kind, int max_depth) {
   if (json_nesting_depth(text, max_depth) > max_depth)
-    fail(ErrorKind::kInvalidArgument, "{} nests JSON arrays/objects deeper than {} levels", what, max_depth);
+    fail(kind, "{} nests JSON arrays/objects deeper than {} levels", what, max_depth);
 }
 
 }  // namespace loom

@@ -6,6 +6,8 @@
 
 #include <string_view>
 
+#include "util/error.h"
+
 namespace loom {
 
 // The deepest array/object nesting any bounded input may have: far beyond what
@@ -20,5 +22,8 @@ int json_nesting_depth(std::string_view text, int stop_after = kMaxJsonNesting);
 // Throws Error(kInvalidArgument) naming `what` ("the request body", a file path)
 // when `text` nests deeper than `max_depth`.
 void check_json_nesting(std::string_view text, std::string_view what, int max_depth = kMaxJsonNesting);
+// The same with the error's kind chosen: files we read use ErrorKind::kFormat.
+void check_json_nesting(std::string_view text, std::string_view what, ErrorKind kind,
+                        int max_depth = kMaxJsonNesting);
 
 }  // namespace loom
