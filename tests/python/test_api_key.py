@@ -17,7 +17,7 @@ import openai  # noqa: E402
 class ApiKeyTest(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        cls.server = loom_server.LoomServer(["--api-key", "sekrit"], num_adapters=1)
+        cls.server = loom_server.LoomServer(["--api-key", "sekrit", "--shutdown-timeout", "0"], num_adapters=1)
 
     @classmethod
     def tearDownClass(cls):
@@ -48,7 +48,8 @@ class ApiKeyTest(unittest.TestCase):
         response = connection.getresponse()
         self.assertEqual(response.read(6), b"data: ")
         self.assertEqual(self.server.stop(), 0)
-        rest = response.read()  # the stream ends (cancelled) rather than hanging
+        rest = response.read()  # --shutdown-timeout 0: the stream is ended explicitly at once, not cut
+        self.assertIn(b'"code":"server_shutting_down"', rest[-400:])
         self.assertTrue(rest.endswith(b"data: [DONE]\n\n"), rest[-200:])
         connection.close()
 
