@@ -12,6 +12,10 @@
 namespace loom {
 namespace {
 
+// Added tokens sit just past the model's vocabulary; the bound keeps
+// id + 1 (the vocabulary size) far from overflowing, as BpeModel's does.
+constexpr int64_t kMaxAddedTokenId = 1 << 24;
+
 // Tokens that end a turn or a document in the families we serve.
 constexpr const char* kEndOfTurnTokens[] = {"<|im_end|>", "<|eot_id|>", "<|end_of_text|>", "<|endoftext|>",
                                             "<|eom_id|>", "</s>"};
@@ -66,10 +70,21 @@ HfTokenizer::HfTokenizer(nlohmann::json tokenizer_json, nlohmann::json config, c
     post_processor_ = PostProcessor::from_json(skeleton_.value("post_processor", nlohmann::json()), context);
     decoder_ = Decoder::from_json(skeleton_.value("decoder", nlohmann::json()), context);
     std::vector<AddedToken> added_tokens;
-    for (const auto& value : skeleton_.value("added_tokens", nlohmann::json::array()))
+    for (const auto& value : skeleton_.value("added_tokens", nlohmann::json::array())) {
+      const nlohmann::json& id = value.at("id");
+      if (!id.is_number_integer() || id.get<int64_t>() < 0 || id.get<int64_t>() > kMaxAddedTokenId)
+        fail(ErrorKind::kFormat, "{}: added token id {} is not an integer in [0, {}]", context, id.dump(),
+             kMaxAddedTokenId);
       added_tokens.push_back(AddedVocabulary::token_from_json(value));
+    }
     vocab_size_ = model_->num_ids();
     for (const AddedToken& token : added_tokens) vocab_size_ = std::max(vocab_size_, token.id + 1);
+    // Ids the post-processor inserts reach the engine as prompt tokens.
+    for (const std::vector<TokenId>* ids : {&post_processor_.prefix_ids(), &post_processor_.suffix_ids()})
+      for (TokenId id : *ids)
+        if (id < 0 || id >= vocab_size_)
+          fail(ErrorKind::kFormat, "{}: post_processor adds token id {}, outside the vocabulary (size {})",
+               context, id, vocab_size_);
     added_vocabulary_ = AddedVocabulary(std::move(added_tokens),
                                         [this](const std::string& content) { return normalizer_.apply(content); });
     load_config(context);

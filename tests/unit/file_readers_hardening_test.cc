@@ -244,5 +244,22 @@ TEST(FileReadersHardening, TokenizerVocabularyIdsMustBeDenseIntegers) {
   EXPECT_EQ(Tokenizer::from_hf_json_file(path, "")->token_to_id("ab"), 1000);  // a few gaps are fine
 }
 
+TEST(FileReadersHardening, TokenizerAddedAndPostProcessorIdsAreChecked) {
+  TempDir dir;
+  const std::string path = (dir.path() / "tokenizer.json").string();
+  // Fuzzer reproducer (tests/fuzz/corpus/tokenizer_json/crash-added-token-int-max): id + 1 overflowed.
+  write_text(path, R"({"model": {"vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": 2147483647, "content": "<big>"}]})");
+  expect_error([&] { Tokenizer::from_hf_json_file(path, ""); }, ErrorKind::kFormat, {path, "2147483647"});
+  write_text(path, R"({"model": {"vocab": {"a": 0}, "merges": []}, "added_tokens": [{"id": -3, "content": "<neg>"}]})");
+  expect_error([&] { Tokenizer::from_hf_json_file(path, ""); }, ErrorKind::kFormat, {path, "-3"});
+  // A post-processor id no vocabulary holds would reach the engine in every prompt.
+  write_text(path, R"({"model": {"vocab": {"a": 0, "<s>": 1}, "merges": []},
+                       "post_processor": {"type": "BertProcessing", "cls": ["<s>", 1], "sep": ["</s>", 99999]}})");
+  expect_error([&] { Tokenizer::from_hf_json_file(path, ""); }, ErrorKind::kFormat, {path, "99999"});
+  write_text(path, R"({"model": {"vocab": {"a": 0, "<s>": 1}, "merges": []},
+                       "post_processor": {"type": "BertProcessing", "cls": ["<s>", 1], "sep": ["<s>", 1]}})");
+  EXPECT_EQ(Tokenizer::from_hf_json_file(path, "")->encode("a"), (std::vector<TokenId>{1, 0, 1}));
+}
+
 }  // namespace
 }  // namespace loom
