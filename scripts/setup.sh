@@ -47,4 +47,10 @@ if [ ! -f "$BUILD_DIR/build.ninja" ]; then
   cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
+
+# 5. Fuzz targets (tests/fuzz: clang, libFuzzer, ASan/UBSan) in build-fuzz; ctest runs them as fuzz_*.
+if [ ! -f build-fuzz/build.ninja ]; then
+  cmake -S . -B build-fuzz -G Ninja -DLOOM_FUZZ=ON -DCMAKE_CXX_COMPILER=clang++ >/dev/null
+fi
+cmake --build build-fuzz -j "$(nproc)"
 echo "setup: done (binary: $BUILD_DIR/loom, default model: $model)"
