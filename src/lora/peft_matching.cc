@@ -89,17 +89,29 @@ std::vector<std::string> keys_in_order(const std::map<std::string, Value>& patte
 
 struct PeftModuleMatcher::Impl {
   const LoraConfig& config;
+  std::string source;
   std::unique_ptr<CompiledRegex> target_regex;
   std::unique_ptr<CompiledRegex> exclude_regex;
-  // Layer-index extractors for layers_to_transform (group 1 is the index).
-  std::vector<std::unique_ptr<CompiledRegex>> layer_index_regexes;
+  // Layer-index extractors for layers_to_transform (group 1 is the index), by layers_pattern entry.
+  std::vector<std::pair<std::string, std::unique_ptr<CompiledRegex>>> layer_index_regexes;
   std::vector<std::pair<std::string, std::unique_ptr<CompiledRegex>>> rank_keys, alpha_keys;
 
-  explicit Impl(const LoraConfig& lora_config) : config(lora_config) {}
+  Impl(const LoraConfig& lora_config, std::string source_name)
+      : config(lora_config), source(std::move(source_name)) {}
 
+  // A layers_pattern with its own group, "(layers)", moves group 1 off the
+  // index: PEFT's int(group(1)) then raises, and so does this (cleanly).
   std::optional<int> layer_index(const std::string& key) const {
-    for (const auto& regex : layer_index_regexes)
-      if (auto index = regex->match_group(key, 1)) return std::stoi(*index);
+    for (const auto& [pattern, regex] : layer_index_regexes) {
+      const std::optional<std::string> index = regex->match_group(key, 1);
+      if (!index) continue;
+      const bool is_index = !index->empty() && index->size() <= 9 &&
+                            index->find_first_not_of("0123456789") == std::string::npos;
+      if (!is_index)
+        fail(ErrorKind::kFormat, "{}: layers_pattern '{}' captures '{}' from module {} where a layer index belongs",
+             source, pattern, *index, key);
+      return std::stoi(*index);
+    }
     return std::nullopt;
   }
 
@@ -112,7 +124,8 @@ struct PeftModuleMatcher::Impl {
   }
 };
 
-PeftModuleMatcher::PeftModuleMatcher(const LoraConfig& config, std::string source) : impl_(new Impl(config)) {
+PeftModuleMatcher::PeftModuleMatcher(const LoraConfig& config, std::string source)
+    : impl_(new Impl(config, source)) {
   try {
     if (!config.target_modules_regex.empty())
       impl_->target_regex = std::make_unique<CompiledRegex>(config.target_modules_regex, source);
@@ -120,11 +133,11 @@ PeftModuleMatcher::PeftModuleMatcher(const LoraConfig& config, std::string sourc
       impl_->exclude_regex = std::make_unique<CompiledRegex>(config.exclude_modules_regex, source);
     if (config.layers_pattern.empty()) {
       // Lazy: the first numbered segment is the layer index.
-      impl_->layer_index_regexes.push_back(std::make_unique<CompiledRegex>(R"(.*?\.[^.]*\.(\d+)\.)", source));
+      impl_->layer_index_regexes.emplace_back("", std::make_unique<CompiledRegex>(R"(.*?\.[^.]*\.(\d+)\.)", source));
     } else {
       for (const std::string& pattern : config.layers_pattern)
-        impl_->layer_index_regexes.push_back(
-            std::make_unique<CompiledRegex>(fmt::format(R"((?:^|.*?\.){}\.(\d+)\.)", pattern), source));
+        impl_->layer_index_regexes.emplace_back(
+            pattern, std::make_unique<CompiledRegex>(fmt::format(R"((?:^|.*?\.){}\.(\d+)\.)", pattern), source));
     }
     for (const std::string& key : keys_in_order(config.rank_pattern, config.rank_pattern_order))
       impl_->rank_keys.emplace_back(key, std::make_unique<CompiledRegex>(fmt::format(R"((.*\.)?({})$)", key), source));

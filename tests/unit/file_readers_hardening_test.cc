@@ -12,6 +12,7 @@
 
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
+#include "lora/peft_matching.h"
 #include "model/gguf.h"
 #include "model/gguf_writer.h"
 #include "model/hf_config.h"
@@ -157,6 +158,22 @@ TEST(FileReadersHardening, OutOfRangeAdapterNumbersAreFormatErrors) {
   expect_error([&] { read_lora_config(path); }, ErrorKind::kFormat, {"lora_alpha", "out of range"});
   write_text(path, "{\"r\": 8.0, \"lora_alpha\": 16}");
   EXPECT_EQ(read_lora_config(path).rank, 8);  // integral doubles still count as integers
+}
+
+TEST(FileReadersHardening, LayersPatternWithItsOwnGroupIsAFormatError) {
+  // Fuzz reproducer (tests/fuzz/corpus/adapter_config/crash-layers-pattern-capture-group):
+  // the pattern's group took group 1, and std::stoi("layers") threw std::invalid_argument.
+  TempDir dir;
+  const std::string path = (dir.path() / "adapter_config.json").string();
+  write_text(path, R"j({"r": 8, "target_modules": ["q_proj"], "layers_to_transform": [0], "layers_pattern": "(layers)"})j");
+  const LoraConfig config = read_lora_config(path);
+  expect_error([&] { plan_lora_modules(config, tiny_base(), path); }, ErrorKind::kFormat,
+               {path, "layers_pattern '(layers)'", "captures 'layers'"});
+  // A non-capturing group is fine.
+  write_text(path, R"j({"r": 8, "target_modules": ["q_proj"], "layers_to_transform": [1], "layers_pattern": "(?:layers)"})j");
+  const LoraAdapterPlan plan = plan_lora_modules(read_lora_config(path), tiny_base(), path);
+  EXPECT_FALSE(plan[0][static_cast<int>(LoraTarget::kQ)].has_value());
+  EXPECT_TRUE(plan[1][static_cast<int>(LoraTarget::kQ)].has_value());
 }
 
 // --- safetensors -------------------------------------------------------------------
