@@ -1019,7 +1019,7 @@ class ShutdownTest(unittest.TestCase):
 
     def test_sigint_lets_requests_in_flight_finish(self):
         server = self.start(*flags(("--shutdown-timeout", 60)))
-        body = {**LONG, "n": 4, "max_tokens": 1500}
+        body = {**LONG, "n": 4, "max_tokens": 3000}  # seconds of work: still running when the signal comes
         stream, stream_thread = start_stream(server.port, body)
         whole, whole_thread = start_whole(server.port, body)
         self.assertTrue(stream["first_data"].wait(20), "the stream never started")
