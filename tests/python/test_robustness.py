@@ -1054,6 +1054,7 @@ class ShutdownTest(unittest.TestCase):
         started = time.monotonic()
         code = self.wait_exit(server, 5)
         print(f"\nsecond signal: exit {code} after {time.monotonic() - started:.2f} s", flush=True)
+        self.assertNotEqual(code, 0, "a second signal is an abort, not a drained exit")
 
 
 # ============================================================================= adapter capabilities
