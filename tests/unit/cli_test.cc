@@ -2,10 +2,6 @@
 // errors with exit status 2 for bad input.
 #include <gtest/gtest.h>
 
-#include <array>
-#include <cstdio>
-#include <sys/wait.h>
-
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -13,23 +9,9 @@
 namespace loom {
 namespace {
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr together
-};
+using test::CommandResult;
 
-CommandResult run(const std::string& arguments) {
-  const std::string command = test::loom_binary() + " " + arguments + " 2>&1";
-  CommandResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  size_t count;
-  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
-}
+CommandResult run(const std::string& arguments) { return test::run_command(test::loom_binary() + " " + arguments); }
 
 // The JSON object `loom generate --json` prints (the log line follows it).
 nlohmann::json parse_json_output(const std::string& output) {

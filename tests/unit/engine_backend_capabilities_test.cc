@@ -8,12 +8,9 @@
 // refuse the same way on the CPU backend.
 #include <gtest/gtest.h>
 
-#include <array>
 #include <atomic>
-#include <cstdio>
 #include <filesystem>
 #include <fstream>
-#include <sys/wait.h>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -24,24 +21,20 @@
 #include "lora/adapter.h"
 #include "model/loader.h"
 #include "model/synthetic.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 
 namespace loom {
 namespace {
 
+using test::CommandResult;
+
 // Forwards to a CPU backend but declares `capabilities`; forward() refuses
 // base / forked sequences (as the CUDA backend does) and counts the refusals.
-class LimitedBackend final : public Backend {
+class LimitedBackend final : public test::ForwardingBackend {
  public:
   LimitedBackend(std::unique_ptr<Backend> inner, BackendCapabilities capabilities)
-      : inner_(std::move(inner)), capabilities_(std::move(capabilities)) {}
-  void allocate_kv_cache(const KvCacheShape& shape) override { inner_->allocate_kv_cache(shape); }
-  KvCacheShape kv_cache_shape() const override { return inner_->kv_cache_shape(); }
-  int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
-  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override {
-    inner_->set_adapter(slot, std::move(adapter));
-  }
-  int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
+      : ForwardingBackend(std::move(inner)), capabilities_(std::move(capabilities)) {}
   BackendCapabilities capabilities() const override { return capabilities_; }
   ForwardResult forward(const Batch& batch) override {
     for (const BatchSequence& sequence : batch.sequences)
@@ -50,13 +43,12 @@ class LimitedBackend final : public Backend {
         throw Error(ErrorKind::kUnsupported, "limited backend: a base or forked sequence in the batch");
       }
     ++num_forward_calls;
-    return inner_->forward(batch);
+    return ForwardingBackend::forward(batch);
   }
 
   std::atomic<int32_t> num_forward_calls{0}, num_refused_batches{0};
 
  private:
-  std::unique_ptr<Backend> inner_;
   BackendCapabilities capabilities_;
 };
 
@@ -75,18 +67,11 @@ struct Collected {
 
 Collected collect(RequestStream& stream) {
   Collected result;
-  for (;;) {
-    std::optional<RequestOutput> output = stream.next(std::chrono::seconds(30));
-    if (!output) {
-      ADD_FAILURE() << "no output within 30 s";
-      return result;
-    }
-    for (const auto& token : output->new_tokens) result.tokens.push_back(token.token_id);
-    if (output->finished) {
-      result.error = output->error;
-      return result;
-    }
-  }
+  test::read_stream(stream, [&](const RequestOutput& output) {
+    for (const auto& token : output.new_tokens) result.tokens.push_back(token.token_id);
+    result.error = output.error;
+  });
+  return result;
 }
 
 class EngineBackendCapabilitiesTest : public ::testing::Test {
@@ -106,15 +91,7 @@ class EngineBackendCapabilitiesTest : public ::testing::Test {
   }
   static std::string adapter_path(int i) { return directory_->str() + "/adapters/adapter" + std::to_string(i); }
 
-  static EngineConfig small_config() {
-    EngineConfig config;
-    config.block_size = 4;
-    config.num_kv_blocks = 256;
-    config.num_residual_kv_blocks = 256;
-    config.max_lora_rank = 8;
-    config.max_batch_tokens = 32;
-    return config;
-  }
+  static EngineConfig small_config() { return test::small_sharing_engine_config(); }
   static std::unique_ptr<Backend> cpu_backend() { return make_cpu_backend(model_->config, model_->weights, {1, 8}); }
   // An engine on the limited backend (kept in backend_ for its counters).
   std::unique_ptr<EngineImpl> make_limited(EngineConfig config = small_config(),
@@ -316,23 +293,9 @@ TEST_F(EngineBackendCapabilitiesTest, OperatorDisabledModesAreRefusedOnTheCpuBac
                      {"(allowed: none)", "drop it from --disable-kv-sharing"});
 }
 
-struct CommandResult {
-  int exit_code = -1;
-  std::string output;
-};
-
 // `loom ARGUMENTS` with a 60 s limit (a server that failed to refuse would run forever).
 CommandResult run_loom(const std::string& arguments) {
-  const std::string command = "timeout 60 " + test::loom_binary() + " " + arguments + " 2>&1";
-  CommandResult result;
-  FILE* pipe = ::popen(command.c_str(), "r");
-  if (pipe == nullptr) return result;
-  std::array<char, 4096> buffer{};
-  size_t count;
-  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
-  const int status = ::pclose(pipe);
-  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  return result;
+  return test::run_command("timeout 60 " + test::loom_binary() + " " + arguments);
 }
 
 TEST_F(EngineBackendCapabilitiesTest, TheCliFlagRefusesAtStart) {

@@ -16,24 +16,18 @@
 #include "engine/generator.h"
 #include "model/loader.h"
 #include "model/synthetic.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom {
 namespace {
 
-class ArgmaxSamplingBackend final : public Backend {
+class ArgmaxSamplingBackend final : public test::ForwardingBackend {
  public:
-  explicit ArgmaxSamplingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
-  void allocate_kv_cache(const KvCacheShape& shape) override { inner_->allocate_kv_cache(shape); }
-  KvCacheShape kv_cache_shape() const override { return inner_->kv_cache_shape(); }
-  int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
-  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override {
-    inner_->set_adapter(slot, std::move(adapter));
-  }
-  int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
+  using ForwardingBackend::ForwardingBackend;
   BackendCapabilities capabilities() const override {
-    BackendCapabilities capabilities = inner_->capabilities();
+    BackendCapabilities capabilities = inner().capabilities();
     capabilities.device_sampling = true;
     return capabilities;
   }
@@ -41,7 +35,7 @@ class ArgmaxSamplingBackend final : public Backend {
   ForwardResult forward(const Batch& batch) override {
     Batch plain = batch;
     plain.sampling.clear();
-    ForwardResult result = inner_->forward(plain);
+    ForwardResult result = inner().forward(plain);
     if (batch.sampling.empty()) return result;
     EXPECT_EQ(batch.sampling.size(), batch.sequences.size());
     const size_t vocab = static_cast<size_t>(result.vocab_size);
@@ -68,23 +62,15 @@ class ArgmaxSamplingBackend final : public Backend {
   }
 
   std::atomic<int64_t> num_device_rows{0}, num_host_rows{0};
-
- private:
-  std::unique_ptr<Backend> inner_;
 };
 
 std::vector<int32_t> tokens_of(RequestStream& stream) {
   std::vector<int32_t> tokens;
-  for (;;) {
-    std::optional<RequestOutput> output = stream.next(std::chrono::seconds(30));
-    if (!output) {
-      ADD_FAILURE() << "no output within 30 s";
-      return tokens;
-    }
-    EXPECT_FALSE(output->error.has_value());
-    for (const auto& token : output->new_tokens) tokens.push_back(token.token_id);
-    if (output->finished) return tokens;
-  }
+  test::read_stream(stream, [&](const RequestOutput& output) {
+    EXPECT_FALSE(output.error.has_value());
+    for (const auto& token : output.new_tokens) tokens.push_back(token.token_id);
+  });
+  return tokens;
 }
 
 TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {

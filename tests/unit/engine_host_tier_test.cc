@@ -10,6 +10,7 @@
 #include "engine/engine_impl.h"
 #include "model/loader.h"
 #include "model/synthetic.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 
 namespace loom {
@@ -21,31 +22,22 @@ constexpr int32_t kDynamicTokens = 4;  // 1 block of task input
 constexpr int32_t kOutputTokens = 1;  // the pool arithmetic of engine_workflow_test
 
 // Forwards everything to a CPU backend; host -> device copies fail on demand.
-class FlakyCopyBackend final : public Backend {
+class FlakyCopyBackend final : public test::ForwardingBackend {
  public:
-  FlakyCopyBackend(std::unique_ptr<Backend> inner, bool fail_loads) : inner_(std::move(inner)), fail_loads_(fail_loads) {}
-  void allocate_kv_cache(const KvCacheShape& shape) override { inner_->allocate_kv_cache(shape); }
-  KvCacheShape kv_cache_shape() const override { return inner_->kv_cache_shape(); }
-  int64_t kv_bytes_per_token() const override { return inner_->kv_bytes_per_token(); }
+  FlakyCopyBackend(std::unique_ptr<Backend> inner, bool fail_loads)
+      : ForwardingBackend(std::move(inner)), fail_loads_(fail_loads) {}
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override {
-    inner_->allocate_host_kv_cache(pool, num_blocks);
+    inner().allocate_host_kv_cache(pool, num_blocks);
   }
-  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return inner_->num_host_kv_blocks(pool); }
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return inner().num_host_kv_blocks(pool); }
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                       std::span<const int32_t> host_block_ids) override {
     if (fail_loads_ && direction == KvCopyDirection::kHostToDevice)
       throw Error(ErrorKind::kInternal, "injected copy failure");
-    inner_->copy_kv_blocks(pool, direction, device_block_ids, host_block_ids);
+    inner().copy_kv_blocks(pool, direction, device_block_ids, host_block_ids);
   }
-  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override {
-    inner_->set_adapter(slot, std::move(adapter));
-  }
-  int32_t max_adapter_slots() const override { return inner_->max_adapter_slots(); }
-  ForwardResult forward(const Batch& batch) override { return inner_->forward(batch); }
-  BackendCapabilities capabilities() const override { return inner_->capabilities(); }
 
  private:
-  std::unique_ptr<Backend> inner_;
   bool fail_loads_;
 };
 

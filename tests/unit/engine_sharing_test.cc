@@ -14,6 +14,7 @@
 #include "lora/adapter.h"
 #include "model/loader.h"
 #include "model/synthetic.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 
 namespace loom {
@@ -28,22 +29,15 @@ struct Collected {
 
 Collected collect(RequestStream& stream) {
   Collected result;
-  for (;;) {
-    std::optional<RequestOutput> output = stream.next(std::chrono::seconds(30));
-    if (!output) {
-      ADD_FAILURE() << "no output within 30 s";
-      return result;
-    }
-    for (const auto& token : output->new_tokens) {
+  test::read_stream(stream, [&](const RequestOutput& output) {
+    for (const auto& token : output.new_tokens) {
       result.tokens.push_back(token.token_id);
       result.logprobs.push_back(token.logprob);
     }
-    result.num_cached_prompt_tokens = output->num_cached_prompt_tokens;
-    if (output->finished) {
-      result.error = output->error;
-      return result;
-    }
-  }
+    result.num_cached_prompt_tokens = output.num_cached_prompt_tokens;
+    result.error = output.error;
+  });
+  return result;
 }
 
 // An adapter as the engine loads it: a synthetic adapter directory under a name, in a mode.
@@ -73,15 +67,7 @@ class EngineSharingTest : public ::testing::Test {
   }
   static std::string adapter_path(int i) { return directory_->str() + "/adapters/adapter" + std::to_string(i); }
 
-  static EngineConfig small_config() {
-    EngineConfig config;
-    config.block_size = 4;
-    config.num_kv_blocks = 256;
-    config.num_residual_kv_blocks = 256;
-    config.max_lora_rank = 8;
-    config.max_batch_tokens = 32;
-    return config;
-  }
+  static EngineConfig small_config() { return test::small_sharing_engine_config(); }
   static std::unique_ptr<EngineImpl> make(const std::vector<AdapterSetup>& adapters,
                                           EngineConfig config = small_config()) {
     auto engine = std::make_unique<EngineImpl>(*model_, make_cpu_backend(model_->config, model_->weights, {1, 8}),

@@ -9,6 +9,7 @@
 #include "lora/adapter.h"
 #include "model/loader.h"
 #include "model/synthetic.h"
+#include "engine_test_util.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 
@@ -27,24 +28,20 @@ struct Collected {
 // Reads a stream to its end; `num_tokens_before`: tokens the caller already read.
 Collected collect(RequestStream& stream, size_t num_tokens_before = 0) {
   Collected result;
-  for (;;) {
-    std::optional<RequestOutput> output = stream.next(std::chrono::seconds(30));
-    if (!output) {
-      ADD_FAILURE() << "no output within 30 s";
-      return result;
-    }
-    for (const auto& token : output->new_tokens) result.tokens.push_back(token.token_id);
-    result.text += output->text_delta;
-    result.deltas.push_back(output->text_delta);
-    result.num_cached_prompt_tokens = output->num_cached_prompt_tokens;
-    if (output->finished) {
-      result.finish_reason = output->finish_reason;
-      result.error = output->error;
-      EXPECT_EQ(output->num_output_tokens, static_cast<int32_t>(num_tokens_before + result.tokens.size()));
-      EXPECT_FALSE(stream.next(std::chrono::milliseconds(1)).has_value());
-      return result;
-    }
+  const bool finished = test::read_stream(stream, [&](const RequestOutput& output) {
+    for (const auto& token : output.new_tokens) result.tokens.push_back(token.token_id);
+    result.text += output.text_delta;
+    result.deltas.push_back(output.text_delta);
+    result.num_cached_prompt_tokens = output.num_cached_prompt_tokens;
+    if (!output.finished) return;
+    result.finish_reason = output.finish_reason;
+    result.error = output.error;
+    EXPECT_EQ(output.num_output_tokens, static_cast<int32_t>(num_tokens_before + result.tokens.size()));
+  });
+  if (finished) {
+    EXPECT_FALSE(stream.next(std::chrono::milliseconds(1)).has_value());
   }
+  return result;
 }
 
 class EngineTest : public ::testing::Test {

@@ -10,6 +10,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "../common/tiny_lora_base.h"
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
 #include "lora/peft_matching.h"
@@ -26,6 +27,7 @@ namespace {
 
 using test::expect_error;
 using test::TempDir;
+using test::tiny_lora_base;
 
 constexpr int kDeep = 100000;  // far past the 64 levels check_json_nesting allows
 
@@ -40,19 +42,6 @@ void write_raw_safetensors(const std::filesystem::path& path, const std::string&
   std::string bytes;
   for (int i = 0; i < 8; ++i) bytes.push_back(static_cast<char>((header.size() >> (8 * i)) & 0xFF));
   write_text(path, bytes + header + data);
-}
-
-ModelConfig tiny_base() {
-  ModelConfig config;
-  config.vocab_size = 64;
-  config.hidden_size = 8;
-  config.intermediate_size = 16;
-  config.num_layers = 2;
-  config.num_heads = 2;
-  config.num_kv_heads = 1;
-  config.head_dim = 4;
-  config.max_position_embeddings = 64;
-  return config;
 }
 
 nlohmann::json tiny_llama_config_json() {
@@ -82,7 +71,7 @@ TEST(FileReadersHardening, DeeplyNestedAdapterConfigIsAFormatError) {
   // The same inside an object, as a real file would hide it.
   write_text(path, "{\"r\": 8, \"target_modules\": " + deep_array(kDeep) + "}");
   expect_error([&] { read_lora_config(path); }, ErrorKind::kFormat, {path, "deeper than 64"});
-  expect_error([&] { load_lora_adapter("deep", dir.str(), tiny_base()); }, ErrorKind::kFormat, {path});
+  expect_error([&] { load_lora_adapter("deep", dir.str(), tiny_lora_base()); }, ErrorKind::kFormat, {path});
 }
 
 TEST(FileReadersHardening, NestingUpToTheLimitStillParses) {
@@ -135,12 +124,12 @@ TEST(FileReadersHardening, HugeLayerIndexInAnAdapterTensorNameIsAFormatError) {
   TempDir dir;
   const std::string name = "base_model.model.model.layers.99999999999.self_attn.q_proj.lora_A.weight";
   write_adapter_dir(dir, {{name, Tensor::from_vector({2, 8}, std::vector<float>(16, 0.0f))}});
-  expect_error([&] { load_lora_adapter("huge", dir.str(), tiny_base()); }, ErrorKind::kFormat,
+  expect_error([&] { load_lora_adapter("huge", dir.str(), tiny_lora_base()); }, ErrorKind::kFormat,
                {"adapter_model.safetensors", name});
   // Fits an int but not the model: the existing check names the layer count.
   const std::string beyond = "base_model.model.model.layers.123456789.self_attn.q_proj.lora_A.weight";
   write_adapter_dir(dir, {{beyond, Tensor::from_vector({2, 8}, std::vector<float>(16, 0.0f))}});
-  expect_error([&] { load_lora_adapter("beyond", dir.str(), tiny_base()); }, ErrorKind::kFormat,
+  expect_error([&] { load_lora_adapter("beyond", dir.str(), tiny_lora_base()); }, ErrorKind::kFormat,
                {beyond, "2 layers"});
 }
 
@@ -167,11 +156,11 @@ TEST(FileReadersHardening, LayersPatternWithItsOwnGroupIsAFormatError) {
   const std::string path = (dir.path() / "adapter_config.json").string();
   write_text(path, R"j({"r": 8, "target_modules": ["q_proj"], "layers_to_transform": [0], "layers_pattern": "(layers)"})j");
   const LoraConfig config = read_lora_config(path);
-  expect_error([&] { plan_lora_modules(config, tiny_base(), path); }, ErrorKind::kFormat,
+  expect_error([&] { plan_lora_modules(config, tiny_lora_base(), path); }, ErrorKind::kFormat,
                {path, "layers_pattern '(layers)'", "captures 'layers'"});
   // A non-capturing group is fine.
   write_text(path, R"j({"r": 8, "target_modules": ["q_proj"], "layers_to_transform": [1], "layers_pattern": "(?:layers)"})j");
-  const LoraAdapterPlan plan = plan_lora_modules(read_lora_config(path), tiny_base(), path);
+  const LoraAdapterPlan plan = plan_lora_modules(read_lora_config(path), tiny_lora_base(), path);
   EXPECT_FALSE(plan[0][static_cast<int>(LoraTarget::kQ)].has_value());
   EXPECT_TRUE(plan[1][static_cast<int>(LoraTarget::kQ)].has_value());
 }

@@ -1,9 +1,12 @@
 #include "test_util.h"
 
+#include <array>
 #include <atomic>
+#include <cstdio>
 #include <fstream>
 #include <sstream>
 #include <cstdlib>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -36,6 +39,18 @@ void expect_error(const std::function<void()>& action, ErrorKind kind,
     return;
   }
   ADD_FAILURE() << "no loom::Error thrown";
+}
+
+CommandResult run_command(const std::string& command) {
+  CommandResult result;
+  FILE* pipe = ::popen((command + " 2>&1").c_str(), "r");
+  if (pipe == nullptr) return result;
+  std::array<char, 4096> buffer{};
+  size_t count;
+  while ((count = std::fread(buffer.data(), 1, buffer.size(), pipe)) > 0) result.output.append(buffer.data(), count);
+  const int status = ::pclose(pipe);
+  result.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return result;
 }
 
 std::string fixture_path(const std::string& name) {

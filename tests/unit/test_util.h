@@ -29,6 +29,13 @@ class TempDir {
 void expect_error(const std::function<void()>& action, ErrorKind kind,
                   std::initializer_list<std::string> needles);
 
+struct CommandResult {
+  int exit_code = -1;  // -1 when the command could not start or did not exit normally
+  std::string output;  // stdout and stderr together
+};
+// Runs `command` through the shell (stderr joined to stdout) and waits for it.
+CommandResult run_command(const std::string& command);
+
 // <repo>/tests/fixtures/<name>
 std::string fixture_path(const std::string& name);
 // The built `loom` binary.
