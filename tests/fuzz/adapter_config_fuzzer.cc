@@ -3,6 +3,7 @@
 // tiny base model, as loading an adapter does before reading its weights.
 #include <string_view>
 
+#include "../common/tiny_lora_base.h"
 #include "fuzz_util.h"
 #include "lora/adapter_config.h"
 #include "lora/peft_matching.h"
@@ -17,15 +18,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       "adapter_config.json", std::string_view(reinterpret_cast<const char*>(data), size));
   loom::fuzz::run_clean([&] {
     const loom::LoraConfig config = loom::read_lora_config(path);
-    loom::ModelConfig base;
-    base.vocab_size = 64;
-    base.hidden_size = 8;
-    base.intermediate_size = 16;
+    loom::ModelConfig base = loom::test::tiny_lora_base();
     base.num_layers = 3;
-    base.num_heads = 2;
-    base.num_kv_heads = 1;
-    base.head_dim = 4;
-    base.max_position_embeddings = 64;
     base.qk_norm = size % 2 == 0;  // Qwen3's extra modules half the time
     (void)loom::plan_lora_modules(config, base, path);
     (void)loom::lora_config_to_json(config).dump();

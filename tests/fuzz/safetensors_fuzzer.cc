@@ -4,25 +4,13 @@
 #include <cmath>
 #include <string_view>
 
+#include "../common/tiny_lora_base.h"
 #include "fuzz_util.h"
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
 #include "model/safetensors.h"
 
 namespace {
-
-loom::ModelConfig tiny_base() {
-  loom::ModelConfig config;
-  config.vocab_size = 64;
-  config.hidden_size = 8;
-  config.intermediate_size = 16;
-  config.num_layers = 2;
-  config.num_heads = 2;
-  config.num_kv_heads = 1;
-  config.head_dim = 4;
-  config.max_position_embeddings = 64;
-  return config;
-}
 
 // Reads every element, so ASan sees any view past the mapping or buffer.
 float touch(const loom::TensorMap& tensors) {
@@ -56,7 +44,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   loom::fuzz::write_scratch_file("adapter/adapter_model.safetensors", bytes);
   loom::fuzz::run_clean([&] {
     const auto adapter = loom::load_lora_adapter("fuzz", (loom::fuzz::ScratchDir::path() / "adapter").string(),
-                                                 tiny_base());
+                                                 loom::test::tiny_lora_base());
     (void)adapter->max_rank();
   });
   return 0;
