@@ -116,8 +116,8 @@ HttpResponse respond_whole(const CompletionContext& context, Generation& generat
     if (request.client_gone()) {
       spdlog::debug("client left request {}: cancelling", generation.builder->id());
       generation.cancel_all();
-      HttpResponse response;  // never delivered
-      response.close_connection = true;
+      HttpResponse response;
+      response.abandon = true;
       return response;
     }
   }

@@ -109,6 +109,7 @@ struct HttpServer::Impl {
     transport_config.write_timeout_seconds = config.write_timeout_seconds;
     transport_config.max_connections = config.max_connections;
     transport_config.num_handler_threads = config.num_http_threads;
+    transport_config.light_paths = {"/health", "/metrics"};
     transport = std::make_unique<HttpTransport>(
         transport_config, [this](HttpRequest& request) { return handle(request); },
         [](int status, const std::string& message, const std::string& code) {
@@ -118,6 +119,7 @@ struct HttpServer::Impl {
   }
 
   HttpResponse handle(HttpRequest& request);
+  bool ending_requests_now() const { return completion.ending_requests->load(); }
   // The route's answer; throws ApiError / loom::Error for failures.
   HttpResponse route(HttpRequest& request);
   bool authorized(const HttpRequest& request) const;
@@ -129,7 +131,7 @@ struct HttpServer::Impl {
 
 HttpResponse HttpServer::Impl::handle(HttpRequest& request) {
   try {
-    if (stopping.load() && request.path != "/health") {
+    if ((request.arrived_while_draining || ending_requests_now()) && request.path != "/health") {
       HttpResponse response = error_response(
           ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down"));
       response.close_connection = true;

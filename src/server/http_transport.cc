@@ -54,15 +54,15 @@ const char* reason_phrase(int status) {
   }
 }
 
-// Status line and headers of `response`; a body of `content_length` bytes, or
-// chunked when the response streams.
-std::string head_of(const HttpResponse& response, bool keep_alive) {
+// Status line and headers of `response`: a body of Content-Length bytes, or a
+// stream, chunked unless `chunked` is false (HTTP/1.0: the body ends at close).
+std::string head_of(const HttpResponse& response, bool keep_alive, bool chunked = true) {
   std::string head = fmt::format("HTTP/1.1 {} {}\r\nServer: loom\r\nContent-Type: {}\r\n", response.status,
                                  reason_phrase(response.status), response.content_type);
   for (const auto& [name, value] : response.headers) head += name + ": " + value + "\r\n";
-  if (response.stream)
-    head += "Transfer-Encoding: chunked\r\n";
-  else
+  if (response.stream) {
+    if (chunked) head += "Transfer-Encoding: chunked\r\n";
+  } else
     head += fmt::format("Content-Length: {}\r\n", response.body.size());
   head += keep_alive ? "Connection: keep-alive\r\n\r\n" : "Connection: close\r\n\r\n";
   return head;
@@ -99,21 +99,23 @@ bool peer_gone(int fd) {
 
 class ChunkedSink : public ResponseSink {
  public:
-  ChunkedSink(int fd, Clock::duration timeout) : fd_(fd), timeout_(timeout) {}
+  ChunkedSink(int fd, Clock::duration timeout, bool chunked) : fd_(fd), timeout_(timeout), chunked_(chunked) {}
   bool write(std::string_view data) override {
     if (failed_) return false;
     if (data.empty()) return true;  // an empty chunk would end the body
+    if (!chunked_) return !(failed_ = !write_all(fd_, data, timeout_));
     std::string chunk = fmt::format("{:x}\r\n", data.size());
     chunk.append(data);
     chunk += "\r\n";
     failed_ = !write_all(fd_, chunk, timeout_);
     return !failed_;
   }
-  bool finish() { return !failed_ && write_all(fd_, "0\r\n\r\n", timeout_); }
+  bool finish() { return !failed_ && (!chunked_ || write_all(fd_, "0\r\n\r\n", timeout_)); }
 
  private:
   int fd_;
   Clock::duration timeout_;
+  bool chunked_;
   bool failed_ = false;
 };
 
@@ -188,10 +190,19 @@ struct HttpTransport::Impl {
   tcp::acceptor acceptor{io};
   asio::steady_timer accept_retry{io};
   HandlerPool pool;
+  HandlerPool light_pool{2};  // config.light_paths: never queued behind long requests
+  Clock::time_point last_accept_warning{};
 
   Impl(TransportConfig transport_config, RequestHandler request_handler, ErrorResponder responder)
       : config(std::move(transport_config)), handler(std::move(request_handler)),
         error_responder(std::move(responder)), pool(std::max(1, config.num_handler_threads)) {}
+
+  bool is_light(const HttpRequest& request) const {
+    if (request.method != "GET") return false;
+    for (const auto& path : config.light_paths)
+      if (request.path == path) return true;
+    return false;
+  }
 
   void accept();
   void refuse(tcp::socket& socket, int status, const std::string& message, const std::string& code);
@@ -218,7 +229,9 @@ struct HttpTransport::Impl {
 class Connection : public std::enable_shared_from_this<Connection> {
  public:
   Connection(HttpTransport::Impl& transport, tcp::socket socket)
-      : transport_(transport), socket_(std::move(socket)), deadline_(transport.io) {}
+      : transport_(transport), socket_(std::move(socket)), deadline_(transport.io),
+        // Bounds what chunk framing (extensions, trailers) can make the read buffer hold.
+        buffer_(transport.config.max_header_bytes + size_t{64} * 1024) {}
   ~Connection() {
     std::lock_guard lock(transport_.connections_mutex);
     transport_.connections.erase(this);
@@ -245,6 +258,7 @@ class Connection : public std::enable_shared_from_this<Connection> {
   using Parser = http::request_parser<http::string_body>;
 
   void arm(Clock::duration timeout) {
+    timed_out_ = false;
     const uint64_t generation = ++deadline_generation_;
     deadline_.expires_after(timeout);
     deadline_.async_wait([self = shared_from_this(), generation](const error_code& error) {
@@ -344,7 +358,18 @@ class Connection : public std::enable_shared_from_this<Connection> {
     phase_ = Phase::kHandling;
     auto message = parser_->release();
     parser_.reset();
+    // Trailers of a chunked body land among the headers: hold them to the same caps.
+    int num_fields = 0;
+    size_t field_bytes = 0;
+    for (const auto& field : message) {
+      ++num_fields;
+      field_bytes += field.name_string().size() + field.value().size() + 4;
+    }
+    if (num_fields > transport_.config.max_header_count || field_bytes > transport_.config.max_header_bytes)
+      return refuse(431, "the request headers and trailers exceed --max-header-count / --max-header-bytes",
+                    "headers_too_large");
     const bool keep_alive = message.keep_alive();
+    const bool http10 = message.version() < 11;
     HttpRequest request;
     request.method = std::string(message.method_string());
     request.target = std::string(message.target());
@@ -354,14 +379,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
     request.body = std::move(message.body());
     const int fd = socket_.native_handle();
     request.client_gone = [fd] { return peer_gone(fd); };
+    request.arrived_while_draining = transport_.draining.load();
     transport_.num_handling.fetch_add(1);
-    transport_.pool.post([self = shared_from_this(), request = std::move(request), keep_alive]() mutable {
-      self->handle(request, keep_alive);
+    HandlerPool& pool = transport_.is_light(request) ? transport_.light_pool : transport_.pool;
+    pool.post([self = shared_from_this(), request = std::move(request), keep_alive, http10]() mutable {
+      self->handle(request, keep_alive, http10);
     });
   }
 
   // Handler thread.
-  void handle(HttpRequest& request, bool keep_alive) {
+  void handle(HttpRequest& request, bool keep_alive, bool http10) {
     HttpResponse response;
     try {
       response = transport_.handler(request);
@@ -369,12 +396,16 @@ class Connection : public std::enable_shared_from_this<Connection> {
       spdlog::error("{} {}: handler failed: {}", request.method, request.path, error.what());
       response = transport_.error_responder(500, "internal server error", "internal_error");
     }
-    keep_alive = keep_alive && !response.close_connection && !transport_.draining.load();
+    const bool is_head = request.method == "HEAD";
+    keep_alive = keep_alive && !response.close_connection && !response.abandon && !transport_.draining.load() &&
+                 !is_head && !(http10 && response.stream);
     const int fd = socket_.native_handle();
     const auto timeout = seconds(transport_.config.write_timeout_seconds);
-    bool written = write_all(fd, head_of(response, keep_alive), timeout);
-    if (written && response.stream) {
-      ChunkedSink sink(fd, timeout);
+    bool written = !response.abandon && write_all(fd, head_of(response, keep_alive, !http10), timeout);
+    if (is_head) {
+      // The head only: the client expects no body (and the connection closes).
+    } else if (written && response.stream) {
+      ChunkedSink sink(fd, timeout, !http10);
       try {
         response.stream(sink);
       } catch (const std::exception& error) {
@@ -477,7 +508,10 @@ void HttpTransport::Impl::accept() {
     if (!acceptor.is_open()) return;
     if (error) {
       // Out of descriptors (EMFILE) or a transient failure: back off, do not spin.
-      spdlog::warn("accept failed: {}", error.message());
+      if (Clock::now() - last_accept_warning > std::chrono::seconds(10)) {
+        spdlog::warn("accept failed: {} (logged at most every 10 s)", error.message());
+        last_accept_warning = Clock::now();
+      }
       accept_retry.expires_after(std::chrono::milliseconds(50));
       accept_retry.async_wait([this](const error_code& timer_error) {
         if (!timer_error) accept();
@@ -510,6 +544,7 @@ HttpTransport::HttpTransport(TransportConfig config, RequestHandler handler, Err
 HttpTransport::~HttpTransport() {
   stop();
   impl_->pool.join();
+  impl_->light_pool.join();
 }
 
 void HttpTransport::bind() {
@@ -540,7 +575,14 @@ void HttpTransport::run() {
   impl_->accept();
   auto guard = asio::make_work_guard(impl_->io);
   impl_->running = true;
-  impl_->io.run();
+  for (;;) {
+    try {
+      impl_->io.run();
+      break;
+    } catch (const std::exception& error) {  // e.g. bad_alloc building a response: keep serving
+      spdlog::error("HTTP I/O thread: {}", error.what());
+    }
+  }
   impl_->running = false;
 }
 
@@ -573,6 +615,7 @@ void HttpTransport::stop() {
   // The I/O thread may not be running (never started, or already returned).
   if (impl_->running.load()) closed->get_future().wait_for(std::chrono::seconds(2));
   impl_->pool.join();  // handlers on aborted connections fail their writes and return
+  impl_->light_pool.join();
   impl_->io.stop();
 }
 

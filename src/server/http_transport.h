@@ -18,7 +18,10 @@
 //     encoding (Content-Length or chunked), then 413;
 //   - headers over max_header_bytes or max_header_count: 431;
 //   - malformed framing: 400; more than max_connections open: 503 at accept;
-//   - each write of a response: write_timeout, then the connection closes.
+//   - each write of a response: write_timeout, then the connection closes;
+//   - chunk framing (extensions, trailers): the read buffer holds at most
+//     max_header_bytes + 64 KiB, trailers count against the header caps.
+// HEAD gets the head only; an HTTP/1.0 stream is sent unchunked and then closed.
 // After an error response the connection is closed gracefully (our side shut
 // down, the client's remaining bytes read and dropped for a moment) so the
 // client sees the status rather than a reset.
@@ -34,6 +37,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "server/http_types.h"
 
@@ -51,6 +55,9 @@ struct TransportConfig {
   double write_timeout_seconds = 60.0;        // one write of a response (a chunk of a stream)
   int max_connections = 4096;                 // open connections; 503 beyond
   int num_handler_threads = 128;              // requests handled at once (a stream holds one)
+  // GET paths answered by two threads of their own (/health, /metrics), so that
+  // probes never queue behind num_handler_threads long requests.
+  std::vector<std::string> light_paths;
 };
 
 // Answers one complete request; runs on a handler thread. Exceptions escaping

@@ -21,6 +21,9 @@ struct HttpRequest {
   // True once the client has closed or reset its connection (checked without
   // blocking). Handlers that wait on the engine poll it to cancel abandoned work.
   std::function<bool()> client_gone = [] { return false; };
+  // Whether the server had begun draining (stop_accepting) when the request
+  // had fully arrived: such requests are refused; earlier ones may finish.
+  bool arrived_while_draining = false;
 
   // The first header named `name` (ASCII case-insensitive), or "".
   std::string_view header(std::string_view name) const;
@@ -45,6 +48,9 @@ struct HttpResponse {
   std::function<void(ResponseSink&)> stream;
   // Close the connection after this response even if the client keeps it alive.
   bool close_connection = false;
+  // Write nothing and close (the client is gone; a reply would only be garbage
+  // for a half-closed client still reading).
+  bool abandon = false;
 };
 
 }  // namespace loom::server

@@ -219,10 +219,15 @@ TEST_F(HttpTransportTest, IdleAndTricklingClientsDoNotStarveARequest) {
 }
 
 TEST_F(HttpTransportTest, HandlerSeesTheClientLeave) {
-  std::atomic<bool> saw_gone{false};
-  start({}, [&](HttpRequest& request) {
-    for (int i = 0; i < 300 && !saw_gone; ++i) {
-      if (request.client_gone()) saw_gone = true;
+  // Shared with the handler thread: must outlive the test body (TearDown joins the handlers).
+  static std::atomic<bool> saw_gone;
+  saw_gone = false;
+  start({}, [](HttpRequest& request) {
+    for (int i = 0; i < 300; ++i) {
+      if (request.client_gone()) {
+        saw_gone = true;
+        break;
+      }
       std::this_thread::sleep_for(10ms);
     }
     return HttpResponse{};
@@ -284,6 +289,70 @@ TEST_F(HttpTransportTest, StopAcceptingLetsRequestsInFlightFinish) {
   const std::string text = busy.read(2s, "done");
   EXPECT_NE(text.find("Connection: close"), std::string::npos);
   EXPECT_NE(text.find("done"), std::string::npos);
+}
+
+TEST_F(HttpTransportTest, TrailersCountAgainstTheHeaderCaps) {
+  TransportConfig config;
+  config.max_header_count = 8;
+  start(config);
+  std::string chunked = "POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n";
+  for (int i = 0; i < 20; ++i) chunked += "X-T" + std::to_string(i) + ": 1\r\n";
+  EXPECT_EQ(status_of(request(chunked + "\r\n")), 431);
+  // A chunk extension that never ends cannot grow the read buffer past its cap.
+  Socket endless(port());
+  endless.send("POST / HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n1;");
+  const std::string extension(64 * 1024, 'e');
+  for (int i = 0; i < 4 && endless.send(extension); ++i) {
+  }
+  EXPECT_EQ(status_of(endless.read(5s, "\r\n\r\n")), 400);
+}
+
+TEST_F(HttpTransportTest, HeadGetsTheHeadAndHttp10StreamsAreUnchunked) {
+  start({}, [](HttpRequest&) {
+    HttpResponse response;
+    response.stream = [](ResponseSink& sink) { sink.write("abc"); };
+    return response;
+  });
+  Socket head(port());
+  head.send("HEAD / HTTP/1.1\r\nHost: a\r\n\r\n");
+  const std::string head_text = head.read(3s);
+  EXPECT_EQ(head_text.substr(head_text.find("\r\n\r\n") + 4), "");
+  EXPECT_TRUE(head.closed_by_peer());
+  Socket old(port());
+  old.send("GET / HTTP/1.0\r\n\r\n");
+  const std::string old_text = old.read(3s);
+  EXPECT_EQ(old_text.find("chunked"), std::string::npos) << old_text;
+  EXPECT_EQ(old_text.substr(old_text.find("\r\n\r\n") + 4), "abc");
+}
+
+TEST_F(HttpTransportTest, AnAbandonedResponseWritesNothing) {
+  start({}, [](HttpRequest&) {
+    HttpResponse response;
+    response.abandon = true;
+    return response;
+  });
+  Socket socket(port());
+  socket.send(kGet);
+  EXPECT_EQ(socket.read(3s), "");
+  EXPECT_TRUE(socket.closed_by_peer());
+}
+
+TEST_F(HttpTransportTest, LightPathsDoNotQueueBehindLongRequests) {
+  static std::atomic<bool> release;
+  release = false;
+  TransportConfig config;
+  config.num_handler_threads = 1;
+  config.light_paths = {"/health"};
+  start(config, [](HttpRequest& request) {
+    while (request.path == "/slow" && !release) std::this_thread::sleep_for(5ms);
+    return HttpResponse{};
+  });
+  Socket slow(port());
+  slow.send("GET /slow HTTP/1.1\r\n\r\n");
+  std::this_thread::sleep_for(100ms);
+  EXPECT_EQ(status_of(request("GET /health HTTP/1.1\r\n\r\n", 2s)), 200);
+  release = true;
+  EXPECT_EQ(status_of(slow.read(3s, "\r\n\r\n")), 200);
 }
 
 TEST_F(HttpTransportTest, APortInUseIsRefused) {
