@@ -96,7 +96,7 @@ void raise_open_file_limit(int max_connections) {
 }
 
 int run_serve(const ServeOptions& options) {
-  install_stop_signals();  // first: a signal during loading already drains (there is nothing to drain)
+  install_stop_signals();  // before anything: a signal during loading waits in the pipe (then drains at once)
 
   EngineConfig engine_config = options.engine;
   const std::optional<KvSharing> default_sharing = parse_kv_sharing(options.default_sharing);
@@ -155,7 +155,6 @@ int run_serve(const ServeOptions& options) {
   });
   spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.host,
                server.bound_port(), engine->max_context_tokens());
-  // A signal that came while loading is in the pipe already: the watcher drains at once.
   server.run();
   server.stop();
   engine->shutdown(false);  // cancels what is left and frees every KV block
