@@ -11,6 +11,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import unittest
 import urllib.error
 import urllib.request
 
@@ -119,3 +120,24 @@ class LoomServer:
 
     def cleanup(self):
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class ServerTestCase(unittest.TestCase):
+    """One LoomServer per test class (SERVER_ARGS, SERVER_KWARGS), an `openai`
+    client on it, and a check that SIGTERM at the end exits 0."""
+
+    SERVER_ARGS = ()
+    SERVER_KWARGS = {}
+
+    @classmethod
+    def setUpClass(cls):
+        cls.server = LoomServer(list(cls.SERVER_ARGS), **cls.SERVER_KWARGS)
+        cls.port = cls.server.port
+        import openai  # after require_openai(): not every suite needs it
+        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
+
+    @classmethod
+    def tearDownClass(cls):
+        status = cls.server.stop()
+        cls.server.cleanup()
+        assert status == 0, f"loom serve exited with {status} on SIGTERM"

@@ -25,18 +25,9 @@ def token_prompt(length, seed):
     return [10 + (i * 37 + seed * 101 + i * i * seed) % 240 for i in range(length)]
 
 
-class KvSharingTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = loom_server.LoomServer(["--allow-runtime-lora", "--max-lora-rank", "16"],
-                                            make_model_args=["--alora"], lora_modes=MODES)
-        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
-
-    @classmethod
-    def tearDownClass(cls):
-        status = cls.server.stop()
-        cls.server.cleanup()
-        assert status == 0, f"loom serve exited with {status} on SIGTERM"
+class KvSharingTest(loom_server.ServerTestCase):
+    SERVER_ARGS = ["--allow-runtime-lora", "--max-lora-rank", "16"]
+    SERVER_KWARGS = {"make_model_args": ["--alora"], "lora_modes": MODES}
 
     def complete(self, model, prompt, max_tokens=8):
         response = self.client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, logprobs=1,
@@ -127,20 +118,12 @@ class KvSharingTest(unittest.TestCase):
         self.assertNotIn("bad", models)
 
 
-class DisabledKvSharingTest(unittest.TestCase):
+class DisabledKvSharingTest(loom_server.ServerTestCase):
     """`--disable-kv-sharing base`: a base adapter is refused at load (400 naming who refused), the server and
     every other adapter keep serving."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.server = loom_server.LoomServer(["--allow-runtime-lora", "--disable-kv-sharing", "base"], num_adapters=2)
-        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
-
-    @classmethod
-    def tearDownClass(cls):
-        status = cls.server.stop()
-        cls.server.cleanup()
-        assert status == 0, f"loom serve exited with {status} on SIGTERM"
+    SERVER_ARGS = ["--allow-runtime-lora", "--disable-kv-sharing", "base"]
+    SERVER_KWARGS = {"num_adapters": 2}
 
     def test_base_adapter_is_refused_at_load_and_nothing_else_changes(self):
         prompt = token_prompt(12, 7)

@@ -19,18 +19,8 @@ PROMPT = "The quick brown fox"
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
 
-class OpenAiApiTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = loom_server.LoomServer(
-            ["--allow-runtime-lora", "--max-request-bytes", "65536", "--max-context-tokens", "4096"])
-        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
-
-    @classmethod
-    def tearDownClass(cls):
-        status = cls.server.stop()
-        cls.server.cleanup()
-        assert status == 0, f"loom serve exited with {status} on SIGTERM"
+class OpenAiApiTest(loom_server.ServerTestCase):
+    SERVER_ARGS = ["--allow-runtime-lora", "--max-request-bytes", "65536", "--max-context-tokens", "4096"]
 
     def complete(self, model="tiny", prompt=PROMPT, max_tokens=12, **kwargs):
         return self.client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens,

@@ -17,18 +17,9 @@ CYCLE = {"agents": [{"name": "planner", "after": ["reviewer"]},
                     {"name": "reviewer", "after": ["expresser"]}]}
 
 
-class WorkflowApiTest(unittest.TestCase):
-    @classmethod
-    def setUpClass(cls):
-        cls.server = loom_server.LoomServer(["--eviction-policy", "workflow", "--workflow-ttl-seconds", "300"],
-                                            num_adapters=1)
-        cls.client = openai.OpenAI(base_url=cls.server.base_url + "/v1", api_key="unused", max_retries=0)
-
-    @classmethod
-    def tearDownClass(cls):
-        status = cls.server.stop()
-        cls.server.cleanup()
-        assert status == 0, f"loom serve exited with {status} on SIGTERM"
+class WorkflowApiTest(loom_server.ServerTestCase):
+    SERVER_ARGS = ["--eviction-policy", "workflow", "--workflow-ttl-seconds", "300"]
+    SERVER_KWARGS = {"num_adapters": 1}
 
     def call(self, method, path, body=None, raw=None):
         status, _, data = self.server.request(method, path, body, raw=raw)
