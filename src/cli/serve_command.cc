@@ -128,8 +128,8 @@ int run_serve(const ServeOptions& options) {
                  kv_sharing_name(adapter.sharing));
 
   server::ServerConfig config = options.server;
-  config.host = options.host;
-  config.port = options.port;
+  config.http.host = options.host;
+  config.http.port = options.port;
   config.api_key = options.api_key;
   config.model_path = options.model.empty() ? model_path : options.model;
   config.served_model_name =
@@ -137,7 +137,7 @@ int run_serve(const ServeOptions& options) {
   config.allow_runtime_lora = options.allow_runtime_lora;
   config.lora_dir = options.lora_dir;
   config.request_limits = options.request_limits;
-  raise_open_file_limit(config.max_connections);
+  raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
 
@@ -153,7 +153,7 @@ int run_serve(const ServeOptions& options) {
     const bool drained = server.shutdown(shutdown_timeout);
     spdlog::info(drained ? "every request in flight finished" : "requests still running were ended with an error");
   });
-  spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.host,
+  spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.http.host,
                server.bound_port(), engine->max_context_tokens());
   server.run();
   server.stop();
@@ -182,29 +182,29 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_flag("--allow-runtime-lora", options->allow_runtime_lora,
                "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-dir", options->lora_dir, "Runtime adapters must lie under this directory");
-  server::ServerConfig& server = options->server;
-  app.add_flag("--metrics-require-api-key", server.metrics_require_api_key,
+  server::TransportConfig& http = options->server.http;
+  app.add_flag("--metrics-require-api-key", options->server.metrics_require_api_key,
                "Also require the --api-key on GET /metrics");
-  app.add_option("--max-request-bytes", server.max_request_bytes,
+  app.add_option("--max-request-bytes", http.max_request_bytes,
                  "Larger request bodies get 413, whatever the transfer encoding")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max-header-bytes", server.max_header_bytes, "Larger request line + headers get 431")
+  app.add_option("--max-header-bytes", http.max_header_bytes, "Larger request line + headers get 431")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max-header-count", server.max_header_count, "More request header lines get 431")
+  app.add_option("--max-header-count", http.max_header_count, "More request header lines get 431")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--header-timeout", server.header_timeout_seconds,
+  app.add_option("--header-timeout", http.header_timeout_seconds,
                  "Seconds from a request's first byte to the end of its headers; then 408")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--body-timeout", server.body_timeout_seconds,
+  app.add_option("--body-timeout", http.body_timeout_seconds,
                  "Seconds from the end of the headers to the end of the body; then 408")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--keep-alive-timeout", server.keep_alive_timeout_seconds,
+  app.add_option("--keep-alive-timeout", http.keep_alive_timeout_seconds,
                  "Seconds an idle connection stays open between requests")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--write-timeout", server.write_timeout_seconds,
+  app.add_option("--write-timeout", http.write_timeout_seconds,
                  "Seconds one write of a response may wait for a client that does not read; then it is dropped")
       ->check(CLI::PositiveNumber)->capture_default_str();
-  app.add_option("--max-connections", server.max_connections, "Open connections at most; beyond, 503 and close")
+  app.add_option("--max-connections", http.max_connections, "Open connections at most; beyond, 503 and close")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--shutdown-timeout", options->shutdown_timeout_seconds,
                  "On SIGINT/SIGTERM: seconds requests in flight may take to finish before they are ended with an "
@@ -266,7 +266,7 @@ CommandRunner register_serve(CLI::App& app) {
                  "Agents in one workflow graph (declared or named in `after`) and entries per progress list")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
-  app.add_option("--http-threads", server.num_http_threads,
+  app.add_option("--http-threads", http.num_handler_threads,
                  "Requests handled at once (a streaming or waiting request holds one; idle connections none)")
       ->check(CLI::PositiveNumber)->capture_default_str();
   return [options] { return run_serve(*options); };

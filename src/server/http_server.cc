@@ -97,18 +97,7 @@ struct HttpServer::Impl {
     completion.parse.max_context_tokens = engine.max_context_tokens();
     completion.parse.limits = config.request_limits;
 
-    TransportConfig transport_config;
-    transport_config.host = config.host;
-    transport_config.port = config.port;
-    transport_config.max_request_bytes = config.max_request_bytes;
-    transport_config.max_header_bytes = config.max_header_bytes;
-    transport_config.max_header_count = config.max_header_count;
-    transport_config.header_timeout_seconds = config.header_timeout_seconds;
-    transport_config.body_timeout_seconds = config.body_timeout_seconds;
-    transport_config.keep_alive_timeout_seconds = config.keep_alive_timeout_seconds;
-    transport_config.write_timeout_seconds = config.write_timeout_seconds;
-    transport_config.max_connections = config.max_connections;
-    transport_config.num_handler_threads = config.num_http_threads;
+    TransportConfig transport_config = config.http;
     transport_config.light_paths = {"/health", "/metrics"};
     transport = std::make_unique<HttpTransport>(
         transport_config, [this](HttpRequest& request) { return handle(request); },

@@ -25,13 +25,15 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/http_transport.h"
 #include "server/openai_request.h"
 
 namespace loom::server {
 
 struct ServerConfig {
-  std::string host = "127.0.0.1";
-  int port = 8000;                   // 0: an ephemeral port (see bound_port())
+  // Socket, limits and deadlines (server/http_transport.h says what each does);
+  // light_paths is set by the server.
+  TransportConfig http;
   std::string api_key;               // "" = no authentication
   bool metrics_require_api_key = false;  // also guard /metrics with api_key
   std::string served_model_name;     // the base model's name in `model` and /v1/models
@@ -39,16 +41,6 @@ struct ServerConfig {
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it
   RequestLimits request_limits;      // per-request bounds (n, stop strings, output tokens)
-  // Transport limits (server/http_transport.h says what each does).
-  size_t max_request_bytes = 8u << 20;
-  uint32_t max_header_bytes = 64u << 10;
-  int max_header_count = 128;
-  double header_timeout_seconds = 10.0;
-  double body_timeout_seconds = 60.0;
-  double keep_alive_timeout_seconds = 5.0;
-  double write_timeout_seconds = 60.0;
-  int max_connections = 4096;
-  int num_http_threads = 128;        // requests handled at once (a stream holds one)
 };
 
 class HttpServer {

@@ -21,10 +21,10 @@ class ServerHttpTest : public ::testing::Test {
   void start(ServerConfig config = {}) {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     engine_->load_adapter("agent0", "/adapters/agent0");
-    config.port = 0;
+    config.http.port = 0;
     config.served_model_name = "tiny";
     config.model_path = "/models/tiny";
-    config.num_http_threads = 8;
+    config.http.num_handler_threads = 8;
     server_ = std::make_unique<HttpServer>(*engine_, config);
     server_->bind();
     thread_ = std::thread([this] { server_->run(); });
@@ -102,7 +102,7 @@ TEST_F(ServerHttpTest, StreamingChatFraming) {
 
 TEST_F(ServerHttpTest, ErrorStatusesAndServerKeepsServing) {
   ServerConfig config;
-  config.max_request_bytes = 4096;
+  config.http.max_request_bytes = 4096;
   start(config);
   auto result = client_->Post("/v1/completions", "{oops", "application/json");
   EXPECT_EQ(result->status, 400);

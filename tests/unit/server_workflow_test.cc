@@ -34,9 +34,9 @@ class ServerWorkflowTest : public ::testing::Test {
   void SetUp() override {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     ServerConfig config;
-    config.port = 0;
+    config.http.port = 0;
     config.served_model_name = "tiny";
-    config.num_http_threads = 4;
+    config.http.num_handler_threads = 4;
     server_ = std::make_unique<HttpServer>(*engine_, config);
     server_->bind();
     thread_ = std::thread([this] { server_->run(); });
