@@ -4,7 +4,7 @@
 
 namespace loom {
 
-Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
                   const std::function<SequenceSharing(SchedulerRequestId)>& sharing_of) {
   Batch batch;
   const int32_t num_tokens = plan.num_tokens();
@@ -16,14 +16,14 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
     const SequenceSharing sharing = sharing_of(entry.id);
     const int32_t slot = sharing.adapter_slot;
     BatchSequence sequence;
-    sequence.num_cached_tokens = entry.num_cached_tokens;
+    sequence.num_cached_tokens = entry.num_computed_tokens;
     sequence.num_new_tokens = entry.num_new_tokens;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
     sequence.num_blocks = static_cast<int32_t>(entry.block_ids.size());
     // Entries past this step's tokens (a forked partial hit prefilled in
     // chunks) are neither read nor written by it: the backend sees only its range.
-    const int32_t num_step_tokens = entry.num_cached_tokens + entry.num_new_tokens;
+    const int32_t num_step_tokens = entry.num_computed_tokens + entry.num_new_tokens;
     sequence.num_kv_present_tokens = std::min(entry.num_kv_present_tokens, num_step_tokens);
     // Which tokens run through the adapter's LoRA (the backend's adapter_slots).
     int32_t first_adapted_token = 0;
@@ -38,7 +38,7 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
       batch.residual_block_tables.insert(batch.residual_block_tables.end(), entry.residual_block_ids.begin(),
                                          entry.residual_block_ids.end());
     }
-    for (int32_t j = entry.num_cached_tokens; j < entry.num_cached_tokens + entry.num_new_tokens; ++j) {
+    for (int32_t j = entry.num_computed_tokens; j < entry.num_computed_tokens + entry.num_new_tokens; ++j) {
       batch.token_ids.push_back(tokens[static_cast<size_t>(j)]);
       batch.positions.push_back(j);
       batch.adapter_slots.push_back(no_token_slots || j < first_adapted_token ? -1 : slot);
@@ -49,7 +49,7 @@ Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
   return batch;
 }
 
-Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
                   const std::function<int32_t(SchedulerRequestId)>& adapter_slot_of) {
   return build_batch(plan, scheduler, [&](SchedulerRequestId id) {
     return SequenceSharing{adapter_slot_of(id), KvSharing::kIsolated, 0};

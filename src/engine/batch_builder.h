@@ -1,7 +1,7 @@
-// Turns a scheduler StepPlan into a backend Batch.
+// Turns a scheduler ScheduledBatch into a backend Batch.
 //
 //   plan.requests[i] ─► batch.sequences[i]
-//     tokens [num_cached_tokens, num_cached_tokens + num_new_tokens) of the
+//     tokens [num_computed_tokens, num_computed_tokens + num_new_tokens) of the
 //     request, positions equal to the token indices, block table = the plan's
 //     block ids, num_kv_present_tokens from the plan.
 //   Per-token adapter slots and sequence fields by the request's KV sharing
@@ -24,11 +24,11 @@
 
 namespace loom {
 
-Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
                   const std::function<SequenceSharing(SchedulerRequestId)>& sharing_of);
 
 // Every request isolated (or the base model when its slot is -1).
-Batch build_batch(const StepPlan& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
                   const std::function<int32_t(SchedulerRequestId)>& adapter_slot_of);
 
 }  // namespace loom

@@ -42,15 +42,16 @@ void EngineImpl::allocate_pools(bool with_residual, int64_t residual_bytes, int3
   drain_kv_transfers();
   kv_transfers_.reset();
   scheduler_.reset();
-  residual_kv_cache_.reset();
-  kv_cache_.reset();
+  residual_kv_cache_ = nullptr;
+  kv_cache_ = nullptr;
+  kv_caches_.reset();
   backend_->allocate_kv_cache({num_blocks, block_size});
   if (with_residual) backend_->allocate_residual_cache({num_residual_blocks, block_size, max_rank});
-  kv_cache_ = std::make_unique<KvCacheManager>(num_blocks, block_size);
-  if (with_residual) residual_kv_cache_ = std::make_unique<KvCacheManager>(num_residual_blocks, block_size);
+  kv_caches_ = std::make_unique<KvCacheGroup>(num_blocks, with_residual ? num_residual_blocks : 0, block_size);
+  kv_cache_ = &kv_caches_->main();
+  residual_kv_cache_ = kv_caches_->residual();
   scheduler_ = std::make_unique<Scheduler>(
-      SchedulerConfig{config_.max_batch_tokens, config_.max_running_requests, config_.max_loras_per_batch}, *kv_cache_,
-      residual_kv_cache_.get());
+      SchedulerConfig{config_.max_batch_tokens, config_.max_running_requests, config_.max_loras_per_batch}, *kv_caches_);
   num_kv_blocks_ = num_blocks;
   num_residual_kv_blocks_ = num_residual_blocks;
   residual_max_rank_ = with_residual ? max_rank : 0;

@@ -79,7 +79,7 @@ void EngineImpl::prefetch_next_agents() {
     max_blocks -= kv_cache_->prefetch_agent(*next[static_cast<size_t>(i)].second, max_blocks);
 }
 
-void EngineImpl::note_load_waits(const StepPlan& plan, SteadyTime now) {
+void EngineImpl::note_load_waits(const ScheduledBatch& plan, SteadyTime now) {
   if (!kv_transfers_) return;
   for (SchedulerRequestId id : plan.waiting_on_load) {
     PendingRequest& request = *active_.at(id);

@@ -70,7 +70,7 @@ class EngineImpl final : public Engine {
   void run_on_engine_thread(const std::function<void()>& command);
   // Engine thread only (inside run_on_engine_thread).
   KvCacheManager& kv_cache() { return *kv_cache_; }
-  KvCacheManager* residual_kv_cache() { return residual_kv_cache_.get(); }
+  KvCacheManager* residual_kv_cache() { return residual_kv_cache_; }
 
  private:
   struct AdapterEntry {
@@ -106,7 +106,7 @@ class EngineImpl final : public Engine {
   void observe_workflow_hints(PendingRequest& request);
   // After complete_step: declares the fixed prefixes whose blocks this step
   // committed (or found cached) to the managers.
-  void declare_fixed_prefixes(const StepPlan& plan);
+  void declare_fixed_prefixes(const ScheduledBatch& plan);
   // After allocate_pools: the new managers get the policy and know no agent yet.
   void reset_workflow_kv_state();
   // Engine thread: drops every cached block of the adapter's namespaces in
@@ -125,7 +125,7 @@ class EngineImpl final : public Engine {
   // Starts loads of the next agents' fixed prefixes (EngineConfig::prefetch_agents).
   void prefetch_next_agents();
   // Load-wait bookkeeping and metrics for one plan.
-  void note_load_waits(const StepPlan& plan, SteadyTime now);
+  void note_load_waits(const ScheduledBatch& plan, SteadyTime now);
 
   LoadedModel model_;
   std::unique_ptr<Backend> backend_;
@@ -141,8 +141,9 @@ class EngineImpl final : public Engine {
   std::vector<TokenId> eos_ids_;
 
   // Engine thread only.
-  std::unique_ptr<KvCacheManager> kv_cache_;
-  std::unique_ptr<KvCacheManager> residual_kv_cache_;  // nullptr: no rCache pool
+  std::unique_ptr<KvCacheGroup> kv_caches_;
+  KvCacheManager* kv_cache_ = nullptr;           // kv_caches_->main()
+  KvCacheManager* residual_kv_cache_ = nullptr;  // nullptr: no rCache pool
   std::unique_ptr<Scheduler> scheduler_;
   // Host tier (nullptr: none). Declared after the managers, so it is destroyed
   // (draining its copies) before them; the backend outlives it.

@@ -170,7 +170,7 @@ void EngineImpl::publish_gauges() {
 
 void EngineImpl::step() {
   sync_workflows();  // before plan(): its allocations evict by the current steps (thread_main pumped transfers)
-  const StepPlan plan = scheduler_->plan();
+  const ScheduledBatch plan = scheduler_->plan();
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   note_load_waits(plan, scheduled_at);
   prefetch_next_agents();  // after plan(): demand loads and admissions go first

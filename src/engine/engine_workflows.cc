@@ -99,7 +99,7 @@ void EngineImpl::observe_workflow_hints(PendingRequest& request) {
   request.num_fixed_prefix_tokens = prefix.num_tokens;
 }
 
-void EngineImpl::declare_fixed_prefixes(const StepPlan& plan) {
+void EngineImpl::declare_fixed_prefixes(const ScheduledBatch& plan) {
   for (const ScheduledRequest& entry : plan.requests) {
     auto it = active_.find(entry.id);
     if (it == active_.end()) continue;
@@ -109,7 +109,7 @@ void EngineImpl::declare_fixed_prefixes(const StepPlan& plan) {
     // Only steps that committed fixed-prefix blocks, or that found them cached
     // at admission (the agent's key may point at an older copy), change anything.
     const bool admitted_now = entry.num_prefix_hit_tokens >= 0;
-    if (!admitted_now && entry.num_cached_tokens >= num_fixed) continue;
+    if (!admitted_now && entry.num_computed_tokens >= num_fixed) continue;
     // A workflow the registry does not know (full, or ended meanwhile) gets no agents.
     if (!workflow_snapshot_ || !workflow_snapshot_->workflow(request.request.workflow)) continue;
     const std::span<const KvTokenId> tokens(request.request.prompt_tokens);

@@ -2,7 +2,7 @@
 // KV sharing mode (DESIGN §1, lora/kv_sharing.h). Pure host code, built once
 // per request at submit().
 //
-//   adapter mode   SchedulerRequestKv                  tokens in the batch
+//   adapter mode   RequestKvKeys                  tokens in the batch
 //   (base model)   "base"                              slot -1
 //   isolated       "lora/NAME"                         slot on every token
 //   activated      "base" | "alora/NAME@S" from the    -1 before S, the slot from S on
@@ -31,7 +31,7 @@ struct SequenceSharing {
 };
 
 struct RequestKvPlan {
-  SchedulerRequestKv kv;
+  RequestKvKeys kv;
   SequenceSharing sharing;
   // The adapter as the scheduler counts it against max_loras_per_batch: ""
   // when the base model answers (also for an activated adapter not invoked).

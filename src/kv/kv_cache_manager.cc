@@ -17,11 +17,11 @@ KvLease& KvLease::operator=(KvLease&& other) noexcept {
     kv_key_ = std::move(other.kv_key_);
     block_ids_ = std::move(other.block_ids_);
     num_committed_blocks_ = other.num_committed_blocks_;
-    num_cached_tokens_ = other.num_cached_tokens_;
+    num_found_tokens_ = other.num_found_tokens_;
     other.manager_ = nullptr;
     other.block_ids_.clear();
     other.num_committed_blocks_ = 0;
-    other.num_cached_tokens_ = 0;
+    other.num_found_tokens_ = 0;
   }
   return *this;
 }
@@ -54,7 +54,7 @@ KvLease KvCacheManager::lock_prefix(const KvKey& kv_key, std::span<const KvToken
     }
   }
   lease.num_committed_blocks_ = lease.num_blocks();
-  lease.num_cached_tokens_ = lease.num_blocks() * block_size();
+  lease.num_found_tokens_ = lease.num_blocks() * block_size();
   tree_.touch(lease.block_ids_, ++clock_);
   return lease;
 }

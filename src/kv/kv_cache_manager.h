@@ -63,7 +63,7 @@ class KvLease {
   int32_t num_blocks() const { return static_cast<int32_t>(block_ids_.size()); }
   int32_t num_committed_blocks() const { return num_committed_blocks_; }
   // Tokens found in the cache when the lease was made (a multiple of block_size).
-  int32_t num_cached_tokens() const { return num_cached_tokens_; }
+  int32_t num_found_tokens() const { return num_found_tokens_; }
   const KvKey& kv_key() const { return kv_key_; }
   const std::string& kv_namespace() const { return kv_key_.kv_namespace; }
   bool active() const { return manager_ != nullptr; }
@@ -76,7 +76,7 @@ class KvLease {
   KvKey kv_key_;
   std::vector<int32_t> block_ids_;
   int32_t num_committed_blocks_ = 0;
-  int32_t num_cached_tokens_ = 0;
+  int32_t num_found_tokens_ = 0;
 };
 
 struct KvCacheStats {

@@ -11,7 +11,7 @@ struct Scheduler::RequestState {
   SchedulerRequestId id = 0;
   std::vector<int32_t> tokens;
   std::string adapter;
-  SchedulerRequestKv kv;
+  RequestKvKeys kv;
   int32_t priority = 0;
   int64_t arrival = 0;
   int32_t num_computed_tokens = 0;
@@ -32,14 +32,14 @@ struct Scheduler::RequestState {
   }
 };
 
-int32_t StepPlan::num_tokens() const {
+int32_t ScheduledBatch::num_tokens() const {
   int32_t total = 0;
   for (const auto& request : requests) total += request.num_new_tokens;
   return total;
 }
 
-Scheduler::Scheduler(SchedulerConfig config, KvCacheManager& kv_cache, KvCacheManager* residual_cache)
-    : config_(config), kv_cache_(kv_cache), residual_cache_(residual_cache) {
+Scheduler::Scheduler(SchedulerConfig config, KvCacheGroup& kv_caches)
+    : config_(config), kv_caches_(kv_caches), kv_cache_(kv_caches.main()), residual_cache_(kv_caches.residual()) {
   LOOM_CHECK(config_.max_batch_tokens > 0 && config_.max_running_requests > 0 && config_.max_loras_per_batch > 0);
 }
 
@@ -77,7 +77,7 @@ int32_t Scheduler::num_residual_blocks_for(int32_t num_tokens) const {
 }
 
 void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter,
-                    SchedulerRequestKv kv, int32_t priority) {
+                    RequestKvKeys kv, int32_t priority) {
   LOOM_CHECK(!prompt_tokens.empty() && requests_.count(id) == 0);
   LOOM_CHECK(kv.residual_namespace.empty() || residual_cache_ != nullptr);
   auto request = std::make_unique<RequestState>();
@@ -91,7 +91,7 @@ void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, s
   waiting_.push_back(id);
 }
 
-void Scheduler::preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget) {
+void Scheduler::preempt(SchedulerRequestId id, ScheduledBatch& plan, int32_t& budget) {
   RequestState& request = state(id);
   LOOM_CHECK(request.running);
   request.lease.release();
@@ -126,7 +126,7 @@ ScheduledRequest Scheduler::scheduled_entry(const RequestState& request, int32_t
                                             int32_t num_uncomputed_tokens) const {
   ScheduledRequest entry;
   entry.id = request.id;
-  entry.num_cached_tokens = request.num_computed_tokens;
+  entry.num_computed_tokens = request.num_computed_tokens;
   entry.num_new_tokens = num_new_tokens;
   entry.block_ids = request.lease.block_ids();
   entry.num_kv_present_tokens = request.num_kv_present_tokens();
@@ -138,8 +138,8 @@ ScheduledRequest Scheduler::scheduled_entry(const RequestState& request, int32_t
   return entry;
 }
 
-StepPlan Scheduler::plan() {
-  StepPlan plan;
+ScheduledBatch Scheduler::plan() {
+  ScheduledBatch plan;
   int32_t budget = config_.max_batch_tokens;
 
   // 1. Running requests: decodes first, then prefill chunks.
@@ -203,11 +203,11 @@ StepPlan Scheduler::plan() {
     }
     KvLease lease = kv_cache_.lock_prefix(request.kv.key, lookup_tokens);
     KvLease residual_lease;
-    int32_t num_computed = lease.num_cached_tokens();
+    int32_t num_computed = lease.num_found_tokens();
     if (request.is_forked()) {
       // The trees evict independently: compute from the shorter hit, write only what is missing.
       residual_lease = residual_cache_->lock_prefix(KvKey::single(request.kv.residual_namespace), lookup_tokens);
-      num_computed = std::min(num_computed, residual_lease.num_cached_tokens());
+      num_computed = std::min(num_computed, residual_lease.num_found_tokens());
     }
     const int32_t num_uncomputed = static_cast<int32_t>(request.tokens.size()) - num_computed;
     const int32_t num_new = std::min(num_uncomputed, budget);
@@ -220,8 +220,8 @@ StepPlan Scheduler::plan() {
       break;
     LOOM_CHECK(kv_cache_.allocate(lease, num_needed));
     if (request.is_forked()) LOOM_CHECK(residual_cache_->allocate(residual_lease, num_residual_needed));
-    request.num_kv_found_tokens = lease.num_cached_tokens();
-    request.num_residual_found_tokens = residual_lease.num_cached_tokens();
+    request.num_kv_found_tokens = lease.num_found_tokens();
+    request.num_residual_found_tokens = residual_lease.num_found_tokens();
     request.lease = std::move(lease);
     request.residual_lease = std::move(residual_lease);
     request.num_computed_tokens = num_computed;
@@ -248,12 +248,12 @@ bool Scheduler::is_waiting_on_load(const RequestState& request, std::span<const 
                               KvCacheManager::LoadReason::kDemand) > 0;
 }
 
-void Scheduler::complete_step(const StepPlan& plan) {
+void Scheduler::complete_step(const ScheduledBatch& plan) {
   for (const ScheduledRequest& entry : plan.requests) {
     auto it = requests_.find(entry.id);
     if (it == requests_.end()) continue;
     RequestState& request = *it->second;
-    LOOM_CHECK(request.running && request.num_computed_tokens == entry.num_cached_tokens);
+    LOOM_CHECK(request.running && request.num_computed_tokens == entry.num_computed_tokens);
     request.num_computed_tokens += entry.num_new_tokens;
     kv_cache_.commit(request.lease, request.tokens, request.num_computed_tokens);
     if (request.is_forked()) residual_cache_->commit(request.residual_lease, request.tokens, request.num_computed_tokens);

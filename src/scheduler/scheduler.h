@@ -1,6 +1,6 @@
 // Continuous-batching scheduler: decides, each step, which requests run and
 // how many of their tokens, and holds their KV block leases. Pure host code
-// (no backend headers); the engine turns a StepPlan into a backend Batch.
+// (no backend headers); the engine turns a ScheduledBatch into a backend Batch.
 //
 // A request's tokens (prompt, then generated) and what a step computes:
 //
@@ -36,11 +36,11 @@
 //      - blocks follow on the host only: start_load(kDemand) for them; if any
 //        started, it waits as above; if none could (no room), it is admitted
 //        now with its device prefix and recomputes the rest.
-//      Either way its id is in StepPlan::waiting_on_load for that step. A load
+//      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
 //
 // Forked (ForkKV) requests hold two leases: the shared bCache in the main
-// manager (SchedulerRequestKv::key, namespace "fork") and their rCache in the
+// manager (RequestKvKeys::key, namespace "fork") and their rCache in the
 // residual manager (residual_namespace). At admission both prefixes are
 // locked; they may differ in length (the trees evict independently):
 //
@@ -66,7 +66,7 @@
 #include <string>
 #include <vector>
 
-#include "kv/kv_cache_manager.h"
+#include "kv/kv_cache_group.h"
 
 namespace loom {
 
@@ -78,19 +78,14 @@ struct SchedulerConfig {
 
 using SchedulerRequestId = int64_t;
 
-// How a request's KV is keyed (built by the engine from the adapter's mode).
-struct SchedulerRequestKv {
-  KvKey key;                       // main K/V blocks (for forked: the shared bCache)
-  std::string residual_namespace;  // forked only: its rCache namespace ("resid/NAME"); "" otherwise
-};
 
 struct ScheduledRequest {
   SchedulerRequestId id = 0;
-  int32_t num_cached_tokens = 0;   // K/V already in the cache (positions 0 .. this-1)
-  int32_t num_new_tokens = 0;      // tokens [num_cached_tokens, num_cached_tokens + num_new_tokens)
-  std::vector<int32_t> block_ids;  // covers num_cached_tokens + num_new_tokens (may hold more)
-  // Main K/V entries [0, num_kv_present_tokens) already hold data (>= num_cached_tokens
-  // after a partial forked hit; else == num_cached_tokens): the backend must not write them.
+  int32_t num_computed_tokens = 0;   // K/V already in the cache (positions 0 .. this-1)
+  int32_t num_new_tokens = 0;      // tokens [num_computed_tokens, num_computed_tokens + num_new_tokens)
+  std::vector<int32_t> block_ids;  // covers num_computed_tokens + num_new_tokens (may hold more)
+  // Main K/V entries [0, num_kv_present_tokens) already hold data (>= num_computed_tokens
+  // after a partial forked hit; else == num_computed_tokens): the backend must not write them.
   int32_t num_kv_present_tokens = 0;
   // Forked only: the rCache lease's blocks and how many entries already hold data.
   std::vector<int32_t> residual_block_ids;
@@ -101,7 +96,7 @@ struct ScheduledRequest {
   int32_t num_prefix_hit_tokens = -1;
 };
 
-struct StepPlan {
+struct ScheduledBatch {
   std::vector<ScheduledRequest> requests;  // decode requests first
   std::vector<SchedulerRequestId> preempted;
   // Waiting requests held back this step because their prefix is (now) loading
@@ -113,26 +108,25 @@ struct StepPlan {
 
 class Scheduler {
  public:
-  // `kv_cache` (and `residual_cache`, nullptr when no adapter is forked) must
-  // outlive the scheduler.
-  Scheduler(SchedulerConfig config, KvCacheManager& kv_cache, KvCacheManager* residual_cache = nullptr);
+  // `kv_caches` must outlive the scheduler.
+  Scheduler(SchedulerConfig config, KvCacheGroup& kv_caches);
   ~Scheduler();
 
   // Queues a request. `adapter` is "" for the base model (it counts towards
   // max_loras_per_batch otherwise); `kv` keys its cached blocks.
   // Preconditions: a new id, a non-empty prompt; a residual_namespace only
   // with a residual manager.
-  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, SchedulerRequestKv kv,
+  void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, RequestKvKeys kv,
            int32_t priority);
   void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, std::string kv_namespace,
            int32_t priority) {
-    add(id, std::move(prompt_tokens), std::move(adapter), SchedulerRequestKv{KvKey::single(std::move(kv_namespace)), ""},
+    add(id, std::move(prompt_tokens), std::move(adapter), RequestKvKeys{KvKey::single(std::move(kv_namespace)), ""},
         priority);
   }
-  StepPlan plan();
+  ScheduledBatch plan();
   // After the backend ran the plan: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
-  void complete_step(const StepPlan& plan);
+  void complete_step(const ScheduledBatch& plan);
   void append_token(SchedulerRequestId id, int32_t token);
   // Removes the request (finished or cancelled), releasing its blocks. Returns
   // false for an unknown id. Safe at any point between steps.
@@ -154,7 +148,7 @@ class Scheduler {
   const RequestState& state(SchedulerRequestId id) const;
   bool ranks_before(const RequestState& a, const RequestState& b) const;
   std::vector<SchedulerRequestId> sorted(const std::vector<SchedulerRequestId>& ids) const;
-  void preempt(SchedulerRequestId id, StepPlan& plan, int32_t& budget);
+  void preempt(SchedulerRequestId id, ScheduledBatch& plan, int32_t& budget);
   SchedulerRequestId choose_victim(bool is_main_short) const;
   ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens,
                                    int32_t num_uncomputed_tokens) const;
@@ -164,6 +158,7 @@ class Scheduler {
   bool is_waiting_on_load(const RequestState& request, std::span<const int32_t> lookup_tokens);
 
   SchedulerConfig config_;
+  KvCacheGroup& kv_caches_;
   KvCacheManager& kv_cache_;
   KvCacheManager* residual_cache_ = nullptr;
   int64_t next_arrival_ = 0;

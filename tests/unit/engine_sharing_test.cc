@@ -147,8 +147,8 @@ std::vector<int32_t>* EngineSharingTest::invocation_ = nullptr;
 
 // build_batch alone: per-token slots and sequence fields by mode.
 TEST_F(EngineSharingTest, BatchLayoutFollowsEachMode) {
-  KvCacheManager main_cache(64, 4), residual_cache(64, 4);
-  Scheduler scheduler(SchedulerConfig{}, main_cache, &residual_cache);
+  KvCacheGroup kv_caches(64, 64, 4);
+  Scheduler scheduler(SchedulerConfig{}, kv_caches);
   LoraAdapter alora;
   alora.config.alora_invocation_tokens = {7, 8};
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5, 7, 8, 9};  // invocation start 5
@@ -170,7 +170,7 @@ TEST_F(EngineSharingTest, BatchLayoutFollowsEachMode) {
   EXPECT_EQ(plans[1].mode_label, "none");
   for (const auto& [id, plan] : plans)
     scheduler.add(id, id == 6 ? std::vector<int32_t>{1, 2, 3} : prompt, plan.scheduler_adapter, plan.kv, 0);
-  const StepPlan step = scheduler.plan();
+  const ScheduledBatch step = scheduler.plan();
   ASSERT_EQ(step.requests.size(), 6u);
   const Batch batch = build_batch(step, scheduler, [&](SchedulerRequestId id) { return plans.at(id).sharing; });
   for (size_t i = 0; i < step.requests.size(); ++i) {

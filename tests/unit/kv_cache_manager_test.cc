@@ -53,7 +53,7 @@ TEST_F(KvCacheManagerTest, SecondRequestWithTheSamePrefixHits) {
   EXPECT_EQ(cache.num_cached_prefix_tokens("base", std::vector<int32_t>{1, 2, 3, 4, 9, 9}), 4);
   EXPECT_EQ(cache.num_cached_prefix_tokens("base", std::vector<int32_t>{1, 2, 7, 4}), 2);
   KvLease lease = cache.lock_prefix("base", std::vector<int32_t>{1, 2, 3, 4, 9});
-  EXPECT_EQ(lease.num_cached_tokens(), 4);
+  EXPECT_EQ(lease.num_found_tokens(), 4);
   EXPECT_EQ(lease.block_ids(), (Ids{0, 1}));
   ASSERT_TRUE(cache.allocate(lease, 1));
   EXPECT_EQ(lease.block_ids(), (Ids{0, 1, 2}));
@@ -166,7 +166,7 @@ TEST_F(ActivatedKvTest, ActivatedRequestReusesBaseBlocksBeforeItsStart) {
   const KvKey key = activated_kv_key("x", 37, 16);  // branches at block 2
   EXPECT_EQ(cache.num_cached_prefix_tokens(key, tokens), 32);
   KvLease lease = cache.lock_prefix(key, tokens);
-  EXPECT_EQ(lease.num_cached_tokens(), 32);
+  EXPECT_EQ(lease.num_found_tokens(), 32);
   EXPECT_EQ(lease.block_ids(), (Ids{0, 1}));
   EXPECT_EQ(lease.kv_key(), key);
   ASSERT_TRUE(cache.allocate(lease, 2));
@@ -194,7 +194,7 @@ TEST_F(ActivatedKvTest, BaseRequestReusesTheActivatedRequestsPreInvocationBlocks
 
   // While the activated request still runs, and after it finished.
   KvLease base = cache.lock_prefix("base", tokens);
-  EXPECT_EQ(base.num_cached_tokens(), 32);
+  EXPECT_EQ(base.num_found_tokens(), 32);
   EXPECT_EQ(base.block_ids(), (Ids{0, 1}));
   ASSERT_TRUE(cache.allocate(base, 2));
   EXPECT_EQ(base.block_ids(), (Ids{0, 1, 4, 5}));

@@ -159,7 +159,7 @@ TEST(KvHostTierTest, OffloadEvictLoadRoundTrip) {
   EXPECT_EQ(cache.kv.integrity_error(), "");
   lease = cache.kv.lock_prefix(cache.key, a);
   EXPECT_EQ(lease.block_ids(), (Ids{1, 2, 3}));
-  EXPECT_EQ(lease.num_cached_tokens(), 12);
+  EXPECT_EQ(lease.num_found_tokens(), 12);
   EXPECT_EQ(cache.host_ids(a), (Ids{0, 1, 2}));  // the host copy stays: evicting again needs no copy
   stats = cache.kv.stats();
   EXPECT_EQ(stats.num_loaded_blocks, 3);
@@ -249,7 +249,7 @@ TEST(KvHostTierTest, FailedOffloadLeavesNoBackupAndFailedLoadDropsTheHostCopies)
   EXPECT_EQ(cache.kv.integrity_error(), "");
   // The suspect host copies are gone: only the device block is left to reuse.
   EXPECT_EQ(as_vector(cache.status(a)), (std::vector<int32_t>{4, 0, 0}));
-  EXPECT_EQ(cache.kv.lock_prefix(cache.key, a).num_cached_tokens(), 4);
+  EXPECT_EQ(cache.kv.lock_prefix(cache.key, a).num_found_tokens(), 4);
   stats = cache.kv.stats();
   EXPECT_EQ(stats.num_failed_transfers, 2);
   EXPECT_EQ(stats.num_loaded_blocks, 0);

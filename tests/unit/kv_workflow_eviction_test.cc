@@ -34,7 +34,7 @@ class LabeledCache {
     std::vector<KvTokenId> tokens = fixed;
     tokens.insert(tokens.end(), dynamic.begin(), dynamic.end());
     KvLease lease = kv.lock_prefix(kv_namespace, tokens);
-    last_num_cached_tokens = lease.num_cached_tokens();
+    last_num_cached_tokens = lease.num_found_tokens();
     const Labels predicted = labels(kv.eviction_order());
     const int32_t num_needed = static_cast<int32_t>(tokens.size()) / kBlock - lease.num_blocks();
     std::vector<int32_t> cached_before;

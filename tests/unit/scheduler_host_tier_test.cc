@@ -28,7 +28,7 @@ Tokens prompt(int32_t length, int32_t seed) {
 // test decides when planned transfers run (copy + finish_transfer).
 class Harness {
  public:
-  Harness(int32_t num_blocks, int32_t num_host_blocks) : cache(num_blocks, kBlockSize), scheduler(config(), cache) {
+  Harness(int32_t num_blocks, int32_t num_host_blocks) : kv_caches(num_blocks, 0, kBlockSize), scheduler(config(), kv_caches) {
     backend.allocate_kv_cache({num_blocks, kBlockSize});
     if (num_host_blocks > 0) {
       backend.allocate_host_kv_cache(KvPoolKind::kMain, num_host_blocks);
@@ -72,8 +72,8 @@ class Harness {
     return static_cast<int32_t>(pending_.size());
   }
 
-  StepPlan step() {
-    StepPlan plan = scheduler.plan();
+  ScheduledBatch step() {
+    ScheduledBatch plan = scheduler.plan();
     if (!plan.empty()) {
       const Batch batch = build_batch(plan, scheduler, [](SchedulerRequestId) { return -1; });
       const ForwardResult result = backend.forward(batch);
@@ -103,7 +103,8 @@ class Harness {
     ASSERT_FALSE(scheduler.has_work());
   }
 
-  KvCacheManager cache;
+  KvCacheGroup kv_caches;
+  KvCacheManager& cache = kv_caches.main();
   Scheduler scheduler;
   test::FakeBackend backend;
   std::map<SchedulerRequestId, Tokens> outputs;
@@ -143,7 +144,7 @@ TEST(SchedulerHostTierTest, LoadingRequestWaitsWhileOthersRunThenHitsItsWholePre
   h.add(1, with_suffix, 3);
   h.add(2, prompt(6, 2), 2);  // arrives later, nothing cached
 
-  StepPlan plan = h.step();  // 1 starts its load and waits; 2 passes it
+  ScheduledBatch plan = h.step();  // 1 starts its load and waits; 2 passes it
   EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
   ASSERT_EQ(plan.requests.size(), 1u);
   EXPECT_EQ(plan.requests[0].id, 2);
@@ -173,7 +174,7 @@ TEST(SchedulerHostTierTest, FailedLoadFallsBackToRecompute) {
   h.add(1, with_suffix, 2);
   EXPECT_EQ(h.step().waiting_on_load, std::vector<SchedulerRequestId>{1});
   h.run_transfers(std::nullopt, /*succeed=*/false);
-  const StepPlan plan = h.step();
+  const ScheduledBatch plan = h.step();
   EXPECT_TRUE(plan.waiting_on_load.empty());
   EXPECT_EQ(h.prefix_hits.at(1), 0);  // the suspect host copies are gone: recompute
   h.run_to_completion();
@@ -198,7 +199,7 @@ TEST(SchedulerHostTierTest, CancelledWhileLoadingLeaksNothing) {
   EXPECT_EQ(stats.num_cached_blocks, 3);  // the loaded prefix stays cached for the next request
   // ... which hits it without loading again.
   h.add(2, with_suffix, 2);
-  const StepPlan plan = h.step();
+  const ScheduledBatch plan = h.step();
   EXPECT_TRUE(plan.waiting_on_load.empty());
   EXPECT_EQ(h.prefix_hits.at(2), 12);
   h.run_to_completion();

@@ -28,42 +28,42 @@ Tokens concat(Tokens a, const Tokens& b) {
   a.insert(a.end(), b.begin(), b.end());
   return a;
 }
-SchedulerRequestKv forked_kv(const std::string& adapter) {
+RequestKvKeys forked_kv(const std::string& adapter) {
   return {KvKey::single(kForkedBaseKvNamespace), residual_kv_namespace(adapter)};
 }
-SchedulerRequestKv plain_kv(KvKey key) { return {std::move(key), ""}; }
+RequestKvKeys plain_kv(KvKey key) { return {std::move(key), ""}; }
 
 // Plays the engine without a backend: every sampled token is appended until
 // the request has its max_new_tokens.
 class Harness {
  public:
   Harness(int32_t num_blocks, int32_t num_residual_blocks, int32_t block_size, SchedulerConfig config)
-      : cache(num_blocks, block_size), residual(num_residual_blocks, block_size), scheduler(config, cache, &residual) {}
+      : kv_caches(num_blocks, num_residual_blocks, block_size), scheduler(config, kv_caches) {}
   ~Harness() {
     EXPECT_EQ(cache.integrity_error(), "");
     EXPECT_EQ(residual.integrity_error(), "");
   }
 
   void add(SchedulerRequestId id, const Tokens& tokens, int32_t max_new_tokens, const std::string& adapter,
-           SchedulerRequestKv kv, int32_t priority = 0) {
+           RequestKvKeys kv, int32_t priority = 0) {
     max_new_tokens_[id] = max_new_tokens;
     forked_[id] = !kv.residual_namespace.empty();
     scheduler.add(id, tokens, adapter, std::move(kv), priority);
   }
 
-  StepPlan step() {
-    StepPlan plan = scheduler.plan();
+  ScheduledBatch step() {
+    ScheduledBatch plan = scheduler.plan();
     for (const ScheduledRequest& entry : plan.requests) {
       if (entry.num_prefix_hit_tokens >= 0) prefix_hits[entry.id] = entry.num_prefix_hit_tokens;
       if (!forked_.at(entry.id)) {
-        EXPECT_EQ(entry.num_kv_present_tokens, entry.num_cached_tokens);
+        EXPECT_EQ(entry.num_kv_present_tokens, entry.num_computed_tokens);
         EXPECT_TRUE(entry.residual_block_ids.empty());
         EXPECT_EQ(entry.num_residual_present_tokens, 0);
       } else {
-        EXPECT_GE(entry.num_kv_present_tokens, entry.num_cached_tokens);
-        EXPECT_GE(entry.num_residual_present_tokens, entry.num_cached_tokens);
+        EXPECT_GE(entry.num_kv_present_tokens, entry.num_computed_tokens);
+        EXPECT_GE(entry.num_residual_present_tokens, entry.num_computed_tokens);
         EXPECT_GE(static_cast<int32_t>(entry.residual_block_ids.size()) * residual.block_size(),
-                  entry.num_cached_tokens + entry.num_new_tokens);
+                  entry.num_computed_tokens + entry.num_new_tokens);
       }
     }
     scheduler.complete_step(plan);
@@ -86,8 +86,9 @@ class Harness {
     EXPECT_FALSE(scheduler.has_work());
   }
 
-  KvCacheManager cache;
-  KvCacheManager residual;
+  KvCacheGroup kv_caches;
+  KvCacheManager& cache = kv_caches.main();
+  KvCacheManager& residual = *kv_caches.residual();
   Scheduler scheduler;
   std::map<SchedulerRequestId, Tokens> outputs;
   std::map<SchedulerRequestId, int32_t> prefix_hits;
@@ -97,7 +98,7 @@ class Harness {
   std::map<SchedulerRequestId, bool> forked_;
 };
 
-const ScheduledRequest& only(const StepPlan& plan) {
+const ScheduledRequest& only(const ScheduledBatch& plan) {
   EXPECT_EQ(plan.requests.size(), 1u);
   return plan.requests.at(0);
 }
@@ -112,7 +113,7 @@ TEST(SchedulerSharingTest, ActivatedAndBaseRequestsShareBlocksBeforeTheStart) {
   harness.add(2, first, 2, "x", plain_kv(key));
   const ScheduledRequest entry = only(harness.step());
   EXPECT_EQ(entry.num_prefix_hit_tokens, 32);
-  EXPECT_EQ(entry.num_cached_tokens, 32);
+  EXPECT_EQ(entry.num_computed_tokens, 32);
   EXPECT_EQ(entry.block_ids, (Ids{0, 1, 4, 5}));
   harness.run_to_end();
   // aLoRA -> base on another prompt.
@@ -134,7 +135,7 @@ TEST(SchedulerSharingTest, SecondForkedAgentInheritsTheBaseCacheAndAllocatesResi
   const Tokens context = make_tokens(12, 1);
   harness.add(1, concat(context, {50}), 1, "A", forked_kv("A"));
   const ScheduledRequest first = only(harness.step());
-  EXPECT_EQ(first.num_cached_tokens, 0);
+  EXPECT_EQ(first.num_computed_tokens, 0);
   EXPECT_EQ(first.num_new_tokens, 13);
   EXPECT_EQ(first.block_ids, (Ids{0, 1, 2, 3}));
   EXPECT_EQ(first.residual_block_ids, (Ids{0, 1, 2, 3}));
@@ -147,7 +148,7 @@ TEST(SchedulerSharingTest, SecondForkedAgentInheritsTheBaseCacheAndAllocatesResi
   harness.add(2, concat(context, {60}), 2, "B", forked_kv("B"));
   const ScheduledRequest second = only(harness.step());
   EXPECT_EQ(second.num_prefix_hit_tokens, 0);
-  EXPECT_EQ(second.num_cached_tokens, 0);  // no rCache of B yet: the forward runs over everything
+  EXPECT_EQ(second.num_computed_tokens, 0);  // no rCache of B yet: the forward runs over everything
   EXPECT_EQ(second.num_new_tokens, 13);
   EXPECT_EQ(second.block_ids, (Ids{0, 1, 2, 3}));  // A's bCache blocks + one for the last token
   EXPECT_EQ(second.num_kv_present_tokens, 12);     // ... which B must not write
@@ -158,7 +159,7 @@ TEST(SchedulerSharingTest, SecondForkedAgentInheritsTheBaseCacheAndAllocatesResi
   EXPECT_EQ(harness.residual.stats().num_free_blocks, 9);
 
   const ScheduledRequest decode = only(harness.step());
-  EXPECT_EQ(decode.num_cached_tokens, 13);
+  EXPECT_EQ(decode.num_computed_tokens, 13);
   EXPECT_EQ(decode.num_new_tokens, 1);
   EXPECT_EQ(decode.num_kv_present_tokens, 13);
   EXPECT_EQ(decode.num_residual_present_tokens, 13);
@@ -185,7 +186,7 @@ TEST(SchedulerSharingTest, BaseCacheEvictedWhileResidualSurvivesRecomputesWithou
       {0, {0}, {0, 1, 2}}, {4, {0, 1}, {0, 1, 2}}, {8, {0, 1, 2}, {0, 1, 2}}, {12, {0, 1, 2, 3}, {0, 1, 2, 3}}};
   for (const Expected& expected : steps) {
     const ScheduledRequest entry = only(harness.step());
-    EXPECT_EQ(entry.num_cached_tokens, expected.num_cached);
+    EXPECT_EQ(entry.num_computed_tokens, expected.num_cached);
     EXPECT_EQ(entry.block_ids, expected.block_ids);
     EXPECT_EQ(entry.residual_block_ids, expected.residual_block_ids);
     EXPECT_EQ(entry.num_kv_present_tokens, expected.num_cached);
@@ -205,7 +206,7 @@ TEST(SchedulerSharingTest, ResidualEvictedWhileBaseCacheSurvivesRecomputesWithou
 
   harness.add(2, tokens, 1, "A", forked_kv("A"));
   const ScheduledRequest entry = only(harness.step());
-  EXPECT_EQ(entry.num_cached_tokens, 0);
+  EXPECT_EQ(entry.num_computed_tokens, 0);
   EXPECT_EQ(entry.num_new_tokens, 13);
   EXPECT_EQ(entry.block_ids, (Ids{0, 1, 2, 3}));
   EXPECT_EQ(entry.num_kv_present_tokens, 12);
@@ -219,7 +220,7 @@ TEST(SchedulerSharingTest, ShortResidualPoolPreemptsAForkedRequest) {
   harness.add(1, make_tokens(8, 1), 3, "A", forked_kv("A"));
   harness.add(2, make_tokens(8, 2), 3, "B", forked_kv("B"));
   harness.add(3, make_tokens(8, 3), 3, "", plain_kv(KvKey::single("base")), /*priority=*/5);
-  StepPlan plan = harness.step();
+  ScheduledBatch plan = harness.step();
   ASSERT_EQ(plan.requests.size(), 3u);
   EXPECT_EQ(plan.requests[0].residual_block_ids, (Ids{0, 1}));
   EXPECT_EQ(plan.requests[1].residual_block_ids, (Ids{2, 3}));
@@ -246,7 +247,7 @@ TEST(SchedulerSharingTest, ForkedRequestWaitsWhenTheResidualPoolCannotHoldItsPro
   Harness harness(32, 2, 4, {});
   harness.add(1, make_tokens(12, 1), 1, "A", forked_kv("A"));  // needs 3 rCache blocks of 2
   harness.add(2, make_tokens(8, 2), 1, "", plain_kv(KvKey::single("base")), /*priority=*/1);
-  StepPlan plan = harness.step();
+  ScheduledBatch plan = harness.step();
   // FCFS: the forked request blocks admission of the later one.
   EXPECT_TRUE(plan.requests.empty());
   EXPECT_EQ(harness.scheduler.num_waiting(), 2);
@@ -262,9 +263,8 @@ TEST(SchedulerSharingTest, ForkedRequestWaitsWhenTheResidualPoolCannotHoldItsPro
 class BatchHarness {
  public:
   BatchHarness(int32_t num_blocks, int32_t num_residual_blocks, int32_t block_size, SchedulerConfig config)
-      : cache(num_blocks, block_size),
-        residual(num_residual_blocks, block_size),
-        scheduler(config, cache, &residual),
+      : kv_caches(num_blocks, num_residual_blocks, block_size),
+        scheduler(config, kv_caches),
         block_size_(block_size) {
     backend.allocate_kv_cache({num_blocks, block_size});
     backend.allocate_residual_cache({num_residual_blocks, block_size, 16});
@@ -279,7 +279,7 @@ class BatchHarness {
            SequenceSharing sharing) {
     max_new_tokens_[id] = max_new_tokens;
     sharing_[id] = sharing;
-    SchedulerRequestKv kv{KvKey::single(kBaseKvNamespace), ""};
+    RequestKvKeys kv{KvKey::single(kBaseKvNamespace), ""};
     if (sharing.adapter_slot >= 0) {
       switch (sharing.sharing) {
         case KvSharing::kIsolated: kv.key = KvKey::single(isolated_kv_namespace(adapter)); break;
@@ -297,7 +297,7 @@ class BatchHarness {
   }
 
   void step() {
-    const StepPlan plan = scheduler.plan();
+    const ScheduledBatch plan = scheduler.plan();
     const Batch batch = build_batch(plan, scheduler, [&](SchedulerRequestId id) { return sharing_.at(id); });
     const ForwardResult result = backend.forward(batch);
     scheduler.complete_step(plan);
@@ -317,8 +317,9 @@ class BatchHarness {
     EXPECT_EQ(residual.integrity_error(), "");
   }
 
-  KvCacheManager cache;
-  KvCacheManager residual;
+  KvCacheGroup kv_caches;
+  KvCacheManager& cache = kv_caches.main();
+  KvCacheManager& residual = *kv_caches.residual();
   Scheduler scheduler;
   test::FakeBackend backend;
   std::map<SchedulerRequestId, Tokens> outputs;

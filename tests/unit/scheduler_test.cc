@@ -25,7 +25,7 @@ std::vector<int32_t> prompt(int32_t length, int32_t seed) {
 class Harness {
  public:
   Harness(int32_t num_blocks, int32_t block_size, SchedulerConfig config)
-      : cache(num_blocks, block_size), scheduler(config, cache) {
+      : kv_caches(num_blocks, 0, block_size), scheduler(config, kv_caches) {
     backend.allocate_kv_cache({num_blocks, block_size});
   }
   ~Harness() { EXPECT_EQ(cache.integrity_error(), ""); }
@@ -37,8 +37,8 @@ class Harness {
     scheduler.add(id, tokens, adapter, kv_namespace_for_adapter(adapter), priority);
   }
 
-  StepPlan step() {
-    StepPlan plan = scheduler.plan();
+  ScheduledBatch step() {
+    ScheduledBatch plan = scheduler.plan();
     const Batch batch = build_batch(plan, scheduler, [&](SchedulerRequestId id) { return slots_.at(id); });
     const ForwardResult result = backend.forward(batch);
     scheduler.complete_step(plan);
@@ -58,14 +58,15 @@ class Harness {
     return plan;
   }
 
-  std::vector<StepPlan> run_to_end() {
-    std::vector<StepPlan> plans;
+  std::vector<ScheduledBatch> run_to_end() {
+    std::vector<ScheduledBatch> plans;
     for (int guard = 0; scheduler.has_work() && guard < 10000; ++guard) plans.push_back(step());
     EXPECT_FALSE(scheduler.has_work());
     return plans;
   }
 
-  KvCacheManager cache;
+  KvCacheGroup kv_caches;
+  KvCacheManager& cache = kv_caches.main();
   Scheduler scheduler;
   test::FakeBackend backend;
   std::map<SchedulerRequestId, Tokens> outputs;
@@ -83,7 +84,7 @@ Tokens run_alone(const Tokens& tokens, int32_t max_new_tokens, const std::string
   return harness.outputs[1];
 }
 
-std::vector<int32_t> new_token_counts(const StepPlan& plan) {
+std::vector<int32_t> new_token_counts(const ScheduledBatch& plan) {
   std::vector<int32_t> counts;
   for (const auto& entry : plan.requests) counts.push_back(entry.num_new_tokens);
   return counts;
@@ -98,7 +99,7 @@ TEST(SchedulerTest, ChunkedPrefillSplitsByTheTokenBudget) {
   EXPECT_EQ(plans[0].requests[0].block_ids, (std::vector<int32_t>{0}));
   EXPECT_FALSE(plans[0].requests[0].samples_next_token);
   EXPECT_EQ(new_token_counts(plans[1]), (std::vector<int32_t>{4}));
-  EXPECT_EQ(plans[1].requests[0].num_cached_tokens, 4);
+  EXPECT_EQ(plans[1].requests[0].num_computed_tokens, 4);
   EXPECT_EQ(new_token_counts(plans[2]), (std::vector<int32_t>{2}));
   EXPECT_TRUE(plans[2].requests[0].samples_next_token);
   EXPECT_EQ(plans[2].requests[0].block_ids, (std::vector<int32_t>{0, 1, 2}));
@@ -111,7 +112,7 @@ TEST(SchedulerTest, DecodesGoFirstAndPrefillTakesTheRest) {
   harness.add(1, prompt(3, 1), 4);
   harness.step();  // request 1 prefilled, now decoding
   harness.add(2, prompt(12, 2), 2);
-  const StepPlan plan = harness.step();
+  const ScheduledBatch plan = harness.step();
   ASSERT_EQ(plan.requests.size(), 2u);
   EXPECT_EQ(plan.requests[0].id, 1);
   EXPECT_EQ(plan.requests[0].num_new_tokens, 1);
@@ -159,7 +160,7 @@ TEST(SchedulerTest, PriorityPicksWhoRunsAndWhoIsPreempted) {
   Harness harness(6, 4, {.max_running_requests = 1});
   harness.add(1, prompt(5, 6), 2, "", 5);
   harness.add(2, prompt(5, 7), 2, "", 1);
-  StepPlan plan = harness.step();
+  ScheduledBatch plan = harness.step();
   ASSERT_EQ(plan.requests.size(), 1u);
   EXPECT_EQ(plan.requests[0].id, 2);  // lower value first, despite arriving later
   harness.run_to_end();
@@ -181,7 +182,7 @@ TEST(SchedulerTest, MaxLorasPerBatchIsRespected) {
   harness.add(3, prompt(6, 3), 4, "ccc");  // waits: a third adapter
   harness.add(4, prompt(6, 4), 4, "a");    // passes it: adapter a already runs
   harness.add(5, prompt(6, 5), 4, "");     // the base model does not count
-  const StepPlan first = harness.step();
+  const ScheduledBatch first = harness.step();
   std::set<SchedulerRequestId> admitted;
   for (const auto& entry : first.requests) admitted.insert(entry.id);
   EXPECT_EQ(admitted, (std::set<SchedulerRequestId>{1, 2, 4, 5}));
@@ -208,7 +209,7 @@ TEST(SchedulerTest, AWaitingRequestWithoutRoomBlocksLaterOnes) {
   harness.add(1, prompt(12, 1), 2);  // 3 blocks
   harness.add(2, prompt(8, 2), 2);   // 2 blocks: only 1 left
   harness.add(3, prompt(2, 3), 2);   // would fit, but FCFS keeps it behind request 2
-  const StepPlan first = harness.step();
+  const ScheduledBatch first = harness.step();
   ASSERT_EQ(first.requests.size(), 1u);
   EXPECT_EQ(first.requests[0].id, 1);
   EXPECT_EQ(first.requests[0].block_ids, (std::vector<int32_t>{0, 1, 2}));

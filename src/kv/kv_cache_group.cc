@@ -1,0 +1,146 @@
+#include "kv/kv_cache_group.h"
+
+#include <algorithm>
+
+#include "util/error.h"
+
+namespace loom {
+
+const char* kv_cache_name(KvCacheId id) { return id == KvCacheId::kMain ? "main" : "residual"; }
+
+KvKey RequestKvKeys::key_in(KvCacheId id) const {
+  LOOM_CHECK(uses(id));
+  return id == KvCacheId::kMain ? key : KvKey::single(residual_namespace);
+}
+
+int32_t RequestLeases::num_found_tokens() const {
+  std::optional<int32_t> found;
+  for (KvCacheId id : kAllKvCaches)
+    if (leases_[id].active()) found = std::min(found.value_or(leases_[id].num_found_tokens()), leases_[id].num_found_tokens());
+  return found.value_or(0);
+}
+
+void RequestLeases::release() {
+  for (KvCacheId id : kAllKvCaches) leases_[id].release();
+}
+
+KvCacheGroup::KvCacheGroup(int32_t num_main_blocks, int32_t num_residual_blocks, int32_t block_size)
+    : block_size_(block_size) {
+  members_[KvCacheId::kMain] = std::make_unique<KvCacheManager>(num_main_blocks, block_size);
+  if (num_residual_blocks > 0)
+    members_[KvCacheId::kResidual] = std::make_unique<KvCacheManager>(num_residual_blocks, block_size);
+}
+
+KvCacheManager& KvCacheGroup::operator[](KvCacheId id) {
+  LOOM_CHECK(has(id));
+  return *members_[id];
+}
+
+const KvCacheManager& KvCacheGroup::operator[](KvCacheId id) const {
+  LOOM_CHECK(has(id));
+  return *members_[id];
+}
+
+void KvCacheGroup::for_each(const std::function<void(KvCacheId, KvCacheManager&)>& fn) {
+  for (KvCacheId id : kAllKvCaches)
+    if (has(id)) fn(id, *members_[id]);
+}
+
+void KvCacheGroup::for_each(const std::function<void(KvCacheId, const KvCacheManager&)>& fn) const {
+  for (KvCacheId id : kAllKvCaches)
+    if (has(id)) fn(id, *members_[id]);
+}
+
+bool KvCacheGroup::can_hold(const RequestKvKeys& keys) const {
+  return std::all_of(kAllKvCaches.begin(), kAllKvCaches.end(), [&](KvCacheId id) { return !keys.uses(id) || has(id); });
+}
+
+RequestLeases KvCacheGroup::lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
+  LOOM_CHECK(can_hold(keys));
+  RequestLeases leases;
+  for (KvCacheId id : kAllKvCaches)
+    if (keys.uses(id)) leases[id] = members_[id]->lock_prefix(keys.key_in(id), tokens);
+  return leases;
+}
+
+KvBlockCounts KvCacheGroup::num_blocks_needed(const RequestKvKeys& keys, const RequestLeases& leases,
+                                             int32_t num_tokens) const {
+  KvBlockCounts counts;
+  const int32_t num_blocks = (num_tokens + block_size_ - 1) / block_size_;
+  for (KvCacheId id : kAllKvCaches)
+    if (keys.uses(id)) counts[id] = std::max(0, num_blocks - leases[id].num_blocks());
+  return counts;
+}
+
+PerKvCache<bool> KvCacheGroup::short_members(const KvBlockCounts& counts) const {
+  PerKvCache<bool> is_short;
+  for (KvCacheId id : kAllKvCaches)
+    if (counts[id] > 0) is_short[id] = !has(id) || !members_[id]->can_allocate(counts[id]);
+  return is_short;
+}
+
+bool KvCacheGroup::can_allocate(const KvBlockCounts& counts) const {
+  const PerKvCache<bool> is_short = short_members(counts);
+  return std::none_of(is_short.values.begin(), is_short.values.end(), [](bool b) { return b; });
+}
+
+bool KvCacheGroup::allocate(RequestLeases& leases, const KvBlockCounts& counts) {
+  if (!can_allocate(counts)) return false;
+  for (KvCacheId id : kAllKvCaches)
+    if (leases[id].active()) LOOM_CHECK(members_[id]->allocate(leases[id], counts[id]));
+  return true;
+}
+
+void KvCacheGroup::commit(RequestLeases& leases, std::span<const KvTokenId> tokens, int32_t num_computed_tokens) {
+  for (KvCacheId id : kAllKvCaches)
+    if (leases[id].active()) members_[id]->commit(leases[id], tokens, num_computed_tokens);
+}
+
+void KvCacheGroup::set_eviction_policy(KvEvictionPolicy policy) {
+  for_each([&](KvCacheId, KvCacheManager& member) { member.set_eviction_policy(policy); });
+}
+
+void KvCacheGroup::set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key) {
+  for_each([&](KvCacheId, KvCacheManager& member) { member.set_agent_steps(steps_by_agent_key); });
+}
+
+void KvCacheGroup::forget_agents(const std::function<bool(const std::string&)>& matches) {
+  for_each([&](KvCacheId, KvCacheManager& member) { member.forget_agents(matches); });
+}
+
+void KvCacheGroup::set_agent_fixed_prefix(const std::string& agent_key, const RequestKvKeys& keys,
+                                          std::span<const KvTokenId> tokens, int32_t num_fixed_tokens) {
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    if (keys.uses(id)) member.set_agent_fixed_prefix(agent_key, keys.key_in(id), tokens, num_fixed_tokens);
+  });
+}
+
+int32_t KvCacheGroup::drop_namespaces(const std::function<bool(const std::string&)>& matches) {
+  int32_t num_freed = 0;
+  for_each([&](KvCacheId, KvCacheManager& member) { num_freed += member.drop_namespaces(matches); });
+  return num_freed;
+}
+
+int32_t KvCacheGroup::evict_all_cached() {
+  int32_t num_evicted = 0;
+  for_each([&](KvCacheId, KvCacheManager& member) { num_evicted += member.evict_all_cached(); });
+  return num_evicted;
+}
+
+PerKvCache<KvCacheStats> KvCacheGroup::stats() const {
+  PerKvCache<KvCacheStats> stats;
+  for_each([&](KvCacheId id, const KvCacheManager& member) { stats[id] = member.stats(); });
+  return stats;
+}
+
+std::string KvCacheGroup::integrity_error() const {
+  std::string problem;
+  for_each([&](KvCacheId id, const KvCacheManager& member) {
+    if (!problem.empty()) return;
+    const std::string member_problem = member.integrity_error();
+    if (!member_problem.empty()) problem = std::string(kv_cache_name(id)) + " KV cache: " + member_problem;
+  });
+  return problem;
+}
+
+}  // namespace loom

@@ -1,0 +1,138 @@
+// The KV caches one engine keeps, as one group: the main cache (K/V, or
+// ForkKV's shared bCache) and, when forked adapters are served, the residual
+// cache (their rCache). Each member is a KvCacheManager over its own block
+// pool; a request holds one lease per member it uses (RequestLeases).
+//
+// As vLLM's KVCacheBlocks[group][block], one type stands for several caches:
+// the scheduler and the engine say "how many blocks does this request need",
+// "allocate", "commit", "drop this adapter's namespaces" once, and the group
+// applies it to every member the request (or the engine) uses. A further cache
+// (a cross-layer cache, a disk-backed pool) is a new KvCacheId, not new
+// branches in the callers.
+//
+//   member      KvCacheId   key of a request's blocks     present
+//   main        kMain       RequestKvKeys::key            always
+//   residual    kResidual   RequestKvKeys::residual_namespace ("resid/NAME")
+//                                                          with num_residual_blocks > 0
+//
+// The members evict independently (ForkKV's decoupled LRU): a forked request's
+// two prefix hits may differ in length (RequestLeases::num_found_tokens).
+// The host tier (enable_host_tier, transfers) exists on the main member only.
+//
+// Thread: engine thread only. The group must outlive every RequestLeases.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+
+#include "kv/kv_cache_manager.h"
+
+namespace loom {
+
+enum class KvCacheId : uint8_t { kMain = 0, kResidual = 1 };
+inline constexpr size_t kNumKvCaches = 2;
+inline constexpr std::array<KvCacheId, kNumKvCaches> kAllKvCaches{KvCacheId::kMain, KvCacheId::kResidual};
+const char* kv_cache_name(KvCacheId id);  // "main", "residual"
+
+// One value per member, indexed by KvCacheId.
+template <typename T>
+struct PerKvCache {
+  std::array<T, kNumKvCaches> values{};
+  T& operator[](KvCacheId id) { return values[static_cast<size_t>(id)]; }
+  const T& operator[](KvCacheId id) const { return values[static_cast<size_t>(id)]; }
+  bool operator==(const PerKvCache&) const = default;
+};
+
+// Blocks per member (what a step needs, or frees).
+using KvBlockCounts = PerKvCache<int32_t>;
+
+// How one request's blocks are keyed in each member it uses (built by the
+// engine from the adapter's KV sharing mode, engine/request_kv.h).
+struct RequestKvKeys {
+  KvKey key;                       // main member (for forked: the shared bCache, "fork")
+  std::string residual_namespace;  // residual member, forked only ("resid/NAME"); "" = not used
+
+  bool uses(KvCacheId id) const { return id == KvCacheId::kMain || !residual_namespace.empty(); }
+  // The key in member `id`. Precondition: uses(id).
+  KvKey key_in(KvCacheId id) const;
+};
+
+// A request's leases, one per member it uses. Move-only; releases every
+// lease when destroyed.
+class RequestLeases {
+ public:
+  KvLease& operator[](KvCacheId id) { return leases_[id]; }
+  const KvLease& operator[](KvCacheId id) const { return leases_[id]; }
+  // Tokens found cached in every member it holds at lock_prefix: the prefix
+  // the request need not compute (min over members; 0 when it holds none).
+  int32_t num_found_tokens() const;
+  void release();
+
+ private:
+  PerKvCache<KvLease> leases_;
+};
+
+class KvCacheGroup {
+ public:
+  // num_residual_blocks == 0: no residual member.
+  KvCacheGroup(int32_t num_main_blocks, int32_t num_residual_blocks, int32_t block_size);
+  KvCacheGroup(const KvCacheGroup&) = delete;
+  KvCacheGroup& operator=(const KvCacheGroup&) = delete;
+
+  int32_t block_size() const { return block_size_; }
+  bool has(KvCacheId id) const { return members_[id] != nullptr; }
+  // Precondition: has(id).
+  KvCacheManager& operator[](KvCacheId id);
+  const KvCacheManager& operator[](KvCacheId id) const;
+  KvCacheManager& main() { return (*this)[KvCacheId::kMain]; }
+  const KvCacheManager& main() const { return (*this)[KvCacheId::kMain]; }
+  // The residual member, or nullptr without one.
+  KvCacheManager* residual() { return members_[KvCacheId::kResidual].get(); }
+  // Calls fn(id, manager) for every present member, main first.
+  void for_each(const std::function<void(KvCacheId, KvCacheManager&)>& fn);
+  void for_each(const std::function<void(KvCacheId, const KvCacheManager&)>& fn) const;
+  // Whether a request keyed by `keys` can be served (its members exist).
+  bool can_hold(const RequestKvKeys& keys) const;
+
+  // ---- A request's blocks (each applies to the members `keys` uses) ----
+  // Leases over the cached prefix of `tokens` in each member (kv_cache_manager.h lock_prefix).
+  RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // Blocks each member must add so that the leases cover num_tokens tokens.
+  KvBlockCounts num_blocks_needed(const RequestKvKeys& keys, const RequestLeases& leases, int32_t num_tokens) const;
+  // Whether every member can provide its count.
+  bool can_allocate(const KvBlockCounts& counts) const;
+  // Members that cannot provide their count (all false: can_allocate).
+  PerKvCache<bool> short_members(const KvBlockCounts& counts) const;
+  // Adds the blocks. Returns false, changing nothing, when !can_allocate(counts).
+  bool allocate(RequestLeases& leases, const KvBlockCounts& counts);
+  // Commits the full computed blocks of every held lease (kv_cache_manager.h commit).
+  void commit(RequestLeases& leases, std::span<const KvTokenId> tokens, int32_t num_computed_tokens);
+
+  // ---- The engine's operations on every member ----
+  void set_eviction_policy(KvEvictionPolicy policy);
+  void set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key);
+  void forget_agents(const std::function<bool(const std::string&)>& matches);
+  // Declares agent_key's fixed prefix in every member `keys` uses.
+  void set_agent_fixed_prefix(const std::string& agent_key, const RequestKvKeys& keys,
+                              std::span<const KvTokenId> tokens, int32_t num_fixed_tokens);
+  // Drops the matching namespaces in every member; returns device blocks freed.
+  int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
+  // Evicts every cached block of every member (tests).
+  int32_t evict_all_cached();
+  // Per member ({} for an absent one).
+  PerKvCache<KvCacheStats> stats() const;
+  // "" when every member is consistent; else the first problem, naming the member.
+  std::string integrity_error() const;
+
+ private:
+  int32_t block_size_;
+  PerKvCache<std::unique_ptr<KvCacheManager>> members_;
+};
+
+}  // namespace loom
