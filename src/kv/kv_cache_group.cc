@@ -63,6 +63,14 @@ RequestLeases KvCacheGroup::lock_prefix(const RequestKvKeys& keys, std::span<con
   return leases;
 }
 
+RequestLeases KvCacheGroup::hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
+  LOOM_CHECK(can_hold(keys));
+  RequestLeases leases;
+  for (KvCacheId id : kAllKvCaches)
+    if (keys.uses(id)) leases[id] = members_[id]->hold_prefix(keys.key_in(id), tokens);
+  return leases;
+}
+
 KvBlockCounts KvCacheGroup::num_blocks_needed(const RequestKvKeys& keys, const RequestLeases& leases,
                                              int32_t num_tokens) const {
   KvBlockCounts counts;

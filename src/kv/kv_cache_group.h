@@ -103,6 +103,8 @@ class KvCacheGroup {
   // ---- A request's blocks (each applies to the members `keys` uses) ----
   // Leases over the cached prefix of `tokens` in each member (kv_cache_manager.h lock_prefix).
   RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // KvCacheManager::hold_prefix in every member `keys` uses.
+  RequestLeases hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
   // Blocks each member must add so that the leases cover num_tokens tokens.
   KvBlockCounts num_blocks_needed(const RequestKvKeys& keys, const RequestLeases& leases, int32_t num_tokens) const;
   // Whether every member can provide its count.

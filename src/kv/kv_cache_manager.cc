@@ -41,6 +41,14 @@ int32_t KvCacheManager::num_cached_prefix_tokens(const KvKey& kv_key, std::span<
 }
 
 KvLease KvCacheManager::lock_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens) {
+  return reference_prefix(kv_key, tokens, true);
+}
+
+KvLease KvCacheManager::hold_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens) {
+  return reference_prefix(kv_key, tokens, false);
+}
+
+KvLease KvCacheManager::reference_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens, bool mark_used) {
   KvLease lease;
   lease.manager_ = this;
   lease.kv_key_ = kv_key;
@@ -48,19 +56,24 @@ KvLease KvCacheManager::lock_prefix(const KvKey& kv_key, std::span<const KvToken
     pool_.add_ref(node->block_id);
     tree_.on_ref_changed(node->block_id);
     lease.block_ids_.push_back(node->block_id);
-    if (node->loaded_by_prefetch) {  // a prefetched block, ready when first used: in time
+    if (mark_used && node->loaded_by_prefetch) {  // a prefetched block, ready when first used: in time
       node->loaded_by_prefetch = false;
       ++num_prefetch_hit_blocks_;
     }
   }
   lease.num_committed_blocks_ = lease.num_blocks();
   lease.num_found_tokens_ = lease.num_blocks() * block_size();
-  tree_.touch(lease.block_ids_, ++clock_);
+  if (mark_used) tree_.touch(lease.block_ids_, ++clock_);
   return lease;
 }
 
-bool KvCacheManager::can_allocate(int32_t num_blocks) const {
-  return num_blocks <= pool_.num_free_blocks() + tree_.num_cached_blocks();
+int32_t KvCacheManager::num_available_blocks() const { return pool_.num_free_blocks() + tree_.num_cached_blocks(); }
+
+int32_t KvCacheManager::block_ref_count(int32_t block_id) const { return pool_.ref_count(block_id); }
+
+std::vector<const RadixNode*> KvCacheManager::prefix_path(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
+  const std::vector<RadixNode*> path = tree_.match_any_tier(kv_key, tokens);
+  return {path.begin(), path.end()};
 }
 
 bool KvCacheManager::allocate(KvLease& lease, int32_t num_blocks) {

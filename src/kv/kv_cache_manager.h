@@ -121,9 +121,22 @@ class KvCacheManager {
   KvLease lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens) {
     return lock_prefix(KvKey::single(kv_namespace), tokens);
   }
+  // lock_prefix without marking the blocks used (no LRU time, no prefetch
+  // metric): holds them so that nothing evicts them while a planned step is
+  // applied (Scheduler::apply).
+  KvLease hold_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens);
 
   // Whether `num_blocks` more blocks can be had (free + cached).
-  bool can_allocate(int32_t num_blocks) const;
+  bool can_allocate(int32_t num_blocks) const { return num_blocks <= num_available_blocks(); }
+  // Free + cached blocks: what allocate() could hand out now.
+  int32_t num_available_blocks() const;
+  // Read-only views for planning (kv/kv_capacity_ledger.h). References on a
+  // block: leases holding it, plus one per transfer pinning it.
+  int32_t block_ref_count(int32_t block_id) const;
+  // The cached prefix of `tokens` on every tier, root first: [device ...]
+  // [loading ...][host ...] (see "Host tier" below); its leading device-tier
+  // nodes are the blocks lock_prefix would lock. Changes nothing.
+  std::vector<const RadixNode*> prefix_path(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
   // Appends `num_blocks` blocks to the lease, evicting cached leaves if needed
   // (LRU, or as the workflow policy below says). Returns false, changing
   // nothing, when can_allocate is false.
@@ -303,6 +316,7 @@ class KvCacheManager {
   };
 
   void release(KvLease& lease);
+  KvLease reference_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens, bool mark_used);
   // Private (uncommitted) blocks of leases [begin, end) leave or join the per-namespace count.
   void count_private_blocks(const KvLease& lease, int32_t begin, int32_t end, int32_t delta);
   // Evicts one device block into the free list; false when none is evictable.

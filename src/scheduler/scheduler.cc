@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <set>
 
+#include "kv/kv_capacity_ledger.h"
 #include "util/error.h"
 
 namespace loom {
@@ -17,18 +18,15 @@ struct Scheduler::RequestState {
   int32_t num_computed_tokens = 0;
   bool was_admitted = false;
   bool running = false;
-  KvLease lease;
-  KvLease residual_lease;  // forked only
-  // Entries found in each cache at admission (a forked partial hit may find
-  // more than it computes from); what the backend must not write is
-  // max(this, num_computed_tokens).
-  int32_t num_kv_found_tokens = 0;
-  int32_t num_residual_found_tokens = 0;
+  RequestLeases leases;
 
-  bool is_forked() const { return !kv.residual_namespace.empty(); }
-  int32_t num_kv_present_tokens() const { return std::max(num_kv_found_tokens, num_computed_tokens); }
-  int32_t num_residual_present_tokens() const {
-    return is_forked() ? std::max(num_residual_found_tokens, num_computed_tokens) : 0;
+  bool is_forked() const { return kv.uses(KvCacheId::kResidual); }
+  // At least one token must be computed to get logits, so the last token never comes from the cache.
+  std::span<const int32_t> lookup_tokens() const { return std::span<const int32_t>(tokens).first(tokens.size() - 1); }
+  // Entries already holding data, which the backend must not write: a forked
+  // partial hit may find more in one member than it computes from.
+  int32_t num_present_tokens(KvCacheId id) const {
+    return kv.uses(id) ? std::max(leases[id].num_found_tokens(), num_computed_tokens) : 0;
   }
 };
 
@@ -38,8 +36,7 @@ int32_t ScheduledBatch::num_tokens() const {
   return total;
 }
 
-Scheduler::Scheduler(SchedulerConfig config, KvCacheGroup& kv_caches)
-    : config_(config), kv_caches_(kv_caches), kv_cache_(kv_caches.main()), residual_cache_(kv_caches.residual()) {
+Scheduler::Scheduler(SchedulerConfig config, KvCacheGroup& kv_caches) : config_(config), kv_caches_(kv_caches) {
   LOOM_CHECK(config_.max_batch_tokens > 0 && config_.max_running_requests > 0 && config_.max_loras_per_batch > 0);
 }
 
@@ -68,18 +65,10 @@ std::vector<SchedulerRequestId> Scheduler::sorted(const std::vector<SchedulerReq
   return order;
 }
 
-int32_t Scheduler::num_blocks_for(int32_t num_tokens) const {
-  return (num_tokens + kv_cache_.block_size() - 1) / kv_cache_.block_size();
-}
-
-int32_t Scheduler::num_residual_blocks_for(int32_t num_tokens) const {
-  return (num_tokens + residual_cache_->block_size() - 1) / residual_cache_->block_size();
-}
-
-void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter,
-                    RequestKvKeys kv, int32_t priority) {
+void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, RequestKvKeys kv,
+                    int32_t priority) {
   LOOM_CHECK(!prompt_tokens.empty() && requests_.count(id) == 0);
-  LOOM_CHECK(kv.residual_namespace.empty() || residual_cache_ != nullptr);
+  LOOM_CHECK(kv_caches_.can_hold(kv));
   auto request = std::make_unique<RequestState>();
   request->id = id;
   request->tokens = std::move(prompt_tokens);
@@ -91,172 +80,277 @@ void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, s
   waiting_.push_back(id);
 }
 
-void Scheduler::preempt(SchedulerRequestId id, ScheduledBatch& plan, int32_t& budget) {
+// ---- schedule(): the policy, on counts ----
+
+class Scheduler::Planner {
+ public:
+  explicit Planner(const Scheduler& scheduler)
+      : scheduler_(scheduler), kv_caches_(scheduler.kv_caches_), ledger_(scheduler.kv_caches_),
+        budget_(scheduler.config_.max_batch_tokens) {}
+
+  SchedulerDecision run() {
+    plan_running();
+    if (preempted_.empty()) plan_admissions();
+    return std::move(decision_);
+  }
+
+ private:
+  // Policy 1, 2 and 4: running requests, decodes first, each growing by what the budget allows.
+  void plan_running() {
+    std::vector<SchedulerRequestId> order;
+    const std::vector<SchedulerRequestId> ranked = scheduler_.sorted(scheduler_.running_);
+    for (bool decodes : {true, false})
+      for (SchedulerRequestId id : ranked)
+        if ((num_uncomputed(scheduler_.state(id)) == 1) == decodes) order.push_back(id);
+    for (SchedulerRequestId id : order) {
+      if (budget_ == 0) break;
+      if (preempted_.count(id)) continue;
+      const RequestState& request = scheduler_.state(id);
+      LOOM_CHECK(num_uncomputed(request) > 0);
+      const int32_t num_new = std::min(num_uncomputed(request), budget_);
+      const KvBlockCounts num_blocks =
+          kv_caches_.num_blocks_needed(request.kv, request.leases, request.num_computed_tokens + num_new);
+      if (!make_room(id, num_blocks)) continue;
+      ledger_.take(num_blocks);
+      new_blocks_[id] = num_blocks;
+      new_tokens_[id] = num_new;
+      budget_ -= num_new;
+      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, 0});
+    }
+  }
+
+  // Preempts the worst-ranked running requests until `num_blocks` can be had;
+  // false when the request itself was the victim.
+  bool make_room(SchedulerRequestId id, const KvBlockCounts& num_blocks) {
+    for (;;) {
+      const PerKvCache<bool> is_short = ledger_.short_members(num_blocks);
+      if (!is_short[KvCacheId::kMain] && !is_short[KvCacheId::kResidual]) return true;
+      const SchedulerRequestId victim = choose_victim(is_short[KvCacheId::kMain]);
+      preempt(victim);
+      if (victim == id) return false;
+    }
+  }
+
+  // Preempting a request that holds no rCache cannot help a short residual pool,
+  // so then the victim is the worst-ranked forked request (the asking one at worst).
+  SchedulerRequestId choose_victim(bool is_main_short) const {
+    const std::vector<SchedulerRequestId> order = scheduler_.sorted(scheduler_.running_);
+    for (auto it = order.rbegin(); it != order.rend(); ++it)
+      if (!preempted_.count(*it) && (is_main_short || scheduler_.state(*it).is_forked())) return *it;
+    LOOM_CHECK(false);
+    return order.back();
+  }
+
+  void preempt(SchedulerRequestId id) {
+    const RequestState& request = scheduler_.state(id);
+    for (KvCacheId member : kAllKvCaches)
+      if (request.kv.uses(member)) ledger_.drop_refs(member, request.leases[member].block_ids());
+    if (auto it = new_blocks_.find(id); it != new_blocks_.end()) {  // scheduled earlier in this step
+      ledger_.give_back(it->second);
+      budget_ += new_tokens_.at(id);
+    }
+    preempted_.insert(id);
+    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, 0});
+  }
+
+  // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
+  void plan_admissions() {
+    std::set<std::string> adapters;
+    for (SchedulerRequestId id : scheduler_.running_)
+      if (!scheduler_.state(id).adapter.empty()) adapters.insert(scheduler_.state(id).adapter);
+    int32_t num_running = scheduler_.num_running();
+    for (SchedulerRequestId id : scheduler_.sorted(scheduler_.waiting_)) {
+      if (budget_ == 0 || num_running >= scheduler_.config_.max_running_requests) break;
+      const RequestState& request = scheduler_.state(id);
+      if (!request.adapter.empty() && adapters.count(request.adapter) == 0 &&
+          static_cast<int32_t>(adapters.size()) >= scheduler_.config_.max_loras_per_batch)
+        continue;
+      if (kv_caches_.main().has_host_tier() && waits_on_load(request)) continue;
+      if (!admit(request)) {
+        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, 0});
+        break;
+      }
+      ++num_running;
+      if (!request.adapter.empty()) adapters.insert(request.adapter);
+    }
+  }
+
+  // Policy 6. Adds the kWaitOnLoad / kStartLoad action when the request waits.
+  bool waits_on_load(const RequestState& request) {
+    const std::vector<const RadixNode*> path = kv_caches_.main().prefix_path(request.kv.key, request.lookup_tokens());
+    std::vector<int32_t> device_blocks;  // [device ...][loading ...][host ...]
+    size_t next = 0;
+    for (; next < path.size() && path[next]->tier == KvTier::kDevice; ++next) device_blocks.push_back(path[next]->block_id);
+    if (next == path.size()) return false;
+    if (ledger_.is_loading(path[next])) {
+      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, 0});
+      return true;
+    }
+    // A demand load pins the device part of the path, then takes the blocks it can get.
+    const auto num_host = static_cast<int32_t>(path.size() - next);
+    ledger_.add_refs(KvCacheId::kMain, device_blocks);
+    const int32_t num_loading = std::min(num_host, ledger_.num_available_blocks(KvCacheId::kMain));
+    if (num_loading == 0) {  // no room to load: admit with the device prefix and recompute the rest
+      ledger_.drop_refs(KvCacheId::kMain, device_blocks);
+      return false;
+    }
+    KvBlockCounts num_blocks;
+    num_blocks[KvCacheId::kMain] = num_loading;
+    ledger_.take(num_blocks);
+    for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
+    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, num_host});
+    return true;
+  }
+
+  // Locks the request's cached prefix in every member it uses and gives it
+  // its blocks; false (nothing counted) when they cannot be had.
+  bool admit(const RequestState& request) {
+    PerKvCache<std::vector<int32_t>> found_blocks;
+    int32_t num_computed = std::numeric_limits<int32_t>::max();
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      for (const RadixNode* node : kv_caches_[member].prefix_path(request.kv.key_in(member), request.lookup_tokens())) {
+        if (node->tier != KvTier::kDevice) break;
+        found_blocks[member].push_back(node->block_id);
+      }
+      // The members evict independently: compute from the shorter hit, write only what is missing.
+      num_computed = std::min(num_computed, static_cast<int32_t>(found_blocks[member].size()) * kv_caches_.block_size());
+    }
+    const int32_t num_new = std::min(static_cast<int32_t>(request.tokens.size()) - num_computed, budget_);
+    const int32_t num_blocks_after = (num_computed + num_new + kv_caches_.block_size() - 1) / kv_caches_.block_size();
+    KvBlockCounts num_blocks;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      ledger_.add_refs(member, found_blocks[member]);
+      num_blocks[member] = std::max(0, num_blocks_after - static_cast<int32_t>(found_blocks[member].size()));
+    }
+    if (!ledger_.can_allocate(num_blocks)) {
+      for (KvCacheId member : kAllKvCaches) ledger_.drop_refs(member, found_blocks[member]);
+      return false;
+    }
+    ledger_.take(num_blocks);
+    budget_ -= num_new;
+    decision_.actions.push_back({SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, 0});
+    return true;
+  }
+
+  static int32_t num_uncomputed(const RequestState& request) {
+    return static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens;
+  }
+
+  const Scheduler& scheduler_;
+  const KvCacheGroup& kv_caches_;
+  KvCapacityLedger ledger_;
+  int32_t budget_;
+  SchedulerDecision decision_;
+  std::set<SchedulerRequestId> preempted_;
+  std::map<SchedulerRequestId, KvBlockCounts> new_blocks_;  // kRun actions of this step
+  std::map<SchedulerRequestId, int32_t> new_tokens_;
+};
+
+SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
+
+// ---- apply(): the one place the step mutates queues and caches ----
+
+ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
+  // schedule() saw the cached prefixes of the requests it admits or loads for
+  // as they are now: hold them until the step is applied, so that the blocks
+  // allocated before them cannot evict what the step is about to reuse (the
+  // ledger counted them as locked; holding adds no further cost).
+  std::vector<RequestLeases> holds;
+  for (const SchedulerAction& action : decision.actions) {
+    const RequestState& request = state(action.id);
+    if (action.kind == SchedulerAction::Kind::kAdmit)
+      holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens()));
+    else if (action.kind == SchedulerAction::Kind::kStartLoad)
+      holds.push_back(kv_caches_.hold_prefix(RequestKvKeys{request.kv.key, ""}, request.lookup_tokens()));
+  }
+  ScheduledBatch batch;
+  for (const SchedulerAction& action : decision.actions) {
+    RequestState& request = state(action.id);
+    switch (action.kind) {
+      case SchedulerAction::Kind::kPreempt:
+        apply_preempt(action.id, batch);
+        break;
+      case SchedulerAction::Kind::kRun:
+        LOOM_CHECK(request.running && kv_caches_.allocate(request.leases, action.num_new_blocks));
+        batch.requests.push_back(scheduled_entry(request, action.num_new_tokens));
+        break;
+      case SchedulerAction::Kind::kAdmit:
+        apply_admit(action, batch);
+        break;
+      case SchedulerAction::Kind::kStartLoad:
+        LOOM_CHECK(kv_caches_.main().start_load(request.kv.key, request.lookup_tokens(), action.num_load_blocks,
+                                                KvCacheManager::LoadReason::kDemand) > 0);
+        batch.waiting_on_load.push_back(action.id);
+        break;
+      case SchedulerAction::Kind::kWaitOnLoad:
+        kv_caches_.main().prefix_status(request.kv.key, request.lookup_tokens());  // counts late prefetches
+        batch.waiting_on_load.push_back(action.id);
+        break;
+      case SchedulerAction::Kind::kNoRoom:
+        kv_caches_.lock_prefix(request.kv, request.lookup_tokens());  // used now; released at once
+        break;
+    }
+  }
+  return batch;
+}
+
+void Scheduler::apply_preempt(SchedulerRequestId id, ScheduledBatch& batch) {
   RequestState& request = state(id);
   LOOM_CHECK(request.running);
-  request.lease.release();
-  request.residual_lease.release();
+  request.leases.release();
   request.num_computed_tokens = 0;
-  request.num_kv_found_tokens = 0;
-  request.num_residual_found_tokens = 0;
   request.running = false;
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_back(id);
   ++num_preemptions_;
-  plan.preempted.push_back(id);
-  auto scheduled = std::find_if(plan.requests.begin(), plan.requests.end(),
+  batch.preempted.push_back(id);
+  auto scheduled = std::find_if(batch.requests.begin(), batch.requests.end(),
                                 [&](const ScheduledRequest& entry) { return entry.id == id; });
-  if (scheduled != plan.requests.end()) {
-    budget += scheduled->num_new_tokens;
-    plan.requests.erase(scheduled);
-  }
+  if (scheduled != batch.requests.end()) batch.requests.erase(scheduled);
 }
 
-// Preempting a request that holds no rCache cannot help a short residual pool,
-// so then the victim is the worst-ranked forked request (the asking one at worst).
-SchedulerRequestId Scheduler::choose_victim(bool is_main_short) const {
-  const std::vector<SchedulerRequestId> order = sorted(running_);
-  for (auto it = order.rbegin(); it != order.rend(); ++it)
-    if (is_main_short || state(*it).is_forked()) return *it;
-  LOOM_CHECK(false);
-  return order.back();
+void Scheduler::apply_admit(const SchedulerAction& action, ScheduledBatch& batch) {
+  RequestState& request = state(action.id);
+  LOOM_CHECK(!request.running);
+  RequestLeases leases = kv_caches_.lock_prefix(request.kv, request.lookup_tokens());
+  LOOM_CHECK(leases.num_found_tokens() == action.num_computed_tokens);
+  LOOM_CHECK(kv_caches_.allocate(leases, action.num_new_blocks));
+  request.leases = std::move(leases);
+  request.num_computed_tokens = action.num_computed_tokens;
+  request.running = true;
+  waiting_.erase(std::find(waiting_.begin(), waiting_.end(), action.id));
+  running_.push_back(action.id);
+  ScheduledRequest entry = scheduled_entry(request, action.num_new_tokens);
+  entry.num_prefix_hit_tokens = request.was_admitted ? -1 : action.num_computed_tokens;
+  request.was_admitted = true;
+  batch.requests.push_back(std::move(entry));
 }
 
-ScheduledRequest Scheduler::scheduled_entry(const RequestState& request, int32_t num_new_tokens,
-                                            int32_t num_uncomputed_tokens) const {
+ScheduledRequest Scheduler::scheduled_entry(const RequestState& request, int32_t num_new_tokens) const {
   ScheduledRequest entry;
   entry.id = request.id;
   entry.num_computed_tokens = request.num_computed_tokens;
   entry.num_new_tokens = num_new_tokens;
-  entry.block_ids = request.lease.block_ids();
-  entry.num_kv_present_tokens = request.num_kv_present_tokens();
+  entry.block_ids = request.leases[KvCacheId::kMain].block_ids();
+  entry.num_kv_present_tokens = request.num_present_tokens(KvCacheId::kMain);
   if (request.is_forked()) {
-    entry.residual_block_ids = request.residual_lease.block_ids();
-    entry.num_residual_present_tokens = request.num_residual_present_tokens();
+    entry.residual_block_ids = request.leases[KvCacheId::kResidual].block_ids();
+    entry.num_residual_present_tokens = request.num_present_tokens(KvCacheId::kResidual);
   }
-  entry.samples_next_token = num_new_tokens == num_uncomputed_tokens;
+  entry.samples_next_token = request.num_computed_tokens + num_new_tokens == static_cast<int32_t>(request.tokens.size());
   return entry;
 }
 
-ScheduledBatch Scheduler::plan() {
-  ScheduledBatch plan;
-  int32_t budget = config_.max_batch_tokens;
-
-  // 1. Running requests: decodes first, then prefill chunks.
-  std::vector<SchedulerRequestId> order;
-  for (SchedulerRequestId id : sorted(running_)) {
-    const RequestState& request = state(id);
-    if (static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens == 1) order.push_back(id);
-  }
-  for (SchedulerRequestId id : sorted(running_)) {
-    const RequestState& request = state(id);
-    if (static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens != 1) order.push_back(id);
-  }
-  for (SchedulerRequestId id : order) {
-    if (budget == 0) break;
-    RequestState& request = state(id);
-    if (!request.running) continue;  // preempted earlier in this step
-    const int32_t num_uncomputed = static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens;
-    LOOM_CHECK(num_uncomputed > 0);
-    const int32_t num_new = std::min(num_uncomputed, budget);
-    const int32_t num_tokens_after = request.num_computed_tokens + num_new;
-    const int32_t num_needed = std::max(0, num_blocks_for(num_tokens_after) - request.lease.num_blocks());
-    const int32_t num_residual_needed =
-        request.is_forked() ? std::max(0, num_residual_blocks_for(num_tokens_after) - request.residual_lease.num_blocks())
-                            : 0;
-    bool preempted_self = false;
-    for (;;) {
-      const bool is_main_short = !kv_cache_.can_allocate(num_needed);
-      const bool is_residual_short = num_residual_needed > 0 && !residual_cache_->can_allocate(num_residual_needed);
-      if (!is_main_short && !is_residual_short) break;
-      const SchedulerRequestId victim = choose_victim(is_main_short);
-      preempt(victim, plan, budget);
-      if (victim == id) {
-        preempted_self = true;
-        break;
-      }
-    }
-    if (preempted_self) continue;
-    LOOM_CHECK(kv_cache_.allocate(request.lease, num_needed));
-    if (request.is_forked()) LOOM_CHECK(residual_cache_->allocate(request.residual_lease, num_residual_needed));
-    plan.requests.push_back(scheduled_entry(request, num_new, num_uncomputed));
-    budget -= num_new;
-  }
-  if (!plan.preempted.empty()) return plan;
-
-  // 2. Admit waiting requests.
-  std::set<std::string> adapters;
-  for (SchedulerRequestId id : running_)
-    if (!state(id).adapter.empty()) adapters.insert(state(id).adapter);
-  for (SchedulerRequestId id : sorted(waiting_)) {
-    if (budget == 0 || num_running() >= config_.max_running_requests) break;
-    RequestState& request = state(id);
-    if (!request.adapter.empty() && adapters.count(request.adapter) == 0 &&
-        static_cast<int32_t>(adapters.size()) >= config_.max_loras_per_batch)
-      continue;
-    // At least one token must be computed to get logits, so the last token never comes from the cache.
-    std::span<const int32_t> all_tokens(request.tokens);
-    const std::span<const int32_t> lookup_tokens = all_tokens.first(all_tokens.size() - 1);
-    if (kv_cache_.has_host_tier() && is_waiting_on_load(request, lookup_tokens)) {
-      plan.waiting_on_load.push_back(id);
-      continue;
-    }
-    KvLease lease = kv_cache_.lock_prefix(request.kv.key, lookup_tokens);
-    KvLease residual_lease;
-    int32_t num_computed = lease.num_found_tokens();
-    if (request.is_forked()) {
-      // The trees evict independently: compute from the shorter hit, write only what is missing.
-      residual_lease = residual_cache_->lock_prefix(KvKey::single(request.kv.residual_namespace), lookup_tokens);
-      num_computed = std::min(num_computed, residual_lease.num_found_tokens());
-    }
-    const int32_t num_uncomputed = static_cast<int32_t>(request.tokens.size()) - num_computed;
-    const int32_t num_new = std::min(num_uncomputed, budget);
-    const int32_t num_needed = std::max(0, num_blocks_for(num_computed + num_new) - lease.num_blocks());
-    const int32_t num_residual_needed =
-        request.is_forked() ? std::max(0, num_residual_blocks_for(num_computed + num_new) - residual_lease.num_blocks())
-                            : 0;
-    if (!kv_cache_.can_allocate(num_needed) ||
-        (request.is_forked() && !residual_cache_->can_allocate(num_residual_needed)))
-      break;
-    LOOM_CHECK(kv_cache_.allocate(lease, num_needed));
-    if (request.is_forked()) LOOM_CHECK(residual_cache_->allocate(residual_lease, num_residual_needed));
-    request.num_kv_found_tokens = lease.num_found_tokens();
-    request.num_residual_found_tokens = residual_lease.num_found_tokens();
-    request.lease = std::move(lease);
-    request.residual_lease = std::move(residual_lease);
-    request.num_computed_tokens = num_computed;
-    request.running = true;
-    waiting_.erase(std::find(waiting_.begin(), waiting_.end(), id));
-    running_.push_back(id);
-    if (!request.adapter.empty()) adapters.insert(request.adapter);
-
-    ScheduledRequest entry = scheduled_entry(request, num_new, num_uncomputed);
-    entry.num_prefix_hit_tokens = request.was_admitted ? -1 : num_computed;
-    request.was_admitted = true;
-    plan.requests.push_back(std::move(entry));
-    budget -= num_new;
-  }
-  return plan;
-}
-
-bool Scheduler::is_waiting_on_load(const RequestState& request, std::span<const int32_t> lookup_tokens) {
-  const KvCacheManager::PrefixStatus status = kv_cache_.prefix_status(request.kv.key, lookup_tokens);
-  if (status.num_loading_tokens > 0) return true;
-  if (status.num_host_tokens == 0) return false;
-  // No room to load means recompute: admit with the device prefix.
-  return kv_cache_.start_load(request.kv.key, lookup_tokens, status.num_host_tokens / kv_cache_.block_size(),
-                              KvCacheManager::LoadReason::kDemand) > 0;
-}
-
-void Scheduler::complete_step(const ScheduledBatch& plan) {
-  for (const ScheduledRequest& entry : plan.requests) {
+void Scheduler::complete_step(const ScheduledBatch& batch) {
+  for (const ScheduledRequest& entry : batch.requests) {
     auto it = requests_.find(entry.id);
     if (it == requests_.end()) continue;
     RequestState& request = *it->second;
     LOOM_CHECK(request.running && request.num_computed_tokens == entry.num_computed_tokens);
     request.num_computed_tokens += entry.num_new_tokens;
-    kv_cache_.commit(request.lease, request.tokens, request.num_computed_tokens);
-    if (request.is_forked()) residual_cache_->commit(request.residual_lease, request.tokens, request.num_computed_tokens);
+    kv_caches_.commit(request.leases, request.tokens, request.num_computed_tokens);
   }
 }
 
@@ -265,8 +359,7 @@ void Scheduler::append_token(SchedulerRequestId id, int32_t token) { state(id).t
 bool Scheduler::finish(SchedulerRequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
-  it->second->lease.release();
-  it->second->residual_lease.release();
+  it->second->leases.release();
   auto& queue = it->second->running ? running_ : waiting_;
   queue.erase(std::find(queue.begin(), queue.end(), id));
   requests_.erase(it);

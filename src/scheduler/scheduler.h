@@ -2,6 +2,13 @@
 // how many of their tokens, and holds their KV block leases. Pure host code
 // (no backend headers); the engine turns a ScheduledBatch into a backend Batch.
 //
+// Schedule, then apply:
+//   SchedulerDecision decision = schedule();   // const: a pure function of the queues and
+//                                              // the KvCacheGroup (counted on a KvCapacityLedger)
+//   ScheduledBatch batch = apply(decision);    // the one call that locks, allocates,
+//                                              // preempts and starts loads, in decision order
+// plan() does both.
+//
 // A request's tokens (prompt, then generated) and what a step computes:
 //
 //   tokens:  |<-- num_computed_tokens -->|<------ uncomputed ------>|
@@ -29,29 +36,30 @@
 //      No waiting request is admitted in a step that preempted.
 //   5. A waiting request that does not get its blocks stops admission for the
 //      step (FCFS; running requests are never preempted for waiting ones).
-//   6. Status-aware admission (host tier, issue 5): when the main manager
-//      has_host_tier(), a waiting request's prefix_status is checked first:
+//   6. Status-aware admission (host tier): when the main manager
+//      has_host_tier(), where a waiting request's prefix lives is checked first:
 //      - blocks of its prefix are loading: it waits, and later requests may
 //        pass it (it does not stop admission as in 5);
-//      - blocks follow on the host only: start_load(kDemand) for them; if any
-//        started, it waits as above; if none could (no room), it is admitted
-//        now with its device prefix and recomputes the rest.
+//      - blocks follow on the host only: a demand load of them is started
+//        (start_load(kDemand)); if any block can be had it waits as above; if
+//        none (no room), it is admitted now with its device prefix and
+//        recomputes the rest.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
 //
-// Forked (ForkKV) requests hold two leases: the shared bCache in the main
-// manager (RequestKvKeys::key, namespace "fork") and their rCache in the
-// residual manager (residual_namespace). At admission both prefixes are
+// Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
+// the main member (RequestKvKeys::key, namespace "fork") and their rCache in
+// the residual member (residual_namespace). At admission both prefixes are
 // locked; they may differ in length (the trees evict independently):
 //
 //   tokens:   |<---- bCache hit: Lb ---->|
 //             |<-- rCache hit: Lr -->|
 //             |<- computed = min ---->|<----- new tokens ----->|
-//   writes:   bCache from max(Lb, cached), rCache from max(Lr, cached)
+//   writes:   bCache from max(Lb, computed), rCache from max(Lr, computed)
 //
 // so a partial hit recomputes the forward over [min, ...) but writes only
 // the part that is missing (ScheduledRequest::num_*_present_tokens). A step
-// needs blocks in both managers; running short in either preempts as in 4,
+// needs blocks in both members of the KvCacheGroup; running short in either preempts as in 4,
 // except that when only the residual pool is short the victim is the
 // worst-ranked running forked request (others hold no rCache to give back).
 //
@@ -81,9 +89,9 @@ using SchedulerRequestId = int64_t;
 
 struct ScheduledRequest {
   SchedulerRequestId id = 0;
-  int32_t num_computed_tokens = 0;   // K/V already in the cache (positions 0 .. this-1)
-  int32_t num_new_tokens = 0;      // tokens [num_computed_tokens, num_computed_tokens + num_new_tokens)
-  std::vector<int32_t> block_ids;  // covers num_computed_tokens + num_new_tokens (may hold more)
+  int32_t num_computed_tokens = 0;  // K/V already in the cache (positions 0 .. this-1)
+  int32_t num_new_tokens = 0;       // tokens [num_computed_tokens, num_computed_tokens + num_new_tokens)
+  std::vector<int32_t> block_ids;   // covers num_computed_tokens + num_new_tokens (may hold more)
   // Main K/V entries [0, num_kv_present_tokens) already hold data (>= num_computed_tokens
   // after a partial forked hit; else == num_computed_tokens): the backend must not write them.
   int32_t num_kv_present_tokens = 0;
@@ -96,6 +104,7 @@ struct ScheduledRequest {
   int32_t num_prefix_hit_tokens = -1;
 };
 
+// What one step runs (apply()'s result).
 struct ScheduledBatch {
   std::vector<ScheduledRequest> requests;  // decode requests first
   std::vector<SchedulerRequestId> preempted;
@@ -104,6 +113,30 @@ struct ScheduledBatch {
   std::vector<SchedulerRequestId> waiting_on_load;
   int32_t num_tokens() const;
   bool empty() const { return requests.empty(); }
+};
+
+// One decision of schedule(); apply() carries them out in order.
+struct SchedulerAction {
+  enum class Kind : uint8_t {
+    kPreempt,     // a running request: release its leases, back to waiting from token 0 (policy 4)
+    kRun,         // a running request: add num_new_blocks, compute num_new_tokens
+    kAdmit,       // a waiting request: lock its cached prefix (num_computed_tokens of it in every
+                  // member it uses), add num_new_blocks, compute num_new_tokens
+    kStartLoad,   // a waiting request: start a demand load of its host blocks; it waits (policy 6)
+    kWaitOnLoad,  // a waiting request whose prefix is loading: it waits (policy 6)
+    kNoRoom,      // a waiting request whose blocks cannot be had: its cached prefix counts as
+                  // used now (LRU), and admission stops for the step (policy 5)
+  };
+  Kind kind = Kind::kRun;
+  SchedulerRequestId id = 0;
+  int32_t num_new_tokens = 0;     // kRun, kAdmit
+  int32_t num_computed_tokens = 0;  // kAdmit
+  KvBlockCounts num_new_blocks;   // kRun, kAdmit: blocks per member beyond the (locked) leases
+  int32_t num_load_blocks = 0;    // kStartLoad: host blocks to load (at least one can be had)
+};
+
+struct SchedulerDecision {
+  std::vector<SchedulerAction> actions;
 };
 
 class Scheduler {
@@ -115,7 +148,7 @@ class Scheduler {
   // Queues a request. `adapter` is "" for the base model (it counts towards
   // max_loras_per_batch otherwise); `kv` keys its cached blocks.
   // Preconditions: a new id, a non-empty prompt; a residual_namespace only
-  // with a residual manager.
+  // when the KvCacheGroup has a residual member.
   void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, RequestKvKeys kv,
            int32_t priority);
   void add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, std::string adapter, std::string kv_namespace,
@@ -123,10 +156,17 @@ class Scheduler {
     add(id, std::move(prompt_tokens), std::move(adapter), RequestKvKeys{KvKey::single(std::move(kv_namespace)), ""},
         priority);
   }
-  ScheduledBatch plan();
-  // After the backend ran the plan: advances num_computed_tokens and commits
+  // The step's decisions (policy above), from the queues and the KvCacheGroup
+  // as they are now. Changes nothing.
+  SchedulerDecision schedule() const;
+  // Carries out a decision of schedule() made with nothing changed since:
+  // preempts, locks prefixes, allocates, starts loads; returns the batch.
+  ScheduledBatch apply(const SchedulerDecision& decision);
+  // apply(schedule()).
+  ScheduledBatch plan() { return apply(schedule()); }
+  // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
-  void complete_step(const ScheduledBatch& plan);
+  void complete_step(const ScheduledBatch& batch);
   void append_token(SchedulerRequestId id, int32_t token);
   // Removes the request (finished or cancelled), releasing its blocks. Returns
   // false for an unknown id. Safe at any point between steps.
@@ -144,23 +184,18 @@ class Scheduler {
 
  private:
   struct RequestState;
+  class Planner;  // schedule()'s working state (scheduler.cc)
   RequestState& state(SchedulerRequestId id);
   const RequestState& state(SchedulerRequestId id) const;
   bool ranks_before(const RequestState& a, const RequestState& b) const;
   std::vector<SchedulerRequestId> sorted(const std::vector<SchedulerRequestId>& ids) const;
-  void preempt(SchedulerRequestId id, ScheduledBatch& plan, int32_t& budget);
-  SchedulerRequestId choose_victim(bool is_main_short) const;
-  ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens,
-                                   int32_t num_uncomputed_tokens) const;
-  int32_t num_blocks_for(int32_t num_tokens) const;
-  int32_t num_residual_blocks_for(int32_t num_tokens) const;
-  // Policy 6: whether the request must wait for (possibly just started) loads from the host tier.
-  bool is_waiting_on_load(const RequestState& request, std::span<const int32_t> lookup_tokens);
+  ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens) const;
+  // apply()'s steps.
+  void apply_preempt(SchedulerRequestId id, ScheduledBatch& batch);
+  void apply_admit(const SchedulerAction& action, ScheduledBatch& batch);
 
   SchedulerConfig config_;
   KvCacheGroup& kv_caches_;
-  KvCacheManager& kv_cache_;
-  KvCacheManager* residual_cache_ = nullptr;
   int64_t next_arrival_ = 0;
   int64_t num_preemptions_ = 0;
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;

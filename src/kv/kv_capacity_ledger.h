@@ -1,0 +1,62 @@
+// A what-if count of a KvCacheGroup's blocks, for planning a step without
+// touching the group (Scheduler::schedule is a pure function of it).
+//
+// The group hands out free + cached ("available") blocks; a block is cached
+// when it sits in a tree with no reference. The ledger replays, on counts
+// only, what a sequence of the group's calls would do to that number:
+//
+//   call (applied later, in the same order)     ledger
+//   lock_prefix: references the prefix blocks   add_refs(path blocks): each at 0 refs stops being available
+//   a transfer's pin of a path                  add_refs
+//   allocate(n)                                 take(n)
+//   KvLease::release / preemption               drop_refs(lease blocks): each reaching 0 refs becomes
+//                                               available (a private block is freed, a committed one cached);
+//                                               give_back(n) for blocks take() gave it in this plan
+//   start_load (demand) of host nodes            mark_loading(node) for each node it would load
+//
+// References are the group's (KvCacheManager::block_ref_count) plus the
+// ledger's deltas, so blocks shared by several leases are counted exactly.
+// Because every unreferenced tree block can be evicted (radix_tree.h), these
+// counts decide can_allocate exactly as the group would after the same calls.
+//
+// Thread: engine thread; the group must not change while a ledger is in use.
+#pragma once
+
+#include <cstdint>
+#include <set>
+#include <span>
+#include <unordered_map>
+
+#include "kv/kv_cache_group.h"
+
+namespace loom {
+
+class KvCapacityLedger {
+ public:
+  explicit KvCapacityLedger(const KvCacheGroup& kv_caches);
+
+  int32_t num_available_blocks(KvCacheId id) const { return num_available_[id]; }
+  // Members that could not hand out their count now.
+  PerKvCache<bool> short_members(const KvBlockCounts& counts) const;
+  bool can_allocate(const KvBlockCounts& counts) const;
+
+  // Precondition for take: can_allocate(counts).
+  void take(const KvBlockCounts& counts);
+  void give_back(const KvBlockCounts& counts);
+  void add_refs(KvCacheId id, std::span<const int32_t> block_ids);
+  void drop_refs(KvCacheId id, std::span<const int32_t> block_ids);
+
+  // Host nodes a planned load would fill (main member): they count as loading.
+  void mark_loading(const RadixNode* node) { loading_nodes_.insert(node); }
+  bool is_loading(const RadixNode* node) const;
+
+ private:
+  int32_t ref_count(KvCacheId id, int32_t block_id) const;
+
+  const KvCacheGroup& kv_caches_;
+  PerKvCache<int32_t> num_available_;
+  PerKvCache<std::unordered_map<int32_t, int32_t>> ref_deltas_;
+  std::set<const RadixNode*> loading_nodes_;
+};
+
+}  // namespace loom
