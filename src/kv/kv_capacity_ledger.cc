@@ -13,7 +13,7 @@ KvCapacityLedger::KvCapacityLedger(const KvCacheGroup& kv_caches) : kv_caches_(k
 PerKvCache<bool> KvCapacityLedger::short_members(const KvBlockCounts& counts) const {
   PerKvCache<bool> is_short;
   for (KvCacheId id : kAllKvCaches)
-    if (counts[id] > 0) is_short[id] = !kv_caches_.has(id) || counts[id] > num_available_[id];
+    if (counts[id] > 0 || num_available_[id] < 0) is_short[id] = !kv_caches_.has(id) || counts[id] > num_available_[id];
   return is_short;
 }
 

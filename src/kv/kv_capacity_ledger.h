@@ -36,7 +36,9 @@ class KvCapacityLedger {
   explicit KvCapacityLedger(const KvCacheGroup& kv_caches);
 
   int32_t num_available_blocks(KvCacheId id) const { return num_available_[id]; }
-  // Members that could not hand out their count now.
+  // Members that could not hand out their count now. A member whose count
+  // went below zero (add_refs on blocks that earlier take()s already had to
+  // evict) is short whatever is asked of it.
   PerKvCache<bool> short_members(const KvBlockCounts& counts) const;
   bool can_allocate(const KvBlockCounts& counts) const;
 

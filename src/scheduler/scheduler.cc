@@ -190,7 +190,7 @@ class Scheduler::Planner {
     const auto num_host = static_cast<int32_t>(path.size() - next);
     ledger_.add_refs(KvCacheId::kMain, device_blocks);
     const int32_t num_loading = std::min(num_host, ledger_.num_available_blocks(KvCacheId::kMain));
-    if (num_loading == 0) {  // no room to load: admit with the device prefix and recompute the rest
+    if (num_loading <= 0) {  // no room to load: admit with the device prefix and recompute the rest
       ledger_.drop_refs(KvCacheId::kMain, device_blocks);
       return false;
     }
