@@ -7,7 +7,9 @@
 //                                              // the KvCacheGroup (counted on a KvCapacityLedger)
 //   ScheduledBatch batch = apply(decision);    // the one call that locks, allocates,
 //                                              // preempts and starts loads, in decision order
-// plan() does both.
+// plan() does both. apply() first holds the cached prefixes the decision
+// admits requests onto (or loads after), so that the step's own allocations
+// never evict them; otherwise it does what schedule() counted, in order.
 //
 // A request's tokens (prompt, then generated) and what a step computes:
 //
@@ -19,7 +21,7 @@
 // of `tokens` (ScheduledRequest::samples_next_token); the engine then calls
 // append_token() (or finish()).
 //
-// Policy of plan():
+// Policy (schedule()):
 //   1. Running requests, decode first (one uncomputed token), then running
 //      prefills (chunked), each group in rank order; then waiting requests in
 //      rank order. Rank: lower priority value first, then earlier arrival (FCFS).
@@ -35,7 +37,8 @@
 //      re-hits them) and it goes back to waiting with num_computed_tokens = 0.
 //      No waiting request is admitted in a step that preempted.
 //   5. A waiting request that does not get its blocks stops admission for the
-//      step (FCFS; running requests are never preempted for waiting ones).
+//      step (FCFS; running requests are never preempted for waiting ones);
+//      its cached prefix still counts as used now (LRU).
 //   6. Status-aware admission (host tier): when the main manager
 //      has_host_tier(), where a waiting request's prefix lives is checked first:
 //      - blocks of its prefix are loading: it waits, and later requests may
