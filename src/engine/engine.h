@@ -7,8 +7,8 @@
 // Ownership: the engine owns the backend and the loaded model; callers own the
 // RequestStream they get back (dropping it cancels the request).
 //
-// Contract between the server (src/server, issue "Serving core" part 3) and the
-// engine (parts 1-2). Both sides code against this header.
+// The contract between the server (src/server) and the engine: both sides
+// code against this header.
 #pragma once
 
 #include <chrono>
@@ -65,7 +65,7 @@ struct EngineConfig {
   // (--max-workflow-agents; so also the predecessors of one agent), and
   // entries in each list of a progress update. Beyond: 400 naming the field.
   int32_t max_workflow_agents = 256;
-  // Host tier of the main KV pool (issue 5, --host-kv-memory): bytes of host
+  // Host tier of the main KV pool (--host-kv-memory): bytes of host
   // memory that back up evicted blocks (0 = none). num_host_kv_blocks > 0 sets
   // the block count exactly instead (tests). The forked rCache has no host tier.
   int64_t host_kv_cache_bytes = 0;
@@ -98,7 +98,7 @@ struct EngineRequest {
   std::vector<TokenId> stop_token_ids; // in addition to the tokenizer's EOS ids
   bool ignore_eos = false;
   int32_t priority = 0;                // lower runs first (vLLM convention); FCFS within a priority
-  // Workflow hints (issue 5): agent names are scoped by workflow. Empty = none.
+  // Workflow hints (KVFlow, DESIGN §2): agent names are scoped by workflow. Empty = none.
   std::string workflow;
   std::string agent;
   std::optional<int32_t> fixed_prefix_tokens;  // explicit end of the agent's fixed prompt part
@@ -185,7 +185,10 @@ class Engine {
 
   // Queues a request. Throws Error(kNotFound) for an unknown adapter,
   // Error(kCapacity) when prompt + max_new_tokens exceeds the context or the
-  // waiting queue is full, Error(kInvalidArgument) for bad sampling params.
+  // waiting queue is full, Error(kInvalidArgument) for bad sampling params,
+  // Error(kUnavailable) once shutdown() began. A request cancelled later ends
+  // with Error(kCancelled); one still running when shutdown(false) ends it, with
+  // Error(kUnavailable).
   virtual std::unique_ptr<RequestStream> submit(EngineRequest request) = 0;
 
   // loom::Error on failure. `sharing` overrides the adapter's own choice (see

@@ -1,11 +1,10 @@
+// EngineImpl's caller-thread half: construction, submit, metrics, shutdown.
 #include "engine/engine_impl.h"
 
 #include <future>
 
-#include <spdlog/spdlog.h>
-
 #include "engine/backend_support.h"
-#include "lora/adapter.h"
+#include "engine/request_kv.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom {
@@ -16,7 +15,9 @@ std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> 
 
 EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config)
     : model_(std::move(model)), backend_(std::move(backend)), config_(config),
-      capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)) {
+      capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)),
+      adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())), pools_(*backend_, config),
+      workflow_sync_(workflows_, config) {
   check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);
   if (config_.max_batch_tokens <= 0 || config_.max_running_requests <= 0 || config_.max_loras_per_batch <= 0)
@@ -24,15 +25,7 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
   if (config_.max_lora_rank < 0) fail(ErrorKind::kInvalidArgument, "max LoRA rank must be >= 0, got {}", config_.max_lora_rank);
   max_context_tokens_ = config_.max_context_tokens > 0 ? config_.max_context_tokens
                                                        : model_.config.max_position_embeddings;
-  kv_bytes_per_block_ = backend_->kv_bytes_per_token() * config_.block_size;
-  // An rCache pool from the start when asked for explicitly or when every
-  // adapter is forked by default; otherwise the first forked adapter loaded
-  // before any request makes one (prepare_forked_adapter).
-  int64_t residual_bytes = config_.residual_kv_cache_bytes;
-  if (residual_bytes < 0) residual_bytes = config_.default_sharing == KvSharing::kForked ? config_.kv_cache_bytes / 8 : 0;
-  const bool with_residual = residual_bytes > 0;
-  allocate_pools(with_residual, residual_bytes, config_.max_lora_rank > 0 ? config_.max_lora_rank : kMinAutoLoraRank);
-  slot_used_.assign(static_cast<size_t>(std::min(config_.max_adapter_slots, backend_->max_adapter_slots())), false);
+  allocate_pools(pools_.layout(pools_.initial_sizing()));
   eos_ids_ = model_.tokenizer->eos_token_ids();
   thread_ = std::thread([this] { thread_main(); });
 }
@@ -53,10 +46,10 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
                             request.prompt_tokens.size(), request.max_new_tokens, max_context_tokens_),
                 "shorten the prompt or lower max tokens");
   const int64_t num_blocks_needed = (num_total_tokens + config_.block_size - 1) / config_.block_size;
-  if (num_blocks_needed > num_kv_blocks_.load())
+  if (num_blocks_needed > pools_.num_kv_blocks())
     throw Error(ErrorKind::kCapacity,
                 fmt::format("prompt + max tokens ({} tokens) does not fit in the KV cache ({} tokens)",
-                            num_total_tokens, static_cast<int64_t>(num_kv_blocks_.load()) * config_.block_size),
+                            num_total_tokens, static_cast<int64_t>(pools_.num_kv_blocks()) * config_.block_size),
                 "lower max tokens or give the server a larger KV cache");
 
   const bool has_workflow_hints =
@@ -64,26 +57,21 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
   if (has_workflow_hints)
     check_workflow_hints(WorkflowHints{request.workflow, request.agent, request.fixed_prefix_tokens});
 
-  RequestKvPlan kv_plan;
-  {
-    std::lock_guard<std::mutex> lock(adapters_mutex_);
-    const AdapterEntry* entry = nullptr;
-    if (!request.adapter.empty()) {
-      auto it = adapters_.find(request.adapter);
-      if (it == adapters_.end() || !it->second.ready)
-        throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", request.adapter),
-                    "list adapters with GET /v1/models");
-      entry = &it->second;
-    }
-    kv_plan = plan_request_kv(request.adapter, entry ? entry->adapter.get() : nullptr,
-                              entry ? entry->sharing : KvSharing::kIsolated, entry ? entry->slot : -1,
-                              request.prompt_tokens, config_.block_size);
+  std::optional<AdapterRegistry::ReadyAdapter> adapter;
+  if (!request.adapter.empty()) {
+    adapter = adapters_.find_ready(request.adapter);
+    if (!adapter)
+      throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", request.adapter),
+                  "list adapters with GET /v1/models");
   }
-  if (!kv_plan.kv.residual_namespace.empty() && num_blocks_needed > num_residual_kv_blocks_.load())
+  RequestKvPlan kv_plan = plan_request_kv(request.adapter, adapter ? adapter->adapter.get() : nullptr,
+                                          adapter ? adapter->sharing : KvSharing::kIsolated, adapter ? adapter->slot : -1,
+                                          request.prompt_tokens, config_.block_size);
+  if (!kv_plan.kv.residual_namespace.empty() && num_blocks_needed > pools_.num_residual_kv_blocks())
     throw Error(ErrorKind::kCapacity,
                 fmt::format("prompt + max tokens ({} tokens) does not fit in the forked residual cache ({} tokens)",
                             num_total_tokens,
-                            static_cast<int64_t>(num_residual_kv_blocks_.load()) * config_.block_size),
+                            static_cast<int64_t>(pools_.num_residual_kv_blocks()) * config_.block_size),
                 "lower max tokens or raise --residual-kv-cache-memory");
   const int64_t id = next_id_++;
   // Validates sampling params (throws kInvalidArgument) before anything is queued.
@@ -100,17 +88,12 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
   }
   {
     std::lock_guard<std::mutex> lock(inbox_->mutex);
-    if (inbox_->stopping) throw Error(ErrorKind::kCapacity, "the engine is shutting down", "retry on another server");
+    if (inbox_->stopping) throw Error(ErrorKind::kUnavailable, "the engine is shutting down", "retry on another server");
     const int32_t num_waiting = num_in_inbox_.load() + num_scheduler_waiting_.load();
     if (num_waiting >= config_.max_waiting_requests)
       throw Error(ErrorKind::kCapacity, fmt::format("{} requests are already waiting", num_waiting), "retry later");
-    if (!pending->request.adapter.empty()) {
-      std::lock_guard<std::mutex> adapters_lock(adapters_mutex_);
-      auto it = adapters_.find(pending->request.adapter);
-      if (it == adapters_.end() || !it->second.ready)  // unloaded meanwhile
-        throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", pending->request.adapter));
-      ++it->second.num_running_requests;
-    }
+    if (!pending->request.adapter.empty() && !adapters_.acquire_for_request(pending->request.adapter))  // unloaded meanwhile
+      throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", pending->request.adapter));
     // Before the engine thread can see the request, so its first step already
     // has the workflow (and this agent running) in the registry's snapshot.
     // Validated above: nothing throws past this point. A full registry keeps

@@ -1,47 +1,53 @@
 // The Engine of engine.h: one engine thread that loops
-//   inbox (new requests, cancels, adapter commands) -> Scheduler::plan ->
-//   build_batch -> Backend::forward -> per-request sampling/detokenizing ->
-//   RequestChannel outputs,
-// and checks the KV cache's integrity whenever it goes idle.
+//   inbox (new requests, cancels, commands) -> step() -> publish metrics and outputs,
+// and checks the KV caches' integrity whenever it goes idle. step() is
+//   sync workflows -> Scheduler::plan -> prefetch / pump transfers ->
+//   build_batch -> Backend::forward -> Scheduler::complete_step ->
+//   declare fixed prefixes -> sample, detokenize, emit.
+//
+// EngineImpl wires a few managers, each with one job (constructor):
+//   AdapterRegistry  loaded adapters, their slots and users (thread-safe)
+//   KvPools          the main + rCache pools, their KvCacheGroup, the host tier
+//                    and its transfer worker, prefetch
+//   WorkflowSync     WorkflowRegistry -> the group's agent steps and fixed prefixes
+//   StepStats        what a step measured, published once per loop iteration
+// and keeps the inbox, the Scheduler (rebuilt over the new group whenever
+// KvPools reallocates: allocate_pools) and the requests in flight.
 //
 // Adapters: loaded on the caller's thread (file I/O), then bound to a backend
 // slot by a command run on the engine thread; every loaded adapter stays bound
 // until unloaded. Each has a KvSharing mode (choose_kv_sharing) that keys its
 // requests' KV (engine/request_kv.h); unloading drops every namespace of the
-// adapter (kv_namespace_belongs_to_adapter) in both cache managers, so a later
-// adapter with the same name never sees stale K/V.
+// adapter (kv_namespace_belongs_to_adapter) in every cache, so a later adapter
+// with the same name never sees stale K/V.
 //
-// Pools (engine_pools.cc): the main KV pool and, for forked adapters, the
-// rCache pool with its own KvCacheManager, both carved out of kv_cache_bytes.
-// Until the first request is admitted, loading a forked adapter may (re)size
-// them (EngineConfig::residual_kv_cache_bytes / max_lora_rank "at start").
+// Outputs: what the engine thread produces for a request is queued and pushed
+// to its channel right after the metrics are published, so a caller that
+// reads its last output and then take_metrics() sees the request counted.
 #pragma once
 
 #include <atomic>
-#include <map>
+#include <deque>
+#include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
-#include <unordered_map>
+#include <utility>
+#include <vector>
 
+#include "engine/adapter_registry.h"
 #include "engine/engine.h"
 #include "engine/engine_request.h"
-#include "engine/kv_transfer_worker.h"
+#include "engine/kv_pools.h"
 #include "engine/request_channel.h"
-#include "kv/kv_cache_manager.h"
+#include "engine/step_stats.h"
+#include "engine/workflow_sync.h"
+#include "kv/kv_cache_group.h"
 #include "scheduler/scheduler.h"
-#include "workflow/fixed_prefix_tracker.h"
 #include "workflow/workflow_registry.h"
 
 namespace loom {
-
-// The rCache rank when EngineConfig::max_lora_rank is 0 and no loaded adapter needs more.
-inline constexpr int32_t kMinAutoLoraRank = 16;
-
-// The registry's settings from EngineConfig (workflow_ttl_seconds, max_workflows,
-// max_workflow_agents; a ttl <= 0 or NaN throws Error(kInvalidArgument), as the
-// registry does for bad caps).
-WorkflowRegistryConfig workflow_registry_config(const EngineConfig& config);
 
 class EngineImpl final : public Engine {
  public:
@@ -52,7 +58,7 @@ class EngineImpl final : public Engine {
   void load_adapter(const std::string& name, const std::string& path,
                     std::optional<KvSharing> sharing = std::nullopt) override;
   void unload_adapter(const std::string& name) override;
-  std::vector<AdapterInfo> adapters() const override;
+  std::vector<AdapterInfo> adapters() const override { return adapters_.infos(); }
   EngineMetrics take_metrics() override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
@@ -60,113 +66,88 @@ class EngineImpl final : public Engine {
   void shutdown(bool drain) override;
 
   // Number of KV blocks the pool was given (derived from kv_cache_bytes when 0).
-  int32_t num_kv_blocks() const { return num_kv_blocks_.load(); }
+  int32_t num_kv_blocks() const { return pools_.num_kv_blocks(); }
   // rCache blocks (0 without an rCache pool) and the rank its slots hold.
-  int32_t num_residual_kv_blocks() const { return num_residual_kv_blocks_.load(); }
-  int32_t residual_max_rank() const { return residual_max_rank_.load(); }
+  int32_t num_residual_kv_blocks() const { return pools_.num_residual_kv_blocks(); }
+  int32_t residual_max_rank() const { return pools_.residual_max_rank(); }
   // Runs `command` on the engine thread and waits for it (or runs it here when
   // the thread has exited). Rethrows what it throws. Tests use it to inspect
-  // or evict the cache between requests.
+  // or evict the caches between requests.
   void run_on_engine_thread(const std::function<void()>& command);
   // Engine thread only (inside run_on_engine_thread).
-  KvCacheManager& kv_cache() { return *kv_cache_; }
-  KvCacheManager* residual_kv_cache() { return residual_kv_cache_; }
+  KvCacheGroup& kv_caches() { return pools_.caches(); }
+  KvCacheManager& kv_cache() { return pools_.caches().main(); }
+  KvCacheManager* residual_kv_cache() { return pools_.caches().residual(); }
 
  private:
-  struct AdapterEntry {
-    std::string path;
-    std::shared_ptr<const LoraAdapter> adapter;
-    int32_t slot = 0;
-    int32_t num_running_requests = 0;
-    bool ready = false;  // bound in the backend
-    KvSharing sharing = KvSharing::kIsolated;
+  // ---- engine_loop.cc: the thread, its inbox and the requests' ends ----
+  struct InboxBatch {
+    std::deque<std::unique_ptr<PendingRequest>> new_requests;
+    std::deque<std::function<void()>> commands;
+    bool stopping = false, drain = false;
   };
-
   void thread_main();
-  bool take_inbox(bool& stop_now);  // returns whether the thread should exit
+  // Waits while there is nothing to do (checking integrity once per idle
+  // spell), then takes what the inbox holds.
+  InboxBatch take_inbox();
+  void check_integrity_once();
   void admit(std::unique_ptr<PendingRequest> request);
   void handle_cancellations();
-  void step();
   void end_request(int64_t id, RequestOutput final_output);
   void fail_all(const Error& error);
-  void publish_gauges();
-  // engine_pools.cc. Engine thread (or the constructor): (re)allocates the main
-  // pool and, when with_residual, the rCache pool; recreates the managers and
-  // the scheduler (which must hold no request).
-  void allocate_pools(bool with_residual, int64_t residual_bytes, int32_t max_rank);
-  // Engine thread: makes sure the rCache pool can hold a forked adapter of k/v
-  // rank `kv_rank`, resizing while no request was admitted yet; else throws
-  // with a hint.
-  void prepare_forked_adapter(const std::string& name, int32_t kv_rank);
-  // engine_workflows.cc, engine thread. Once per step: expires workflows (at
-  // most once a second) and, when the registry's version moved, pushes the
-  // agents' steps to both managers and forgets agents of ended workflows.
-  void sync_workflows();
-  // At admission: the request's agent key and fixed prefix length (tracker).
-  void observe_workflow_hints(PendingRequest& request);
-  // After complete_step: declares the fixed prefixes whose blocks this step
-  // committed (or found cached) to the managers.
-  void declare_fixed_prefixes(const ScheduledBatch& plan);
-  // After allocate_pools: the new managers get the policy and know no agent yet.
-  void reset_workflow_kv_state();
-  // Engine thread: drops every cached block of the adapter's namespaces in
-  // both managers (no request may use the adapter). Returns blocks freed.
-  int32_t drop_adapter_kv(const std::string& name);
-  // engine_host_tier.cc, engine thread. After allocate_pools made the managers:
-  // the host pool, the manager's host tier and the transfer worker (when
-  // host_kv_cache_bytes / num_host_kv_blocks ask for one).
-  void setup_host_tier();
-  // Hands finished transfers to the manager and new ones to the worker (a
-  // refused one finishes as failed). Cheap; called around every step.
-  void pump_kv_transfers();
-  // Waits for every transfer and applies it: before pools change or namespaces drop.
-  void drain_kv_transfers();
-  bool has_kv_transfers_in_flight() const;
-  // Starts loads of the next agents' fixed prefixes (EngineConfig::prefetch_agents).
-  void prefetch_next_agents();
-  // Load-wait bookkeeping and metrics for one plan.
+  // Queues an output; publish() pushes it.
+  void emit(PendingRequest& request, RequestOutput output);
+  // Measures the gauges, publishes them and step_stats_ under one lock, then
+  // pushes the queued outputs. Once per loop iteration, and wherever a caller
+  // waits on the engine thread for a change in the metrics.
+  void publish();
+  EngineGauges measure_gauges() const;
+
+  // ---- engine_step.cc: one step and its parts ----
+  void step();
+  // Host tier: starts or ends the load waits of the plan's requests.
   void note_load_waits(const ScheduledBatch& plan, SteadyTime now);
+  // First scheduling and prefix hits of the plan's requests.
+  void note_scheduled(const ScheduledBatch& plan, SteadyTime scheduled_at);
+  Batch build_step_batch(const ScheduledBatch& plan) const;
+  // Backend::forward; on failure, ends the plan's requests with the error and returns nullopt.
+  std::optional<ForwardResult> forward(const ScheduledBatch& plan);
+  void fail_batch(const ScheduledBatch& plan, const Error& error);
+  // Samples (or takes the device-sampled token of) every row that samples, and emits the outputs.
+  void sample_and_emit(const ScheduledBatch& plan, const ForwardResult& result);
+  void on_token(int64_t id, RequestOutput output, SteadyTime now);
+
+  // ---- engine_adapters.cc: pools and adapters on the engine thread ----
+  // Destroys the scheduler (which must hold no request), reallocates the
+  // pools to `layout`, builds a new scheduler over them and resets WorkflowSync.
+  void allocate_pools(const KvPoolLayout& layout);
+  // Makes sure the rCache pool can hold a forked adapter of k/v rank `kv_rank`,
+  // resizing while no request was admitted yet; else throws with a hint.
+  void prepare_forked_adapter(const std::string& name, int32_t kv_rank);
 
   LoadedModel model_;
-  std::unique_ptr<Backend> backend_;
-  EngineConfig config_;
+  std::unique_ptr<Backend> backend_;  // outlives pools_
+  const EngineConfig config_;
   const BackendCapabilities capabilities_;  // the backend's, read once
   WorkflowRegistry workflows_;  // thread-safe; outlives the engine thread
   int32_t max_context_tokens_ = 0;
-  std::atomic<int32_t> num_kv_blocks_{0};
-  std::atomic<int32_t> num_residual_kv_blocks_{0};
-  std::atomic<int32_t> residual_max_rank_{0};
-  int64_t kv_bytes_per_block_ = 0;
-  int64_t residual_bytes_per_block_ = 0;  // engine thread (and metrics under metrics_mutex_)
   std::vector<TokenId> eos_ids_;
+  AdapterRegistry adapters_;
 
-  // Engine thread only.
-  std::unique_ptr<KvCacheGroup> kv_caches_;
-  KvCacheManager* kv_cache_ = nullptr;           // kv_caches_->main()
-  KvCacheManager* residual_kv_cache_ = nullptr;  // nullptr: no rCache pool
-  std::unique_ptr<Scheduler> scheduler_;
-  // Host tier (nullptr: none). Declared after the managers, so it is destroyed
-  // (draining its copies) before them; the backend outlives it.
-  std::unique_ptr<KvTransferWorker> kv_transfers_;
-  int32_t num_host_kv_blocks_ = 0;
+  // Engine thread only (the constructor before the thread starts).
+  KvPools pools_;
+  std::unique_ptr<Scheduler> scheduler_;  // over pools_.caches(); declared after pools_, destroyed first
+  WorkflowSync workflow_sync_;
+  StepStats step_stats_;
+  ActiveRequests active_;
+  std::vector<std::pair<std::shared_ptr<RequestChannel>, RequestOutput>> queued_outputs_;
   bool any_request_admitted_ = false;  // pools are fixed from then on
-  std::unordered_map<int64_t, std::unique_ptr<PendingRequest>> active_;
-  // Workflow state of the engine thread (engine_workflows.cc).
-  FixedPrefixTracker prefix_tracker_;
-  std::shared_ptr<const WorkflowSnapshot> workflow_snapshot_;  // as last pushed to the managers
-  bool workflow_steps_pushed_ = false;                          // workflow_snapshot_'s steps are in the managers
-  std::map<std::string, int32_t> pushed_agent_steps_;           // agent key ("wf/agent") -> steps, as pushed
-  std::chrono::steady_clock::time_point last_workflow_expiry_{};
   bool idle_checked_ = false;
 
   std::shared_ptr<EngineInbox> inbox_ = std::make_shared<EngineInbox>();
   std::atomic<int64_t> next_id_{1};
   std::atomic<int32_t> num_in_inbox_{0};          // submitted, not yet seen by the engine thread
   std::atomic<int32_t> num_scheduler_waiting_{0};  // in the scheduler's waiting queue
-
-  mutable std::mutex adapters_mutex_;
-  std::map<std::string, AdapterEntry> adapters_;
-  std::vector<bool> slot_used_;
 
   std::mutex metrics_mutex_;
   EngineMetrics metrics_;

@@ -8,6 +8,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "engine/engine.h"
@@ -62,5 +63,8 @@ struct PendingRequest {
   RequestOutput make_output() const;
   std::vector<float> masked_logits_;
 };
+
+// The engine thread's requests in flight, by id.
+using ActiveRequests = std::unordered_map<int64_t, std::unique_ptr<PendingRequest>>;
 
 }  // namespace loom

@@ -1,4 +1,4 @@
-// Executes the KV cache manager's host-tier transfers (issue 5) off the engine
+// Executes the KV cache manager's host-tier transfers (kv_cache_manager.h "Host tier") off the engine
 // thread: a loader thread for host -> device loads and an offloader thread for
 // device -> host backups, each behind a bounded queue, so a slow copy never
 // blocks a step and loads never queue behind backups.

@@ -43,4 +43,18 @@ bool kv_namespace_belongs_to_adapter(const std::string& kv_namespace, const std:
   return std::all_of(start.begin(), start.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
 }
 
+std::optional<std::string> adapter_of_kv_namespace(std::string_view kv_namespace) {
+  for (std::string_view prefix : {kIsolatedPrefix, kResidualPrefix})
+    if (kv_namespace.starts_with(prefix)) return std::string(kv_namespace.substr(prefix.size()));
+  if (!kv_namespace.starts_with(kActivatedPrefix)) return std::nullopt;
+  // "alora/NAME@S" with S one or more digits: NAME ends at the last '@'.
+  const std::string_view rest = kv_namespace.substr(kActivatedPrefix.size());
+  const size_t at = rest.rfind('@');
+  if (at == std::string_view::npos) return std::nullopt;
+  const std::string_view start = rest.substr(at + 1);
+  if (start.empty() || !std::all_of(start.begin(), start.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); }))
+    return std::nullopt;
+  return std::string(rest.substr(0, at));
+}
+
 }  // namespace loom

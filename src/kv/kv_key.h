@@ -24,7 +24,9 @@
 
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace loom {
 
@@ -49,5 +51,8 @@ std::string residual_kv_namespace(const std::string& adapter_name);   // "resid/
 KvKey activated_kv_key(const std::string& adapter_name, int32_t invocation_start, int32_t block_size);
 // Whether `kv_namespace` holds K/V of adapter NAME (its lora/, alora/...@, resid/ namespaces).
 bool kv_namespace_belongs_to_adapter(const std::string& kv_namespace, const std::string& adapter_name);
+// The adapter NAME whose namespace `kv_namespace` is, or nullopt (base, fork):
+// for every NAME, kv_namespace_belongs_to_adapter(ns, NAME) == (adapter_of_kv_namespace(ns) == NAME).
+std::optional<std::string> adapter_of_kv_namespace(std::string_view kv_namespace);
 
 }  // namespace loom

@@ -24,6 +24,8 @@ ApiError api_error_from(const Error& error, const std::string& param) {
       return ApiError(404, error.what(), "invalid_request_error", param, "not_found");
     case ErrorKind::kCapacity:
       return ApiError(503, error.what(), "server_error", param, "server_busy");
+    case ErrorKind::kUnavailable:
+      return ApiError(503, error.what(), "server_error", param, "server_shutting_down");
     case ErrorKind::kInternal:
       // A broken invariant: the detail is for the log, not for clients.
       spdlog::error("internal error: {}", error.what());

@@ -40,9 +40,10 @@ class ApiError : public std::runtime_error {
 [[noreturn]] void throw_bad_request(const std::string& param, const std::string& message);
 
 // Maps an engine/loader error: kNotFound -> 404, kCapacity -> 503 (queue full;
-// context overflow is caught before submit and gets 400), kInternal -> 500
+// context overflow is caught before submit and gets 400), kUnavailable -> 503
+// server_shutting_down (the engine is shutting down), kInternal -> 500
 // with the generic message "internal error" (the detail is logged, never sent),
-// anything else -> 400.
+// anything else (kCancelled included) -> 400.
 ApiError api_error_from(const Error& error, const std::string& param = {});
 
 }  // namespace loom::server

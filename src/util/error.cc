@@ -9,6 +9,8 @@ const char* error_kind_name(ErrorKind kind) {
     case ErrorKind::kFormat: return "format_error";
     case ErrorKind::kUnsupported: return "unsupported";
     case ErrorKind::kCapacity: return "capacity";
+    case ErrorKind::kCancelled: return "cancelled";
+    case ErrorKind::kUnavailable: return "unavailable";
     case ErrorKind::kInternal: return "internal";
   }
   return "unknown";

@@ -17,7 +17,9 @@ enum class ErrorKind {
   kNotFound,         // a file, tensor, adapter or model that does not exist
   kFormat,           // a file that exists but is malformed, truncated or inconsistent
   kUnsupported,      // well-formed but not handled (architecture, quantization, dtype)
-  kCapacity,         // over a configured limit (context length, memory)
+  kCapacity,         // over a configured limit (context length, memory, queue length)
+  kCancelled,        // the caller cancelled the request (its stream dropped or cancel())
+  kUnavailable,      // the service is going away (shutting down): retry elsewhere
   kInternal,         // a bug: an invariant broke at run time
 };
 

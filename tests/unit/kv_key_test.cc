@@ -1,6 +1,9 @@
 // KV namespaces and keys: the spellings, branch blocks, and which adapter owns a namespace.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "kv/kv_key.h"
 
 namespace loom {
@@ -60,6 +63,20 @@ TEST(KvKeyTest, NamespacesBelongToTheirAdapterOnly) {
   EXPECT_FALSE(kv_namespace_belongs_to_adapter("alora/a@b@5", "a"));  // adapter "a@b"
   EXPECT_FALSE(kv_namespace_belongs_to_adapter("alora/a", "a"));
   EXPECT_FALSE(kv_namespace_belongs_to_adapter("xlora/a", "a"));
+}
+
+// adapter_of_kv_namespace is the inverse of kv_namespace_belongs_to_adapter.
+TEST(KvKeyTest, AdapterOfNamespaceAgreesWithBelongsToAdapter) {
+  const std::vector<std::string> names = {"a", "ab", "a@b", "b"};
+  const std::vector<std::string> namespaces = {"lora/a", "resid/a", "alora/a@37", "alora/a@b@3", "base", "fork",
+                                               "lora/ab", "resid/ab", "alora/ab@37", "alora/a@", "alora/a",
+                                               "xlora/a", "alora/a@b", "lora/a@b", "alora/@5"};
+  for (const std::string& kv_namespace : namespaces)
+    for (const std::string& name : names)
+      EXPECT_EQ(kv_namespace_belongs_to_adapter(kv_namespace, name), adapter_of_kv_namespace(kv_namespace) == name)
+          << kv_namespace << " / " << name;
+  EXPECT_EQ(adapter_of_kv_namespace("alora/a@b@3"), "a@b");
+  EXPECT_EQ(adapter_of_kv_namespace("base"), std::nullopt);
 }
 
 }  // namespace

@@ -190,6 +190,10 @@ TEST_F(ServerOpenAiTest, ErrorBodyAndEngineErrorMapping) {
   EXPECT_EQ(busy.retry_after_seconds(), 1);
   EXPECT_EQ(api_error_from(Error(ErrorKind::kInvalidArgument, "x")).status(), 400);
   EXPECT_EQ(api_error_from(Error(ErrorKind::kInternal, "x")).status(), 500);
+  const ApiError shutting_down = api_error_from(Error(ErrorKind::kUnavailable, "the engine is shutting down"));
+  EXPECT_EQ(shutting_down.status(), 503);
+  EXPECT_EQ(shutting_down.code(), "server_shutting_down");
+  EXPECT_EQ(api_error_from(Error(ErrorKind::kCancelled, "x")).status(), 400);
 }
 
 TEST_F(ServerOpenAiTest, CompletionBodyWithLogprobs) {

@@ -1,13 +1,6 @@
-// EngineImpl's half of the workflow-aware KV cache (issue 5, KVFlow; DESIGN §2):
-// registry steps -> KvCacheManager::set_agent_steps, fixed prefixes from the
-// tracker -> KvCacheManager::set_agent_fixed_prefix, ended workflows forgotten.
-// Engine thread only, except workflow_registry_config.
-//
-// Agent keys are "workflow/agent": workflow ids never contain '/'
-// (is_valid_workflow_id), so the first '/' splits a key.
-#include <cmath>
+#include "engine/workflow_sync.h"
 
-#include "engine/engine_impl.h"
+#include <cmath>
 
 namespace loom {
 namespace {
@@ -28,23 +21,25 @@ WorkflowRegistryConfig workflow_registry_config(const EngineConfig& config) {
   return registry;
 }
 
-void EngineImpl::reset_workflow_kv_state() {
-  const auto policy =
-      config_.workflow_aware_eviction ? KvCacheManager::EvictionPolicy::kWorkflow : KvCacheManager::EvictionPolicy::kLru;
-  kv_cache_->set_eviction_policy(policy);
-  if (residual_kv_cache_) residual_kv_cache_->set_eviction_policy(policy);
+WorkflowSync::WorkflowSync(WorkflowRegistry& registry, const EngineConfig& config)
+    : registry_(registry),
+      eviction_policy_(config.workflow_aware_eviction ? KvEvictionPolicy::kWorkflow : KvEvictionPolicy::kLru),
+      block_size_(config.block_size) {}
+
+void WorkflowSync::reset(KvCacheGroup& caches) {
+  caches.set_eviction_policy(eviction_policy_);
   pushed_agent_steps_.clear();
-  workflow_steps_pushed_ = false;
+  steps_pushed_ = false;
 }
 
-void EngineImpl::sync_workflows() {
+void WorkflowSync::sync(KvCacheGroup& caches) {
   const auto now = std::chrono::steady_clock::now();
-  if (now - last_workflow_expiry_ >= std::chrono::seconds(1)) {
-    last_workflow_expiry_ = now;
-    workflows_.expire_unseen();
+  if (now - last_expiry_ >= std::chrono::seconds(1)) {
+    last_expiry_ = now;
+    registry_.expire_unseen();
   }
-  if (workflow_steps_pushed_ && workflow_snapshot_ && workflow_snapshot_->version() == workflows_.version()) return;
-  std::shared_ptr<const WorkflowSnapshot> snapshot = workflows_.snapshot();
+  if (steps_pushed_ && snapshot_ && snapshot_->version() == registry_.version()) return;
+  std::shared_ptr<const WorkflowSnapshot> snapshot = registry_.snapshot();
   auto is_gone = [&](std::string_view workflow) { return snapshot->workflow(workflow) == nullptr; };
 
   // Every agent with a value now; agents that lost theirs (an undeclared agent
@@ -74,23 +69,17 @@ void EngineImpl::sync_workflows() {
       changed[key] = value;
     }
   }
-  if (!changed.empty()) {
-    kv_cache_->set_agent_steps(changed);
-    if (residual_kv_cache_) residual_kv_cache_->set_agent_steps(changed);
-  }
+  if (!changed.empty()) caches.set_agent_steps(changed);
   // Ended or expired workflows: their agents' prefixes become ordinary cached
   // blocks, and their prompt history goes.
   const bool any_tracked_gone = prefix_tracker_.forget_workflows_if(is_gone) > 0;
-  if (any_gone || any_tracked_gone) {
-    auto matches = [&](const std::string& agent_key) { return is_gone(workflow_of_key(agent_key)); };
-    kv_cache_->forget_agents(matches);
-    if (residual_kv_cache_) residual_kv_cache_->forget_agents(matches);
-  }
-  workflow_snapshot_ = std::move(snapshot);
-  workflow_steps_pushed_ = true;
+  if (any_gone || any_tracked_gone)
+    caches.forget_agents([&](const std::string& agent_key) { return is_gone(workflow_of_key(agent_key)); });
+  snapshot_ = std::move(snapshot);
+  steps_pushed_ = true;
 }
 
-void EngineImpl::observe_workflow_hints(PendingRequest& request) {
+void WorkflowSync::observe_hints(PendingRequest& request) {
   const EngineRequest& hints = request.request;
   if (hints.workflow.empty() || hints.agent.empty()) return;
   request.agent_key = fmt::format("{}/{}", hints.workflow, hints.agent);
@@ -99,32 +88,26 @@ void EngineImpl::observe_workflow_hints(PendingRequest& request) {
   request.num_fixed_prefix_tokens = prefix.num_tokens;
 }
 
-void EngineImpl::declare_fixed_prefixes(const ScheduledBatch& plan) {
-  for (const ScheduledRequest& entry : plan.requests) {
-    auto it = active_.find(entry.id);
-    if (it == active_.end()) continue;
+void WorkflowSync::declare_fixed_prefixes(const ScheduledBatch& batch, const ActiveRequests& active,
+                                          KvCacheGroup& caches) {
+  for (const ScheduledRequest& entry : batch.requests) {
+    auto it = active.find(entry.id);
+    if (it == active.end()) continue;
     const PendingRequest& request = *it->second;
     const int32_t num_fixed = request.num_fixed_prefix_tokens;
-    if (request.agent_key.empty() || num_fixed < config_.block_size) continue;
+    if (request.agent_key.empty() || num_fixed < block_size_) continue;
     // Only steps that committed fixed-prefix blocks, or that found them cached
     // at admission (the agent's key may point at an older copy), change anything.
     const bool admitted_now = entry.num_prefix_hit_tokens >= 0;
     if (!admitted_now && entry.num_computed_tokens >= num_fixed) continue;
     // A workflow the registry does not know (full, or ended meanwhile) gets no agents.
-    if (!workflow_snapshot_ || !workflow_snapshot_->workflow(request.request.workflow)) continue;
-    const std::span<const KvTokenId> tokens(request.request.prompt_tokens);
-    kv_cache_->set_agent_fixed_prefix(request.agent_key, request.kv_plan.kv.key, tokens, num_fixed);
-    if (residual_kv_cache_ && !request.kv_plan.kv.residual_namespace.empty())
-      residual_kv_cache_->set_agent_fixed_prefix(request.agent_key, KvKey::single(request.kv_plan.kv.residual_namespace),
-                                                 tokens, num_fixed);
-    // An agent's first prefix: make sure the managers have its steps (they may
+    if (!snapshot_ || !snapshot_->workflow(request.request.workflow)) continue;
+    caches.set_agent_fixed_prefix(request.agent_key, request.kv_plan.kv,
+                                  std::span<const KvTokenId>(request.request.prompt_tokens), num_fixed);
+    // An agent's first prefix: make sure the group has its steps (they may
     // have arrived before any prefix of it did).
     auto steps = pushed_agent_steps_.find(request.agent_key);
-    if (steps != pushed_agent_steps_.end()) {
-      const std::map<std::string, int32_t> one{{steps->first, steps->second}};
-      kv_cache_->set_agent_steps(one);
-      if (residual_kv_cache_) residual_kv_cache_->set_agent_steps(one);
-    }
+    if (steps != pushed_agent_steps_.end()) caches.set_agent_steps({{steps->first, steps->second}});
   }
 }
 

@@ -1,0 +1,148 @@
+// One engine step and its parts (EngineImpl's private half; see engine_impl.h).
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "engine/batch_builder.h"
+#include "engine/engine_impl.h"
+
+namespace loom {
+
+namespace {
+
+double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::duration<double>(to - from).count(); }
+
+}  // namespace
+
+void EngineImpl::step() {
+  workflow_sync_.sync(pools_.caches());  // before plan(): its allocations evict by the current steps
+  const ScheduledBatch plan = scheduler_->plan();
+  const SteadyTime scheduled_at = std::chrono::steady_clock::now();
+  num_scheduler_waiting_ = scheduler_->num_waiting();
+  note_load_waits(plan, scheduled_at);
+  pools_.prefetch_next_agents(workflow_sync_.agent_steps());  // after plan(): demand loads and admissions go first
+  pools_.pump_transfers();
+  if (plan.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    return;
+  }
+  note_scheduled(plan, scheduled_at);
+  const std::optional<ForwardResult> result = forward(plan);
+  if (!result) return;  // forward failed: the batch's requests ended with its error
+  scheduler_->complete_step(plan);
+  workflow_sync_.declare_fixed_prefixes(plan, active_, pools_.caches());
+  pools_.pump_transfers();  // the backups complete_step planned start while we sample
+  sample_and_emit(plan, *result);
+}
+
+void EngineImpl::note_load_waits(const ScheduledBatch& plan, SteadyTime now) {
+  if (!pools_.has_host_tier()) return;
+  for (SchedulerRequestId id : plan.waiting_on_load) {
+    PendingRequest& request = *active_.at(id);
+    if (!request.load_wait_started_at) request.load_wait_started_at = now;
+  }
+  step_stats_.set_num_waiting_on_load(static_cast<int32_t>(plan.waiting_on_load.size()));
+  for (const ScheduledRequest& entry : plan.requests) {
+    PendingRequest& request = *active_.at(entry.id);
+    if (!request.load_wait_started_at) continue;
+    step_stats_.add_load_wait(seconds_between(*request.load_wait_started_at, now));
+    request.load_wait_started_at.reset();
+  }
+}
+
+void EngineImpl::note_scheduled(const ScheduledBatch& plan, SteadyTime scheduled_at) {
+  for (const ScheduledRequest& entry : plan.requests) {
+    PendingRequest& request = *active_.at(entry.id);
+    if (!request.first_scheduled_at) {
+      request.first_scheduled_at = scheduled_at;
+      step_stats_.add_queue_time(seconds_between(request.submitted_at, scheduled_at));
+    }
+    if (entry.num_prefix_hit_tokens >= 0) {  // admitted this step: its prefix was looked up
+      request.num_cached_prompt_tokens = entry.num_prefix_hit_tokens;
+      step_stats_.add_prefix_lookup(request.kv_plan.mode_label,
+                                    static_cast<int64_t>(request.request.prompt_tokens.size()),
+                                    entry.num_prefix_hit_tokens);
+    }
+  }
+}
+
+Batch EngineImpl::build_step_batch(const ScheduledBatch& plan) const {
+  Batch batch =
+      build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
+  // Device sampling where the backend has it: only token ids come back for the
+  // requests that need nothing else (rows that sample nothing this step take a
+  // greedy id too, so that their logits stay on the device).
+  if (capabilities_.device_sampling) {
+    batch.sampling.resize(plan.requests.size());
+    for (size_t i = 0; i < plan.requests.size(); ++i) {
+      const PendingRequest& request = *active_.at(plan.requests[i].id);
+      if (plan.requests[i].samples_next_token && !request.can_sample_on_device()) continue;
+      const SamplingParams& params = request.request.sampling;
+      batch.sampling[i] = {true, params.temperature, params.top_k, params.top_p, params.seed,
+                           static_cast<uint64_t>(request.num_output_tokens)};
+    }
+  }
+  return batch;
+}
+
+std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& plan) {
+  const Batch batch = build_step_batch(plan);
+  try {
+    ForwardResult result = backend_->forward(batch);
+    LOOM_CHECK(result.logit_token_index.size() == plan.requests.size());
+    return result;
+  } catch (const Error& error) {
+    spdlog::error("forward pass failed: {}", error.what());
+    fail_batch(plan, error);
+  } catch (const std::exception& error) {
+    spdlog::error("forward pass failed: {}", error.what());
+    fail_batch(plan, Error(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what())));
+  }
+  return std::nullopt;
+}
+
+void EngineImpl::fail_batch(const ScheduledBatch& plan, const Error& error) {
+  for (const ScheduledRequest& entry : plan.requests) end_request(entry.id, active_.at(entry.id)->failed(error));
+}
+
+void EngineImpl::sample_and_emit(const ScheduledBatch& plan, const ForwardResult& result) {
+  int32_t num_decodes = 0;
+  const SteadyTime now = std::chrono::steady_clock::now();
+  const bool any_device_sampled = !result.sampled_token_ids.empty();
+  size_t num_host_rows = 0;  // result.logits holds only the rows not sampled on the device
+  for (size_t row = 0; row < plan.requests.size(); ++row) {
+    const ScheduledRequest& entry = plan.requests[row];
+    const bool device_sampled = any_device_sampled && result.sampled_token_ids[row] >= 0;
+    const size_t logits_row = device_sampled ? 0 : num_host_rows++;
+    if (!entry.samples_next_token) continue;
+    if (entry.num_new_tokens == 1) ++num_decodes;
+    PendingRequest& request = *active_.at(entry.id);
+    RequestOutput output =
+        device_sampled
+            ? request.on_sampled_token({result.sampled_token_ids[row], result.sampled_logprobs[row], {}}, eos_ids_)
+            : request.on_logits(result.logits.data() + logits_row * static_cast<size_t>(result.vocab_size),
+                                result.vocab_size, eos_ids_);
+    on_token(entry.id, std::move(output), now);
+  }
+  if (num_decodes > 0) step_stats_.add_decode_batch(num_decodes);
+}
+
+void EngineImpl::on_token(int64_t id, RequestOutput output, SteadyTime now) {
+  PendingRequest& request = *active_.at(id);
+  if (!request.first_token_at) {
+    request.first_token_at = now;
+    step_stats_.add_first_token(seconds_between(request.submitted_at, now),
+                                seconds_between(*request.first_scheduled_at, now));
+  } else {
+    step_stats_.add_next_token(seconds_between(*request.last_token_at, now));
+  }
+  request.last_token_at = now;
+  if (output.finished) {
+    end_request(id, std::move(output));
+  } else {
+    scheduler_->append_token(id, output.new_tokens.back().token_id);
+    emit(request, std::move(output));
+  }
+}
+
+}  // namespace loom

@@ -1,0 +1,178 @@
+#include "engine/kv_pools.h"
+
+#include <algorithm>
+
+#include <spdlog/spdlog.h>
+
+namespace loom {
+
+KvPools::KvPools(Backend& backend, const EngineConfig& config)
+    : backend_(backend), config_(config), kv_bytes_per_block_(backend.kv_bytes_per_token() * config.block_size) {}
+
+KvPoolSizing KvPools::initial_sizing() const {
+  int64_t residual_bytes = config_.residual_kv_cache_bytes;
+  if (residual_bytes < 0) residual_bytes = config_.default_sharing == KvSharing::kForked ? config_.kv_cache_bytes / 8 : 0;
+  return {residual_bytes > 0, residual_bytes, config_.max_lora_rank > 0 ? config_.max_lora_rank : kMinAutoLoraRank};
+}
+
+KvPoolLayout KvPools::layout(const KvPoolSizing& sizing) const {
+  const int32_t block_size = config_.block_size;
+  KvPoolLayout layout;
+  if (sizing.with_residual) {
+    layout.residual_max_rank = sizing.max_rank;
+    layout.residual_bytes_per_block = backend_.residual_bytes_per_token(sizing.max_rank) * block_size;
+    if (layout.residual_bytes_per_block <= 0)
+      backend_.allocate_residual_cache({0, block_size, sizing.max_rank});  // throws: unsupported
+    layout.num_residual_blocks =
+        config_.num_residual_kv_blocks > 0
+            ? config_.num_residual_kv_blocks
+            : static_cast<int32_t>(std::min<int64_t>(sizing.residual_bytes / layout.residual_bytes_per_block, 1 << 30));
+    if (layout.num_residual_blocks <= 0)
+      throw Error(ErrorKind::kCapacity,
+                  fmt::format("a forked residual cache of {} bytes holds no block ({} bytes each at rank {})",
+                              sizing.residual_bytes, layout.residual_bytes_per_block, sizing.max_rank),
+                  "raise --residual-kv-cache-memory");
+  }
+  layout.num_blocks = config_.num_kv_blocks;
+  if (layout.num_blocks <= 0) {
+    const int64_t main_bytes =
+        config_.kv_cache_bytes - static_cast<int64_t>(layout.num_residual_blocks) * layout.residual_bytes_per_block;
+    const int64_t blocks = kv_bytes_per_block_ > 0 ? main_bytes / kv_bytes_per_block_ : 0;
+    layout.num_blocks = static_cast<int32_t>(std::clamp<int64_t>(blocks, 0, 1 << 30));
+  }
+  if (layout.num_blocks <= 0)
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("a KV cache of {} bytes holds no block{}", config_.kv_cache_bytes,
+                            sizing.with_residual ? " beside the forked residual cache" : ""),
+                "raise the KV cache size");
+  return layout;
+}
+
+void KvPools::allocate(const KvPoolLayout& layout) {
+  const int32_t block_size = config_.block_size;
+  const bool with_residual = layout.num_residual_blocks > 0;
+  // Copies in flight read and write the pools.
+  drain_transfers();
+  transfers_.reset();
+  caches_.reset();
+  backend_.allocate_kv_cache({layout.num_blocks, block_size});
+  if (with_residual) backend_.allocate_residual_cache({layout.num_residual_blocks, block_size, layout.residual_max_rank});
+  caches_ = std::make_unique<KvCacheGroup>(layout.num_blocks, layout.num_residual_blocks, block_size);
+  num_kv_blocks_ = layout.num_blocks;
+  num_residual_kv_blocks_ = layout.num_residual_blocks;
+  residual_max_rank_ = with_residual ? layout.residual_max_rank : 0;
+  residual_bytes_per_block_ = with_residual ? layout.residual_bytes_per_block : 0;
+  setup_host_tier();
+}
+
+std::optional<KvPoolSizing> KvPools::sizing_for_forked_adapter(const std::string& name, int32_t kv_rank,
+                                                               int32_t max_loaded_kv_rank,
+                                                               bool any_request_admitted) const {
+  const std::string rank_hint = "restart the server with --max-lora-rank >= " + std::to_string(kv_rank) +
+                                ", or load the adapter with another kv_sharing mode";
+  if (config_.max_lora_rank > 0 && kv_rank > config_.max_lora_rank)
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("adapter '{}' has k/v LoRA rank {}, over the forked residual cache's max rank {}", name,
+                            kv_rank, config_.max_lora_rank),
+                rank_hint);
+  const bool has_pool = caches_ && caches_->has(KvCacheId::kResidual);
+  if (has_pool && kv_rank <= residual_max_rank_.load()) return std::nullopt;
+  if (!has_pool && config_.residual_kv_cache_bytes == 0)
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("adapter '{}' needs a forked residual cache and the server has none "
+                            "(residual KV cache memory 0)",
+                            name),
+                "start the server with --residual-kv-cache-memory BYTES, or load the adapter with another kv_sharing");
+  if (any_request_admitted)
+    throw Error(ErrorKind::kCapacity,
+                has_pool ? fmt::format("adapter '{}' has k/v LoRA rank {}, over the forked residual cache's max rank "
+                                       "{} (fixed once requests arrived)",
+                                       name, kv_rank, residual_max_rank_.load())
+                         : fmt::format("adapter '{}' needs a forked residual cache, and the server made none at start",
+                                       name),
+                has_pool ? rank_hint
+                         : "load forked adapters at start (--lora NAME=PATH:forked), or start the server with "
+                           "--residual-kv-cache-memory BYTES or --default-sharing forked");
+  // Still "at start": size the rCache for the largest k/v rank loaded so far.
+  const int32_t max_rank =
+      config_.max_lora_rank > 0 ? config_.max_lora_rank : std::max({kMinAutoLoraRank, kv_rank, max_loaded_kv_rank});
+  const int64_t residual_bytes =
+      config_.residual_kv_cache_bytes >= 0 ? config_.residual_kv_cache_bytes : config_.kv_cache_bytes / 8;
+  return KvPoolSizing{true, residual_bytes, max_rank};
+}
+
+void KvPools::setup_host_tier() {
+  transfers_.reset();
+  int32_t num_blocks = config_.num_host_kv_blocks;
+  if (num_blocks <= 0 && config_.host_kv_cache_bytes > 0)
+    num_blocks = static_cast<int32_t>(std::min<int64_t>(config_.host_kv_cache_bytes / kv_bytes_per_block_, 1 << 30));
+  if (num_blocks <= 0) {
+    if (config_.host_kv_cache_bytes > 0)
+      throw Error(ErrorKind::kCapacity,
+                  fmt::format("a host KV tier of {} bytes holds no block ({} bytes each)", config_.host_kv_cache_bytes,
+                              kv_bytes_per_block_),
+                  "raise --host-kv-memory");
+    return;
+  }
+  backend_.allocate_host_kv_cache(KvPoolKind::kMain, num_blocks);
+  caches_->main().enable_host_tier(num_blocks);
+  Backend* backend = &backend_;
+  auto copy = [backend](const KvCacheManager::Transfer& transfer) {
+    const auto direction = transfer.kind == KvCacheManager::Transfer::Kind::kOffload ? KvCopyDirection::kDeviceToHost
+                                                                                     : KvCopyDirection::kHostToDevice;
+    backend->copy_kv_blocks(KvPoolKind::kMain, direction, transfer.device_block_ids, transfer.host_block_ids);
+  };
+  transfers_ = std::make_unique<KvTransferWorker>(copy, std::max(config_.max_queued_kv_transfers, 1));
+  spdlog::info("KV host tier: {} blocks ({:.1f} MiB)", num_blocks,
+               static_cast<double>(num_blocks) * static_cast<double>(kv_bytes_per_block_) / (1 << 20));
+}
+
+bool KvPools::has_transfers_in_flight() const {
+  return caches_ != nullptr && caches_->main().num_transfers_in_flight() > 0;
+}
+
+void KvPools::pump_transfers() {
+  if (!transfers_) return;
+  KvCacheManager& main = caches_->main();
+  for (const KvTransferWorker::Finished& finished : transfers_->take_finished())
+    main.finish_transfer(finished.transfer_id, finished.succeeded);
+  for (KvCacheManager::Transfer& transfer : main.take_transfers()) {
+    const int64_t id = transfer.id;
+    if (!transfers_->submit(std::move(transfer))) main.finish_transfer(id, false);
+  }
+}
+
+void KvPools::drain_transfers() {
+  if (!transfers_) return;
+  while (has_transfers_in_flight()) {
+    pump_transfers();
+    transfers_->wait_idle();
+    pump_transfers();
+  }
+}
+
+void KvPools::prefetch_next_agents(const std::map<std::string, int32_t>& steps_by_agent_key) {
+  if (!transfers_ || config_.prefetch_agents <= 0 || steps_by_agent_key.empty()) return;
+  // Agents about to run, nearest first (steps 0 run now: their requests load on demand).
+  std::vector<std::pair<int32_t, const std::string*>> next;
+  for (const auto& [agent_key, steps] : steps_by_agent_key)
+    if (steps >= 1 && steps != kStepsFar) next.emplace_back(steps, &agent_key);
+  if (next.empty()) return;
+  std::sort(next.begin(), next.end(),
+            [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : *a.second < *b.second; });
+  KvCacheManager& main = caches_->main();
+  int32_t max_blocks = main.num_total_blocks();
+  if (config_.prefetch_max_bytes > 0)
+    max_blocks = static_cast<int32_t>(std::min<int64_t>(config_.prefetch_max_bytes / kv_bytes_per_block_, max_blocks));
+  const int32_t num_agents = std::min<int32_t>(config_.prefetch_agents, static_cast<int32_t>(next.size()));
+  for (int32_t i = 0; i < num_agents && max_blocks > 0; ++i)
+    max_blocks -= main.prefetch_agent(*next[static_cast<size_t>(i)].second, max_blocks);
+}
+
+int32_t KvPools::drop_adapter_kv(const std::string& adapter_name) {
+  drain_transfers();  // the managers drop nothing a copy still pins
+  return caches_->drop_namespaces(
+      [&](const std::string& kv_namespace) { return kv_namespace_belongs_to_adapter(kv_namespace, adapter_name); });
+}
+
+}  // namespace loom
