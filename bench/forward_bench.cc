@@ -30,8 +30,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "forward_breakdown.h"
-#include "kv/block_allocator.h"
 #include "model/loader.h"
+#include "oracles/block_allocator.h"
 #include "util/error.h"
 
 namespace loom::bench {

@@ -9,7 +9,7 @@
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/paged_attention.h"
-#include "backend/cpu/rope.h"
+#include "backend/rope.h"
 
 namespace loom::bench {
 namespace {
@@ -108,7 +108,7 @@ std::vector<BreakdownSection> measure_forward_breakdown(const LoadedModel& model
     }
   });
 
-  const cpu::Rope rope(config);
+  const Rope rope(config);
   const int64_t half = config.head_dim / 2;
   std::vector<float> cos_table(n * half), sin_table(n * half);
   add("norms_rope_silu_residual", [&] {

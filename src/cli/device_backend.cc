@@ -8,9 +8,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
-#include "model/synthetic.h"
-#include "model/synthetic_weights.h"
-#include "tokenizer/synthetic.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_tokenizer.h"
+#include "synthetic/synthetic_weights.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #ifdef LOOM_HAVE_CUDA

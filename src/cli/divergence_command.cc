@@ -1,6 +1,6 @@
 // `loom divergence`: how far the KV sharing modes move an adapter's outputs
 // from its isolated (exact) run: per-layer hidden-state cosine, logit KL and
-// greedy agreement (engine/divergence.h has the definitions), for random LoRA
+// greedy agreement (tools/divergence.h has the definitions), for random LoRA
 // adapters of a chosen scale or real ones (--lora), on the CPU backend.
 #include <algorithm>
 #include <chrono>
@@ -17,9 +17,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
-#include "engine/divergence.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
+#include "tools/divergence.h"
 #include "util/error.h"
 
 namespace loom::cli {
@@ -326,7 +326,7 @@ int run_divergence(const DivergenceCommandOptions& options) {
   std::cout << fmt::format("{} adapters, context {} tokens, suffixes {} tokens, {} generated; {:.0f} s\n",
                            num_adapters, context.size(), options.suffix_tokens, options.num_generated, seconds);
   std::cout << "cos Ll: hidden state after layer l vs the reference; KL(ref || mode) in nats; TF/FR agr: greedy "
-               "agreement teacher-forced / free-running (see engine/divergence.h)\n\n";
+               "agreement teacher-forced / free-running (see tools/divergence.h)\n\n";
   std::cout << "Mean over adapters and prompts\n" << table_header(layers, "case") << "\n";
   for (const std::string& label : case_labels)
     std::cout << table_row(label, average_divergence(by_case[label]), layers) << "\n";
@@ -358,7 +358,7 @@ CommandRunner register_divergence(CLI::App& app) {
   app.add_option("--rank", options->rank, "Random adapters' rank")->capture_default_str();
   app.add_option("--alpha", options->alpha, "Random adapters' lora_alpha")->capture_default_str();
   app.add_option("--relative-norm", options->relative_norm,
-                 "Random B scale: ||s B A||_F / ||W||_F per module (engine/divergence.h)")
+                 "Random B scale: ||s B A||_F / ||W||_F per module (tools/divergence.h)")
       ->capture_default_str();
   app.add_option("--b-sigma", options->b_sigma, "Random B ~ N(0, sigma) with this fixed sigma (overrides --relative-norm)");
   app.add_option("--seed", options->seed, "Random adapters' seed")->capture_default_str();

@@ -4,7 +4,7 @@
 //
 // Writes OUT/adapter0 .. OUT/adapter{N-1}, each adapter_config.json +
 // adapter_model.safetensors (f32) that `loom serve --lora` and PEFT load.
-// Weights come from the synthetic adapter helpers (model/synthetic.h): A
+// Weights come from the synthetic adapter helpers (synthetic/synthetic_model.h): A
 // uniform / sqrt(fan_in), B non-zero, deterministic in (seed, adapter name,
 // tensor name). Every adapter targets the same modules at the same rank
 // (--targets, default all seven projections), so bytes per agent compare
@@ -21,7 +21,7 @@
 
 #include "cli/commands.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 

@@ -4,7 +4,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 
 namespace loom::cli {
 namespace {

@@ -20,10 +20,11 @@
 #include <vector>
 
 #include "backend/backend.h"
-#include "engine/generator.h"
+#include "engine/generation_result.h"
 #include "engine/sampler.h"
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
+#include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "workflow/workflow_registry.h"
 

@@ -8,9 +8,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "formats/safetensors.h"
 #include "lora/adapter_config.h"
 #include "lora/peft_matching.h"
-#include "model/safetensors.h"
 #include "util/error.h"
 
 namespace loom {

@@ -14,8 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.h"
 #include "model/config.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 
 namespace loom {

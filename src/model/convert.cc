@@ -5,9 +5,10 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "model/gguf_config.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

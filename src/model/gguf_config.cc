@@ -2,7 +2,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "model/gguf.h"
+#include "model/gguf_config.h"
 #include "util/error.h"
 
 namespace loom {

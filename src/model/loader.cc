@@ -2,9 +2,10 @@
 
 #include <filesystem>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "model/gguf_config.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 

@@ -16,27 +16,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "formats/tensor.h"
 #include "model/config.h"
 
 namespace loom {
-
-struct Tensor {
-  std::vector<int64_t> shape;
-  const float* data = nullptr;
-  std::shared_ptr<const void> storage;
-
-  bool empty() const { return data == nullptr; }
-  int64_t numel() const {
-    int64_t count = 1;
-    for (int64_t dim : shape) count *= dim;
-    return shape.empty() ? 0 : count;
-  }
-  // A tensor that owns a copy of `values`.
-  static Tensor from_vector(std::vector<int64_t> shape, std::vector<float> values);
-};
-
-// Name -> tensor, names as in Hugging Face checkpoints ("model.layers.0.self_attn.q_proj.weight").
-using TensorMap = std::unordered_map<std::string, Tensor>;
 
 struct LayerWeights {
   Tensor input_norm;           // [hidden]

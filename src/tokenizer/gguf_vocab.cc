@@ -3,7 +3,7 @@
 // for the same model, then loaded like any HF tokenizer.
 #include <spdlog/spdlog.h>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "tokenizer/families.h"
 #include "tokenizer/gguf_vocab.h"
 #include "tokenizer/hf_tokenizer.h"

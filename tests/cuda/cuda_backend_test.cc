@@ -13,8 +13,8 @@
 #include "backend/cuda/cuda_check.h"
 #include "cuda_test_util.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
-#include "model/synthetic_weights.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 

@@ -7,7 +7,7 @@
 #include "cuda_test_util.h"
 #include "engine/engine.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
 namespace loom::cuda {

@@ -11,7 +11,7 @@
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "cuda_test_util.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 #include "util/prng.h"
 

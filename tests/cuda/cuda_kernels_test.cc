@@ -5,12 +5,12 @@
 #include <gtest/gtest.h>
 
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/rope.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/rope.h"
 #include "cuda_test_util.h"
-#include "model/synthetic.h"
-#include "model/synthetic_weights.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/half.h"
 
 namespace loom::cuda {
@@ -93,7 +93,7 @@ void check_qkv_postprocess(const ModelConfig& config, const std::vector<int32_t>
   for (int t = 0; t < n; ++t) slots[t] = t % 3 == 2 ? -1 : (3 * t + 1) % num_slots;  // every third token not written
 
   // CPU reference.
-  const cpu::Rope rope(config);
+  const Rope rope(config);
   std::vector<float> q_ref(n * q_size), k_ref(n * kv_size), v_ref(n * kv_size);
   for (int t = 0; t < n; ++t) {
     std::vector<float> row(qkv.begin() + t * width, qkv.begin() + (t + 1) * width);

@@ -15,7 +15,7 @@
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/step_plan.h"
 #include "cuda_test_util.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "util/error.h"
 
 namespace loom::cuda {

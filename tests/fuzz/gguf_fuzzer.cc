@@ -1,10 +1,11 @@
-// libFuzzer target: GGUF files (model/gguf.h): the container, the model config
+// libFuzzer target: GGUF files (formats/gguf.h, model/gguf_config.h): the container, the model config
 // from its metadata and the tokenizer from its vocabulary, as `--model x.gguf` does.
 #include <cmath>
 #include <string_view>
 
+#include "formats/gguf.h"
 #include "fuzz_util.h"
-#include "model/gguf.h"
+#include "model/gguf_config.h"
 #include "tokenizer/tokenizer.h"
 
 extern "C" int LLVMFuzzerInitialize(int*, char***) {

@@ -9,7 +9,7 @@
 #include "fuzz_util.h"
 #include "server/api_error.h"
 #include "server/openai_request.h"
-#include "tokenizer/synthetic.h"
+#include "synthetic/synthetic_tokenizer.h"
 #include "tokenizer/tokenizer.h"
 #include "util/json_nesting.h"
 

@@ -1,14 +1,14 @@
-// libFuzzer target: safetensors files (model/safetensors.h), and the same bytes
+// libFuzzer target: safetensors files (formats/safetensors.h), and the same bytes
 // as a LoRA adapter's adapter_model.safetensors (tensor names, shapes) for a
 // tiny base model.
 #include <cmath>
 #include <string_view>
 
 #include "../common/tiny_lora_base.h"
+#include "formats/safetensors.h"
 #include "fuzz_util.h"
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
-#include "model/safetensors.h"
 
 namespace {
 

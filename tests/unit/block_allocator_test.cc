@@ -1,6 +1,6 @@
 #include <gtest/gtest.h>
 
-#include "kv/block_allocator.h"
+#include "oracles/block_allocator.h"
 
 namespace loom {
 

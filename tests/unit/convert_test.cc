@@ -12,11 +12,12 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
+#include "formats/safetensors.h"
+#include "model/gguf_config.h"
 #include "model/hf_config.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

@@ -1,7 +1,7 @@
-// engine/divergence: the exact cases measure ~0, the lossy ones measure
+// tools/divergence: the exact cases measure ~0, the lossy ones measure
 // something, and only from the second layer on; the metric helpers; the
 // random adapters' scale.
-#include "engine/divergence.h"
+#include "tools/divergence.h"
 
 #include <gtest/gtest.h>
 

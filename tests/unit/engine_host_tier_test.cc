@@ -8,9 +8,9 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
-#include "model/loader.h"
-#include "model/synthetic.h"
 #include "engine_test_util.h"
+#include "model/loader.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
 namespace loom {

@@ -11,10 +11,10 @@
 #include "backend/cpu/cpu_backend.h"
 #include "engine/batch_builder.h"
 #include "engine/engine_impl.h"
+#include "engine_test_util.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
-#include "engine_test_util.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
 namespace loom {

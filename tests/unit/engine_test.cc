@@ -5,11 +5,11 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
-#include "engine/generator.h"
+#include "engine_test_util.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
-#include "engine_test_util.h"
+#include "oracles/generator.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 

@@ -11,13 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include "../common/tiny_lora_base.h"
+#include "formats/gguf.h"
+#include "formats/gguf_writer.h"
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
 #include "lora/peft_matching.h"
-#include "model/gguf.h"
-#include "model/gguf_writer.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

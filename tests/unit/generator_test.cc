@@ -4,10 +4,10 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
-#include "engine/generator.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
-#include "model/synthetic.h"
+#include "oracles/generator.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 #include "util/error.h"
 

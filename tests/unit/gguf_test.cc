@@ -1,7 +1,8 @@
 // GGUF reading: metadata types, dequantization (checked against values worked
 // out here from the block layouts and against gguf-py on a committed fixture),
 // HF renaming, Q/K un-permutation, model config, and corrupt files.
-#include "model/gguf.h"
+#include "formats/gguf.h"
+#include "model/gguf_config.h"
 
 #include <cstring>
 #include <filesystem>
@@ -11,8 +12,8 @@
 
 #include <gtest/gtest.h>
 
-#include "model/gguf_writer.h"
-#include "model/safetensors.h"
+#include "formats/gguf_writer.h"
+#include "formats/safetensors.h"
 #include "test_util.h"
 #include "util/error.h"
 #include "util/half.h"

@@ -12,11 +12,11 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
-#include "engine/generator.h"
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
-#include "model/synthetic.h"
+#include "oracles/generator.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
 namespace loom {

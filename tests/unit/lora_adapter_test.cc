@@ -6,11 +6,11 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "lora/adapter_config.h"
 #include "lora/peft_matching.h"
-#include "model/safetensors.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 #include "util/error.h"
 

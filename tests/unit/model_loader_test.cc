@@ -10,9 +10,10 @@
 
 #include <gtest/gtest.h>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
+#include "model/gguf_config.h"
 #include "model/hf_config.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"

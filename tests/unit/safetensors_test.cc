@@ -1,6 +1,6 @@
 // safetensors reading and writing: round trips, files written by python
 // safetensors, sharded checkpoints, and every kind of corrupt input.
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <cmath>
 #include <cstring>

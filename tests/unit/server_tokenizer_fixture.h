@@ -4,8 +4,8 @@
 #include <fstream>
 #include <memory>
 
+#include "synthetic/synthetic_tokenizer.h"
 #include "test_util.h"
-#include "tokenizer/synthetic.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::test {

@@ -29,10 +29,10 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cpu/cpu_backend.h"
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
 namespace loom {

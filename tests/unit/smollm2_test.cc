@@ -9,9 +9,9 @@
 #include <fmt/format.h>
 
 #include "backend/cpu/cpu_backend.h"
-#include "engine/generator.h"
+#include "formats/safetensors.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
+#include "oracles/generator.h"
 #include "test_util.h"
 
 namespace loom {

@@ -9,14 +9,14 @@
 
 #include <nlohmann/json.hpp>
 
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "lora/peft_matching.h"
 #include "model/hf_config.h"
 #include "model/loader.h"
-#include "model/safetensors.h"
-#include "model/synthetic.h"
-#include "model/synthetic_weights.h"
 #include "model/weights.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

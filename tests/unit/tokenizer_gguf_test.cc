@@ -8,7 +8,7 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
 #include "test_util.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"

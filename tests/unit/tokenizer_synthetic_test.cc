@@ -13,10 +13,10 @@
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
 
-#include "model/gguf.h"
+#include "formats/gguf.h"
+#include "synthetic/synthetic_tokenizer.h"
 #include "test_util.h"
 #include "tokenizer/hf_tokenizer.h"
-#include "tokenizer/synthetic.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 

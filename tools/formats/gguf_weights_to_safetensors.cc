@@ -3,11 +3,11 @@
 // check_gguf_against_transformers.py can compare them with transformers' own
 // GGUF loader. Not part of the build; compile by hand, e.g.
 //   g++ -std=c++20 -O2 -fopenmp -Isrc tools/formats/gguf_weights_to_safetensors.cc \
-//       build/libloom.a -lfmt -o /tmp/gguf_weights_to_safetensors
+//       build/libloom_formats.a build/libloom_util.a -lfmt -o /tmp/gguf_weights_to_safetensors
 #include <cstdio>
 
-#include "model/gguf.h"
-#include "model/safetensors.h"
+#include "formats/gguf.h"
+#include "formats/safetensors.h"
 #include "util/error.h"
 
 int main(int argc, char** argv) {

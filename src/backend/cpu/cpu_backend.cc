@@ -9,14 +9,14 @@
 
 #include <spdlog/spdlog.h>
 
+#include "backend/batch_checks.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/host_kv_pool.h"
-#include "backend/cpu/input_checks.h"
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
 #include "backend/cpu/residual_attention.h"
-#include "backend/cpu/rope.h"
+#include "backend/rope.h"
 #include "lora/adapter.h"
 #include "util/error.h"
 
@@ -93,7 +93,7 @@ class CpuBackend final : public Backend {
   const ModelConfig config_;
   const std::shared_ptr<const ModelWeights> weights_;
   const int num_threads_;
-  const cpu::Rope rope_;
+  const Rope rope_;
 
   KvCacheShape kv_shape_{0, 0};
   std::vector<std::vector<float>> k_pools_;  // [layer][num_blocks * block_size * kv_size]
@@ -142,7 +142,7 @@ CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWei
   if (backend_config.max_adapter_slots < 0)
     fail(ErrorKind::kInvalidArgument, "cpu backend: max_adapter_slots is {}",
          backend_config.max_adapter_slots);
-  cpu::validate_weights(*weights_, config_);
+  validate_weights(*weights_, config_);
   adapters_.resize(backend_config.max_adapter_slots);
   // The GEMMs are split across our OpenMP threads (cpu_kernels.cc); OpenBLAS's own
   // pthread pool would spin next to them and fight for the same cores.
@@ -239,12 +239,12 @@ void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> ad
   if (slot < 0 || slot >= max_adapter_slots())
     fail(ErrorKind::kInvalidArgument, "cpu backend: adapter slot {} outside [0, {})", slot,
          max_adapter_slots());
-  if (adapter != nullptr) cpu::validate_adapter(*adapter, config_);
+  if (adapter != nullptr) validate_adapter(*adapter, config_);
   adapters_[slot] = std::move(adapter);
 }
 
 ForwardResult CpuBackend::forward(const Batch& batch) {
-  cpu::validate_batch(batch,
+  validate_batch(batch,
                       {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
                        residual_shape_.block_size, residual_shape_.max_rank, config_.qk_norm},
                       adapters_);

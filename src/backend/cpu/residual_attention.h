@@ -23,7 +23,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/paged_attention.h"
-#include "backend/cpu/rope.h"
+#include "backend/rope.h"
 #include "lora/adapter.h"
 
 namespace loom::cpu {

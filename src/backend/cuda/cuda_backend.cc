@@ -7,7 +7,7 @@
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
-#include "backend/cpu/input_checks.h"
+#include "backend/batch_checks.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/sampling.h"
 #include "util/error.h"
@@ -116,7 +116,7 @@ void CudaBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> a
   if (slot < 0 || slot >= max_adapter_slots())
     fail(ErrorKind::kInvalidArgument, "cuda backend: adapter slot {} outside [0, {})", slot, max_adapter_slots());
   if (adapter != nullptr) {
-    cpu::validate_adapter(*adapter, config_);
+    validate_adapter(*adapter, config_);
     if (adapter->max_rank() > kLoraMaxRank)
       fail(ErrorKind::kUnsupported, "adapter '{}': rank {} above the cuda backend's {}", adapter->name,
            adapter->max_rank(), kLoraMaxRank);
@@ -212,16 +212,15 @@ int CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets
                     : first == static_cast<int32_t>(LoraTarget::kGate) ? 2
                                                                        : 3;
   params.expand_columns = lora_expand_columns_;
-  params.skip_for_measuring = static_cast<int32_t>(lora_skip_ >> (2 * group) & 3);
   params.fused = lora_kernel_ == LoraKernel::kFused || (lora_kernel_ == LoraKernel::kFusedAttention && group <= 1);
   if (lora_overlap_ == LoraOverlap::kInline || (lora_side_groups_ >> group & 1) == 0) {
-    launch_lora(params, stream_);
+    launch_lora_group(group, params, stream_);
     return kLoraInline;
   }
   // The shrink and expand read x and write only lora_out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(lora_fork_, stream_));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(lora_stream_, lora_fork_, 0));
-  launch_lora(params, lora_stream_);
+  launch_lora_group(group, params, lora_stream_);
   LOOM_CUDA_CHECK(cudaEventRecord(lora_join_, lora_stream_));
   return kLoraSide;
 }
@@ -319,7 +318,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
 void CudaBackend::enqueue_forward(const Batch& batch) {
   check_batch_supported(batch);  // first: the generic checks would reject base sharing's fields differently
   check_device_sampling(batch);
-  cpu::validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
+  validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
   plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_});
   if (plan_.num_tokens() == 0) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
@@ -425,7 +424,7 @@ cudaStream_t make_stream(int device) {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                            const CudaBackendConfig& backend_config) {
-  cpu::validate_weights(weights, config);
+  validate_weights(weights, config);
   cuda::check_model_supported(config);
   cudaStream_t stream = make_stream(backend_config.device);
   try {
@@ -437,17 +436,29 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
   }
 }
 
-std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
-                                                     const CudaBackendConfig& backend_config) {
+std::unique_ptr<cuda::CudaBackend> cuda::make_synthetic_cuda_backend_as(const ModelConfig& config, uint64_t seed,
+                                                                       bool round_to_bf16,
+                                                                       const CudaBackendConfig& backend_config,
+                                                                       const CudaBackendConstructor& construct) {
   cuda::check_model_supported(config);
   cudaStream_t stream = make_stream(backend_config.device);
   try {
     cuda::DeviceModel model = cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+    return construct(config, std::move(model), stream, backend_config.device, backend_config);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;
   }
+}
+
+std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
+                                                     const CudaBackendConfig& backend_config) {
+  return cuda::make_synthetic_cuda_backend_as(
+      config, seed, round_to_bf16, backend_config,
+      [](const ModelConfig& model_config, cuda::DeviceModel model, cudaStream_t stream, int device,
+         const CudaBackendConfig& config_of_backend) {
+        return std::make_unique<cuda::CudaBackend>(model_config, std::move(model), stream, device, config_of_backend);
+      });
 }
 
 BackendCapabilities cuda_backend_capabilities() {

@@ -35,7 +35,7 @@ struct CudaBackendConfig {
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                            const CudaBackendConfig& backend_config = {});
 
-// Builds `config`'s synthetic model (model/synthetic.h) on the device with
+// Builds `config`'s synthetic model (synthetic/synthetic_model.h) on the device with
 // `loom make-model`'s per-tensor seeds: bf16 weights equal to make-model's
 // bf16 file (and to its f32 file rounded to bf16). round_to_bf16 also rounds
 // norms and biases through bf16, as the 8b preset's bf16 file stores them.

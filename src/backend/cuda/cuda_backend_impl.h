@@ -4,6 +4,7 @@
 // the Backend interface through cuda_backend.h.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -22,7 +23,7 @@
 
 namespace loom::cuda {
 
-class CudaBackend final : public Backend {
+class CudaBackend : public Backend {
  public:
   // Takes ownership of `stream` (created by the factory on `device`).
   CudaBackend(const ModelConfig& config, DeviceModel model, cudaStream_t stream, int device,
@@ -90,11 +91,17 @@ class CudaBackend final : public Backend {
   void set_lora_bf16_gate_up(bool bf16) { lora_bf16_gate_up_ = bf16; }
   // Output columns per thread of the split path's expand kernel (1, 2 or 4).
   void set_lora_expand_columns(int32_t columns) { lora_expand_columns_ = columns; }
-  // Measuring only (wrong results): per group g, bits 2g / 2g+1 skip its shrink / expand launch.
-  void set_lora_skip_for_measuring(uint32_t mask) { lora_skip_ = mask; }
   // This layer's K / V pool (nullptr before allocate_kv_cache).
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
+
+ protected:
+  // Enqueues projection group `group`'s LoRA kernels (0 q/k/v, 1 o, 2 gate/up,
+  // 3 down) on `stream`: launch_lora. The only override is the benchmark's
+  // (bench/cuda), which leaves launches out to time them; serving never does.
+  virtual void launch_lora_group(int group, const LoraParams& params, cudaStream_t stream) {
+    launch_lora(params, stream);
+  }
 
  private:
   void grow_buffers();
@@ -126,7 +133,6 @@ class CudaBackend final : public Backend {
   LoraOverlap lora_overlap_ = LoraOverlap::kSideStream;
   LoraKernel lora_kernel_ = LoraKernel::kSplit;
   uint32_t lora_side_groups_ = 0xF;
-  uint32_t lora_skip_ = 0;
   int32_t lora_expand_columns_ = 1;
   bool lora_bf16_gate_up_ = true;
   cudaStream_t stream_ = nullptr;
@@ -167,5 +173,15 @@ class CudaBackend final : public Backend {
   DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)
   PinnedBuffer sampled_host_;
 };
+
+// make_synthetic_cuda_backend with the backend built by `construct` from
+// CudaBackend's constructor arguments: for the benchmark's subclass (bench/cuda).
+using CudaBackendConstructor = std::function<std::unique_ptr<CudaBackend>(
+    const ModelConfig& config, DeviceModel model, cudaStream_t stream, int device,
+    const CudaBackendConfig& backend_config)>;
+std::unique_ptr<CudaBackend> make_synthetic_cuda_backend_as(const ModelConfig& config, uint64_t seed,
+                                                            bool round_to_bf16,
+                                                            const CudaBackendConfig& backend_config,
+                                                            const CudaBackendConstructor& construct);
 
 }  // namespace loom::cuda

@@ -6,10 +6,10 @@
 
 #include <fmt/format.h>
 
-#include "backend/cpu/rope.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
-#include "model/synthetic_weights.h"
+#include "backend/rope.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/error.h"
 
 namespace loom::cuda {
@@ -117,7 +117,7 @@ std::unordered_map<std::string, Destination> destinations(const ModelConfig& con
 }
 
 void upload_inverse_frequencies(const ModelConfig& config, const float* destination, cudaStream_t stream) {
-  const cpu::Rope rope(config);
+  const Rope rope(config);
   LOOM_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(destination), rope.inverse_frequencies().data(),
                                   rope.inverse_frequencies().size() * sizeof(float), cudaMemcpyHostToDevice, stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));

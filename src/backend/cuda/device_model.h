@@ -4,7 +4,7 @@
 //
 // Built either from host fp32 ModelWeights (converted on the device, chunk by
 // chunk) or drawn on the device with `loom make-model`'s per-tensor seeds
-// (model/synthetic_weights.h), so a 16 GB model never exists on the host.
+// (synthetic/synthetic_weights.h), so a 16 GB model never exists on the host.
 // Immutable after construction. Thread: the owning backend's thread.
 #pragma once
 

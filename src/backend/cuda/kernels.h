@@ -123,8 +123,6 @@ struct LoraParams {
   // Split path: output columns per expand thread, 256 threads per CTA (1, 2 or
   // 4); 0: one column per thread, 128 threads per CTA.
   int32_t expand_columns = 1;
-  // Measuring only (results wrong): 1 = skip the shrink launch, 2 = skip the expand launch.
-  int32_t skip_for_measuring = 0;
 };
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.
@@ -133,6 +131,10 @@ int32_t lora_splits(int32_t in_features);
 // Rows whose adapter does not target the module are skipped. Requires
 // in_features % 8 == 0 and max_rank <= kLoraMaxRank.
 void launch_lora(const LoraParams& params, cudaStream_t stream);
+// Benchmarks only (bench/cuda's subclass of CudaBackend; results wrong):
+// launch_lora leaving out launches of the split path, to time what each costs a
+// step: `skip` bit 1 = no shrink launch, bit 2 = no expand launch.
+void launch_lora_skipping(const LoraParams& params, cudaStream_t stream, int32_t skip);
 
 // Decode-sized GEMMs (skinny_gemm.cu), m in 1..4: y[r * y_stride + c] = x[r] . w[c]
 // for c < n (k % 8 == 0, x rows 16-byte aligned). The gate/up variant computes
@@ -143,7 +145,7 @@ void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* 
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
                                   int32_t k, bf16* out, cudaStream_t stream);
 
-// Synthetic weights (model/synthetic_weights.h), value i of a tensor from
+// Synthetic weights (synthetic/synthetic_weights.h), value i of a tensor from
 // SplitMix64 at state tensor_seed + (i + 1) * golden: value-for-value what
 // SyntheticValueStream draws. bf16 output rounds to nearest even as make-model's
 // bf16 files do; fp32 output optionally rounds through bf16 first.

@@ -392,7 +392,12 @@ __global__ void __launch_bounds__(kFusedThreads) lora_fused_kernel(LoraParams p,
 
 int32_t lora_splits(int32_t in_features) { return (in_features + kLoraShrinkChunk - 1) / kLoraShrinkChunk; }
 
-void launch_lora(const LoraParams& params, cudaStream_t stream) {
+namespace {
+
+// kSkippable is false for launch_lora (serving): the skip tests below fold away
+// at compile time, so the production path has no measurement branch.
+template <bool kSkippable>
+void launch_lora_kernels(const LoraParams& params, cudaStream_t stream, int32_t skip) {
   if (params.num_tiles == 0 || params.num_targets == 0) return;
   if (params.max_rank > kLoraMaxRank) throw_unsupported("cuda LoRA: rank above 256", params.max_rank);
   int max_out = 0, max_in = 0;
@@ -415,11 +420,11 @@ void launch_lora(const LoraParams& params, cudaStream_t stream) {
   }
   if (lora_splits(max_in) > params.max_splits)
     throw_unsupported("cuda LoRA: v scratch has too few splits for in_features", max_in);
-  if ((params.skip_for_measuring & 1) == 0)
+  if (!kSkippable || (skip & 1) == 0)
     lora_shrink_kernel<<<dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0, stream>>>(
         params);
   LOOM_CUDA_CHECK_LAUNCH();
-  if (params.skip_for_measuring & 2) return;
+  if (kSkippable && (skip & 2) != 0) return;
   // expand_columns: 4 or 2 columns per thread of 256; 1: one of 256; 0 (or
   // anything else): one column per thread of 128, the most CTAs.
   const int columns = params.expand_columns == 4 ? 4 : params.expand_columns == 2 ? 2 : 1;
@@ -449,6 +454,16 @@ void launch_lora(const LoraParams& params, cudaStream_t stream) {
     LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel<1, kExpandThreads>, params));
   }
   LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void launch_lora(const LoraParams& params, cudaStream_t stream) {
+  launch_lora_kernels</*kSkippable=*/false>(params, stream, 0);
+}
+
+void launch_lora_skipping(const LoraParams& params, cudaStream_t stream, int32_t skip) {
+  launch_lora_kernels</*kSkippable=*/true>(params, stream, skip);
 }
 
 }  // namespace loom::cuda

@@ -1,4 +1,4 @@
-// Synthetic weights drawn on the device (see kernels.h and model/synthetic_weights.h).
+// Synthetic weights drawn on the device (see kernels.h and synthetic/synthetic_weights.h).
 // SplitMix64 is counter-based: draw i of a stream seeded with s is
 // mix(s + (i + 1) * golden), so every element is computed independently and the
 // values equal the sequential CPU stream's bit for bit.

@@ -1,4 +1,4 @@
-#include "kv/block_allocator.h"
+#include "oracles/block_allocator.h"
 
 #include <algorithm>
 #include <functional>

@@ -1,4 +1,4 @@
-// Input checks of the CPU backend: a batch, adapter or weights the backend cannot run
+// Input checks shared by the backends (CPU and CUDA): a batch, adapter or weights the backend cannot run
 // raises Error(kInvalidArgument) naming the offending field, before any KV
 // slot is written, so a bad batch never corrupts the cache or crashes.
 #pragma once
@@ -12,7 +12,7 @@
 #include "model/config.h"
 #include "model/weights.h"
 
-namespace loom::cpu {
+namespace loom {
 
 struct BatchLimits {
   int32_t vocab_size = 0;
@@ -45,4 +45,4 @@ void validate_adapter(const LoraAdapter& adapter, const ModelConfig& config);
 // Throws Error(kFormat) naming the tensor.
 void validate_weights(const ModelWeights& weights, const ModelConfig& config);
 
-}  // namespace loom::cpu
+}  // namespace loom

@@ -1,6 +1,6 @@
 // Offline batched generation: a fixed set of requests run together to the end.
-// `loom generate`, tests and benchmarks use it; the serving engine (scheduler,
-// radix cache, preemption) arrives with issue "Serving core".
+// A test oracle (tests/oracles, linked only by tests and benchmarks): the serving
+// Engine must produce what it produces; `loom generate` runs through the Engine.
 //
 // Thread: one caller at a time; it drives the backend synchronously.
 #pragma once
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "engine/generation_result.h"
 #include "engine/sampler.h"
 #include "tokenizer/tokenizer.h"
 
@@ -24,15 +25,6 @@ struct GenerationRequest {
   int32_t max_new_tokens = 64;
   std::vector<std::string> stop_strings;  // generation ends before the first match
   bool ignore_eos = false;
-};
-
-enum class FinishReason { kStop, kLength };
-const char* finish_reason_name(FinishReason reason);
-
-struct GenerationResult {
-  std::vector<SampledToken> tokens;  // every generated token, with logprobs
-  std::string text;                  // detokenized, cut before a matched stop string
-  FinishReason finish_reason = FinishReason::kLength;
 };
 
 struct GeneratorConfig {

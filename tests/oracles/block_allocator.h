@@ -1,5 +1,5 @@
-// A plain free-list allocator of KV block ids. Issue "Serving core" replaces it
-// with the radix-tree cache manager; the engine and tests use it until then.
+// A plain free-list allocator of KV block ids: a test oracle (tests/oracles) for the
+// offline Generator and benchmarks; the serving engine uses kv/KvCacheManager.
 #pragma once
 
 #include <cstdint>

@@ -1,5 +1,6 @@
 // GGUF (v2/v3) reader for the llama architecture family.
 //
+// Container and tensors only (ModelConfig from its metadata: model/gguf_config.h).
 // Tensors F32, F16, BF16, Q8_0, Q4_0, Q4_1 are dequantized to fp32 at load and
 // renamed to Hugging Face names (blk.N.attn_q.weight -> model.layers.N.self_attn.q_proj.weight),
 // with Q and K rows un-permuted from GGUF's interleaved RoPE layout back to HF's
@@ -13,8 +14,7 @@
 #include <variant>
 #include <vector>
 
-#include "model/config.h"
-#include "model/weights.h"
+#include "formats/tensor.h"
 
 namespace loom {
 
@@ -43,8 +43,5 @@ struct GgufFile {
 // offsets beyond the file; Error(kUnsupported) for another architecture or a
 // tensor type outside the list above.
 GgufFile read_gguf(const std::string& path);
-
-// Hyper-parameters from `llama.*` metadata (llama and mistral-like files).
-ModelConfig gguf_model_config(const GgufFile& gguf);
 
 }  // namespace loom

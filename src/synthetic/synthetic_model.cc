@@ -1,4 +1,4 @@
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 
 #include <filesystem>
 #include <fstream>
@@ -6,8 +6,8 @@
 #include <fmt/format.h>
 
 #include "model/hf_config.h"
-#include "model/synthetic_weights.h"
-#include "tokenizer/synthetic.h"
+#include "synthetic/synthetic_tokenizer.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/error.h"
 
 namespace loom {

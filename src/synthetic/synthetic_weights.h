@@ -1,14 +1,14 @@
 // Deterministic random tensors for synthetic models (internal to
-// model/synthetic*.cc; see model/synthetic.h for the scales and guarantees).
+// synthetic/synthetic_*.cc; see synthetic/synthetic_model.h for the scales and guarantees).
 #pragma once
 
 #include <cstdint>
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "model/config.h"
-#include "model/safetensors.h"
 #include "model/weights.h"
 #include "util/prng.h"
 

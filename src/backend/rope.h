@@ -12,7 +12,7 @@
 
 #include "model/config.h"
 
-namespace loom::cpu {
+namespace loom {
 
 // Immutable after construction; shared freely between threads.
 class Rope {
@@ -34,4 +34,4 @@ class Rope {
   std::vector<float> inverse_frequencies_;  // [head_dim / 2]
 };
 
-}  // namespace loom::cpu
+}  // namespace loom

@@ -6,8 +6,8 @@
 #include <fmt/ranges.h>
 
 #include "lora/peft_matching.h"
-#include "model/synthetic.h"
-#include "model/synthetic_weights.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/error.h"
 
 namespace loom {

@@ -1,9 +1,9 @@
-#include "backend/cpu/rope.h"
+#include "backend/rope.h"
 
 #include <cmath>
 #include <numbers>
 
-namespace loom::cpu {
+namespace loom {
 
 Rope::Rope(const ModelConfig& config) : head_dim_(config.head_dim) {
   const int half = head_dim_ / 2;
@@ -60,4 +60,4 @@ void Rope::rotate(float* heads, int num_heads, const float* cos_table, const flo
   }
 }
 
-}  // namespace loom::cpu
+}  // namespace loom

@@ -1,7 +1,7 @@
 // Values must equal ggml's dequantize_row_* bit for bit. For Q4_1 that holds
 // even if the compiler fuses d * q + m into one FMA: d has an 11-bit and q a
 // 4-bit significand, so the product is exact and only the sum rounds.
-#include "model/gguf_dequant.h"
+#include "formats/gguf_dequant.h"
 
 #include <cstring>
 

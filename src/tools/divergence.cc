@@ -1,11 +1,11 @@
-#include "engine/divergence.h"
+#include "tools/divergence.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
 #include <optional>
 
-#include "model/synthetic.h"
+#include "synthetic/synthetic_model.h"
 #include "util/error.h"
 #include "util/prng.h"
 

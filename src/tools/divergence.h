@@ -124,7 +124,7 @@ double cosine_similarity(const float* a, const float* b, int64_t size);
 
 // Random LoRA adapters of a chosen scale, for measuring (not the synthetic
 // models' gains). A is PEFT's default init, kaiming-uniform: U(-1/sqrt(in),
-// 1/sqrt(in)) (model/synthetic.h's make_synthetic_adapter). B ~ N(0, sigma)
+// 1/sqrt(in)) (synthetic/synthetic_model.h's make_synthetic_adapter). B ~ N(0, sigma)
 // (not PEFT's zero init), sigma per module either
 //   - fixed (b_sigma > 0), or
 //   - from relative_norm: sigma = relative_norm * ||W||_F * sqrt(3) / (s * sqrt(out * r)),

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "model/weights.h"
+#include "formats/tensor.h"
 
 namespace loom {
 

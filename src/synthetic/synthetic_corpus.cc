@@ -1,4 +1,4 @@
-#include "tokenizer/synthetic.h"
+#include "synthetic/synthetic_tokenizer.h"
 
 namespace loom {
 

@@ -1,4 +1,4 @@
-#include "model/synthetic_weights.h"
+#include "synthetic/synthetic_weights.h"
 
 #include <algorithm>
 #include <cmath>

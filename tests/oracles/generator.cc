@@ -1,16 +1,12 @@
-#include "engine/generator.h"
+#include "oracles/generator.h"
 
 #include <algorithm>
 
 #include "engine/stop_strings.h"
-#include "kv/block_allocator.h"
+#include "oracles/block_allocator.h"
 #include "util/error.h"
 
 namespace loom {
-
-const char* finish_reason_name(FinishReason reason) {
-  return reason == FinishReason::kStop ? "stop" : "length";
-}
 
 namespace {
 

@@ -1,4 +1,4 @@
-#include "backend/cpu/input_checks.h"
+#include "backend/batch_checks.h"
 
 #include <initializer_list>
 #include <string>
@@ -7,7 +7,7 @@
 
 #include "util/error.h"
 
-namespace loom::cpu {
+namespace loom {
 
 namespace {
 
@@ -266,4 +266,4 @@ void validate_weights(const ModelWeights& weights, const ModelConfig& config) {
   }
 }
 
-}  // namespace loom::cpu
+}  // namespace loom

@@ -1,14 +1,14 @@
 // GGUF container parsing: header, metadata, tensor infos, tensor data.
 // Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
-#include "model/gguf.h"
+#include "formats/gguf.h"
 
 #include <cstring>
 #include <optional>
 
 #include <fmt/ranges.h>
 
-#include "model/gguf_dequant.h"
-#include "model/gguf_names.h"
+#include "formats/gguf_dequant.h"
+#include "formats/gguf_names.h"
 #include "util/error.h"
 #include "util/mapped_file.h"
 

@@ -10,7 +10,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 #include "util/error.h"
 #include "util/half.h"
 

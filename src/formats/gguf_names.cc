@@ -1,4 +1,4 @@
-#include "model/gguf_names.h"
+#include "formats/gguf_names.h"
 
 #include <cstring>
 #include <vector>

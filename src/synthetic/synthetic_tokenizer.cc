@@ -1,4 +1,4 @@
-#include "tokenizer/synthetic.h"
+#include "synthetic/synthetic_tokenizer.h"
 
 #include <map>
 #include <unordered_map>

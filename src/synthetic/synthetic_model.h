@@ -28,7 +28,7 @@
 //
 // Scale: linear weights are uniform(-1, 1) * gain / sqrt(fan_in), norms
 // (1 +- 1/8) * gain, embeddings uniform / sqrt(hidden), lm_head 4x that. The
-// gains (model/synthetic_weights.h) sharpen attention (q, k x3), let the layers
+// gains (synthetic/synthetic_weights.h) sharpen attention (q, k x3), let the layers
 // dominate the residual stream (o, down x4) and give logits a std of about 2,
 // so that greedy decoding depends on the context instead of repeating a token.
 // LoRA A is uniform / sqrt(fan_in) and B uniform * gain / (scale * sqrt(rank)),
@@ -50,9 +50,9 @@
 #include <string>
 #include <vector>
 
+#include "formats/safetensors.h"
 #include "lora/adapter.h"
 #include "model/config.h"
-#include "model/safetensors.h"
 
 namespace loom {
 
@@ -84,7 +84,7 @@ struct SyntheticModelOptions {
 //         archs keep these dimensions and add their own features.
 // bos / eos ids are those of the synthetic tokenizer (llama3 family for llama,
 // qwen2 for qwen2/qwen3, smollm for mistral; its special tokens are the last
-// ids of the vocabulary, see tokenizer/synthetic.h).
+// ids of the vocabulary, see synthetic/synthetic_tokenizer.h).
 ModelConfig synthetic_model_config(Architecture arch, SyntheticPreset preset);
 
 // The invocation sequence written into aLoRA adapters: two ordinary

@@ -1,5 +1,5 @@
 // safetensors reader. The writer lives in safetensors_writer.cc.
-#include "model/safetensors.h"
+#include "formats/safetensors.h"
 
 #include <algorithm>
 #include <cstring>
