@@ -107,7 +107,7 @@ Batch make_batch(const SequenceSet& sequences, int32_t num_cached, int32_t num_n
   Batch batch;
   for (const auto& block_table : sequences.block_tables) {
     BatchSequence sequence;
-    sequence.num_cached_tokens = num_cached;
+    sequence.num_computed_tokens = num_cached;
     sequence.num_new_tokens = num_new;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
@@ -195,8 +195,8 @@ nlohmann::json breakdown_json(const LoadedModel& model, Backend& backend, const 
   nlohmann::json out;
   for (const Call& call : calls) {
     // Fills the KV up to the decode depth so attention reads what it would.
-    if (call.batch.sequences[0].num_cached_tokens > 0)
-      backend.forward(make_batch(sequences, 0, call.batch.sequences[0].num_cached_tokens, false, rng,
+    if (call.batch.sequences[0].num_computed_tokens > 0)
+      backend.forward(make_batch(sequences, 0, call.batch.sequences[0].num_computed_tokens, false, rng,
                                  vocab_size));
     const auto sections = measure_forward_breakdown(model, call.batch, call.num_logit_rows,
                                                     options.block_size, options.num_threads,

@@ -74,7 +74,7 @@ Batch decode_batch(int batch_size, const std::vector<int32_t>& slots, Prng& prng
   const int blocks_per_sequence = kContext / kBlockSize;
   for (int s = 0; s < batch_size; ++s) {
     BatchSequence sequence;
-    sequence.num_cached_tokens = kContext - 1;
+    sequence.num_computed_tokens = kContext - 1;
     sequence.num_new_tokens = 1;
     sequence.token_offset = s;
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());

@@ -8,14 +8,14 @@
 //
 // KV addressing. Each layer has a K and a V pool of num_blocks x block_size
 // slots, each slot num_kv_heads x head_dim floats. Token j of a sequence (0-based
-// index in that sequence's KV, i.e. j < num_cached_tokens + num_new_tokens)
+// index in that sequence's KV, i.e. j < num_computed_tokens + num_new_tokens)
 // lives in slot  block_table[j / block_size] * block_size + j % block_size.
 //
-//   sequence s:  |<----- num_cached_tokens ----->|<-- num_new_tokens -->|
-//                 already in KV (read only)        written this step, queries
-//   block_table:  [b0][b1]...[bk]  covers all num_cached_tokens + num_new_tokens
+//   sequence s:  |<----- num_computed_tokens ----->|<-- num_new_tokens -->|
+//                 already in KV (read only)          written this step, queries
+//   block_table:  [b0][b1]...[bk]  covers all num_computed_tokens + num_new_tokens
 //
-// New token i of sequence s attends to KV entries 0 .. num_cached_tokens + i (causal).
+// New token i of sequence s attends to KV entries 0 .. num_computed_tokens + i (causal).
 //
 // KV sharing modes (DESIGN §1) show up in the batch as:
 //   activated  per-token adapter_slots: -1 before the invocation start, the
@@ -49,18 +49,18 @@ namespace loom {
 struct LoraAdapter;
 
 struct BatchSequence {
-  int32_t num_cached_tokens = 0;  // KV entries already written by earlier steps
+  int32_t num_computed_tokens = 0;  // KV entries already written by earlier steps
   int32_t num_new_tokens = 0;     // tokens of this sequence in Batch::token_ids
   int32_t token_offset = 0;       // index of its first new token in Batch::token_ids
   int32_t block_table_offset = 0; // index of its first block id in Batch::block_tables
-  int32_t num_blocks = 0;         // >= ceil((num_cached_tokens + num_new_tokens) / block_size)
+  int32_t num_blocks = 0;         // >= ceil((num_computed_tokens + num_new_tokens) / block_size)
   bool logits_for_all_tokens = false;  // false: logits for the last new token only
 
   int32_t num_kv_present_tokens = 0;        // see "Write masks" above; 0 = write all new tokens
   int32_t decoder_adapter_slot = -1;        // >= 0: base (ICaRus) sharing with this adapter
   int32_t forked_adapter_slot = -1;         // >= 0: forked (ForkKV) sharing with this adapter
   int32_t residual_block_table_offset = 0;  // forked: first rCache block id in Batch::residual_block_tables
-  int32_t num_residual_blocks = 0;          // forked: >= ceil((cached + new) / block_size)
+  int32_t num_residual_blocks = 0;          // forked: >= ceil((computed + new) / block_size)
   int32_t num_residual_present_tokens = 0;
 };
 

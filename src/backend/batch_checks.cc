@@ -17,9 +17,9 @@ void check_sequence(const Batch& batch, size_t index, int32_t expected_token_off
   if (sequence.num_new_tokens <= 0)
     fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_new_tokens is {}, must be > 0", index,
          sequence.num_new_tokens);
-  if (sequence.num_cached_tokens < 0)
-    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_cached_tokens is {}", index,
-         sequence.num_cached_tokens);
+  if (sequence.num_computed_tokens < 0)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_computed_tokens is {}", index,
+         sequence.num_computed_tokens);
   if (sequence.token_offset != expected_token_offset)
     fail(ErrorKind::kInvalidArgument,
          "batch sequence {}: token_offset is {}, expected {} (sequences lie back to back)", index,
@@ -30,7 +30,7 @@ void check_sequence(const Batch& batch, size_t index, int32_t expected_token_off
          batch.num_tokens());
 
   const int64_t num_kv_entries =
-      static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+      static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens;
   const int64_t blocks_needed = (num_kv_entries + limits.block_size - 1) / limits.block_size;
   if (sequence.num_blocks < blocks_needed)
     fail(ErrorKind::kInvalidArgument,
@@ -87,11 +87,11 @@ void check_forked_sequence(const Batch& batch, size_t index, const BatchLimits& 
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: forked on slot {} but token {} has adapter slot {}",
            index, sequence.forked_adapter_slot, token, batch.adapter_slots[token]);
     // Deferred RoPE rotates residual entry j at position j.
-    if (batch.positions[token] != sequence.num_cached_tokens + i)
+    if (batch.positions[token] != sequence.num_computed_tokens + i)
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: forked token {} has position {}, expected its KV index {}",
-           index, token, batch.positions[token], sequence.num_cached_tokens + i);
+           index, token, batch.positions[token], sequence.num_computed_tokens + i);
   }
-  const int64_t num_entries = static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+  const int64_t num_entries = static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens;
   if (sequence.num_residual_present_tokens < 0 || sequence.num_residual_present_tokens > num_entries)
     fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_residual_present_tokens {} outside [0, {}]", index,
          sequence.num_residual_present_tokens, num_entries);
@@ -118,7 +118,7 @@ void check_forked_sequence(const Batch& batch, size_t index, const BatchLimits& 
 void check_sharing(const Batch& batch, size_t index, const BatchLimits& limits,
                    const std::vector<std::shared_ptr<const LoraAdapter>>& adapters) {
   const BatchSequence& sequence = batch.sequences[index];
-  const int64_t num_entries = static_cast<int64_t>(sequence.num_cached_tokens) + sequence.num_new_tokens;
+  const int64_t num_entries = static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens;
   if (sequence.num_kv_present_tokens < 0 || sequence.num_kv_present_tokens > num_entries)
     fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_kv_present_tokens {} outside [0, {}]", index,
          sequence.num_kv_present_tokens, num_entries);

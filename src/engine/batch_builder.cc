@@ -16,7 +16,7 @@ Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
     const SequenceSharing sharing = sharing_of(entry.id);
     const int32_t slot = sharing.adapter_slot;
     BatchSequence sequence;
-    sequence.num_cached_tokens = entry.num_computed_tokens;
+    sequence.num_computed_tokens = entry.num_computed_tokens;
     sequence.num_new_tokens = entry.num_new_tokens;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());

@@ -134,7 +134,7 @@ class Runner {
       batch.adapter_slots.push_back(i < lane.context_end ? lane.context_slot : lane.slot);
     }
     BatchSequence sequence;
-    sequence.num_cached_tokens = start;
+    sequence.num_computed_tokens = start;
     sequence.num_new_tokens = count;
     sequence.num_blocks = static_cast<int32_t>(lane.main_blocks.size());
     sequence.logits_for_all_tokens = logits_for_all_tokens;

@@ -49,7 +49,7 @@ void run_case(const AttentionCase& c) {
   int next_block = 0;
   for (auto [cached, fresh] : c.sequences) {
     BatchSequence sequence;
-    sequence.num_cached_tokens = cached;
+    sequence.num_computed_tokens = cached;
     sequence.num_new_tokens = fresh;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());

@@ -82,7 +82,7 @@ class Driver {
     for (const Part& part : parts) {
       Sequence& s = sequences_[part.sequence];
       BatchSequence entry;
-      entry.num_cached_tokens = s.num_cached;
+      entry.num_computed_tokens = s.num_cached;
       entry.num_new_tokens = static_cast<int32_t>(part.tokens.size());
       entry.token_offset = batch.num_tokens();
       entry.logits_for_all_tokens = part.all_logits;
@@ -299,7 +299,7 @@ TEST(CudaBackend, KvPresentEntriesAreReadButNeverWritten) {
 
   // Re-run tokens 10..23 with other ids: entries below 20 are present (shared), 20.. are written.
   Batch again = batch;
-  again.sequences[0].num_cached_tokens = 10;
+  again.sequences[0].num_computed_tokens = 10;
   again.sequences[0].num_new_tokens = 14;
   again.sequences[0].num_kv_present_tokens = 20;
   again.token_ids.assign(14, 100);

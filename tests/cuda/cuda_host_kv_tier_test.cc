@@ -91,7 +91,7 @@ TEST(CudaHostKvTier, DecodeOverMovedBlocksGivesTheSameLogits) {
   auto make_step = [&](const std::vector<int32_t>& blocks, int first, int count) {
     Batch batch;
     BatchSequence sequence;
-    sequence.num_cached_tokens = first;
+    sequence.num_computed_tokens = first;
     sequence.num_new_tokens = count;
     sequence.num_blocks = static_cast<int32_t>(blocks.size());
     batch.sequences = {sequence};

@@ -98,7 +98,7 @@ std::vector<GenerationResult> Generator::generate(const std::vector<GenerationRe
         state.block_ids.insert(state.block_ids.end(), ids->begin(), ids->end());
       }
       BatchSequence sequence;
-      sequence.num_cached_tokens = state.num_computed;
+      sequence.num_computed_tokens = state.num_computed;
       sequence.num_new_tokens = num_new;
       sequence.token_offset = batch.num_tokens();
       sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());

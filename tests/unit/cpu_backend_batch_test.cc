@@ -46,7 +46,7 @@ class CpuBackendBatch : public ::testing::Test {
     int32_t done = 0;
     for (int chunk : chunk_sizes) {
       SequenceInput input{.tokens = {prompt_.begin() + done, prompt_.begin() + done + chunk},
-                          .num_cached_tokens = done, .block_ids = block_ids, .logits_for_all_tokens = true};
+                          .num_computed_tokens = done, .block_ids = block_ids, .logits_for_all_tokens = true};
       const ForwardResult result = backend.forward(make_batch({input}));
       logits.insert(logits.end(), result.logits.begin(), result.logits.end());
       done += chunk;
@@ -110,7 +110,7 @@ TEST_F(CpuBackendBatch, SequenceReusesAnotherSequencesCachedPrefixBlocks) {
   // A second request with the same first 12 tokens reads blocks 0-2 as cached
   // and computes the rest into its own blocks, in a batch with an unrelated sequence.
   std::vector<int32_t> table = {0, 1, 2, 30, 31, 32};
-  SequenceInput suffix{.tokens = {prompt_.begin() + 12, prompt_.end()}, .num_cached_tokens = 12,
+  SequenceInput suffix{.tokens = {prompt_.begin() + 12, prompt_.end()}, .num_computed_tokens = 12,
                        .block_ids = table, .logits_for_all_tokens = true};
   SequenceInput other{.tokens = {5, 6, 7}, .block_ids = {50}};
   const ForwardResult result = backend->forward(make_batch({other, suffix}));
@@ -183,8 +183,8 @@ TEST_F(CpuBackendBatch, RejectsMalformedBatchesWithoutTouchingTheCache) {
   batch.sequences[0].num_new_tokens = 6;
   expect_invalid(*backend, batch, "exceed");
   batch = make_batch({good});
-  batch.sequences[0].num_cached_tokens = -1;
-  expect_invalid(*backend, batch, "num_cached_tokens");
+  batch.sequences[0].num_computed_tokens = -1;
+  expect_invalid(*backend, batch, "num_computed_tokens");
   batch = make_batch({good, good});
   batch.sequences[1].num_new_tokens = 0;
   expect_invalid(*backend, batch, "num_new_tokens");
@@ -198,7 +198,7 @@ TEST_F(CpuBackendBatch, RejectsMalformedBatchesWithoutTouchingTheCache) {
 
   // None of the rejected batches wrote KV: re-reading the prompt's blocks as
   // cached gives the same last-token logits as before.
-  const SequenceInput last{.tokens = {prompt_.back()}, .num_cached_tokens = kPromptLength - 1,
+  const SequenceInput last{.tokens = {prompt_.back()}, .num_computed_tokens = kPromptLength - 1,
                            .block_ids = blocks_for(4, 0)};
   const ForwardResult result = backend->forward(make_batch({last}));
   const std::vector<float> expected(before.end() - config_.vocab_size, before.end());

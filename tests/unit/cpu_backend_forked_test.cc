@@ -56,7 +56,7 @@ std::vector<std::vector<float>> run_steps(Backend& backend, SequenceInput shape,
   for (int done = 0; done < static_cast<int>(tokens.size());) {
     const int count = done == 0 ? prefill : 1;
     shape.tokens.assign(tokens.begin() + done, tokens.begin() + done + count);
-    shape.num_cached_tokens = done;
+    shape.num_computed_tokens = done;
     const ForwardResult result = backend.forward(make_batch({shape}));
     EXPECT_EQ(result.logits.size(), static_cast<size_t>(result.vocab_size));
     rows.push_back(result.logits);
@@ -140,7 +140,7 @@ TEST(CpuBackendForked, SecondAgentReadsTheFirstAgentsBaseCache) {
     std::vector<int32_t> tokens_a = context;
     tokens_a.push_back(tokens_b[kContext]);
     const ForwardResult next = backend->forward(
-        make_batch({{.tokens = {tokens_a.back()}, .adapter_slot = kSlotA, .num_cached_tokens = kContext,
+        make_batch({{.tokens = {tokens_a.back()}, .adapter_slot = kSlotA, .num_computed_tokens = kContext,
                      .block_ids = blocks_a, .forked_adapter_slot = kSlotA, .residual_block_ids = {3, 14, 10}}}));
     const ReferenceRun a_next = test::reference_forked(model.config, *model.weights, tokens_a, *adapter_a);
     EXPECT_LT(relative_diff(next.logits.data(), a_next.logits.back()), kTolerance);
@@ -160,7 +160,7 @@ TEST(CpuBackendForked, PresentEntriesAreNeverWritten) {
                                .forked_adapter_slot = slot, .residual_block_ids = {4, 6, 7}};
     SequenceInput next_token = writer;
     next_token.tokens = {17};
-    next_token.num_cached_tokens = 8;
+    next_token.num_computed_tokens = 8;
 
     auto logits_after = [&](const SequenceInput* intruder) {
       auto backend = new_backend(model, 4, 4);

@@ -85,7 +85,7 @@ TEST(CpuBackendHostTier, MainPoolRoundTripDecodesBitIdentically) {
 
   const int32_t next = 5;
   auto decode = [&](const std::vector<int32_t>& blocks) {
-    return backend->forward(make_batch({{.tokens = {next}, .num_cached_tokens = kPromptLength, .block_ids = blocks}}))
+    return backend->forward(make_batch({{.tokens = {next}, .num_computed_tokens = kPromptLength, .block_ids = blocks}}))
         .logits;
   };
   const std::vector<float> with_original = decode(original);
@@ -112,7 +112,7 @@ TEST(CpuBackendHostTier, ResidualPoolRoundTripOfAForkedAdapter) {
   const std::vector<int32_t> main_host = {4, 1, 2}, residual_host = {0, 5, 3};
   auto sequence = [&](std::vector<int32_t> tokens, int32_t num_cached, const std::vector<int32_t>& main_blocks,
                       const std::vector<int32_t>& residual_blocks) {
-    return SequenceInput{.tokens = std::move(tokens), .adapter_slot = kSlot, .num_cached_tokens = num_cached,
+    return SequenceInput{.tokens = std::move(tokens), .adapter_slot = kSlot, .num_computed_tokens = num_cached,
                          .block_ids = main_blocks, .forked_adapter_slot = kSlot,
                          .residual_block_ids = residual_blocks};
   };
@@ -165,7 +165,7 @@ TEST(CpuBackendHostTier, RejectsBadIdsBeforeCopyingAnything) {
   backend->copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost, std::vector<int32_t>{3},
                           std::vector<int32_t>{0});
   auto decode_with_first_block = [&](int32_t block) {
-    return backend->forward(make_batch({{.tokens = {7}, .num_cached_tokens = 16, .block_ids = {block, 4, 5, 6, 7}}}))
+    return backend->forward(make_batch({{.tokens = {7}, .num_computed_tokens = 16, .block_ids = {block, 4, 5, 6, 7}}}))
         .logits;
   };
   const std::vector<float> with_empty_block = decode_with_first_block(0);
@@ -200,7 +200,7 @@ TEST(CpuBackendHostTier, CopiesRunBesideForward) {
   const std::vector<int32_t> blocks_a = {0, 1}, blocks_b = {2, 3, 4}, host_a = {0, 1}, loaded_a = {5, 6};
   backend->forward(make_batch({{.tokens = prompt_a, .block_ids = blocks_a}}));
   auto decode_b = [&](const std::vector<int32_t>& tokens, int32_t num_cached) {
-    return backend->forward(make_batch({{.tokens = tokens, .num_cached_tokens = num_cached, .block_ids = blocks_b}}))
+    return backend->forward(make_batch({{.tokens = tokens, .num_computed_tokens = num_cached, .block_ids = blocks_b}}))
         .logits;
   };
   const std::vector<float> alone = decode_b(prompt_b, 0);
@@ -224,7 +224,7 @@ TEST(CpuBackendHostTier, CopiesRunBesideForward) {
 
   backend->copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kHostToDevice, loaded_a, host_a);
   auto decode_a = [&](const std::vector<int32_t>& blocks) {
-    return backend->forward(make_batch({{.tokens = {3}, .num_cached_tokens = 8, .block_ids = {blocks[0], blocks[1], 9}}}))
+    return backend->forward(make_batch({{.tokens = {3}, .num_computed_tokens = 8, .block_ids = {blocks[0], blocks[1], 9}}}))
         .logits;
   };
   EXPECT_EQ(decode_a(loaded_a), decode_a(blocks_a));

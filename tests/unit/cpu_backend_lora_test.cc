@@ -162,7 +162,7 @@ TEST_F(CpuBackendLora, DecodeStepMixingAdaptersMatchesReference) {
   for (int s = 0; s < 4; ++s) {
     const int32_t next = (7 * s + 3) % config_.vocab_size;
     decode.push_back({.tokens = {next}, .adapter_slot = slots[s],
-                      .num_cached_tokens = static_cast<int32_t>(prompts[s].size()), .block_ids = {3 * s, 3 * s + 1, 3 * s + 2}});
+                      .num_computed_tokens = static_cast<int32_t>(prompts[s].size()), .block_ids = {3 * s, 3 * s + 1, 3 * s + 2}});
     prompts[s].push_back(next);
   }
   const ForwardResult result = backend->forward(make_batch(decode));

@@ -85,12 +85,12 @@ TEST(CpuBackendSharing, DecoderRowsMatchTheLogicalEncoderAndDecoder) {
     sequence.logits_for_all_tokens = false;
     for (int p = 18; p < 21; ++p) {
       sequence.tokens = {tokens[p]};
-      sequence.num_cached_tokens = p;
+      sequence.num_computed_tokens = p;
       result = backend->forward(make_batch({sequence}));
       EXPECT_LT(relative_diff(row(result, 0), decoder(p)), kTolerance) << name << " decode " << p;
     }
     // Every entry written so far is the base model's: a base request on top matches the base model.
-    result = backend->forward(make_batch({{.tokens = {tokens[21]}, .num_cached_tokens = 21, .block_ids = kBlocks}}));
+    result = backend->forward(make_batch({{.tokens = {tokens[21]}, .num_computed_tokens = 21, .block_ids = kBlocks}}));
     EXPECT_LT(relative_diff(row(result, 0), base.logits[21]), kTolerance) << name;
 
     // A short prefill (token-by-token attention, the decoder row beside its token), last token only.
@@ -163,12 +163,12 @@ TEST(CpuBackendSharing, OneBatchMixingEveryModeEqualsEachSequenceAlone) {
   std::vector<SequenceInput> decode = prefill;
   for (size_t i = 0; i < decode.size(); ++i) {
     SequenceInput& sequence = decode[i];
-    sequence.num_cached_tokens = static_cast<int32_t>(sequence.tokens.size());
+    sequence.num_computed_tokens = static_cast<int32_t>(sequence.tokens.size());
     sequence.tokens = {static_cast<int32_t>(11 + i)};
     sequence.logits_for_all_tokens = false;
     if (!sequence.adapter_slots.empty()) sequence.adapter_slots = {1};
-    if (sequence.num_cached_tokens % 4 == 0) sequence.block_ids.push_back(20 + static_cast<int32_t>(i));
-    if (sequence.forked_adapter_slot >= 0 && sequence.num_cached_tokens % 4 == 0)
+    if (sequence.num_computed_tokens % 4 == 0) sequence.block_ids.push_back(20 + static_cast<int32_t>(i));
+    if (sequence.forked_adapter_slot >= 0 && sequence.num_computed_tokens % 4 == 0)
       sequence.residual_block_ids.push_back(20 + static_cast<int32_t>(i));
   }
   expect_batch_equals_alone(model, adapters, {prefill, decode});

@@ -111,7 +111,7 @@ TEST(CpuBackend, DecodeAfterPrefillMatchesReference) {
   ASSERT_EQ(result.logit_token_index, std::vector<int32_t>{5});
   EXPECT_LT(max_abs_diff(result.logits.data(), expected[5]), kTolerance);
   for (int32_t i = 6; i < 11; ++i) {
-    SequenceInput step{.tokens = {tokens[i]}, .num_cached_tokens = i, .block_ids = blocks};
+    SequenceInput step{.tokens = {tokens[i]}, .num_computed_tokens = i, .block_ids = blocks};
     result = backend->forward(make_batch({step}));
     ASSERT_EQ(result.logits.size(), static_cast<size_t>(config.vocab_size));
     EXPECT_LT(max_abs_diff(result.logits.data(), expected[i]), kTolerance) << "decode token " << i;

@@ -34,7 +34,7 @@ class LabeledCache {
     std::vector<KvTokenId> tokens = fixed;
     tokens.insert(tokens.end(), dynamic.begin(), dynamic.end());
     KvLease lease = kv.lock_prefix(kv_namespace, tokens);
-    last_num_cached_tokens = lease.num_found_tokens();
+    last_num_found_tokens = lease.num_found_tokens();
     const Labels predicted = labels(kv.eviction_order());
     const int32_t num_needed = static_cast<int32_t>(tokens.size()) / kBlock - lease.num_blocks();
     std::vector<int32_t> cached_before;
@@ -81,7 +81,7 @@ class LabeledCache {
   KvCacheManager kv;
   std::string kv_namespace{kBaseKvNamespace};
   std::map<int32_t, std::string> label_by_block;
-  int32_t last_num_cached_tokens = 0;
+  int32_t last_num_found_tokens = 0;
 };
 
 std::vector<KvTokenId> token_range(KvTokenId first, int32_t count) {
@@ -94,12 +94,12 @@ std::vector<KvTokenId> token_range(KvTokenId first, int32_t count) {
 
 struct Turn {
   std::string agent;
-  int32_t num_cached_tokens;
+  int32_t num_found_tokens;
   Labels evicted;
   bool operator==(const Turn&) const = default;
 };
 void PrintTo(const Turn& turn, std::ostream* os) {
-  *os << "{" << turn.agent << ", cached " << turn.num_cached_tokens << ", evicted ["
+  *os << "{" << turn.agent << ", cached " << turn.num_found_tokens << ", evicted ["
       << fmt::format("{}", fmt::join(turn.evicted, " ")) << "]}";
 }
 
@@ -131,7 +131,7 @@ std::vector<Turn> run_fig1(Policy policy) {
     const Labels evicted =
         cache.run("wf-1/" + agent, letter.at(agent), token_range(first_token.at(agent), 3 * kBlock),
                   token_range(100000 + 100 * turn, kBlock), fmt::format("{}d{}", letter.at(agent), turn));
-    if (turn >= 3) turns.push_back({agent, cache.last_num_cached_tokens, evicted});
+    if (turn >= 3) turns.push_back({agent, cache.last_num_found_tokens, evicted});
   }
   return turns;
 }

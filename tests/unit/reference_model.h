@@ -486,7 +486,7 @@ struct SequenceInput {
   std::vector<int32_t> positions;  // empty: num_cached .. num_cached + tokens.size()
   std::vector<int32_t> adapter_slots;  // empty: all `adapter_slot`
   int32_t adapter_slot = -1;
-  int32_t num_cached_tokens = 0;
+  int32_t num_computed_tokens = 0;
   std::vector<int32_t> block_ids;
   bool logits_for_all_tokens = false;
   // KV sharing (backend.h).
@@ -501,7 +501,7 @@ inline Batch make_batch(const std::vector<SequenceInput>& inputs) {
   Batch batch;
   for (const SequenceInput& input : inputs) {
     BatchSequence sequence;
-    sequence.num_cached_tokens = input.num_cached_tokens;
+    sequence.num_computed_tokens = input.num_computed_tokens;
     sequence.num_new_tokens = static_cast<int32_t>(input.tokens.size());
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
@@ -517,7 +517,7 @@ inline Batch make_batch(const std::vector<SequenceInput>& inputs) {
                                        input.residual_block_ids.end());
     for (size_t i = 0; i < input.tokens.size(); ++i) {
       batch.token_ids.push_back(input.tokens[i]);
-      batch.positions.push_back(input.positions.empty() ? input.num_cached_tokens + static_cast<int32_t>(i)
+      batch.positions.push_back(input.positions.empty() ? input.num_computed_tokens + static_cast<int32_t>(i)
                                                         : input.positions[i]);
       batch.adapter_slots.push_back(input.adapter_slots.empty() ? input.adapter_slot : input.adapter_slots[i]);
     }

@@ -2,7 +2,7 @@
 //
 // Each KV slot stores a number derived from (token, position, adapter slot).
 // The "logits" of a sequence put all mass on one token: a hash of every KV
-// slot the sequence reads (0 .. num_cached_tokens + i) through its block
+// slot the sequence reads (0 .. num_computed_tokens + i) through its block
 // table, modulo the vocabulary. So a wrong block table, a block reused while
 // still needed, or a cache hit on the wrong namespace changes the generated
 // tokens, and reading a never-written slot throws.
@@ -75,7 +75,7 @@ class FakeBackend final : public Backend {
       const bool forked = sequence.forked_adapter_slot >= 0;
       for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
         const size_t t = static_cast<size_t>(sequence.token_offset + i);
-        const int32_t position = sequence.num_cached_tokens + i;
+        const int32_t position = sequence.num_computed_tokens + i;
         LOOM_CHECK(batch.positions[t] == position);
         const int32_t main_slot = forked ? -1 : batch.adapter_slots[t];
         store(slots_[slot_of(position)], value(batch.token_ids[t], position, main_slot),
@@ -86,7 +86,7 @@ class FakeBackend final : public Backend {
       }
       uint64_t hash = 1469598103934665603ull;
       auto mix = [&](int64_t v) { hash = (hash ^ static_cast<uint64_t>(v)) * 1099511628211ull; };
-      const int32_t num_tokens = sequence.num_cached_tokens + sequence.num_new_tokens;
+      const int32_t num_tokens = sequence.num_computed_tokens + sequence.num_new_tokens;
       for (int32_t j = 0; j < num_tokens; ++j) {
         const int64_t v = slots_[slot_of(j)];
         LOOM_CHECK(v != kUnwritten);

@@ -131,7 +131,7 @@ StepResult run_parts(Backend& backend, const std::vector<Part>& parts, int32_t b
   for (const Part& part : parts) {
     const Track& track = *part.track;
     BatchSequence sequence;
-    sequence.num_cached_tokens = part.num_cached;
+    sequence.num_computed_tokens = part.num_cached;
     sequence.num_new_tokens = part.num_new;
     sequence.token_offset = batch.num_tokens();
     sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());

@@ -38,7 +38,7 @@ void place_tokens(const Batch& batch, int block_size, TokenPlacement& placement,
     const bool is_forked = sequence.forked_adapter_slot >= 0;
     for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
       const int32_t token = sequence.token_offset + i;
-      const int32_t kv_index = sequence.num_cached_tokens + i;
+      const int32_t kv_index = sequence.num_computed_tokens + i;
       placement.sequence_of_token[token] = static_cast<int32_t>(s);
       placement.slot_of_token[token] =
           kv_index < sequence.num_kv_present_tokens
@@ -49,14 +49,14 @@ void place_tokens(const Batch& batch, int block_size, TokenPlacement& placement,
             static_cast<int64_t>(residual_table[kv_index / residual_block_size]) * residual_block_size +
             kv_index % residual_block_size;
     }
-    const int64_t context_length = sequence.num_cached_tokens + sequence.num_new_tokens;
+    const int64_t context_length = sequence.num_computed_tokens + sequence.num_new_tokens;
     placement.max_context_length = std::max(placement.max_context_length, static_cast<int32_t>(context_length));
     if (is_forked)
       placement.max_forked_context_length =
           std::max(placement.max_forked_context_length, static_cast<int32_t>(context_length));
     // Token i attends to num_cached + i + 1 entries.
     const int64_t num_new = sequence.num_new_tokens;
-    placement.num_attended_entries += num_new * (sequence.num_cached_tokens + 1) + num_new * (num_new - 1) / 2;
+    placement.num_attended_entries += num_new * (sequence.num_computed_tokens + 1) + num_new * (num_new - 1) / 2;
 
     if (sequence.decoder_adapter_slot < 0) continue;
     // One decoder row per logits token: the last, or all of them.
@@ -65,7 +65,7 @@ void place_tokens(const Batch& batch, int block_size, TokenPlacement& placement,
       const int32_t token = sequence.token_offset + i;
       placement.decoder_row_of_token[token] = num_tokens + placement.num_decoder_rows();
       placement.token_of_decoder_row.push_back(token);
-      placement.num_attended_entries += sequence.num_cached_tokens + i + 1;
+      placement.num_attended_entries += sequence.num_computed_tokens + i + 1;
     }
   }
 }
@@ -191,7 +191,7 @@ void attend_chunk(const float* q, const BatchSequence& sequence, const int32_t* 
                   float* scratch, int64_t max_context, float* out) {
   const int head_dim = shape.head_dim;
   const int64_t q_size = static_cast<int64_t>(shape.num_heads) * head_dim;
-  const int32_t context_length = sequence.num_cached_tokens + first_query + num_queries;
+  const int32_t context_length = sequence.num_computed_tokens + first_query + num_queries;
   float* keys = scratch;
   float* values = keys + max_context * head_dim;
   float* scores = values + max_context * head_dim;
@@ -208,12 +208,12 @@ void attend_chunk(const float* q, const BatchSequence& sequence, const int32_t* 
   for (int head = kv_head * heads_per_kv_head; head < (kv_head + 1) * heads_per_kv_head; ++head) {
     const int64_t head_offset = static_cast<int64_t>(head) * head_dim;
     attend_dense(q + first_row * q_size + head_offset, q_size, num_queries,
-                 sequence.num_cached_tokens + first_query + 1, context_length, head_dim, keys, values, scores,
+                 sequence.num_computed_tokens + first_query + 1, context_length, head_dim, keys, values, scores,
                  out + first_row * q_size + head_offset);
     if (num_decoded == 0) continue;
     const int64_t decoder_row = placement.decoder_row_of_token[first_row + first_decoded];
     attend_dense(q + decoder_row * q_size + head_offset, q_size, num_decoded,
-                 sequence.num_cached_tokens + first_query + first_decoded + 1, context_length, head_dim, keys,
+                 sequence.num_computed_tokens + first_query + first_decoded + 1, context_length, head_dim, keys,
                  values, scores, out + decoder_row * q_size + head_offset);
   }
 }
@@ -306,7 +306,7 @@ void paged_attention(const float* q, const Batch& batch, const TokenPlacement& p
       case WorkKind::kToken: {
         const int64_t token = sequence.token_offset + item.first_query;
         const int64_t head_offset = static_cast<int64_t>(item.head) * shape.head_dim;
-        const int32_t context_length = sequence.num_cached_tokens + item.first_query + 1;
+        const int32_t context_length = sequence.num_computed_tokens + item.first_query + 1;
         const int kv_head = item.head / heads_per_kv_head;
         const int64_t decoder_row =
             placement.decoder_row_of_token.empty() ? -1 : placement.decoder_row_of_token[token];

@@ -14,7 +14,7 @@
 // Forked (ForkKV) sequences go through residual_attention.h instead.
 //
 // Preconditions (checked by validate_batch before any of this runs): every
-// sequence's block table covers its num_cached_tokens + num_new_tokens entries
+// sequence's block table covers its num_computed_tokens + num_new_tokens entries
 // and every block id is inside the pools.
 #pragma once
 
@@ -69,7 +69,7 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
               float* k_pool, float* v_pool);
 
 // out[r, h * head_dim ...] = softmax(q_r,h . K^T / sqrt(head_dim)) V over the KV
-// entries 0 .. num_cached_tokens + i of row r's sequence (r is its new token i,
+// entries 0 .. num_computed_tokens + i of row r's sequence (r is its new token i,
 // or the decoder row paired with it). q and out have one row per token and
 // decoder row (num_heads * head_dim floats each). Query head h reads kv head
 // h / (num_heads / num_kv_heads).

@@ -108,7 +108,7 @@ void residual_attend(const float* q, const Batch& batch, const BatchSequence& se
   const int32_t* residual_table = batch.residual_block_tables.data() + sequence.residual_block_table_offset;
   const int block_size = shape.block_size;
   const int residual_block_size = forked.residual_block_size;
-  const int32_t context_length = sequence.num_cached_tokens + first_query + num_queries;
+  const int32_t context_length = sequence.num_computed_tokens + first_query + num_queries;
   const int64_t first_row = static_cast<int64_t>(sequence.token_offset) + first_query;
 
   for (int32_t tile_start = 0; tile_start < context_length; tile_start += kTileEntries) {
@@ -151,7 +151,7 @@ void residual_attend(const float* q, const Batch& batch, const BatchSequence& se
       for (int32_t i = 0; i < num_queries; ++i) {
         const int64_t vector = static_cast<int64_t>(h) * num_queries + i;
         float* row = scores + static_cast<int64_t>(i) * kTileEntries;
-        const int32_t visible = sequence.num_cached_tokens + first_query + i + 1;
+        const int32_t visible = sequence.num_computed_tokens + first_query + i + 1;
         const int32_t count = std::clamp(visible - tile_start, 0, tile_count);
         if (!use_gemm)
           for (int32_t e = 0; e < count; ++e)
@@ -218,7 +218,7 @@ void write_residuals(const float* normed, int64_t hidden, const Batch& batch, co
   for (const BatchSequence& sequence : batch.sequences) {
     if (sequence.forked_adapter_slot < 0) continue;
     // Present entries are a prefix: compute from the first one to write.
-    const int32_t first = std::max(0, sequence.num_residual_present_tokens - sequence.num_cached_tokens);
+    const int32_t first = std::max(0, sequence.num_residual_present_tokens - sequence.num_computed_tokens);
     const int64_t num_rows = sequence.num_new_tokens - first;
     if (num_rows <= 0) continue;
     const int64_t first_token = static_cast<int64_t>(sequence.token_offset) + first;

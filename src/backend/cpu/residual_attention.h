@@ -45,7 +45,7 @@ struct ForkedAttention {
 int64_t residual_attention_scratch_floats(const AttentionShape& shape, int32_t max_queries, int max_rank);
 
 // Queries [first_query, first_query + num_queries) of the forked `sequence`, all
-// query heads of `kv_head`: query i sees entries 0 .. num_cached_tokens + i.
+// query heads of `kv_head`: query i sees entries 0 .. num_computed_tokens + i.
 // q and out are the attention rows ([rows, num_heads * head_dim]).
 void residual_attend(const float* q, const Batch& batch, const BatchSequence& sequence, int32_t first_query,
                      int32_t num_queries, const AttentionShape& shape, int kv_head, const float* k_pool,

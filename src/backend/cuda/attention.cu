@@ -173,7 +173,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = item.row_begin + row_warp * 16 + g + 8 * h;
-    const int causal = row < total_rows ? sequence.num_cached_tokens + row / group + 1 : 0;
+    const int causal = row < total_rows ? sequence.num_computed_tokens + row / group + 1 : 0;
     row_limit[h] = causal < item.kv_end ? causal : item.kv_end;
   }
   const float scale_log2 = p.scale * 1.4426950408889634f;

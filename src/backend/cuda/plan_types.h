@@ -41,7 +41,7 @@ inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
 
 struct AttentionSequence {
   int32_t token_offset = 0;
-  int32_t num_cached_tokens = 0;
+  int32_t num_computed_tokens = 0;
   int32_t num_new_tokens = 0;
   int32_t block_table_offset = 0;
 };

@@ -93,7 +93,7 @@ void StepPlan::plan_attention(const Batch& batch, const PlanShape& shape) {
     for (int32_t row = 0; row < total_rows; row += rows_per_tile) {
       const int32_t num_rows = std::min(rows_per_tile, total_rows - row);
       const int32_t last_token = (row + num_rows - 1) / group;
-      const int32_t kv_end = sequence.num_cached_tokens + last_token + 1;
+      const int32_t kv_end = sequence.num_computed_tokens + last_token + 1;
       candidates[static_cast<int>(variant)].push_back(
           {s, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
     }
@@ -176,12 +176,12 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape) {
     const BatchSequence& sequence = batch.sequences[s];
     const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
     for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
-      const int32_t kv_index = sequence.num_cached_tokens + i;
+      const int32_t kv_index = sequence.num_computed_tokens + i;
       if (kv_index < sequence.num_kv_present_tokens) continue;  // shared entry: read, never written
       kv_slots_[sequence.token_offset + i] =
           block_table[kv_index / shape.block_size] * shape.block_size + kv_index % shape.block_size;
     }
-    sequences_.push_back({sequence.token_offset, sequence.num_cached_tokens, sequence.num_new_tokens,
+    sequences_.push_back({sequence.token_offset, sequence.num_computed_tokens, sequence.num_new_tokens,
                           sequence.block_table_offset});
     const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
                                                          : sequence.token_offset + sequence.num_new_tokens - 1;
