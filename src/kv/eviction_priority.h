@@ -1,5 +1,5 @@
-// The order in which the radix tree evicts its evictable leaves (KVFlow,
-// issue 5; DESIGN §2).
+// The order in which the radix tree evicts its evictable leaves (KVFlow;
+// DESIGN §2).
 //
 // Every node carries `fixed_steps`: kDynamicNodeSteps when it lies on no
 // agent's fixed prefix (a "dynamic suffix"), else the smallest

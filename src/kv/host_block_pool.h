@@ -1,4 +1,4 @@
-// Host-tier block ids (issue 5): the host-memory KV pool behind
+// Host-tier block ids: the host-memory KV pool behind
 // Backend::allocate_host_kv_cache, as bookkeeping only.
 //
 // A host block is either free or held by exactly one radix-tree node (its

@@ -1,4 +1,4 @@
-// API key check for `--api-key` (issue 12, Deliver 8).
+// API key check for `--api-key`.
 #pragma once
 
 #include <string_view>

@@ -1,4 +1,4 @@
-// Request bodies into JSON values, safely (issue 12). Every JSON body the
+// Request bodies into JSON values, safely. Every JSON body the
 // server reads goes through here:
 //
 //   1. the nesting guard (util/json_nesting.h) runs on the raw text first, so

@@ -1,4 +1,4 @@
-// JSON bodies of the workflow API (issue 5) into the native types of
+// JSON bodies of the workflow API into the native types of
 // workflow/workflow_spec.h. Runs on HTTP worker threads; pure functions.
 //
 //   PUT  /v1/workflows/{id}           parse_workflow_spec

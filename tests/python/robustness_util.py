@@ -1,4 +1,4 @@
-"""Shared pieces of the robustness suite of `loom serve` (issue 12; the cases
+"""Shared pieces of the robustness suite of `loom serve` (the cases
 are in test_robustness*.py): raw HTTP over sockets (a client library would
 refuse to send the bad things), JSON bodies with raw bytes spliced in, the
 flags of the binary under test, and ServerCase, whose shared server is checked

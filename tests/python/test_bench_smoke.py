@@ -100,7 +100,7 @@ class BenchSmokeTest(unittest.TestCase):
         self.assertGreater(config["metrics"]["prefix_hit_rate"], 0.2)
 
     def test_compare_launches_one_server_per_configuration(self):
-        # issue 6's "done when" command, at smoke size
+        # bench/README.md's `loom bench react --compare` example, at smoke size
         report, out = self.bench("react", "--agents", "2", "--loops", "1", "--compare", "sharing=isolated,forked",
                                  "--compare", "workflows=1,2", plots=True)
         names = [c["name"] for c in report["configs"]]

@@ -1,4 +1,4 @@
-"""Robustness of `loom serve` against bad input (issue 12), on one shared
+"""Robustness of `loom serve` against bad input, on one shared
 server checked after every case (robustness_util.ServerCase):
 
 - invalid UTF-8 in paths, header values and every string body field;

@@ -1,4 +1,4 @@
-"""Robustness of `loom serve` (issue 12): the connection cap, the header and
+"""Robustness of `loom serve`: the connection cap, the header and
 keep-alive deadlines, a second server on a port in use, and a `base` adapter
 refused by --disable-kv-sharing (robustness_util.ServerCase checks the server
 after every case).

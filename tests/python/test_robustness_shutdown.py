@@ -1,4 +1,4 @@
-"""Robustness of `loom serve` (issue 12): SIGTERM / SIGINT with a streaming and
+"""Robustness of `loom serve`: SIGTERM / SIGINT with a streaming and
 a non-streaming request in flight (drained, or ended explicitly past
 --shutdown-timeout; exit 0; new connections refused), and a second signal that
 exits at once. Each case starts its own server.

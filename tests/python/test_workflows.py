@@ -1,4 +1,4 @@
-"""Black-box tests of the workflow API (issue 5) on `loom serve --eviction-policy
+"""Black-box tests of the workflow API on `loom serve --eviction-policy
 workflow`: declare a step graph, post progress, send completions with the
 openai client's extra_body workflow/agent hints, DELETE, bad bodies -> 400."""
 import os

@@ -1,4 +1,4 @@
-// The KV host tier through the serving engine (issue 5; CPU backend, tiny
+// The KV host tier through the serving engine (CPU backend, tiny
 // random llama): the KVFlow Fig. 1 cycle with a device pool that holds three
 // agents' fixed prefixes, now backed by host memory. Evicted prefixes load
 // back instead of being recomputed (LRU), the next agent's prefix is

@@ -1,4 +1,4 @@
-// Workflow-aware eviction through the serving engine (issue 5, KVFlow; CPU
+// Workflow-aware eviction through the serving engine (KVFlow; CPU
 // backend, tiny random llama): the KVFlow Fig. 1 cycle with a pool that holds
 // three agents' fixed prefixes, under --eviction-policy lru and workflow;
 // hints without a declared graph; bad hints.

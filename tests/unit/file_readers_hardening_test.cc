@@ -1,4 +1,4 @@
-// Hostile or corrupt files (issue 12): every reader of config.json,
+// Hostile or corrupt files: every reader of config.json,
 // tokenizer.json / tokenizer_config.json, adapter_config.json, safetensors and
 // GGUF answers with a clean loom::Error naming the file (and tensor or field),
 // never a crash, a foreign exception or an internal error. Several cases are

@@ -1,4 +1,4 @@
-// KV cache manager host tier (issue 5, KVFlow / HiCache): write-through
+// KV cache manager host tier (KVFlow / HiCache): write-through
 // offloads at commit, eviction to the host, demand loads and prefetches,
 // failed transfers, a full host pool, and the KVFlow cyclic workflow with a
 // host tier. Transfers are finished by hand (the engine's worker would copy).

@@ -1,4 +1,4 @@
-// Workflow-aware eviction (KVFlow, issue 5): KvCacheManager under kLru and
+// Workflow-aware eviction (KVFlow): KvCacheManager under kLru and
 // kWorkflow, with steps from AgentStepGraph; exact eviction orders.
 #include <gtest/gtest.h>
 

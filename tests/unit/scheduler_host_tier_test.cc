@@ -1,4 +1,4 @@
-// Status-aware admission with a host tier (scheduler.h policy 6; issue 5):
+// Status-aware admission with a host tier (scheduler.h policy 6):
 // a request whose prefix is on the host waits while its blocks load and
 // others run, resumes with a full hit, and recomputes when a load fails or
 // the host holds no backup. The fake backend's K/V are scrambled after the

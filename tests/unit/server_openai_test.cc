@@ -278,7 +278,7 @@ TEST_F(ServerOpenAiTest, ChatBodyAndStreamChunks) {
   EXPECT_EQ(ResponseBuilder::done_event(), "data: [DONE]\n\n");
 }
 
-// Issue 12: numbers that nlohmann cannot hold (1e999 overflows a double and
+// Numbers that nlohmann cannot hold (1e999 overflows a double and
 // used to escape as a non-ApiError exception: a 500 with internal text) and
 // integers beyond each field's range, every numeric field.
 TEST_F(ServerOpenAiTest, NonFiniteAndHugeNumbersAreFieldErrors) {
@@ -345,7 +345,7 @@ TEST_F(ServerOpenAiTest, NonFiniteAndHugeNumbersAreFieldErrors) {
   EXPECT_EQ(parse(kC, Json::parse(R"({"prompt": "x", "seed": -1})")).engine_template.sampling.seed, UINT64_MAX);
 }
 
-// Issue 12: a non-string "type" in a content part or in response_format used
+// A non-string "type" in a content part or in response_format used
 // to throw nlohmann's type_error (a 500); every field's wrong types are 400s
 // naming the field's path.
 TEST_F(ServerOpenAiTest, WrongTypesNameTheFieldPath) {
@@ -409,7 +409,7 @@ TEST_F(ServerOpenAiTest, WrongTypesNameTheFieldPath) {
   for (const auto& [body, param] : completion_cases) expect_bad_field(kC, body, param);
 }
 
-// Issue 12: invalid UTF-8 in any string (or key) is a 400 naming the field,
+// Invalid UTF-8 in any string (or key) is a 400 naming the field,
 // and no raw byte reaches the message (it used to, and the strict writer then
 // threw while building the error body).
 TEST_F(ServerOpenAiTest, InvalidUtf8NamesTheField) {
@@ -451,7 +451,7 @@ TEST_F(ServerOpenAiTest, InvalidUtf8NamesTheField) {
   EXPECT_LT(error.message().size(), 400u);
 }
 
-// Issue 12: the nesting guard runs before the parser on every body.
+// The nesting guard runs before the parser on every body.
 TEST_F(ServerOpenAiTest, DeepNestingIsRejectedBeforeParsing) {
   auto nested = [](int depth) {  // the body object is level 1
     return R"({"prompt": )" + std::string(depth - 1, '[') + std::string(depth - 1, ']') + "}";
@@ -468,7 +468,7 @@ TEST_F(ServerOpenAiTest, DeepNestingIsRejectedBeforeParsing) {
   EXPECT_EQ(parse(Endpoint::kCompletions, {{"prompt", std::string(100, '[')}}).prompts.size(), 1u);
 }
 
-// Issue 12, Deliver 8: --max-n, --max-stop-strings, --max-stop-string-bytes
+// --max-n, --max-stop-strings, --max-stop-string-bytes
 // and --max-request-output-tokens (prompts x n x max_tokens; chat's default
 // max_tokens is the rest of the context).
 TEST_F(ServerOpenAiTest, RequestLimitsAreEnforced) {
@@ -501,7 +501,7 @@ TEST_F(ServerOpenAiTest, RequestLimitsAreEnforced) {
   EXPECT_EQ(parse(kC, {{"prompt", "x"}, {"n", 16}, {"stop", Json::array({"a", "b"})}}).n, 16);
 }
 
-// Issue 12: error bodies never throw, whatever bytes they carry, and a 500
+// Error bodies never throw, whatever bytes they carry, and a 500
 // never shows internal text.
 TEST_F(ServerOpenAiTest, ErrorBodiesAreSafe) {
   const ApiError invalid_utf8(400, "unknown thing 'a\xff\xfe'", "invalid_request_error", "field\xc3");

@@ -199,7 +199,7 @@ TEST_F(ServerWorkflowTest, UnseenWorkflowsExpireAfterTheTtl) {
   EXPECT_NE(metrics->body.find("loom_workflows_active 1\n"), std::string::npos) << metrics->body;
 }
 
-// The route functions without a socket (issue 12): caps and hostile input.
+// The route functions without a socket: caps and hostile input.
 // Each returns a 200 body or throws ApiError, whose body always serialises.
 ApiError route_error(const std::function<void()>& call) {
   try {

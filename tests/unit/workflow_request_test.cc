@@ -135,7 +135,7 @@ TEST(WorkflowRequestTest, RejectsBadHintsNamingTheField) {
 }
 
 // Bodies nlohmann rejects: the failure names the field it hit and no raw body
-// bytes reach the message (issue 12). A number beyond double's range used to
+// bytes reach the message. A number beyond double's range used to
 // escape as a non-loom exception (a 500).
 TEST(WorkflowRequestTest, MalformedJsonNamesTheFieldWithoutRawBytes) {
   const std::string bad_name = spec_error("{\"agents\": [{\"name\": \"a\xff\"}]}");
