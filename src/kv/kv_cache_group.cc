@@ -56,18 +56,22 @@ bool KvCacheGroup::can_hold(const RequestKvKeys& keys) const {
 }
 
 RequestLeases KvCacheGroup::lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
-  LOOM_CHECK(can_hold(keys));
-  RequestLeases leases;
-  for (KvCacheId id : kAllKvCaches)
-    if (keys.uses(id)) leases[id] = members_[id]->lock_prefix(keys.key_in(id), tokens);
-  return leases;
+  return reference_prefix(keys, tokens, true);
 }
 
 RequestLeases KvCacheGroup::hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
+  return reference_prefix(keys, tokens, false);
+}
+
+RequestLeases KvCacheGroup::reference_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                             bool mark_used) {
   LOOM_CHECK(can_hold(keys));
   RequestLeases leases;
-  for (KvCacheId id : kAllKvCaches)
-    if (keys.uses(id)) leases[id] = members_[id]->hold_prefix(keys.key_in(id), tokens);
+  for (KvCacheId id : kAllKvCaches) {
+    if (!keys.uses(id)) continue;
+    KvCacheManager& member = *members_[id];
+    leases[id] = mark_used ? member.lock_prefix(keys.key_in(id), tokens) : member.hold_prefix(keys.key_in(id), tokens);
+  }
   return leases;
 }
 
@@ -88,8 +92,7 @@ PerKvCache<bool> KvCacheGroup::short_members(const KvBlockCounts& counts) const 
 }
 
 bool KvCacheGroup::can_allocate(const KvBlockCounts& counts) const {
-  const PerKvCache<bool> is_short = short_members(counts);
-  return std::none_of(is_short.values.begin(), is_short.values.end(), [](bool b) { return b; });
+  return !any_member(short_members(counts));
 }
 
 bool KvCacheGroup::allocate(RequestLeases& leases, const KvBlockCounts& counts) {

@@ -22,6 +22,7 @@
 // Thread: engine thread only. The group must outlive every RequestLeases.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -48,6 +49,10 @@ struct PerKvCache {
   const T& operator[](KvCacheId id) const { return values[static_cast<size_t>(id)]; }
   bool operator==(const PerKvCache&) const = default;
 };
+
+inline bool any_member(const PerKvCache<bool>& flags) {
+  return std::find(flags.values.begin(), flags.values.end(), true) != flags.values.end();
+}
 
 // Blocks per member (what a step needs, or frees).
 using KvBlockCounts = PerKvCache<int32_t>;
@@ -133,6 +138,8 @@ class KvCacheGroup {
   std::string integrity_error() const;
 
  private:
+  RequestLeases reference_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, bool mark_used);
+
   int32_t block_size_;
   PerKvCache<std::unique_ptr<KvCacheManager>> members_;
 };

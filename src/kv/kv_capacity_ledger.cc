@@ -18,8 +18,7 @@ PerKvCache<bool> KvCapacityLedger::short_members(const KvBlockCounts& counts) co
 }
 
 bool KvCapacityLedger::can_allocate(const KvBlockCounts& counts) const {
-  const PerKvCache<bool> is_short = short_members(counts);
-  return std::none_of(is_short.values.begin(), is_short.values.end(), [](bool b) { return b; });
+  return !any_member(short_members(counts));
 }
 
 void KvCapacityLedger::take(const KvBlockCounts& counts) {

@@ -124,7 +124,7 @@ class Scheduler::Planner {
   bool make_room(SchedulerRequestId id, const KvBlockCounts& num_blocks) {
     for (;;) {
       const PerKvCache<bool> is_short = ledger_.short_members(num_blocks);
-      if (!is_short[KvCacheId::kMain] && !is_short[KvCacheId::kResidual]) return true;
+      if (!any_member(is_short)) return true;
       const SchedulerRequestId victim = choose_victim(is_short[KvCacheId::kMain]);
       preempt(victim);
       if (victim == id) return false;
