@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# ThreadSanitizer run of the engine and server tests (issue 12): builds them into
+# ThreadSanitizer run of the engine and server tests: builds them into
 # build-tsan with -fsanitize=thread (no CUDA, no benchmarks) and runs the unit
 # tests of the engine, scheduler, KV transfers, workflows, HTTP transport and
 # server, then the black-box HTTP tests against a TSan-built `loom serve`.

@@ -50,10 +50,10 @@ struct LoraAdapter;
 
 struct BatchSequence {
   int32_t num_computed_tokens = 0;  // KV entries already written by earlier steps
-  int32_t num_new_tokens = 0;     // tokens of this sequence in Batch::token_ids
-  int32_t token_offset = 0;       // index of its first new token in Batch::token_ids
-  int32_t block_table_offset = 0; // index of its first block id in Batch::block_tables
-  int32_t num_blocks = 0;         // >= ceil((num_computed_tokens + num_new_tokens) / block_size)
+  int32_t num_new_tokens = 0;       // tokens of this sequence in Batch::token_ids
+  int32_t token_offset = 0;         // index of its first new token in Batch::token_ids
+  int32_t block_table_offset = 0;   // index of its first block id in Batch::block_tables
+  int32_t num_blocks = 0;           // >= ceil((num_computed_tokens + num_new_tokens) / block_size)
   bool logits_for_all_tokens = false;  // false: logits for the last new token only
 
   int32_t num_kv_present_tokens = 0;        // see "Write masks" above; 0 = write all new tokens

@@ -4,14 +4,14 @@
 
 namespace loom {
 
-Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& scheduled, const Scheduler& scheduler,
                   const std::function<SequenceSharing(SchedulerRequestId)>& sharing_of) {
   Batch batch;
-  const int32_t num_tokens = plan.num_tokens();
+  const int32_t num_tokens = scheduled.num_tokens();
   batch.token_ids.reserve(static_cast<size_t>(num_tokens));
   batch.positions.reserve(static_cast<size_t>(num_tokens));
   batch.adapter_slots.reserve(static_cast<size_t>(num_tokens));
-  for (const ScheduledRequest& entry : plan.requests) {
+  for (const ScheduledRequest& entry : scheduled.requests) {
     const std::vector<int32_t>& tokens = scheduler.tokens(entry.id);
     const SequenceSharing sharing = sharing_of(entry.id);
     const int32_t slot = sharing.adapter_slot;
@@ -49,9 +49,9 @@ Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
   return batch;
 }
 
-Batch build_batch(const ScheduledBatch& plan, const Scheduler& scheduler,
+Batch build_batch(const ScheduledBatch& scheduled, const Scheduler& scheduler,
                   const std::function<int32_t(SchedulerRequestId)>& adapter_slot_of) {
-  return build_batch(plan, scheduler, [&](SchedulerRequestId id) {
+  return build_batch(scheduled, scheduler, [&](SchedulerRequestId id) {
     return SequenceSharing{adapter_slot_of(id), KvSharing::kIsolated, 0};
   });
 }

@@ -1,7 +1,7 @@
 // The Engine of engine.h: one engine thread that loops
 //   inbox (new requests, cancels, commands) -> step() -> publish metrics and outputs,
 // and checks the KV caches' integrity whenever it goes idle. step() is
-//   sync workflows -> Scheduler::plan -> prefetch / pump transfers ->
+//   sync workflows -> Scheduler::plan (schedule, then apply) -> prefetch / pump transfers ->
 //   build_batch -> Backend::forward -> Scheduler::complete_step ->
 //   declare fixed prefixes -> sample, detokenize, emit.
 //
@@ -105,16 +105,16 @@ class EngineImpl final : public Engine {
 
   // ---- engine_step.cc: one step and its parts ----
   void step();
-  // Host tier: starts or ends the load waits of the plan's requests.
-  void note_load_waits(const ScheduledBatch& plan, SteadyTime now);
-  // First scheduling and prefix hits of the plan's requests.
-  void note_scheduled(const ScheduledBatch& plan, SteadyTime scheduled_at);
-  Batch build_step_batch(const ScheduledBatch& plan) const;
-  // Backend::forward; on failure, ends the plan's requests with the error and returns nullopt.
-  std::optional<ForwardResult> forward(const ScheduledBatch& plan);
-  void fail_batch(const ScheduledBatch& plan, const Error& error);
+  // Host tier: starts or ends the load waits of the batch's requests.
+  void note_load_waits(const ScheduledBatch& scheduled, SteadyTime now);
+  // First scheduling and prefix hits of the batch's requests.
+  void note_scheduled(const ScheduledBatch& scheduled, SteadyTime scheduled_at);
+  Batch build_step_batch(const ScheduledBatch& scheduled) const;
+  // Backend::forward; on failure, ends the batch's requests with the error and returns nullopt.
+  std::optional<ForwardResult> forward(const ScheduledBatch& scheduled);
+  void fail_batch(const ScheduledBatch& scheduled, const Error& error);
   // Samples (or takes the device-sampled token of) every row that samples, and emits the outputs.
-  void sample_and_emit(const ScheduledBatch& plan, const ForwardResult& result);
+  void sample_and_emit(const ScheduledBatch& scheduled, const ForwardResult& result);
   void on_token(int64_t id, RequestOutput output, SteadyTime now);
 
   // ---- engine_adapters.cc: pools and adapters on the engine thread ----

@@ -28,13 +28,13 @@ void EngineImpl::thread_main() {
     publish();
     if (!has_work && input.stopping) break;
   }
-  std::deque<std::function<void()>> leftover;
-  {
-    std::lock_guard<std::mutex> lock(inbox_->mutex);
-    inbox_->thread_exited = true;
-    leftover.swap(inbox_->commands);
-  }
-  for (auto& command : leftover) command();
+  // From here on run_on_engine_thread runs commands on its caller's thread,
+  // under the inbox lock: the last commands and publish() take it too, so
+  // that nothing runs beside them.
+  std::lock_guard<std::mutex> lock(inbox_->mutex);
+  inbox_->thread_exited = true;
+  for (auto& command : inbox_->commands) command();
+  inbox_->commands.clear();
   publish();
 }
 

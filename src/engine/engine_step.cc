@@ -16,33 +16,33 @@ double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::dur
 
 void EngineImpl::step() {
   workflow_sync_.sync(pools_.caches());  // before plan(): its allocations evict by the current steps
-  const ScheduledBatch plan = scheduler_->plan();
+  const ScheduledBatch scheduled = scheduler_->plan();
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   num_scheduler_waiting_ = scheduler_->num_waiting();
-  note_load_waits(plan, scheduled_at);
+  note_load_waits(scheduled, scheduled_at);
   pools_.prefetch_next_agents(workflow_sync_.agent_steps());  // after plan(): demand loads and admissions go first
   pools_.pump_transfers();
-  if (plan.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
+  if (scheduled.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;
   }
-  note_scheduled(plan, scheduled_at);
-  const std::optional<ForwardResult> result = forward(plan);
+  note_scheduled(scheduled, scheduled_at);
+  const std::optional<ForwardResult> result = forward(scheduled);
   if (!result) return;  // forward failed: the batch's requests ended with its error
-  scheduler_->complete_step(plan);
-  workflow_sync_.declare_fixed_prefixes(plan, active_, pools_.caches());
+  scheduler_->complete_step(scheduled);
+  workflow_sync_.declare_fixed_prefixes(scheduled, active_, pools_.caches());
   pools_.pump_transfers();  // the backups complete_step planned start while we sample
-  sample_and_emit(plan, *result);
+  sample_and_emit(scheduled, *result);
 }
 
-void EngineImpl::note_load_waits(const ScheduledBatch& plan, SteadyTime now) {
+void EngineImpl::note_load_waits(const ScheduledBatch& scheduled, SteadyTime now) {
   if (!pools_.has_host_tier()) return;
-  for (SchedulerRequestId id : plan.waiting_on_load) {
+  for (SchedulerRequestId id : scheduled.waiting_on_load) {
     PendingRequest& request = *active_.at(id);
     if (!request.load_wait_started_at) request.load_wait_started_at = now;
   }
-  step_stats_.set_num_waiting_on_load(static_cast<int32_t>(plan.waiting_on_load.size()));
-  for (const ScheduledRequest& entry : plan.requests) {
+  step_stats_.set_num_waiting_on_load(static_cast<int32_t>(scheduled.waiting_on_load.size()));
+  for (const ScheduledRequest& entry : scheduled.requests) {
     PendingRequest& request = *active_.at(entry.id);
     if (!request.load_wait_started_at) continue;
     step_stats_.add_load_wait(seconds_between(*request.load_wait_started_at, now));
@@ -50,8 +50,8 @@ void EngineImpl::note_load_waits(const ScheduledBatch& plan, SteadyTime now) {
   }
 }
 
-void EngineImpl::note_scheduled(const ScheduledBatch& plan, SteadyTime scheduled_at) {
-  for (const ScheduledRequest& entry : plan.requests) {
+void EngineImpl::note_scheduled(const ScheduledBatch& scheduled, SteadyTime scheduled_at) {
+  for (const ScheduledRequest& entry : scheduled.requests) {
     PendingRequest& request = *active_.at(entry.id);
     if (!request.first_scheduled_at) {
       request.first_scheduled_at = scheduled_at;
@@ -66,17 +66,17 @@ void EngineImpl::note_scheduled(const ScheduledBatch& plan, SteadyTime scheduled
   }
 }
 
-Batch EngineImpl::build_step_batch(const ScheduledBatch& plan) const {
+Batch EngineImpl::build_step_batch(const ScheduledBatch& scheduled) const {
   Batch batch =
-      build_batch(plan, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
+      build_batch(scheduled, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
   // Device sampling where the backend has it: only token ids come back for the
   // requests that need nothing else (rows that sample nothing this step take a
   // greedy id too, so that their logits stay on the device).
   if (capabilities_.device_sampling) {
-    batch.sampling.resize(plan.requests.size());
-    for (size_t i = 0; i < plan.requests.size(); ++i) {
-      const PendingRequest& request = *active_.at(plan.requests[i].id);
-      if (plan.requests[i].samples_next_token && !request.can_sample_on_device()) continue;
+    batch.sampling.resize(scheduled.requests.size());
+    for (size_t i = 0; i < scheduled.requests.size(); ++i) {
+      const PendingRequest& request = *active_.at(scheduled.requests[i].id);
+      if (scheduled.requests[i].samples_next_token && !request.can_sample_on_device()) continue;
       const SamplingParams& params = request.request.sampling;
       batch.sampling[i] = {true, params.temperature, params.top_k, params.top_p, params.seed,
                            static_cast<uint64_t>(request.num_output_tokens)};
@@ -85,33 +85,33 @@ Batch EngineImpl::build_step_batch(const ScheduledBatch& plan) const {
   return batch;
 }
 
-std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& plan) {
-  const Batch batch = build_step_batch(plan);
+std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled) {
+  const Batch batch = build_step_batch(scheduled);
   try {
     ForwardResult result = backend_->forward(batch);
-    LOOM_CHECK(result.logit_token_index.size() == plan.requests.size());
+    LOOM_CHECK(result.logit_token_index.size() == scheduled.requests.size());
     return result;
   } catch (const Error& error) {
     spdlog::error("forward pass failed: {}", error.what());
-    fail_batch(plan, error);
+    fail_batch(scheduled, error);
   } catch (const std::exception& error) {
     spdlog::error("forward pass failed: {}", error.what());
-    fail_batch(plan, Error(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what())));
+    fail_batch(scheduled, Error(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what())));
   }
   return std::nullopt;
 }
 
-void EngineImpl::fail_batch(const ScheduledBatch& plan, const Error& error) {
-  for (const ScheduledRequest& entry : plan.requests) end_request(entry.id, active_.at(entry.id)->failed(error));
+void EngineImpl::fail_batch(const ScheduledBatch& scheduled, const Error& error) {
+  for (const ScheduledRequest& entry : scheduled.requests) end_request(entry.id, active_.at(entry.id)->failed(error));
 }
 
-void EngineImpl::sample_and_emit(const ScheduledBatch& plan, const ForwardResult& result) {
+void EngineImpl::sample_and_emit(const ScheduledBatch& scheduled, const ForwardResult& result) {
   int32_t num_decodes = 0;
   const SteadyTime now = std::chrono::steady_clock::now();
   const bool any_device_sampled = !result.sampled_token_ids.empty();
   size_t num_host_rows = 0;  // result.logits holds only the rows not sampled on the device
-  for (size_t row = 0; row < plan.requests.size(); ++row) {
-    const ScheduledRequest& entry = plan.requests[row];
+  for (size_t row = 0; row < scheduled.requests.size(); ++row) {
+    const ScheduledRequest& entry = scheduled.requests[row];
     const bool device_sampled = any_device_sampled && result.sampled_token_ids[row] >= 0;
     const size_t logits_row = device_sampled ? 0 : num_host_rows++;
     if (!entry.samples_next_token) continue;

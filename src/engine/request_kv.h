@@ -2,7 +2,7 @@
 // KV sharing mode (DESIGN §1, lora/kv_sharing.h). Pure host code, built once
 // per request at submit().
 //
-//   adapter mode   RequestKvKeys                  tokens in the batch
+//   adapter mode   RequestKvKeys                       tokens in the batch
 //   (base model)   "base"                              slot -1
 //   isolated       "lora/NAME"                         slot on every token
 //   activated      "base" | "alora/NAME@S" from the    -1 before S, the slot from S on

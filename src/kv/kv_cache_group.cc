@@ -55,22 +55,26 @@ bool KvCacheGroup::can_hold(const RequestKvKeys& keys) const {
   return std::all_of(kAllKvCaches.begin(), kAllKvCaches.end(), [&](KvCacheId id) { return !keys.uses(id) || has(id); });
 }
 
-RequestLeases KvCacheGroup::lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
-  return reference_prefix(keys, tokens, true);
+RequestLeases KvCacheGroup::lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                        std::optional<KvBlockCounts> max_blocks) {
+  return reference_prefix(keys, tokens, max_blocks, true);
 }
 
-RequestLeases KvCacheGroup::hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
-  return reference_prefix(keys, tokens, false);
+RequestLeases KvCacheGroup::hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                        std::optional<KvBlockCounts> max_blocks) {
+  return reference_prefix(keys, tokens, max_blocks, false);
 }
 
 RequestLeases KvCacheGroup::reference_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
-                                             bool mark_used) {
+                                             const std::optional<KvBlockCounts>& max_blocks, bool mark_used) {
   LOOM_CHECK(can_hold(keys));
   RequestLeases leases;
   for (KvCacheId id : kAllKvCaches) {
     if (!keys.uses(id)) continue;
+    std::span<const KvTokenId> looked_up = tokens;
+    if (max_blocks) looked_up = tokens.first(std::min(tokens.size(), static_cast<size_t>((*max_blocks)[id]) * block_size_));
     KvCacheManager& member = *members_[id];
-    leases[id] = mark_used ? member.lock_prefix(keys.key_in(id), tokens) : member.hold_prefix(keys.key_in(id), tokens);
+    leases[id] = mark_used ? member.lock_prefix(keys.key_in(id), looked_up) : member.hold_prefix(keys.key_in(id), looked_up);
   }
   return leases;
 }
@@ -97,8 +101,10 @@ bool KvCacheGroup::can_allocate(const KvBlockCounts& counts) const {
 
 bool KvCacheGroup::allocate(RequestLeases& leases, const KvBlockCounts& counts) {
   if (!can_allocate(counts)) return false;
-  for (KvCacheId id : kAllKvCaches)
+  for (KvCacheId id : kAllKvCaches) {
+    LOOM_CHECK(leases[id].active() || counts[id] == 0);
     if (leases[id].active()) LOOM_CHECK(members_[id]->allocate(leases[id], counts[id]));
+  }
   return true;
 }
 
@@ -145,13 +151,14 @@ PerKvCache<KvCacheStats> KvCacheGroup::stats() const {
 }
 
 std::string KvCacheGroup::integrity_error() const {
-  std::string problem;
+  std::string problems;
   for_each([&](KvCacheId id, const KvCacheManager& member) {
-    if (!problem.empty()) return;
-    const std::string member_problem = member.integrity_error();
-    if (!member_problem.empty()) problem = std::string(kv_cache_name(id)) + " KV cache: " + member_problem;
+    const std::string problem = member.integrity_error();
+    if (problem.empty()) return;
+    if (!problems.empty()) problems += "; ";
+    problems += std::string(kv_cache_name(id)) + " KV cache: " + problem;
   });
-  return problem;
+  return problems;
 }
 
 }  // namespace loom

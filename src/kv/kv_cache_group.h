@@ -106,17 +106,21 @@ class KvCacheGroup {
   bool can_hold(const RequestKvKeys& keys) const;
 
   // ---- A request's blocks (each applies to the members `keys` uses) ----
-  // Leases over the cached prefix of `tokens` in each member (kv_cache_manager.h lock_prefix).
-  RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
-  // KvCacheManager::hold_prefix in every member `keys` uses.
-  RequestLeases hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // Leases over the cached prefix of `tokens` in each member (kv_cache_manager.h
+  // lock_prefix), at most max_blocks[id] blocks of it in member id when given.
+  RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                            std::optional<KvBlockCounts> max_blocks = std::nullopt);
+  // The same through KvCacheManager::hold_prefix (never marks blocks used).
+  RequestLeases hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                            std::optional<KvBlockCounts> max_blocks = std::nullopt);
   // Blocks each member must add so that the leases cover num_tokens tokens.
   KvBlockCounts num_blocks_needed(const RequestKvKeys& keys, const RequestLeases& leases, int32_t num_tokens) const;
   // Whether every member can provide its count.
   bool can_allocate(const KvBlockCounts& counts) const;
   // Members that cannot provide their count (all false: can_allocate).
   PerKvCache<bool> short_members(const KvBlockCounts& counts) const;
-  // Adds the blocks. Returns false, changing nothing, when !can_allocate(counts).
+  // Adds the blocks (counts[id] > 0 only for members the leases hold). Returns
+  // false, changing nothing, when !can_allocate(counts).
   bool allocate(RequestLeases& leases, const KvBlockCounts& counts);
   // Commits the full computed blocks of every held lease (kv_cache_manager.h commit).
   void commit(RequestLeases& leases, std::span<const KvTokenId> tokens, int32_t num_computed_tokens);
@@ -134,11 +138,12 @@ class KvCacheGroup {
   int32_t evict_all_cached();
   // Per member ({} for an absent one).
   PerKvCache<KvCacheStats> stats() const;
-  // "" when every member is consistent; else the first problem, naming the member.
+  // "" when every member is consistent; else each member's problem, named.
   std::string integrity_error() const;
 
  private:
-  RequestLeases reference_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, bool mark_used);
+  RequestLeases reference_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                 const std::optional<KvBlockCounts>& max_blocks, bool mark_used);
 
   int32_t block_size_;
   PerKvCache<std::unique_ptr<KvCacheManager>> members_;

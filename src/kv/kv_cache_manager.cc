@@ -18,6 +18,7 @@ KvLease& KvLease::operator=(KvLease&& other) noexcept {
     block_ids_ = std::move(other.block_ids_);
     num_committed_blocks_ = other.num_committed_blocks_;
     num_found_tokens_ = other.num_found_tokens_;
+    marks_used_ = other.marks_used_;
     other.manager_ = nullptr;
     other.block_ids_.clear();
     other.num_committed_blocks_ = 0;
@@ -52,6 +53,7 @@ KvLease KvCacheManager::reference_prefix(const KvKey& kv_key, std::span<const Kv
   KvLease lease;
   lease.manager_ = this;
   lease.kv_key_ = kv_key;
+  lease.marks_used_ = mark_used;
   for (RadixNode* node : tree_.match(kv_key, tokens)) {
     pool_.add_ref(node->block_id);
     tree_.on_ref_changed(node->block_id);
@@ -152,7 +154,7 @@ void KvCacheManager::commit(KvLease& lease, std::span<const KvTokenId> tokens, i
 }
 
 void KvCacheManager::release(KvLease& lease) {
-  const int64_t now = ++clock_;
+  const int64_t now = lease.marks_used_ ? ++clock_ : 0;
   count_private_blocks(lease, lease.num_committed_blocks_, lease.num_blocks(), -1);
   // Tail first, so that a parent is never unreferenced while its child is referenced.
   for (auto it = lease.block_ids_.rbegin(); it != lease.block_ids_.rend(); ++it) {
@@ -160,7 +162,7 @@ void KvCacheManager::release(KvLease& lease) {
     const bool in_tree = tree_.node_of_block(id) != nullptr;
     if (pool_.release_ref(id) == 0 && !in_tree) pool_.put_free(id);
     if (in_tree) {
-      tree_.node_of_block(id)->last_access = now;
+      if (lease.marks_used_) tree_.node_of_block(id)->last_access = now;
       tree_.on_ref_changed(id);
     }
   }

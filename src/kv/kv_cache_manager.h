@@ -8,7 +8,7 @@
 //               at lock_prefix or committed)   committed once full + computed
 //
 // Life of a request (all on the engine thread):
-//   lease = lock_prefix(ns, tokens, max)   // reuse cached blocks; they are now in use
+//   lease = lock_prefix(key, tokens)       // reuse cached blocks; they are now in use
 //   if (can_allocate(n)) allocate(lease, n) // plan, then apply; "no room" is `false`
 //   ... forward ...; commit(lease, tokens, num_computed)   // full blocks -> tree
 //   lease.release() or ~KvLease           // committed blocks stay cached (LRU), others free
@@ -77,6 +77,7 @@ class KvLease {
   std::vector<int32_t> block_ids_;
   int32_t num_committed_blocks_ = 0;
   int32_t num_found_tokens_ = 0;
+  bool marks_used_ = true;  // false for hold_prefix's leases
 };
 
 struct KvCacheStats {
@@ -107,8 +108,8 @@ class KvCacheManager {
   int32_t block_size() const { return tree_.block_size(); }
   int32_t num_total_blocks() const { return pool_.num_total_blocks(); }
 
-  // Number of tokens of tokens[0, max_tokens) whose blocks are cached (a
-  // multiple of block_size). Changes nothing.
+  // Number of tokens of `tokens` whose blocks are cached (a multiple of
+  // block_size). Changes nothing.
   int32_t num_cached_prefix_tokens(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
   int32_t num_cached_prefix_tokens(const std::string& kv_namespace, std::span<const KvTokenId> tokens) const {
     return num_cached_prefix_tokens(KvKey::single(kv_namespace), tokens);
@@ -121,9 +122,9 @@ class KvCacheManager {
   KvLease lock_prefix(const std::string& kv_namespace, std::span<const KvTokenId> tokens) {
     return lock_prefix(KvKey::single(kv_namespace), tokens);
   }
-  // lock_prefix without marking the blocks used (no LRU time, no prefetch
-  // metric): holds them so that nothing evicts them while a planned step is
-  // applied (Scheduler::apply).
+  // lock_prefix that never marks the blocks used (no LRU time when made or
+  // released, no prefetch metric): holds them so that nothing evicts them
+  // while a planned step is applied (Scheduler::apply).
   KvLease hold_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens);
 
   // Whether `num_blocks` more blocks can be had (free + cached).

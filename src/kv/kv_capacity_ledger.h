@@ -12,7 +12,8 @@
 //   KvLease::release / preemption               drop_refs(lease blocks): each reaching 0 refs becomes
 //                                               available (a private block is freed, a committed one cached);
 //                                               give_back(n) for blocks take() gave it in this plan
-//   start_load (demand) of host nodes            mark_loading(node) for each node it would load
+//   start_load (demand) of host nodes            add_refs(the device part: its pin), take(the blocks it
+//                                               gets), mark_loading(each node it fills)
 //
 // References are the group's (KvCacheManager::block_ref_count) plus the
 // ledger's deltas, so blocks shared by several leases are counted exactly.

@@ -115,7 +115,7 @@ class Scheduler::Planner {
       new_blocks_[id] = num_blocks;
       new_tokens_[id] = num_new;
       budget_ -= num_new;
-      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, 0});
+      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, {}, 0});
     }
   }
 
@@ -150,7 +150,7 @@ class Scheduler::Planner {
       budget_ += new_tokens_.at(id);
     }
     preempted_.insert(id);
-    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, 0});
+    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, {}, 0});
   }
 
   // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
@@ -167,7 +167,7 @@ class Scheduler::Planner {
         continue;
       if (kv_caches_.main().has_host_tier() && waits_on_load(request)) continue;
       if (!admit(request)) {
-        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, 0});
+        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, {}, 0});
         break;
       }
       ++num_running;
@@ -183,7 +183,7 @@ class Scheduler::Planner {
     for (; next < path.size() && path[next]->tier == KvTier::kDevice; ++next) device_blocks.push_back(path[next]->block_id);
     if (next == path.size()) return false;
     if (ledger_.is_loading(path[next])) {
-      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, 0});
+      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, 0});
       return true;
     }
     // A demand load pins the device part of the path, then takes the blocks it can get.
@@ -198,7 +198,7 @@ class Scheduler::Planner {
     num_blocks[KvCacheId::kMain] = num_loading;
     ledger_.take(num_blocks);
     for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
-    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, num_host});
+    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, {}, num_host});
     return true;
   }
 
@@ -206,33 +206,60 @@ class Scheduler::Planner {
   // its blocks; false (nothing counted) when they cannot be had.
   bool admit(const RequestState& request) {
     PerKvCache<std::vector<int32_t>> found_blocks;
-    int32_t num_computed = std::numeric_limits<int32_t>::max();
+    PerKvCache<bool> is_trimmed;
     for (KvCacheId member : kAllKvCaches) {
       if (!request.kv.uses(member)) continue;
       for (const RadixNode* node : kv_caches_[member].prefix_path(request.kv.key_in(member), request.lookup_tokens())) {
         if (node->tier != KvTier::kDevice) break;
         found_blocks[member].push_back(node->block_id);
       }
-      // The members evict independently: compute from the shorter hit, write only what is missing.
-      num_computed = std::min(num_computed, static_cast<int32_t>(found_blocks[member].size()) * kv_caches_.block_size());
-    }
-    const int32_t num_new = std::min(static_cast<int32_t>(request.tokens.size()) - num_computed, budget_);
-    const int32_t num_blocks_after = (num_computed + num_new + kv_caches_.block_size() - 1) / kv_caches_.block_size();
-    KvBlockCounts num_blocks;
-    for (KvCacheId member : kAllKvCaches) {
-      if (!request.kv.uses(member)) continue;
       ledger_.add_refs(member, found_blocks[member]);
-      num_blocks[member] = std::max(0, num_blocks_after - static_cast<int32_t>(found_blocks[member].size()));
+      // Below zero, this step's earlier allocations needed some of these cached
+      // blocks: the request does without the last ones (unreferenced, so the tail of the path).
+      while (ledger_.num_available_blocks(member) < 0 && !found_blocks[member].empty()) {
+        drop_last_found_block(member, found_blocks[member]);
+        is_trimmed[member] = true;
+      }
     }
-    if (!ledger_.can_allocate(num_blocks)) {
-      for (KvCacheId member : kAllKvCaches) ledger_.drop_refs(member, found_blocks[member]);
-      return false;
+    for (;;) {
+      // The members evict independently: compute from the shorter hit, write only what is missing.
+      int32_t num_computed = std::numeric_limits<int32_t>::max();
+      for (KvCacheId member : kAllKvCaches)
+        if (request.kv.uses(member))
+          num_computed = std::min(num_computed, static_cast<int32_t>(found_blocks[member].size()) * kv_caches_.block_size());
+      const int32_t num_new = std::min(static_cast<int32_t>(request.tokens.size()) - num_computed, budget_);
+      const int32_t num_blocks_after = (num_computed + num_new + kv_caches_.block_size() - 1) / kv_caches_.block_size();
+      KvBlockCounts num_blocks, num_found_blocks;
+      for (KvCacheId member : kAllKvCaches) {
+        if (!request.kv.uses(member)) continue;
+        num_found_blocks[member] = static_cast<int32_t>(found_blocks[member].size());
+        num_blocks[member] = std::max(0, num_blocks_after - num_found_blocks[member]);
+      }
+      const PerKvCache<bool> is_short = ledger_.short_members(num_blocks);
+      if (!any_member(is_short)) {
+        ledger_.take(num_blocks);
+        budget_ -= num_new;
+        decision_.actions.push_back(
+            {SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, num_found_blocks, 0});
+        return true;
+      }
+      // A member that had to give up part of the prefix may give up more: a
+      // shorter hit with a budget-limited chunk needs fewer blocks.
+      std::optional<KvCacheId> trim;
+      for (KvCacheId member : kAllKvCaches)
+        if (is_short[member] && is_trimmed[member] && !found_blocks[member].empty()) trim = member;
+      if (!trim) break;
+      drop_last_found_block(*trim, found_blocks[*trim]);
     }
-    ledger_.take(num_blocks);
-    budget_ -= num_new;
-    decision_.actions.push_back({SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, 0});
-    return true;
+    for (KvCacheId member : kAllKvCaches) ledger_.drop_refs(member, found_blocks[member]);
+    return false;
   }
+
+  void drop_last_found_block(KvCacheId member, std::vector<int32_t>& found_blocks) {
+    ledger_.drop_refs(member, std::span<const int32_t>(&found_blocks.back(), 1));
+    found_blocks.pop_back();
+  }
+
 
   static int32_t num_uncomputed(const RequestState& request) {
     return static_cast<int32_t>(request.tokens.size()) - request.num_computed_tokens;
@@ -256,15 +283,22 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
   // schedule() saw the cached prefixes of the requests it admits or loads for
   // as they are now: hold them until the step is applied, so that the blocks
   // allocated before them cannot evict what the step is about to reuse (the
-  // ledger counted them as locked; holding adds no further cost).
+  // ledger counted them as locked; holding adds no further cost). Sound
+  // because a step that preempts admits nothing (policy 4): holding first
+  // only moves the counts of admissions earlier, never past a preemption's
+  // release.
   std::vector<RequestLeases> holds;
+  bool any_preempted = false, any_held = false;
   for (const SchedulerAction& action : decision.actions) {
     const RequestState& request = state(action.id);
+    any_preempted |= action.kind == SchedulerAction::Kind::kPreempt;
     if (action.kind == SchedulerAction::Kind::kAdmit)
-      holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens()));
+      holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
     else if (action.kind == SchedulerAction::Kind::kStartLoad)
       holds.push_back(kv_caches_.hold_prefix(RequestKvKeys{request.kv.key, ""}, request.lookup_tokens()));
+    any_held |= !holds.empty();
   }
+  LOOM_CHECK(!(any_preempted && any_held));
   ScheduledBatch batch;
   for (const SchedulerAction& action : decision.actions) {
     RequestState& request = state(action.id);
@@ -314,7 +348,8 @@ void Scheduler::apply_preempt(SchedulerRequestId id, ScheduledBatch& batch) {
 void Scheduler::apply_admit(const SchedulerAction& action, ScheduledBatch& batch) {
   RequestState& request = state(action.id);
   LOOM_CHECK(!request.running);
-  RequestLeases leases = kv_caches_.lock_prefix(request.kv, request.lookup_tokens());
+  RequestLeases leases = kv_caches_.lock_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks);
+  for (KvCacheId member : kAllKvCaches) LOOM_CHECK(leases[member].num_blocks() == action.num_found_blocks[member]);
   LOOM_CHECK(leases.num_found_tokens() == action.num_computed_tokens);
   LOOM_CHECK(kv_caches_.allocate(leases, action.num_new_blocks));
   request.leases = std::move(leases);

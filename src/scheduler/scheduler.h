@@ -89,7 +89,6 @@ struct SchedulerConfig {
 
 using SchedulerRequestId = int64_t;
 
-
 struct ScheduledRequest {
   SchedulerRequestId id = 0;
   int32_t num_computed_tokens = 0;  // K/V already in the cache (positions 0 .. this-1)
@@ -123,8 +122,8 @@ struct SchedulerAction {
   enum class Kind : uint8_t {
     kPreempt,     // a running request: release its leases, back to waiting from token 0 (policy 4)
     kRun,         // a running request: add num_new_blocks, compute num_new_tokens
-    kAdmit,       // a waiting request: lock its cached prefix (num_computed_tokens of it in every
-                  // member it uses), add num_new_blocks, compute num_new_tokens
+    kAdmit,       // a waiting request: lock num_found_blocks of its cached prefix in each member
+                  // it uses, add num_new_blocks, compute num_new_tokens from num_computed_tokens
     kStartLoad,   // a waiting request: start a demand load of its host blocks; it waits (policy 6)
     kWaitOnLoad,  // a waiting request whose prefix is loading: it waits (policy 6)
     kNoRoom,      // a waiting request whose blocks cannot be had: its cached prefix counts as
@@ -132,10 +131,11 @@ struct SchedulerAction {
   };
   Kind kind = Kind::kRun;
   SchedulerRequestId id = 0;
-  int32_t num_new_tokens = 0;     // kRun, kAdmit
-  int32_t num_computed_tokens = 0;  // kAdmit
-  KvBlockCounts num_new_blocks;   // kRun, kAdmit: blocks per member beyond the (locked) leases
-  int32_t num_load_blocks = 0;    // kStartLoad: host blocks to load (at least one can be had)
+  int32_t num_new_tokens = 0;       // kRun, kAdmit
+  int32_t num_computed_tokens = 0;  // kAdmit: the prefix found in every member it uses
+  KvBlockCounts num_new_blocks;     // kRun, kAdmit: blocks per member beyond the (locked) leases
+  KvBlockCounts num_found_blocks;   // kAdmit: blocks of each member's cached prefix it locks
+  int32_t num_load_blocks = 0;      // kStartLoad: host blocks to load (at least one can be had)
 };
 
 struct SchedulerDecision {

@@ -38,6 +38,7 @@ bool same_actions(const SchedulerDecision& a, const SchedulerDecision& b) {
     const SchedulerAction& y = b.actions[i];
     if (x.kind != y.kind || x.id != y.id || x.num_new_tokens != y.num_new_tokens ||
         x.num_computed_tokens != y.num_computed_tokens || !(x.num_new_blocks == y.num_new_blocks) ||
+        !(x.num_found_blocks == y.num_found_blocks) ||
         x.num_load_blocks != y.num_load_blocks)
       return false;
   }
@@ -57,6 +58,7 @@ TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
     std::mt19937 rng(seed);
     const int32_t block_size = 4;
     KvCacheGroup kv_caches(10 + static_cast<int32_t>(seed % 5), 8, block_size);
+    kv_caches.set_eviction_policy(seed % 2 ? KvEvictionPolicy::kWorkflow : KvEvictionPolicy::kLru);
     if (with_host_tier) kv_caches.main().enable_host_tier(6 + static_cast<int32_t>(seed % 7));
     std::vector<KvCacheManager::Transfer> in_flight;
     Scheduler scheduler(SchedulerConfig{12, 6, 3}, kv_caches);
@@ -73,10 +75,12 @@ TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
       if (next_id <= 30 && rng() % 2 == 0) {
         Tokens tokens = prefixes[rng() % prefixes.size()];
         for (uint32_t i = 0, n = 1 + rng() % 9; i < n; ++i) tokens.push_back(static_cast<int32_t>(rng() % 50));
-        const bool forked = rng() % 3 == 0;
-        const std::string adapter = forked ? "f" + std::to_string(rng() % 2) : (rng() % 2 ? "" : "a");
+        const uint32_t kind = rng() % 4;  // forked, activated (an aLoRA branch), isolated, base
+        const bool forked = kind == 0;
+        const std::string adapter = kind == 0 ? "f" + std::to_string(rng() % 2) : kind == 1 ? "x" : kind == 2 ? "a" : "";
         RequestKvKeys keys{forked ? KvKey::single("fork") : KvKey::single(kv_namespace_for_adapter(adapter)),
                            forked ? residual_kv_namespace(adapter) : ""};
+        if (kind == 1) keys.key = activated_kv_key(adapter, 5 + static_cast<int32_t>(rng() % 6), block_size);
         scheduler.add(next_id, tokens, adapter, keys, static_cast<int32_t>(rng() % 3));
         num_left[next_id++] = 1 + static_cast<int32_t>(rng() % 6);
       }
@@ -117,11 +121,11 @@ TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
   }
 }
 
+INSTANTIATE_TEST_SUITE_P(HostTier, SchedulerDecisionTest, ::testing::Bool());
+
 // A running request's growth and a waiting request's admission in one step,
 // with no free block: the growth evicts another cached prefix, never the one
 // the admitted request reuses (it is held while the step is applied).
-INSTANTIATE_TEST_SUITE_P(HostTier, SchedulerDecisionTest, ::testing::Bool());
-
 TEST(SchedulerDecisionStepTest, AStepDoesNotEvictThePrefixItAdmitsARequestOnto) {
   const int32_t block_size = 4;
   KvCacheGroup kv_caches(7, 0, block_size);
@@ -155,6 +159,41 @@ TEST(SchedulerDecisionStepTest, AStepDoesNotEvictThePrefixItAdmitsARequestOnto) 
   EXPECT_EQ(second.requests[0].block_ids, (std::vector<int32_t>{4, 5, 6, 3}));
   EXPECT_EQ(cache.num_cached_prefix_tokens("base", other), 0);
   scheduler.complete_step(second);
+  scheduler.finish(1);
+  scheduler.finish(2);
+  EXPECT_EQ(kv_caches.integrity_error(), "");
+}
+
+// A step whose earlier allocation needs every cached block, the waiting
+// request's own prefix included: it does without that prefix (the oldest
+// blocks) and is still admitted for what the budget leaves, as when the
+// allocation had evicted the prefix first.
+TEST(SchedulerDecisionStepTest, AnAdmissionGivesUpThePrefixTheStepsAllocationsNeed) {
+  const int32_t block_size = 4;
+  KvCacheGroup kv_caches(5, 0, block_size);
+  KvCacheManager& cache = kv_caches.main();
+  const Tokens shared = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12};
+  const Tokens other = {21, 22, 23, 24, 25, 26, 27, 28};
+  for (const Tokens& tokens : {shared, other}) {  // shared is cached first: least recently used
+    KvLease lease = cache.lock_prefix("base", tokens);
+    ASSERT_TRUE(cache.allocate(lease, static_cast<int32_t>(tokens.size()) / block_size));
+    cache.commit(lease, tokens, static_cast<int32_t>(tokens.size()));
+  }
+  ASSERT_EQ(cache.stats().num_cached_blocks, 5);
+  Scheduler scheduler(SchedulerConfig{20, 8, 8}, kv_caches);
+  Tokens first;
+  for (int32_t i = 0; i < 16; ++i) first.push_back(40 + i);
+  scheduler.add(1, first, "", "base", 0);  // 16 new tokens: 4 of the 5 blocks
+  Tokens reuse = shared;
+  reuse.push_back(99);
+  scheduler.add(2, reuse, "", "base", 0);  // the 4 tokens of budget left: one block
+  const ScheduledBatch batch = scheduler.plan();
+  ASSERT_EQ(batch.requests.size(), 2u);
+  EXPECT_EQ(batch.requests[0].num_new_tokens, 16);
+  EXPECT_EQ(batch.requests[1].id, 2);
+  EXPECT_EQ(batch.requests[1].num_prefix_hit_tokens, 0);
+  EXPECT_EQ(batch.requests[1].num_new_tokens, 4);
+  scheduler.complete_step(batch);
   scheduler.finish(1);
   scheduler.finish(2);
   EXPECT_EQ(kv_caches.integrity_error(), "");

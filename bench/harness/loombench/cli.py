@@ -87,7 +87,7 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("--no-workflow-hints", dest="workflow_hints", action="store_false",
                    help="do not send `workflow`/`agent` request fields")
     r.add_argument("--declare-workflows", action="store_true",
-                   help="PUT /v1/workflows/{id} with each copy's agent graph before measuring (issue 5)")
+                   help="PUT /v1/workflows/{id} with each copy's agent graph before measuring")
     r.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /metrics samples")
     r.add_argument("--request-timeout", type=float, default=600.0)
     r.add_argument("--out", help="output directory (default: loom-bench-WORKLOAD)")

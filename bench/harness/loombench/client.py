@@ -28,7 +28,7 @@ class Client:
     """One httpx.AsyncClient shared by every call of a configuration.
 
     extra_body: fields added to every request (ignore_eos, ...);
-    hints: send `workflow` / `agent` fields (issue 5's API; ignored by servers
+    hints: send `workflow` / `agent` fields (the workflow API; ignored by servers
     that do not know them).
     """
 

@@ -2,11 +2,11 @@
 
 Several --compare flags give their cartesian product (in the order given).
 Keys:
-  sharing=MODE       every --lora becomes NAME=PATH:MODE (issue 4's KV sharing modes:
+  sharing=MODE       every --lora becomes NAME=PATH:MODE (the KV sharing modes:
                      isolated | activated | base | forked)
-  eviction=POLICY    `loom serve --eviction-policy POLICY` (issue 5: lru | workflow);
+  eviction=POLICY    `loom serve --eviction-policy POLICY` (lru | workflow);
                      the flag name lives in SERVE_FLAGS below, one place to change
-  cache=PRESET       the KV cache setup of issue 5's benchmark, one of CACHE_PRESETS:
+  cache=PRESET       the KV cache setup of the workflow benchmark, one of CACHE_PRESETS:
                      lru | lru+host | workflow | workflow+host | workflow+prefetch
                      (+host: a host tier of --host-kv-memory; +prefetch: also --prefetch-agents 2)
   serve.FLAG=V       any other `loom serve --FLAG V` (e.g. serve.kv-cache-bytes=...)

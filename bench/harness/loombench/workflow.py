@@ -71,7 +71,7 @@ def run_offline(task: TaskGenerator, reply: str = "ok") -> List[Stage]:
 
 
 def agent_graph(order: List[str], cyclic: bool = True, joins: Optional[Dict[str, List[str]]] = None) -> dict:
-    """A workflow declaration body (issue 5's PUT /v1/workflows/{id}): each
+    """A workflow declaration body (PUT /v1/workflows/{id}): each
     agent runs after its predecessor in `order` (the first after the last when
     `cyclic`), or after the agents `joins` names for it (join all)."""
     agents = []

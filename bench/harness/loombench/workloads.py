@@ -220,7 +220,7 @@ WORKLOADS: Dict[str, Callable[[TaskContext, Models, TextSource, Params], TaskGen
 
 
 def graph(workload: str, p: Params) -> Optional[dict]:
-    """The agent step graph a workflow copy declares (issue 5), or None when
+    """The agent step graph a workflow copy declares, or None when
     the order is random (skewed reflexion)."""
     if workload in ("react", "sequential") or (workload == "reflexion" and p.invocation == "round-robin"):
         return agent_graph([f"agent{a}" for a in range(p.agents)], cyclic=True)
