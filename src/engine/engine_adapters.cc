@@ -10,8 +10,23 @@
 namespace loom {
 
 void EngineImpl::allocate_pools(const KvPoolLayout& layout) {
+  const std::optional<KvPoolLayout> previous = pools_.layout_in_use();
   scheduler_.reset();  // it refers into the group that allocate() replaces
-  pools_.allocate(layout);
+  try {
+    pools_.allocate(layout);
+  } catch (...) {
+    // The backend refused the new pools (out of memory, say): serve on with
+    // pools of the previous layout (their cached blocks are gone), then report.
+    if (previous) {
+      pools_.allocate(*previous);
+      rebuild_scheduler();
+    }
+    throw;
+  }
+  rebuild_scheduler();
+}
+
+void EngineImpl::rebuild_scheduler() {
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_batch_tokens, config_.max_running_requests, config_.max_loras_per_batch},
       pools_.caches());

@@ -120,7 +120,11 @@ class EngineImpl final : public Engine {
   // ---- engine_adapters.cc: pools and adapters on the engine thread ----
   // Destroys the scheduler (which must hold no request), reallocates the
   // pools to `layout`, builds a new scheduler over them and resets WorkflowSync.
+  // If the backend refuses them, reallocates the previous layout (when there
+  // was one) before rethrowing, so the engine keeps serving.
   void allocate_pools(const KvPoolLayout& layout);
+  // A scheduler over pools_.caches(); resets WorkflowSync to the new group.
+  void rebuild_scheduler();
   // Makes sure the rCache pool can hold a forked adapter of k/v rank `kv_rank`,
   // resizing while no request was admitted yet; else throws with a hint.
   void prepare_forked_adapter(const std::string& name, int32_t kv_rank);

@@ -55,6 +55,7 @@ void KvPools::allocate(const KvPoolLayout& layout) {
   drain_transfers();
   transfers_.reset();
   caches_.reset();
+  layout_in_use_.reset();
   backend_.allocate_kv_cache({layout.num_blocks, block_size});
   if (with_residual) backend_.allocate_residual_cache({layout.num_residual_blocks, block_size, layout.residual_max_rank});
   caches_ = std::make_unique<KvCacheGroup>(layout.num_blocks, layout.num_residual_blocks, block_size);
@@ -62,7 +63,13 @@ void KvPools::allocate(const KvPoolLayout& layout) {
   num_residual_kv_blocks_ = layout.num_residual_blocks;
   residual_max_rank_ = with_residual ? layout.residual_max_rank : 0;
   residual_bytes_per_block_ = with_residual ? layout.residual_bytes_per_block : 0;
-  setup_host_tier();
+  try {
+    setup_host_tier();
+  } catch (...) {
+    caches_.reset();
+    throw;
+  }
+  layout_in_use_ = layout;
 }
 
 std::optional<KvPoolSizing> KvPools::sizing_for_forked_adapter(const std::string& name, int32_t kv_rank,

@@ -71,8 +71,12 @@ class KvPools {
   // (Re)allocates the backend's pools and the group (its managers know no
   // agent, with LRU eviction), then the host tier when the config asks for
   // one (Error(kCapacity) when that holds no block). Waits for transfers in
-  // flight first. Precondition: nothing refers into caches().
+  // flight first. Precondition: nothing refers into caches(). When it throws,
+  // there are no pools (allocated() is false) until an allocate() succeeds.
   void allocate(const KvPoolLayout& layout);
+  bool allocated() const { return caches_ != nullptr; }
+  // The layout of the pools now (nullopt before the first allocate() succeeds).
+  const std::optional<KvPoolLayout>& layout_in_use() const { return layout_in_use_; }
   // For a forked adapter of k/v rank `kv_rank`: nullopt when the rCache pool
   // holds it already, else the sizing that does (max_loaded_kv_rank: the
   // largest among the adapters loaded or being loaded). Throws Error(kCapacity)
@@ -115,6 +119,7 @@ class KvPools {
   std::atomic<int32_t> num_residual_kv_blocks_{0};
   std::atomic<int32_t> residual_max_rank_{0};
   std::unique_ptr<KvCacheGroup> caches_;
+  std::optional<KvPoolLayout> layout_in_use_;
   // Host tier (nullptr: none). Declared after the group, so it is destroyed
   // (waiting for its copies) before the managers.
   std::unique_ptr<KvTransferWorker> transfers_;

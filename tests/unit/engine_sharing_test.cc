@@ -436,6 +436,37 @@ TEST_F(EngineSharingTest, ForkedAdaptersNeedAnRCachePoolOfTheirRank) {
   engine->shutdown(false);
 }
 
+// The backend refuses the rCache pool a forked adapter asks for (out of
+// memory, say): the load fails with the backend's error and the engine serves
+// on with pools as they were.
+TEST_F(EngineSharingTest, ARefusedPoolReallocationLeavesTheEngineServing) {
+  class RefusesResidualCache : public test::ForwardingBackend {
+   public:
+    using ForwardingBackend::ForwardingBackend;
+    int64_t residual_bytes_per_token(int32_t max_rank) const override { return inner().residual_bytes_per_token(max_rank); }
+    void allocate_residual_cache(const ResidualCacheShape&) override {
+      throw Error(ErrorKind::kCapacity, "out of device memory for the rCache pool");
+    }
+  };
+  EngineConfig config;
+  config.block_size = 4;
+  config.kv_cache_bytes = 1 << 20;  // auto: the first forked adapter makes the rCache pool
+  auto engine = std::make_unique<EngineImpl>(
+      *model_, std::make_unique<RefusesResidualCache>(make_cpu_backend(model_->config, model_->weights, {1, 8})),
+      config);
+  engine->load_adapter("iso", adapter_path(0), KvSharing::kIsolated);
+  const int32_t num_blocks = engine->num_kv_blocks();
+  test::expect_error([&] { engine->load_adapter("f", adapter_path(1), KvSharing::kForked); }, ErrorKind::kCapacity,
+                     {"out of device memory"});
+  EXPECT_EQ(engine->num_kv_blocks(), num_blocks);
+  EXPECT_EQ(engine->num_residual_kv_blocks(), 0);
+  ASSERT_EQ(engine->adapters().size(), 1u);
+  EXPECT_EQ(run_on(*engine, request(tokens(9, 60), 3)).tokens.size(), 3u);
+  EXPECT_EQ(run_on(*engine, request(tokens(9, 60), 3, "iso")).tokens.size(), 3u);
+  engine->run_on_engine_thread([&] { EXPECT_EQ(engine->kv_caches().integrity_error(), ""); });
+  engine->shutdown(false);
+}
+
 TEST_F(EngineSharingTest, AdaptersReportTheirMode) {
   start({{"default", 0, KvSharing::kIsolated}});
   engine_->load_adapter("chosen", adapter_path(2));  // alora_invocation_tokens in its config: activated
