@@ -10,10 +10,9 @@
 // (a cross-layer cache, a disk-backed pool) is a new KvCacheId, not new
 // branches in the callers.
 //
-//   member      KvCacheId   key of a request's blocks     present
-//   main        kMain       RequestKvKeys::key            always
-//   residual    kResidual   RequestKvKeys::residual_namespace ("resid/NAME")
-//                                                          with num_residual_blocks > 0
+//   member     KvCacheId   a request's key there                              present
+//   main       kMain       RequestKvKeys::key                                 always
+//   residual   kResidual   RequestKvKeys::residual_namespace ("resid/NAME")   when num_residual_blocks > 0
 //
 // The members evict independently (ForkKV's decoupled LRU): a forked request's
 // two prefix hits may differ in length (RequestLeases::num_found_tokens).
