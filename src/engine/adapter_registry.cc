@@ -69,10 +69,10 @@ std::optional<AdapterRegistry::ReadyAdapter> AdapterRegistry::find_ready(const s
   return ReadyAdapter{it->second.adapter, it->second.slot, it->second.sharing};
 }
 
-bool AdapterRegistry::acquire_for_request(const std::string& name) {
+bool AdapterRegistry::acquire_for_request(const std::string& name, const ReadyAdapter& found) {
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(name);
-  if (it == entries_.end() || !it->second.ready) return false;
+  if (it == entries_.end() || !it->second.ready || it->second.adapter != found.adapter) return false;
   ++it->second.num_running_requests;
   return true;
 }

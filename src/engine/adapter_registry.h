@@ -60,9 +60,10 @@ class AdapterRegistry {
 
   // The ready adapter called `name`, or nullopt.
   std::optional<ReadyAdapter> find_ready(const std::string& name) const;
-  // Counts one more request against a ready adapter; false (nothing counted)
-  // when it is not loaded or not ready.
-  bool acquire_for_request(const std::string& name);
+  // Counts one more request against the ready adapter `name` that find_ready
+  // returned as `found`; false (nothing counted) when it is no longer loaded,
+  // or was unloaded and loaded again since (another slot, maybe another mode).
+  bool acquire_for_request(const std::string& name, const ReadyAdapter& found);
   // Ends what acquire_for_request counted (no-op for an entry unloaded since).
   void release_request(const std::string& name);
 

@@ -92,7 +92,7 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
     const int32_t num_waiting = num_in_inbox_.load() + num_scheduler_waiting_.load();
     if (num_waiting >= config_.max_waiting_requests)
       throw Error(ErrorKind::kCapacity, fmt::format("{} requests are already waiting", num_waiting), "retry later");
-    if (!pending->request.adapter.empty() && !adapters_.acquire_for_request(pending->request.adapter))  // unloaded meanwhile
+    if (adapter && !adapters_.acquire_for_request(pending->request.adapter, *adapter))  // unloaded meanwhile
       throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", pending->request.adapter));
     // Before the engine thread can see the request, so its first step already
     // has the workflow (and this agent running) in the registry's snapshot.

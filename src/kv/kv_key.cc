@@ -28,26 +28,15 @@ KvKey activated_kv_key(const std::string& adapter_name, int32_t invocation_start
 }
 
 bool kv_namespace_belongs_to_adapter(const std::string& kv_namespace, const std::string& adapter_name) {
-  const std::string_view ns = kv_namespace;
-  auto is_prefixed = [&](std::string_view prefix) {
-    return ns.size() == prefix.size() + adapter_name.size() && ns.starts_with(prefix) &&
-           ns.substr(prefix.size()) == adapter_name;
-  };
-  if (is_prefixed(kIsolatedPrefix) || is_prefixed(kResidualPrefix)) return true;
-  // "alora/NAME@S": S all digits, so that adapter "a" does not claim "alora/a@b@5" (adapter "a@b").
-  if (!ns.starts_with(kActivatedPrefix)) return false;
-  const std::string_view rest = ns.substr(kActivatedPrefix.size());
-  if (rest.size() < adapter_name.size() + 2 || !rest.starts_with(adapter_name) || rest[adapter_name.size()] != '@')
-    return false;
-  const std::string_view start = rest.substr(adapter_name.size() + 1);
-  return std::all_of(start.begin(), start.end(), [](char c) { return std::isdigit(static_cast<unsigned char>(c)); });
+  return adapter_of_kv_namespace(kv_namespace) == adapter_name;
 }
 
 std::optional<std::string> adapter_of_kv_namespace(std::string_view kv_namespace) {
   for (std::string_view prefix : {kIsolatedPrefix, kResidualPrefix})
     if (kv_namespace.starts_with(prefix)) return std::string(kv_namespace.substr(prefix.size()));
   if (!kv_namespace.starts_with(kActivatedPrefix)) return std::nullopt;
-  // "alora/NAME@S" with S one or more digits: NAME ends at the last '@'.
+  // "alora/NAME@S" with S one or more digits: NAME ends at the last '@', so that
+  // adapter "a" does not claim "alora/a@b@5" (adapter "a@b").
   const std::string_view rest = kv_namespace.substr(kActivatedPrefix.size());
   const size_t at = rest.rfind('@');
   if (at == std::string_view::npos) return std::nullopt;

@@ -288,7 +288,7 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
   // only moves the counts of admissions earlier, never past a preemption's
   // release.
   std::vector<RequestLeases> holds;
-  bool any_preempted = false, any_held = false;
+  bool any_preempted = false;
   for (const SchedulerAction& action : decision.actions) {
     const RequestState& request = state(action.id);
     any_preempted |= action.kind == SchedulerAction::Kind::kPreempt;
@@ -296,9 +296,8 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
       holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
     else if (action.kind == SchedulerAction::Kind::kStartLoad)
       holds.push_back(kv_caches_.hold_prefix(RequestKvKeys{request.kv.key, ""}, request.lookup_tokens()));
-    any_held |= !holds.empty();
   }
-  LOOM_CHECK(!(any_preempted && any_held));
+  LOOM_CHECK(!any_preempted || holds.empty());
   ScheduledBatch batch;
   for (const SchedulerAction& action : decision.actions) {
     RequestState& request = state(action.id);
