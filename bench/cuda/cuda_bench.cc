@@ -10,6 +10,10 @@
 //            the logits copied to the host and sampled there vs sampled on the device
 //   attention the attention kernels alone (decode 64 x 2K, prefill 8K causal),
 //            to hold against torch's scaled_dot_product_attention (sdpa_reference.py)
+//   sharing  the sharing modes (8 rank-16 adapters, all seven projections): the
+//            ResidualAttention kernels against plain paged attention (decode 64 x
+//            2K; a 1K chunk over an 8K cache), and decode-64 steps of forked and
+//            base (ICaRus decoder rows) sequences against isolated ones
 // Writes one JSON object (--out) and prints a short table. Times are medians of
 // CUDA-event timings after warm-up; the logits' copy to the host is not timed.
 #include <algorithm>
@@ -180,11 +184,34 @@ double measure_copy_bandwidth(cudaStream_t stream) {
   return 2.0 * bytes / (ms * 1e-3);
 }
 
-// The attention kernels alone on layer 0's pools, for the batch's plan.
-double time_attention(CudaBackend& backend, const Batch& batch, int iterations) {
+// Makes every sequence of `batch` forked (slot = its adapter slot), its rCache
+// blocks the same ids as its main blocks, all but its new entries present.
+void make_forked(Batch& batch) {
+  batch.residual_block_tables = batch.block_tables;
+  for (size_t s = 0; s < batch.sequences.size(); ++s) {
+    BatchSequence& sequence = batch.sequences[s];
+    sequence.forked_adapter_slot = batch.adapter_slots[sequence.token_offset];
+    sequence.residual_block_table_offset = sequence.block_table_offset;
+    sequence.num_residual_blocks = sequence.num_blocks;
+    sequence.num_residual_present_tokens = sequence.num_computed_tokens;
+  }
+}
+
+// Makes every sequence of `batch` use base sharing with its adapter (decoder rows).
+void make_base(Batch& batch) {
+  for (BatchSequence& sequence : batch.sequences) {
+    sequence.decoder_adapter_slot = batch.adapter_slots[sequence.token_offset];
+    std::fill_n(batch.adapter_slots.begin() + sequence.token_offset, sequence.num_new_tokens, -1);
+  }
+}
+
+// The attention kernels alone on layer 0's pools, for the batch's plan
+// (forked sequences: ResidualAttention over layer 0's rCache, residual_rank > 0).
+double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0) {
   const ModelConfig& config = backend.config();
   StepPlan plan;
-  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim)});
+  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim)},
+             kBlockSize);
   DeviceBuffer plan_d(plan.words().size() * 4);
   LOOM_CUDA_CHECK(cudaMemcpy(plan_d.data(), plan.words().data(), plan.words().size() * 4, cudaMemcpyHostToDevice));
   const size_t n = batch.token_ids.size();
@@ -207,6 +234,23 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations) 
   params.head_dim = config.head_dim;
   params.block_size = kBlockSize;
   params.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
+  int32_t max_context = 1;
+  for (const BatchSequence& sequence : batch.sequences)
+    max_context = std::max(max_context, sequence.num_computed_tokens + sequence.num_new_tokens);
+  DeviceBuffer rope_cos(static_cast<size_t>(max_context) * config.head_dim / 2 * 4), rope_sin(rope_cos.size());
+  if (residual_rank > 0) {
+    launch_rope_table(backend.model().inverse_frequencies(), config.head_dim, 0, max_context, rope_cos.as<float>(),
+                      rope_sin.as<float>(), backend.stream());
+    params.residual_pool = backend.residual_pool(0);
+    params.residual_block_tables = words + plan.sections().residual_block_tables;
+    params.residual_block_size = kBlockSize;
+    params.residual_rank_stride = residual_rank_stride(backend.residual_cache_shape().max_rank);
+    params.lora_modules = backend.device_lora_modules();
+    params.num_layers = config.num_layers;
+    params.layer = 0;
+    params.rope_cos = rope_cos.as<float>();
+    params.rope_sin = rope_sin.as<float>();
+  }
   auto run = [&] {
     launch_attention(params, AttentionVariant::kPrefill,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
@@ -214,6 +258,12 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations) 
     launch_attention(params, AttentionVariant::kDecode,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
                      plan.num_decode_items(), backend.stream());
+    launch_attention(params, AttentionVariant::kPrefill,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_prefill_items),
+                     plan.num_forked_prefill_items(), backend.stream(), residual_rank);
+    launch_attention(params, AttentionVariant::kDecode,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_decode_items),
+                     plan.num_forked_decode_items(), backend.stream(), residual_rank);
     launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
                              plan.num_combine_items(), backend.stream());
   };
@@ -232,8 +282,8 @@ int run(int argc, char** argv) {
   app.add_option("--iterations", iterations, "Timed repetitions per figure (median)");
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
-  std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention"};
-  app.add_option("--what", parts, "Figures to measure (decode lora sampling prefill attention)");
+  std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
+  app.add_option("--what", parts, "Figures to measure (decode lora sampling prefill attention sharing)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -482,6 +532,64 @@ int run(int argc, char** argv) {
     std::printf("\nattention alone, one layer: decode 64x2K %.3f ms (%.2f TB/s of K/V); prefill %d causal %.3f ms (%.0f TFLOP/s)\n",
                 decode_ms, decode_bytes / (decode_ms * 1e-3) / 1e12, prefill_tokens, prefill_ms,
                 prefill_flop / (prefill_ms * 1e-3) / 1e12);
+  }
+
+  if (wanted("sharing")) {
+    SyntheticModelOptions options;
+    options.num_adapters = 8;
+    options.rank = 16;
+    options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+    const auto specs = synthetic_adapter_specs(options, config);
+    std::vector<int32_t> slots;
+    for (int a = 0; a < 8; ++a) {
+      backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 0)));
+      slots.push_back(a);
+    }
+    backend.allocate_residual_cache({num_blocks, kBlockSize, 16});
+    const int64_t residual_elements = static_cast<int64_t>(num_blocks) * kBlockSize *
+                                      backend.residual_bytes_per_token(16) / 2;
+    launch_synthetic_fill_bf16(backend.residual_pool(0), residual_elements, 777, false, 1.0f, backend.stream());
+    // Kernels: decode 64 x 2K, and a 1K-token chunk over an 8K cache.
+    const Batch plain_decode = decode_batch(64, slots, prng, config.vocab_size);
+    Batch forked_decode = plain_decode;
+    make_forked(forked_decode);
+    const double plain_decode_ms = time_attention(backend, plain_decode, iterations);
+    const double forked_decode_ms = time_attention(backend, forked_decode, iterations, 16);
+    Batch plain_chunk = prefill_batch(8192 + 1024, prng, config.vocab_size);
+    plain_chunk.sequences[0].num_computed_tokens = 8192;
+    plain_chunk.sequences[0].num_new_tokens = 1024;
+    plain_chunk.token_ids.erase(plain_chunk.token_ids.begin(), plain_chunk.token_ids.begin() + 8192);
+    plain_chunk.positions.erase(plain_chunk.positions.begin(), plain_chunk.positions.begin() + 8192);
+    plain_chunk.adapter_slots.assign(1024, 0);
+    Batch forked_chunk = plain_chunk;
+    make_forked(forked_chunk);
+    const double plain_chunk_ms = time_attention(backend, plain_chunk, std::max(3, iterations / 2));
+    const double forked_chunk_ms = time_attention(backend, forked_chunk, std::max(3, iterations / 2), 16);
+    // Steps: 64 decodes of the same 8 adapters, isolated vs forked vs base.
+    Batch base_decode = plain_decode;
+    make_base(base_decode);
+    const StepTimes isolated_step = time_step(backend, plain_decode, iterations, true);
+    const StepTimes forked_step = time_step(backend, forked_decode, iterations, true);
+    const StepTimes base_step = time_step(backend, base_decode, iterations, true);
+    results["sharing"] = {
+        {"adapters", 8}, {"rank", 16},
+        {"kernel_decode", {{"batch", 64}, {"context", kContext}, {"paged_ms", plain_decode_ms},
+                           {"residual_ms", forked_decode_ms}, {"ratio", forked_decode_ms / plain_decode_ms}}},
+        {"kernel_chunk", {{"cached", 8192}, {"new", 1024}, {"paged_ms", plain_chunk_ms},
+                          {"residual_ms", forked_chunk_ms}, {"ratio", forked_chunk_ms / plain_chunk_ms}}},
+        {"step_decode64", {{"isolated_graph_ms", isolated_step.graph_ms}, {"forked_graph_ms", forked_step.graph_ms},
+                           {"base_graph_ms", base_step.graph_ms}, {"isolated_eager_ms", isolated_step.eager_ms},
+                           {"forked_eager_ms", forked_step.eager_ms}, {"base_eager_ms", base_step.eager_ms},
+                           {"forked_ratio", forked_step.graph_ms / isolated_step.graph_ms},
+                           {"base_ratio", base_step.graph_ms / isolated_step.graph_ms}}}};
+    std::printf("\nsharing (8 adapters r=16): ResidualAttention decode 64x2K %.3f ms vs paged %.3f ms (%.2fx); "
+                "1K chunk over 8K %.3f vs %.3f ms (%.2fx)\n",
+                forked_decode_ms, plain_decode_ms, forked_decode_ms / plain_decode_ms, forked_chunk_ms, plain_chunk_ms,
+                forked_chunk_ms / plain_chunk_ms);
+    std::printf("decode-64 step (graph ms): isolated %.3f, forked %.3f (%.3fx), base %.3f (%.3fx)\n",
+                isolated_step.graph_ms, forked_step.graph_ms, forked_step.graph_ms / isolated_step.graph_ms,
+                base_step.graph_ms, base_step.graph_ms / isolated_step.graph_ms);
+    for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
   }
 
   std::ofstream(out_path) << results.dump(2) << "\n";

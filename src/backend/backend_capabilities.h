@@ -31,6 +31,9 @@ struct BackendCapabilities {
   int32_t dimension_multiple = 1;
   // Largest rank of any LoRA module of an adapter (set_adapter refuses more); 0: any.
   int32_t max_lora_rank = 0;
+  // Largest k/v LoRA rank of a forked adapter (its rCache entries and
+  // ResidualAttention); 0: any.
+  int32_t max_residual_rank = 0;
   // forward() honours Batch::sampling (backend.h DeviceSampling).
   bool device_sampling = false;
   // allocate_host_kv_cache / copy_kv_blocks work for the main pool.

@@ -102,7 +102,7 @@ std::vector<std::string> AdapterRegistry::names() const {
 int32_t AdapterRegistry::max_kv_lora_rank() const {
   std::lock_guard<std::mutex> lock(mutex_);
   int32_t max_rank = 0;
-  for (const auto& [name, entry] : entries_) max_rank = std::max(max_rank, kv_lora_rank(*entry.adapter));
+  for (const auto& [name, entry] : entries_) max_rank = std::max(max_rank, entry.adapter->max_kv_rank());
   return max_rank;
 }
 

@@ -85,6 +85,15 @@ void check_adapter_supported(const BackendCapabilities& capabilities, const std:
       hint += fmt::format("; or serve it on a backend that runs {} sharing (--device cpu)", kv_sharing_name(mode));
     check_kv_sharing_allowed(capabilities, disabled, mode, subject, hint);
   }
+  if (mode == KvSharing::kForked && capabilities.max_residual_rank > 0) {
+    const int32_t kv_rank = adapter.max_kv_rank();
+    if (kv_rank > capabilities.max_residual_rank)
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("{}: forked sharing with k/v LoRA rank {}; the {} backend's ResidualAttention runs up to {}",
+                              subject, kv_rank, capabilities.name, capabilities.max_residual_rank),
+                  fmt::format("load it with kv_sharing isolated or base, or use an adapter of k/v rank <= {}",
+                              capabilities.max_residual_rank));
+  }
   const int32_t rank = adapter.max_rank();
   if (capabilities.max_lora_rank > 0 && rank > capabilities.max_lora_rank)
     throw Error(ErrorKind::kUnsupported,

@@ -56,7 +56,7 @@ void EngineImpl::load_adapter(const std::string& name, const std::string& path, 
   const int32_t slot = adapters_.reserve(name, path, adapter, mode);
   try {
     run_on_engine_thread([&] {
-      if (mode == KvSharing::kForked) prepare_forked_adapter(name, kv_lora_rank(*adapter));
+      if (mode == KvSharing::kForked) prepare_forked_adapter(name, adapter->max_kv_rank());
       backend_->set_adapter(slot, adapter);
     });
   } catch (...) {

@@ -46,12 +46,4 @@ RequestKvPlan plan_request_kv(const std::string& adapter_name, const LoraAdapter
   return plan;
 }
 
-int32_t kv_lora_rank(const LoraAdapter& adapter) {
-  int32_t rank = 0;
-  for (const auto& layer : adapter.layers)
-    for (LoraTarget target : {LoraTarget::kK, LoraTarget::kV})
-      if (const auto& module = layer[static_cast<size_t>(target)]) rank = std::max(rank, static_cast<int32_t>(module->rank));
-  return rank;
-}
-
 }  // namespace loom

@@ -47,8 +47,4 @@ struct RequestKvPlan {
 RequestKvPlan plan_request_kv(const std::string& adapter_name, const LoraAdapter* adapter, KvSharing sharing,
                               int32_t slot, std::span<const int32_t> prompt, int32_t block_size);
 
-// The largest rank of the adapter's k_proj / v_proj LoRA (0 when it has none):
-// what its rCache entries need in forked sharing.
-int32_t kv_lora_rank(const LoraAdapter& adapter);
-
 }  // namespace loom

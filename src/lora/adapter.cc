@@ -111,6 +111,14 @@ int LoraAdapter::max_rank() const {
   return rank;
 }
 
+int LoraAdapter::max_kv_rank() const {
+  int rank = 0;
+  for (const auto& layer : layers)
+    for (LoraTarget target : {LoraTarget::kK, LoraTarget::kV})
+      if (const auto& module = layer[static_cast<size_t>(target)]) rank = std::max(rank, module->rank);
+  return rank;
+}
+
 std::shared_ptr<const LoraAdapter> load_lora_adapter(const std::string& name, const std::string& directory,
                                                      const ModelConfig& base) {
   const std::string config_path = (fs::path(directory) / kConfigFile).string();

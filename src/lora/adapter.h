@@ -68,6 +68,9 @@ struct LoraAdapter {
   std::vector<std::array<std::optional<LoraModuleWeights>, kNumLoraTargets>> layers;
 
   int max_rank() const;
+  // The largest rank of its k_proj / v_proj LoRA (0 when it has none): what
+  // its rCache entries need in forked sharing.
+  int max_kv_rank() const;
 };
 
 // Loads and validates an adapter against `base`: every targeted module's A/B

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/plan_types.h"
 #include "util/half.h"
 
 namespace loom::cuda::test {
@@ -55,6 +56,7 @@ DeviceBuffer upload(const std::vector<T>& values) {
 template DeviceBuffer upload(const std::vector<int32_t>&);
 template DeviceBuffer upload(const std::vector<uint16_t>&);
 template DeviceBuffer upload(const std::vector<float>&);
+template DeviceBuffer upload(const std::vector<LoraModuleRef>&);
 
 std::vector<float> download_bf16(const void* device, size_t count) {
   std::vector<uint16_t> bits(count);

@@ -1,7 +1,7 @@
 // Backend capabilities (backend_capabilities.h) and the engine's up-front
-// checks (engine/backend_support.h): a CPU backend wrapped to declare what the
-// CUDA backend declares (isolated and activated only, no host tier; its
-// forward() refuses base/forked sequences as the CUDA backend's does) must
+// checks (engine/backend_support.h): a CPU backend wrapped to declare less
+// (isolated and activated only, no host tier; its forward() refuses
+// base/forked sequences, as a backend without those kernels would) must
 // refuse base / forked adapters when they are loaded, with the message naming
 // what is missing, and keep serving everything else; the operator's
 // disabled modes (EngineConfig::disabled_kv_sharing, --disable-kv-sharing)
@@ -52,7 +52,7 @@ class LimitedBackend final : public test::ForwardingBackend {
   BackendCapabilities capabilities_;
 };
 
-// What cuda_backend_capabilities() declares, less the device sampling the wrapper cannot do.
+// A backend with the interleaved-sharing kernels only (isolated and activated).
 BackendCapabilities cuda_like_capabilities() {
   BackendCapabilities capabilities;
   capabilities.name = "limited";
@@ -221,6 +221,22 @@ TEST_F(EngineBackendCapabilitiesTest, TheAdaptersOwnChoiceAndTheDefaultAreChecke
                             "' is not supported by the limited backend",
                         "set --default-sharing to isolated or activated"});
   }
+}
+
+TEST_F(EngineBackendCapabilitiesTest, ForkedAdaptersAboveTheResidualRankAreRefusedAtLoad) {
+  BackendCapabilities capabilities = cuda_like_capabilities();
+  capabilities.kv_sharing_modes = all_kv_sharing_modes();
+  capabilities.max_residual_rank = 4;  // the synthetic adapters have rank 8
+  auto engine = make_limited(small_config(), capabilities);
+  test::expect_error([&] { engine->load_adapter("planner", adapter_path(0), KvSharing::kForked); },
+                     ErrorKind::kUnsupported,
+                     {"adapter 'planner': forked sharing with k/v LoRA rank 8; the limited backend's "
+                      "ResidualAttention runs up to 4",
+                      "load it with kv_sharing isolated or base"});
+  EXPECT_TRUE(adapter_names(*engine).empty());
+  engine->load_adapter("planner", adapter_path(0), KvSharing::kIsolated);  // other modes are not limited by it
+  EXPECT_EQ(adapter_names(*engine), (std::vector<std::string>{"planner"}));
+  engine->shutdown(false);
 }
 
 TEST_F(EngineBackendCapabilitiesTest, EngineConfigTheBackendCannotRunFailsAtConstruction) {

@@ -58,17 +58,21 @@ __device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
   return *reinterpret_cast<const uint32_t*>(&pair);
 }
 
-template <int kHeadDim, int kRowWarps>
+// kRankPad > 0: ResidualAttention, with B_k / B_v slices [kHeadDim][kRankPad]
+// and double-buffered rK / rV tiles [2][kTileKeys][kRankPad] (rows padded by 8).
+template <int kHeadDim, int kRowWarps, int kRankPad>
 constexpr size_t attention_shared_bytes() {
   constexpr int kStride = kHeadDim + 8;
-  return static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride * sizeof(bf16);
+  constexpr size_t kResidual = kRankPad > 0 ? static_cast<size_t>(2 * kHeadDim + 4 * kTileKeys) * (kRankPad + 8) : 0;
+  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16);
 }
 
 // Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
 struct RowWriter {
   const AttentionParams& p;
   const AttentionWorkItem& item;
-  int kv_head, group, token_offset;
+  int kv_head, group;
+  const AttentionSequence& sequence;
 
   __device__ void write(int local_row, int d, float v0, float v1) const {
     const int row = item.row_begin + local_row;
@@ -80,7 +84,7 @@ struct RowWriter {
       destination[1] = v1;
       return;
     }
-    const int64_t token = token_offset + row / group;
+    const int64_t token = sequence.query_row(row / group);
     const int head = kv_head * group + row % group;
     *reinterpret_cast<__nv_bfloat162*>(p.out + token * p.num_heads * p.head_dim + head * p.head_dim + d) =
         __floats2bfloat162_rn(v0, v1);
@@ -92,7 +96,56 @@ struct RowWriter {
   }
 };
 
-template <int kHeadDim, int kRowWarps>
+// ResidualAttention's key rebuild for one tile in shared memory: warp w adds
+// RoPE_j(scale · rK_j · B^T) to keys [16w, 16w + 16) of the tile (k_tile
+// [kTileKeys][kHeadDim + 8], rk_tile [kTileKeys][kRankPad + 8], b [kHeadDim][kRankPad + 8]).
+// Key j (absolute: tile_start + local) rotates at position j. A C fragment's
+// column d and its rotate-half partner d + kHeadDim / 2 land in the same thread
+// (n-tiles t and t + kHeadDim / 16), so RoPE runs in registers.
+template <int kHeadDim, int kRankPad>
+__device__ __forceinline__ void rebuild_keys(const AttentionParams& p, bf16* k_tile, const bf16* rk_tile, const bf16* b,
+                                             float scale, int tile_start, int kv_end, int warp, int lane) {
+  constexpr int kStride = kHeadDim + 8;
+  constexpr int kRankStride = kRankPad + 8;
+  constexpr int kHalf = kHeadDim / 2;
+  constexpr int kRankSteps = kRankPad / 16;
+  uint32_t a[kRankSteps][4];
+#pragma unroll
+  for (int step = 0; step < kRankSteps; ++step)
+    ldmatrix_x4(a[step], rk_tile + (warp * 16 + lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
+  const int g = lane / 4;
+  const int quad = lane % 4;
+#pragma unroll
+  for (int t = 0; t < kHalf / 8; ++t) {
+    float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int step = 0; step < kRankSteps; ++step) {
+      uint32_t fragment[4];
+      ldmatrix_x4(fragment, b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
+      mma_bf16(first, a[step], fragment[0], fragment[1]);
+      mma_bf16(second, a[step], fragment[2], fragment[3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int local = warp * 16 + g + 8 * h;
+      const int key = tile_start + local;
+      if (key >= kv_end) continue;
+      const int d = t * 8 + 2 * quad;
+      const float2 c = *reinterpret_cast<const float2*>(p.rope_cos + static_cast<int64_t>(key) * kHalf + d);
+      const float2 s = *reinterpret_cast<const float2*>(p.rope_sin + static_cast<int64_t>(key) * kHalf + d);
+      const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
+      const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
+      __nv_bfloat162* low = reinterpret_cast<__nv_bfloat162*>(k_tile + local * kStride + d);
+      __nv_bfloat162* high = reinterpret_cast<__nv_bfloat162*>(k_tile + local * kStride + d + kHalf);
+      const float2 k_low = __bfloat1622float2(*low);
+      const float2 k_high = __bfloat1622float2(*high);
+      *low = __floats2bfloat162_rn(k_low.x + (x0 * c.x - y0 * s.x), k_low.y + (x1 * c.y - y1 * s.y));
+      *high = __floats2bfloat162_rn(k_high.x + (y0 * c.x + x0 * s.x), k_high.y + (y1 * c.y + x1 * s.y));
+    }
+  }
+}
+
+template <int kHeadDim, int kRowWarps, int kRankPad>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
   constexpr int kKeyWarps = 4 / kRowWarps;
   constexpr int kRows = 16 * kRowWarps;
@@ -107,12 +160,20 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   bf16* q_shared = reinterpret_cast<bf16*>(shared_raw);  // [kRows][kStride]
   bf16* k_shared = q_shared + kRows * kStride;            // [2][kTileKeys][kStride]
   bf16* v_shared = k_shared + 2 * kTileKeys * kStride;    // [2][kTileKeys][kStride]
+  constexpr bool kForked = kRankPad > 0;
+  constexpr int kRankStride = kRankPad + 8;
+  constexpr int kRankSteps = kRankPad / 16;
+  constexpr int kRankTiles = kRankPad / 8;
+  bf16* bk_shared = v_shared + 2 * kTileKeys * kStride;    // [kHeadDim][kRankStride]: B_k rows of this kv head
+  bf16* bv_shared = bk_shared + kHeadDim * kRankStride;    // [kHeadDim][kRankStride]
+  bf16* rk_shared = bv_shared + kHeadDim * kRankStride;    // [2][kTileKeys][kRankStride]
+  bf16* rv_shared = rk_shared + 2 * kTileKeys * kRankStride;
 
   const AttentionWorkItem item = items[blockIdx.x];
   const int kv_head = blockIdx.y;
   const AttentionSequence sequence = p.sequences[item.sequence];
   const int group = p.num_heads / p.num_kv_heads;
-  const int total_rows = sequence.num_new_tokens * group;
+  const int total_rows = sequence.num_queries() * group;
   const int q_size = p.num_heads * kHeadDim;
   const int tid = threadIdx.x;
   const int warp = tid / 32;
@@ -127,14 +188,52 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     const int row = item.row_begin + r;
     uint4 value = make_uint4(0, 0, 0, 0);
     if (row < total_rows) {
-      const int64_t token = sequence.token_offset + row / group;
+      const int64_t token = sequence.query_row(row / group);
       const int head = kv_head * group + row % group;
       value = *reinterpret_cast<const uint4*>(p.q + token * q_size + head * kHeadDim + c * 8);
     }
     *reinterpret_cast<uint4*>(q_shared + r * kStride + c * 8) = value;
   }
 
+  // ResidualAttention: this layer's k and v modules of the sequence's adapter.
+  LoraModuleRef module_k{}, module_v{};
+  const int32_t* residual_table = nullptr;
+  if constexpr (kForked) {
+    const LoraModuleRef* modules =
+        p.lora_modules + (static_cast<int64_t>(sequence.forked_slot) * p.num_layers + p.layer) * 7;
+    module_k = modules[1];
+    module_v = modules[2];
+    residual_table = p.residual_block_tables + sequence.residual_block_table_offset;
+    // This kv head's rows of B_k and B_v, zero past the rank.
+    for (int index = tid; index < kHeadDim * kRankPad; index += kThreads) {
+      const int d = index / kRankPad;
+      const int j = index % kRankPad;
+      const int64_t row = static_cast<int64_t>(kv_head) * kHeadDim + d;
+      bk_shared[d * kRankStride + j] = j < module_k.rank ? module_k.b[row * module_k.rank + j] : __float2bfloat16_rn(0.0f);
+      bv_shared[d * kRankStride + j] = j < module_v.rank ? module_v.b[row * module_v.rank + j] : __float2bfloat16_rn(0.0f);
+    }
+  }
+
   auto load_tile = [&](int tile_start, int buffer) {
+    if constexpr (kForked) {
+      constexpr int kRankChunks = kRankPad / 8;
+      for (int chunk = tid; chunk < kTileKeys * kRankChunks; chunk += kThreads) {
+        const int r = chunk / kRankChunks;
+        const int c = chunk % kRankChunks;
+        const int key = tile_start + r;
+        const bool key_valid = key < item.kv_end;
+        const bf16* source = p.residual_pool;
+        if (key_valid) {
+          const int64_t slot = static_cast<int64_t>(residual_table[key / p.residual_block_size]) *
+                                   p.residual_block_size + key % p.residual_block_size;
+          source += slot * 2 * p.residual_rank_stride + c * 8;
+        }
+        const int destination = (buffer * kTileKeys + r) * kRankStride + c * 8;
+        // Zero-filled past the rank (the slot holds zeros there, but another adapter's rank may be smaller).
+        cp_async_16(rk_shared + destination, source, key_valid && c * 8 < module_k.rank);
+        cp_async_16(rv_shared + destination, source + p.residual_rank_stride, key_valid && c * 8 < module_v.rank);
+      }
+    }
     for (int chunk = tid; chunk < kTileKeys * kChunksPerRow; chunk += kThreads) {
       const int r = chunk / kChunksPerRow;
       const int c = chunk % kChunksPerRow;
@@ -173,7 +272,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const int row = item.row_begin + row_warp * 16 + g + 8 * h;
-    const int causal = row < total_rows ? sequence.num_computed_tokens + row / group + 1 : 0;
+    const int causal = row < total_rows ? sequence.num_computed_tokens + sequence.query_token(row / group) + 1 : 0;
     row_limit[h] = causal < item.kv_end ? causal : item.kv_end;
   }
   const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -183,6 +282,10 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   for (int t = 0; t < kOutTiles; ++t) out[t][0] = out[t][1] = out[t][2] = out[t][3] = 0.0f;
   float row_max[2] = {-INFINITY, -INFINITY};
   float row_sum[2] = {0.0f, 0.0f};
+  float out_residual[kForked ? kRankTiles : 1][4];  // P·rV
+#pragma unroll
+  for (int t = 0; t < (kForked ? kRankTiles : 1); ++t)
+    out_residual[t][0] = out_residual[t][1] = out_residual[t][2] = out_residual[t][3] = 0.0f;
 
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int buffer = tile & 1;
@@ -194,6 +297,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       cp_async_wait<0>();
     }
     __syncthreads();
+    if constexpr (kForked) {
+      if (module_k.rank > 0) {
+        rebuild_keys<kHeadDim, kRankPad>(p, k_shared + buffer * kTileKeys * kStride, rk_shared + buffer * kTileKeys * kRankStride,
+                                         bk_shared, module_k.scale, tile_start, item.kv_end, warp, lane);
+        __syncthreads();
+      }
+    }
 
     const int first_key = tile_start + key_warp * kKeysPerWarp;
     const bf16* k_base = k_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kStride;
@@ -255,6 +365,15 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         out[t][2] *= rescale[1];
         out[t][3] *= rescale[1];
       }
+      if constexpr (kForked) {
+#pragma unroll
+        for (int t = 0; t < kRankTiles; ++t) {
+          out_residual[t][0] *= rescale[0];
+          out_residual[t][1] *= rescale[0];
+          out_residual[t][2] *= rescale[1];
+          out_residual[t][3] *= rescale[1];
+        }
+      }
 
       const bf16* v_base = v_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kStride;
 #pragma unroll
@@ -270,9 +389,42 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
           mma_bf16(out[t], a, b[0], b[1]);
           mma_bf16(out[t + 1], a, b[2], b[3]);
         }
+        if constexpr (kForked) {
+          if (module_v.rank > 0) {
+            const bf16* rv_base = rv_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride;
+#pragma unroll
+            for (int t = 0; t < kRankTiles; t += 2) {
+              uint32_t b[4];
+              ldmatrix_x4_trans(b, rv_base + (step * 16 + lane % 8 + ((lane / 8) % 2) * 8) * kRankStride + t * 8 +
+                                       (lane / 16) * 8);
+              mma_bf16(out_residual[t], a, b[0], b[1]);
+              mma_bf16(out_residual[t + 1], a, b[2], b[3]);
+            }
+          }
+        }
       }
     }
     __syncthreads();  // everyone is done with `buffer` before it is refilled
+  }
+  if constexpr (kForked) {
+    // V's up-projection, once: out += (P·rV) · s_v B_v^T (linear, so before any merge of partial sums).
+    if (module_v.rank > 0) {
+#pragma unroll
+      for (int step = 0; step < kRankSteps; ++step) {
+        const float scale = module_v.scale;
+        const uint32_t a[4] = {pack_bf16(out_residual[2 * step][0] * scale, out_residual[2 * step][1] * scale),
+                               pack_bf16(out_residual[2 * step][2] * scale, out_residual[2 * step][3] * scale),
+                               pack_bf16(out_residual[2 * step + 1][0] * scale, out_residual[2 * step + 1][1] * scale),
+                               pack_bf16(out_residual[2 * step + 1][2] * scale, out_residual[2 * step + 1][3] * scale)};
+#pragma unroll
+        for (int t = 0; t < kOutTiles; t += 2) {
+          uint32_t b[4];
+          ldmatrix_x4(b, bv_shared + (t * 8 + lane % 8 + (lane / 16) * 8) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(out[t], a, b[0], b[1]);
+          mma_bf16(out[t + 1], a, b[2], b[3]);
+        }
+      }
+    }
   }
 
 #pragma unroll
@@ -280,7 +432,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
     row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
   }
-  const RowWriter writer{p, item, kv_head, group, sequence.token_offset};
+  const RowWriter writer{p, item, kv_head, group, sequence};
   const int rows_in_item = min(kRows, total_rows - item.row_begin);
 
   if constexpr (kKeyWarps == 1) {
@@ -362,18 +514,18 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
       value += weight * p.partial_out[base * head_dim + d];
     }
     const int row = item.row_begin + r;
-    const int64_t token = sequence.token_offset + row / group;
+    const int64_t token = sequence.query_row(row / group);
     const int head = kv_head * group + row % group;
     p.out[token * p.num_heads * head_dim + head * head_dim + d] = __float2bfloat16_rn(sum > 0.0f ? value / sum : 0.0f);
   }
 }
 
-template <int kHeadDim, int kRowWarps>
+template <int kHeadDim, int kRowWarps, int kRankPad>
 void ensure_shared_attribute() {
-  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps>();
+  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
   // Once per instantiation (a magic static: thread-safe, retried if it threw).
   static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps>,
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps, kRankPad>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
     return true;
   }();
@@ -382,33 +534,61 @@ void ensure_shared_attribute() {
 
 template <int kHeadDim>
 int32_t decode_ctas_per_sm() {
-  ensure_shared_attribute<kHeadDim, 1>();
+  ensure_shared_attribute<kHeadDim, 1, 0>();
   int count = 0;
-  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1>, kThreads,
-                                                                attention_shared_bytes<kHeadDim, 1>()));
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1, 0>, kThreads,
+                                                                attention_shared_bytes<kHeadDim, 1, 0>()));
   return count;
 }
 
-template <int kHeadDim, int kRowWarps>
+template <int kHeadDim, int kRowWarps, int kRankPad>
 void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, cudaStream_t stream) {
-  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps>();
+  constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
   static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
                 "the decode merge must fit in the K/V buffers");
-  ensure_shared_attribute<kHeadDim, kRowWarps>();
+  ensure_shared_attribute<kHeadDim, kRowWarps, kRankPad>();
   const dim3 grid(num_items, params.num_kv_heads);
-  attention_kernel<kHeadDim, kRowWarps><<<grid, kThreads, kShared, stream>>>(params, items);
+  attention_kernel<kHeadDim, kRowWarps, kRankPad><<<grid, kThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-template <int kRowWarps>
+// The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
+int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
+
+template <int kRowWarps, int kRankPad>
 void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                        cudaStream_t stream) {
   switch (params.head_dim) {
-    case 16: return launch_for<16, kRowWarps>(params, items, num_items, stream);
-    case 32: return launch_for<32, kRowWarps>(params, items, num_items, stream);
-    case 64: return launch_for<64, kRowWarps>(params, items, num_items, stream);
-    case 128: return launch_for<128, kRowWarps>(params, items, num_items, stream);
+    case 16: return launch_for<16, kRowWarps, kRankPad>(params, items, num_items, stream);
+    case 32: return launch_for<32, kRowWarps, kRankPad>(params, items, num_items, stream);
+    case 64: return launch_for<64, kRowWarps, kRankPad>(params, items, num_items, stream);
+    case 128: return launch_for<128, kRowWarps, kRankPad>(params, items, num_items, stream);
     default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", params.head_dim);
+  }
+}
+
+template <int kRowWarps>
+void dispatch_rank(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                   cudaStream_t stream, int32_t residual_rank) {
+  if (residual_rank <= 0) return dispatch_head_dim<kRowWarps, 0>(params, items, num_items, stream);
+  if (residual_rank > kResidualMaxRank)
+    throw_unsupported("cuda residual attention: k/v LoRA rank (supported: up to 64)", residual_rank);
+  switch (residual_rank_pad(residual_rank)) {
+    case 16: return dispatch_head_dim<kRowWarps, 16>(params, items, num_items, stream);
+    case 32: return dispatch_head_dim<kRowWarps, 32>(params, items, num_items, stream);
+    default: return dispatch_head_dim<kRowWarps, 64>(params, items, num_items, stream);
+  }
+}
+
+template <int kHeadDim>
+size_t shared_bytes_for(AttentionVariant variant, int32_t residual_rank) {
+  const bool prefill = variant == AttentionVariant::kPrefill;
+  if (residual_rank <= 0)
+    return prefill ? attention_shared_bytes<kHeadDim, 4, 0>() : attention_shared_bytes<kHeadDim, 1, 0>();
+  switch (residual_rank_pad(residual_rank)) {
+    case 16: return prefill ? attention_shared_bytes<kHeadDim, 4, 16>() : attention_shared_bytes<kHeadDim, 1, 16>();
+    case 32: return prefill ? attention_shared_bytes<kHeadDim, 4, 32>() : attention_shared_bytes<kHeadDim, 1, 32>();
+    default: return prefill ? attention_shared_bytes<kHeadDim, 4, 64>() : attention_shared_bytes<kHeadDim, 1, 64>();
   }
 }
 
@@ -430,13 +610,24 @@ int32_t attention_decode_ctas_per_sm(int32_t head_dim) {
 }
 
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
-                      int32_t num_items, cudaStream_t stream) {
+                      int32_t num_items, cudaStream_t stream, int32_t residual_rank) {
   if (num_items == 0) return;
   if (variant == AttentionVariant::kPrefill) {
-    dispatch_head_dim<4>(params, items, num_items, stream);
+    dispatch_rank<4>(params, items, num_items, stream, residual_rank);
   } else {
-    dispatch_head_dim<1>(params, items, num_items, stream);
+    dispatch_rank<1>(params, items, num_items, stream, residual_rank);
   }
+}
+
+size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank) {
+  switch (head_dim) {
+    case 16: return shared_bytes_for<16>(variant, residual_rank);
+    case 32: return shared_bytes_for<32>(variant, residual_rank);
+    case 64: return shared_bytes_for<64>(variant, residual_rank);
+    case 128: return shared_bytes_for<128>(variant, residual_rank);
+    default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", head_dim);
+  }
+  return 0;
 }
 
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items, int32_t num_items,

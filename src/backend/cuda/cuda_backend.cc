@@ -22,23 +22,6 @@ void check_model_supported(const ModelConfig& config) {
   check_model_capabilities(cuda_backend_capabilities(), config);
 }
 
-// A defence: the engine never builds such a batch (it refuses base / forked
-// adapters when they are loaded, from capabilities()).
-void check_batch_supported(const Batch& batch) {
-  if (batch.capture_hidden_states)
-    throw Error(ErrorKind::kUnsupported, "cuda backend: capture_hidden_states", "use --device cpu for divergence tooling");
-  for (size_t s = 0; s < batch.sequences.size(); ++s) {
-    const BatchSequence& sequence = batch.sequences[s];
-    if (sequence.decoder_adapter_slot >= 0 || sequence.forked_adapter_slot >= 0)
-      throw Error(ErrorKind::kUnsupported,
-                  fmt::format("cuda backend: batch sequence {} uses {} KV sharing", s,
-                              sequence.decoder_adapter_slot >= 0 ? "base" : "forked"),
-                  "serve base/forked adapters with --device cpu, or load them as isolated or activated");
-    if (sequence.num_kv_present_tokens < 0)
-      fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_kv_present_tokens is {}", s,
-           sequence.num_kv_present_tokens);
-  }
-}
 
 int current_sm_count(int device) {
   int count = 0;
@@ -59,6 +42,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   adapters_.resize(backend_config.max_adapter_slots);
+  kv_rank_of_slot_.assign(backend_config.max_adapter_slots, 0);
   lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
   spdlog::info("cuda backend: {} weights {:.2f} GiB on {}", architecture_hf_name(config_.arch),
                static_cast<double>(model_.weight_bytes()) / (1 << 30), cuda_device_description(device));
@@ -106,6 +90,59 @@ __nv_bfloat16* CudaBackend::k_pool(int layer) const {
   return kv_pool_.as<__nv_bfloat16>() + (2LL * layer) * pool_elements;
 }
 
+int64_t CudaBackend::residual_bytes_per_token(int32_t max_rank) const {
+  return static_cast<int64_t>(config_.num_layers) * 2 * residual_rank_stride(max_rank) *
+         static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
+void CudaBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0 || shape.max_rank <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: residual cache of {} blocks of {} tokens, max rank {}",
+         shape.num_blocks, shape.block_size, shape.max_rank);
+  if (shape.max_rank > kResidualMaxRank)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("cuda backend: residual cache of max rank {} (ResidualAttention runs k/v ranks up to {})",
+                            shape.max_rank, kResidualMaxRank),
+                fmt::format("serve forked adapters of k/v rank <= {}, or use --device cpu", kResidualMaxRank));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  residual_pool_.release();
+  residual_shape_ = {0, 0, 0};
+  residual_rank_stride_ = 0;
+  const int64_t bytes = static_cast<int64_t>(shape.num_blocks) * shape.block_size * residual_bytes_per_token(shape.max_rank);
+  try {
+    residual_pool_.allocate(static_cast<size_t>(bytes));
+  } catch (const Error& error) {
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot allocate a residual cache of {} bytes ({} blocks): {}", bytes,
+                            shape.num_blocks, error.message()),
+                "lower --residual-kv-cache-memory");
+  }
+  LOOM_CUDA_CHECK(cudaMemsetAsync(residual_pool_.data(), 0, residual_pool_.size(), stream_));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  residual_shape_ = shape;
+  residual_rank_stride_ = residual_rank_stride(shape.max_rank);
+}
+
+__nv_bfloat16* CudaBackend::residual_pool(int layer) const {
+  if (residual_pool_.data() == nullptr) return nullptr;
+  const int64_t pool_elements =
+      static_cast<int64_t>(residual_shape_.num_blocks) * residual_shape_.block_size * 2 * residual_rank_stride_;
+  return residual_pool_.as<__nv_bfloat16>() + layer * pool_elements;
+}
+
+void CudaBackend::grow_rope_table(int32_t num_positions) {
+  if (num_positions <= rope_table_positions_) return;
+  // Grow geometrically (a long prefill extends it chunk by chunk); the old rows are recomputed.
+  const int32_t positions = std::max(num_positions, std::max(4096, 2 * rope_table_positions_));
+  const size_t bytes = static_cast<size_t>(positions) * (config_.head_dim / 2) * sizeof(float);
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  rope_cos_.reserve(bytes);
+  rope_sin_.reserve(bytes);
+  launch_rope_table(model_.inverse_frequencies(), config_.head_dim, 0, positions, rope_cos_.as<float>(),
+                    rope_sin_.as<float>(), stream_);
+  rope_table_positions_ = positions;
+}
+
 __nv_bfloat16* CudaBackend::v_pool(int layer) const {
   if (kv_pool_.data() == nullptr) return nullptr;
   const int64_t pool_elements = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size * config_.kv_size();
@@ -122,11 +159,12 @@ void CudaBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> a
            adapter->max_rank(), kLoraMaxRank);
   }
   lora_table_->set(slot, adapter.get(), stream_);
+  kv_rank_of_slot_[slot] = adapter != nullptr ? adapter->max_kv_rank() : 0;
   adapters_[slot] = std::move(adapter);
 }
 
 void CudaBackend::grow_buffers() {
-  const size_t n = static_cast<size_t>(plan_.num_tokens());
+  const size_t n = static_cast<size_t>(plan_.num_rows());
   const size_t hidden = config_.hidden_size;
   const size_t q_size = config_.q_size();
   const size_t qkv = q_size + 2 * config_.kv_size();
@@ -153,6 +191,8 @@ void CudaBackend::grow_buffers() {
   }
   logits_.reserve(plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size) * sizeof(float));
   sampled_.reserve(plan_.logit_rows().size() * 2 * sizeof(int32_t));
+  if (capture_hidden_states_)
+    hidden_states_.reserve((config_.num_layers + 1) * plan_.logit_rows().size() * hidden * sizeof(float));
   plan_device_.reserve(plan_.words().size() * sizeof(int32_t));
   plan_host_.reserve(plan_.words().size() * sizeof(int32_t));
 }
@@ -213,6 +253,8 @@ int CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets
                                                                        : 3;
   params.expand_columns = lora_expand_columns_;
   params.fused = lora_kernel_ == LoraKernel::kFused || (lora_kernel_ == LoraKernel::kFusedAttention && group <= 1);
+  // The rCache writes read the split path's shrink sums (QkvParams::lora_v).
+  if (group == 0 && plan_.has_residual_writes()) params.fused = false;
   if (lora_overlap_ == LoraOverlap::kInline || (lora_side_groups_ >> group & 1) == 0) {
     launch_lora_group(group, params, stream_);
     return kLoraInline;
@@ -234,7 +276,7 @@ const float* CudaBackend::end_lora(int active) {
 const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta) {
   const DeviceLayer& weights = model_.layers()[layer];
   const PlanSections& sections = plan_.sections();
-  const int32_t n = plan_.num_tokens();
+  const int32_t n = plan_.num_rows();  // tokens, then decoder rows
   const int32_t hidden = config_.hidden_size;
   const int32_t q_size = config_.q_size();
   const int32_t kv_size = config_.kv_size();
@@ -269,6 +311,20 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   post.eps = config_.rms_norm_eps;
   post.lora = end_lora(lora);
   post.lora_rows = lora_rows;
+  if (plan_.has_forked_sequences()) {
+    post.residual_slots = plan_pointer<int32_t>(sections.residual_slots);
+    post.residual_pool = residual_pool(layer);
+    post.residual_rank_stride = residual_rank_stride_;
+    post.lora_v = lora_v_.as<float>();
+    post.lora_num_rows = plan_.num_lora_rows();
+    post.lora_max_rank = lora_max_rank_;
+    post.lora_max_splits = lora_max_splits_;
+    post.lora_splits = lora_splits(hidden);
+    post.lora_modules = lora_table_->device_table();
+    post.row_adapter_slots = plan_pointer<int32_t>(sections.row_adapter_slots);
+    post.num_layers = config_.num_layers;
+    post.layer = layer;
+  }
   launch_qkv_postprocess(post, stream_);
 
   AttentionParams attention;
@@ -289,6 +345,22 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
                    plan_.num_prefill_items(), stream_);
   launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
                    plan_.num_decode_items(), stream_);
+  if (plan_.has_forked_sequences()) {
+    attention.residual_pool = residual_pool(layer);
+    attention.residual_block_tables = plan_pointer<int32_t>(sections.residual_block_tables);
+    attention.residual_block_size = residual_shape_.block_size;
+    attention.residual_rank_stride = residual_rank_stride_;
+    attention.lora_modules = lora_table_->device_table();
+    attention.num_layers = config_.num_layers;
+    attention.layer = layer;
+    attention.rope_cos = rope_cos_.as<float>();
+    attention.rope_sin = rope_sin_.as<float>();
+    launch_attention(attention, AttentionVariant::kPrefill,
+                     plan_pointer<AttentionWorkItem>(sections.forked_prefill_items), plan_.num_forked_prefill_items(),
+                     stream_, residual_rank_);
+    launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.forked_decode_items),
+                     plan_.num_forked_decode_items(), stream_, residual_rank_);
+  }
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                            plan_.num_combine_items(), stream_);
 
@@ -315,15 +387,39 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   return end_lora(lora);  // added by the next norm, with delta_
 }
 
+void CudaBackend::capture_hidden_states(int index, const float* lora_delta) {
+  const int32_t num_rows = static_cast<int32_t>(plan_.logit_rows().size());
+  const PlanSections& sections = plan_.sections();
+  launch_gather_hidden(residual_.as<float>(), index == 0 ? nullptr : delta_.as<float>(), lora_delta,
+                       plan_pointer<int32_t>(sections.lora_row_of_token), plan_pointer<int32_t>(sections.logit_rows),
+                       num_rows, config_.hidden_size,
+                       hidden_states_.as<float>() + static_cast<int64_t>(index) * num_rows * config_.hidden_size,
+                       stream_);
+}
+
 void CudaBackend::enqueue_forward(const Batch& batch) {
-  check_batch_supported(batch);  // first: the generic checks would reject base sharing's fields differently
   check_device_sampling(batch);
-  validate_batch(batch, {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size}, adapters_);
-  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_});
+  validate_batch(batch,
+                 {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
+                  residual_shape_.block_size, residual_shape_.max_rank, config_.qk_norm},
+                 adapters_);
+  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_},
+              residual_shape_.block_size);
+  capture_hidden_states_ = batch.capture_hidden_states;
   if (plan_.num_tokens() == 0) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
+  residual_rank_ = 0;
+  if (plan_.has_forked_sequences()) {
+    for (const BatchSequence& sequence : batch.sequences)
+      if (sequence.forked_adapter_slot >= 0)
+        residual_rank_ = std::max(residual_rank_, kv_rank_of_slot_[sequence.forked_adapter_slot]);
+    if (capturing && plan_.max_forked_context() > rope_table_positions_)
+      fail(ErrorKind::kInvalidArgument, "cuda backend: a captured step needs RoPE positions up to {}; run it once uncaptured",
+           plan_.max_forked_context());
+    grow_rope_table(plan_.max_forked_context());
+  }
   // Steps may be enqueued back to back (benchmarks): the previous upload must
   // have left plan_host_ before it is overwritten. A captured graph replays the
   // copy from plan_host_ as it is at launch time.
@@ -335,12 +431,16 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   if (!capturing) LOOM_CUDA_CHECK(cudaEventRecord(plan_copied_, stream_));
 
   const PlanSections& sections = plan_.sections();
-  const int32_t n = plan_.num_tokens();
+  const int32_t n = plan_.num_rows();
   const int32_t hidden = config_.hidden_size;
   launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, model_.embed_tokens(), hidden, residual_.as<float>(),
                    stream_);
+  if (capture_hidden_states_) capture_hidden_states(0, nullptr);
   const float* lora_delta = nullptr;
-  for (int layer = 0; layer < config_.num_layers; ++layer) lora_delta = run_layer(layer, lora_delta);
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    lora_delta = run_layer(layer, lora_delta);
+    if (capture_hidden_states_) capture_hidden_states(layer + 1, lora_delta);
+  }
 
   const int32_t num_rows = static_cast<int32_t>(plan_.logit_rows().size());
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), nullptr, model_.final_norm(), config_.rms_norm_eps,
@@ -376,6 +476,11 @@ ForwardResult CudaBackend::finish_forward() {
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));
     }
   }
+  if (capture_hidden_states_) {
+    result.hidden_states.resize((config_.num_layers + 1) * num_rows * config_.hidden_size);
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(result.hidden_states.data(), hidden_states_.data(),
+                                    result.hidden_states.size() * sizeof(float), cudaMemcpyDeviceToHost, stream_));
+  }
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   result.logits.assign(logits_host_.as<float>(), logits_host_.as<float>() + num_host_rows * vocab);
   if (!sampling.empty()) {
@@ -384,7 +489,7 @@ ForwardResult CudaBackend::finish_forward() {
     const float* logprobs = reinterpret_cast<const float*>(tokens + num_rows);
     result.sampled_logprobs.assign(logprobs, logprobs + num_rows);
   }
-  result.logit_token_index = plan_.logit_rows();
+  result.logit_token_index = plan_.logit_tokens();
   return result;
 }
 
@@ -464,14 +569,15 @@ std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, 
 BackendCapabilities cuda_backend_capabilities() {
   BackendCapabilities capabilities;
   capabilities.name = "cuda";
-  capabilities.kv_sharing_modes = {KvSharing::kIsolated, KvSharing::kActivated};
+  capabilities.kv_sharing_modes = all_kv_sharing_modes();
+  capabilities.max_residual_rank = cuda::kResidualMaxRank;
   for (int32_t head_dim = 1; head_dim <= 1024; ++head_dim)
     if (cuda::attention_supports_head_dim(head_dim)) capabilities.head_dims.push_back(head_dim);
   capabilities.dimension_multiple = 8;  // the LoRA and skinny GEMM kernels' 16-byte loads
   capabilities.max_lora_rank = cuda::kLoraMaxRank;
   capabilities.device_sampling = true;
   capabilities.host_kv_tier = true;
-  capabilities.capture_hidden_states = false;
+  capabilities.capture_hidden_states = true;
   return capabilities;
 }
 

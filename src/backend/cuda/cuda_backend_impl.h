@@ -33,7 +33,11 @@ class CudaBackend : public Backend {
   void allocate_kv_cache(const KvCacheShape& shape) override;
   KvCacheShape kv_cache_shape() const override { return kv_shape_; }
   int64_t kv_bytes_per_token() const override;
-  // Host tier (host_kv_tier.h, host_kv_tier.cc): main pool only; kResidual throws kUnsupported.
+  // The ForkKV rCache (plan_types.h's layout, bf16, max_rank <= kResidualMaxRank).
+  void allocate_residual_cache(const ResidualCacheShape& shape) override;
+  ResidualCacheShape residual_cache_shape() const override { return residual_shape_; }
+  int64_t residual_bytes_per_token(int32_t max_rank) const override;
+  // Host tier (host_kv_tier.h, host_kv_tier.cc) of the main pool and of the rCache.
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
   int32_t num_host_kv_blocks(KvPoolKind pool) const override;
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
@@ -41,9 +45,9 @@ class CudaBackend : public Backend {
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
-  // Isolated and activated sharing only (no decoder rows, no rCache), the
-  // head dims the attention kernels are built for, LoRA ranks up to
-  // kLoraMaxRank, device sampling, the main pool's host tier.
+  // Every sharing mode (forked: k/v ranks up to kResidualMaxRank), the head
+  // dims the attention kernels are built for, LoRA ranks up to kLoraMaxRank,
+  // device sampling, host tiers, hidden-state capture.
   BackendCapabilities capabilities() const override { return cuda_backend_capabilities(); }
 
   // forward() in two halves: validate, plan and enqueue the whole step (no host
@@ -59,6 +63,8 @@ class CudaBackend : public Backend {
   const StepPlan& plan() const { return plan_; }
   // Device logits of the last enqueued step: [rows, vocab] fp32.
   const float* device_logits() const { return logits_.as<float>(); }
+  // The bound adapters' modules on the device, [slot][layer][kNumLoraTargets].
+  const LoraModuleRef* device_lora_modules() const { return lora_table_->device_table(); }
   // Device sampling results of the last enqueued step (Batch::sampling):
   // [rows] token ids (-1: not sampled on the device), then [rows] logprobs.
   const int32_t* device_sampled_tokens() const { return sampled_.as<int32_t>(); }
@@ -94,6 +100,8 @@ class CudaBackend : public Backend {
   // This layer's K / V pool (nullptr before allocate_kv_cache).
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
+  // This layer's rCache (nullptr before allocate_residual_cache).
+  __nv_bfloat16* residual_pool(int layer) const;
 
  protected:
   // Enqueues projection group `group`'s LoRA kernels (0 q/k/v, 1 o, 2 gate/up,
@@ -143,9 +151,20 @@ class CudaBackend : public Backend {
 
   KvCacheShape kv_shape_{0, 0};
   DeviceBuffer kv_pool_;  // [layer][K|V][num_blocks * block_size][kv_size] bf16
-  std::unique_ptr<HostKvTier> host_kv_tier_;  // created by allocate_host_kv_cache
-  // Bytes of one block of one layer's K (or V) pool.
-  size_t device_bytes_per_kv_block() const;
+  ResidualCacheShape residual_shape_{0, 0, 0};
+  int32_t residual_rank_stride_ = 0;  // residual_rank_stride(residual_shape_.max_rank)
+  DeviceBuffer residual_pool_;  // [layer][num_blocks * block_size][2 * residual_rank_stride_] bf16
+  std::unique_ptr<HostKvTier> host_kv_tiers_[2];  // [KvPoolKind], created by allocate_host_kv_cache
+  // Bytes of one block of one layer's K (or V) pool, or of its rCache.
+  size_t device_bytes_per_block(KvPoolKind pool) const;
+  HostKvTier::DevicePool device_pool(KvPoolKind pool) const;
+  // Largest k/v LoRA rank of each slot's adapter (ResidualAttention's rank tier).
+  std::vector<int32_t> kv_rank_of_slot_;
+  int32_t residual_rank_ = 0;  // the enqueued step's: max over its forked sequences' adapters
+  // RoPE cos/sin of KV positions [0, rope_table_positions_) for the residual keys.
+  void grow_rope_table(int32_t num_positions);
+  DeviceBuffer rope_cos_, rope_sin_;
+  int32_t rope_table_positions_ = 0;
 
   StepPlan plan_;
   PinnedBuffer plan_host_;
@@ -172,6 +191,9 @@ class CudaBackend : public Backend {
   DeviceBuffer logits_;     // [rows, vocab] fp32
   DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)
   PinnedBuffer sampled_host_;
+  bool capture_hidden_states_ = false;  // the enqueued step's Batch::capture_hidden_states
+  DeviceBuffer hidden_states_;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
+  void capture_hidden_states(int index, const float* lora_delta);
 };
 
 // make_synthetic_cuda_backend with the backend built by `construct` from

@@ -128,6 +128,9 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   const float* row = p.qkv + token * row_width;
   const int64_t lora_row = p.lora != nullptr ? p.lora_rows[token] : -1;
   const float* lora = lora_row >= 0 ? p.lora + lora_row * row_width : nullptr;
+  // Forked tokens: the bCache holds the base model's K/V; their k/v LoRA lives in the rCache.
+  const int residual_slot = p.residual_slots != nullptr ? p.residual_slots[token] : -1;
+  const float* kv_lora = residual_slot == -1 ? lora : nullptr;
   const int slot = p.kv_slots[token];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -141,7 +144,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       bf16* destination = p.v_cache + kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
       for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
-        if (lora != nullptr) value += lora[column + d];
+        if (kv_lora != nullptr) value += kv_lora[column + d];
         if (p.bias != nullptr) value += p.bias[column + d];
         destination[d] = __float2bfloat16_rn(value);
       }
@@ -150,6 +153,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
     const bool is_query = head < p.num_heads;
     if (!is_query && slot < 0) continue;
     const float* norm = is_query ? p.q_norm : p.k_norm;
+    const float* head_lora = is_query ? lora : kv_lora;
     // Each lane holds the pairs (i, i + half) for i = lane, lane + 32, ... (head_dim <= 256).
     float first[4], second[4];
     float sum_of_squares = 0.0f;
@@ -160,9 +164,9 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       if (i < half) {
         first[k] = row[column + i];
         second[k] = row[column + i + half];
-        if (lora != nullptr) {
-          first[k] += lora[column + i];
-          second[k] += lora[column + i + half];
+        if (head_lora != nullptr) {
+          first[k] += head_lora[column + i];
+          second[k] += head_lora[column + i + half];
         }
         if (p.bias != nullptr) {
           first[k] += p.bias[column + i];
@@ -195,6 +199,51 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
         destination[i + half] = __float2bfloat16_rn(second[k] * c + first[k] * s);
       }
     }
+  }
+  if (residual_slot < 0 || blockIdx.y != 0 || lora_row < 0) return;
+  // rCache write: sum the shrink's partials of k (target 1) and v (target 2).
+  const int stride = p.residual_rank_stride;
+  const int adapter_slot = p.row_adapter_slots[token];
+  bf16* destination = p.residual_pool + static_cast<int64_t>(residual_slot) * 2 * stride;
+  for (int index = threadIdx.x; index < 2 * stride; index += blockDim.x) {
+    const int half_index = index / stride;  // 0: rK, 1: rV
+    const int j = index % stride;
+    const int target = 1 + half_index;
+    const int rank = p.lora_modules[(static_cast<int64_t>(adapter_slot) * p.num_layers + p.layer) * 7 + target].rank;
+    float value = 0.0f;
+    if (j < rank)
+      for (int split = 0; split < p.lora_splits; ++split)
+        value += p.lora_v[((static_cast<int64_t>(target) * p.lora_max_splits + split) * p.lora_num_rows + lora_row) *
+                              p.lora_max_rank + j];
+    destination[index] = __float2bfloat16_rn(value);
+  }
+}
+
+__global__ void rope_table_kernel(const float* inv_freq, int32_t half, int32_t first, int32_t count, float* out_cos,
+                                  float* out_sin) {
+  const int64_t total = static_cast<int64_t>(count) * half;
+  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
+       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t position = first + static_cast<int32_t>(index / half);
+    const int32_t i = static_cast<int32_t>(index % half);
+    const float angle = __fmul_rn(inv_freq[i], static_cast<float>(position));  // as qkv_postprocess_kernel
+    double sine, cosine;
+    sincos(static_cast<double>(angle), &sine, &cosine);
+    const int64_t out = static_cast<int64_t>(position) * half + i;
+    out_cos[out] = static_cast<float>(cosine);
+    out_sin[out] = static_cast<float>(sine);
+  }
+}
+
+__global__ void gather_hidden_kernel(const float* residual, const float* delta, const float* lora_delta,
+                                     const int32_t* lora_rows, const int32_t* rows, int32_t hidden, float* out) {
+  const int64_t row = rows[blockIdx.x];
+  const int64_t lora_row = lora_delta != nullptr ? lora_rows[row] : -1;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
+    float value = residual[row * hidden + i];
+    if (delta != nullptr) value += delta[row * hidden + i];
+    if (lora_row >= 0) value += lora_delta[lora_row * hidden + i];
+    out[static_cast<int64_t>(blockIdx.x) * hidden + i] = value;
   }
 }
 
@@ -290,6 +339,22 @@ void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
   qkv_postprocess_kernel<<<dim3(params.num_tokens, head_groups), kQkvThreads, shared, stream>>>(params);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t first, int32_t count, float* out_cos,
+                       float* out_sin, cudaStream_t stream) {
+  if (count <= 0) return;
+  const int64_t total = static_cast<int64_t>(count) * (head_dim / 2);
+  rope_table_kernel<<<grid_for(total, 256), 256, 0, stream>>>(inv_freq, head_dim / 2, first, count, out_cos, out_sin);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
+                          const int32_t* lora_rows, const int32_t* rows, int32_t num_rows, int32_t hidden, float* out,
+                          cudaStream_t stream) {
+  if (num_rows == 0) return;
+  gather_hidden_kernel<<<num_rows, 256, 0, stream>>>(residual, delta, lora_delta, lora_rows, rows, hidden, out);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -50,6 +50,20 @@ struct QkvParams {
   // tokens t with lora_rows[t] >= 0 (before the bias).
   const float* lora = nullptr;
   const int32_t* lora_rows = nullptr;
+  // ForkKV (optional): rows t with residual_slots[t] != -1 are forked tokens,
+  // whose K/V (the bCache) get no k/v LoRA; those with residual_slots[t] >= 0
+  // also write their rCache slot: rK = x·A_k^T, rV = x·A_v^T, the q/k/v LoRA
+  // shrink's k and v results (split path: lora_v holds lora_splits partial
+  // sums per LoRA row, LoraParams::v's layout with targets q, k, v), zeros past
+  // the module's rank (plan_types.h's rCache layout).
+  const int32_t* residual_slots = nullptr;
+  bf16* residual_pool = nullptr;  // this layer's rCache
+  int32_t residual_rank_stride = 0;
+  const float* lora_v = nullptr;
+  int32_t lora_num_rows = 0, lora_max_rank = 0, lora_max_splits = 0, lora_splits = 0;
+  const LoraModuleRef* lora_modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
+  const int32_t* row_adapter_slots = nullptr;   // [num_tokens]
+  int32_t num_layers = 0, layer = 0;
 };
 // Bias, q/k norm, RoPE (rotate-half) on q and k; q -> q_out, k/v -> their slots.
 void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream);
@@ -72,14 +86,38 @@ struct AttentionParams {
   float* partial_lse = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows] (log2 domain)
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float scale = 1.0f;                // softmax scale, 1 / sqrt(head_dim)
+  // Forked sequences only (ResidualAttention, forkkv.txt §5.3), per kv head h of
+  // the sequence's adapter (B_k, s_k, B_v, s_v of this layer, rank 0: none):
+  //   K_j = bK_j + RoPE_j(s_k · rK_j · B_k[h]^T)   rebuilt per key tile in shared memory
+  //   out = (P·bV + (P·rV) · s_v B_v[h]^T) / l     V's up-projection once, after the loop
+  const bf16* residual_pool = nullptr;  // this layer's rCache (plan_types.h)
+  const int32_t* residual_block_tables = nullptr;
+  int32_t residual_block_size = 0, residual_rank_stride = 0;
+  const LoraModuleRef* lora_modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
+  int32_t num_layers = 0, layer = 0;
+  const float* rope_cos = nullptr;  // [positions][head_dim / 2]: RoPE of KV entry j at position j
+  const float* rope_sin = nullptr;
 };
 // True for the head sizes the attention kernels are built for (16, 32, 64, 128).
 bool attention_supports_head_dim(int32_t head_dim);
 // Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm).
 int32_t attention_decode_ctas_per_sm(int32_t head_dim);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
+// residual_rank > 0: the items are forked sequences' (ResidualAttention) and
+// no adapter among them has a k or v rank above it (<= kResidualMaxRank).
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
-                      int32_t num_items, cudaStream_t stream);
+                      int32_t num_items, cudaStream_t stream, int32_t residual_rank = 0);
+// Shared memory one CTA of the variant takes (ResidualAttention with residual_rank > 0).
+size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank);
+// cos/sin of rotate-half RoPE for positions [first, first + count): out_cos[p * head_dim / 2 + i]
+// (the qkv post-processing's rounding: fp32 angle, cos/sin through double).
+void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t first, int32_t count, float* out_cos,
+                       float* out_sin, cudaStream_t stream);
+// Divergence tooling: out[r] = residual[rows[r]] (+ delta[rows[r]] + lora_delta[lora_rows[rows[r]]]
+// where given and >= 0), the residual stream after a layer whose last add is still pending.
+void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
+                          const int32_t* lora_rows, const int32_t* rows, int32_t num_rows, int32_t hidden, float* out,
+                          cudaStream_t stream);
 // Merges split-KV partial results into params.out.
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items,
                               int32_t num_items, cudaStream_t stream);

@@ -39,11 +39,35 @@ inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
   return variant == AttentionVariant::kPrefill ? 64 : 16;
 }
 
+// A sequence's queries: its new tokens i < num_new_tokens (activation row
+// token_offset + i, KV index num_computed_tokens + i), then its decoder rows
+// (base sharing, ICaRus) k < num_decoder_rows: activation row
+// decoder_row_offset + k, paired with the last num_decoder_rows new tokens
+// (same position, same keys; they write no K/V). Query q's rows in the
+// attention tiles are q * group + h, so a decoder row's heads sit right after
+// the base rows' and share their K/V tiles.
+// Forked sequences (forked_slot >= 0) also read rCache entries through their
+// residual block table (ResidualAttention).
 struct AttentionSequence {
   int32_t token_offset = 0;
   int32_t num_computed_tokens = 0;
   int32_t num_new_tokens = 0;
   int32_t block_table_offset = 0;
+  int32_t decoder_row_offset = 0;
+  int32_t num_decoder_rows = 0;
+  int32_t forked_slot = -1;  // adapter slot of a forked sequence, -1 otherwise
+  int32_t residual_block_table_offset = 0;
+
+  LOOM_HOST_DEVICE int32_t num_queries() const { return num_new_tokens + num_decoder_rows; }
+  // Activation row of query q.
+  LOOM_HOST_DEVICE int64_t query_row(int32_t q) const {
+    return q < num_new_tokens ? static_cast<int64_t>(token_offset) + q
+                              : static_cast<int64_t>(decoder_row_offset) + (q - num_new_tokens);
+  }
+  // Index among the new tokens whose keys query q sees (its own included).
+  LOOM_HOST_DEVICE int32_t query_token(int32_t q) const {
+    return q < num_new_tokens ? q : q - num_decoder_rows;
+  }
 };
 
 struct AttentionWorkItem {
@@ -84,6 +108,14 @@ struct SamplingRow {
   float top_p = 1.0f;
   uint32_t seed_lo = 0, seed_hi = 0, step_lo = 0, step_hi = 0;
 };
+
+// ForkKV rCache on the device: per layer, slots of 2 * rank_stride bf16
+// values [rK: rank_stride][rV: rank_stride] (slot = backend.h's block * block_size
+// + offset), rank_stride = residual_rank_stride(max_rank). Values past an
+// adapter's rank are written as zeros. ResidualAttention reads up to
+// kResidualMaxRank of each half.
+inline constexpr int32_t kResidualMaxRank = 64;
+LOOM_HOST_DEVICE inline int32_t residual_rank_stride(int32_t max_rank) { return (max_rank + 7) / 8 * 8; }
 
 // One adapter module on the device; rank 0 = the adapter does not target it.
 struct LoraModuleRef {

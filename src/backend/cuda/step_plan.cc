@@ -76,88 +76,147 @@ void StepPlan::append(size_t& offset, const std::vector<T>& values) {
   if (num_words > 0) std::memcpy(words_.data() + offset, values.data(), num_words * sizeof(int32_t));
 }
 
-void StepPlan::plan_attention(const Batch& batch, const PlanShape& shape) {
-  prefill_items_.clear();
-  decode_items_.clear();
+void StepPlan::place_rows(const Batch& batch, const PlanShape& shape, int32_t residual_block_size) {
+  num_tokens_ = batch.num_tokens();
+  row_token_ids_.assign(batch.token_ids.begin(), batch.token_ids.end());
+  row_positions_.assign(batch.positions.begin(), batch.positions.end());
+  row_adapter_slots_.assign(batch.adapter_slots.begin(), batch.adapter_slots.end());
+  kv_slots_.assign(num_tokens_, -1);
+  residual_slots_.assign(num_tokens_, -1);
+  sequences_.clear();
+  max_forked_context_ = 0;
+  has_residual_writes_ = false;
+  for (const BatchSequence& sequence : batch.sequences) {
+    const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
+    const int32_t* residual_table = batch.residual_block_tables.data() + sequence.residual_block_table_offset;
+    const bool forked = sequence.forked_adapter_slot >= 0;
+    for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
+      const int32_t kv_index = sequence.num_computed_tokens + i;
+      const int32_t token = sequence.token_offset + i;
+      // Present entries (shared with other sequences) are read, never written.
+      if (kv_index >= sequence.num_kv_present_tokens)
+        kv_slots_[token] = block_table[kv_index / shape.block_size] * shape.block_size + kv_index % shape.block_size;
+      if (!forked) continue;
+      residual_slots_[token] = -2;
+      if (kv_index < sequence.num_residual_present_tokens) continue;
+      residual_slots_[token] =
+          residual_table[kv_index / residual_block_size] * residual_block_size + kv_index % residual_block_size;
+      has_residual_writes_ = true;
+    }
+    AttentionSequence placed{sequence.token_offset, sequence.num_computed_tokens, sequence.num_new_tokens,
+                             sequence.block_table_offset};
+    if (forked) {
+      placed.forked_slot = sequence.forked_adapter_slot;
+      placed.residual_block_table_offset = sequence.residual_block_table_offset;
+      max_forked_context_ = std::max(max_forked_context_, sequence.num_computed_tokens + sequence.num_new_tokens);
+    }
+    if (sequence.decoder_adapter_slot >= 0) {
+      // One decoder row per logits token: the last new token, or all of them.
+      const int32_t first = sequence.logits_for_all_tokens ? 0 : sequence.num_new_tokens - 1;
+      placed.decoder_row_offset = static_cast<int32_t>(row_token_ids_.size());
+      placed.num_decoder_rows = sequence.num_new_tokens - first;
+      for (int32_t i = first; i < sequence.num_new_tokens; ++i) {
+        const int32_t token = sequence.token_offset + i;
+        row_token_ids_.push_back(batch.token_ids[token]);
+        row_positions_.push_back(batch.positions[token]);
+        row_adapter_slots_.push_back(sequence.decoder_adapter_slot);
+        kv_slots_.push_back(-1);
+        residual_slots_.push_back(-1);
+      }
+    }
+    sequences_.push_back(placed);
+  }
+}
+
+void StepPlan::plan_attention(const PlanShape& shape) {
+  for (auto& by_variant : items_)
+    for (auto& items : by_variant) items.clear();
   combine_items_.clear();
   num_partials_ = 0;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
-  std::vector<TileCandidate> candidates[2];  // [AttentionVariant]
-  for (int32_t s = 0; s < static_cast<int32_t>(batch.sequences.size()); ++s) {
-    const BatchSequence& sequence = batch.sequences[s];
-    const int32_t total_rows = sequence.num_new_tokens * group;
+  std::vector<TileCandidate> candidates[2][2];  // [forked][AttentionVariant]
+  for (int32_t s = 0; s < static_cast<int32_t>(sequences_.size()); ++s) {
+    const AttentionSequence& sequence = sequences_[s];
+    const int32_t total_rows = sequence.num_queries() * group;
     const AttentionVariant variant = total_rows <= attention_variant_rows(AttentionVariant::kDecode)
                                          ? AttentionVariant::kDecode
                                          : AttentionVariant::kPrefill;
     const int32_t rows_per_tile = attention_variant_rows(variant);
+    auto& list = candidates[sequence.forked_slot >= 0 ? 1 : 0][static_cast<int>(variant)];
     for (int32_t row = 0; row < total_rows; row += rows_per_tile) {
       const int32_t num_rows = std::min(rows_per_tile, total_rows - row);
-      const int32_t last_token = (row + num_rows - 1) / group;
+      // Decoder rows go back to earlier tokens: the tile sees up to its furthest query's keys.
+      int32_t last_token = 0;
+      for (int32_t q = row / group; q <= (row + num_rows - 1) / group; ++q)
+        last_token = std::max(last_token, sequence.query_token(q));
       const int32_t kv_end = sequence.num_computed_tokens + last_token + 1;
-      candidates[static_cast<int>(variant)].push_back(
-          {s, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
+      list.push_back({s, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
     }
   }
 
-  for (int v = 0; v < 2; ++v) {
-    std::vector<TileCandidate>& list = candidates[v];
-    std::vector<AttentionWorkItem>& items = v == 0 ? prefill_items_ : decode_items_;
-    // Longest first, so that the tail of the grid is made of short items.
-    std::stable_sort(list.begin(), list.end(),
-                     [](const TileCandidate& a, const TileCandidate& b) { return a.num_key_tiles > b.num_key_tiles; });
-    int64_t total_key_tiles = 0;
-    for (const TileCandidate& c : list) total_key_tiles += c.num_key_tiles;
-    int32_t tiles_per_chunk = INT32_MAX;
-    const int64_t num_ctas = static_cast<int64_t>(list.size()) * shape.num_kv_heads;
-    if (v == static_cast<int>(AttentionVariant::kDecode)) {
-      // Bandwidth-bound: below ~8 CTAs per SM the last wave leaves SMs idle, so
-      // the KV ranges are cut into many short chunks (about 32 CTAs per SM), but
-      // no shorter than 4 tiles (each CTA pays a prologue and a partial write).
-      // Measured on the H100 (2K contexts): batch 64 0.259 -> 0.231 ms per
-      // layer; batch 256 (2048 CTAs unsplit) was faster unsplit.
-      if (!list.empty() && num_ctas < 8LL * shape.num_sms) {
-        const int64_t wanted_items = (32LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
+  for (int forked = 0; forked < 2; ++forked) {
+    for (int v = 0; v < 2; ++v) {
+      std::vector<TileCandidate>& list = candidates[forked][v];
+      std::vector<AttentionWorkItem>& items = items_[forked][v];
+      // Longest first, so that the tail of the grid is made of short items.
+      std::stable_sort(list.begin(), list.end(), [](const TileCandidate& a, const TileCandidate& b) {
+        return a.num_key_tiles > b.num_key_tiles;
+      });
+      int64_t total_key_tiles = 0;
+      for (const TileCandidate& c : list) total_key_tiles += c.num_key_tiles;
+      int32_t tiles_per_chunk = INT32_MAX;
+      const int64_t num_ctas = static_cast<int64_t>(list.size()) * shape.num_kv_heads;
+      if (v == static_cast<int>(AttentionVariant::kDecode)) {
+        // Bandwidth-bound: below ~8 CTAs per SM the last wave leaves SMs idle, so
+        // the KV ranges are cut into many short chunks (about 32 CTAs per SM), but
+        // no shorter than 4 tiles (each CTA pays a prologue and a partial write).
+        // Measured on the H100 (2K contexts): batch 64 0.259 -> 0.231 ms per
+        // layer; batch 256 (2048 CTAs unsplit) was faster unsplit.
+        if (!list.empty() && num_ctas < 8LL * shape.num_sms) {
+          const int64_t wanted_items = (32LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
+          tiles_per_chunk = static_cast<int32_t>(
+              std::max<int64_t>(kMinDecodeTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
+          if (shape.decode_ctas_per_sm > 0)
+            tiles_per_chunk = wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(shape.decode_ctas_per_sm),
+                                               shape.num_kv_heads);
+        }
+      } else if (!list.empty() && num_ctas < 4LL * shape.num_sms) {
+        // Prefill tiles carry enough work; they split only when too few to fill the GPU.
+        const int64_t wanted_items = (4LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
         tiles_per_chunk = static_cast<int32_t>(
-            std::max<int64_t>(kMinDecodeTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
-        if (shape.decode_ctas_per_sm > 0)
-          tiles_per_chunk = wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(shape.decode_ctas_per_sm),
-                                             shape.num_kv_heads);
+            std::max<int64_t>(kMinKeyTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
       }
-    } else if (!list.empty() && num_ctas < 4LL * shape.num_sms) {
-      // Prefill tiles carry enough work; they split only when too few to fill the GPU.
-      const int64_t wanted_items = (4LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
-      tiles_per_chunk = static_cast<int32_t>(
-          std::max<int64_t>(kMinKeyTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
-    }
-    for (const TileCandidate& c : list) {
-      if (c.num_key_tiles <= tiles_per_chunk) {
-        items.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
-        continue;
+      for (const TileCandidate& c : list) {
+        if (c.num_key_tiles <= tiles_per_chunk) {
+          items.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
+          continue;
+        }
+        const int32_t num_chunks = (c.num_key_tiles + tiles_per_chunk - 1) / tiles_per_chunk;
+        combine_items_.push_back({c.sequence, c.row_begin, c.num_rows, num_partials_, num_chunks, {0, 0, 0}});
+        for (int32_t k = 0; k < num_chunks; ++k) {
+          const int32_t begin = k * tiles_per_chunk * kAttentionTileKeys;
+          const int32_t end = std::min(c.kv_end, (k + 1) * tiles_per_chunk * kAttentionTileKeys);
+          items.push_back({c.sequence, c.row_begin, begin, end, num_partials_ + k, {0, 0, 0}});
+        }
+        num_partials_ += num_chunks;
       }
-      const int32_t num_chunks = (c.num_key_tiles + tiles_per_chunk - 1) / tiles_per_chunk;
-      combine_items_.push_back({c.sequence, c.row_begin, c.num_rows, num_partials_, num_chunks, {0, 0, 0}});
-      for (int32_t k = 0; k < num_chunks; ++k) {
-        const int32_t begin = k * tiles_per_chunk * kAttentionTileKeys;
-        const int32_t end = std::min(c.kv_end, (k + 1) * tiles_per_chunk * kAttentionTileKeys);
-        items.push_back({c.sequence, c.row_begin, begin, end, num_partials_ + k, {0, 0, 0}});
-      }
-      num_partials_ += num_chunks;
     }
   }
 }
 
-void StepPlan::plan_lora(const Batch& batch) {
+void StepPlan::plan_lora() {
   lora_tokens_.clear();
   lora_tiles_.clear();
-  lora_row_of_token_.assign(batch.adapter_slots.size(), -1);
+  const int32_t num_rows = static_cast<int32_t>(row_adapter_slots_.size());
+  lora_row_of_token_.assign(num_rows, -1);
   // Group by slot in order of first appearance; counting sort over the slots present.
   std::vector<int32_t> slots;
-  for (int32_t slot : batch.adapter_slots)
+  for (int32_t slot : row_adapter_slots_)
     if (slot >= 0 && std::find(slots.begin(), slots.end(), slot) == slots.end()) slots.push_back(slot);
   for (int32_t slot : slots) {
     const int32_t first = static_cast<int32_t>(lora_tokens_.size());
-    for (int32_t t = 0; t < static_cast<int32_t>(batch.adapter_slots.size()); ++t)
-      if (batch.adapter_slots[t] == slot) lora_tokens_.push_back(t);
+    for (int32_t t = 0; t < num_rows; ++t)
+      if (row_adapter_slots_[t] == slot) lora_tokens_.push_back(t);
     const int32_t last = static_cast<int32_t>(lora_tokens_.size());
     for (int32_t row = first; row < last; ++row) lora_row_of_token_[lora_tokens_[row]] = row;
     for (int32_t row = first; row < last; row += kLoraTileRows)
@@ -165,28 +224,21 @@ void StepPlan::plan_lora(const Batch& batch) {
   }
 }
 
-void StepPlan::build(const Batch& batch, const PlanShape& shape) {
-  num_tokens_ = batch.num_tokens();
-  kv_slots_.assign(num_tokens_, -1);
-  sequences_.clear();
+void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residual_block_size) {
+  place_rows(batch, shape, residual_block_size);
   logit_rows_.clear();
+  logit_tokens_.clear();
   sampling_rows_.clear();
   num_device_sampled_rows_ = 0;
   for (size_t s = 0; s < batch.sequences.size(); ++s) {
     const BatchSequence& sequence = batch.sequences[s];
-    const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
-    for (int32_t i = 0; i < sequence.num_new_tokens; ++i) {
-      const int32_t kv_index = sequence.num_computed_tokens + i;
-      if (kv_index < sequence.num_kv_present_tokens) continue;  // shared entry: read, never written
-      kv_slots_[sequence.token_offset + i] =
-          block_table[kv_index / shape.block_size] * shape.block_size + kv_index % shape.block_size;
-    }
-    sequences_.push_back({sequence.token_offset, sequence.num_computed_tokens, sequence.num_new_tokens,
-                          sequence.block_table_offset});
-    const int32_t first = sequence.logits_for_all_tokens ? sequence.token_offset
-                                                         : sequence.token_offset + sequence.num_new_tokens - 1;
-    for (int32_t t = first; t < sequence.token_offset + sequence.num_new_tokens; ++t) {
-      logit_rows_.push_back(t);
+    const AttentionSequence& placed = sequences_[s];
+    const int32_t first = sequence.logits_for_all_tokens ? 0 : sequence.num_new_tokens - 1;
+    for (int32_t i = first; i < sequence.num_new_tokens; ++i) {
+      const int32_t token = sequence.token_offset + i;
+      // Base sharing: the logits come from the token's decoder row.
+      logit_rows_.push_back(placed.num_decoder_rows > 0 ? placed.decoder_row_offset + (i - first) : token);
+      logit_tokens_.push_back(token);
       if (batch.sampling.empty()) continue;
       const DeviceSampling& sampling = batch.sampling[s];
       SamplingRow row;
@@ -204,23 +256,28 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape) {
       sampling_rows_.push_back(row);
     }
   }
-  plan_attention(batch, shape);
-  plan_lora(batch);
+  plan_attention(shape);
+  plan_lora();
 
   words_.clear();
-  append(sections_.token_ids, batch.token_ids);
-  append(sections_.positions, batch.positions);
+  append(sections_.token_ids, row_token_ids_);
+  append(sections_.positions, row_positions_);
   append(sections_.kv_slots, kv_slots_);
   append(sections_.block_tables, batch.block_tables);
+  append(sections_.residual_block_tables, batch.residual_block_tables);
   append(sections_.sequences, sequences_);
-  append(sections_.prefill_items, prefill_items_);
-  append(sections_.decode_items, decode_items_);
+  append(sections_.prefill_items, items_[0][0]);
+  append(sections_.decode_items, items_[0][1]);
+  append(sections_.forked_prefill_items, items_[1][0]);
+  append(sections_.forked_decode_items, items_[1][1]);
   append(sections_.combine_items, combine_items_);
   append(sections_.lora_tokens, lora_tokens_);
   append(sections_.lora_tiles, lora_tiles_);
   append(sections_.logit_rows, logit_rows_);
   append(sections_.sampling, sampling_rows_);
   append(sections_.lora_row_of_token, lora_row_of_token_);
+  append(sections_.residual_slots, residual_slots_);
+  append(sections_.row_adapter_slots, row_adapter_slots_);
 }
 
 }  // namespace loom::cuda

@@ -5,7 +5,8 @@
 //
 // Attention work (plan_types.h): a sequence whose rows (new tokens x group
 // heads) fit in 16 takes the decode kernel, others the prefill kernel in tiles
-// of 64 rows. When the tiles alone would leave the GPU idle (few sequences,
+// of 64 rows; forked sequences get lists of their own (the ResidualAttention
+// kernels). When the tiles alone would leave the GPU idle (few sequences,
 // long contexts), each tile's KV range is split into chunks that run in
 // parallel (split-KV / flash-decoding) and a combine item merges them.
 // Pure host code (no CUDA calls): unit-testable without a GPU.
@@ -30,9 +31,10 @@ struct PlanShape {
 };
 
 struct PlanSections {  // offsets in int32 words into StepPlan::words()
-  size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, sequences = 0, prefill_items = 0,
-         decode_items = 0, combine_items = 0, lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0,
-         lora_row_of_token = 0;
+  size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, residual_block_tables = 0, sequences = 0,
+         prefill_items = 0, decode_items = 0, forked_prefill_items = 0, forked_decode_items = 0, combine_items = 0,
+         lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0, lora_row_of_token = 0, residual_slots = 0,
+         row_adapter_slots = 0;
 };
 
 // Throws Error(kInvalidArgument) unless batch.sampling is empty or one valid
@@ -40,47 +42,75 @@ struct PlanSections {  // offsets in int32 words into StepPlan::words()
 // in (0, 1], no logits_for_all_tokens on a sequence sampled on the device).
 void check_device_sampling(const Batch& batch);
 
+// Rows. The step's activations have one row per batch token, then one
+// decoder row per logits token of each base-sharing (ICaRus) sequence, a
+// sequence's decoder rows consecutive (as the CPU backend's TokenPlacement):
+//   rows: | token 0 ... token n-1 | decoder rows n ... n + d - 1 |
+// A decoder row has its token's id and position, the sequence's decoder
+// adapter, writes no K/V and gives the sequence's logits. Every per-row section
+// (token_ids, positions, kv_slots, lora_row_of_token, residual_slots,
+// row_adapter_slots) has num_rows() entries.
 class StepPlan {
  public:
   // Rebuilds the plan for `batch`, which must already be validated (block
-  // tables cover every sequence, slots in range). Reuses capacity.
-  void build(const Batch& batch, const PlanShape& shape);
+  // tables cover every sequence, slots in range). `residual_block_size` is the
+  // rCache's (read only when the batch has forked sequences). Reuses capacity.
+  void build(const Batch& batch, const PlanShape& shape, int32_t residual_block_size = 0);
 
   const std::vector<int32_t>& words() const { return words_; }
   const PlanSections& sections() const { return sections_; }
 
   int32_t num_tokens() const { return num_tokens_; }
-  int32_t num_prefill_items() const { return static_cast<int32_t>(prefill_items_.size()); }
-  int32_t num_decode_items() const { return static_cast<int32_t>(decode_items_.size()); }
+  int32_t num_rows() const { return static_cast<int32_t>(row_token_ids_.size()); }
+  int32_t num_prefill_items() const { return static_cast<int32_t>(items_[0][0].size()); }
+  int32_t num_decode_items() const { return static_cast<int32_t>(items_[0][1].size()); }
+  int32_t num_forked_prefill_items() const { return static_cast<int32_t>(items_[1][0].size()); }
+  int32_t num_forked_decode_items() const { return static_cast<int32_t>(items_[1][1].size()); }
   int32_t num_combine_items() const { return static_cast<int32_t>(combine_items_.size()); }
   int32_t num_partials() const { return num_partials_; }
   int32_t num_lora_rows() const { return static_cast<int32_t>(lora_tokens_.size()); }
   int32_t num_lora_tiles() const { return static_cast<int32_t>(lora_tiles_.size()); }
+  // Forked sequences: whether any, whether any token writes an rCache entry,
+  // and the longest forked context (RoPE positions the residual keys need).
+  bool has_forked_sequences() const { return max_forked_context_ > 0; }
+  bool has_residual_writes() const { return has_residual_writes_; }
+  int32_t max_forked_context() const { return max_forked_context_; }
+  // Activation rows that give logits, and the batch token each belongs to
+  // (ForwardResult::logit_token_index; a decoder row's is its token).
   const std::vector<int32_t>& logit_rows() const { return logit_rows_; }
+  const std::vector<int32_t>& logit_tokens() const { return logit_tokens_; }
   // Device sampling: one SamplingRow per logits row when the batch has
   // Batch::sampling, else empty; num_device_sampled_rows() of them on_device.
   const std::vector<SamplingRow>& sampling_rows() const { return sampling_rows_; }
   int32_t num_device_sampled_rows() const { return num_device_sampled_rows_; }
   // Host copies of the work lists (for tests and benchmarks).
-  const std::vector<AttentionWorkItem>& prefill_items() const { return prefill_items_; }
-  const std::vector<AttentionWorkItem>& decode_items() const { return decode_items_; }
+  const std::vector<AttentionWorkItem>& prefill_items() const { return items_[0][0]; }
+  const std::vector<AttentionWorkItem>& decode_items() const { return items_[0][1]; }
+  const std::vector<AttentionWorkItem>& forked_prefill_items() const { return items_[1][0]; }
+  const std::vector<AttentionWorkItem>& forked_decode_items() const { return items_[1][1]; }
+  const std::vector<AttentionSequence>& sequences() const { return sequences_; }
 
  private:
-  void plan_attention(const Batch& batch, const PlanShape& shape);
-  void plan_lora(const Batch& batch);
+  void place_rows(const Batch& batch, const PlanShape& shape, int32_t residual_block_size);
+  void plan_attention(const PlanShape& shape);
+  void plan_lora();
   template <typename T>
   void append(size_t& offset, const std::vector<T>& values);
 
   int32_t num_tokens_ = 0;
   int32_t num_partials_ = 0;
-  std::vector<int32_t> kv_slots_;
+  int32_t max_forked_context_ = 0;
+  bool has_residual_writes_ = false;
+  std::vector<int32_t> row_token_ids_, row_positions_, row_adapter_slots_;
+  std::vector<int32_t> kv_slots_;        // [rows], -1: write no K/V
+  std::vector<int32_t> residual_slots_;  // [rows], rCache slot to write; -2 forked, nothing to write; -1 not forked
   std::vector<AttentionSequence> sequences_;
-  std::vector<AttentionWorkItem> prefill_items_, decode_items_;
+  std::vector<AttentionWorkItem> items_[2][2];  // [forked][AttentionVariant]
   std::vector<AttentionCombineItem> combine_items_;
   std::vector<int32_t> lora_tokens_;
-  std::vector<int32_t> lora_row_of_token_;  // [num_tokens]: index into lora_tokens_, -1 without adapter
+  std::vector<int32_t> lora_row_of_token_;  // [rows]: index into lora_tokens_, -1 without adapter
   std::vector<LoraTile> lora_tiles_;
-  std::vector<int32_t> logit_rows_;
+  std::vector<int32_t> logit_rows_, logit_tokens_;
   std::vector<SamplingRow> sampling_rows_;
   int32_t num_device_sampled_rows_ = 0;
   std::vector<int32_t> words_;

@@ -1,0 +1,474 @@
+// The KV sharing modes on the CUDA backend (backend.h, DESIGN §1): base
+// (ICaRus decoder rows) and forked (ForkKV rCache + ResidualAttention) against
+// the CPU backend on the tiny models of every architecture, mixed with
+// isolated, activated and the base model in one batch (forked refused for q/k
+// norm models, as on the CPU); hidden-state capture; a mixed batch against
+// each sequence alone; partial hits in both directions writing only what is
+// missing; the rCache host tier round trip.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <numeric>
+
+#include <gtest/gtest.h>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_check.h"
+#include "cuda_test_util.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
+#include "test_util.h"
+
+namespace loom::cuda {
+namespace {
+
+using test::round_to_bf16;
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 256;
+constexpr int kResidualMaxRank = 8;
+
+std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t seed, bool bf16_matrices) {
+  TensorMap tensors;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) {
+    Tensor tensor = make_synthetic_tensor(spec, seed);
+    if (bf16_matrices && spec.shape.size() == 2) {
+      std::vector<float> values(tensor.data, tensor.data + tensor.numel());
+      tensor = Tensor::from_vector(spec.shape, round_to_bf16(std::move(values)));
+    }
+    tensors[spec.name] = tensor;
+  }
+  return std::make_shared<ModelWeights>(build_model_weights(config, tensors, "synthetic tiny"));
+}
+
+std::shared_ptr<const LoraAdapter> rounded_adapter(const LoraAdapter& adapter) {
+  auto copy = std::make_shared<LoraAdapter>(adapter);
+  for (auto& layer : copy->layers)
+    for (auto& module : layer) {
+      if (!module.has_value()) continue;
+      for (Tensor* tensor : {&module->a, &module->b}) {
+        std::vector<float> values(tensor->data, tensor->data + tensor->numel());
+        *tensor = Tensor::from_vector(tensor->shape, round_to_bf16(std::move(values)));
+      }
+    }
+  return copy;
+}
+
+// How a sequence shares KV (backend.h's batch fields).
+enum class Mode { kPlain, kBase, kForked };
+
+// Sequences over a main and an rCache pool with shuffled block ids; builds each step's Batch.
+class Driver {
+ public:
+  explicit Driver(uint64_t seed) : prng_(seed) {
+    for (auto* pool : {&free_main_, &free_residual_}) {
+      pool->resize(kNumBlocks);
+      std::iota(pool->begin(), pool->end(), 0);
+      for (int i = kNumBlocks - 1; i > 0; --i) std::swap((*pool)[i], (*pool)[prng_.next_below(i + 1)]);
+    }
+  }
+  struct Sequence {
+    Mode mode = Mode::kPlain;
+    int32_t slot = -1;  // the decoder / forked adapter slot
+    std::vector<int32_t> main_blocks, residual_blocks;
+    int32_t num_cached = 0;
+    int32_t kv_present = 0, residual_present = 0;  // entries shared with another sequence
+  };
+  int add_sequence(Mode mode = Mode::kPlain, int32_t slot = -1) {
+    sequences_.push_back({mode, slot, {}, {}, 0, 0, 0});
+    return static_cast<int>(sequences_.size()) - 1;
+  }
+  // Sequence `to` starts with `from`'s first num_blocks blocks of the main (or residual) pool, present.
+  void share_blocks(int from, int to, int num_blocks, bool residual) {
+    Sequence& target = sequences_[to];
+    const Sequence& source = sequences_[from];
+    auto& blocks = residual ? target.residual_blocks : target.main_blocks;
+    const auto& source_blocks = residual ? source.residual_blocks : source.main_blocks;
+    blocks.assign(source_blocks.begin(), source_blocks.begin() + num_blocks);
+    (residual ? target.residual_present : target.kv_present) = num_blocks * kBlockSize;
+  }
+  Sequence& sequence(int index) { return sequences_[index]; }
+
+  struct Part {
+    int sequence;
+    std::vector<int32_t> tokens;
+    std::vector<int32_t> slots;  // per token (kPlain only; base tokens are -1, forked tokens the slot)
+    bool all_logits = false;
+  };
+  Batch make_batch(const std::vector<Part>& parts) {
+    Batch batch;
+    for (const Part& part : parts) {
+      Sequence& s = sequences_[part.sequence];
+      BatchSequence entry;
+      entry.num_computed_tokens = s.num_cached;
+      entry.num_new_tokens = static_cast<int32_t>(part.tokens.size());
+      entry.token_offset = batch.num_tokens();
+      entry.logits_for_all_tokens = part.all_logits;
+      entry.num_kv_present_tokens = s.kv_present;
+      const int total = s.num_cached + entry.num_new_tokens;
+      grow(s.main_blocks, free_main_, total);
+      entry.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+      entry.num_blocks = static_cast<int32_t>(s.main_blocks.size());
+      batch.block_tables.insert(batch.block_tables.end(), s.main_blocks.begin(), s.main_blocks.end());
+      if (s.mode == Mode::kBase) entry.decoder_adapter_slot = s.slot;
+      if (s.mode == Mode::kForked) {
+        entry.forked_adapter_slot = s.slot;
+        entry.num_residual_present_tokens = s.residual_present;
+        grow(s.residual_blocks, free_residual_, total);
+        entry.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
+        entry.num_residual_blocks = static_cast<int32_t>(s.residual_blocks.size());
+        batch.residual_block_tables.insert(batch.residual_block_tables.end(), s.residual_blocks.begin(),
+                                           s.residual_blocks.end());
+      }
+      for (size_t i = 0; i < part.tokens.size(); ++i) {
+        batch.token_ids.push_back(part.tokens[i]);
+        batch.positions.push_back(s.num_cached + static_cast<int32_t>(i));
+        batch.adapter_slots.push_back(s.mode == Mode::kBase ? -1 : s.mode == Mode::kForked ? s.slot : part.slots[i]);
+      }
+      batch.sequences.push_back(entry);
+      s.num_cached = total;
+    }
+    return batch;
+  }
+  std::vector<int32_t> random_tokens(int count, int vocab) {
+    std::vector<int32_t> tokens(count);
+    for (int32_t& t : tokens) t = static_cast<int32_t>(prng_.next_below(vocab));
+    return tokens;
+  }
+
+ private:
+  static void grow(std::vector<int32_t>& blocks, std::vector<int32_t>& free, int entries) {
+    while (static_cast<int>(blocks.size()) * kBlockSize < entries) {
+      blocks.push_back(free.back());
+      free.pop_back();
+    }
+  }
+  Prng prng_;
+  std::vector<int32_t> free_main_, free_residual_;
+  std::vector<Sequence> sequences_;
+};
+
+int argmax(const float* row, int count) { return static_cast<int>(std::max_element(row, row + count) - row); }
+
+// As cuda_backend_test.cc: bf16 activations and K/V move the tiny models' logits
+// by up to ~0.3; NMSE <= 2e-3 and argmax equal except where the reference's top
+// two are within 0.15.
+constexpr double kEndToEndNmse = 2e-3;
+constexpr float kNearTie = 0.15f;
+
+void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, const std::string& what,
+                         double* worst_nmse = nullptr) {
+  ASSERT_EQ(out.logit_token_index, ref.logit_token_index) << what;
+  ASSERT_EQ(out.logits.size(), ref.logits.size()) << what;
+  const test::Closeness c = test::compare(out.logits, ref.logits);
+  if (worst_nmse != nullptr) *worst_nmse = std::max(*worst_nmse, c.nmse);
+  EXPECT_FALSE(c.has_nan) << what;
+  EXPECT_LE(c.nmse, kEndToEndNmse) << what << ": " << c.describe();
+  const int vocab = ref.vocab_size;
+  for (size_t r = 0; r < ref.logit_token_index.size(); ++r) {
+    const float* ref_row = ref.logits.data() + r * vocab;
+    const int expected = argmax(ref_row, vocab);
+    const int got = argmax(out.logits.data() + r * vocab, vocab);
+    if (got == expected) continue;
+    EXPECT_LT(ref_row[expected] - ref_row[got], kNearTie) << what << " row " << r << ": argmax " << got << " vs " << expected;
+  }
+}
+
+// A CPU reference and a GPU backend of one tiny model with the same four adapters in slots 0..3.
+struct BackendPair {
+  ModelConfig config;
+  std::unique_ptr<Backend> cpu, gpu;
+  bool forked = false;  // the model allows forked sharing (no q/k norm)
+};
+
+BackendPair make_pair(Architecture arch, uint64_t seed) {
+  BackendPair pair;
+  pair.config = synthetic_model_config(arch, SyntheticPreset::kTiny);
+  pair.forked = !pair.config.qk_norm;
+  pair.cpu = make_cpu_backend(pair.config, tiny_weights(pair.config, seed, true));
+  pair.gpu = make_cuda_backend(pair.config, *tiny_weights(pair.config, seed, false));
+  SyntheticModelOptions options;
+  options.arch = arch;
+  options.num_adapters = 4;
+  options.rank = 8;
+  const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, pair.config);
+  for (Backend* backend : {pair.cpu.get(), pair.gpu.get()}) {
+    backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+    if (pair.forked) backend->allocate_residual_cache({kNumBlocks, kBlockSize, kResidualMaxRank});
+    for (int slot = 0; slot < 4; ++slot) {
+      auto adapter = std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[slot], pair.config, seed));
+      backend->set_adapter(slot, backend == pair.cpu.get() ? rounded_adapter(*adapter) : adapter);
+    }
+  }
+  return pair;
+}
+
+class CudaSharingModels : public ::testing::TestWithParam<Architecture> {};
+
+// Synthetic adapters (synthetic_model.h): 0 targets all seven projections, 1 q
+// and v, 2 the default recipe, 3 k, o, gate, up of even layers only, so the
+// forked ones cover both halves, a missing k half and layers without k/v LoRA.
+TEST_P(CudaSharingModels, EveryModeMatchesCpuInOneBatch) {
+  LOOM_REQUIRE_GPU();
+  BackendPair pair = make_pair(GetParam(), 21);
+  const int vocab = pair.config.vocab_size;
+  Driver driver(7);
+  std::vector<int> sequences;
+  std::vector<std::vector<int32_t>> slots_of;  // per sequence: slot of each new token of a prefill of length L
+  const int plain = driver.add_sequence();
+  const int isolated = driver.add_sequence();
+  const int activated = driver.add_sequence();
+  const int base_all = driver.add_sequence(Mode::kBase, 2);  // base sharing, logits for every prefill token
+  const int base_last = driver.add_sequence(Mode::kBase, 0);
+  const int forked_all = pair.forked ? driver.add_sequence(Mode::kForked, 0) : -1;
+  const int forked_partial = pair.forked ? driver.add_sequence(Mode::kForked, 3) : -1;
+  const int forked_v = pair.forked ? driver.add_sequence(Mode::kForked, 1) : -1;
+
+  auto part = [&](int sequence, int length, bool all_logits) {
+    std::vector<int32_t> slots(length, -1);
+    if (sequence == isolated) std::fill(slots.begin(), slots.end(), 1);
+    if (sequence == activated) std::fill(slots.begin() + std::min(length, 5), slots.end(), 2);
+    return Driver::Part{sequence, driver.random_tokens(length, vocab), slots, all_logits};
+  };
+  double worst_nmse = 0.0;
+  std::vector<Driver::Part> prefill = {part(plain, 9, false),      part(isolated, 20, false),
+                                       part(activated, 33, false), part(base_all, 40, true),
+                                       part(base_last, 50, false)};
+  if (pair.forked) {
+    prefill.push_back(part(forked_all, 17, true));
+    prefill.push_back(part(forked_partial, 70, false));
+    prefill.push_back(part(forked_v, 5, false));
+  }
+  const Batch first = driver.make_batch(prefill);
+  expect_logits_close(pair.gpu->forward(first), pair.cpu->forward(first), "prefill", &worst_nmse);
+
+  std::vector<int> all = {plain, isolated, activated, base_all, base_last};
+  if (pair.forked) all.insert(all.end(), {forked_all, forked_partial, forked_v});
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Driver::Part> decode;
+    for (int s : all) decode.push_back(part(s, 1, false));
+    const Batch batch = driver.make_batch(decode);
+    expect_logits_close(pair.gpu->forward(batch), pair.cpu->forward(batch), "decode " + std::to_string(step),
+                        &worst_nmse);
+  }
+  // Chunked continuations (base and forked over their caches) beside decodes, with hidden states.
+  std::vector<Driver::Part> mixed = {part(base_all, 20, true), part(base_last, 1, false), part(plain, 1, false)};
+  if (pair.forked) mixed.insert(mixed.end(), {part(forked_all, 30, true), part(forked_partial, 1, false)});
+  Batch last = driver.make_batch(mixed);
+  last.capture_hidden_states = true;
+  const ForwardResult gpu_last = pair.gpu->forward(last);
+  const ForwardResult cpu_last = pair.cpu->forward(last);
+  expect_logits_close(gpu_last, cpu_last, "chunked", &worst_nmse);
+  ASSERT_EQ(gpu_last.hidden_states.size(), cpu_last.hidden_states.size());
+  const test::Closeness hidden = test::compare(gpu_last.hidden_states, cpu_last.hidden_states);
+  EXPECT_LE(hidden.nmse, kEndToEndNmse) << "hidden states: " << hidden.describe();
+  std::printf("[ %s ] worst logits NMSE vs CPU with base%s sharing: %.3g; hidden states %.3g\n",
+              architecture_short_name(GetParam()), pair.forked ? " and forked" : "", worst_nmse, hidden.nmse);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchs, CudaSharingModels,
+                         ::testing::Values(Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3,
+                                           Architecture::kMistral),
+                         [](const auto& info) { return std::string(architecture_short_name(info.param)); });
+
+TEST(CudaSharing, ForkedRefusedOnQkNormModels) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kQwen3, SyntheticPreset::kTiny);
+  auto gpu = make_cuda_backend(config, *tiny_weights(config, 3, false));
+  gpu->allocate_kv_cache({16, kBlockSize});
+  gpu->allocate_residual_cache({16, kBlockSize, 8});
+  SyntheticModelOptions options;
+  options.arch = Architecture::kQwen3;
+  options.num_adapters = 1;
+  gpu->set_adapter(0, std::make_shared<LoraAdapter>(
+                          make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 3)));
+  Driver driver(1);
+  const int s = driver.add_sequence(Mode::kForked, 0);
+  const Batch batch = driver.make_batch({{s, {1, 2, 3}, {}, false}});
+  loom::test::expect_error([&] { gpu->forward(batch); }, ErrorKind::kInvalidArgument, {"q/k norm"});
+}
+
+// Greedy runs of five sequences (base model, isolated, activated, base and
+// forked sharing), each alone on its own backend, then all in one batch fed the
+// same tokens: logits agree (NMSE) and the argmax is the same except at near ties.
+TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  SyntheticModelOptions options;
+  options.num_adapters = 3;
+  const auto specs = synthetic_adapter_specs(options, config);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  for (int a = 0; a < 3; ++a) adapters.push_back(std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 9)));
+  auto new_backend = [&] {
+    auto backend = make_synthetic_cuda_backend(config, 9, false);
+    backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+    backend->allocate_residual_cache({kNumBlocks, kBlockSize, kResidualMaxRank});
+    for (int a = 0; a < 3; ++a) backend->set_adapter(a, adapters[a]);
+    return backend;
+  };
+  struct Setup { Mode mode; int32_t slot; int32_t token_slot; int32_t prompt; };
+  const Setup setups[] = {{Mode::kPlain, -1, -1, 12}, {Mode::kPlain, -1, 0, 30}, {Mode::kPlain, -1, 1, 25},
+                          {Mode::kBase, 2, -1, 40}, {Mode::kForked, 0, -1, 33}};
+  const int kSteps = 8;
+  const int vocab = config.vocab_size;
+  std::vector<std::vector<int32_t>> prompts, tokens(5);
+  std::vector<std::vector<std::vector<float>>> alone_logits(5);
+  Driver prompt_source(3);
+  for (const Setup& setup : setups) prompts.push_back(prompt_source.random_tokens(setup.prompt, vocab));
+  auto part = [&](Driver& driver, int sequence, const std::vector<int32_t>& ids, int index) {
+    const Setup& setup = setups[index];
+    std::vector<int32_t> slots(ids.size(), setup.token_slot);
+    if (index == 2 && ids.size() > 1) std::fill_n(slots.begin(), 6, -1);  // activated: the adapter from token 6 on
+    return Driver::Part{sequence, ids, slots, false};
+  };
+  for (int i = 0; i < 5; ++i) {
+    auto backend = new_backend();
+    Driver driver(40 + i);
+    const int s = driver.add_sequence(setups[i].mode, setups[i].slot);
+    ForwardResult out = backend->forward(driver.make_batch({part(driver, s, prompts[i], i)}));
+    for (int step = 0; step < kSteps; ++step) {
+      alone_logits[i].push_back(out.logits);
+      tokens[i].push_back(argmax(out.logits.data(), vocab));
+      out = backend->forward(driver.make_batch({part(driver, s, {tokens[i].back()}, i)}));
+    }
+  }
+  auto backend = new_backend();
+  Driver driver(99);
+  std::vector<int> ids;
+  for (const Setup& setup : setups) ids.push_back(driver.add_sequence(setup.mode, setup.slot));
+  std::vector<Driver::Part> prefill;
+  for (int i = 0; i < 5; ++i) prefill.push_back(part(driver, ids[i], prompts[i], i));
+  ForwardResult out = backend->forward(driver.make_batch(prefill));
+  int near_ties = 0;
+  for (int step = 0; step < kSteps; ++step) {
+    for (int i = 0; i < 5; ++i) {
+      const std::vector<float> row(out.logits.begin() + i * vocab, out.logits.begin() + (i + 1) * vocab);
+      const test::Closeness c = test::compare(row, alone_logits[i][step]);
+      EXPECT_LE(c.nmse, 1e-4) << "sequence " << i << " step " << step << ": " << c.describe();
+      const int got = argmax(row.data(), vocab);
+      if (got != tokens[i][step]) {
+        ++near_ties;
+        EXPECT_LT(alone_logits[i][step][tokens[i][step]] - alone_logits[i][step][got], kNearTie)
+            << "sequence " << i << " step " << step;
+      }
+    }
+    std::vector<Driver::Part> decode;
+    for (int i = 0; i < 5; ++i) decode.push_back(part(driver, ids[i], {tokens[i][step]}, i));
+    out = backend->forward(driver.make_batch(decode));
+  }
+  EXPECT_LE(near_ties, 2);
+}
+
+// Forked partial hits: B finds A's bCache blocks present (writes only its
+// rCache there), C finds A's rCache blocks present (writes only its bCache
+// there). Both equal the CPU backend doing the same; A's blocks are never written.
+TEST(CudaSharing, ForkedPartialHitsWriteOnlyWhatIsMissing) {
+  LOOM_REQUIRE_GPU();
+  BackendPair pair = make_pair(Architecture::kLlama, 5);
+  auto* gpu = static_cast<CudaBackend*>(pair.gpu.get());
+  const int vocab = pair.config.vocab_size;
+  Driver driver(11);
+  const int a = driver.add_sequence(Mode::kForked, 0);
+  const std::vector<int32_t> prompt = driver.random_tokens(40, vocab);
+  const Batch first = driver.make_batch({{a, prompt, {}, false}});
+  expect_logits_close(pair.gpu->forward(first), pair.cpu->forward(first), "A");
+
+  const int layer = pair.config.num_layers - 1;
+  const size_t main_elements = static_cast<size_t>(kNumBlocks) * kBlockSize * pair.config.kv_size();
+  const size_t residual_elements = static_cast<size_t>(kNumBlocks) * kBlockSize * 2 * residual_rank_stride(kResidualMaxRank);
+  const std::vector<float> k_before = test::download_bf16(gpu->k_pool(layer), main_elements);
+  const std::vector<float> r_before = test::download_bf16(gpu->residual_pool(layer), residual_elements);
+
+  std::vector<int32_t> longer = prompt;
+  for (int32_t t : driver.random_tokens(8, vocab)) longer.push_back(t);
+  const int b = driver.add_sequence(Mode::kForked, 0);
+  driver.share_blocks(a, b, 2, /*residual=*/false);
+  const int c = driver.add_sequence(Mode::kForked, 0);
+  driver.share_blocks(a, c, 2, /*residual=*/true);
+  const int fresh = driver.add_sequence(Mode::kForked, 0);  // nothing present: computes and writes everything
+  const Batch partial = driver.make_batch({{b, longer, {}, true}, {c, longer, {}, true}, {fresh, longer, {}, true}});
+  const ForwardResult gpu_out = pair.gpu->forward(partial);
+  expect_logits_close(gpu_out, pair.cpu->forward(partial), "partial hits");
+  // The three sequences computed the same thing.
+  const size_t rows = longer.size();
+  const std::vector<float> b_rows(gpu_out.logits.begin(), gpu_out.logits.begin() + rows * vocab);
+  const std::vector<float> c_rows(gpu_out.logits.begin() + rows * vocab, gpu_out.logits.begin() + 2 * rows * vocab);
+  const std::vector<float> fresh_rows(gpu_out.logits.begin() + 2 * rows * vocab, gpu_out.logits.end());
+  EXPECT_LE(test::compare(b_rows, fresh_rows).nmse, 1e-4);
+  EXPECT_LE(test::compare(c_rows, fresh_rows).nmse, 1e-4);
+
+  const std::vector<float> k_after = test::download_bf16(gpu->k_pool(layer), main_elements);
+  const std::vector<float> r_after = test::download_bf16(gpu->residual_pool(layer), residual_elements);
+  const size_t main_block = static_cast<size_t>(kBlockSize) * pair.config.kv_size();
+  const size_t residual_block = static_cast<size_t>(kBlockSize) * 2 * residual_rank_stride(kResidualMaxRank);
+  auto block_equal = [](const std::vector<float>& x, const std::vector<float>& y, size_t block, size_t size) {
+    return std::equal(x.begin() + block * size, x.begin() + (block + 1) * size, y.begin() + block * size);
+  };
+  for (int i = 0; i < 3; ++i) {  // A's blocks (two shared by B or C, the third A's own): untouched
+    EXPECT_TRUE(block_equal(k_before, k_after, driver.sequence(a).main_blocks[i], main_block)) << "bCache block " << i;
+    EXPECT_TRUE(block_equal(r_before, r_after, driver.sequence(a).residual_blocks[i], residual_block))
+        << "rCache block " << i;
+  }
+  // What B and C wrote themselves equals what the fresh sequence wrote for the
+  // same tokens (up to GEMM rounding across step shapes).
+  auto block_values = [](const std::vector<float>& pool, size_t block, size_t size) {
+    return std::vector<float>(pool.begin() + block * size, pool.begin() + (block + 1) * size);
+  };
+  for (int i = 0; i < 3; ++i) {
+    const test::Closeness residual = test::compare(
+        block_values(r_after, driver.sequence(b).residual_blocks[i], residual_block),
+        block_values(r_after, driver.sequence(fresh).residual_blocks[i], residual_block));
+    EXPECT_LE(residual.nmse, 1e-4) << "B's rCache block " << i << ": " << residual.describe();
+    const test::Closeness keys = test::compare(block_values(k_after, driver.sequence(c).main_blocks[i], main_block),
+                                               block_values(k_after, driver.sequence(fresh).main_blocks[i], main_block));
+    EXPECT_LE(keys.nmse, 1e-4) << "C's bCache block " << i << ": " << keys.describe();
+  }
+}
+
+// rCache blocks copied to the host tier and back (into other device blocks) are
+// bit-exact, and a decode step over the copies gives the same logits.
+TEST(CudaSharing, ResidualHostTierRoundTripIsBitExact) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  SyntheticModelOptions options;
+  options.num_adapters = 1;
+  auto owner = make_synthetic_cuda_backend(config, 4, false);
+  auto* gpu = static_cast<CudaBackend*>(owner.get());
+  gpu->allocate_kv_cache({kNumBlocks, kBlockSize});
+  gpu->allocate_residual_cache({kNumBlocks, kBlockSize, kResidualMaxRank});
+  gpu->set_adapter(0, std::make_shared<LoraAdapter>(
+                          make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 4)));
+  gpu->allocate_host_kv_cache(KvPoolKind::kResidual, 8);
+  EXPECT_EQ(gpu->num_host_kv_blocks(KvPoolKind::kResidual), 8);
+  Driver driver(2);
+  const int s = driver.add_sequence(Mode::kForked, 0);
+  gpu->forward(driver.make_batch({{s, driver.random_tokens(45, config.vocab_size), {}, false}}));
+  const std::vector<int32_t> blocks = driver.sequence(s).residual_blocks;  // 3 blocks
+  std::vector<int32_t> copies;
+  for (int32_t block = 0; static_cast<int>(copies.size()) < 3; ++block)
+    if (std::find(blocks.begin(), blocks.end(), block) == blocks.end()) copies.push_back(block);
+  const std::vector<int32_t> host_blocks = {5, 0, 7};
+  gpu->copy_kv_blocks(KvPoolKind::kResidual, KvCopyDirection::kDeviceToHost, blocks, host_blocks);
+  gpu->copy_kv_blocks(KvPoolKind::kResidual, KvCopyDirection::kHostToDevice, copies, host_blocks);
+  const size_t block_elements = static_cast<size_t>(kBlockSize) * 2 * residual_rank_stride(kResidualMaxRank);
+  const size_t pool_elements = kNumBlocks * block_elements;
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    std::vector<uint16_t> bits(pool_elements);
+    LOOM_CUDA_CHECK(cudaMemcpy(bits.data(), gpu->residual_pool(layer), pool_elements * 2, cudaMemcpyDeviceToHost));
+    for (int i = 0; i < 3; ++i)
+      EXPECT_EQ(0, std::memcmp(bits.data() + blocks[i] * block_elements, bits.data() + copies[i] * block_elements,
+                               block_elements * 2))
+          << "layer " << layer << " block " << i;
+  }
+  // A decode step over the original and over the copies.
+  Batch step = driver.make_batch({{s, {7}, {}, false}});
+  const ForwardResult original = gpu->forward(step);
+  for (int i = 0; i < 3; ++i) step.residual_block_tables[i] = copies[i];
+  const ForwardResult copied = gpu->forward(step);
+  EXPECT_EQ(original.logits, copied.logits);
+}
+
+}  // namespace
+}  // namespace loom::cuda
