@@ -334,12 +334,19 @@ TEST(CudaBackend, RejectsWhatItDoesNotServe) {
   batch.token_ids = {1, 2};
   batch.positions = {0, 1};
   batch.adapter_slots = {-1, -1};
-  Batch base = batch;
-  base.sequences[0].decoder_adapter_slot = 0;
-  loom::test::expect_error([&] { backend->forward(base); }, ErrorKind::kUnsupported, {"base"});
-  Batch capture = batch;
-  capture.capture_hidden_states = true;
-  loom::test::expect_error([&] { backend->forward(capture); }, ErrorKind::kUnsupported, {"capture_hidden_states"});
+  Batch unbound = batch;  // base sharing with an adapter slot nothing is bound to
+  unbound.sequences[0].decoder_adapter_slot = 0;
+  loom::test::expect_error([&] { backend->forward(unbound); }, ErrorKind::kInvalidArgument, {"decoder_adapter_slot"});
+  SyntheticModelOptions options;
+  options.num_adapters = 1;
+  backend->set_adapter(0, std::make_shared<LoraAdapter>(
+                              make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 1)));
+  Batch forked = batch;  // forked sharing before any rCache is allocated
+  forked.sequences[0].forked_adapter_slot = 0;
+  forked.adapter_slots = {0, 0};
+  loom::test::expect_error([&] { backend->forward(forked); }, ErrorKind::kInvalidArgument, {"no residual cache"});
+  loom::test::expect_error([&] { backend->allocate_residual_cache({8, 16, kResidualMaxRank + 1}); },
+                           ErrorKind::kUnsupported, {"max rank 65"});
   Batch bad_block = batch;
   bad_block.block_tables = {8};
   loom::test::expect_error([&] { backend->forward(bad_block); }, ErrorKind::kInvalidArgument, {"block id 8"});

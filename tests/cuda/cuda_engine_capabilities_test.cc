@@ -2,7 +2,8 @@
 // engine on the real CUDA backend serving every sharing mode and the base
 // model in one batch, under pools small enough that both KV trees (main and
 // forked rCache) evict; each request's greedy tokens equal the request run
-// alone on its own engine, except after a near tie.
+// alone on its own engine, except after a near tie (bf16 GEMMs round
+// differently in other batch shapes).
 #include <gtest/gtest.h>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -81,8 +82,12 @@ class CudaEngineSharing : public ::testing::Test {
   }
   EngineRequest request(int i, const std::string& adapter) const {
     EngineRequest request;
-    // Requests share a 48-token system prompt, then differ.
-    for (int t = 0; t < 48; ++t) request.prompt_tokens.push_back(10 + (t * 37) % 200);
+    // Requests share a 48-token system prompt, then differ. A forked agent that
+    // inherits another forked agent's bCache computes with that agent's hidden
+    // states (ForkKV's approximation, measured by `loom divergence`), so each
+    // forked adapter gets a system prompt of its own: what it shares is exact.
+    const int variant = adapter == "planner" ? 1 : adapter == "tester" ? 2 : 0;
+    for (int t = 0; t < 48; ++t) request.prompt_tokens.push_back(10 + (t * 37 + variant * 71) % 200);
     for (int t = 0; t < 20 + 7 * i; ++t) request.prompt_tokens.push_back(10 + (t * 13 + i * 101) % 200);
     if (adapter == "judge") request.prompt_tokens.insert(request.prompt_tokens.end(), invocation_.begin(), invocation_.end());
     request.adapter = adapter;
@@ -140,6 +145,8 @@ TEST_F(CudaEngineSharing, ServesEveryModeAndTheBaseModelInOneBatchUnderEviction)
       const auto& top = alone.tokens[t].top_logprobs;
       ASSERT_GE(top.size(), 2u);
       EXPECT_LT(top[0].second - top[1].second, 0.15f) << name << " request " << i << " token " << t;
+      std::printf("[ engine ] '%s' request %d: token %zu differs at a near tie (gap %.3f)\n", name.c_str(), i, t,
+                  top[0].second - top[1].second);
       ++near_ties;
       break;
     }

@@ -114,7 +114,7 @@ TEST(CudaHostKvTier, DecodeOverMovedBlocksGivesTheSameLogits) {
   EXPECT_NE(with_empty, with_original);
 }
 
-TEST(CudaHostKvTier, RefusesBadIdsAndTheResidualPool) {
+TEST(CudaHostKvTier, RefusesBadIdsAndPoolsNotAllocated) {
   LOOM_REQUIRE_GPU();
   const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
   auto backend = make_synthetic_cuda_backend(config, 1, false);
@@ -134,11 +134,12 @@ TEST(CudaHostKvTier, RefusesBadIdsAndTheResidualPool) {
   loom::test::expect_error(
       [&] { backend->copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kHostToDevice, two, one); },
       ErrorKind::kInvalidArgument, {"2 device blocks to 1 host blocks"});
+  // The rCache's host pool needs its device pool first (round trips: cuda_sharing_test.cc).
   loom::test::expect_error([&] { backend->allocate_host_kv_cache(KvPoolKind::kResidual, 4); },
-                           ErrorKind::kUnsupported, {"rCache"});
+                           ErrorKind::kInvalidArgument, {"host residual pool before its device pool"});
   loom::test::expect_error(
       [&] { backend->copy_kv_blocks(KvPoolKind::kResidual, KvCopyDirection::kDeviceToHost, one, one); },
-      ErrorKind::kUnsupported, {"rCache"});
+      ErrorKind::kInvalidArgument, {"no host residual pool"});
   // Another block size since: the host layout no longer matches.
   backend->allocate_kv_cache({kNumBlocks, 2 * kBlockSize});
   loom::test::expect_error(

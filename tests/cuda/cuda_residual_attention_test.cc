@@ -235,9 +235,16 @@ void run_case(const ResidualCase& c) {
                            plan.num_combine_items(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
-  EXPECT_TRUE(test::close_bf16(out, expected, placement.max_context_length > 256))
-      << plan.num_forked_prefill_items() << " prefill items, " << plan.num_forked_decode_items() << " decode items, "
-      << plan.num_combine_items() << " combined";
+  // The kernel keeps the rebuilt K in bf16 and rounds P·rV to bf16 for the
+  // up-projection, where the reference keeps both in fp32: a few elements of a
+  // short context leave bf16's elementwise band (measured NMSE ~5e-6), so the
+  // bound is on NMSE and the largest error. A wrong key, rank or RoPE gives NMSE ~1.
+  const test::Closeness closeness = test::compare(out, expected);
+  EXPECT_FALSE(closeness.has_nan);
+  EXPECT_LE(closeness.nmse, 2e-5) << closeness.describe();
+  EXPECT_LE(closeness.max_abs_error, 1e-2) << closeness.describe();
+  std::printf("[ residual attention ] %s: NMSE %.2g, max |err| %.2g\n", describe(c).c_str(), closeness.nmse,
+              closeness.max_abs_error);
 }
 
 TEST(CudaResidualAttention, DecodeContexts1To32K) {

@@ -301,7 +301,12 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       if (module_k.rank > 0) {
         rebuild_keys<kHeadDim, kRankPad>(p, k_shared + buffer * kTileKeys * kStride, rk_shared + buffer * kTileKeys * kRankStride,
                                          bk_shared, module_k.scale, tile_start, item.kv_end, warp, lane);
-        __syncthreads();
+        // Decode warps read only the 16 keys they rebuilt; prefill warps read all 64.
+        if constexpr (kKeyWarps == 1) {
+          __syncthreads();
+        } else {
+          __syncwarp();
+        }
       }
     }
 
