@@ -1,7 +1,8 @@
 // `loom divergence`: how far the KV sharing modes move an adapter's outputs
 // from its isolated (exact) run: per-layer hidden-state cosine, logit KL and
 // greedy agreement (tools/divergence.h has the definitions), for random LoRA
-// adapters of a chosen scale or real ones (--lora), on the CPU backend.
+// adapters of a chosen scale or real ones (--lora), on the CPU or CUDA backend
+// (--device; `--model random:llama-8b` for the 8B shape on the GPU).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -15,8 +16,8 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
+#include "cli/device_backend.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
 #include "tools/divergence.h"
@@ -66,6 +67,7 @@ const std::vector<std::string> kDefaultSuffixes = {
 
 struct DivergenceCommandOptions {
   std::string model;
+  std::string device = "cpu";
   std::vector<std::string> loras;
   int num_adapters = 4;
   int rank = 16;
@@ -168,11 +170,9 @@ int run_divergence(const DivergenceCommandOptions& options) {
   }
 
   const auto start_time = std::chrono::steady_clock::now();
-  const std::string model_path = resolve_model_path(options.model);
-  LoadedModel model = load_model(model_path);
-  CpuBackendConfig backend_config;
-  backend_config.num_threads = options.threads;
-  std::unique_ptr<Backend> backend = make_cpu_backend(model.config, model.weights, backend_config);
+  ModelOnDevice loaded = load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64});
+  const LoadedModel& model = loaded.model;
+  std::unique_ptr<Backend> backend = std::move(loaded.backend);
 
   // Adapters: real ones from --lora, else random ones of the chosen scale.
   nlohmann::json adapters_json = nlohmann::json::array();
@@ -193,7 +193,7 @@ int run_divergence(const DivergenceCommandOptions& options) {
       random.relative_norm = options.relative_norm;
       random.b_sigma = options.b_sigma;
       random.seed = options.seed + static_cast<uint64_t>(i);
-      const RandomLora lora = make_random_lora(model.config, *model.weights, random);
+      const RandomLora lora = make_random_lora(model.config, model.weights.get(), random);
       adapters.push_back(lora.adapter);
       nlohmann::json sigma;
       for (int t = 0; t < kNumLoraTargets; ++t)
@@ -297,7 +297,7 @@ int run_divergence(const DivergenceCommandOptions& options) {
     summary.push_back(item);
   }
   nlohmann::json report = {
-      {"model", model_path},
+      {"model", options.model.empty() ? model.path : options.model},
       {"num_layers", model.config.num_layers},
       {"num_context_tokens", context.size()},
       {"suffix_tokens", [&] {
@@ -378,6 +378,7 @@ CommandRunner register_divergence(CLI::App& app) {
       ->capture_default_str();
   app.add_option("--block-size", options->block_size, "KV block size")->capture_default_str();
   app.add_option("--threads", options->threads, "CPU threads (0: all)");
+  app.add_option("--device", options->device, "cpu, cuda or cuda:N")->capture_default_str();
   app.add_flag("--json", options->json, "Print the JSON report instead of the tables");
   app.add_option("--out", options->out, "Also write the JSON report to this file");
   return [options] { return run_divergence(*options); };

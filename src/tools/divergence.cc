@@ -5,7 +5,10 @@
 #include <numbers>
 #include <optional>
 
+#include <fmt/format.h>
+
 #include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/error.h"
 #include "util/prng.h"
 
@@ -407,7 +410,31 @@ std::vector<DivergenceStats> measure_divergence(Backend& backend, const ModelCon
   return results;
 }
 
-RandomLora make_random_lora(const ModelConfig& config, const ModelWeights& weights, const RandomLoraOptions& options) {
+namespace {
+
+// ||W||_F of layer `layer`'s projection `target`: measured, or expected under the synthetic draw.
+double frobenius_norm(const ModelConfig& config, const ModelWeights* weights, int layer, int target) {
+  static const char* const kNames[kNumLoraTargets] = {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
+                                                       "self_attn.o_proj", "mlp.gate_proj",    "mlp.up_proj",
+                                                       "mlp.down_proj"};
+  if (weights != nullptr) {
+    const LayerWeights& base = weights->layers[layer];
+    const Tensor* tensors[kNumLoraTargets] = {&base.q_proj,    &base.k_proj,  &base.v_proj,   &base.o_proj,
+                                              &base.gate_proj, &base.up_proj, &base.down_proj};
+    double squares = 0.0;
+    const Tensor& w = *tensors[target];
+    for (int64_t i = 0; i < w.numel(); ++i) squares += static_cast<double>(w.data[i]) * w.data[i];
+    return std::sqrt(squares);
+  }
+  const std::string name = fmt::format("model.layers.{}.{}.weight", layer, kNames[target]);
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config))
+    if (spec.name == name) return std::sqrt(static_cast<double>(spec.numel()) / 3.0) * spec.scale;
+  fail(ErrorKind::kInvalidArgument, "random LoRA: no synthetic tensor {}", name);
+}
+
+}  // namespace
+
+RandomLora make_random_lora(const ModelConfig& config, const ModelWeights* weights, const RandomLoraOptions& options) {
   if (!(options.relative_norm > 0.0f) && !(options.b_sigma > 0.0f))
     fail(ErrorKind::kInvalidArgument, "random LoRA '{}': give a positive relative norm or B sigma", options.name);
   SyntheticModelOptions synthetic;
@@ -428,22 +455,15 @@ RandomLora make_random_lora(const ModelConfig& config, const ModelWeights& weigh
   uint64_t name_hash = 0xcbf29ce484222325ull;
   for (char ch : options.name) name_hash = (name_hash ^ static_cast<uint8_t>(ch)) * 0x100000001b3ull;
   for (int layer = 0; layer < config.num_layers; ++layer) {
-    const LayerWeights& base = weights.layers[layer];
-    const Tensor* base_weights[kNumLoraTargets] = {&base.q_proj,    &base.k_proj,  &base.v_proj,   &base.o_proj,
-                                                   &base.gate_proj, &base.up_proj, &base.down_proj};
     for (int t = 0; t < kNumLoraTargets; ++t) {
       auto& module = adapter.layers[layer][t];
       if (!module) continue;
       const int64_t out = module->b.shape[0];
       const int64_t rank = module->rank;
       double sigma = options.b_sigma;
-      if (!(sigma > 0.0)) {
-        double squares = 0.0;
-        const Tensor& w = *base_weights[t];
-        for (int64_t i = 0; i < w.numel(); ++i) squares += static_cast<double>(w.data[i]) * w.data[i];
-        sigma = options.relative_norm * std::sqrt(squares) * std::sqrt(3.0) /
+      if (!(sigma > 0.0))
+        sigma = options.relative_norm * frobenius_norm(config, weights, layer, t) * std::sqrt(3.0) /
                 (module->scale * std::sqrt(static_cast<double>(out * rank)));
-      }
       result.mean_b_sigma[t] += sigma / config.num_layers;
       Prng prng(options.seed ^ name_hash ^ (0x9e3779b97f4a7c15ull * (layer * kNumLoraTargets + t + 1)));
       std::vector<float> values(out * rank);

@@ -146,8 +146,11 @@ struct RandomLora {
   std::vector<double> mean_b_sigma;
 };
 
-// Throws Error(kInvalidArgument) for a rank < 1, alpha <= 0, unknown targets or
+// `weights` null: a random model whose weights live only on the GPU
+// (`--model random:...`); ||W||_F is then its expectation under the synthetic
+// draw, sqrt(numel / 3) * scale (synthetic_weights.h). Throws
+// Error(kInvalidArgument) for a rank < 1, alpha <= 0, unknown targets or
 // neither a positive relative_norm nor b_sigma.
-RandomLora make_random_lora(const ModelConfig& config, const ModelWeights& weights, const RandomLoraOptions& options);
+RandomLora make_random_lora(const ModelConfig& config, const ModelWeights* weights, const RandomLoraOptions& options);
 
 }  // namespace loom

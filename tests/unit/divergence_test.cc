@@ -166,7 +166,7 @@ TEST(Divergence, RandomLoraScale) {
   RandomLoraOptions options;
   options.rank = 4;
   options.relative_norm = 0.3f;
-  const RandomLora lora = make_random_lora(config, *weights, options);
+  const RandomLora lora = make_random_lora(config, weights.get(), options);
   const Tensor* base[kNumLoraTargets] = {&weights->layers[1].q_proj,    &weights->layers[1].k_proj,
                                          &weights->layers[1].v_proj,    &weights->layers[1].o_proj,
                                          &weights->layers[1].gate_proj, &weights->layers[1].up_proj,
@@ -190,7 +190,7 @@ TEST(Divergence, RandomLoraScale) {
 
   options.b_sigma = 0.05f;
   options.name = "other";
-  const RandomLora fixed = make_random_lora(config, *weights, options);
+  const RandomLora fixed = make_random_lora(config, weights.get(), options);
   const Tensor& b = fixed.adapter->layers[0][static_cast<int>(LoraTarget::kDown)]->b;
   double squares = 0.0;
   for (int64_t i = 0; i < b.numel(); ++i) squares += static_cast<double>(b.data[i]) * b.data[i];
