@@ -145,6 +145,57 @@ __device__ __forceinline__ void rebuild_keys(const AttentionParams& p, bf16* k_t
   }
 }
 
+// Decode's ResidualAttention scores: a warp's 16 keys (first_key..) add
+// Q · RoPE_j(scale · rK_j · B^T)^T to its two score tiles. The rebuilt keys
+// never touch shared memory: the C fragments of (keys x head_dim) are, packed to
+// bf16, exactly the B fragments of S = Q K^T (key = the n index, head_dim = k).
+template <int kHeadDim, int kRankPad>
+__device__ __forceinline__ void add_residual_scores(const AttentionParams& p, float (&score)[2][4],
+                                                    const uint32_t (&q)[kHeadDim / 16][4], const bf16* rk_rows,
+                                                    const bf16* b, float scale, int first_key, int kv_end, int lane) {
+  constexpr int kRankStride = kRankPad + 8;
+  constexpr int kHalf = kHeadDim / 2;
+  constexpr int kRankSteps = kRankPad / 16;
+  constexpr int kOutTiles = kHeadDim / 8;
+  uint32_t a[kRankSteps][4];
+#pragma unroll
+  for (int step = 0; step < kRankSteps; ++step)
+    ldmatrix_x4(a[step], rk_rows + (lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
+  const int g = lane / 4;
+  const int quad = lane % 4;
+  uint32_t keys[kOutTiles][2];  // [head_dim tile][key g | key g + 8], bf16 pairs (d, d + 1)
+#pragma unroll
+  for (int t = 0; t < kHalf / 8; ++t) {
+    float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+    for (int step = 0; step < kRankSteps; ++step) {
+      uint32_t fragment[4];
+      ldmatrix_x4(fragment, b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
+      mma_bf16(first, a[step], fragment[0], fragment[1]);
+      mma_bf16(second, a[step], fragment[2], fragment[3]);
+    }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int key = first_key + g + 8 * h;
+      const int d = t * 8 + 2 * quad;
+      float2 c = make_float2(1.0f, 1.0f), s = make_float2(0.0f, 0.0f);
+      if (key < kv_end) {
+        c = *reinterpret_cast<const float2*>(p.rope_cos + static_cast<int64_t>(key) * kHalf + d);
+        s = *reinterpret_cast<const float2*>(p.rope_sin + static_cast<int64_t>(key) * kHalf + d);
+      }
+      const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
+      const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
+      keys[t][h] = pack_bf16(x0 * c.x - y0 * s.x, x1 * c.y - y1 * s.y);
+      keys[t + kHalf / 8][h] = pack_bf16(y0 * c.x + x0 * s.x, y1 * c.y + x1 * s.y);
+    }
+  }
+#pragma unroll
+  for (int step = 0; step < kHeadDim / 16; ++step) {
+    mma_bf16(score[0], q[step], keys[2 * step][0], keys[2 * step + 1][0]);
+    mma_bf16(score[1], q[step], keys[2 * step][1], keys[2 * step + 1][1]);
+  }
+}
+
 template <int kHeadDim, int kRowWarps, int kRankPad>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
   constexpr int kKeyWarps = 4 / kRowWarps;
@@ -297,16 +348,11 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       cp_async_wait<0>();
     }
     __syncthreads();
-    if constexpr (kForked) {
+    if constexpr (kForked && kKeyWarps == 1) {  // prefill: every warp reads all 64 keys, rebuilt in shared memory
       if (module_k.rank > 0) {
         rebuild_keys<kHeadDim, kRankPad>(p, k_shared + buffer * kTileKeys * kStride, rk_shared + buffer * kTileKeys * kRankStride,
                                          bk_shared, module_k.scale, tile_start, item.kv_end, warp, lane);
-        // Decode warps read only the 16 keys they rebuilt; prefill warps read all 64.
-        if constexpr (kKeyWarps == 1) {
-          __syncthreads();
-        } else {
-          __syncwarp();
-        }
+        __syncthreads();
       }
     }
 
@@ -327,6 +373,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
           mma_bf16(score[t], q_fragments[step], b[0], b[1]);
           mma_bf16(score[t + 1], q_fragments[step], b[2], b[3]);
         }
+      }
+      if constexpr (kForked && kKeyWarps > 1) {  // decode: the warp's 16 rebuilt keys stay in registers
+        static_assert(kScoreTiles == 2, "decode warps own 16 keys");
+        if (module_k.rank > 0)
+          add_residual_scores<kHeadDim, kRankPad>(
+              p, score, q_fragments, rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride,
+              bk_shared, module_k.scale, first_key, item.kv_end, lane);
       }
 
       float tile_max[2] = {-INFINITY, -INFINITY};
