@@ -210,7 +210,9 @@ void make_base(Batch& batch) {
 double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0) {
   const ModelConfig& config = backend.config();
   StepPlan plan;
-  plan.build(batch, {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim)},
+  plan.build(batch,
+             {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim),
+              residual_rank > 0 ? attention_decode_ctas_per_sm(config.head_dim, residual_rank) : 0},
              kBlockSize);
   DeviceBuffer plan_d(plan.words().size() * 4);
   LOOM_CUDA_CHECK(cudaMemcpy(plan_d.data(), plan.words().data(), plan.words().size() * 4, cudaMemcpyHostToDevice));
@@ -234,13 +236,7 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
   params.head_dim = config.head_dim;
   params.block_size = kBlockSize;
   params.scale = 1.0f / std::sqrt(static_cast<float>(config.head_dim));
-  int32_t max_context = 1;
-  for (const BatchSequence& sequence : batch.sequences)
-    max_context = std::max(max_context, sequence.num_computed_tokens + sequence.num_new_tokens);
-  DeviceBuffer rope_cos(static_cast<size_t>(max_context) * config.head_dim / 2 * 4), rope_sin(rope_cos.size());
   if (residual_rank > 0) {
-    launch_rope_table(backend.model().inverse_frequencies(), config.head_dim, 0, max_context, rope_cos.as<float>(),
-                      rope_sin.as<float>(), backend.stream());
     params.residual_pool = backend.residual_pool(0);
     params.residual_block_tables = words + plan.sections().residual_block_tables;
     params.residual_block_size = kBlockSize;
@@ -248,8 +244,7 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     params.lora_modules = backend.device_lora_modules();
     params.num_layers = config.num_layers;
     params.layer = 0;
-    params.rope_cos = rope_cos.as<float>();
-    params.rope_sin = rope_sin.as<float>();
+    params.inv_freq = backend.model().inverse_frequencies();
   }
   auto run = [&] {
     launch_attention(params, AttentionVariant::kPrefill,

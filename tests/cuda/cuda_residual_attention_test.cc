@@ -169,7 +169,9 @@ void run_case(const ResidualCase& c) {
                        expected.data());
 
   StepPlan plan;
-  plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim)},
+  plan.build(batch,
+             {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim),
+              attention_decode_ctas_per_sm(c.head_dim, max_rank)},
              c.block_size);
   ASSERT_EQ(plan.num_prefill_items() + plan.num_decode_items(), 0);
   auto device_layout = [&](const std::vector<float>& pool) {
@@ -192,11 +194,6 @@ void run_case(const ResidualCase& c) {
     modules[a * kNumLoraTargets + 2] = {nullptr, b_buffers.back().as<bf16>(), adapters[a].rank, adapters[a].scale_v};
   }
   DeviceBuffer modules_d = upload(modules);
-  int max_context = 0;
-  for (auto [cached, fresh] : c.sequences) max_context = std::max(max_context, cached + fresh);
-  DeviceBuffer cos_d(static_cast<size_t>(max_context) * c.head_dim / 2 * 4),
-      sin_d(static_cast<size_t>(max_context) * c.head_dim / 2 * 4);
-  launch_rope_table(inv_freq_d.as<float>(), c.head_dim, 0, max_context, cos_d.as<float>(), sin_d.as<float>(), nullptr);
   const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
   DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
   LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written
@@ -223,8 +220,7 @@ void run_case(const ResidualCase& c) {
   params.lora_modules = modules_d.as<LoraModuleRef>();
   params.num_layers = 1;
   params.layer = 0;
-  params.rope_cos = cos_d.as<float>();
-  params.rope_sin = sin_d.as<float>();
+  params.inv_freq = inv_freq_d.as<float>();
   launch_attention(params, AttentionVariant::kPrefill,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_prefill_items),
                    plan.num_forked_prefill_items(), nullptr, max_rank);

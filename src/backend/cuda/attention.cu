@@ -96,6 +96,26 @@ struct RowWriter {
   }
 };
 
+// cos / sin of RoPE at `position` for frequencies d and d + 1. The angle is
+// the qkv post-processing's fp32 product; it is reduced to [-pi, pi] exactly
+// enough (Cody-Waite, 2 pi in two parts) for the SFU's sin/cos (abs error
+// ~4e-7), far below the bf16 the rebuilt keys are packed to, and no table
+// traffic competes with the K/V tiles.
+__device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int position, int d, float2& c, float2& s) {
+  float angle[2] = {__fmul_rn(__ldg(inv_freq + d), static_cast<float>(position)),
+                    __fmul_rn(__ldg(inv_freq + d + 1), static_cast<float>(position))};
+  float cosine[2], sine[2];
+#pragma unroll
+  for (int e = 0; e < 2; ++e) {
+    const float turns = rintf(angle[e] * 0.159154943091895336f);
+    float reduced = fmaf(-turns, 6.28318548202514648f, angle[e]);
+    reduced = fmaf(-turns, -1.74845553e-07f, reduced);
+    __sincosf(reduced, &sine[e], &cosine[e]);
+  }
+  c = make_float2(cosine[0], cosine[1]);
+  s = make_float2(sine[0], sine[1]);
+}
+
 // ResidualAttention's key rebuild for one tile in shared memory: warp w adds
 // RoPE_j(scale · rK_j · B^T) to keys [16w, 16w + 16) of the tile (k_tile
 // [kTileKeys][kHeadDim + 8], rk_tile [kTileKeys][kRankPad + 8], b [kHeadDim][kRankPad + 8]).
@@ -131,8 +151,8 @@ __device__ __forceinline__ void rebuild_keys(const AttentionParams& p, bf16* k_t
       const int key = tile_start + local;
       if (key >= kv_end) continue;
       const int d = t * 8 + 2 * quad;
-      const float2 c = *reinterpret_cast<const float2*>(p.rope_cos + static_cast<int64_t>(key) * kHalf + d);
-      const float2 s = *reinterpret_cast<const float2*>(p.rope_sin + static_cast<int64_t>(key) * kHalf + d);
+      float2 c, s;
+      rope_cos_sin(p.inv_freq, key, d, c, s);
       const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
       const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
       __nv_bfloat162* low = reinterpret_cast<__nv_bfloat162*>(k_tile + local * kStride + d);
@@ -178,11 +198,8 @@ __device__ __forceinline__ void add_residual_scores(const AttentionParams& p, fl
     for (int h = 0; h < 2; ++h) {
       const int key = first_key + g + 8 * h;
       const int d = t * 8 + 2 * quad;
-      float2 c = make_float2(1.0f, 1.0f), s = make_float2(0.0f, 0.0f);
-      if (key < kv_end) {
-        c = *reinterpret_cast<const float2*>(p.rope_cos + static_cast<int64_t>(key) * kHalf + d);
-        s = *reinterpret_cast<const float2*>(p.rope_sin + static_cast<int64_t>(key) * kHalf + d);
-      }
+      float2 c, s;
+      rope_cos_sin(p.inv_freq, key, d, c, s);  // keys past kv_end have rK = 0
       const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
       const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
       keys[t][h] = pack_bf16(x0 * c.x - y0 * s.x, x1 * c.y - y1 * s.y);
@@ -578,6 +595,9 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
   }
 }
 
+// The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
+int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
+
 template <int kHeadDim, int kRowWarps, int kRankPad>
 void ensure_shared_attribute() {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
@@ -590,13 +610,23 @@ void ensure_shared_attribute() {
   (void)attribute_set;
 }
 
-template <int kHeadDim>
+template <int kHeadDim, int kRankPad>
 int32_t decode_ctas_per_sm() {
-  ensure_shared_attribute<kHeadDim, 1, 0>();
+  ensure_shared_attribute<kHeadDim, 1, kRankPad>();
   int count = 0;
-  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1, 0>, kThreads,
-                                                                attention_shared_bytes<kHeadDim, 1, 0>()));
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1, kRankPad>, kThreads,
+                                                                attention_shared_bytes<kHeadDim, 1, kRankPad>()));
   return count;
+}
+
+template <int kHeadDim>
+int32_t decode_ctas_per_sm_for_rank(int32_t residual_rank) {
+  if (residual_rank <= 0) return decode_ctas_per_sm<kHeadDim, 0>();
+  switch (residual_rank_pad(residual_rank)) {
+    case 16: return decode_ctas_per_sm<kHeadDim, 16>();
+    case 32: return decode_ctas_per_sm<kHeadDim, 32>();
+    default: return decode_ctas_per_sm<kHeadDim, 64>();
+  }
 }
 
 template <int kHeadDim, int kRowWarps, int kRankPad>
@@ -609,9 +639,6 @@ void launch_for(const AttentionParams& params, const AttentionWorkItem* items, i
   attention_kernel<kHeadDim, kRowWarps, kRankPad><<<grid, kThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();
 }
-
-// The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
-int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
 
 template <int kRowWarps, int kRankPad>
 void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
@@ -656,12 +683,12 @@ bool attention_supports_head_dim(int32_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
-int32_t attention_decode_ctas_per_sm(int32_t head_dim) {
+int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank) {
   switch (head_dim) {
-    case 16: return decode_ctas_per_sm<16>();
-    case 32: return decode_ctas_per_sm<32>();
-    case 64: return decode_ctas_per_sm<64>();
-    case 128: return decode_ctas_per_sm<128>();
+    case 16: return decode_ctas_per_sm_for_rank<16>(residual_rank);
+    case 32: return decode_ctas_per_sm_for_rank<32>(residual_rank);
+    case 64: return decode_ctas_per_sm_for_rank<64>(residual_rank);
+    case 128: return decode_ctas_per_sm_for_rank<128>(residual_rank);
     default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", head_dim);
   }
   return 0;

@@ -130,19 +130,6 @@ __nv_bfloat16* CudaBackend::residual_pool(int layer) const {
   return residual_pool_.as<__nv_bfloat16>() + layer * pool_elements;
 }
 
-void CudaBackend::grow_rope_table(int32_t num_positions) {
-  if (num_positions <= rope_table_positions_) return;
-  // Grow geometrically (a long prefill extends it chunk by chunk); the old rows are recomputed.
-  const int32_t positions = std::max(num_positions, std::max(4096, 2 * rope_table_positions_));
-  const size_t bytes = static_cast<size_t>(positions) * (config_.head_dim / 2) * sizeof(float);
-  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
-  rope_cos_.reserve(bytes);
-  rope_sin_.reserve(bytes);
-  launch_rope_table(model_.inverse_frequencies(), config_.head_dim, 0, positions, rope_cos_.as<float>(),
-                    rope_sin_.as<float>(), stream_);
-  rope_table_positions_ = positions;
-}
-
 __nv_bfloat16* CudaBackend::v_pool(int layer) const {
   if (kv_pool_.data() == nullptr) return nullptr;
   const int64_t pool_elements = static_cast<int64_t>(kv_shape_.num_blocks) * kv_shape_.block_size * config_.kv_size();
@@ -353,8 +340,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
     attention.lora_modules = lora_table_->device_table();
     attention.num_layers = config_.num_layers;
     attention.layer = layer;
-    attention.rope_cos = rope_cos_.as<float>();
-    attention.rope_sin = rope_sin_.as<float>();
+    attention.inv_freq = model_.inverse_frequencies();
     launch_attention(attention, AttentionVariant::kPrefill,
                      plan_pointer<AttentionWorkItem>(sections.forked_prefill_items), plan_.num_forked_prefill_items(),
                      stream_, residual_rank_);
@@ -403,23 +389,22 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
                  {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
                   residual_shape_.block_size, residual_shape_.max_rank, config_.qk_norm},
                  adapters_);
-  plan_.build(batch, {kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_},
-              residual_shape_.block_size);
+  residual_rank_ = 0;
+  for (const BatchSequence& sequence : batch.sequences)
+    if (sequence.forked_adapter_slot >= 0)
+      residual_rank_ = std::max(residual_rank_, kv_rank_of_slot_[sequence.forked_adapter_slot]);
+  PlanShape shape{kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_};
+  if (residual_rank_ > 0) {
+    int32_t& ctas = forked_decode_ctas_per_sm_[residual_rank_];
+    if (ctas == 0) ctas = attention_decode_ctas_per_sm(config_.head_dim, residual_rank_);
+    shape.forked_decode_ctas_per_sm = ctas;
+  }
+  plan_.build(batch, shape, residual_shape_.block_size);
   capture_hidden_states_ = batch.capture_hidden_states;
   if (plan_.num_tokens() == 0) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
-  residual_rank_ = 0;
-  if (plan_.has_forked_sequences()) {
-    for (const BatchSequence& sequence : batch.sequences)
-      if (sequence.forked_adapter_slot >= 0)
-        residual_rank_ = std::max(residual_rank_, kv_rank_of_slot_[sequence.forked_adapter_slot]);
-    if (capturing && plan_.max_forked_context() > rope_table_positions_)
-      fail(ErrorKind::kInvalidArgument, "cuda backend: a captured step needs RoPE positions up to {}; run it once uncaptured",
-           plan_.max_forked_context());
-    grow_rope_table(plan_.max_forked_context());
-  }
   // Steps may be enqueued back to back (benchmarks): the previous upload must
   // have left plan_host_ before it is overwritten. A captured graph replays the
   // copy from plan_host_ as it is at launch time.

@@ -4,6 +4,7 @@
 // the Backend interface through cuda_backend.h.
 #pragma once
 
+#include <array>
 #include <functional>
 #include <memory>
 #include <vector>
@@ -161,10 +162,7 @@ class CudaBackend : public Backend {
   // Largest k/v LoRA rank of each slot's adapter (ResidualAttention's rank tier).
   std::vector<int32_t> kv_rank_of_slot_;
   int32_t residual_rank_ = 0;  // the enqueued step's: max over its forked sequences' adapters
-  // RoPE cos/sin of KV positions [0, rope_table_positions_) for the residual keys.
-  void grow_rope_table(int32_t num_positions);
-  DeviceBuffer rope_cos_, rope_sin_;
-  int32_t rope_table_positions_ = 0;
+  std::array<int32_t, kResidualMaxRank + 1> forked_decode_ctas_per_sm_{};  // by rank, 0: not asked yet
 
   StepPlan plan_;
   PinnedBuffer plan_host_;

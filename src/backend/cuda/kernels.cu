@@ -219,22 +219,6 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   }
 }
 
-__global__ void rope_table_kernel(const float* inv_freq, int32_t half, int32_t first, int32_t count, float* out_cos,
-                                  float* out_sin) {
-  const int64_t total = static_cast<int64_t>(count) * half;
-  for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
-       index += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int32_t position = first + static_cast<int32_t>(index / half);
-    const int32_t i = static_cast<int32_t>(index % half);
-    const float angle = __fmul_rn(inv_freq[i], static_cast<float>(position));  // as qkv_postprocess_kernel
-    double sine, cosine;
-    sincos(static_cast<double>(angle), &sine, &cosine);
-    const int64_t out = static_cast<int64_t>(position) * half + i;
-    out_cos[out] = static_cast<float>(cosine);
-    out_sin[out] = static_cast<float>(sine);
-  }
-}
-
 __global__ void gather_hidden_kernel(const float* residual, const float* delta, const float* lora_delta,
                                      const int32_t* lora_rows, const int32_t* rows, int32_t hidden, float* out) {
   const int64_t row = rows[blockIdx.x];
@@ -339,14 +323,6 @@ void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
   const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
   qkv_postprocess_kernel<<<dim3(params.num_tokens, head_groups), kQkvThreads, shared, stream>>>(params);
-  LOOM_CUDA_CHECK_LAUNCH();
-}
-
-void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t first, int32_t count, float* out_cos,
-                       float* out_sin, cudaStream_t stream) {
-  if (count <= 0) return;
-  const int64_t total = static_cast<int64_t>(count) * (head_dim / 2);
-  rope_table_kernel<<<grid_for(total, 256), 256, 0, stream>>>(inv_freq, head_dim / 2, first, count, out_cos, out_sin);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -95,13 +95,13 @@ struct AttentionParams {
   int32_t residual_block_size = 0, residual_rank_stride = 0;
   const LoraModuleRef* lora_modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
   int32_t num_layers = 0, layer = 0;
-  const float* rope_cos = nullptr;  // [positions][head_dim / 2]: RoPE of KV entry j at position j
-  const float* rope_sin = nullptr;
+  const float* inv_freq = nullptr;  // [head_dim / 2]: RoPE of KV entry j at position j (as launch_qkv_postprocess)
 };
 // True for the head sizes the attention kernels are built for (16, 32, 64, 128).
 bool attention_supports_head_dim(int32_t head_dim);
-// Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm).
-int32_t attention_decode_ctas_per_sm(int32_t head_dim);
+// Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm;
+// residual_rank > 0: the ResidualAttention kernel of that rank's tier).
+int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank = 0);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
 // residual_rank > 0: the items are forked sequences' (ResidualAttention) and
 // no adapter among them has a k or v rank above it (<= kResidualMaxRank).
@@ -109,10 +109,6 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
                       int32_t num_items, cudaStream_t stream, int32_t residual_rank = 0);
 // Shared memory one CTA of the variant takes (ResidualAttention with residual_rank > 0).
 size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank);
-// cos/sin of rotate-half RoPE for positions [first, first + count): out_cos[p * head_dim / 2 + i]
-// (the qkv post-processing's rounding: fp32 angle, cos/sin through double).
-void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t first, int32_t count, float* out_cos,
-                       float* out_sin, cudaStream_t stream);
 // Divergence tooling: out[r] = residual[rows[r]] (+ delta[rows[r]] + lora_delta[lora_rows[rows[r]]]
 // where given and >= 0), the residual stream after a layer whose last add is still pending.
 void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,

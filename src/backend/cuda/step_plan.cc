@@ -176,9 +176,12 @@ void StepPlan::plan_attention(const PlanShape& shape) {
           const int64_t wanted_items = (32LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
           tiles_per_chunk = static_cast<int32_t>(
               std::max<int64_t>(kMinDecodeTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
-          if (shape.decode_ctas_per_sm > 0)
-            tiles_per_chunk = wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(shape.decode_ctas_per_sm),
-                                               shape.num_kv_heads);
+          const int32_t ctas_per_sm = forked == 1 && shape.forked_decode_ctas_per_sm > 0
+                                          ? shape.forked_decode_ctas_per_sm
+                                          : shape.decode_ctas_per_sm;
+          if (ctas_per_sm > 0)
+            tiles_per_chunk =
+                wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(ctas_per_sm), shape.num_kv_heads);
         }
       } else if (!list.empty() && num_ctas < 4LL * shape.num_sms) {
         // Prefill tiles carry enough work; they split only when too few to fill the GPU.

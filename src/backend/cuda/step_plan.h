@@ -26,8 +26,10 @@ struct PlanShape {
   int32_t num_kv_heads = 0;
   int32_t num_sms = 132;  // the GPU's multiprocessors: how much parallel work is enough
   // Decode attention CTAs resident per SM (attention_decode_ctas_per_sm); 0:
-  // unknown, split into chunks of the minimum length.
+  // unknown, split into chunks of the minimum length. The forked list's
+  // (ResidualAttention) in forked_decode_ctas_per_sm (0: decode_ctas_per_sm's).
   int32_t decode_ctas_per_sm = 0;
+  int32_t forked_decode_ctas_per_sm = 0;
 };
 
 struct PlanSections {  // offsets in int32 words into StepPlan::words()
