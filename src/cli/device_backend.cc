@@ -109,6 +109,16 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
 #endif
 }
 
+LoadedModel load_model_description(const std::string& model_flag) {
+  if (model_flag.rfind(kRandomPrefix, 0) != 0) return load_model(resolve_model_path(model_flag));
+  const RandomSpec spec = parse_random_spec(model_flag);
+  LoadedModel model;
+  model.path = model_flag;
+  model.config = synthetic_model_config(spec.arch, spec.preset);
+  model.tokenizer = synthetic_tokenizer(model.config);
+  return model;
+}
+
 ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOptions& options) {
   check_device_name(options.device);
   ModelOnDevice result;

@@ -36,6 +36,11 @@ struct ModelOnDevice {
 // unknown device or random model spec.
 ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOptions& options);
 
+// The model's config and tokenizer, and its host weights where it has a file
+// (`random:` specs: config and synthetic tokenizer only, any preset): for
+// commands that need no backend (make-adapters).
+LoadedModel load_model_description(const std::string& model_flag);
+
 // The backend for an already loaded model (weights required).
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options);
 

@@ -20,6 +20,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/device_backend.h"
 #include "model/loader.h"
 #include "synthetic/synthetic_model.h"
 #include "tokenizer/tokenizer.h"
@@ -49,8 +50,8 @@ std::vector<std::string> split_commas(const std::string& text) {
 
 int run_make_adapters(const MakeAdaptersFlags& flags) {
   if (flags.num_adapters < 1) fail(ErrorKind::kInvalidArgument, "--adapters must be at least 1, got {}", flags.num_adapters);
-  const std::string model_path = resolve_model_path(flags.model);
-  const LoadedModel model = load_model(model_path);
+  const LoadedModel model = load_model_description(flags.model);
+  const std::string& model_path = model.path;
 
   SyntheticModelOptions options;
   options.num_adapters = flags.num_adapters;
@@ -89,7 +90,8 @@ int run_make_adapters(const MakeAdaptersFlags& flags) {
 
 CommandRunner register_make_adapters(CLI::App& app) {
   auto flags = std::make_shared<MakeAdaptersFlags>();
-  app.add_option("--model", flags->model, "Base model: GGUF file or HF directory (default: the built-in model)");
+  app.add_option("--model", flags->model,
+                 "Base model: GGUF file, HF directory or random:[ARCH-]PRESET (default: the built-in model)");
   app.add_option("--adapters", flags->num_adapters, "Number of adapters (OUT/adapter0 ...)")->capture_default_str();
   app.add_option("--rank", flags->rank, "LoRA rank of every module")->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--alpha", flags->alpha, "LoRA alpha")->capture_default_str();

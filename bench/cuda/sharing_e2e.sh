@@ -1,0 +1,36 @@
+#!/bin/bash
+# On the GPU machine: `loom bench` workloads of the KV sharing modes on the 8B
+# shape (random:llama-8b, 8 random rank-16 adapters on all seven projections),
+# isolated (per-adapter prefix caching, as vLLM/SGLang) against forked / base.
+# Carries .carry/cuda (bench/cuda/pack.sh) and .carry/py (the harness's httpx
+# and its dependencies, from the .venv here: the device has no network).
+#   bench/cuda/sharing_e2e.sh react|mapreduce|reflexion|reflexion-skewed [extra loom bench args]
+# Sizes come from the environment (defaults: a scaled-down ForkKV / ICaRus shape
+# that fits one 10-minute call): CONTEXT, OUTPUT, TASKS, KV_BYTES.
+set -u
+WORKLOAD=${1:-react}
+shift
+. "$(dirname "$0")/device_env.sh"
+mkdir -p /tmp/loom/py
+tar xJf .carry/py/pylibs.tar.xz -C /tmp/loom/py
+export PYTHONPATH=/tmp/loom/py LOOM_SOURCE_DIR=$PWD
+LOOM=/tmp/loom/bin/loom
+[ -d /tmp/loom/adapters/adapter7 ] ||
+  "$LOOM" make-adapters --model random:llama-8b --adapters 8 --rank 16 --out /tmp/loom/adapters > "$OUT/make_adapters.log" 2>&1
+LORAS=()
+for i in 0 1 2 3 4 5 6 7; do LORAS+=(--lora "agent$i=/tmp/loom/adapters/adapter$i"); done
+COMMON=(--model random:llama-8b --device cuda --kv-cache-bytes "${KV_BYTES:-4294967296}" --no-plots
+        --context-tokens "${CONTEXT:-8192}" --output-tokens "${OUTPUT:-128}" --num-tasks "${TASKS:-8}")
+case "$WORKLOAD" in
+  react|mapreduce)
+    timeout 540 "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents 8 --rate 2 \
+      --compare sharing=isolated,forked --compare workflows=1,4 --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
+    ;;
+  reflexion|reflexion-skewed)
+    timeout 540 "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents "${AGENTS:-4}" \
+      --compare sharing=isolated,base --compare rate=${RATES:-2,8} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
+    ;;
+esac
+echo "rc $?"
+tail -n 30 "$OUT/$WORKLOAD.log"
+[ -f "$OUT/$WORKLOAD/report.md" ] && cat "$OUT/$WORKLOAD/report.md"
