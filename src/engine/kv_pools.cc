@@ -208,20 +208,20 @@ void KvPools::prefetch_next_agents(const std::map<std::string, int32_t>& steps_b
   if (next.empty()) return;
   std::sort(next.begin(), next.end(),
             [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : *a.second < *b.second; });
-  // What a step may start: each member's pool at most, and prefetch_max_bytes over all of them.
+  // What a step may start: each member's pool at most, and prefetch_max_bytes
+  // over all of them. An agent's fixed prefix is marked in every member its
+  // requests use (a forked agent's bCache and rCache), so each member prefetches it.
   KvBlockCounts max_blocks;
   caches_->for_each([&](KvCacheId id, const KvCacheManager& member) { max_blocks[id] = member.num_total_blocks(); });
   int64_t max_bytes = config_.prefetch_max_bytes > 0 ? config_.prefetch_max_bytes : std::numeric_limits<int64_t>::max();
   const int32_t num_agents = std::min<int32_t>(config_.prefetch_agents, static_cast<int32_t>(next.size()));
   for (int32_t i = 0; i < num_agents && max_bytes > 0; ++i) {
-    KvBlockCounts allowed;
-    for (KvCacheId id : kAllKvCaches)
-      if (bytes_per_block(id) > 0) allowed[id] = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id)));
-    const KvBlockCounts started = caches_->prefetch_agent(*next[static_cast<size_t>(i)].second, allowed);
-    for (KvCacheId id : kAllKvCaches) {
-      max_blocks[id] -= started[id];
-      max_bytes -= started[id] * bytes_per_block(id);
-    }
+    caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
+      const int64_t allowed = std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id));
+      const int32_t num_started = member.prefetch_agent(*next[static_cast<size_t>(i)].second, static_cast<int32_t>(allowed));
+      max_blocks[id] -= num_started;
+      max_bytes -= num_started * bytes_per_block(id);
+    });
   }
 }
 

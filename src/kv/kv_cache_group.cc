@@ -172,14 +172,6 @@ KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<cons
   return num_loading;
 }
 
-KvBlockCounts KvCacheGroup::prefetch_agent(const std::string& agent_key, const KvBlockCounts& max_blocks) {
-  KvBlockCounts num_loading;
-  for_each([&](KvCacheId id, KvCacheManager& member) {
-    if (max_blocks[id] > 0) num_loading[id] = member.prefetch_agent(agent_key, max_blocks[id]);
-  });
-  return num_loading;
-}
-
 std::vector<KvCacheGroup::MemberTransfer> KvCacheGroup::take_transfers() {
   std::vector<MemberTransfer> transfers;
   for_each([&](KvCacheId id, KvCacheManager& member) {

@@ -155,10 +155,6 @@ class KvCacheGroup {
   // returns the blocks now loading in each.
   KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, const KvBlockCounts& max_blocks,
                            KvCacheManager::LoadReason reason);
-  // KvCacheManager::prefetch_agent in each member with max_blocks[id] > 0 (the
-  // agent's fixed prefix is marked in every member its requests use); returns
-  // the blocks now loading in each.
-  KvBlockCounts prefetch_agent(const std::string& agent_key, const KvBlockCounts& max_blocks);
   // A transfer planned by a member, named by it.
   struct MemberTransfer {
     KvCacheId cache = KvCacheId::kMain;
