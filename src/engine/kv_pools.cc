@@ -113,7 +113,9 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
   KvBlockCounts num_blocks;
   if (config_.host_kv_cache_bytes <= 0 && config_.num_host_kv_blocks <= 0) return num_blocks;
   const bool residual_tier = layout.num_residual_blocks > 0 && backend_.capabilities().residual_host_kv_tier;
-  const auto clamp_blocks = [](int64_t blocks) { return static_cast<int32_t>(std::clamp<int64_t>(blocks, 0, 1 << 30)); };
+  const auto clamp_blocks = [](int64_t blocks) {
+    return static_cast<int32_t>(std::clamp<int64_t>(blocks, 0, 1 << 30));
+  };
   if (config_.num_host_kv_blocks > 0) {
     num_blocks[KvCacheId::kMain] = config_.num_host_kv_blocks;
     if (residual_tier)
@@ -135,9 +137,10 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
     const auto main_device = static_cast<double>(layout.num_blocks) * static_cast<double>(kv_bytes_per_block_);
     const double residual_device =
         static_cast<double>(layout.num_residual_blocks) * static_cast<double>(layout.residual_bytes_per_block);
-    residual_bytes = config_.host_residual_kv_cache_bytes >= 0
-                         ? config_.host_residual_kv_cache_bytes
-                         : static_cast<int64_t>(static_cast<double>(budget) * residual_device / (main_device + residual_device));
+    residual_bytes =
+        config_.host_residual_kv_cache_bytes >= 0
+            ? config_.host_residual_kv_cache_bytes
+            : static_cast<int64_t>(static_cast<double>(budget) * residual_device / (main_device + residual_device));
     num_blocks[KvCacheId::kResidual] = clamp_blocks(residual_bytes / layout.residual_bytes_per_block);
     if (config_.host_residual_kv_cache_bytes > 0 && num_blocks[KvCacheId::kResidual] == 0)
       throw Error(ErrorKind::kCapacity,
@@ -145,12 +148,14 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
                               layout.residual_bytes_per_block),
                   "raise --host-residual-kv-memory");
   }
-  num_blocks[KvCacheId::kMain] = kv_bytes_per_block_ > 0 ? clamp_blocks((budget - residual_bytes) / kv_bytes_per_block_) : 0;
+  if (kv_bytes_per_block_ > 0)
+    num_blocks[KvCacheId::kMain] = clamp_blocks((budget - residual_bytes) / kv_bytes_per_block_);
   if (num_blocks[KvCacheId::kMain] == 0)
     throw Error(ErrorKind::kCapacity,
                 fmt::format("a host KV tier of {} bytes{} holds no block ({} bytes each)", budget - residual_bytes,
                             residual_bytes > 0 ? " (beside the rCache's share)" : "", kv_bytes_per_block_),
-                residual_bytes > 0 ? "raise --host-kv-memory or lower --host-residual-kv-memory" : "raise --host-kv-memory");
+                residual_bytes > 0 ? "raise --host-kv-memory or lower --host-residual-kv-memory"
+                                   : "raise --host-kv-memory");
   return num_blocks;
 }
 
@@ -216,9 +221,10 @@ void KvPools::prefetch_next_agents(const std::map<std::string, int32_t>& steps_b
   int64_t max_bytes = config_.prefetch_max_bytes > 0 ? config_.prefetch_max_bytes : std::numeric_limits<int64_t>::max();
   const int32_t num_agents = std::min<int32_t>(config_.prefetch_agents, static_cast<int32_t>(next.size()));
   for (int32_t i = 0; i < num_agents && max_bytes > 0; ++i) {
+    const std::string& agent_key = *next[static_cast<size_t>(i)].second;
     caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
-      const int64_t allowed = std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id));
-      const int32_t num_started = member.prefetch_agent(*next[static_cast<size_t>(i)].second, static_cast<int32_t>(allowed));
+      const auto allowed = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id)));
+      const int32_t num_started = member.prefetch_agent(agent_key, allowed);
       max_blocks[id] -= num_started;
       max_bytes -= num_started * bytes_per_block(id);
     });

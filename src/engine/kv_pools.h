@@ -95,7 +95,8 @@ class KvPools {
   KvBlockCounts num_host_blocks(const KvPoolLayout& layout) const;
   // (Re)allocates the backend's pools and the group (its managers know no
   // agent, with LRU eviction), then the host tiers of num_host_blocks(layout)
-  // (throwing as it does). Waits for transfers in flight first. Precondition: nothing refers into caches(). When it throws,
+  // (throwing as it does). Waits for transfers in flight first.
+  // Precondition: nothing refers into caches(). When it throws,
   // there are no pools (allocated() is false) until an allocate() succeeds.
   void allocate(const KvPoolLayout& layout);
   bool allocated() const { return caches_ != nullptr; }

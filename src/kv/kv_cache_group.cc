@@ -167,7 +167,8 @@ KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<cons
   LOOM_CHECK(can_hold(keys));
   KvBlockCounts num_loading;
   for_each([&](KvCacheId id, KvCacheManager& member) {
-    if (keys.uses(id) && max_blocks[id] > 0) num_loading[id] = member.start_load(keys.key_in(id), tokens, max_blocks[id], reason);
+    if (keys.uses(id) && max_blocks[id] > 0)
+      num_loading[id] = member.start_load(keys.key_in(id), tokens, max_blocks[id], reason);
   });
   return num_loading;
 }

@@ -153,8 +153,8 @@ class KvCacheGroup {
   PerKvCache<KvCacheManager::PrefixStatus> prefix_status(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
   // KvCacheManager::start_load in each member `keys` uses with max_blocks[id] > 0;
   // returns the blocks now loading in each.
-  KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, const KvBlockCounts& max_blocks,
-                           KvCacheManager::LoadReason reason);
+  KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                           const KvBlockCounts& max_blocks, KvCacheManager::LoadReason reason);
   // A transfer planned by a member, named by it.
   struct MemberTransfer {
     KvCacheId cache = KvCacheId::kMain;

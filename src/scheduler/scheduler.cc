@@ -330,8 +330,8 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
         apply_admit(action, batch);
         break;
       case SchedulerAction::Kind::kStartLoad: {
-        const KvBlockCounts num_loading = kv_caches_.start_load(request.kv, request.lookup_tokens(),
-                                                                action.num_load_blocks, KvCacheManager::LoadReason::kDemand);
+        const KvBlockCounts num_loading = kv_caches_.start_load(
+            request.kv, request.lookup_tokens(), action.num_load_blocks, KvCacheManager::LoadReason::kDemand);
         for (KvCacheId member : kAllKvCaches)
           LOOM_CHECK((num_loading[member] > 0) == (action.num_load_blocks[member] > 0));
         batch.waiting_on_load.push_back(action.id);

@@ -37,7 +37,9 @@ class RecordingBackend final : public test::ForwardingBackend {
       : ForwardingBackend(std::move(inner)), fail_residual_loads_(fail_residual_loads) {}
   void allocate_residual_cache(const ResidualCacheShape& shape) override { inner().allocate_residual_cache(shape); }
   ResidualCacheShape residual_cache_shape() const override { return inner().residual_cache_shape(); }
-  int64_t residual_bytes_per_token(int32_t max_rank) const override { return inner().residual_bytes_per_token(max_rank); }
+  int64_t residual_bytes_per_token(int32_t max_rank) const override {
+    return inner().residual_bytes_per_token(max_rank);
+  }
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override {
     inner().allocate_host_kv_cache(pool, num_blocks);
   }

@@ -133,7 +133,8 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
   commit_blocks(f.member(KvCacheId::kMain), kBCacheKey, tokens);
   commit_blocks(f.member(KvCacheId::kResidual), kRCacheKey, tokens);
   std::vector<int32_t> main_blocks, residual_blocks;
-  for (const RadixNode* node : f.member(KvCacheId::kMain).prefix_path(kBCacheKey, tokens)) main_blocks.push_back(node->block_id);
+  for (const RadixNode* node : f.member(KvCacheId::kMain).prefix_path(kBCacheKey, tokens))
+    main_blocks.push_back(node->block_id);
   for (const RadixNode* node : f.member(KvCacheId::kResidual).prefix_path(kRCacheKey, tokens))
     residual_blocks.push_back(node->block_id);
   std::sort(main_blocks.begin(), main_blocks.end());
@@ -143,8 +144,9 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
   f.pools.pump_transfers();
   f.pools.drain_transfers();
   EXPECT_FALSE(f.pools.has_transfers_in_flight());
-  EXPECT_EQ(f.copies(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost), std::vector<std::vector<int32_t>>{main_blocks});
-  EXPECT_EQ(f.copies(KvPoolKind::kResidual, KvCopyDirection::kDeviceToHost), std::vector<std::vector<int32_t>>{residual_blocks});
+  using BlockLists = std::vector<std::vector<int32_t>>;
+  EXPECT_EQ(f.copies(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost), BlockLists{main_blocks});
+  EXPECT_EQ(f.copies(KvPoolKind::kResidual, KvCopyDirection::kDeviceToHost), BlockLists{residual_blocks});
   for (KvCacheId id : kAllKvCaches) EXPECT_EQ(f.member(id).stats().num_offloaded_blocks, 3) << kv_cache_name(id);
 
   // The rCache evicted to the host and loaded back on demand: a residual load only.

@@ -132,8 +132,10 @@ class FakeBackend final : public Backend {
     for (size_t i = 0; i < device_block_ids.size(); ++i) {
       LOOM_CHECK(device_block_ids[i] >= 0 && static_cast<size_t>(device_block_ids[i]) * block < device_slots.size());
       LOOM_CHECK(host_block_ids[i] >= 0 && host_block_ids[i] < host.num_blocks);
-      auto device = device_slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(device_block_ids[i]) * block);
-      auto host_block = host.slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(host_block_ids[i]) * block);
+      auto device =
+          device_slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(device_block_ids[i]) * block);
+      auto host_block =
+          host.slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(host_block_ids[i]) * block);
       const auto n = static_cast<std::ptrdiff_t>(block);
       if (direction == KvCopyDirection::kDeviceToHost)
         std::copy(device, device + n, host_block);
