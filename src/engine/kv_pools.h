@@ -10,13 +10,15 @@
 //
 //   residual host bytes = budget * residual device bytes / (main + residual device bytes)
 //
-// so both host pools hold the same multiple of their device pool, and a forked
-// agent's bCache and rCache prefixes get evicted-but-kept at the same rate.
-// The main pool gets the rest. Without an rCache pool, or with a backend that
-// has no rCache host tier (BackendCapabilities::residual_host_kv_tier), the
-// main pool gets it all. Each member plans its own transfers; the worker
-// carries the member with each (KvCacheGroup::MemberTransfer) and the copy
-// goes to that member's backend pool (kv_pool_kind).
+// so both host pools hold the same multiple of their device pool (a forked
+// agent's bCache and rCache prefixes outlive device eviction alike). The main
+// pool gets the rest. Without an rCache pool, or with a backend that has no
+// rCache host tier (BackendCapabilities::residual_host_kv_tier), the main
+// pool gets it all. allocate() splits it again for each layout (an rCache pool
+// made when a forked adapter is loaded takes its share then). Each member
+// plans its own transfers; the worker carries the member with each
+// (KvCacheGroup::MemberTransfer) and the copy goes to that member's backend
+// pool (kv_pool_kind).
 //
 // Sizing: the engine starts with initial_sizing(). Until the first request is
 // admitted, loading a forked adapter may (re)size both pools
