@@ -38,6 +38,8 @@ struct BackendCapabilities {
   bool device_sampling = false;
   // allocate_host_kv_cache / copy_kv_blocks work for the main pool.
   bool host_kv_tier = false;
+  // ... and for the rCache pool (KvPoolKind::kResidual) of forked sharing.
+  bool residual_host_kv_tier = false;
   // forward() honours Batch::capture_hidden_states (divergence tooling).
   bool capture_hidden_states = false;
 

@@ -39,6 +39,7 @@ struct ServeOptions {
   std::string residual_kv_cache_memory = "auto";
   std::string eviction_policy = "lru";
   std::string host_kv_memory = "0";
+  std::string host_residual_kv_memory = "auto";
   std::string prefetch_max_bytes = "0";
   int threads = 0;
   double shutdown_timeout_seconds = 30.0;
@@ -106,6 +107,10 @@ int run_serve(const ServeOptions& options) {
   engine_config.default_sharing = *default_sharing;
   engine_config.workflow_aware_eviction = options.eviction_policy == "workflow";
   engine_config.host_kv_cache_bytes = parse_byte_size(options.host_kv_memory, "--host-kv-memory");
+  engine_config.host_residual_kv_cache_bytes =
+      options.host_residual_kv_memory == "auto"
+          ? -1
+          : parse_byte_size(options.host_residual_kv_memory, "--host-residual-kv-memory");
   engine_config.prefetch_max_bytes = parse_byte_size(options.prefetch_max_bytes, "--prefetch-max-bytes");
   engine_config.residual_kv_cache_bytes =
       options.residual_kv_cache_memory == "auto" ? -1
@@ -249,7 +254,12 @@ CommandRunner register_serve(CLI::App& app) {
       ->check(CLI::IsMember({"lru", "workflow"}));
   app.add_option("--host-kv-memory", options->host_kv_memory,
                  "Host-memory tier of the KV cache: BYTES (suffix K, M, G allowed; 0 = none, the default). Cached "
-                 "blocks are backed up there and evicted blocks load back instead of being recomputed");
+                 "blocks are backed up there and evicted blocks load back instead of being recomputed. Shared with "
+                 "the forked adapters' rCache pool when there is one (see --host-residual-kv-memory)");
+  app.add_option("--host-residual-kv-memory", options->host_residual_kv_memory,
+                 "The forked rCache pool's part of --host-kv-memory: BYTES (suffix K, M, G allowed), 0 = no host "
+                 "tier for the rCache, auto (default) = its share of the device KV bytes (each pool's host tier "
+                 "then holds the same multiple of its device pool)");
   app.add_option("--prefetch-agents", engine.prefetch_agents,
                  "With a host tier: load back the fixed prefixes of this many agents closest to running, from the "
                  "workflow graphs (0 = no prefetch; default 2)")

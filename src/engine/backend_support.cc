@@ -60,6 +60,13 @@ void check_engine_supported(const BackendCapabilities& capabilities, const Engin
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("a host KV tier (--host-kv-memory) is not supported by the {} backend", capabilities.name),
                 "run without --host-kv-memory");
+  if ((config.host_residual_kv_cache_bytes > 0 || config.num_host_residual_kv_blocks > 0) &&
+      !capabilities.residual_host_kv_tier)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("a host tier for the forked rCache (--host-residual-kv-memory) is not supported by the {} "
+                            "backend",
+                            capabilities.name),
+                "run with --host-residual-kv-memory auto or 0");
   if (config.residual_kv_cache_bytes > 0)
     check_kv_sharing_allowed(capabilities, config.disabled_kv_sharing, KvSharing::kForked,
                              "--residual-kv-cache-memory (the forked adapters' rCache pool)",

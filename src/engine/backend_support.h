@@ -37,7 +37,7 @@ void check_kv_sharing_allowed(const BackendCapabilities& capabilities, const std
                               KvSharing mode, const std::string& subject, const std::string& hint);
 
 // At engine construction: the model (check_model_capabilities), the default
-// sharing, a host tier and an rCache pool asked for explicitly. Throws
+// sharing, a host tier (and one for the rCache) and an rCache pool asked for explicitly. Throws
 // Error(kUnsupported) with a hint.
 void check_engine_supported(const BackendCapabilities& capabilities, const EngineConfig& config,
                             const ModelConfig& model);

@@ -66,11 +66,19 @@ struct EngineConfig {
   // (--max-workflow-agents; so also the predecessors of one agent), and
   // entries in each list of a progress update. Beyond: 400 naming the field.
   int32_t max_workflow_agents = 256;
-  // Host tier of the main KV pool (--host-kv-memory): bytes of host
-  // memory that back up evicted blocks (0 = none). num_host_kv_blocks > 0 sets
-  // the block count exactly instead (tests). The forked rCache has no host tier.
+  // Host tier of the KV pools (--host-kv-memory): bytes of host memory that
+  // back up evicted blocks (0 = none), shared by the main pool and, when there
+  // is one and the backend can (BackendCapabilities::residual_host_kv_tier),
+  // the forked rCache pool, which gets host_residual_kv_cache_bytes of it
+  // (--host-residual-kv-memory): -1 = auto, its share of the device pools'
+  // bytes, so that each pool's host tier is the same multiple of its device
+  // pool; 0 = no rCache host tier. num_host_kv_blocks > 0 sets the main host
+  // pool's block count exactly instead (tests); the rCache's is then
+  // num_host_residual_kv_blocks when > 0, else that same multiple of its pool.
   int64_t host_kv_cache_bytes = 0;
+  int64_t host_residual_kv_cache_bytes = -1;
   int32_t num_host_kv_blocks = 0;
+  int32_t num_host_residual_kv_blocks = 0;
   // Proactive prefetch from the host tier (--prefetch-agents, --prefetch-max-bytes):
   // each step, the fixed prefixes of up to this many agents closest to running
   // (smallest steps-to-execution, >= 1) are loaded back when they sit on the host,
@@ -160,8 +168,10 @@ struct EngineMetrics {
   // The rCache pool's blocks (all 0 without one); free + cached + in use = total.
   int64_t residual_blocks_total = 0, residual_blocks_free = 0, residual_blocks_cached = 0, residual_blocks_in_use = 0;
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
-  // Host tier (all 0 without one). Bytes held now; token counters since start.
-  int64_t kv_bytes_host = 0;
+  // Host tier (all 0 without one). Bytes held now, in the main pool's host
+  // tier ("base" kind) and the rCache's ("residual"); token counters since
+  // start, over both (a forked request's prefix counts once per pool it moves in).
+  int64_t kv_bytes_host = 0, kv_bytes_host_residual = 0;
   int64_t num_offloaded_tokens = 0, num_loaded_tokens = 0, num_prefetched_tokens = 0;
   // Prefetched tokens a request then found ready ("in time") or still loading ("late").
   int64_t num_prefetch_hit_tokens = 0, num_prefetch_late_tokens = 0;

@@ -7,8 +7,8 @@
 //
 // EngineImpl wires a few managers, each with one job (constructor):
 //   AdapterRegistry  loaded adapters, their slots and users (thread-safe)
-//   KvPools          the main + rCache pools, their KvCacheGroup, the host tier
-//                    and its transfer worker, prefetch
+//   KvPools          the main + rCache pools, their KvCacheGroup, their host
+//                    tiers and the transfer worker, prefetch
 //   WorkflowSync     WorkflowRegistry -> the group's agent steps and fixed prefixes
 //   StepStats        what a step measured, published once per loop iteration
 // and keeps the inbox, the Scheduler (rebuilt over the new group whenever

@@ -1,6 +1,7 @@
 #include "engine/kv_pools.h"
 
 #include <algorithm>
+#include <limits>
 
 #include <spdlog/spdlog.h>
 
@@ -64,7 +65,7 @@ void KvPools::allocate(const KvPoolLayout& layout) {
   residual_max_rank_ = with_residual ? layout.residual_max_rank : 0;
   residual_bytes_per_block_ = with_residual ? layout.residual_bytes_per_block : 0;
   try {
-    setup_host_tier();
+    setup_host_tier(layout);
   } catch (...) {
     caches_.reset();
     throw;
@@ -108,44 +109,89 @@ std::optional<KvPoolSizing> KvPools::sizing_for_forked_adapter(const std::string
   return KvPoolSizing{true, residual_bytes, max_rank};
 }
 
-void KvPools::setup_host_tier() {
-  transfers_.reset();
-  int32_t num_blocks = config_.num_host_kv_blocks;
-  if (num_blocks <= 0 && config_.host_kv_cache_bytes > 0)
-    num_blocks = static_cast<int32_t>(std::min<int64_t>(config_.host_kv_cache_bytes / kv_bytes_per_block_, 1 << 30));
-  if (num_blocks <= 0) {
-    if (config_.host_kv_cache_bytes > 0)
-      throw Error(ErrorKind::kCapacity,
-                  fmt::format("a host KV tier of {} bytes holds no block ({} bytes each)", config_.host_kv_cache_bytes,
-                              kv_bytes_per_block_),
-                  "raise --host-kv-memory");
-    return;
+KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
+  KvBlockCounts num_blocks;
+  if (config_.host_kv_cache_bytes <= 0 && config_.num_host_kv_blocks <= 0) return num_blocks;
+  const bool residual_tier = layout.num_residual_blocks > 0 && backend_.capabilities().residual_host_kv_tier;
+  const auto clamp_blocks = [](int64_t blocks) {
+    return static_cast<int32_t>(std::clamp<int64_t>(blocks, 0, 1 << 30));
+  };
+  if (config_.num_host_kv_blocks > 0) {
+    num_blocks[KvCacheId::kMain] = config_.num_host_kv_blocks;
+    if (residual_tier)
+      num_blocks[KvCacheId::kResidual] =
+          config_.num_host_residual_kv_blocks > 0
+              ? config_.num_host_residual_kv_blocks
+              : clamp_blocks(static_cast<int64_t>(config_.num_host_kv_blocks) * layout.num_residual_blocks /
+                             layout.num_blocks);
+    return num_blocks;
   }
-  backend_.allocate_host_kv_cache(KvPoolKind::kMain, num_blocks);
-  caches_->main().enable_host_tier(num_blocks);
+  const int64_t budget = config_.host_kv_cache_bytes;
+  if (config_.host_residual_kv_cache_bytes > budget)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("the rCache's host tier ({} bytes) is over the host KV tier ({} bytes) it is taken from",
+                            config_.host_residual_kv_cache_bytes, budget),
+                "lower --host-residual-kv-memory or raise --host-kv-memory");
+  int64_t residual_bytes = 0;
+  if (residual_tier) {
+    const auto main_device = static_cast<double>(layout.num_blocks) * static_cast<double>(kv_bytes_per_block_);
+    const double residual_device =
+        static_cast<double>(layout.num_residual_blocks) * static_cast<double>(layout.residual_bytes_per_block);
+    residual_bytes =
+        config_.host_residual_kv_cache_bytes >= 0
+            ? config_.host_residual_kv_cache_bytes
+            : static_cast<int64_t>(static_cast<double>(budget) * residual_device / (main_device + residual_device));
+    num_blocks[KvCacheId::kResidual] = clamp_blocks(residual_bytes / layout.residual_bytes_per_block);
+    if (config_.host_residual_kv_cache_bytes > 0 && num_blocks[KvCacheId::kResidual] == 0)
+      throw Error(ErrorKind::kCapacity,
+                  fmt::format("an rCache host tier of {} bytes holds no block ({} bytes each)", residual_bytes,
+                              layout.residual_bytes_per_block),
+                  "raise --host-residual-kv-memory");
+  }
+  if (kv_bytes_per_block_ > 0)
+    num_blocks[KvCacheId::kMain] = clamp_blocks((budget - residual_bytes) / kv_bytes_per_block_);
+  if (num_blocks[KvCacheId::kMain] == 0)
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("a host KV tier of {} bytes{} holds no block ({} bytes each)", budget - residual_bytes,
+                            residual_bytes > 0 ? " (beside the rCache's share)" : "", kv_bytes_per_block_),
+                residual_bytes > 0 ? "raise --host-kv-memory or lower --host-residual-kv-memory"
+                                   : "raise --host-kv-memory");
+  return num_blocks;
+}
+
+void KvPools::setup_host_tier(const KvPoolLayout& layout) {
+  transfers_.reset();
+  const KvBlockCounts num_blocks = num_host_blocks(layout);
+  if (num_blocks == KvBlockCounts{}) return;
+  caches_->for_each([&](KvCacheId id, KvCacheManager&) {
+    if (num_blocks[id] == 0) return;
+    backend_.allocate_host_kv_cache(kv_pool_kind(id), num_blocks[id]);
+    spdlog::info("KV host tier of the {} cache: {} blocks ({:.1f} MiB)", kv_cache_name(id), num_blocks[id],
+                 static_cast<double>(num_blocks[id]) * static_cast<double>(bytes_per_block(id)) / (1 << 20));
+  });
+  caches_->enable_host_tier(num_blocks);
   Backend* backend = &backend_;
-  auto copy = [backend](const KvCacheManager::Transfer& transfer) {
+  auto copy = [backend](const KvTransferWorker::Transfer& planned) {
+    const KvCacheManager::Transfer& transfer = planned.transfer;
     const auto direction = transfer.kind == KvCacheManager::Transfer::Kind::kOffload ? KvCopyDirection::kDeviceToHost
                                                                                      : KvCopyDirection::kHostToDevice;
-    backend->copy_kv_blocks(KvPoolKind::kMain, direction, transfer.device_block_ids, transfer.host_block_ids);
+    backend->copy_kv_blocks(kv_pool_kind(planned.cache), direction, transfer.device_block_ids, transfer.host_block_ids);
   };
   transfers_ = std::make_unique<KvTransferWorker>(copy, std::max(config_.max_queued_kv_transfers, 1));
-  spdlog::info("KV host tier: {} blocks ({:.1f} MiB)", num_blocks,
-               static_cast<double>(num_blocks) * static_cast<double>(kv_bytes_per_block_) / (1 << 20));
 }
 
 bool KvPools::has_transfers_in_flight() const {
-  return caches_ != nullptr && caches_->main().num_transfers_in_flight() > 0;
+  return caches_ != nullptr && caches_->num_transfers_in_flight() > 0;
 }
 
 void KvPools::pump_transfers() {
   if (!transfers_) return;
-  KvCacheManager& main = caches_->main();
   for (const KvTransferWorker::Finished& finished : transfers_->take_finished())
-    main.finish_transfer(finished.transfer_id, finished.succeeded);
-  for (KvCacheManager::Transfer& transfer : main.take_transfers()) {
-    const int64_t id = transfer.id;
-    if (!transfers_->submit(std::move(transfer))) main.finish_transfer(id, false);
+    caches_->finish_transfer(finished.cache, finished.transfer_id, finished.succeeded);
+  for (KvCacheGroup::MemberTransfer& planned : caches_->take_transfers()) {
+    const KvCacheId cache = planned.cache;
+    const int64_t id = planned.transfer.id;
+    if (!transfers_->submit(std::move(planned))) caches_->finish_transfer(cache, id, false);
   }
 }
 
@@ -167,13 +213,22 @@ void KvPools::prefetch_next_agents(const std::map<std::string, int32_t>& steps_b
   if (next.empty()) return;
   std::sort(next.begin(), next.end(),
             [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : *a.second < *b.second; });
-  KvCacheManager& main = caches_->main();
-  int32_t max_blocks = main.num_total_blocks();
-  if (config_.prefetch_max_bytes > 0)
-    max_blocks = static_cast<int32_t>(std::min<int64_t>(config_.prefetch_max_bytes / kv_bytes_per_block_, max_blocks));
+  // What a step may start: each member's pool at most, and prefetch_max_bytes
+  // over all of them. An agent's fixed prefix is marked in every member its
+  // requests use (a forked agent's bCache and rCache), so each member prefetches it.
+  KvBlockCounts max_blocks;
+  caches_->for_each([&](KvCacheId id, const KvCacheManager& member) { max_blocks[id] = member.num_total_blocks(); });
+  int64_t max_bytes = config_.prefetch_max_bytes > 0 ? config_.prefetch_max_bytes : std::numeric_limits<int64_t>::max();
   const int32_t num_agents = std::min<int32_t>(config_.prefetch_agents, static_cast<int32_t>(next.size()));
-  for (int32_t i = 0; i < num_agents && max_blocks > 0; ++i)
-    max_blocks -= main.prefetch_agent(*next[static_cast<size_t>(i)].second, max_blocks);
+  for (int32_t i = 0; i < num_agents && max_bytes > 0; ++i) {
+    const std::string& agent_key = *next[static_cast<size_t>(i)].second;
+    caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
+      const auto allowed = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id)));
+      const int32_t num_started = member.prefetch_agent(agent_key, allowed);
+      max_blocks[id] -= num_started;
+      max_bytes -= num_started * bytes_per_block(id);
+    });
+  }
 }
 
 int32_t KvPools::drop_adapter_kv(const std::string& adapter_name) {

@@ -1,7 +1,24 @@
 // The engine's KV pools: the main pool and, for forked adapters, the rCache
 // pool, both carved out of EngineConfig::kv_cache_bytes; the KvCacheGroup of
-// their managers; the main pool's host tier and the KvTransferWorker that runs
-// its copies; prefetch of the next agents' prefixes from the host tier.
+// their managers; their host tiers and the KvTransferWorker that runs the
+// copies of both; prefetch of the next agents' prefixes from the host tier.
+//
+// Host tier sizing (num_host_blocks): one budget, EngineConfig::host_kv_cache_bytes
+// (--host-kv-memory), split between the members. The rCache pool gets
+// host_residual_kv_cache_bytes of it, by default (-1) its share of the device
+// pools' bytes:
+//
+//   residual host bytes = budget * residual device bytes / (main + residual device bytes)
+//
+// so both host pools hold the same multiple of their device pool (a forked
+// agent's bCache and rCache prefixes outlive device eviction alike). The main
+// pool gets the rest. Without an rCache pool, or with a backend that has no
+// rCache host tier (BackendCapabilities::residual_host_kv_tier), the main
+// pool gets it all. allocate() splits it again for each layout (an rCache pool
+// made when a forked adapter is loaded takes its share then). Each member
+// plans its own transfers; the worker carries the member with each
+// (KvCacheGroup::MemberTransfer) and the copy goes to that member's backend
+// pool (kv_pool_kind).
 //
 // Sizing: the engine starts with initial_sizing(). Until the first request is
 // admitted, loading a forked adapter may (re)size both pools
@@ -38,6 +55,11 @@ namespace loom {
 // The rCache rank when EngineConfig::max_lora_rank is 0 and no loaded adapter needs more.
 inline constexpr int32_t kMinAutoLoraRank = 16;
 
+// The backend pool that holds a group member's blocks.
+inline KvPoolKind kv_pool_kind(KvCacheId id) {
+  return id == KvCacheId::kMain ? KvPoolKind::kMain : KvPoolKind::kResidual;
+}
+
 // The pools asked for.
 struct KvPoolSizing {
   bool with_residual = false;  // an rCache pool (and the group's residual member)
@@ -68,10 +90,15 @@ class KvPools {
   // hold no block, Error(kUnsupported) when the backend has no rCache. Changes
   // nothing, so a refused sizing leaves the pools (and their users) as they are.
   KvPoolLayout layout(const KvPoolSizing& sizing) const;
+  // Host blocks of each member for the device pools of `layout` (0: no host
+  // tier there; all 0 without a host budget). Throws Error(kCapacity) when the
+  // main pool's share holds no block, or an rCache share asked for explicitly
+  // holds none; Error(kInvalidArgument) when that share is over the budget.
+  KvBlockCounts num_host_blocks(const KvPoolLayout& layout) const;
   // (Re)allocates the backend's pools and the group (its managers know no
-  // agent, with LRU eviction), then the host tier when the config asks for
-  // one (Error(kCapacity) when that holds no block). Waits for transfers in
-  // flight first. Precondition: nothing refers into caches(). When it throws,
+  // agent, with LRU eviction), then the host tiers of num_host_blocks(layout)
+  // (throwing as it does). Waits for transfers in flight first.
+  // Precondition: nothing refers into caches(). When it throws,
   // there are no pools (allocated() is false) until an allocate() succeeds.
   void allocate(const KvPoolLayout& layout);
   bool allocated() const { return caches_ != nullptr; }
@@ -92,24 +119,31 @@ class KvPools {
   int32_t residual_max_rank() const { return residual_max_rank_.load(); }
   int64_t kv_bytes_per_block() const { return kv_bytes_per_block_; }
   int64_t residual_bytes_per_block() const { return residual_bytes_per_block_; }  // 0 without an rCache pool
+  // Bytes of one block of member `id` (0 for an absent one).
+  int64_t bytes_per_block(KvCacheId id) const {
+    return id == KvCacheId::kMain ? kv_bytes_per_block_ : residual_bytes_per_block_;
+  }
+  // Whether any member has a host tier.
   bool has_host_tier() const { return transfers_ != nullptr; }
 
-  // Hands finished transfers to the main manager and new ones to the worker (a
-  // refused one finishes as failed). Cheap; called around every step.
+  // Hands finished transfers back to the members that planned them and new
+  // ones to the worker (a refused one finishes as failed). Cheap; called
+  // around every step.
   void pump_transfers();
   // Waits for every transfer and applies it: before pools change or namespaces drop.
   void drain_transfers();
   bool has_transfers_in_flight() const;
   // Starts host -> device loads of the fixed prefixes of the agents closest to
-  // running (steps >= 1, by steps then key), up to EngineConfig::prefetch_agents
-  // agents and prefetch_max_bytes. No-op without a host tier.
+  // running (steps >= 1, by steps then key), in every member, up to
+  // EngineConfig::prefetch_agents agents and prefetch_max_bytes (over the
+  // members together). No-op without a host tier.
   void prefetch_next_agents(const std::map<std::string, int32_t>& steps_by_agent_key);
   // Drops every cached block of the adapter's namespaces in every member
   // (after waiting for transfers). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& adapter_name);
 
  private:
-  void setup_host_tier();
+  void setup_host_tier(const KvPoolLayout& layout);
 
   Backend& backend_;
   const EngineConfig config_;

@@ -33,7 +33,7 @@ KvTransferWorker::~KvTransferWorker() {
 }
 
 bool KvTransferWorker::submit(Transfer transfer) {
-  Lane& lane = lane_of(transfer.kind);
+  Lane& lane = lane_of(transfer.transfer.kind);
   {
     std::lock_guard lock(mutex_);
     if (static_cast<int32_t>(lane.queue.size()) >= max_queued_per_direction_) return false;
@@ -74,15 +74,16 @@ void KvTransferWorker::run(Lane& lane) {
       copy_(transfer);
     } catch (const std::exception& error) {
       succeeded = false;
-      spdlog::warn("kv transfer {} ({} of {} blocks) failed: {}", transfer.id, lane.name,
-                   transfer.device_block_ids.size(), error.what());
+      spdlog::warn("kv transfer {} of the {} cache ({} of {} blocks) failed: {}", transfer.transfer.id,
+                   kv_cache_name(transfer.cache), lane.name, transfer.transfer.device_block_ids.size(), error.what());
     } catch (...) {
       succeeded = false;
-      spdlog::warn("kv transfer {} ({} of {} blocks) failed with an unknown exception", transfer.id, lane.name,
-                   transfer.device_block_ids.size());
+      spdlog::warn("kv transfer {} of the {} cache ({} of {} blocks) failed with an unknown exception",
+                   transfer.transfer.id, kv_cache_name(transfer.cache), lane.name,
+                   transfer.transfer.device_block_ids.size());
     }
     lock.lock();
-    finished_.push_back({transfer.id, succeeded});
+    finished_.push_back({transfer.cache, transfer.transfer.id, succeeded});
     --num_unfinished_;
     copy_ended_.notify_all();
   }

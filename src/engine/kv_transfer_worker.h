@@ -1,11 +1,17 @@
-// Executes the KV cache manager's host-tier transfers (kv_cache_manager.h "Host tier") off the engine
+// Executes the KV cache group's host-tier transfers (kv_cache_manager.h "Host tier") off the engine
 // thread: a loader thread for host -> device loads and an offloader thread for
 // device -> host backups, each behind a bounded queue, so a slow copy never
 // blocks a step and loads never queue behind backups.
 //
-//   engine thread:  manager.take_transfers() -> submit() ... take_finished() -> manager.finish_transfer()
-//   loader:         pops a load,    copy(transfer), pushes (id, ok)
-//   offloader:      pops an offload, copy(transfer), pushes (id, ok)
+//   engine thread:  group.take_transfers() -> submit() ... take_finished() -> group.finish_transfer()
+//   loader:         pops a load,    copy(transfer), pushes (member, id, ok)
+//   offloader:      pops an offload, copy(transfer), pushes (member, id, ok)
+//
+// Every transfer names the KvCacheGroup member that planned it (MemberTransfer):
+// `copy` reads it to pick the pool (KvPoolKind::kMain or kResidual), and it
+// comes back in Finished, since transfer ids are only unique per member. The
+// members share the two threads and their queues (a direction's copies run one
+// at a time whatever their pool).
 //
 // `copy` runs on the worker threads and must follow Backend::copy_kv_blocks's
 // threading rules (one call per direction at a time, which the one thread per
@@ -26,15 +32,16 @@
 #include <utility>
 #include <vector>
 
-#include "kv/kv_cache_manager.h"
+#include "kv/kv_cache_group.h"
 
 namespace loom {
 
 class KvTransferWorker {
  public:
-  using Transfer = KvCacheManager::Transfer;
+  using Transfer = KvCacheGroup::MemberTransfer;
   using CopyFunction = std::function<void(const Transfer&)>;
   struct Finished {
+    KvCacheId cache = KvCacheId::kMain;
     int64_t transfer_id = 0;
     bool succeeded = false;
   };
@@ -64,7 +71,9 @@ class KvTransferWorker {
     std::condition_variable has_work;
     std::thread thread;
   };
-  Lane& lane_of(Transfer::Kind kind) { return kind == Transfer::Kind::kLoad ? loads_ : offloads_; }
+  Lane& lane_of(KvCacheManager::Transfer::Kind kind) {
+    return kind == KvCacheManager::Transfer::Kind::kLoad ? loads_ : offloads_;
+  }
   void run(Lane& lane);
 
   const CopyFunction copy_;

@@ -84,12 +84,19 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   metrics.num_evicted_tokens = (main.num_evicted_blocks + residual.num_evicted_blocks) * block_size;
   metrics.num_preemptions = num_preemptions;
   metrics.kv_bytes_host = static_cast<int64_t>(main.num_host_used_blocks) * main_bytes_per_block;
-  metrics.num_offloaded_tokens = main.num_offloaded_blocks * block_size;
-  metrics.num_loaded_tokens = main.num_loaded_blocks * block_size;
-  metrics.num_prefetched_tokens = main.num_prefetched_blocks * block_size;
-  metrics.num_prefetch_hit_tokens = main.num_prefetch_hit_blocks * block_size;
-  metrics.num_prefetch_late_tokens = main.num_prefetch_late_blocks * block_size;
-  metrics.num_failed_kv_transfers = main.num_failed_transfers;
+  metrics.kv_bytes_host_residual = static_cast<int64_t>(residual.num_host_used_blocks) * residual_bytes_per_block;
+  // Host-tier counters: every member's (an absent member's stats are all 0).
+  auto total = [&](int64_t KvCacheStats::*counter) {
+    int64_t sum = 0;
+    for (KvCacheId id : kAllKvCaches) sum += kv_stats[id].*counter;
+    return sum;
+  };
+  metrics.num_offloaded_tokens = total(&KvCacheStats::num_offloaded_blocks) * block_size;
+  metrics.num_loaded_tokens = total(&KvCacheStats::num_loaded_blocks) * block_size;
+  metrics.num_prefetched_tokens = total(&KvCacheStats::num_prefetched_blocks) * block_size;
+  metrics.num_prefetch_hit_tokens = total(&KvCacheStats::num_prefetch_hit_blocks) * block_size;
+  metrics.num_prefetch_late_tokens = total(&KvCacheStats::num_prefetch_late_blocks) * block_size;
+  metrics.num_failed_kv_transfers = total(&KvCacheStats::num_failed_transfers);
 }
 
 std::map<std::string, int64_t> kv_bytes_by_adapter(const PerKvCache<KvCacheStats>& kv_stats,

@@ -144,6 +144,53 @@ int32_t KvCacheGroup::evict_all_cached() {
   return num_evicted;
 }
 
+void KvCacheGroup::enable_host_tier(const KvBlockCounts& num_host_blocks) {
+  for_each([&](KvCacheId id, KvCacheManager& member) { member.enable_host_tier(num_host_blocks[id]); });
+}
+
+bool KvCacheGroup::has_any_host_tier() const {
+  return std::any_of(kAllKvCaches.begin(), kAllKvCaches.end(), [&](KvCacheId id) { return has_host_tier(id); });
+}
+
+PerKvCache<KvCacheManager::PrefixStatus> KvCacheGroup::prefix_status(const RequestKvKeys& keys,
+                                                                     std::span<const KvTokenId> tokens) {
+  LOOM_CHECK(can_hold(keys));
+  PerKvCache<KvCacheManager::PrefixStatus> status;
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    if (keys.uses(id)) status[id] = member.prefix_status(keys.key_in(id), tokens);
+  });
+  return status;
+}
+
+KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                       const KvBlockCounts& max_blocks, KvCacheManager::LoadReason reason) {
+  LOOM_CHECK(can_hold(keys));
+  KvBlockCounts num_loading;
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    if (keys.uses(id) && max_blocks[id] > 0)
+      num_loading[id] = member.start_load(keys.key_in(id), tokens, max_blocks[id], reason);
+  });
+  return num_loading;
+}
+
+std::vector<KvCacheGroup::MemberTransfer> KvCacheGroup::take_transfers() {
+  std::vector<MemberTransfer> transfers;
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    for (KvCacheManager::Transfer& transfer : member.take_transfers()) transfers.push_back({id, std::move(transfer)});
+  });
+  return transfers;
+}
+
+void KvCacheGroup::finish_transfer(KvCacheId cache, int64_t transfer_id, bool succeeded) {
+  (*this)[cache].finish_transfer(transfer_id, succeeded);
+}
+
+int32_t KvCacheGroup::num_transfers_in_flight() const {
+  int32_t num_in_flight = 0;
+  for_each([&](KvCacheId, const KvCacheManager& member) { num_in_flight += member.num_transfers_in_flight(); });
+  return num_in_flight;
+}
+
 PerKvCache<KvCacheStats> KvCacheGroup::stats() const {
   PerKvCache<KvCacheStats> stats;
   for_each([&](KvCacheId id, const KvCacheManager& member) { stats[id] = member.stats(); });

@@ -16,7 +16,13 @@
 //
 // The members evict independently (ForkKV's decoupled LRU): a forked request's
 // two prefix hits may differ in length (RequestLeases::num_found_tokens).
-// The host tier (enable_host_tier, transfers) exists on the main member only.
+//
+// Host tier: each member may have its own (kv_cache_manager.h "Host tier"; the
+// engine gives one to every member when it has a host budget, engine/kv_pools.h).
+// Each member plans its own backups, loads and prefetches; transfer ids are
+// per member, so a transfer travels with its KvCacheId (MemberTransfer) and
+// comes back to the member that planned it. A member without a host tier has
+// no host or loading nodes, so the calls below simply find nothing there.
 //
 // Thread: engine thread only. The group must outlive every RequestLeases.
 #pragma once
@@ -30,6 +36,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kv/kv_cache_manager.h"
 
@@ -135,6 +142,31 @@ class KvCacheGroup {
   int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
   // Evicts every cached block of every member (tests).
   int32_t evict_all_cached();
+  // ---- Host tier, on every member that has one ----
+  // Gives each present member num_host_blocks[id] host blocks (0: none); at
+  // most once per member (KvCacheManager::enable_host_tier).
+  void enable_host_tier(const KvBlockCounts& num_host_blocks);
+  bool has_host_tier(KvCacheId id) const { return has(id) && members_[id]->has_host_tier(); }
+  bool has_any_host_tier() const;
+  // Where the cached prefix of `tokens` lives in each member `keys` uses
+  // (KvCacheManager::prefix_status; counts late prefetches).
+  PerKvCache<KvCacheManager::PrefixStatus> prefix_status(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // KvCacheManager::start_load in each member `keys` uses with max_blocks[id] > 0;
+  // returns the blocks now loading in each.
+  KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                           const KvBlockCounts& max_blocks, KvCacheManager::LoadReason reason);
+  // A transfer planned by a member, named by it.
+  struct MemberTransfer {
+    KvCacheId cache = KvCacheId::kMain;
+    KvCacheManager::Transfer transfer;
+  };
+  // Every member's take_transfers(), main's first.
+  std::vector<MemberTransfer> take_transfers();
+  // Precondition: as KvCacheManager::finish_transfer, in member `cache`.
+  void finish_transfer(KvCacheId cache, int64_t transfer_id, bool succeeded);
+  // Summed over the members.
+  int32_t num_transfers_in_flight() const;
+
   // Per member ({} for an absent one).
   PerKvCache<KvCacheStats> stats() const;
   // "" when every member is consistent; else each member's problem, named.

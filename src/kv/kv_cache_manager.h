@@ -24,7 +24,8 @@
 // kv_namespace_for_adapter("") == "base"; an isolated adapter NAME uses "lora/NAME".
 //
 // ForkKV's residual cache is a second KvCacheManager over its own pool (the
-// rCache blocks), with namespaces "resid/NAME"; the two evict independently.
+// rCache blocks), with namespaces "resid/NAME"; the two evict independently,
+// each with its own host tier when the engine has one (kv_cache_group.h).
 //
 // Thread: engine thread only. The manager must outlive its leases.
 #pragma once

@@ -49,7 +49,7 @@ class KvCapacityLedger {
   void add_refs(KvCacheId id, std::span<const int32_t> block_ids);
   void drop_refs(KvCacheId id, std::span<const int32_t> block_ids);
 
-  // Host nodes a planned load would fill (main member): they count as loading.
+  // Host nodes a planned load would fill (any member): they count as loading.
   void mark_loading(const RadixNode* node) { loading_nodes_.insert(node); }
   bool is_loading(const RadixNode* node) const;
 

@@ -115,7 +115,7 @@ class Scheduler::Planner {
       new_blocks_[id] = num_blocks;
       new_tokens_[id] = num_new;
       budget_ -= num_new;
-      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, {}, 0});
+      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, {}, {}});
     }
   }
 
@@ -150,7 +150,7 @@ class Scheduler::Planner {
       budget_ += new_tokens_.at(id);
     }
     preempted_.insert(id);
-    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, {}, 0});
+    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, {}, {}});
   }
 
   // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
@@ -165,9 +165,9 @@ class Scheduler::Planner {
       if (!request.adapter.empty() && adapters.count(request.adapter) == 0 &&
           static_cast<int32_t>(adapters.size()) >= scheduler_.config_.max_loras_per_batch)
         continue;
-      if (kv_caches_.main().has_host_tier() && waits_on_load(request)) continue;
+      if (kv_caches_.has_any_host_tier() && waits_on_load(request)) continue;
       if (!admit(request)) {
-        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, {}, 0});
+        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, {}, {}});
         break;
       }
       ++num_running;
@@ -177,28 +177,45 @@ class Scheduler::Planner {
 
   // Policy 6. Adds the kWaitOnLoad / kStartLoad action when the request waits.
   bool waits_on_load(const RequestState& request) {
-    const std::vector<const RadixNode*> path = kv_caches_.main().prefix_path(request.kv.key, request.lookup_tokens());
-    std::vector<int32_t> device_blocks;  // [device ...][loading ...][host ...]
-    size_t next = 0;
-    for (; next < path.size() && path[next]->tier == KvTier::kDevice; ++next) device_blocks.push_back(path[next]->block_id);
-    if (next == path.size()) return false;
-    if (ledger_.is_loading(path[next])) {
-      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, 0});
-      return true;
+    // Each member's path is [device ...][loading ...][host ...]; first_off_device: where the device part ends.
+    PerKvCache<std::vector<const RadixNode*>> paths;
+    PerKvCache<size_t> first_off_device;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member) || !kv_caches_.has_host_tier(member)) continue;
+      paths[member] = kv_caches_[member].prefix_path(request.kv.key_in(member), request.lookup_tokens());
+      size_t& next = first_off_device[member];
+      while (next < paths[member].size() && paths[member][next]->tier == KvTier::kDevice) ++next;
+      if (next < paths[member].size() && ledger_.is_loading(paths[member][next])) {
+        decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, {}});
+        return true;
+      }
     }
-    // A demand load pins the device part of the path, then takes the blocks it can get.
-    const auto num_host = static_cast<int32_t>(path.size() - next);
-    ledger_.add_refs(KvCacheId::kMain, device_blocks);
-    const int32_t num_loading = std::min(num_host, ledger_.num_available_blocks(KvCacheId::kMain));
-    if (num_loading <= 0) {  // no room to load: admit with the device prefix and recompute the rest
-      ledger_.drop_refs(KvCacheId::kMain, device_blocks);
-      return false;
+    // A demand load pins the device part of its member's path, then takes the blocks it can get there.
+    KvBlockCounts num_pinned, num_load;
+    bool any_load = false;
+    for (KvCacheId member : kAllKvCaches) {
+      const std::vector<const RadixNode*>& path = paths[member];
+      const size_t next = first_off_device[member];
+      if (next == path.size()) continue;
+      std::vector<int32_t> device_blocks;
+      for (size_t i = 0; i < next; ++i) device_blocks.push_back(path[i]->block_id);
+      const auto num_host = static_cast<int32_t>(path.size() - next);
+      ledger_.add_refs(member, device_blocks);
+      const int32_t num_loading = std::min(num_host, ledger_.num_available_blocks(member));
+      if (num_loading <= 0) {  // no room here: this member recomputes what is on its host
+        ledger_.drop_refs(member, device_blocks);
+        continue;
+      }
+      KvBlockCounts num_blocks;
+      num_blocks[member] = num_loading;
+      ledger_.take(num_blocks);
+      for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
+      num_pinned[member] = static_cast<int32_t>(device_blocks.size());
+      num_load[member] = num_host;
+      any_load = true;
     }
-    KvBlockCounts num_blocks;
-    num_blocks[KvCacheId::kMain] = num_loading;
-    ledger_.take(num_blocks);
-    for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
-    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, {}, num_host});
+    if (!any_load) return false;  // no room to load: admit with the device prefixes
+    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, num_pinned, num_load});
     return true;
   }
 
@@ -240,7 +257,7 @@ class Scheduler::Planner {
         ledger_.take(num_blocks);
         budget_ -= num_new;
         decision_.actions.push_back(
-            {SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, num_found_blocks, 0});
+            {SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, num_found_blocks, {}});
         return true;
       }
       // A member that had to give up part of the prefix may give up more: a
@@ -294,8 +311,8 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
     any_preempted |= action.kind == SchedulerAction::Kind::kPreempt;
     if (action.kind == SchedulerAction::Kind::kAdmit)
       holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
-    else if (action.kind == SchedulerAction::Kind::kStartLoad)
-      holds.push_back(kv_caches_.hold_prefix(RequestKvKeys{request.kv.key, ""}, request.lookup_tokens()));
+    else if (action.kind == SchedulerAction::Kind::kStartLoad)  // the device parts its loads pin
+      holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
   }
   LOOM_CHECK(!any_preempted || holds.empty());
   ScheduledBatch batch;
@@ -312,13 +329,16 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
       case SchedulerAction::Kind::kAdmit:
         apply_admit(action, batch);
         break;
-      case SchedulerAction::Kind::kStartLoad:
-        LOOM_CHECK(kv_caches_.main().start_load(request.kv.key, request.lookup_tokens(), action.num_load_blocks,
-                                                KvCacheManager::LoadReason::kDemand) > 0);
+      case SchedulerAction::Kind::kStartLoad: {
+        const KvBlockCounts num_loading = kv_caches_.start_load(
+            request.kv, request.lookup_tokens(), action.num_load_blocks, KvCacheManager::LoadReason::kDemand);
+        for (KvCacheId member : kAllKvCaches)
+          LOOM_CHECK((num_loading[member] > 0) == (action.num_load_blocks[member] > 0));
         batch.waiting_on_load.push_back(action.id);
         break;
+      }
       case SchedulerAction::Kind::kWaitOnLoad:
-        kv_caches_.main().prefix_status(request.kv.key, request.lookup_tokens());  // counts late prefetches
+        kv_caches_.prefix_status(request.kv, request.lookup_tokens());  // counts late prefetches
         batch.waiting_on_load.push_back(action.id);
         break;
       case SchedulerAction::Kind::kNoRoom:

@@ -39,14 +39,15 @@
 //   5. A waiting request that does not get its blocks stops admission for the
 //      step (FCFS; running requests are never preempted for waiting ones);
 //      its cached prefix still counts as used now (LRU).
-//   6. Status-aware admission (host tier): when the main manager
-//      has_host_tier(), where a waiting request's prefix lives is checked first:
-//      - blocks of its prefix are loading: it waits, and later requests may
-//        pass it (it does not stop admission as in 5);
-//      - blocks follow on the host only: a demand load of them is started
-//        (start_load(kDemand)); if any block can be had it waits as above; if
-//        none (no room), it is admitted now with its device prefix and
-//        recomputes the rest.
+//   6. Status-aware admission (host tier): in every member the request uses
+//      that has_host_tier() (for a forked request, the bCache and the rCache),
+//      where its prefix lives is checked first:
+//      - blocks of its prefix are loading in any member: it waits, and later
+//        requests may pass it (it does not stop admission as in 5);
+//      - blocks follow on the host only: a demand load of them is started in
+//        each such member (start_load(kDemand)) that can have a block; if any
+//        member loads, it waits as above; if none can (no room), it is
+//        admitted now with its device prefixes and recomputes the rest.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
 //
@@ -134,8 +135,10 @@ struct SchedulerAction {
   int32_t num_new_tokens = 0;       // kRun, kAdmit
   int32_t num_computed_tokens = 0;  // kAdmit: the prefix found in every member it uses
   KvBlockCounts num_new_blocks;     // kRun, kAdmit: blocks per member beyond the (locked) leases
-  KvBlockCounts num_found_blocks;   // kAdmit: blocks of each member's cached prefix it locks
-  int32_t num_load_blocks = 0;      // kStartLoad: host blocks to load (at least one can be had)
+  KvBlockCounts num_found_blocks;   // kAdmit: blocks of each member's cached prefix it locks;
+                                    // kStartLoad: device blocks each loading member's load pins
+  KvBlockCounts num_load_blocks;    // kStartLoad: host blocks to load per member (0: none; else at
+                                    // least one can be had)
 };
 
 struct SchedulerDecision {

@@ -146,7 +146,7 @@ std::string MetricsExporter::render() const {
     for (const char* kind : {"base", "residual"}) {
       int64_t value = 0;
       if (std::string(tier) == "device") value = std::string(kind) == "base" ? m.kv_bytes_base : m.kv_bytes_residual;
-      if (std::string(tier) == "host" && std::string(kind) == "base") value = m.kv_bytes_host;
+      if (std::string(tier) == "host") value = std::string(kind) == "base" ? m.kv_bytes_host : m.kv_bytes_host_residual;
       out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind, value);
     }
   header(out, "loom_kv_cache_bytes_per_token", "gauge",
@@ -185,11 +185,14 @@ std::string MetricsExporter::render() const {
          m.num_workflows_active);
   header(out, "loom_kv_eviction_policy_info", "gauge", "The KV eviction policy (--eviction-policy), as a label");
   out += fmt::format("loom_kv_eviction_policy_info{{policy=\"{}\"}} 1\n", escape_label_value(m.eviction_policy));
-  scalar(out, "loom_offloaded_tokens_total", "counter", "Tokens backed up from the device to the host tier",
+  scalar(out, "loom_offloaded_tokens_total", "counter",
+         "Tokens backed up from the device to the host tier (main and rCache pools together)",
          static_cast<double>(m.num_offloaded_tokens));
-  scalar(out, "loom_loaded_tokens_total", "counter", "Tokens loaded from the host tier (prefetches included)",
+  scalar(out, "loom_loaded_tokens_total", "counter",
+         "Tokens loaded from the host tier (prefetches included; main and rCache pools together)",
          static_cast<double>(m.num_loaded_tokens));
-  scalar(out, "loom_prefetched_tokens_total", "counter", "Tokens loaded from the host tier by proactive prefetch",
+  scalar(out, "loom_prefetched_tokens_total", "counter",
+         "Tokens loaded from the host tier by proactive prefetch (main and rCache pools together)",
          static_cast<double>(m.num_prefetched_tokens));
   header(out, "loom_prefetch_outcome_tokens_total", "counter",
          "Prefetched tokens by what the request that needed them found: ready (in time) or still loading (late)");

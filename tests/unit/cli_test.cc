@@ -83,6 +83,9 @@ TEST_F(CliTest, GenerateHonoursTheKvSharingModeOfLora) {
   CommandResult bad_size = run("serve --model " + model() + " --residual-kv-cache-memory 12Q");
   EXPECT_EQ(bad_size.exit_code, 2);
   EXPECT_NE(bad_size.output.find("--residual-kv-cache-memory"), std::string::npos) << bad_size.output;
+  CommandResult bad_host_size = run("serve --model " + model() + " --host-residual-kv-memory 1X");
+  EXPECT_EQ(bad_host_size.exit_code, 2);
+  EXPECT_NE(bad_host_size.output.find("--host-residual-kv-memory"), std::string::npos) << bad_host_size.output;
 }
 
 TEST_F(CliTest, SampledGenerationDependsOnTheSeed) {

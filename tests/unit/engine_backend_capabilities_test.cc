@@ -244,6 +244,16 @@ TEST_F(EngineBackendCapabilitiesTest, EngineConfigTheBackendCannotRunFailsAtCons
   host_tier.num_host_kv_blocks = 16;
   test::expect_error([&] { make_limited(host_tier); }, ErrorKind::kUnsupported,
                      {"host KV tier", "not supported by the limited backend"});
+  // A host tier for the main pool only (as the CUDA backend has it): an rCache host tier asked for is refused.
+  BackendCapabilities main_host_tier = cuda_like_capabilities();
+  main_host_tier.host_kv_tier = true;
+  EngineConfig residual_host_tier = small_config();
+  residual_host_tier.host_kv_cache_bytes = 1 << 20;
+  residual_host_tier.host_residual_kv_cache_bytes = 1 << 16;
+  test::expect_error([&] { make_limited(residual_host_tier, main_host_tier); }, ErrorKind::kUnsupported,
+                     {"host tier for the forked rCache (--host-residual-kv-memory) is not supported by the limited "
+                      "backend",
+                      "--host-residual-kv-memory auto or 0"});
   EngineConfig residual = small_config();
   residual.residual_kv_cache_bytes = 1 << 20;
   test::expect_error([&] { make_limited(residual); }, ErrorKind::kUnsupported,

@@ -1,5 +1,6 @@
 // KvTransferWorker: per-direction ordering, loads never wait behind offloads,
-// bounded queues, failed copies, wait_idle and shutdown with queued work.
+// bounded queues, failed copies, wait_idle and shutdown with queued work, and
+// transfers of both KvCacheGroup members (same ids) kept apart.
 #include "engine/kv_transfer_worker.h"
 
 #include <algorithm>
@@ -21,13 +22,14 @@ using Kind = KvCacheManager::Transfer::Kind;
 using Transfer = KvTransferWorker::Transfer;
 using Finished = KvTransferWorker::Finished;
 
-Transfer make_transfer(int64_t id, Kind kind) {
-  Transfer transfer;
-  transfer.id = id;
-  transfer.kind = kind;
-  transfer.device_block_ids = {static_cast<int32_t>(id)};
-  transfer.host_block_ids = {static_cast<int32_t>(id)};
-  return transfer;
+Transfer make_transfer(int64_t id, Kind kind, KvCacheId cache = KvCacheId::kMain) {
+  Transfer planned;
+  planned.cache = cache;
+  planned.transfer.id = id;
+  planned.transfer.kind = kind;
+  planned.transfer.device_block_ids = {static_cast<int32_t>(id)};
+  planned.transfer.host_block_ids = {static_cast<int32_t>(id)};
+  return planned;
 }
 
 // A gate the copy function can block on until the test opens it.
@@ -77,7 +79,7 @@ TEST(KvTransferWorker, KeepsSubmissionOrderPerDirection) {
   KvTransferWorker worker(
       [&](const Transfer& transfer) {
         std::lock_guard lock(mutex);
-        copied.push_back(transfer.id);
+        copied.push_back(transfer.transfer.id);
       },
       16);
   std::vector<Kind> kind_of_id;
@@ -111,7 +113,7 @@ TEST(KvTransferWorker, LoadFinishesWhileAnOffloadIsStuck) {
   Gate offload_gate;
   KvTransferWorker worker(
       [&](const Transfer& transfer) {
-        if (transfer.kind == Kind::kOffload) offload_gate.wait();
+        if (transfer.transfer.kind == Kind::kOffload) offload_gate.wait();
       },
       4);
   ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload)));
@@ -170,8 +172,8 @@ TEST(KvTransferWorker, FullQueueRefusesWithoutQueuing) {
 TEST(KvTransferWorker, ThrowingCopyMarksTheTransferFailed) {
   KvTransferWorker worker(
       [](const Transfer& transfer) {
-        if (transfer.id == 2) throw Error(ErrorKind::kInvalidArgument, "host block 99 outside a pool of 8");
-        if (transfer.id == 3) throw 42;  // not even a std::exception
+        if (transfer.transfer.id == 2) throw Error(ErrorKind::kInvalidArgument, "host block 99 outside a pool of 8");
+        if (transfer.transfer.id == 3) throw 42;  // not even a std::exception
       },
       4);
   for (int64_t id = 1; id <= 4; ++id) ASSERT_TRUE(worker.submit(make_transfer(id, Kind::kLoad)));
@@ -210,7 +212,7 @@ TEST(KvTransferWorker, DestructorRunsQueuedTransfers) {
   {
     KvTransferWorker worker(
         [&](const Transfer& transfer) {
-          if (transfer.id == 0) gate.wait();
+          if (transfer.transfer.id == 0) gate.wait();
           ++num_copies;
         },
         8);
@@ -225,6 +227,47 @@ TEST(KvTransferWorker, DestructorRunsQueuedTransfers) {
   }
   opener.join();
   EXPECT_EQ(num_copies.load(), 8);
+}
+
+// Transfer ids are per member: the main and the residual member both plan a
+// transfer 1. Each copy sees its member (the pool it copies), and each comes
+// back named by it, with its own outcome.
+TEST(KvTransferWorker, KeepsTheMembersTransfersApart) {
+  std::mutex mutex;
+  std::vector<std::pair<KvCacheId, int64_t>> copied;
+  KvTransferWorker worker(
+      [&](const Transfer& planned) {
+        {
+          std::lock_guard lock(mutex);
+          copied.emplace_back(planned.cache, planned.transfer.id);
+        }
+        if (planned.cache == KvCacheId::kResidual && planned.transfer.kind == Kind::kLoad)
+          throw Error(ErrorKind::kInternal, "residual load fails");
+      },
+      4);
+  ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload, KvCacheId::kMain)));
+  ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload, KvCacheId::kResidual)));
+  ASSERT_TRUE(worker.submit(make_transfer(2, Kind::kLoad, KvCacheId::kResidual)));
+  ASSERT_TRUE(worker.submit(make_transfer(2, Kind::kLoad, KvCacheId::kMain)));
+  worker.wait_idle();
+  std::vector<Finished> finished = worker.take_finished();
+  ASSERT_EQ(finished.size(), 4u);
+  auto by_member_and_id = [](const Finished& a, const Finished& b) {
+    return std::make_pair(a.cache, a.transfer_id) < std::make_pair(b.cache, b.transfer_id);
+  };
+  std::sort(finished.begin(), finished.end(), by_member_and_id);
+  const std::vector<std::pair<KvCacheId, int64_t>> expected = {
+      {KvCacheId::kMain, 1}, {KvCacheId::kMain, 2}, {KvCacheId::kResidual, 1}, {KvCacheId::kResidual, 2}};
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_EQ(finished[i].cache, expected[i].first) << i;
+    EXPECT_EQ(finished[i].transfer_id, expected[i].second) << i;
+  }
+  EXPECT_TRUE(finished[0].succeeded);
+  EXPECT_TRUE(finished[1].succeeded);
+  EXPECT_TRUE(finished[2].succeeded);
+  EXPECT_FALSE(finished[3].succeeded);  // only the residual member's load failed
+  std::sort(copied.begin(), copied.end());
+  EXPECT_EQ(copied, expected);
 }
 
 TEST(KvTransferWorker, RejectsBadConstruction) {

@@ -54,13 +54,19 @@ class SchedulerDecisionTest : public ::testing::TestWithParam<bool> {};
 
 TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
   const bool with_host_tier = GetParam();
+  PerKvCache<int64_t> num_loads_started;  // over all seeds: both members' loads were exercised
   for (uint32_t seed = 1; seed <= 200; ++seed) {
     std::mt19937 rng(seed);
     const int32_t block_size = 4;
     KvCacheGroup kv_caches(10 + static_cast<int32_t>(seed % 5), 8, block_size);
     kv_caches.set_eviction_policy(seed % 2 ? KvEvictionPolicy::kWorkflow : KvEvictionPolicy::kLru);
-    if (with_host_tier) kv_caches.main().enable_host_tier(6 + static_cast<int32_t>(seed % 7));
-    std::vector<KvCacheManager::Transfer> in_flight;
+    if (with_host_tier) {  // both members: forked requests wait on and load their rCache too
+      KvBlockCounts num_host_blocks;
+      num_host_blocks[KvCacheId::kMain] = 6 + static_cast<int32_t>(seed % 7);
+      num_host_blocks[KvCacheId::kResidual] = 3 + static_cast<int32_t>(seed % 6);
+      kv_caches.enable_host_tier(num_host_blocks);
+    }
+    std::vector<KvCacheGroup::MemberTransfer> in_flight;
     Scheduler scheduler(SchedulerConfig{12, 6, 3}, kv_caches);
     std::vector<Tokens> prefixes;
     for (int32_t p = 0; p < 3; ++p) {
@@ -85,7 +91,7 @@ TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
         num_left[next_id++] = 1 + static_cast<int32_t>(rng() % 6);
       }
       if (!scheduler.has_work()) {
-        for (const KvCacheManager::Transfer& transfer : in_flight) kv_caches.main().finish_transfer(transfer.id, true);
+        for (const auto& planned : in_flight) kv_caches.finish_transfer(planned.cache, planned.transfer.id, true);
         in_flight.clear();
         continue;
       }
@@ -103,21 +109,27 @@ TEST_P(SchedulerDecisionTest, ScheduleIsPureAndApplyCarriesItOutUnderPressure) {
         else
           scheduler.append_token(entry.id, static_cast<int32_t>(entry.id % 50));
       }
-      std::vector<KvCacheManager::Transfer> still_in_flight;
-      for (KvCacheManager::Transfer& transfer : in_flight) {
+      std::vector<KvCacheGroup::MemberTransfer> still_in_flight;
+      for (auto& planned : in_flight) {
         if (rng() % 3 == 0)
-          still_in_flight.push_back(std::move(transfer));
+          still_in_flight.push_back(std::move(planned));
         else
-          kv_caches.main().finish_transfer(transfer.id, rng() % 8 != 0);
+          kv_caches.finish_transfer(planned.cache, planned.transfer.id, rng() % 8 != 0);
       }
       in_flight = std::move(still_in_flight);
-      for (KvCacheManager::Transfer& transfer : kv_caches.main().take_transfers()) in_flight.push_back(std::move(transfer));
-      if (guard % 5 == 0) kv_caches.main().evict_all_cached();  // push prefixes to the host
+      for (auto& planned : kv_caches.take_transfers()) {
+        if (planned.transfer.kind == KvCacheManager::Transfer::Kind::kLoad) ++num_loads_started[planned.cache];
+        in_flight.push_back(std::move(planned));
+      }
+      if (guard % 5 == 0) kv_caches.evict_all_cached();  // push prefixes to the host
       ASSERT_EQ(kv_caches.integrity_error(), "") << "seed " << seed;
     }
-    for (const KvCacheManager::Transfer& transfer : in_flight) kv_caches.main().finish_transfer(transfer.id, true);
+    for (const auto& planned : in_flight) kv_caches.finish_transfer(planned.cache, planned.transfer.id, true);
     EXPECT_FALSE(scheduler.has_work()) << "seed " << seed;
     EXPECT_GT(num_steps, 0);
+  }
+  if (with_host_tier) {
+    for (KvCacheId id : kAllKvCaches) EXPECT_GT(num_loads_started[id], 0) << kv_cache_name(id);
   }
 }
 

@@ -15,10 +15,13 @@
 //   write masks: an entry below num_kv_present_tokens (num_residual_present_
 //            tokens) is not written; it must already hold exactly what this
 //            sequence would have written (so a wrong shared block throws).
+//
+// Host tier: both pools, copied slot by slot; every copy is logged (copies()).
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <mutex>
 #include <span>
 #include <vector>
 
@@ -49,6 +52,8 @@ class FakeBackend final : public Backend {
     BackendCapabilities capabilities;
     capabilities.name = "fake";
     capabilities.kv_sharing_modes = all_kv_sharing_modes();
+    capabilities.host_kv_tier = true;
+    capabilities.residual_host_kv_tier = declares_residual_host_tier;
     return capabilities;
   }
 
@@ -106,39 +111,66 @@ class FakeBackend final : public Backend {
     return result;
   }
 
-  // Host tier: a second slot array per block, copied whole (kMain only).
+  // Host tier: per pool (main, rCache), a second slot array per block,
+  // copied whole. Copies may come from KvTransferWorker's two threads at once
+  // (the cache managers keep their blocks apart); the log is locked.
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override {
-    LOOM_CHECK(pool == KvPoolKind::kMain && num_blocks > 0);
-    num_host_blocks_ = num_blocks;
-    host_slots_.assign(static_cast<size_t>(num_blocks) * static_cast<size_t>(shape_.block_size), kUnwritten);
+    LOOM_CHECK(num_blocks > 0);
+    HostPool& host = host_pool(pool);
+    host.num_blocks = num_blocks;
+    host.slots.assign(static_cast<size_t>(num_blocks) * static_cast<size_t>(block_size(pool)), kUnwritten);
   }
-  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return pool == KvPoolKind::kMain ? num_host_blocks_ : 0; }
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override {
+    return pool == KvPoolKind::kMain ? host_main_.num_blocks : host_residual_.num_blocks;
+  }
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                       std::span<const int32_t> host_block_ids) override {
-    LOOM_CHECK(pool == KvPoolKind::kMain && device_block_ids.size() == host_block_ids.size());
-    const auto block = static_cast<size_t>(shape_.block_size);
+    LOOM_CHECK(device_block_ids.size() == host_block_ids.size());
+    std::vector<int64_t>& device_slots = pool == KvPoolKind::kMain ? slots_ : residual_slots_;
+    HostPool& host = host_pool(pool);
+    const auto block = static_cast<size_t>(block_size(pool));
     for (size_t i = 0; i < device_block_ids.size(); ++i) {
-      LOOM_CHECK(device_block_ids[i] >= 0 && device_block_ids[i] < shape_.num_blocks);
-      LOOM_CHECK(host_block_ids[i] >= 0 && host_block_ids[i] < num_host_blocks_);
-      auto device = slots_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(device_block_ids[i]) * block);
-      auto host = host_slots_.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(host_block_ids[i]) * block);
+      LOOM_CHECK(device_block_ids[i] >= 0 && static_cast<size_t>(device_block_ids[i]) * block < device_slots.size());
+      LOOM_CHECK(host_block_ids[i] >= 0 && host_block_ids[i] < host.num_blocks);
+      auto device =
+          device_slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(device_block_ids[i]) * block);
+      auto host_block =
+          host.slots.begin() + static_cast<std::ptrdiff_t>(static_cast<size_t>(host_block_ids[i]) * block);
       const auto n = static_cast<std::ptrdiff_t>(block);
       if (direction == KvCopyDirection::kDeviceToHost)
-        std::copy(device, device + n, host);
+        std::copy(device, device + n, host_block);
       else
-        std::copy(host, host + n, device);
+        std::copy(host_block, host_block + n, device);
     }
-    ++num_copies;
+    std::lock_guard lock(copies_mutex_);
+    copies_.push_back({pool, direction, std::vector<int32_t>(device_block_ids.begin(), device_block_ids.end()),
+                       std::vector<int32_t>(host_block_ids.begin(), host_block_ids.end())});
+  }
+  struct Copy {
+    KvPoolKind pool = KvPoolKind::kMain;
+    KvCopyDirection direction = KvCopyDirection::kDeviceToHost;
+    std::vector<int32_t> device_block_ids, host_block_ids;
+  };
+  // Every copy_kv_blocks call so far, in the order they ran.
+  std::vector<Copy> copies() const {
+    std::lock_guard lock(copies_mutex_);
+    return copies_;
   }
 
   // Forgets every K/V (as if the blocks were overwritten), to prove reuse is real.
   void scramble_kv() {
-    std::fill(slots_.begin(), slots_.end(), kUnwritten);
-    std::fill(residual_slots_.begin(), residual_slots_.end(), kUnwritten);
+    scramble_kv(KvPoolKind::kMain);
+    scramble_kv(KvPoolKind::kResidual);
+  }
+  // ... of one device pool only.
+  void scramble_kv(KvPoolKind pool) {
+    std::vector<int64_t>& device_slots = pool == KvPoolKind::kMain ? slots_ : residual_slots_;
+    std::fill(device_slots.begin(), device_slots.end(), kUnwritten);
   }
 
   int64_t num_forward_calls = 0;
-  int64_t num_copies = 0;
+  // Whether capabilities() declares a host tier for the rCache pool (its copies work regardless).
+  bool declares_residual_host_tier = true;
 
  private:
   static constexpr int64_t kUnwritten = -1;
@@ -153,12 +185,22 @@ class FakeBackend final : public Backend {
       slot = v;
   }
 
+  struct HostPool {
+    int32_t num_blocks = 0;
+    std::vector<int64_t> slots;
+  };
+  HostPool& host_pool(KvPoolKind pool) { return pool == KvPoolKind::kMain ? host_main_ : host_residual_; }
+  int32_t block_size(KvPoolKind pool) const {
+    return pool == KvPoolKind::kMain ? shape_.block_size : residual_shape_.block_size;
+  }
+
   KvCacheShape shape_;
   ResidualCacheShape residual_shape_;
   std::vector<int64_t> slots_;
   std::vector<int64_t> residual_slots_;
-  int32_t num_host_blocks_ = 0;
-  std::vector<int64_t> host_slots_;
+  HostPool host_main_, host_residual_;
+  mutable std::mutex copies_mutex_;
+  std::vector<Copy> copies_;
 };
 
 }  // namespace loom::test

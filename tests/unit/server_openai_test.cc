@@ -569,6 +569,8 @@ TEST(ServerMetricsTest, HistogramsAccumulateAndGaugesReplace) {
   second.kv_bytes_in_use_or_cached = 4096 + 512;
   second.kv_bytes_base = 4096;
   second.kv_bytes_residual = 512;
+  second.kv_bytes_host = 2048;
+  second.kv_bytes_host_residual = 256;
   second.kv_bytes_by_adapter = {{"a\"1", 300}, {"b", 0}, {"bad\xff", 7}};
   second.prefix_queried_tokens = 150;
   second.prefix_hit_tokens = 60;
@@ -583,7 +585,9 @@ TEST(ServerMetricsTest, HistogramsAccumulateAndGaugesReplace) {
   EXPECT_TRUE(has_line("loom_prefix_cache_queried_tokens_total 150"));
   EXPECT_TRUE(has_line("loom_prefix_cache_hit_tokens_total 60"));
   EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"device\",kind=\"base\"} 4096"));
-  EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"host\",kind=\"residual\"} 0"));
+  EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"host\",kind=\"base\"} 2048"));
+  EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"host\",kind=\"residual\"} 256"));
+  EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"disk\",kind=\"residual\"} 0"));
   EXPECT_TRUE(has_line("loom_kv_cache_bytes{tier=\"device\",kind=\"residual\"} 512"));
   EXPECT_TRUE(has_line("loom_prefix_cache_queried_tokens_total{mode=\"forked\"} 100"));
   EXPECT_TRUE(has_line("loom_prefix_cache_queried_tokens_total{mode=\"isolated\"} 0"));

@@ -68,6 +68,7 @@ class CpuBackend final : public Backend {
     capabilities.name = "cpu";
     capabilities.kv_sharing_modes = all_kv_sharing_modes();
     capabilities.host_kv_tier = true;
+    capabilities.residual_host_kv_tier = true;
     capabilities.capture_hidden_states = true;
     return capabilities;
   }
