@@ -6,6 +6,8 @@
 // differently in other batch shapes).
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "backend/cuda/cuda_backend_impl.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
@@ -27,6 +29,7 @@ TEST(CudaCapabilities, DeclaresWhatForwardRuns) {  // no GPU needed
   EXPECT_EQ(capabilities.max_residual_rank, kResidualMaxRank);
   EXPECT_TRUE(capabilities.device_sampling);
   EXPECT_TRUE(capabilities.host_kv_tier);
+  EXPECT_TRUE(capabilities.residual_host_kv_tier);
   EXPECT_TRUE(capabilities.capture_hidden_states);
 }
 
@@ -70,8 +73,10 @@ class CudaEngineSharing : public ::testing::Test {
     int index;
     KvSharing sharing;
   };
-  std::unique_ptr<EngineImpl> make(const std::vector<Setup>& adapters, int32_t num_blocks) {
+  std::unique_ptr<EngineImpl> make(const std::vector<Setup>& adapters, int32_t num_blocks,
+                                   int32_t num_host_blocks = 0) {
     EngineConfig config;
+    config.num_host_kv_blocks = num_host_blocks;  // the rCache gets as many (same-sized device pools)
     config.block_size = 16;
     config.num_kv_blocks = num_blocks;
     config.num_residual_kv_blocks = num_blocks;
@@ -153,6 +158,41 @@ TEST_F(CudaEngineSharing, ServesEveryModeAndTheBaseModelInOneBatchUnderEviction)
   }
   std::printf("[ engine ] %d tokens compared with alone runs, %d near-tie divergences\n", compared, near_ties);
   EXPECT_LE(near_ties, 2);
+}
+
+// The forked rCache's host tier on the GPU: a prompt's rCache blocks evicted
+// from the device come back from pinned host memory (a full prefix hit, not a
+// recompute) and the greedy tokens are those of the first run.
+TEST_F(CudaEngineSharing, EvictedRCacheComesBackFromTheHostTier) {
+  std::unique_ptr<EngineImpl> engine = make({{"planner", 0, KvSharing::kForked}}, 64, /*num_host_blocks=*/64);
+  EngineRequest first = request(3, "planner");
+  first.sampling.num_top_logprobs = 0;  // device sampling, greedy
+  auto run = [&] {
+    auto stream = engine->submit(first);
+    Collected result = collect(*stream);
+    EXPECT_FALSE(result.error.has_value()) << result.error->what();
+    std::vector<int32_t> tokens;
+    for (const SampledToken& token : result.tokens) tokens.push_back(token.token_id);
+    return tokens;
+  };
+  const std::vector<int32_t> cold = run();
+  int32_t num_evicted = 0;
+  for (int i = 0; i < 2000 && num_evicted == 0; ++i) {  // once the backups have landed
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    engine->run_on_engine_thread([&] {
+      if (engine->kv_caches().num_transfers_in_flight() == 0)
+        num_evicted = engine->residual_kv_cache()->evict_all_cached();
+    });
+  }
+  ASSERT_GT(num_evicted, 0);
+  EXPECT_EQ(run(), cold);
+  engine->run_on_engine_thread([&] {
+    const KvCacheStats stats = engine->residual_kv_cache()->stats();
+    EXPECT_GT(stats.num_offloaded_blocks, 0);
+    EXPECT_GT(stats.num_loaded_blocks, 0);
+    EXPECT_EQ(engine->kv_caches().integrity_error(), "");
+  });
+  engine->shutdown(false);
 }
 
 }  // namespace

@@ -562,6 +562,7 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.max_lora_rank = cuda::kLoraMaxRank;
   capabilities.device_sampling = true;
   capabilities.host_kv_tier = true;
+  capabilities.residual_host_kv_tier = true;
   capabilities.capture_hidden_states = true;
   return capabilities;
 }
