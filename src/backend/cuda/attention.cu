@@ -11,6 +11,14 @@
 //   decode:  every warp owns the 16 rows and keys [16w, 16w + 16) of each tile;
 //            the four (m, l, O) are merged through shared memory at the end.
 // Masking: row (token i) sees key j iff j < kv_end and j <= num_cached + i.
+// Base sharing (ICaRus): a sequence's decoder rows are queries after its new
+// tokens (AttentionSequence::query_row / query_token), so their heads share the
+// K/V tiles of the token they pair with.
+// ResidualAttention (forked, kRankPad > 0): the tiles also stream rK / rV of
+// the rCache and the CTA holds its kv head's B_k / B_v rows; decode rebuilds
+// its warp's keys in registers (add_residual_scores), prefill in the shared K
+// tile (rebuild_keys); P·rV accumulates beside P·V and meets s_v B_v^T once at
+// the end.
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
