@@ -6,7 +6,8 @@
 # and its dependencies, from the .venv here: the device has no network).
 #   bench/cuda/sharing_e2e.sh react|mapreduce|reflexion|reflexion-skewed [extra loom bench args]
 # Sizes come from the environment (defaults: a scaled-down ForkKV / ICaRus shape
-# that fits one 10-minute call): CONTEXT, OUTPUT, TASKS, KV_BYTES.
+# that fits one 10-minute call): CONTEXT, OUTPUT, TASKS, KV_BYTES, LIMIT (seconds);
+# react/mapreduce: RATE (tasks/s; empty: closed loop), WORKFLOWS; reflexion: AGENTS, RATES.
 set -u
 WORKLOAD=${1:-react}
 shift
@@ -23,11 +24,12 @@ COMMON=(--model random:llama-8b --device cuda --kv-cache-bytes "${KV_BYTES:-4294
         --context-tokens "${CONTEXT:-8192}" --output-tokens "${OUTPUT:-128}" --num-tasks "${TASKS:-8}")
 case "$WORKLOAD" in
   react|mapreduce)
-    timeout 540 "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents 8 --rate 2 \
-      --compare sharing=isolated,forked --compare workflows=1,4 --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
+    RATE_ARGS=(); [ -n "${RATE-2}" ] && RATE_ARGS=(--rate "${RATE-2}")
+    timeout "${LIMIT:-540}" "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents 8 "${RATE_ARGS[@]}" \
+      --compare sharing=isolated,forked --compare workflows=${WORKFLOWS:-1,4} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
     ;;
   reflexion|reflexion-skewed)
-    timeout 540 "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents "${AGENTS:-4}" \
+    timeout "${LIMIT:-540}" "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents "${AGENTS:-4}" \
       --compare sharing=isolated,base --compare rate=${RATES:-2,8} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
     ;;
 esac
