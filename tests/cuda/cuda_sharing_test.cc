@@ -215,8 +215,6 @@ TEST_P(CudaSharingModels, EveryModeMatchesCpuInOneBatch) {
   BackendPair pair = make_pair(GetParam(), 21);
   const int vocab = pair.config.vocab_size;
   Driver driver(7);
-  std::vector<int> sequences;
-  std::vector<std::vector<int32_t>> slots_of;  // per sequence: slot of each new token of a prefill of length L
   const int plain = driver.add_sequence();
   const int isolated = driver.add_sequence();
   const int activated = driver.add_sequence();
