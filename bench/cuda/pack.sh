@@ -2,7 +2,9 @@
 # Here (the build machine): packs one build for run_device.sh / serve_check.sh on the GPU machine.
 #   bench/cuda/pack.sh [BUILD_DIR]   -> .carry/cuda/loom_cuda_pkg.tar.xz
 # bin/ gets loom, loom_cuda_bench and cuda_backend_test; lib/ the Debian shared
-# libraries the device image lacks.
+# libraries the device image lacks. With a .venv here (scripts/setup.sh), also
+# .carry/py/pylibs.tar.xz: the `loom bench` harness's httpx and its
+# dependencies, which the device image lacks (sharing_e2e.sh unpacks it).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 build=${1:-build}
@@ -16,3 +18,9 @@ for binary in "$stage"/bin/*; do
 done | sort -u | xargs -r cp -L -t "$stage/lib"
 tar cJf .carry/cuda/loom_cuda_pkg.tar.xz -C "$stage" bin lib
 ls -la .carry/cuda/loom_cuda_pkg.tar.xz
+site_packages=$(ls -d .venv/lib/python3*/site-packages 2>/dev/null | head -1)
+if [ -n "$site_packages" ] && [ -d "$site_packages/httpx" ]; then
+  mkdir -p .carry/py
+  tar cJf .carry/py/pylibs.tar.xz -C "$site_packages" httpx httpcore h11 anyio sniffio certifi idna typing_extensions.py
+  ls -la .carry/py/pylibs.tar.xz
+fi
