@@ -23,6 +23,8 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/residual_keys.cuh"
 
 namespace loom::cuda {
 
@@ -30,41 +32,6 @@ namespace {
 
 constexpr int kThreads = 128;
 constexpr int kTileKeys = kAttentionTileKeys;
-
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  const int source_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(source_bytes));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const void* shared) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* shared) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(address));
-}
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
-  const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
-  return *reinterpret_cast<const uint32_t*>(&pair);
-}
 
 // kRankPad > 0: ResidualAttention, with B_k / B_v slices [kHeadDim][kRankPad]
 // and double-buffered rK / rV tiles [2][kTileKeys][kRankPad] (rows padded by 8).
@@ -103,123 +70,6 @@ struct RowWriter {
                   local_row] = lse;
   }
 };
-
-// cos / sin of RoPE at `position` for frequencies d and d + 1. The angle is
-// the qkv post-processing's fp32 product; it is reduced to [-pi, pi] exactly
-// enough (Cody-Waite, 2 pi in two parts) for the SFU's sin/cos (abs error
-// ~4e-7), far below the bf16 the rebuilt keys are packed to, and no table
-// traffic competes with the K/V tiles.
-__device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int position, int d, float2& c, float2& s) {
-  float angle[2] = {__fmul_rn(__ldg(inv_freq + d), static_cast<float>(position)),
-                    __fmul_rn(__ldg(inv_freq + d + 1), static_cast<float>(position))};
-  float cosine[2], sine[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float turns = rintf(angle[e] * 0.159154943091895336f);
-    float reduced = fmaf(-turns, 6.28318548202514648f, angle[e]);
-    reduced = fmaf(-turns, -1.74845553e-07f, reduced);
-    __sincosf(reduced, &sine[e], &cosine[e]);
-  }
-  c = make_float2(cosine[0], cosine[1]);
-  s = make_float2(sine[0], sine[1]);
-}
-
-// ResidualAttention's key rebuild for one tile in shared memory: warp w adds
-// RoPE_j(scale · rK_j · B^T) to keys [16w, 16w + 16) of the tile (k_tile
-// [kTileKeys][kHeadDim + 8], rk_tile [kTileKeys][kRankPad + 8], b [kHeadDim][kRankPad + 8]).
-// Key j (absolute: tile_start + local) rotates at position j. A C fragment's
-// column d and its rotate-half partner d + kHeadDim / 2 land in the same thread
-// (n-tiles t and t + kHeadDim / 16), so RoPE runs in registers.
-template <int kHeadDim, int kRankPad>
-__device__ __forceinline__ void rebuild_keys(const AttentionParams& p, bf16* k_tile, const bf16* rk_tile, const bf16* b,
-                                             float scale, int tile_start, int kv_end, int warp, int lane) {
-  constexpr int kStride = kHeadDim + 8;
-  constexpr int kRankStride = kRankPad + 8;
-  constexpr int kHalf = kHeadDim / 2;
-  constexpr int kRankSteps = kRankPad / 16;
-  uint32_t a[kRankSteps][4];
-#pragma unroll
-  for (int step = 0; step < kRankSteps; ++step)
-    ldmatrix_x4(a[step], rk_tile + (warp * 16 + lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
-  const int g = lane / 4;
-  const int quad = lane % 4;
-#pragma unroll
-  for (int t = 0; t < kHalf / 8; ++t) {
-    float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int step = 0; step < kRankSteps; ++step) {
-      uint32_t fragment[4];
-      ldmatrix_x4(fragment, b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
-      mma_bf16(first, a[step], fragment[0], fragment[1]);
-      mma_bf16(second, a[step], fragment[2], fragment[3]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int local = warp * 16 + g + 8 * h;
-      const int key = tile_start + local;
-      if (key >= kv_end) continue;
-      const int d = t * 8 + 2 * quad;
-      float2 c, s;
-      rope_cos_sin(p.inv_freq, key, d, c, s);
-      const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
-      const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
-      __nv_bfloat162* low = reinterpret_cast<__nv_bfloat162*>(k_tile + local * kStride + d);
-      __nv_bfloat162* high = reinterpret_cast<__nv_bfloat162*>(k_tile + local * kStride + d + kHalf);
-      const float2 k_low = __bfloat1622float2(*low);
-      const float2 k_high = __bfloat1622float2(*high);
-      *low = __floats2bfloat162_rn(k_low.x + (x0 * c.x - y0 * s.x), k_low.y + (x1 * c.y - y1 * s.y));
-      *high = __floats2bfloat162_rn(k_high.x + (y0 * c.x + x0 * s.x), k_high.y + (y1 * c.y + x1 * s.y));
-    }
-  }
-}
-
-// Decode's ResidualAttention scores: a warp's 16 keys (first_key..) add
-// Q · RoPE_j(scale · rK_j · B^T)^T to its two score tiles. The rebuilt keys
-// never touch shared memory: the C fragments of (keys x head_dim) are, packed to
-// bf16, exactly the B fragments of S = Q K^T (key = the n index, head_dim = k).
-template <int kHeadDim, int kRankPad>
-__device__ __forceinline__ void add_residual_scores(const AttentionParams& p, float (&score)[2][4],
-                                                    const uint32_t (&q)[kHeadDim / 16][4], const bf16* rk_rows,
-                                                    const bf16* b, float scale, int first_key, int kv_end, int lane) {
-  constexpr int kRankStride = kRankPad + 8;
-  constexpr int kHalf = kHeadDim / 2;
-  constexpr int kRankSteps = kRankPad / 16;
-  constexpr int kOutTiles = kHeadDim / 8;
-  uint32_t a[kRankSteps][4];
-#pragma unroll
-  for (int step = 0; step < kRankSteps; ++step)
-    ldmatrix_x4(a[step], rk_rows + (lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
-  const int g = lane / 4;
-  const int quad = lane % 4;
-  uint32_t keys[kOutTiles][2];  // [head_dim tile][key g | key g + 8], bf16 pairs (d, d + 1)
-#pragma unroll
-  for (int t = 0; t < kHalf / 8; ++t) {
-    float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-#pragma unroll
-    for (int step = 0; step < kRankSteps; ++step) {
-      uint32_t fragment[4];
-      ldmatrix_x4(fragment, b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
-      mma_bf16(first, a[step], fragment[0], fragment[1]);
-      mma_bf16(second, a[step], fragment[2], fragment[3]);
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int key = first_key + g + 8 * h;
-      const int d = t * 8 + 2 * quad;
-      float2 c, s;
-      rope_cos_sin(p.inv_freq, key, d, c, s);  // keys past kv_end have rK = 0
-      const float x0 = first[2 * h] * scale, x1 = first[2 * h + 1] * scale;
-      const float y0 = second[2 * h] * scale, y1 = second[2 * h + 1] * scale;
-      keys[t][h] = pack_bf16(x0 * c.x - y0 * s.x, x1 * c.y - y1 * s.y);
-      keys[t + kHalf / 8][h] = pack_bf16(y0 * c.x + x0 * s.x, y1 * c.y + x1 * s.y);
-    }
-  }
-#pragma unroll
-  for (int step = 0; step < kHeadDim / 16; ++step) {
-    mma_bf16(score[0], q[step], keys[2 * step][0], keys[2 * step + 1][0]);
-    mma_bf16(score[1], q[step], keys[2 * step][1], keys[2 * step + 1][1]);
-  }
-}
 
 template <int kHeadDim, int kRowWarps, int kRankPad>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
@@ -275,10 +125,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   LoraModuleRef module_k{}, module_v{};
   const int32_t* residual_table = nullptr;
   if constexpr (kForked) {
-    const LoraModuleRef* modules =
-        p.lora_modules + (static_cast<int64_t>(sequence.forked_slot) * p.num_layers + p.layer) * 7;
-    module_k = modules[1];
-    module_v = modules[2];
+    module_k = lora_module(p.lora_modules, sequence.forked_slot, p.num_layers, p.layer, kLoraTargetK);
+    module_v = lora_module(p.lora_modules, sequence.forked_slot, p.num_layers, p.layer, kLoraTargetV);
     residual_table = p.residual_block_tables + sequence.residual_block_table_offset;
     // This kv head's rows of B_k and B_v, zero past the rank.
     for (int index = tid; index < kHeadDim * kRankPad; index += kThreads) {
@@ -375,8 +223,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     __syncthreads();
     if constexpr (kForked && kKeyWarps == 1) {  // prefill: every warp reads all 64 keys, rebuilt in shared memory
       if (module_k.rank > 0) {
-        rebuild_keys<kHeadDim, kRankPad>(p, k_shared + buffer * kTileKeys * kStride, rk_shared + buffer * kTileKeys * kRankStride,
-                                         bk_shared, module_k.scale, tile_start, item.kv_end, warp, lane);
+        rebuild_keys<kHeadDim, kRankPad>(p.inv_freq, k_shared + buffer * kTileKeys * kStride,
+                                         rk_shared + buffer * kTileKeys * kRankStride, bk_shared, module_k.scale,
+                                         tile_start, item.kv_end, warp, lane);
         __syncthreads();
       }
     }
@@ -403,8 +252,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         static_assert(kScoreTiles == 2, "decode warps own 16 keys");
         if (module_k.rank > 0)
           add_residual_scores<kHeadDim, kRankPad>(
-              p, score, q_fragments, rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride,
-              bk_shared, module_k.scale, first_key, item.kv_end, lane);
+              p.inv_freq, score, q_fragments, rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride,
+              bk_shared, module_k.scale, first_key, lane);
       }
 
       float tile_max[2] = {-INFINITY, -INFINITY};

@@ -7,7 +7,9 @@
 
 namespace loom::cuda {
 
-static_assert(kNumLoraTargets == 7, "lora.cu indexes the module table with 7 targets");
+static_assert(kNumLoraTargets == kLoraTargets, "the kernels index the module table with kLoraTargets targets");
+static_assert(static_cast<int>(LoraTarget::kK) == kLoraTargetK && static_cast<int>(LoraTarget::kV) == kLoraTargetV,
+              "the rCache kernels name the k and v modules by index");
 
 DeviceLoraTable::DeviceLoraTable(int32_t num_slots, const ModelConfig& config)
     : config_(config), num_slots_(num_slots) {

@@ -201,15 +201,17 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
     }
   }
   if (residual_slot < 0 || blockIdx.y != 0 || lora_row < 0) return;
-  // rCache write: sum the shrink's partials of k (target 1) and v (target 2).
+  // rCache write: sum the shrink's partials of k and v (the q/k/v launch's targets 1 and 2).
   const int stride = p.residual_rank_stride;
   const int adapter_slot = p.row_adapter_slots[token];
   bf16* destination = p.residual_pool + static_cast<int64_t>(residual_slot) * 2 * stride;
+  const int ranks[2] = {lora_module(p.lora_modules, adapter_slot, p.num_layers, p.layer, kLoraTargetK).rank,
+                        lora_module(p.lora_modules, adapter_slot, p.num_layers, p.layer, kLoraTargetV).rank};
   for (int index = threadIdx.x; index < 2 * stride; index += blockDim.x) {
     const int half_index = index / stride;  // 0: rK, 1: rV
     const int j = index % stride;
-    const int target = 1 + half_index;
-    const int rank = p.lora_modules[(static_cast<int64_t>(adapter_slot) * p.num_layers + p.layer) * 7 + target].rank;
+    const int target = half_index == 0 ? kLoraTargetK : kLoraTargetV;
+    const int rank = ranks[half_index];
     float value = 0.0f;
     if (j < rank)
       for (int split = 0; split < p.lora_splits; ++split)

@@ -39,7 +39,7 @@ __device__ __forceinline__ void unpack8(const uint4& packed, float* out) {
 }
 
 __device__ __forceinline__ const LoraModuleRef& module_of(const LoraParams& p, int slot, int target) {
-  return p.modules[(static_cast<int64_t>(slot) * p.num_layers + p.layer) * 7 + target];
+  return lora_module(p.modules, slot, p.num_layers, p.layer, target);
 }
 
 // Decode steps give each LoRA launch only a few rows, so these kernels are

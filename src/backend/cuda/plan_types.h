@@ -125,4 +125,13 @@ struct LoraModuleRef {
   float scale = 0.0f;
 };
 
+// The device module table is [slot][layer][target] (DeviceLoraTable); target is
+// a LoraTarget index, kLoraTargets == lora/adapter.h's kNumLoraTargets.
+inline constexpr int32_t kLoraTargets = 7;
+inline constexpr int32_t kLoraTargetK = 1, kLoraTargetV = 2;  // LoraTarget::kK, LoraTarget::kV
+LOOM_HOST_DEVICE inline const LoraModuleRef& lora_module(const LoraModuleRef* table, int32_t slot, int32_t num_layers,
+                                                         int32_t layer, int32_t target) {
+  return table[(static_cast<int64_t>(slot) * num_layers + layer) * kLoraTargets + target];
+}
+
 }  // namespace loom::cuda
