@@ -77,35 +77,22 @@ void run_case(const AttentionCase& c) {
 
   StepPlan plan;
   plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim)});
-  // The GPU pools are head-major within each block (plan_types.h's kv_element_index).
   auto device_layout = [&](const std::vector<float>& pool) {
-    std::vector<float> out(pool.size());
-    for (int64_t slot = 0; slot < num_slots; ++slot)
-      for (int h = 0; h < c.num_kv_heads; ++h)
-        std::copy_n(pool.begin() + slot * kv_size + h * c.head_dim, c.head_dim,
-                    out.begin() + kv_element_index(slot, h, c.block_size, c.num_kv_heads, c.head_dim));
-    return out;
+    return test::kv_pool_device_layout(pool, num_slots, c.num_kv_heads, c.head_dim, c.block_size);
   };
   DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(device_layout(k_pool)),
                v_d = upload_bf16(device_layout(v_pool)), out_d(static_cast<size_t>(n) * q_size * 2);
   const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
   DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
   LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written
-  AttentionParams params;
+  const int32_t* words = plan_d.as<int32_t>();
+  AttentionParams params = test::plan_attention_params(plan, words, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size);
   params.q = q_d.as<bf16>();
   params.k_cache = k_d.as<bf16>();
   params.v_cache = v_d.as<bf16>();
-  const int32_t* words = plan_d.as<int32_t>();
-  params.block_tables = words + plan.sections().block_tables;
-  params.sequences = reinterpret_cast<const AttentionSequence*>(words + plan.sections().sequences);
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
-  params.num_heads = c.num_heads;
-  params.num_kv_heads = c.num_kv_heads;
-  params.head_dim = c.head_dim;
-  params.block_size = c.block_size;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   launch_attention(params, AttentionVariant::kPrefill,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                    plan.num_prefill_items(), nullptr);

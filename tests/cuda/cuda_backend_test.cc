@@ -11,6 +11,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "model/loader.h"
 #include "synthetic/synthetic_model.h"
@@ -21,34 +22,16 @@
 namespace loom::cuda {
 namespace {
 
-using test::round_to_bf16;
+using test::argmax;
+using test::rounded_adapter;
+using test::tiny_weights;
 
-// The tiny model's weights; with `bf16_matrices` every 2-D tensor is rounded
-// to bf16 (what the GPU holds), so that the CPU reference sees the same weights.
-std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t seed, bool bf16_matrices) {
-  TensorMap tensors;
-  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) {
-    Tensor tensor = make_synthetic_tensor(spec, seed);
-    if (bf16_matrices && spec.shape.size() == 2) {
-      std::vector<float> values(tensor.data, tensor.data + tensor.numel());
-      tensor = Tensor::from_vector(spec.shape, round_to_bf16(std::move(values)));
-    }
-    tensors[spec.name] = tensor;
-  }
-  return std::make_shared<ModelWeights>(build_model_weights(config, tensors, "synthetic tiny"));
-}
+// The tiny models against the CPU: NMSE ~1e-4..1e-3 measured on the H100 (cuda_model_test_util.h).
+constexpr double kEndToEndNmse = 2e-3;
 
-std::shared_ptr<const LoraAdapter> rounded_adapter(const LoraAdapter& adapter) {
-  auto copy = std::make_shared<LoraAdapter>(adapter);
-  for (auto& layer : copy->layers)
-    for (auto& module : layer) {
-      if (!module.has_value()) continue;
-      for (Tensor* tensor : {&module->a, &module->b}) {
-        std::vector<float> values(tensor->data, tensor->data + tensor->numel());
-        *tensor = Tensor::from_vector(tensor->shape, round_to_bf16(std::move(values)));
-      }
-    }
-  return copy;
+void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, const std::string& what,
+                         double* worst_nmse = nullptr) {
+  test::expect_logits_close(out, ref, what, kEndToEndNmse, worst_nmse);
 }
 
 // Sequences over a shared KV pool with shuffled block ids; builds each step's Batch.
@@ -117,34 +100,6 @@ class Driver {
   std::vector<int32_t> free_blocks_;
   std::vector<Sequence> sequences_;
 };
-
-int argmax(const float* row, int count) { return static_cast<int>(std::max_element(row, row + count) - row); }
-
-// End to end the GPU rounds activations to bf16 at every GEMM input and keeps
-// K/V in bf16; on the tiny models, whose q/k gains make attention very sharp,
-// that moves logits by up to ~0.3 (NMSE ~1e-4..1e-3, measured on the H100). The
-// check: NMSE <= 2e-3, and the argmax may differ only where the reference's top
-// two are within 0.15.
-constexpr double kEndToEndNmse = 2e-3;
-constexpr float kNearTie = 0.15f;
-
-void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, const std::string& what,
-                         double* worst_nmse = nullptr) {
-  ASSERT_EQ(out.logit_token_index, ref.logit_token_index) << what;
-  ASSERT_EQ(out.logits.size(), ref.logits.size()) << what;
-  const test::Closeness c = test::compare(out.logits, ref.logits);
-  if (worst_nmse != nullptr) *worst_nmse = std::max(*worst_nmse, c.nmse);
-  EXPECT_FALSE(c.has_nan) << what;
-  EXPECT_LE(c.nmse, kEndToEndNmse) << what << ": " << c.describe();
-  const int vocab = ref.vocab_size;
-  for (size_t r = 0; r < ref.logit_token_index.size(); ++r) {
-    const float* ref_row = ref.logits.data() + r * vocab;
-    const int expected = argmax(ref_row, vocab);
-    const int got = argmax(out.logits.data() + r * vocab, vocab);
-    if (got == expected) continue;
-    EXPECT_LT(ref_row[expected] - ref_row[got], kNearTie) << what << " row " << r << ": argmax " << got << " vs " << expected;
-  }
-}
 
 class CudaTinyModels : public ::testing::TestWithParam<Architecture> {};
 

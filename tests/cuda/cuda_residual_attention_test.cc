@@ -175,12 +175,7 @@ void run_case(const ResidualCase& c) {
              c.block_size);
   ASSERT_EQ(plan.num_prefill_items() + plan.num_decode_items(), 0);
   auto device_layout = [&](const std::vector<float>& pool) {
-    std::vector<float> out(pool.size());
-    for (int64_t slot = 0; slot < num_slots; ++slot)
-      for (int h = 0; h < c.num_kv_heads; ++h)
-        std::copy_n(pool.begin() + slot * kv_size + h * c.head_dim, c.head_dim,
-                    out.begin() + kv_element_index(slot, h, c.block_size, c.num_kv_heads, c.head_dim));
-    return out;
+    return test::kv_pool_device_layout(pool, num_slots, c.num_kv_heads, c.head_dim, c.block_size);
   };
   DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(device_layout(k_pool)),
                v_d = upload_bf16(device_layout(v_pool)), residual_d = upload_bf16(residual_pool),
@@ -189,30 +184,25 @@ void run_case(const ResidualCase& c) {
   std::vector<LoraModuleRef> modules(static_cast<size_t>(num_adapters) * kNumLoraTargets);
   for (int a = 0; a < num_adapters; ++a) {
     b_buffers.push_back(upload_bf16(adapters[a].b_k));
-    modules[a * kNumLoraTargets + 1] = {nullptr, b_buffers.back().as<bf16>(), adapters[a].rank, adapters[a].scale_k};
+    modules[a * kNumLoraTargets + kLoraTargetK] = {nullptr, b_buffers.back().as<bf16>(), adapters[a].rank,
+                                                   adapters[a].scale_k};
     b_buffers.push_back(upload_bf16(adapters[a].b_v));
-    modules[a * kNumLoraTargets + 2] = {nullptr, b_buffers.back().as<bf16>(), adapters[a].rank, adapters[a].scale_v};
+    modules[a * kNumLoraTargets + kLoraTargetV] = {nullptr, b_buffers.back().as<bf16>(), adapters[a].rank,
+                                                   adapters[a].scale_v};
   }
   DeviceBuffer modules_d = upload(modules);
   const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
   DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
   LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written
 
-  AttentionParams params;
   const int32_t* words = plan_d.as<int32_t>();
+  AttentionParams params = test::plan_attention_params(plan, words, c.num_heads, c.num_kv_heads, c.head_dim, c.block_size);
   params.q = q_d.as<bf16>();
   params.k_cache = k_d.as<bf16>();
   params.v_cache = v_d.as<bf16>();
-  params.block_tables = words + plan.sections().block_tables;
-  params.sequences = reinterpret_cast<const AttentionSequence*>(words + plan.sections().sequences);
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
-  params.num_heads = c.num_heads;
-  params.num_kv_heads = c.num_kv_heads;
-  params.head_dim = c.head_dim;
-  params.block_size = c.block_size;
-  params.scale = 1.0f / std::sqrt(static_cast<float>(c.head_dim));
   params.residual_pool = residual_d.as<bf16>();
   params.residual_block_tables = words + plan.sections().residual_block_tables;
   params.residual_block_size = c.block_size;

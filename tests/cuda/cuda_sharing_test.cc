@@ -16,6 +16,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
+#include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "synthetic/synthetic_model.h"
 #include "synthetic/synthetic_weights.h"
@@ -24,37 +25,23 @@
 namespace loom::cuda {
 namespace {
 
-using test::round_to_bf16;
+using test::argmax;
+using test::kNearTie;
+using test::rounded_adapter;
+using test::tiny_weights;
+
+// cuda_model_test_util.h's check, with NMSE up to 2.2e-3 measured on the H100
+// (qwen3, whose q/k norms make attention sharpest): NMSE <= 3e-3.
+constexpr double kEndToEndNmse = 3e-3;
+
+void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, const std::string& what,
+                         double* worst_nmse = nullptr) {
+  test::expect_logits_close(out, ref, what, kEndToEndNmse, worst_nmse);
+}
 
 constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 256;
 constexpr int kResidualMaxRank = 8;
-
-std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t seed, bool bf16_matrices) {
-  TensorMap tensors;
-  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) {
-    Tensor tensor = make_synthetic_tensor(spec, seed);
-    if (bf16_matrices && spec.shape.size() == 2) {
-      std::vector<float> values(tensor.data, tensor.data + tensor.numel());
-      tensor = Tensor::from_vector(spec.shape, round_to_bf16(std::move(values)));
-    }
-    tensors[spec.name] = tensor;
-  }
-  return std::make_shared<ModelWeights>(build_model_weights(config, tensors, "synthetic tiny"));
-}
-
-std::shared_ptr<const LoraAdapter> rounded_adapter(const LoraAdapter& adapter) {
-  auto copy = std::make_shared<LoraAdapter>(adapter);
-  for (auto& layer : copy->layers)
-    for (auto& module : layer) {
-      if (!module.has_value()) continue;
-      for (Tensor* tensor : {&module->a, &module->b}) {
-        std::vector<float> values(tensor->data, tensor->data + tensor->numel());
-        *tensor = Tensor::from_vector(tensor->shape, round_to_bf16(std::move(values)));
-      }
-    }
-  return copy;
-}
 
 // How a sequence shares KV (backend.h's batch fields).
 enum class Mode { kPlain, kBase, kForked };
@@ -149,32 +136,6 @@ class Driver {
   std::vector<int32_t> free_main_, free_residual_;
   std::vector<Sequence> sequences_;
 };
-
-int argmax(const float* row, int count) { return static_cast<int>(std::max_element(row, row + count) - row); }
-
-// As cuda_backend_test.cc: bf16 activations and K/V move the tiny models' logits
-// by up to ~0.3 (NMSE up to 2.2e-3 measured on the H100, qwen3 with its sharp q/k
-// norms); NMSE <= 3e-3 and argmax equal except where the reference's top two are within 0.15.
-constexpr double kEndToEndNmse = 3e-3;
-constexpr float kNearTie = 0.15f;
-
-void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, const std::string& what,
-                         double* worst_nmse = nullptr) {
-  ASSERT_EQ(out.logit_token_index, ref.logit_token_index) << what;
-  ASSERT_EQ(out.logits.size(), ref.logits.size()) << what;
-  const test::Closeness c = test::compare(out.logits, ref.logits);
-  if (worst_nmse != nullptr) *worst_nmse = std::max(*worst_nmse, c.nmse);
-  EXPECT_FALSE(c.has_nan) << what;
-  EXPECT_LE(c.nmse, kEndToEndNmse) << what << ": " << c.describe();
-  const int vocab = ref.vocab_size;
-  for (size_t r = 0; r < ref.logit_token_index.size(); ++r) {
-    const float* ref_row = ref.logits.data() + r * vocab;
-    const int expected = argmax(ref_row, vocab);
-    const int got = argmax(out.logits.data() + r * vocab, vocab);
-    if (got == expected) continue;
-    EXPECT_LT(ref_row[expected] - ref_row[got], kNearTie) << what << " row " << r << ": argmax " << got << " vs " << expected;
-  }
-}
 
 // A CPU reference and a GPU backend of one tiny model with the same four adapters in slots 0..3.
 struct BackendPair {

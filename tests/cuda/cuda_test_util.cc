@@ -1,5 +1,6 @@
 #include "cuda_test_util.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include <cuda_runtime_api.h>
@@ -108,6 +109,30 @@ Closeness compare(const std::vector<float>& out, const std::vector<float>& ref, 
   if (long_reduction && c.nmse <= 1e-4) return ::testing::AssertionSuccess() << c.describe();
   return ::testing::AssertionFailure() << c.describe() << "; out[" << c.first_outside << "] = " << out[c.first_outside]
                                        << ", ref = " << ref[c.first_outside];
+}
+
+std::vector<float> kv_pool_device_layout(const std::vector<float>& pool, int64_t num_slots, int32_t num_kv_heads,
+                                         int32_t head_dim, int32_t block_size) {
+  std::vector<float> out(pool.size());
+  const int64_t kv_size = static_cast<int64_t>(num_kv_heads) * head_dim;
+  for (int64_t slot = 0; slot < num_slots; ++slot)
+    for (int32_t h = 0; h < num_kv_heads; ++h)
+      std::copy_n(pool.begin() + slot * kv_size + h * head_dim, head_dim,
+                  out.begin() + kv_element_index(slot, h, block_size, num_kv_heads, head_dim));
+  return out;
+}
+
+AttentionParams plan_attention_params(const StepPlan& plan, const int32_t* plan_words, int32_t num_heads,
+                                      int32_t num_kv_heads, int32_t head_dim, int32_t block_size) {
+  AttentionParams params;
+  params.block_tables = plan_words + plan.sections().block_tables;
+  params.sequences = reinterpret_cast<const AttentionSequence*>(plan_words + plan.sections().sequences);
+  params.num_heads = num_heads;
+  params.num_kv_heads = num_kv_heads;
+  params.head_dim = head_dim;
+  params.block_size = block_size;
+  params.scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
+  return params;
 }
 
 }  // namespace loom::cuda::test

@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "backend/cuda/device_buffer.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/step_plan.h"
 #include "util/prng.h"
 
 namespace loom::cuda::test {
@@ -46,6 +48,16 @@ struct Closeness {
 };
 Closeness compare(const std::vector<float>& out, const std::vector<float>& ref, double rtol = 1.6e-2,
                   double atol = 1e-3);
+
+// A KV pool in the CPU backend's layout ([slot][kv head][head_dim]) in the
+// GPU's (head-major within each block, plan_types.h's kv_element_index).
+std::vector<float> kv_pool_device_layout(const std::vector<float>& pool, int64_t num_slots, int32_t num_kv_heads,
+                                         int32_t head_dim, int32_t block_size);
+
+// AttentionParams of the plan uploaded at `plan_words` (the shapes, scale
+// 1 / sqrt(head_dim), block tables and sequences; the caller sets the buffers).
+AttentionParams plan_attention_params(const StepPlan& plan, const int32_t* plan_words, int32_t num_heads,
+                                      int32_t num_kv_heads, int32_t head_dim, int32_t block_size);
 
 // Elementwise within bf16 tolerances; or, for long reductions, NMSE <= 1e-4.
 ::testing::AssertionResult close_bf16(const std::vector<float>& out, const std::vector<float>& ref,

@@ -14,6 +14,7 @@
 #include "engine/batch_builder.h"
 #include "scheduler/scheduler.h"
 #include "scheduler_fake_backend.h"
+#include "scheduler_test_util.h"
 
 namespace loom {
 namespace {
@@ -92,18 +93,9 @@ class Harness {
       });
       const ForwardResult result = backend.forward(batch);
       scheduler.complete_step(plan);
-      for (size_t row = 0; row < plan.requests.size(); ++row) {
-        const ScheduledRequest& entry = plan.requests[row];
+      for (const ScheduledRequest& entry : plan.requests)
         if (entry.num_prefix_hit_tokens >= 0) admitted[entry.id] = entry;
-        if (!entry.samples_next_token) continue;
-        const float* logits = result.logits.data() + row * static_cast<size_t>(result.vocab_size);
-        const int32_t token = static_cast<int32_t>(std::max_element(logits, logits + result.vocab_size) - logits);
-        outputs[entry.id].push_back(token);
-        if (static_cast<int32_t>(outputs[entry.id].size()) >= max_new_tokens_.at(entry.id))
-          scheduler.finish(entry.id);
-        else
-          scheduler.append_token(entry.id, token);
-      }
+      test::take_greedy_tokens(scheduler, plan, result, outputs, max_new_tokens_);
     }
     EXPECT_EQ(kv_caches.integrity_error(), "");
     return plan;
