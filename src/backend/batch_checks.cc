@@ -11,6 +11,32 @@ namespace loom {
 
 namespace {
 
+// Names in the messages about one kind of block table: the main pool's or the rCache's.
+struct BlockTableNames {
+  const char* prefix;  // "" or "residual "
+  const char* field;   // the Batch member
+  const char* pool;    // "KV" or "residual"
+};
+
+// A sequence's blocks [offset, offset + num_blocks) of `tables` hold its
+// num_entries entries and name blocks of the pool.
+void check_block_table(size_t index, const BlockTableNames& names, const std::vector<int32_t>& tables, int32_t offset,
+                       int32_t num_blocks, int64_t num_entries, int32_t block_size, int32_t num_pool_blocks) {
+  const int64_t blocks_needed = (num_entries + block_size - 1) / block_size;
+  if (num_blocks < blocks_needed)
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: {} {}blocks cannot hold {} entries ({}block size {})", index,
+         num_blocks, names.prefix, num_entries, names.prefix, block_size);
+  if (offset < 0 || static_cast<int64_t>(offset) + num_blocks > static_cast<int64_t>(tables.size()))
+    fail(ErrorKind::kInvalidArgument, "batch sequence {}: {}block table [{}, +{}) exceeds {} of size {}", index,
+         names.prefix, offset, num_blocks, names.field, tables.size());
+  for (int64_t b = 0; b < blocks_needed; ++b) {
+    const int32_t block_id = tables[offset + b];
+    if (block_id < 0 || block_id >= num_pool_blocks)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: {}block id {} outside the {} {} blocks", index, names.prefix,
+           block_id, num_pool_blocks, names.pool);
+  }
+}
+
 void check_sequence(const Batch& batch, size_t index, int32_t expected_token_offset,
                     const BatchLimits& limits) {
   const BatchSequence& sequence = batch.sequences[index];
@@ -29,25 +55,9 @@ void check_sequence(const Batch& batch, size_t index, int32_t expected_token_off
          index, sequence.token_offset, sequence.token_offset + sequence.num_new_tokens,
          batch.num_tokens());
 
-  const int64_t num_kv_entries =
-      static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens;
-  const int64_t blocks_needed = (num_kv_entries + limits.block_size - 1) / limits.block_size;
-  if (sequence.num_blocks < blocks_needed)
-    fail(ErrorKind::kInvalidArgument,
-         "batch sequence {}: {} blocks cannot hold {} KV entries (block size {})", index,
-         sequence.num_blocks, num_kv_entries, limits.block_size);
-  if (sequence.block_table_offset < 0 ||
-      static_cast<int64_t>(sequence.block_table_offset) + sequence.num_blocks >
-          static_cast<int64_t>(batch.block_tables.size()))
-    fail(ErrorKind::kInvalidArgument,
-         "batch sequence {}: block table [{}, +{}) exceeds block_tables of size {}", index,
-         sequence.block_table_offset, sequence.num_blocks, batch.block_tables.size());
-  for (int64_t b = 0; b < blocks_needed; ++b) {
-    const int32_t block_id = batch.block_tables[sequence.block_table_offset + b];
-    if (block_id < 0 || block_id >= limits.num_kv_blocks)
-      fail(ErrorKind::kInvalidArgument, "batch sequence {}: block id {} outside the {} KV blocks",
-           index, block_id, limits.num_kv_blocks);
-  }
+  check_block_table(index, {"", "block_tables", "KV"}, batch.block_tables, sequence.block_table_offset,
+                    sequence.num_blocks, static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens,
+                    limits.block_size, limits.num_kv_blocks);
 }
 
 void check_adapter_slot(int32_t slot, const char* field, size_t index,
@@ -95,23 +105,9 @@ void check_forked_sequence(const Batch& batch, size_t index, const BatchLimits& 
   if (sequence.num_residual_present_tokens < 0 || sequence.num_residual_present_tokens > num_entries)
     fail(ErrorKind::kInvalidArgument, "batch sequence {}: num_residual_present_tokens {} outside [0, {}]", index,
          sequence.num_residual_present_tokens, num_entries);
-  const int64_t blocks_needed = (num_entries + limits.residual_block_size - 1) / limits.residual_block_size;
-  if (sequence.num_residual_blocks < blocks_needed)
-    fail(ErrorKind::kInvalidArgument,
-         "batch sequence {}: {} residual blocks cannot hold {} entries (residual block size {})", index,
-         sequence.num_residual_blocks, num_entries, limits.residual_block_size);
-  if (sequence.residual_block_table_offset < 0 ||
-      static_cast<int64_t>(sequence.residual_block_table_offset) + sequence.num_residual_blocks >
-          static_cast<int64_t>(batch.residual_block_tables.size()))
-    fail(ErrorKind::kInvalidArgument,
-         "batch sequence {}: residual block table [{}, +{}) exceeds residual_block_tables of size {}", index,
-         sequence.residual_block_table_offset, sequence.num_residual_blocks, batch.residual_block_tables.size());
-  for (int64_t b = 0; b < blocks_needed; ++b) {
-    const int32_t block_id = batch.residual_block_tables[sequence.residual_block_table_offset + b];
-    if (block_id < 0 || block_id >= limits.num_residual_blocks)
-      fail(ErrorKind::kInvalidArgument, "batch sequence {}: residual block id {} outside the {} residual blocks",
-           index, block_id, limits.num_residual_blocks);
-  }
+  check_block_table(index, {"residual ", "residual_block_tables", "residual"}, batch.residual_block_tables,
+                    sequence.residual_block_table_offset, sequence.num_residual_blocks, num_entries,
+                    limits.residual_block_size, limits.num_residual_blocks);
 }
 
 // The sharing fields of one sequence; runs after check_sequence and the token checks.
