@@ -267,6 +267,21 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
   return timer.median_ms(run, iterations);
 }
 
+// Binds 8 synthetic rank-16 adapters on all seven projections to slots 0..7; returns the slots.
+std::vector<int32_t> bind_rank16_adapters(CudaBackend& backend) {
+  SyntheticModelOptions options;
+  options.num_adapters = 8;
+  options.rank = 16;
+  options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
+  const auto specs = synthetic_adapter_specs(options, backend.config());
+  std::vector<int32_t> slots;
+  for (int a = 0; a < 8; ++a) {
+    backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], backend.config(), 0)));
+    slots.push_back(a);
+  }
+  return slots;
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"CUDA backend benchmarks (8B-shape model, random bf16 weights)"};
   std::string out_path = "cuda_bench.json";
@@ -336,16 +351,7 @@ int run(int argc, char** argv) {
   }
 
   if (wanted("lora")) {
-    SyntheticModelOptions options;
-    options.num_adapters = 8;
-    options.rank = 16;
-    options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    const auto specs = synthetic_adapter_specs(options, config);
-    std::vector<int32_t> slots;
-    for (int a = 0; a < 8; ++a) {
-      backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 0)));
-      slots.push_back(a);
-    }
+    const std::vector<int32_t> slots = bind_rank16_adapters(backend);
     const Batch base = decode_batch(64, {}, prng, config.vocab_size);
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
@@ -530,16 +536,7 @@ int run(int argc, char** argv) {
   }
 
   if (wanted("sharing")) {
-    SyntheticModelOptions options;
-    options.num_adapters = 8;
-    options.rank = 16;
-    options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-    const auto specs = synthetic_adapter_specs(options, config);
-    std::vector<int32_t> slots;
-    for (int a = 0; a < 8; ++a) {
-      backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 0)));
-      slots.push_back(a);
-    }
+    const std::vector<int32_t> slots = bind_rank16_adapters(backend);
     backend.allocate_residual_cache({num_blocks, kBlockSize, 16});
     const int64_t residual_elements = static_cast<int64_t>(num_blocks) * kBlockSize *
                                       backend.residual_bytes_per_token(16) / 2;

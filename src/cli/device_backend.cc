@@ -128,9 +128,7 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
     return result;
   }
   const RandomSpec spec = parse_random_spec(model_flag);
-  result.model.path = model_flag;
-  result.model.config = synthetic_model_config(spec.arch, spec.preset);
-  result.model.tokenizer = synthetic_tokenizer(result.model.config);
+  result.model = load_model_description(model_flag);
   if (options.device == "cpu") {
     if (spec.preset != SyntheticPreset::kTiny)
       throw Error(ErrorKind::kUnsupported, "--model " + model_flag + " on --device cpu",
