@@ -23,6 +23,7 @@ namespace loom::cuda {
 namespace {
 
 using test::argmax;
+using test::Driver;
 using test::rounded_adapter;
 using test::tiny_weights;
 
@@ -33,73 +34,6 @@ void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, con
                          double* worst_nmse = nullptr) {
   test::expect_logits_close(out, ref, what, kEndToEndNmse, worst_nmse);
 }
-
-// Sequences over a shared KV pool with shuffled block ids; builds each step's Batch.
-class Driver {
- public:
-  Driver(int num_blocks, int block_size, uint64_t seed) : block_size_(block_size), prng_(seed) {
-    free_blocks_.resize(num_blocks);
-    std::iota(free_blocks_.begin(), free_blocks_.end(), 0);
-    for (int i = num_blocks - 1; i > 0; --i) std::swap(free_blocks_[i], free_blocks_[prng_.next_below(i + 1)]);
-  }
-  struct Sequence {
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> blocks;
-    int32_t num_cached = 0;
-  };
-  int add_sequence() {
-    sequences_.emplace_back();
-    return static_cast<int>(sequences_.size()) - 1;
-  }
-  Sequence& sequence(int index) { return sequences_[index]; }
-
-  // One step: for each (sequence, new tokens, per-token slots, all logits).
-  struct Part {
-    int sequence;
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> slots;
-    bool all_logits = false;
-  };
-  Batch make_batch(const std::vector<Part>& parts) {
-    Batch batch;
-    for (const Part& part : parts) {
-      Sequence& s = sequences_[part.sequence];
-      BatchSequence entry;
-      entry.num_computed_tokens = s.num_cached;
-      entry.num_new_tokens = static_cast<int32_t>(part.tokens.size());
-      entry.token_offset = batch.num_tokens();
-      entry.logits_for_all_tokens = part.all_logits;
-      const int total = s.num_cached + entry.num_new_tokens;
-      while (static_cast<int>(s.blocks.size()) * block_size_ < total) {
-        s.blocks.push_back(free_blocks_.back());
-        free_blocks_.pop_back();
-      }
-      entry.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
-      entry.num_blocks = static_cast<int32_t>(s.blocks.size());
-      batch.block_tables.insert(batch.block_tables.end(), s.blocks.begin(), s.blocks.end());
-      for (size_t i = 0; i < part.tokens.size(); ++i) {
-        batch.token_ids.push_back(part.tokens[i]);
-        batch.positions.push_back(s.num_cached + static_cast<int32_t>(i));
-        batch.adapter_slots.push_back(part.slots[i]);
-      }
-      batch.sequences.push_back(entry);
-      s.num_cached = total;
-      s.tokens.insert(s.tokens.end(), part.tokens.begin(), part.tokens.end());
-    }
-    return batch;
-  }
-  std::vector<int32_t> random_tokens(int count, int vocab) {
-    std::vector<int32_t> tokens(count);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(prng_.next_below(vocab));
-    return tokens;
-  }
-
- private:
-  int block_size_;
-  Prng prng_;
-  std::vector<int32_t> free_blocks_;
-  std::vector<Sequence> sequences_;
-};
 
 class CudaTinyModels : public ::testing::TestWithParam<Architecture> {};
 

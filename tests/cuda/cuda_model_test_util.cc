@@ -1,12 +1,14 @@
 #include "cuda_model_test_util.h"
 
 #include <algorithm>
+#include <numeric>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
 #include "synthetic/synthetic_weights.h"
+#include "util/error.h"
 
 namespace loom::cuda::test {
 
@@ -53,6 +55,82 @@ void expect_logits_close(const ForwardResult& out, const ForwardResult& ref, con
     const int got = argmax(out.logits.data() + r * vocab, vocab);
     if (got == expected) continue;
     EXPECT_LT(ref_row[expected] - ref_row[got], kNearTie) << what << " row " << r << ": argmax " << got << " vs " << expected;
+  }
+}
+
+Driver::Driver(int num_blocks, int block_size, uint64_t seed, bool with_residual_pool)
+    : block_size_(block_size), prng_(seed) {
+  for (std::vector<int32_t>* pool : {&free_main_, &free_residual_}) {
+    if (pool == &free_residual_ && !with_residual_pool) break;
+    pool->resize(num_blocks);
+    std::iota(pool->begin(), pool->end(), 0);
+    for (int i = num_blocks - 1; i > 0; --i) std::swap((*pool)[i], (*pool)[prng_.next_below(i + 1)]);
+  }
+}
+
+int Driver::add_sequence(SharingMode mode, int32_t slot) {
+  sequences_.push_back({mode, slot, {}, {}, 0, 0, 0});
+  return static_cast<int>(sequences_.size()) - 1;
+}
+
+void Driver::share_blocks(int from, int to, int num_blocks, bool residual) {
+  Sequence& target = sequences_[to];
+  const Sequence& source = sequences_[from];
+  auto& blocks = residual ? target.residual_blocks : target.main_blocks;
+  const auto& source_blocks = residual ? source.residual_blocks : source.main_blocks;
+  blocks.assign(source_blocks.begin(), source_blocks.begin() + num_blocks);
+  (residual ? target.residual_present : target.kv_present) = num_blocks * block_size_;
+}
+
+Batch Driver::make_batch(const std::vector<Part>& parts) {
+  Batch batch;
+  for (const Part& part : parts) {
+    Sequence& s = sequences_[part.sequence];
+    BatchSequence entry;
+    entry.num_computed_tokens = s.num_cached;
+    entry.num_new_tokens = static_cast<int32_t>(part.tokens.size());
+    entry.token_offset = batch.num_tokens();
+    entry.logits_for_all_tokens = part.all_logits;
+    entry.num_kv_present_tokens = s.kv_present;
+    const int total = s.num_cached + entry.num_new_tokens;
+    grow(s.main_blocks, free_main_, total);
+    entry.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+    entry.num_blocks = static_cast<int32_t>(s.main_blocks.size());
+    batch.block_tables.insert(batch.block_tables.end(), s.main_blocks.begin(), s.main_blocks.end());
+    if (s.mode == SharingMode::kBase) entry.decoder_adapter_slot = s.slot;
+    if (s.mode == SharingMode::kForked) {
+      entry.forked_adapter_slot = s.slot;
+      entry.num_residual_present_tokens = s.residual_present;
+      grow(s.residual_blocks, free_residual_, total);
+      entry.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
+      entry.num_residual_blocks = static_cast<int32_t>(s.residual_blocks.size());
+      batch.residual_block_tables.insert(batch.residual_block_tables.end(), s.residual_blocks.begin(),
+                                         s.residual_blocks.end());
+    }
+    for (size_t i = 0; i < part.tokens.size(); ++i) {
+      batch.token_ids.push_back(part.tokens[i]);
+      batch.positions.push_back(s.num_cached + static_cast<int32_t>(i));
+      batch.adapter_slots.push_back(s.mode == SharingMode::kBase     ? -1
+                                    : s.mode == SharingMode::kForked ? s.slot
+                                                                     : part.slots[i]);
+    }
+    batch.sequences.push_back(entry);
+    s.num_cached = total;
+  }
+  return batch;
+}
+
+std::vector<int32_t> Driver::random_tokens(int count, int vocab) {
+  std::vector<int32_t> tokens(count);
+  for (int32_t& t : tokens) t = static_cast<int32_t>(prng_.next_below(vocab));
+  return tokens;
+}
+
+void Driver::grow(std::vector<int32_t>& blocks, std::vector<int32_t>& free, int entries) {
+  while (static_cast<int>(blocks.size()) * block_size_ < entries) {
+    if (free.empty()) fail(ErrorKind::kCapacity, "test driver: out of KV blocks");
+    blocks.push_back(free.back());
+    free.pop_back();
   }
 }
 

@@ -43,99 +43,11 @@ constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 256;
 constexpr int kResidualMaxRank = 8;
 
-// How a sequence shares KV (backend.h's batch fields).
-enum class Mode { kPlain, kBase, kForked };
+using test::Driver;
+using Mode = test::SharingMode;
 
-// Sequences over a main and an rCache pool with shuffled block ids; builds each step's Batch.
-class Driver {
- public:
-  explicit Driver(uint64_t seed) : prng_(seed) {
-    for (auto* pool : {&free_main_, &free_residual_}) {
-      pool->resize(kNumBlocks);
-      std::iota(pool->begin(), pool->end(), 0);
-      for (int i = kNumBlocks - 1; i > 0; --i) std::swap((*pool)[i], (*pool)[prng_.next_below(i + 1)]);
-    }
-  }
-  struct Sequence {
-    Mode mode = Mode::kPlain;
-    int32_t slot = -1;  // the decoder / forked adapter slot
-    std::vector<int32_t> main_blocks, residual_blocks;
-    int32_t num_cached = 0;
-    int32_t kv_present = 0, residual_present = 0;  // entries shared with another sequence
-  };
-  int add_sequence(Mode mode = Mode::kPlain, int32_t slot = -1) {
-    sequences_.push_back({mode, slot, {}, {}, 0, 0, 0});
-    return static_cast<int>(sequences_.size()) - 1;
-  }
-  // Sequence `to` starts with `from`'s first num_blocks blocks of the main (or residual) pool, present.
-  void share_blocks(int from, int to, int num_blocks, bool residual) {
-    Sequence& target = sequences_[to];
-    const Sequence& source = sequences_[from];
-    auto& blocks = residual ? target.residual_blocks : target.main_blocks;
-    const auto& source_blocks = residual ? source.residual_blocks : source.main_blocks;
-    blocks.assign(source_blocks.begin(), source_blocks.begin() + num_blocks);
-    (residual ? target.residual_present : target.kv_present) = num_blocks * kBlockSize;
-  }
-  Sequence& sequence(int index) { return sequences_[index]; }
-
-  struct Part {
-    int sequence;
-    std::vector<int32_t> tokens;
-    std::vector<int32_t> slots;  // per token (kPlain only; base tokens are -1, forked tokens the slot)
-    bool all_logits = false;
-  };
-  Batch make_batch(const std::vector<Part>& parts) {
-    Batch batch;
-    for (const Part& part : parts) {
-      Sequence& s = sequences_[part.sequence];
-      BatchSequence entry;
-      entry.num_computed_tokens = s.num_cached;
-      entry.num_new_tokens = static_cast<int32_t>(part.tokens.size());
-      entry.token_offset = batch.num_tokens();
-      entry.logits_for_all_tokens = part.all_logits;
-      entry.num_kv_present_tokens = s.kv_present;
-      const int total = s.num_cached + entry.num_new_tokens;
-      grow(s.main_blocks, free_main_, total);
-      entry.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
-      entry.num_blocks = static_cast<int32_t>(s.main_blocks.size());
-      batch.block_tables.insert(batch.block_tables.end(), s.main_blocks.begin(), s.main_blocks.end());
-      if (s.mode == Mode::kBase) entry.decoder_adapter_slot = s.slot;
-      if (s.mode == Mode::kForked) {
-        entry.forked_adapter_slot = s.slot;
-        entry.num_residual_present_tokens = s.residual_present;
-        grow(s.residual_blocks, free_residual_, total);
-        entry.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
-        entry.num_residual_blocks = static_cast<int32_t>(s.residual_blocks.size());
-        batch.residual_block_tables.insert(batch.residual_block_tables.end(), s.residual_blocks.begin(),
-                                           s.residual_blocks.end());
-      }
-      for (size_t i = 0; i < part.tokens.size(); ++i) {
-        batch.token_ids.push_back(part.tokens[i]);
-        batch.positions.push_back(s.num_cached + static_cast<int32_t>(i));
-        batch.adapter_slots.push_back(s.mode == Mode::kBase ? -1 : s.mode == Mode::kForked ? s.slot : part.slots[i]);
-      }
-      batch.sequences.push_back(entry);
-      s.num_cached = total;
-    }
-    return batch;
-  }
-  std::vector<int32_t> random_tokens(int count, int vocab) {
-    std::vector<int32_t> tokens(count);
-    for (int32_t& t : tokens) t = static_cast<int32_t>(prng_.next_below(vocab));
-    return tokens;
-  }
-
- private:
-  static void grow(std::vector<int32_t>& blocks, std::vector<int32_t>& free, int entries) {
-    while (static_cast<int>(blocks.size()) * kBlockSize < entries) {
-      blocks.push_back(free.back());
-      free.pop_back();
-    }
-  }
-  Prng prng_;
-  std::vector<int32_t> free_main_, free_residual_;
-  std::vector<Sequence> sequences_;
-};
+// The driver of every test here: kNumBlocks blocks of kBlockSize in both pools.
+Driver make_driver(uint64_t seed) { return Driver(kNumBlocks, kBlockSize, seed, /*with_residual_pool=*/true); }
 
 // A CPU reference and a GPU backend of one tiny model with the same four adapters in slots 0..3.
 struct BackendPair {
@@ -175,7 +87,7 @@ TEST_P(CudaSharingModels, EveryModeMatchesCpuInOneBatch) {
   LOOM_REQUIRE_GPU();
   BackendPair pair = make_pair(GetParam(), 21);
   const int vocab = pair.config.vocab_size;
-  Driver driver(7);
+  Driver driver = make_driver(7);
   const int plain = driver.add_sequence();
   const int isolated = driver.add_sequence();
   const int activated = driver.add_sequence();
@@ -243,7 +155,7 @@ TEST(CudaSharing, ForkedRefusedOnQkNormModels) {
   options.num_adapters = 1;
   gpu->set_adapter(0, std::make_shared<LoraAdapter>(
                           make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 3)));
-  Driver driver(1);
+  Driver driver = make_driver(1);
   const int s = driver.add_sequence(Mode::kForked, 0);
   const Batch batch = driver.make_batch({{s, {1, 2, 3}, {}, false}});
   loom::test::expect_error([&] { gpu->forward(batch); }, ErrorKind::kUnsupported, {"q/k norm"});
@@ -274,7 +186,7 @@ TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
   const int vocab = config.vocab_size;
   std::vector<std::vector<int32_t>> prompts, tokens(5);
   std::vector<std::vector<std::vector<float>>> alone_logits(5);
-  Driver prompt_source(3);
+  Driver prompt_source = make_driver(3);
   for (const Setup& setup : setups) prompts.push_back(prompt_source.random_tokens(setup.prompt, vocab));
   auto part = [&](Driver& driver, int sequence, const std::vector<int32_t>& ids, int index) {
     const Setup& setup = setups[index];
@@ -284,7 +196,7 @@ TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
   };
   for (int i = 0; i < 5; ++i) {
     auto backend = new_backend();
-    Driver driver(40 + i);
+    Driver driver = make_driver(40 + i);
     const int s = driver.add_sequence(setups[i].mode, setups[i].slot);
     ForwardResult out = backend->forward(driver.make_batch({part(driver, s, prompts[i], i)}));
     for (int step = 0; step < kSteps; ++step) {
@@ -294,7 +206,7 @@ TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
     }
   }
   auto backend = new_backend();
-  Driver driver(99);
+  Driver driver = make_driver(99);
   std::vector<int> ids;
   for (const Setup& setup : setups) ids.push_back(driver.add_sequence(setup.mode, setup.slot));
   std::vector<Driver::Part> prefill;
@@ -328,7 +240,7 @@ TEST(CudaSharing, ForkedPartialHitsWriteOnlyWhatIsMissing) {
   BackendPair pair = make_pair(Architecture::kLlama, 5);
   auto* gpu = static_cast<CudaBackend*>(pair.gpu.get());
   const int vocab = pair.config.vocab_size;
-  Driver driver(11);
+  Driver driver = make_driver(11);
   const int a = driver.add_sequence(Mode::kForked, 0);
   const std::vector<int32_t> prompt = driver.random_tokens(40, vocab);
   const Batch first = driver.make_batch({{a, prompt, {}, false}});
@@ -401,7 +313,7 @@ TEST(CudaSharing, ResidualHostTierRoundTripIsBitExact) {
                           make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 4)));
   gpu->allocate_host_kv_cache(KvPoolKind::kResidual, 8);
   EXPECT_EQ(gpu->num_host_kv_blocks(KvPoolKind::kResidual), 8);
-  Driver driver(2);
+  Driver driver = make_driver(2);
   const int s = driver.add_sequence(Mode::kForked, 0);
   gpu->forward(driver.make_batch({{s, driver.random_tokens(45, config.vocab_size), {}, false}}));
   const std::vector<int32_t> blocks = driver.sequence(s).residual_blocks;  // 3 blocks
