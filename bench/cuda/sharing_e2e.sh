@@ -6,7 +6,8 @@
 # and its dependencies, from the .venv here: the device has no network).
 #   bench/cuda/sharing_e2e.sh react|mapreduce|reflexion|reflexion-skewed [extra loom bench args]
 # Sizes come from the environment (defaults: a scaled-down ForkKV / ICaRus shape
-# that fits one 10-minute call): CONTEXT, OUTPUT, TASKS, KV_BYTES, LIMIT (seconds);
+# that fits one 10-minute call): CONTEXT, OUTPUT, TASKS, KV_BYTES, LIMIT (seconds),
+# ADAPTERS (random rank-16 adapters served, default 8; workflow copies wrap around them);
 # react/mapreduce: RATE (tasks/s; empty: closed loop), WORKFLOWS; reflexion: AGENTS, RATES.
 set -u
 WORKLOAD=${1:-react}
@@ -16,21 +17,23 @@ mkdir -p /tmp/loom/py
 tar xJf .carry/py/pylibs.tar.xz -C /tmp/loom/py
 export PYTHONPATH=/tmp/loom/py LOOM_SOURCE_DIR=$PWD
 LOOM=/tmp/loom/bin/loom
-[ -d /tmp/loom/adapters/adapter7 ] ||
-  "$LOOM" make-adapters --model random:llama-8b --adapters 8 --rank 16 --out /tmp/loom/adapters > "$OUT/make_adapters.log" 2>&1
-LORAS=()
-for i in 0 1 2 3 4 5 6 7; do LORAS+=(--lora "agent$i=/tmp/loom/adapters/adapter$i"); done
-COMMON=(--model random:llama-8b --device cuda --kv-cache-bytes "${KV_BYTES:-4294967296}" --no-plots
+ADAPTERS=${ADAPTERS:-8}
+[ -d "/tmp/loom/adapters/adapter$((ADAPTERS - 1))" ] ||
+  "$LOOM" make-adapters --model random:llama-8b --adapters "$ADAPTERS" --rank 16 --out /tmp/loom/adapters \
+    > "$OUT/make_adapters.log" 2>&1
+LORAS=(--max-loras-per-batch "$(( ADAPTERS > 8 ? ADAPTERS : 8 ))")
+for ((i = 0; i < ADAPTERS; i++)); do LORAS+=(--lora "agent$i=/tmp/loom/adapters/adapter$i"); done
+COMMON=(--model random:llama-8b --device cuda --kv-cache-bytes "${KV_BYTES:-4294967296}" --no-plots --synthetic-outputs
         --context-tokens "${CONTEXT:-8192}" --output-tokens "${OUTPUT:-128}" --num-tasks "${TASKS:-8}")
 case "$WORKLOAD" in
   react|mapreduce)
     RATE_ARGS=(); [ -n "${RATE-2}" ] && RATE_ARGS=(--rate "${RATE-2}")
     timeout "${LIMIT:-540}" "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents 8 "${RATE_ARGS[@]}" \
-      --compare sharing=isolated,forked --compare workflows=${WORKFLOWS:-1,4} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
+      --compare sharing=${SHARING:-isolated,forked} --compare workflows=${WORKFLOWS:-1,4} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
     ;;
   reflexion|reflexion-skewed)
     timeout "${LIMIT:-540}" "$LOOM" bench "$WORKLOAD" "${COMMON[@]}" "${LORAS[@]}" --agents "${AGENTS:-4}" \
-      --compare sharing=isolated,base --compare rate=${RATES:-2,8} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
+      --compare sharing=${SHARING:-isolated,base} --compare rate=${RATES:-2,8} --out "$OUT/$WORKLOAD" "$@" > "$OUT/$WORKLOAD.log" 2>&1
     ;;
 esac
 echo "rc $?"

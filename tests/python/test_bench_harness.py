@@ -154,6 +154,20 @@ class WorkloadTest(unittest.TestCase):
         finally:
             os.unlink(file.name)
 
+    def test_synthetic_outputs_stand_in_words_of_the_output_length(self):
+        import random
+        from loombench.client import CallResult
+        from loombench.runner import replies
+        from loombench.workflow import Call
+        done = [CallResult(Call("a0", "agent0", "p", 64), 0.0, 0.1, 0.2, 10, 64, "<|reserved_7|>" * 64),
+                CallResult(Call("a1", "agent1", "p", 64), 0.0, 0.1, 0.2, 10, 12, "short")]
+        text = TextSource(tokens_per_word=2.0)
+        self.assertEqual(replies(done, text, None), [done[0].text, "short"])
+        first = replies(done, text, random.Random("x"))
+        self.assertEqual([len(reply.split()) for reply in first], [32, 6])
+        self.assertEqual(first, replies(done, text, random.Random("x")))
+        self.assertNotIn("reserved", " ".join(first))
+
     def test_graphs(self):
         p = workloads.resolve("sequential", workloads.Params(agents=3))
         self.assertEqual(workloads.graph("sequential", p)["agents"][0], {"name": "agent0", "after": ["agent2"]})

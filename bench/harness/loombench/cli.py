@@ -84,6 +84,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--context-file", help="static contexts from this text file (default: synthesised)")
     r = p.add_argument_group("requests and output")
     r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
+    r.add_argument("--synthetic-outputs", action="store_true",
+                   help="feed later prompts random words of each output's token count instead of its text "
+                        "(random-weight models: their outputs re-tokenize to ~10x their length)")
     r.add_argument("--no-workflow-hints", dest="workflow_hints", action="store_false",
                    help="do not send `workflow`/`agent` request fields")
     r.add_argument("--declare-workflows", action="store_true",

@@ -2,6 +2,7 @@
 the measured tasks (closed loop or Poisson), a second scrape, and the metrics
 of report.json."""
 import asyncio
+import random
 import time
 from dataclasses import asdict
 from typing import Dict, List, Optional
@@ -105,11 +106,23 @@ async def fetch_models(client: Client) -> Models:
     return Models(base=base[0], adapters=adapters)
 
 
+def replies(done: List[CallResult], text: TextSource, stand_ins: Optional[random.Random]) -> List[str]:
+    """What the task sees of its calls' outputs: their texts, or with
+    stand_ins (--synthetic-outputs) random words of each output's token count.
+    A random-weight model's outputs are mostly filler tokens whose text
+    re-tokenizes to ~10x their length, so fed back they would swamp the
+    workload's sizes."""
+    if stand_ins is None:
+        return [r.text for r in done]
+    return [text.random_words(stand_ins, r.output_tokens) for r in done]
+
+
 async def run_task(client: Client, workload: str, ctx: TaskContext, models: Models, text: TextSource,
-                   params: workloads.Params) -> dict:
+                   params: workloads.Params, synthetic_outputs: bool = False) -> dict:
     """Runs one task to the end, or to its first failed call."""
     start = time.perf_counter()
     task = workloads.make_task(workload, ctx, models, text, params)
+    stand_ins = random.Random(f"outputs-{ctx.seed}-{ctx.task_index}") if synthetic_outputs else None
     results: List[CallResult] = []
     error = None
     try:
@@ -125,7 +138,7 @@ async def run_task(client: Client, workload: str, ctx: TaskContext, models: Mode
                 error = failed[0].error
                 task.close()
                 break
-            stage = task.send([r.text for r in done])
+            stage = task.send(replies(done, text, stand_ins))
     except StopIteration:
         pass
     return {"index": ctx.task_index, "copy": ctx.copy_index, "start_s": start, "end_s": time.perf_counter(),
@@ -133,7 +146,8 @@ async def run_task(client: Client, workload: str, ctx: TaskContext, models: Mode
 
 
 async def run_tasks(client: Client, workload: str, config: Config, models: Models, text: TextSource,
-                    seed: int, task_offset: int = 0, num_tasks: Optional[int] = None) -> List[dict]:
+                    seed: int, task_offset: int = 0, num_tasks: Optional[int] = None,
+                    synthetic_outputs: bool = False) -> List[dict]:
     a = config.arrivals
     num_tasks = num_tasks or a.num_tasks
     plan = arrivals.make_plan(num_tasks, a.concurrency, a.rate, seed)
@@ -143,7 +157,8 @@ async def run_tasks(client: Client, workload: str, config: Config, models: Model
 
     if plan.is_closed_loop:
         async def slot_worker(slot: int, indices: List[int]) -> List[dict]:
-            return [await run_task(client, workload, ctx(i, slot), models, text, config.params) for i in indices]
+            return [await run_task(client, workload, ctx(i, slot), models, text, config.params,
+                                   synthetic_outputs) for i in indices]
         per_slot = await asyncio.gather(*(slot_worker(slot, indices) for slot, indices in
                                           enumerate(arrivals.closed_loop_assignment(num_tasks, plan.concurrency))))
         return sorted((t for slot in per_slot for t in slot), key=lambda t: t["index"])
@@ -152,7 +167,8 @@ async def run_tasks(client: Client, workload: str, config: Config, models: Model
 
     async def delayed(index: int, offset: float) -> dict:
         await asyncio.sleep(max(0.0, began + offset - time.perf_counter()))
-        return await run_task(client, workload, ctx(index, index % plan.concurrency), models, text, config.params)
+        return await run_task(client, workload, ctx(index, index % plan.concurrency), models, text, config.params,
+                              synthetic_outputs)
     return list(await asyncio.gather(*(delayed(i, off) for i, off in enumerate(plan.offsets_s))))
 
 
@@ -253,7 +269,7 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         if options.warmup_tasks > 0:
             warmup_seed = options.seed if getattr(options, "steady_state", False) else options.seed + 7777
             await run_tasks(client, workload, config, models, text, warmup_seed, task_offset=10**6,
-                            num_tasks=options.warmup_tasks)
+                            num_tasks=options.warmup_tasks, synthetic_outputs=options.synthetic_outputs)
         graph = workloads.graph(workload, config.params)
         declared = []
         if options.declare_workflows and graph:
@@ -264,7 +280,8 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         sampler = Sampler(client, options.sample_interval)
         sampler.start()
         try:
-            tasks = await run_tasks(client, workload, config, models, text, options.seed)
+            tasks = await run_tasks(client, workload, config, models, text, options.seed,
+                                    synthetic_outputs=options.synthetic_outputs)
         finally:
             await sampler.stop()
         after = prometheus.parse(await client.get_text("/metrics"))
