@@ -23,6 +23,7 @@ struct DeviceOptions {
   std::string device = "cpu";
   int threads = 0;              // CPU backend threads (0: all cores)
   int max_adapter_slots = 64;
+  bool cuda_graphs = true;      // cuda: decode steps as CUDA graphs (--enforce-eager: false)
 };
 
 struct ModelOnDevice {

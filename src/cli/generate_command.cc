@@ -38,6 +38,7 @@ struct GenerateOptions {
   int block_size = 16;
   int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
+  bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
   std::vector<KvSharing> disabled_kv_sharing;
 };
@@ -75,7 +76,8 @@ int run_generate(const GenerateOptions& options) {
                 "load it with --lora " + options.adapter + "=PATH");
 
   const auto load_start = std::chrono::steady_clock::now();
-  ModelOnDevice loaded = load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64});
+  ModelOnDevice loaded =
+      load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager});
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -215,6 +217,8 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--kv-cache-bytes", options->kv_cache_bytes, "KV cache pool size in bytes (0 = what the prompts need)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_flag("--enforce-eager", options->enforce_eager,
+               "cuda: run every step eagerly (default: decode steps replay CUDA graphs captured per batch shape)");
   app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");
   add_disable_kv_sharing_option(app, options->disabled_kv_sharing);
   return [options] { return run_generate(*options); };

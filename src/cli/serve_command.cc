@@ -42,6 +42,7 @@ struct ServeOptions {
   std::string host_residual_kv_memory = "auto";
   std::string prefetch_max_bytes = "0";
   int threads = 0;
+  bool enforce_eager = false;  // cuda: no CUDA graphs
   double shutdown_timeout_seconds = 30.0;
   server::ServerConfig server;  // transport limits and flags bound directly
   server::RequestLimits request_limits;
@@ -121,7 +122,8 @@ int run_serve(const ServeOptions& options) {
 
   const bool is_random_model = options.model.rfind("random:", 0) == 0;
   const std::string model_path = is_random_model ? options.model : resolve_model_path(options.model);
-  const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots};
+  const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots,
+                                     !options.enforce_eager};
   ModelOnDevice loaded = load_model_on_device(model_path, device_options);
   if (options.gpu_memory_fraction > 0.0)
     engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, options.gpu_memory_fraction);
@@ -276,6 +278,8 @@ CommandRunner register_serve(CLI::App& app) {
                  "Agents in one workflow graph (declared or named in `after`) and entries per progress list")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_flag("--enforce-eager", options->enforce_eager,
+               "cuda: run every step eagerly (default: decode steps replay CUDA graphs captured per batch shape)");
   app.add_option("--http-threads", http.num_handler_threads,
                  "Requests handled at once (a streaming or waiting request holds one; idle connections none)")
       ->check(CLI::PositiveNumber)->capture_default_str();

@@ -96,6 +96,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   bf16* rv_shared = rk_shared + 2 * kTileKeys * kRankStride;
 
   const AttentionWorkItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;  // padding of a graph-captured step's list
   const int kv_head = blockIdx.y;
   const AttentionSequence sequence = p.sequences[item.sequence];
   const int group = p.num_heads / p.num_kv_heads;
@@ -424,6 +425,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
 
 __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombineItem* items) {
   const AttentionCombineItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;  // padding of a graph-captured step's list
   const int kv_head = blockIdx.y;
   const AttentionSequence sequence = p.sequences[item.sequence];
   const int group = p.num_heads / p.num_kv_heads;

@@ -41,6 +41,8 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
+  graphs_enabled_ = backend_config.cuda_graphs;
+  max_graph_rows_ = backend_config.max_graph_rows;
   adapters_.resize(backend_config.max_adapter_slots);
   kv_rank_of_slot_.assign(backend_config.max_adapter_slots, 0);
   lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
@@ -50,6 +52,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  clear_graphs();
   gemm_.reset();
   if (plan_copied_ != nullptr) cudaEventDestroy(plan_copied_);
   cudaEventDestroy(lora_fork_);
@@ -176,8 +179,9 @@ void CudaBackend::grow_buffers() {
     partial_out_.reserve(partial_rows * config_.head_dim * sizeof(float));
     partial_lse_.reserve(partial_rows * sizeof(float));
   }
-  logits_.reserve(plan_.logit_rows().size() * static_cast<size_t>(config_.vocab_size) * sizeof(float));
-  sampled_.reserve(plan_.logit_rows().size() * 2 * sizeof(int32_t));
+  const size_t logit_rows = static_cast<size_t>(plan_.num_logit_launch_rows());
+  logits_.reserve(logit_rows * static_cast<size_t>(config_.vocab_size) * sizeof(float));
+  sampled_.reserve(logit_rows * 2 * sizeof(int32_t));
   if (capture_hidden_states_)
     hidden_states_.reserve((config_.num_layers + 1) * plan_.logit_rows().size() * hidden * sizeof(float));
   plan_device_.reserve(plan_.words().size() * sizeof(int32_t));
@@ -383,7 +387,7 @@ void CudaBackend::capture_hidden_states(int index, const float* lora_delta) {
                        stream_);
 }
 
-void CudaBackend::enqueue_forward(const Batch& batch) {
+void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   check_device_sampling(batch);
   validate_batch(batch,
                  {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
@@ -401,7 +405,10 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   }
   plan_.build(batch, shape, residual_shape_.block_size);
   capture_hidden_states_ = batch.capture_hidden_states;
-  if (plan_.num_tokens() == 0) return;
+  if (for_graph && !capture_hidden_states_) plan_.pad_for_graph(max_graph_rows_);
+}
+
+void CudaBackend::upload_plan() {
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
   const bool capturing = capture != cudaStreamCaptureStatusNone;
@@ -414,7 +421,16 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   LOOM_CUDA_CHECK(cudaMemcpyAsync(plan_device_.data(), plan_host_.data(), plan_.words().size() * sizeof(int32_t),
                                   cudaMemcpyHostToDevice, stream_));
   if (!capturing) LOOM_CUDA_CHECK(cudaEventRecord(plan_copied_, stream_));
+}
 
+void CudaBackend::enqueue_forward(const Batch& batch) {
+  plan_step(batch, false);
+  if (plan_.num_tokens() == 0) return;
+  upload_plan();
+  enqueue_kernels();
+}
+
+void CudaBackend::enqueue_kernels() {
   const PlanSections& sections = plan_.sections();
   const int32_t n = plan_.num_rows();
   const int32_t hidden = config_.hidden_size;
@@ -427,7 +443,7 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
     if (capture_hidden_states_) capture_hidden_states(layer + 1, lora_delta);
   }
 
-  const int32_t num_rows = static_cast<int32_t>(plan_.logit_rows().size());
+  const int32_t num_rows = plan_.num_logit_launch_rows();
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), nullptr, model_.final_norm(), config_.rms_norm_eps,
                       hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows, normed_.as<__nv_bfloat16>(),
                       stream_, lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
@@ -438,11 +454,59 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
                     sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
 }
 
+std::vector<const void*> CudaBackend::graph_buffers() const {
+  return {residual_.data(), delta_.data(),     normed_.data(),       qkv_.data(),           q_.data(),
+          attention_out_.data(), gate_up_.data(), activation_.data(), lora_v_.data(),   lora_out_.data(),
+          partial_out_.data(), partial_lse_.data(), logits_.data(),   sampled_.data(),       plan_device_.data(),
+          kv_pool_.data(),  residual_pool_.data(), lora_table_->device_table()};
+}
+
+void CudaBackend::clear_graphs() {
+  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  graphs_.clear();
+}
+
+void CudaBackend::run_graph() {
+  // A graph holds the buffers' addresses: when one has grown, none is valid.
+  std::vector<const void*> buffers = graph_buffers();
+  if (buffers != graph_buffers_) {
+    clear_graphs();
+    graph_buffers_ = std::move(buffers);
+  }
+  const GraphKey key{plan_.launch_counts(), residual_rank_, lora_max_rank_};
+  if (auto it = graphs_.find(key); it != graphs_.end()) {
+    LOOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    ++graph_stats_.replays;
+    return;
+  }
+  // First step of this shape: run it eagerly, then record the same launches
+  // (capture runs nothing) for the next steps of the shape.
+  enqueue_kernels();
+  if (graphs_.size() >= kMaxGraphs) clear_graphs();
+  cudaGraph_t graph = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
+  try {
+    enqueue_kernels();
+  } catch (...) {
+    cudaStreamEndCapture(stream_, &graph);
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    throw;
+  }
+  LOOM_CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+  cudaGraphExec_t exec = nullptr;
+  const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
+  cudaGraphDestroy(graph);
+  LOOM_CUDA_CHECK(status);
+  graphs_.emplace(key, exec);
+  ++graph_stats_.captures;
+}
+
 ForwardResult CudaBackend::finish_forward() {
   ForwardResult result;
   result.vocab_size = config_.vocab_size;
   if (plan_.num_tokens() == 0) return result;
   const size_t num_rows = plan_.logit_rows().size();
+  const size_t launch_rows = static_cast<size_t>(plan_.num_logit_launch_rows());  // padded rows after the real ones
   const size_t vocab = static_cast<size_t>(config_.vocab_size);
   const std::vector<SamplingRow>& sampling = plan_.sampling_rows();
   // With device sampling only the rows left to the host travel, packed in row order.
@@ -452,8 +516,8 @@ ForwardResult CudaBackend::finish_forward() {
     LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits_.data(), num_rows * vocab * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_));
   } else {
-    sampled_host_.reserve(num_rows * 2 * sizeof(int32_t));
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(sampled_host_.data(), sampled_.data(), num_rows * 2 * sizeof(int32_t),
+    sampled_host_.reserve(launch_rows * 2 * sizeof(int32_t));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(sampled_host_.data(), sampled_.data(), launch_rows * 2 * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, stream_));
     for (size_t row = 0, host_row = 0; row < num_rows; ++row) {
       if (sampling[row].on_device) continue;
@@ -471,7 +535,7 @@ ForwardResult CudaBackend::finish_forward() {
   if (!sampling.empty()) {
     const int32_t* tokens = sampled_host_.as<int32_t>();
     result.sampled_token_ids.assign(tokens, tokens + num_rows);
-    const float* logprobs = reinterpret_cast<const float*>(tokens + num_rows);
+    const float* logprobs = reinterpret_cast<const float*>(tokens + launch_rows);
     result.sampled_logprobs.assign(logprobs, logprobs + num_rows);
   }
   result.logit_token_index = plan_.logit_tokens();
@@ -479,7 +543,16 @@ ForwardResult CudaBackend::finish_forward() {
 }
 
 ForwardResult CudaBackend::forward(const Batch& batch) {
-  enqueue_forward(batch);
+  plan_step(batch, graphs_enabled_);
+  if (plan_.num_tokens() > 0) {
+    upload_plan();
+    if (plan_.is_padded()) {
+      run_graph();
+    } else {
+      enqueue_kernels();
+      ++graph_stats_.eager_steps;
+    }
+  }
   return finish_forward();
 }
 

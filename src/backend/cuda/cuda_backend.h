@@ -7,9 +7,9 @@
 // num_kv_heads x head_dim bf16, addressed through block tables as backend.h
 // says, stored head-major within each block (plan_types.h, kv_element_index),
 // allocated by allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
-// honoured (those entries are read, never written); base (decoder rows) and
-// forked sharing and capture_hidden_states raise Error(kUnsupported) (the
-// engine refuses such adapters when they are loaded: cuda_backend_capabilities).
+// honoured (those entries are read, never written); every sharing mode runs
+// (base: ICaRus decoder rows; forked: the rCache pool and ResidualAttention).
+// Decode steps replay CUDA graphs unless CudaBackendConfig::cuda_graphs is false.
 //
 // Thread: the engine thread only. forward() blocks until the logits are on the host.
 #pragma once
@@ -27,6 +27,10 @@ namespace loom {
 struct CudaBackendConfig {
   int device = 0;
   int max_adapter_slots = 64;
+  // Decode steps of up to max_graph_rows rows (tokens + ICaRus decoder rows)
+  // replay CUDA graphs captured per launch shape; false: every step eager.
+  bool cuda_graphs = true;
+  int max_graph_rows = 256;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The
@@ -42,11 +46,10 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
 std::unique_ptr<Backend> make_synthetic_cuda_backend(const ModelConfig& config, uint64_t seed, bool round_to_bf16,
                                                      const CudaBackendConfig& backend_config = {});
 
-// What the CUDA backend runs (backend_capabilities.h), without a GPU: isolated
-// and activated KV sharing (base and forked raise Error(kUnsupported) in
-// forward()), head dims 16/32/64/128, hidden / intermediate / q sizes in
-// multiples of 8, LoRA ranks up to 256, device sampling, a host tier for the
-// main pool; no capture_hidden_states.
+// What the CUDA backend runs (backend_capabilities.h), without a GPU: every KV
+// sharing mode (forked: k/v ranks up to 64), head dims 16/32/64/128, hidden /
+// intermediate / q sizes in multiples of 8, LoRA ranks up to 256, device
+// sampling, host tiers for the main pool and the rCache, capture_hidden_states.
 BackendCapabilities cuda_backend_capabilities();
 
 // "NVIDIA H100 80GB HBM3 (132 SMs, 79.1 GiB)"; throws Error(kUnsupported) without a GPU.

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -51,9 +52,21 @@ class CudaBackend : public Backend {
   // device sampling, host tiers, hidden-state capture.
   BackendCapabilities capabilities() const override { return cuda_backend_capabilities(); }
 
-  // forward() in two halves: validate, plan and enqueue the whole step (no host
-  // synchronisation, so it can be captured in a CUDA graph once the buffers have
-  // grown to the batch's size: call it once uncaptured first) ...
+  // forward() runs decode steps (no prefill tiles, at most max_graph_rows rows,
+  // no hidden-state capture) as CUDA graphs when CudaBackendConfig::cuda_graphs:
+  // the step's plan is padded (StepPlan::pad_for_graph), the first step of each
+  // LaunchCounts runs eagerly and is captured, later ones replay the graph
+  // after uploading their plan. Other steps run eagerly.
+  struct GraphStats {
+    int64_t captures = 0, replays = 0, eager_steps = 0;
+  };
+  GraphStats graph_stats() const { return graph_stats_; }
+  int32_t num_graphs() const { return static_cast<int32_t>(graphs_.size()); }
+  void set_cuda_graphs(bool enabled) { graphs_enabled_ = enabled; }
+
+  // forward() in two halves, always eager: validate, plan and enqueue the whole
+  // step (no host synchronisation, so it can be captured in a CUDA graph once
+  // the buffers have grown to the batch's size: call it once uncaptured first) ...
   void enqueue_forward(const Batch& batch);
   // ... then wait and copy the logits of the enqueued step to the host.
   ForwardResult finish_forward();
@@ -78,26 +91,26 @@ class CudaBackend : public Backend {
   // cuBLAS wins. A tensor-core variant (weights as the MMA's M side, no shared
   // memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
-  void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; }
+  void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
   // Where the batched LoRA kernels run:
   //   kSideStream     on a second stream beside the base GEMM (default)
   //   kSideStreamPdl  the same, the expand a programmatic dependent launch of the shrink
   //   kInline         after the base GEMM on the main stream
   enum class LoraOverlap { kSideStream, kSideStreamPdl, kInline };
-  void set_lora_overlap(LoraOverlap mode) { lora_overlap_ = mode; }
+  void set_lora_overlap(LoraOverlap mode) { lora_overlap_ = mode; clear_graphs(); }
   // Which LoRA kernels run each projection group (lora.cu):
   //   kSplit  a shrink launch (split over the input features), then an expand launch (default)
   //   kFused  one launch: each CTA computes its tile's shrink, then expands a block of outputs
   //   kFusedAttention  fused for q/k/v and o, split for gate/up and down
   enum class LoraKernel { kFused, kSplit, kFusedAttention };
-  void set_lora_kernel(LoraKernel kernel) { lora_kernel_ = kernel; }
+  void set_lora_kernel(LoraKernel kernel) { lora_kernel_ = kernel; clear_graphs(); }
   // With kSideStream: bit g set = projection group g (0 q/k/v, 1 o, 2 gate/up,
   // 3 down) on the side stream, clear = inline after its GEMM (for measuring).
-  void set_lora_side_groups(uint32_t mask) { lora_side_groups_ = mask; }
+  void set_lora_side_groups(uint32_t mask) { lora_side_groups_ = mask; clear_graphs(); }
   // gate/up's LoRA delta as bf16 (default) or fp32.
-  void set_lora_bf16_gate_up(bool bf16) { lora_bf16_gate_up_ = bf16; }
+  void set_lora_bf16_gate_up(bool bf16) { lora_bf16_gate_up_ = bf16; clear_graphs(); }
   // Output columns per thread of the split path's expand kernel (1, 2 or 4).
-  void set_lora_expand_columns(int32_t columns) { lora_expand_columns_ = columns; }
+  void set_lora_expand_columns(int32_t columns) { lora_expand_columns_ = columns; clear_graphs(); }
   // This layer's K / V pool (nullptr before allocate_kv_cache).
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
@@ -113,6 +126,15 @@ class CudaBackend : public Backend {
   }
 
  private:
+  // forward()'s parts: validate and plan (padded for a graph when for_graph and
+  // the step qualifies); grow the buffers and upload the plan; enqueue every kernel.
+  void plan_step(const Batch& batch, bool for_graph);
+  void upload_plan();
+  void enqueue_kernels();
+  // Replays (or runs eagerly and captures) the padded plan's graph.
+  void run_graph();
+  void clear_graphs();
+  std::vector<const void*> graph_buffers() const;  // every address a captured step holds
   void grow_buffers();
   // y = x W^T through the kernel decode_gemm_ picks for m rows.
   void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
@@ -163,6 +185,20 @@ class CudaBackend : public Backend {
   std::vector<int32_t> kv_rank_of_slot_;
   int32_t residual_rank_ = 0;  // the enqueued step's: max over its forked sequences' adapters
   std::array<int32_t, kResidualMaxRank + 1> forked_decode_ctas_per_sm_{};  // by rank, 0: not asked yet
+
+  // CUDA graphs of decode steps, by launch shape (run_graph); all dropped when a
+  // buffer moves (graph_buffers_), a switch above changes, or kMaxGraphs are held.
+  struct GraphKey {
+    LaunchCounts counts;
+    int32_t residual_rank = 0, lora_max_rank = 0;
+    auto operator<=>(const GraphKey&) const = default;
+  };
+  static constexpr size_t kMaxGraphs = 48;
+  bool graphs_enabled_ = true;
+  int32_t max_graph_rows_ = 256;
+  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  std::vector<const void*> graph_buffers_;
+  GraphStats graph_stats_;
 
   StepPlan plan_;
   PinnedBuffer plan_host_;

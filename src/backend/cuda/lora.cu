@@ -57,6 +57,7 @@ __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams 
   // start their prologue now; they wait for this grid before reading v.
   asm volatile("griddepcontrol.launch_dependents;\n" ::);
   const LoraTile tile = p.tiles[blockIdx.x];
+  if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
   const LoraTargetArgs target = p.targets[blockIdx.y];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int chunk_begin = blockIdx.z * kLoraShrinkChunk;
@@ -127,6 +128,7 @@ __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams 
 template <int kColumns, int kThreads>
 __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
   const LoraTile tile = p.tiles[blockIdx.x];
+  if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
   const LoraTargetArgs target = p.targets[blockIdx.z];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int first_output = blockIdx.y * kThreads * kColumns;
@@ -257,6 +259,7 @@ size_t fused_shared_bytes(int max_rank) {
 
 __global__ void __launch_bounds__(kFusedThreads) lora_fused_kernel(LoraParams p, int outputs_per_cta) {
   const LoraTile tile = p.tiles[blockIdx.x];
+  if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
   const LoraTargetArgs target = p.targets[blockIdx.z];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int first_output = blockIdx.y * outputs_per_cta;

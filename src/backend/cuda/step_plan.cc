@@ -49,6 +49,18 @@ int32_t wave_aware_chunk(const std::vector<TileCandidate>& list, int64_t slots, 
 
 }  // namespace
 
+int32_t graph_capacity(int32_t n) {
+  if (n <= 0) return 0;
+  int32_t capacity = 1;
+  while (capacity < n && capacity < 4) capacity *= 2;
+  if (capacity >= n) return capacity;
+  // 4, 6, 8, 12, 16, 24, ...: each power of two, then 1.5x it.
+  for (int32_t power = 4;; power *= 2) {
+    if (power >= n) return power;
+    if (power / 2 * 3 >= n) return power / 2 * 3;
+  }
+}
+
 void check_device_sampling(const Batch& batch) {
   if (batch.sampling.empty()) return;
   if (batch.sampling.size() != batch.sequences.size())
@@ -107,7 +119,8 @@ void StepPlan::place_rows(const Batch& batch, const PlanShape& shape, int32_t re
                              sequence.block_table_offset};
     if (forked) {
       placed.forked_slot = sequence.forked_adapter_slot;
-      placed.residual_block_table_offset = sequence.residual_block_table_offset;
+      placed.residual_block_table_offset =
+          static_cast<int32_t>(batch.block_tables.size()) + sequence.residual_block_table_offset;
       max_forked_context_ = std::max(max_forked_context_, sequence.num_computed_tokens + sequence.num_new_tokens);
     }
     if (sequence.decoder_adapter_slot >= 0) {
@@ -228,7 +241,10 @@ void StepPlan::plan_lora() {
 }
 
 void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residual_block_size) {
+  padded_ = false;
   place_rows(batch, shape, residual_block_size);
+  tables_.assign(batch.block_tables.begin(), batch.block_tables.end());
+  tables_.insert(tables_.end(), batch.residual_block_tables.begin(), batch.residual_block_tables.end());
   logit_rows_.clear();
   logit_tokens_.clear();
   sampling_rows_.clear();
@@ -261,13 +277,16 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residua
   }
   plan_attention(shape);
   plan_lora();
+  launch_logit_rows_ = logit_rows_;
+  launch_sampling_rows_ = sampling_rows_;
+  assemble_words();
+}
 
+void StepPlan::assemble_words() {
   words_.clear();
   append(sections_.token_ids, row_token_ids_);
   append(sections_.positions, row_positions_);
   append(sections_.kv_slots, kv_slots_);
-  append(sections_.block_tables, batch.block_tables);
-  append(sections_.residual_block_tables, batch.residual_block_tables);
   append(sections_.sequences, sequences_);
   append(sections_.prefill_items, items_[0][0]);
   append(sections_.decode_items, items_[0][1]);
@@ -276,11 +295,62 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residua
   append(sections_.combine_items, combine_items_);
   append(sections_.lora_tokens, lora_tokens_);
   append(sections_.lora_tiles, lora_tiles_);
-  append(sections_.logit_rows, logit_rows_);
-  append(sections_.sampling, sampling_rows_);
+  append(sections_.logit_rows, launch_logit_rows_);
+  append(sections_.sampling, launch_sampling_rows_);
   append(sections_.lora_row_of_token, lora_row_of_token_);
   append(sections_.residual_slots, residual_slots_);
   append(sections_.row_adapter_slots, row_adapter_slots_);
+  append(sections_.block_tables, tables_);
+  sections_.residual_block_tables = sections_.block_tables;
+}
+
+LaunchCounts StepPlan::launch_counts() const {
+  LaunchCounts counts;
+  counts.rows = num_rows();
+  counts.sequences = static_cast<int32_t>(sequences_.size());
+  counts.prefill_items = num_prefill_items();
+  counts.decode_items = num_decode_items();
+  counts.forked_prefill_items = num_forked_prefill_items();
+  counts.forked_decode_items = num_forked_decode_items();
+  counts.combine_items = num_combine_items();
+  counts.lora_rows = num_lora_rows();
+  counts.lora_tiles = num_lora_tiles();
+  counts.logit_rows = num_logit_launch_rows();
+  counts.sampling_rows = static_cast<int32_t>(launch_sampling_rows_.size());
+  counts.has_forked_sequences = has_forked_sequences();
+  counts.has_residual_writes = has_residual_writes_;
+  return counts;
+}
+
+bool StepPlan::pad_for_graph(int32_t max_rows) {
+  if (padded_ || num_rows() == 0 || num_rows() > max_rows || !items_[0][0].empty() || !items_[1][0].empty())
+    return false;
+  padded_ = true;
+  const int32_t rows = graph_capacity(num_rows());
+  row_token_ids_.resize(rows, 0);
+  row_positions_.resize(rows, 0);
+  row_adapter_slots_.resize(rows, -1);
+  kv_slots_.resize(rows, -1);
+  residual_slots_.resize(rows, -1);
+  lora_row_of_token_.resize(rows, -1);
+  sequences_.resize(rows);  // never referenced by a work item
+  for (auto& by_variant : items_)
+    for (auto& items : by_variant) {
+      AttentionWorkItem none;
+      none.sequence = -1;
+      items.resize(graph_capacity(static_cast<int32_t>(items.size())), none);
+    }
+  AttentionCombineItem no_combine;
+  no_combine.sequence = -1;
+  combine_items_.resize(graph_capacity(num_combine_items()), no_combine);
+  if (!lora_tokens_.empty()) {
+    lora_tokens_.resize(rows, 0);
+    lora_tiles_.resize(graph_capacity(num_lora_tiles()), LoraTile{0, 0, 0, 0});
+  }
+  launch_logit_rows_.resize(graph_capacity(num_logit_launch_rows()), 0);
+  if (!launch_sampling_rows_.empty()) launch_sampling_rows_.resize(launch_logit_rows_.size(), SamplingRow{});
+  assemble_words();
+  return true;
 }
 
 }  // namespace loom::cuda

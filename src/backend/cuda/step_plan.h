@@ -12,6 +12,7 @@
 // Pure host code (no CUDA calls): unit-testable without a GPU.
 #pragma once
 
+#include <compare>
 #include <cstdint>
 #include <vector>
 
@@ -32,12 +33,32 @@ struct PlanShape {
   int32_t forked_decode_ctas_per_sm = 0;
 };
 
-struct PlanSections {  // offsets in int32 words into StepPlan::words()
+// Offsets in int32 words into StepPlan::words(). The rCache block tables follow
+// the main ones in one section (residual_block_tables == block_tables), and a
+// sequence's residual_block_table_offset counts from its start.
+struct PlanSections {
   size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, residual_block_tables = 0, sequences = 0,
          prefill_items = 0, decode_items = 0, forked_prefill_items = 0, forked_decode_items = 0, combine_items = 0,
          lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0, lora_row_of_token = 0, residual_slots = 0,
          row_adapter_slots = 0;
 };
+
+// How many of each list the step's kernels are launched over: the plan's own
+// counts, or after StepPlan::pad_for_graph its padded capacities. Together with
+// the backend's own switches they decide every launch of a step, so a CUDA
+// graph captured for one LaunchCounts replays any step planned to the same.
+struct LaunchCounts {
+  int32_t rows = 0, sequences = 0, prefill_items = 0, decode_items = 0, forked_prefill_items = 0,
+          forked_decode_items = 0, combine_items = 0, lora_rows = 0, lora_tiles = 0, logit_rows = 0,
+          sampling_rows = 0;
+  bool has_forked_sequences = false, has_residual_writes = false;
+  auto operator<=>(const LaunchCounts&) const = default;
+};
+
+// The padded size of a list of n entries in a graph-captured step: n up to 4
+// rounded up to a power of two, then two sizes per doubling (6, 8, 12, 16, 24,
+// ...), so a step's lists grow into a few captured shapes.
+int32_t graph_capacity(int32_t n);
 
 // Throws Error(kInvalidArgument) unless batch.sampling is empty or one valid
 // DeviceSampling per sequence (temperature >= 0 and finite, top_k >= 0, top_p
@@ -59,6 +80,18 @@ class StepPlan {
   // rCache's (read only when the batch has forked sequences). Reuses capacity.
   void build(const Batch& batch, const PlanShape& shape, int32_t residual_block_size = 0);
 
+  // Pads the plan of a step without prefill tiles and with at most max_rows
+  // rows to graph_capacity of each list, so that launch_counts() and every
+  // section's offset depend only on those capacities. Padding rows have token 0,
+  // position 0, write no K/V or rCache entry and carry no adapter; padding work
+  // items and combine items have sequence -1, LoRA tiles zero rows, logits rows
+  // repeat row 0 (sampled on the host side: token -1). logit_rows() and
+  // sampling_rows() stay the batch's own. Returns false (plan unchanged) for a
+  // step that does not qualify.
+  bool pad_for_graph(int32_t max_rows);
+  bool is_padded() const { return padded_; }
+  LaunchCounts launch_counts() const;
+
   const std::vector<int32_t>& words() const { return words_; }
   const PlanSections& sections() const { return sections_; }
 
@@ -77,6 +110,8 @@ class StepPlan {
   bool has_forked_sequences() const { return max_forked_context_ > 0; }
   bool has_residual_writes() const { return has_residual_writes_; }
   int32_t max_forked_context() const { return max_forked_context_; }
+  // Rows the logits kernels run over: logit_rows().size(), padded after pad_for_graph.
+  int32_t num_logit_launch_rows() const { return static_cast<int32_t>(launch_logit_rows_.size()); }
   // Activation rows that give logits, and the batch token each belongs to
   // (ForwardResult::logit_token_index; a decoder row's is its token).
   const std::vector<int32_t>& logit_rows() const { return logit_rows_; }
@@ -96,6 +131,9 @@ class StepPlan {
   void place_rows(const Batch& batch, const PlanShape& shape, int32_t residual_block_size);
   void plan_attention(const PlanShape& shape);
   void plan_lora();
+  // words_ from the members: fixed-size sections first, the block tables (main,
+  // then rCache) last, so a padded plan's offsets depend on its capacities only.
+  void assemble_words();
   template <typename T>
   void append(size_t& offset, const std::vector<T>& values);
 
@@ -114,6 +152,10 @@ class StepPlan {
   std::vector<LoraTile> lora_tiles_;
   std::vector<int32_t> logit_rows_, logit_tokens_;
   std::vector<SamplingRow> sampling_rows_;
+  std::vector<int32_t> launch_logit_rows_;        // logit_rows_, padded by pad_for_graph
+  std::vector<SamplingRow> launch_sampling_rows_;  // sampling_rows_, padded likewise
+  std::vector<int32_t> tables_;  // the batch's block tables, then its rCache tables
+  bool padded_ = false;
   int32_t num_device_sampled_rows_ = 0;
   std::vector<int32_t> words_;
   PlanSections sections_;
