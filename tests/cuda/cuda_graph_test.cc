@@ -69,6 +69,12 @@ TEST(CudaGraphPlan, PaddedPlansOfOneShapeShareEveryOffset) {  // no GPU needed
   EXPECT_EQ(a.sequences, 6);
   EXPECT_EQ(graph_capacity(a.decode_items), a.decode_items);
   EXPECT_EQ(five.logit_rows(), logit_rows_before) << "the batch's own logits rows stay";
+  // Padding logits rows: distinct, none a row that gives logits (the final norm writes its rows in place).
+  const int32_t* launch_rows = five.words().data() + five.sections().logit_rows;
+  std::vector<int32_t> sorted(launch_rows, launch_rows + a.logit_rows);
+  std::sort(sorted.begin(), sorted.end());
+  EXPECT_EQ(std::adjacent_find(sorted.begin(), sorted.end()), sorted.end());
+  EXPECT_EQ(std::vector<int32_t>(launch_rows, launch_rows + 5), logit_rows_before);
   ASSERT_EQ(a, b) << "6 rows either way, and as many work items after rounding";
   // The same capacities: the same layout, though the block tables differ in length.
   EXPECT_EQ(five.sections().block_tables, six.sections().block_tables);
@@ -89,6 +95,21 @@ TEST(CudaGraphPlan, PaddedPlansOfOneShapeShareEveryOffset) {  // no GPU needed
   int32_t lora_rows = 0;
   for (int32_t t = 0; t < a.lora_tiles; ++t) lora_rows += tiles[t].num_rows;
   EXPECT_EQ(lora_rows, 3) << "sequences 0, 2, 4 carry an adapter (slot 0 of sequence 0 included)";
+}
+
+TEST(CudaGraphPlan, PaddingLogitsRowsAvoidEveryRowThatGivesLogits) {  // no GPU needed
+  // Base sharing: 3 token rows, then 3 decoder rows that give the logits; 6
+  // rows need no padding, the 3 logits rows are padded to 4 with a token row.
+  Batch batch = decode_batch({20, 30, 40});
+  for (BatchSequence& sequence : batch.sequences) sequence.decoder_adapter_slot = 1;
+  StepPlan plan;
+  plan.build(batch, PlanShape{kBlockSize, 8, 2, 132, 3});
+  ASSERT_EQ(plan.num_rows(), 6);
+  ASSERT_EQ(plan.logit_rows(), (std::vector<int32_t>{3, 4, 5}));
+  ASSERT_TRUE(plan.pad_for_graph(256));
+  ASSERT_EQ(plan.num_logit_launch_rows(), 4);
+  const int32_t* rows = plan.words().data() + plan.sections().logit_rows;
+  EXPECT_EQ(std::vector<int32_t>(rows, rows + 4), (std::vector<int32_t>{3, 4, 5, 0}));
 }
 
 TEST(CudaGraphPlan, PrefillStepsAndLargeBatchesStayEager) {  // no GPU needed

@@ -70,6 +70,7 @@ void CudaBackend::allocate_kv_cache(const KvCacheShape& shape) {
     fail(ErrorKind::kInvalidArgument, "cuda backend: KV cache of {} blocks of {} tokens", shape.num_blocks,
          shape.block_size);
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  clear_graphs();  // they hold per-layer pool addresses and the block size
   kv_pool_.release();
   kv_shape_ = {0, 0};
   const int64_t bytes = static_cast<int64_t>(shape.num_blocks) * shape.block_size * kv_bytes_per_token();
@@ -108,6 +109,7 @@ void CudaBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
                             shape.max_rank, kResidualMaxRank),
                 fmt::format("serve forked adapters of k/v rank <= {}, or use --device cpu", kResidualMaxRank));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
+  clear_graphs();
   residual_pool_.release();
   residual_shape_ = {0, 0, 0};
   residual_rank_stride_ = 0;
@@ -462,7 +464,7 @@ std::vector<const void*> CudaBackend::graph_buffers() const {
 }
 
 void CudaBackend::clear_graphs() {
-  for (auto& [key, exec] : graphs_) cudaGraphExecDestroy(exec);
+  for (auto& [key, graph] : graphs_) cudaGraphExecDestroy(graph.exec);
   graphs_.clear();
 }
 
@@ -474,15 +476,23 @@ void CudaBackend::run_graph() {
     graph_buffers_ = std::move(buffers);
   }
   const GraphKey key{plan_.launch_counts(), residual_rank_, lora_max_rank_};
+  const int64_t now = graph_stats_.captures + graph_stats_.replays;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
-    LOOM_CUDA_CHECK(cudaGraphLaunch(it->second, stream_));
+    LOOM_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
+    it->second.last_used = now;
     ++graph_stats_.replays;
     return;
   }
   // First step of this shape: run it eagerly, then record the same launches
   // (capture runs nothing) for the next steps of the shape.
   enqueue_kernels();
-  if (graphs_.size() >= kMaxGraphs) clear_graphs();
+  if (graphs_.size() >= kMaxGraphs) {
+    auto oldest = std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
+      return a.second.last_used < b.second.last_used;
+    });
+    cudaGraphExecDestroy(oldest->second.exec);
+    graphs_.erase(oldest);
+  }
   cudaGraph_t graph = nullptr;
   LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
@@ -497,7 +507,7 @@ void CudaBackend::run_graph() {
   const cudaError_t status = cudaGraphInstantiate(&exec, graph, 0);
   cudaGraphDestroy(graph);
   LOOM_CUDA_CHECK(status);
-  graphs_.emplace(key, exec);
+  graphs_.emplace(key, CapturedGraph{exec, now});
   ++graph_stats_.captures;
 }
 

@@ -187,7 +187,8 @@ class CudaBackend : public Backend {
   std::array<int32_t, kResidualMaxRank + 1> forked_decode_ctas_per_sm_{};  // by rank, 0: not asked yet
 
   // CUDA graphs of decode steps, by launch shape (run_graph); all dropped when a
-  // buffer moves (graph_buffers_), a switch above changes, or kMaxGraphs are held.
+  // buffer moves (graph_buffers_), a pool is reallocated or a switch above
+  // changes; beyond kMaxGraphs the least recently replayed goes.
   struct GraphKey {
     LaunchCounts counts;
     int32_t residual_rank = 0, lora_max_rank = 0;
@@ -196,7 +197,11 @@ class CudaBackend : public Backend {
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
   int32_t max_graph_rows_ = 256;
-  std::map<GraphKey, cudaGraphExec_t> graphs_;
+  struct CapturedGraph {
+    cudaGraphExec_t exec = nullptr;
+    int64_t last_used = 0;  // graph_stats_ captures + replays at its last use
+  };
+  std::map<GraphKey, CapturedGraph> graphs_;
   std::vector<const void*> graph_buffers_;
   GraphStats graph_stats_;
 

@@ -326,7 +326,8 @@ bool StepPlan::pad_for_graph(int32_t max_rows) {
   if (padded_ || num_rows() == 0 || num_rows() > max_rows || !items_[0][0].empty() || !items_[1][0].empty())
     return false;
   padded_ = true;
-  const int32_t rows = graph_capacity(num_rows());
+  const int32_t real_rows = num_rows();
+  const int32_t rows = graph_capacity(real_rows);
   row_token_ids_.resize(rows, 0);
   row_positions_.resize(rows, 0);
   row_adapter_slots_.resize(rows, -1);
@@ -347,7 +348,16 @@ bool StepPlan::pad_for_graph(int32_t max_rows) {
     lora_tokens_.resize(rows, 0);
     lora_tiles_.resize(graph_capacity(num_lora_tiles()), LoraTile{0, 0, 0, 0});
   }
-  launch_logit_rows_.resize(graph_capacity(num_logit_launch_rows()), 0);
+  // Padding logits rows take rows that give no logits, each a different one:
+  // the final norm adds the last delta into its row in place, and two CTAs on
+  // one row would race. There are enough, as graph_capacity never shrinks.
+  const size_t logit_capacity = graph_capacity(num_logit_launch_rows());
+  std::vector<bool> gives_logits(rows, false);
+  for (int32_t row : logit_rows_) gives_logits[row] = true;
+  for (int32_t k = 0; launch_logit_rows_.size() < logit_capacity; ++k) {
+    const int32_t row = (real_rows + k) % rows;  // padding rows first
+    if (!gives_logits[row]) launch_logit_rows_.push_back(row);
+  }
   if (!launch_sampling_rows_.empty()) launch_sampling_rows_.resize(launch_logit_rows_.size(), SamplingRow{});
   assemble_words();
   return true;

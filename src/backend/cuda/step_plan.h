@@ -84,8 +84,9 @@ class StepPlan {
   // rows to graph_capacity of each list, so that launch_counts() and every
   // section's offset depend only on those capacities. Padding rows have token 0,
   // position 0, write no K/V or rCache entry and carry no adapter; padding work
-  // items and combine items have sequence -1, LoRA tiles zero rows, logits rows
-  // repeat row 0 (sampled on the host side: token -1). logit_rows() and
+  // items and combine items have sequence -1, LoRA tiles zero rows, padding
+  // logits rows are distinct rows that give no logits (sampled on the host
+  // side: token -1). logit_rows() and
   // sampling_rows() stay the batch's own. Returns false (plan unchanged) for a
   // step that does not qualify.
   bool pad_for_graph(int32_t max_rows);
