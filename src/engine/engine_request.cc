@@ -10,7 +10,9 @@ PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineR
     : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), kv_plan(std::move(kv_plan_in)),
       channel(std::make_shared<RequestChannel>()),
       sampler(request.sampling), detokenizer(std::move(tokenizer)), stop_filter(request.stop_strings),
-      submitted_at(std::chrono::steady_clock::now()) {}
+      submitted_at(std::chrono::steady_clock::now()) {
+  sampler.set_prompt(request.prompt_tokens);
+}
 
 RequestOutput PendingRequest::make_output() const {
   RequestOutput output;
@@ -36,7 +38,9 @@ RequestOutput PendingRequest::on_logits(const float* logits, int32_t vocab_size,
 }
 
 bool PendingRequest::can_sample_on_device() const {
-  return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens;
+  // The device sampler has no penalties, bias or min_p.
+  return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens &&
+         !request.sampling.modifies_logits();
 }
 
 RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids) {

@@ -51,8 +51,8 @@ struct PendingRequest {
   // output to stream. `eos_ids` are the tokenizer's.
   RequestOutput on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids);
   // True when the backend may draw the next token itself (backend.h
-  // DeviceSampling): no top logprobs asked for and no EOS / stop-token masking
-  // pending (min_new_tokens reached).
+  // DeviceSampling): no top logprobs asked for, no EOS / stop-token masking
+  // pending (min_new_tokens reached), no penalties, logit_bias or min_p.
   bool can_sample_on_device() const;
   // on_logits' second half, for a token drawn on the device.
   RequestOutput on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);

@@ -15,23 +15,61 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), prng_(params.s
     fail(ErrorKind::kInvalidArgument, "top_p must be in (0, 1], got {}", params.top_p);
   if (params.num_top_logprobs < 0)
     fail(ErrorKind::kInvalidArgument, "logprobs must be >= 0, got {}", params.num_top_logprobs);
+  for (const auto& [name, value] : {std::pair{"presence_penalty", params.presence_penalty},
+                                    std::pair{"frequency_penalty", params.frequency_penalty}})
+    if (!(value >= -2.0f && value <= 2.0f)) fail(ErrorKind::kInvalidArgument, "{} must be in [-2, 2], got {}", name, value);
+  if (!(params.repetition_penalty > 0.0f) || !std::isfinite(params.repetition_penalty))
+    fail(ErrorKind::kInvalidArgument, "repetition_penalty must be > 0, got {}", params.repetition_penalty);
+  if (!(params.min_p >= 0.0f && params.min_p <= 1.0f))
+    fail(ErrorKind::kInvalidArgument, "min_p must be in [0, 1], got {}", params.min_p);
+  for (const auto& [id, bias] : params.logit_bias)
+    if (id < 0 || !(bias >= -100.0f && bias <= 100.0f))
+      fail(ErrorKind::kInvalidArgument, "logit_bias: token {} bias {} (ids >= 0, biases in [-100, 100])", id, bias);
 }
 
-SampledToken Sampler::sample(const float* logits, int32_t vocab_size) {
+void Sampler::set_prompt(std::span<const int32_t> prompt_tokens) {
+  if (params_.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt_tokens.begin(), prompt_tokens.end());
+}
+
+void Sampler::adjust(std::vector<float>& logits) const {
+  const auto vocab_size = static_cast<int32_t>(logits.size());
+  for (const auto& [id, bias] : params_.logit_bias)
+    if (id < vocab_size) logits[static_cast<size_t>(id)] += bias;
+  if (params_.repetition_penalty != 1.0f) {
+    auto penalise = [&](int32_t id) {
+      if (id < 0 || id >= vocab_size) return;
+      float& logit = logits[static_cast<size_t>(id)];
+      logit = logit > 0.0f ? logit / params_.repetition_penalty : logit * params_.repetition_penalty;
+    };
+    for (int32_t id : prompt_tokens_) penalise(id);
+    for (const auto& [id, count] : output_counts_)
+      if (!prompt_tokens_.contains(id)) penalise(id);
+  }
+  for (const auto& [id, count] : output_counts_)
+    if (id >= 0 && id < vocab_size)
+      logits[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+}
+
+SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
   LOOM_CHECK(vocab_size > 0);
   // log-softmax of the raw logits, in double for stable logprobs.
-  float max_logit = logits[0];
-  int32_t argmax = 0;
-  for (int32_t i = 1; i < vocab_size; ++i) {
-    if (logits[i] > max_logit) {
-      max_logit = logits[i];
-      argmax = i;
-    }
-  }
+  float max_raw = raw_logits[0];
+  for (int32_t i = 1; i < vocab_size; ++i) max_raw = std::max(max_raw, raw_logits[i]);
   double sum = 0.0;
-  for (int32_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(logits[i] - max_logit));
-  const double log_normalizer = static_cast<double>(max_logit) + std::log(sum);
-  auto logprob_of = [&](int32_t id) { return static_cast<float>(logits[id] - log_normalizer); };
+  for (int32_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(raw_logits[i] - max_raw));
+  const double log_normalizer = static_cast<double>(max_raw) + std::log(sum);
+  auto logprob_of = [&](int32_t id) { return static_cast<float>(raw_logits[id] - log_normalizer); };
+
+  // The choice is made on the adjusted logits.
+  const float* logits = raw_logits;
+  if (params_.modifies_logits()) {
+    adjusted_.assign(raw_logits, raw_logits + vocab_size);
+    adjust(adjusted_);
+    logits = adjusted_.data();
+  }
+  int32_t argmax = 0;
+  for (int32_t i = 1; i < vocab_size; ++i)
+    if (logits[i] > logits[argmax]) argmax = i;
 
   SampledToken result;
   result.token_id = argmax;
@@ -53,6 +91,11 @@ SampledToken Sampler::sample(const float* logits, int32_t vocab_size) {
     double total = 0.0;
     for (size_t i = 0; i < keep; ++i) {
       weights[i] = std::exp((scratch_[i].first - scratch_[0].first) * inverse_temperature);
+      // min_p: weights are probabilities relative to the most likely token's (weights[0] == 1).
+      if (weights[i] < params_.min_p) {
+        keep = i;
+        break;
+      }
       total += weights[i];
     }
     if (params_.top_p < 1.0f) {
@@ -81,6 +124,7 @@ SampledToken Sampler::sample(const float* logits, int32_t vocab_size) {
     result.token_id = scratch_[chosen].second;
   }
   result.logprob = logprob_of(result.token_id);
+  if (params_.modifies_logits()) ++output_counts_[result.token_id];
 
   if (params_.num_top_logprobs > 0) {
     const int32_t count = std::min(params_.num_top_logprobs, vocab_size);

@@ -1,6 +1,7 @@
 #include "server/openai_request.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <random>
 
@@ -232,6 +233,27 @@ std::vector<std::string> read_stop(const Json& body, const RequestLimits& limits
   return stops;
 }
 
+// logit_bias: {"token id": bias in [-100, 100], ...} (OpenAI's shape; ids as strings).
+std::vector<std::pair<int32_t, float>> read_logit_bias(const Json& body, int vocab_size) {
+  std::vector<std::pair<int32_t, float>> biases;
+  const Json* value = field(body, "logit_bias");
+  if (!value || value->is_null()) return biases;
+  if (!value->is_object()) throw_bad_request("logit_bias", "'logit_bias' must be an object of token id -> bias");
+  for (const auto& [key, bias] : value->items()) {
+    const std::string param = "logit_bias." + key;
+    int64_t id = -1;
+    const auto [end, error] = std::from_chars(key.data(), key.data() + key.size(), id);
+    if (error != std::errc() || end != key.data() + key.size() || id < 0 || id >= vocab_size)
+      throw_bad_request(param, fmt::format("'logit_bias' keys must be token ids in [0, {})", vocab_size));
+    if (!bias.is_number()) throw_bad_request(param, "a logit_bias value must be a number");
+    const double number = bias.get<double>();
+    if (!(std::isfinite(number) && number >= -100.0 && number <= 100.0))
+      throw_out_of_range(param, "between -100 and 100", bias);
+    biases.emplace_back(static_cast<int32_t>(id), static_cast<float>(number));
+  }
+  return biases;
+}
+
 // A seed: any integer of int64 or uint64 (clients pick random 64-bit values).
 uint64_t read_seed(const Json& value) {
   if (value.is_number_unsigned()) return value.get<uint64_t>();
@@ -241,15 +263,6 @@ uint64_t read_seed(const Json& value) {
 // Knobs we do not implement are refused unless they hold their neutral value,
 // so a client never silently gets different semantics.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-  for (const char* key : {"presence_penalty", "frequency_penalty"}) {
-    const Json* value = field(body, key);
-    if (value && (!value->is_number() || value->get<double>() != 0.0))
-      throw_bad_request(key, fmt::format("'{}' is not supported (use 0)", key));
-  }
-  if (const Json* value = field(body, "repetition_penalty"); value && (!value->is_number() || value->get<double>() != 1.0))
-    throw_bad_request("repetition_penalty", "'repetition_penalty' is not supported (use 1)");
-  if (const Json* value = field(body, "logit_bias"); value && !(value->is_object() && value->empty()))
-    throw_bad_request("logit_bias", "'logit_bias' is not supported");
   if (read_bool(body, "echo", false)) throw_bad_request("echo", "'echo' is not supported");
   if (has(body, "suffix")) throw_bad_request("suffix", "'suffix' is not supported");
   read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
@@ -355,6 +368,13 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   const Json* seed = field(body, "seed");
   sampling.seed = seed ? read_seed(*seed) : std::random_device{}() * 0x100000000ull + std::random_device{}();
   sampling.num_top_logprobs = parsed.logprobs.enabled ? parsed.logprobs.num_top : 0;
+  sampling.presence_penalty = static_cast<float>(read_number(body, "presence_penalty", 0.0, -2.0, 2.0));
+  sampling.frequency_penalty = static_cast<float>(read_number(body, "frequency_penalty", 0.0, -2.0, 2.0));
+  sampling.repetition_penalty = static_cast<float>(read_number(body, "repetition_penalty", 1.0, 0.0, 100.0));
+  if (sampling.repetition_penalty <= 0.0f)
+    throw_bad_request("repetition_penalty", "'repetition_penalty' must be > 0 (1: none)");
+  sampling.min_p = static_cast<float>(read_number(body, "min_p", 0.0, 0.0, 1.0));
+  sampling.logit_bias = read_logit_bias(body, context.tokenizer->vocab_size());
 
   request.stop_strings = read_stop(body, limits);
   if (const Json* ids = field(body, "stop_token_ids")) {

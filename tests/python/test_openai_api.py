@@ -110,6 +110,16 @@ class OpenAiApiTest(loom_server.ServerTestCase):
         self.assertEqual(response.choices[0].finish_reason, "stop")
         self.assertEqual(self.stream_text(model="tiny", prompt=PROMPT, max_tokens=24, stop=stop), expected)
 
+    def test_logit_bias_and_penalties(self):
+        plain = self.complete(max_tokens=6, logprobs=1).choices[0].logprobs.tokens
+        forced = self.complete(max_tokens=6, logprobs=1, logit_bias={"300": 100}).choices[0].logprobs
+        self.assertEqual(len(set(forced.tokens)), 1, forced.tokens)  # token 300 every time
+        self.assertNotEqual(forced.tokens, plain)
+        self.assertLess(forced.token_logprobs[0], max(forced.top_logprobs[0].values()) + 1e-6)  # raw logprobs
+        both = self.complete(max_tokens=8, presence_penalty=1.5, frequency_penalty=0.5, extra_body={
+            "repetition_penalty": 1.3, "min_p": 0.05})
+        self.assertEqual(both.usage.completion_tokens, 8)
+
     def test_seeded_sampling_repeats(self):
         kwargs = {"temperature": 1.0, "seed": 1234, "max_tokens": 12}
         first = self.client.completions.create(model="tiny", prompt=PROMPT, **kwargs).choices[0].text

@@ -3,7 +3,7 @@
 // argmax (greedy requests only here), returning logits for the other rows
 // packed as the contract says. Greedy requests must give the Generator's
 // tokens whichever path served each step; requests that need the host (top
-// logprobs, min_new_tokens masking) must get their logits rows.
+// logprobs, min_new_tokens masking, penalties and logit_bias) must get their logits rows.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +98,9 @@ TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
   requests[1].sampling.num_top_logprobs = 2;  // host only
   requests[2].min_new_tokens = 3;             // host for its first three tokens
   requests[2].stop_token_ids = {5};
+  requests[3].sampling.presence_penalty = 1.0f;  // host only: the device sampler has no penalties or bias
+  requests[3].sampling.repetition_penalty = 1.2f;
+  requests[3].sampling.logit_bias = {{7, 2.0f}};
   std::vector<std::vector<int32_t>> results(requests.size());
   std::vector<std::thread> clients;
   for (size_t i = 0; i < requests.size(); ++i)
@@ -120,7 +123,7 @@ TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
     EXPECT_EQ(results[i], expected) << "request " << i;
   }
   EXPECT_GT(backend->num_device_rows.load(), 0);
-  EXPECT_GE(backend->num_host_rows.load(), 7 + 3) << "request 1's rows and request 2's first three";
+  EXPECT_GE(backend->num_host_rows.load(), 7 + 3 + 7) << "requests 1 and 3's rows and request 2's first three";
 }
 
 }  // namespace

@@ -153,6 +153,87 @@ TEST(SamplerTest, BadParametersAreRejected) {
   EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0, 0}), Error);
   EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0, 0}), Error);
+  SamplingParams params;
+  params.presence_penalty = 2.5f;
+  EXPECT_THROW(Sampler{params}, Error);
+  params = {};
+  params.repetition_penalty = 0.0f;
+  EXPECT_THROW(Sampler{params}, Error);
+  params = {};
+  params.min_p = 1.5f;
+  EXPECT_THROW(Sampler{params}, Error);
+  params = {};
+  params.logit_bias = {{3, 101.0f}};
+  EXPECT_THROW(Sampler{params}, Error);
+}
+
+// Greedy picks of `sampler` over `steps` steps of the same logits.
+std::vector<int32_t> greedy_picks(Sampler& sampler, const std::vector<float>& logits, int steps) {
+  std::vector<int32_t> picks;
+  for (int i = 0; i < steps; ++i)
+    picks.push_back(sampler.sample(logits.data(), static_cast<int32_t>(logits.size())).token_id);
+  return picks;
+}
+
+TEST(SamplerTest, LogitBiasSteersTheChoiceButNotTheLogprobs) {
+  const std::vector<float> logits = {0.0f, 1.0f, 2.0f};
+  SamplingParams params;
+  params.logit_bias = {{0, 5.0f}};
+  Sampler favour_zero(params);
+  const SampledToken token = favour_zero.sample(logits.data(), 3);
+  EXPECT_EQ(token.token_id, 0);
+  const double log_normalizer = std::log(std::exp(0.0) + std::exp(1.0) + std::exp(2.0));
+  EXPECT_NEAR(token.logprob, 0.0 - log_normalizer, 1e-6) << "logprobs of the raw distribution";
+  params.logit_bias = {{2, -100.0f}, {7, 50.0f}};  // an id past the vocabulary changes nothing
+  Sampler ban_two(params);
+  EXPECT_EQ(greedy_picks(ban_two, logits, 3), (std::vector<int32_t>{1, 1, 1}));
+}
+
+TEST(SamplerTest, FrequencyAndPresencePenaltiesFollowTheOutputCounts) {
+  SamplingParams params;
+  params.frequency_penalty = 0.5f;  // each repeat costs 0.5 more
+  Sampler frequency(params);
+  EXPECT_EQ(greedy_picks(frequency, {1.0f, 0.9f}, 4), (std::vector<int32_t>{0, 1, 0, 1}));
+  params = {};
+  params.presence_penalty = 0.6f;  // once, whatever the count
+  Sampler presence(params);
+  EXPECT_EQ(greedy_picks(presence, {1.0f, 0.5f}, 4), (std::vector<int32_t>{0, 1, 0, 0}));
+  Sampler none({});
+  EXPECT_EQ(greedy_picks(none, {1.0f, 0.9f}, 3), (std::vector<int32_t>{0, 0, 0}));
+}
+
+TEST(SamplerTest, RepetitionPenaltyCoversThePromptAndDividesOrMultiplies) {
+  SamplingParams params;
+  params.repetition_penalty = 2.0f;
+  Sampler positive(params);
+  const std::vector<int32_t> prompt = {0};
+  positive.set_prompt(prompt);  // token 0: 2.0 -> 1.0, below token 1's 1.5
+  EXPECT_EQ(greedy_picks(positive, {2.0f, 1.5f, -1.0f}, 1), (std::vector<int32_t>{1}));
+  Sampler negative(params);
+  const std::vector<int32_t> prompt_two = {1};
+  negative.set_prompt(prompt_two);  // token 1: -0.5 -> -1.0, below token 2's -0.8
+  EXPECT_EQ(greedy_picks(negative, {-2.0f, -0.5f, -0.8f}, 1), (std::vector<int32_t>{2}));
+  // Output tokens count too: after picking 1 it falls to 0.75 < 0.9.
+  Sampler output(params);
+  EXPECT_EQ(greedy_picks(output, {0.0f, 1.5f, 0.9f}, 2), (std::vector<int32_t>{1, 2}));
+}
+
+TEST(SamplerTest, MinPDropsTokensBelowItsShareOfTheTopProbability) {
+  const std::vector<float> logits = {0.0f, -1.0f, -5.0f};  // relative probabilities 1, 0.37, 0.0067
+  SamplingParams params;
+  params.temperature = 1.0f;
+  params.seed = 5;
+  params.min_p = 0.1f;
+  Sampler sampler(params);
+  std::vector<int> counts(3, 0);
+  for (int i = 0; i < 3000; ++i) ++counts[static_cast<size_t>(sampler.sample(logits.data(), 3).token_id)];
+  EXPECT_EQ(counts[2], 0);
+  EXPECT_NEAR(counts[1] / 3000.0, std::exp(-1.0) / (1.0 + std::exp(-1.0)), 0.03);
+  params.min_p = 0.0f;
+  Sampler unfiltered(params);
+  int rare = 0;
+  for (int i = 0; i < 3000; ++i) rare += unfiltered.sample(logits.data(), 3).token_id == 2;
+  EXPECT_GT(rare, 0) << "without min_p the 0.5% token shows up in 3000 draws";
 }
 
 }  // namespace
