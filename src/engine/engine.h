@@ -106,6 +106,8 @@ struct EngineRequest {
   std::vector<std::string> stop_strings;
   std::vector<TokenId> stop_token_ids; // in addition to the tokenizer's EOS ids
   bool ignore_eos = false;
+  bool include_stop_str_in_output = false;  // a matched stop string ends the text instead of being cut
+  bool skip_special_tokens = true;          // special tokens' text left out of the output text
   int32_t priority = 0;                // lower runs first (vLLM convention); FCFS within a priority
   // Workflow hints (KVFlow, DESIGN §2): agent names are scoped by workflow. Empty = none.
   std::string workflow;

@@ -9,7 +9,8 @@ PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineR
                                RequestKvPlan kv_plan_in, std::shared_ptr<const Tokenizer> tokenizer)
     : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), kv_plan(std::move(kv_plan_in)),
       channel(std::make_shared<RequestChannel>()),
-      sampler(request.sampling), detokenizer(std::move(tokenizer)), stop_filter(request.stop_strings),
+      sampler(request.sampling), detokenizer(std::move(tokenizer), request.skip_special_tokens),
+      stop_filter(request.stop_strings, request.include_stop_str_in_output),
       submitted_at(std::chrono::steady_clock::now()) {
   sampler.set_prompt(request.prompt_tokens);
 }

@@ -4,13 +4,17 @@
 
 namespace loom {
 
-size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops) {
-  size_t best = std::string::npos;
+size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t* length) {
+  size_t best = std::string::npos, best_length = 0;
   for (const auto& stop : stops) {
     if (stop.empty()) continue;
-    size_t at = text.find(stop);
-    if (at < best) best = at;
+    const size_t at = text.find(stop);
+    if (at < best || (at == best && at != std::string::npos && stop.size() > best_length)) {
+      best = at;
+      best_length = stop.size();
+    }
   }
+  if (length != nullptr) *length = best_length;
   return best;
 }
 
@@ -32,9 +36,10 @@ StopStringFilter::Result StopStringFilter::push(const std::string& text, bool fi
   Result result;
   pending_ += text;
   if (match_stops) {
-    const size_t stop_at = find_stop_string(pending_, stops_);
+    size_t stop_length = 0;
+    const size_t stop_at = find_stop_string(pending_, stops_, &stop_length);
     if (stop_at != std::string::npos) {
-      pending_.resize(stop_at);
+      pending_.resize(include_stop_ ? stop_at + stop_length : stop_at);
       result.stopped = true;
       final_flush = true;
     }

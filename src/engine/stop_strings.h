@@ -15,8 +15,10 @@
 
 namespace loom {
 
-// Index of the earliest match of any (non-empty) stop string in `text`, or npos.
-size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops);
+// Index of the earliest match of any (non-empty) stop string in `text`, or
+// npos; *length (when given) gets the matched stop string's length (the
+// longest of those matching there).
+size_t find_stop_string(const std::string& text, const std::vector<std::string>& stops, size_t* length = nullptr);
 
 // Length of the longest suffix of `text` that is a proper prefix of a stop
 // string: that much must be held back while streaming.
@@ -25,11 +27,13 @@ size_t stop_string_hold_back_length(const std::string& text, const std::vector<s
 // Streams text through stop strings. One per sequence; not thread-safe.
 class StopStringFilter {
  public:
-  explicit StopStringFilter(std::vector<std::string> stops) : stops_(std::move(stops)) {}
+  // include_stop: the matched stop string ends the text (vLLM's include_stop_str_in_output).
+  explicit StopStringFilter(std::vector<std::string> stops, bool include_stop = false)
+      : stops_(std::move(stops)), include_stop_(include_stop) {}
 
   struct Result {
     std::string text;      // safe to emit now
-    bool stopped = false;  // a stop string matched; `text` ends right before it
+    bool stopped = false;  // a stop string matched; `text` ends right before it (or with it: include_stop)
   };
   // Appends `text`; with final_flush everything pending is released. With
   // match_stops false (e.g. before min_tokens), nothing is matched or held.
@@ -37,6 +41,7 @@ class StopStringFilter {
 
  private:
   std::vector<std::string> stops_;
+  bool include_stop_ = false;
   std::string pending_;
 };
 

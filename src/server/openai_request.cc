@@ -263,7 +263,6 @@ uint64_t read_seed(const Json& value) {
 // Knobs we do not implement are refused unless they hold their neutral value,
 // so a client never silently gets different semantics.
 void refuse_unsupported(const Json& body, Endpoint endpoint) {
-  if (read_bool(body, "echo", false)) throw_bad_request("echo", "'echo' is not supported");
   if (has(body, "suffix")) throw_bad_request("suffix", "'suffix' is not supported");
   read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
   if (endpoint == Endpoint::kChatCompletions) {
@@ -382,6 +381,8 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
     request.stop_token_ids = read_token_ids(*ids, "stop_token_ids", context.tokenizer->vocab_size());
   }
   request.ignore_eos = read_bool(body, "ignore_eos", false);
+  request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
+  request.skip_special_tokens = read_bool(body, "skip_special_tokens", true);
   request.priority = static_cast<int32_t>(read_int(body, "priority", 0, INT32_MIN, INT32_MAX));
   try {
     WorkflowHints hints = parse_workflow_hints(body);
@@ -419,6 +420,16 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
 
   parsed.prompts = is_chat ? std::vector<std::vector<TokenId>>{read_chat_prompt(body, *context.tokenizer)}
                            : read_prompts(body, *context.tokenizer);
+  if (!is_chat && read_bool(body, "echo", false)) {
+    if (parsed.logprobs.enabled)
+      throw_bad_request("echo", "'echo' with 'logprobs' is not supported (the prompt's logprobs are not computed)");
+    const Json& prompt = body["prompt"];
+    for (size_t i = 0; i < parsed.prompts.size(); ++i) {
+      const Json& item = prompt.is_string() || (prompt.is_array() && prompt[0].is_number()) ? prompt : prompt[i];
+      parsed.echo_texts.push_back(item.is_string() ? item.get<std::string>()
+                                                   : context.tokenizer->decode(parsed.prompts[i], true));
+    }
+  }
 
   size_t longest_prompt = 0;
   for (const auto& tokens : parsed.prompts) longest_prompt = std::max(longest_prompt, tokens.size());

@@ -54,6 +54,9 @@ struct ParsedRequest {
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage
   LogprobsRequest logprobs;
+  // completions `echo`: per prompt, the text its choices start with (the prompt
+  // string as sent, or a token-id prompt decoded); empty without echo.
+  std::vector<std::string> echo_texts;
   // Template for each engine request (prompt_tokens left empty); max_new_tokens
   // already resolved against the context and the endpoint's default.
   EngineRequest engine_template;

@@ -86,7 +86,13 @@ std::string make_response_id(Endpoint endpoint) {
 ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& tokenizer, std::string id,
                                  int64_t created_unix)
     : request_(request), tokenizer_(tokenizer), id_(std::move(id)), created_(created_unix),
-      text_offsets_(static_cast<size_t>(request.num_choices()), 0) {}
+      text_offsets_(static_cast<size_t>(request.num_choices()), 0),
+      echoed_(static_cast<size_t>(request.num_choices()), false) {}
+
+std::string ResponseBuilder::echo_text(int32_t index) const {
+  if (request_.echo_texts.empty()) return {};
+  return request_.echo_texts.at(static_cast<size_t>(index / request_.n));
+}
 
 std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices, const Usage& usage) const {
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
@@ -102,7 +108,7 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
       int64_t offset = 0;
       if (request_.logprobs.enabled)
         logprobs = completion_logprobs(tokenizer_, choice.tokens, request_.logprobs.num_top, offset);
-      item["text"] = choice.text;
+      item["text"] = echo_text(static_cast<int32_t>(index)) + choice.text;
     }
     item["logprobs"] = logprobs;
     item["finish_reason"] = finish_reason_name(choice.finish_reason);
@@ -138,7 +144,9 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
                                                                     : Json{{"content", output.text_delta}};
     if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top);
   } else {
-    choice["text"] = output.text_delta;
+    const size_t slot = static_cast<size_t>(index);
+    choice["text"] = echoed_.at(slot) ? output.text_delta : echo_text(index) + output.text_delta;
+    echoed_[slot] = true;
     if (request_.logprobs.enabled)
       logprobs = completion_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top,
                                      text_offsets_.at(static_cast<size_t>(index)));

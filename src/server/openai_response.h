@@ -53,7 +53,11 @@ class ResponseBuilder {
   const Tokenizer& tokenizer_;
   std::string id_;
   int64_t created_;
+  // completions echo: the prompt text choice `index` starts with ("" without echo).
+  std::string echo_text(int32_t index) const;
+
   std::vector<int64_t> text_offsets_;  // completions logprobs text_offset, per choice
+  std::vector<bool> echoed_;           // streaming: the choice's echo text went out
 };
 
 // "cmpl-..." / "chatcmpl-..." with a random hex suffix.

@@ -117,8 +117,23 @@ class OpenAiApiTest(loom_server.ServerTestCase):
         self.assertNotEqual(forced.tokens, plain)
         self.assertLess(forced.token_logprobs[0], max(forced.top_logprobs[0].values()) + 1e-6)  # raw logprobs
         both = self.complete(max_tokens=8, presence_penalty=1.5, frequency_penalty=0.5, extra_body={
-            "repetition_penalty": 1.3, "min_p": 0.05})
+            "repetition_penalty": 1.3, "min_p": 0.05, "ignore_eos": True})
         self.assertEqual(both.usage.completion_tokens, 8)
+
+    def test_echo_and_include_stop_str(self):
+        full = self.complete(max_tokens=24).choices[0].text
+        echoed = self.complete(max_tokens=24, echo=True).choices[0].text
+        self.assertEqual(echoed, PROMPT + full)
+        self.assertEqual(self.stream_text(model="tiny", prompt=PROMPT, max_tokens=24, echo=True), PROMPT + full)
+        by_ids = self.client.completions.create(model="tiny", prompt=[5, 6, 7], max_tokens=2, echo=True, **GREEDY)
+        self.assertGreater(len(by_ids.choices[0].text), len(self.complete(prompt=[5, 6, 7], max_tokens=2)
+                                                            .choices[0].text))
+        stop = full[len(full) // 2:len(full) // 2 + 2]
+        expected = full[:full.index(stop)]
+        kept = self.complete(max_tokens=24, stop=[stop],
+                             extra_body={"include_stop_str_in_output": True, "ignore_eos": True})
+        self.assertEqual(kept.choices[0].text, expected + stop)
+        self.assertEqual(kept.choices[0].finish_reason, "stop")
 
     def test_seeded_sampling_repeats(self):
         kwargs = {"temperature": 1.0, "seed": 1234, "max_tokens": 12}

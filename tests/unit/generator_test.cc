@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/stop_strings.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
 #include "oracles/generator.h"
@@ -110,6 +111,23 @@ TEST_F(GeneratorTest, ContextLimitIsACapacityError) {
   } catch (const Error& error) {
     EXPECT_EQ(error.kind(), ErrorKind::kCapacity);
   }
+}
+
+TEST(StopStringFilterTest, IncludeStopKeepsTheMatchedStringAndTheLongestAtOnePlace) {
+  StopStringFilter cut({"ab", "abc"});
+  EXPECT_EQ(cut.push("xxa", false).text, "xx") << "'a' may start a stop string";
+  const StopStringFilter::Result stopped = cut.push("bcd", false);
+  EXPECT_TRUE(stopped.stopped);
+  EXPECT_EQ(stopped.text, "");
+  StopStringFilter keep({"ab", "abc"}, true);
+  EXPECT_EQ(keep.push("xxa", false).text, "xx");
+  const StopStringFilter::Result kept = keep.push("bcd", false);
+  EXPECT_TRUE(kept.stopped);
+  EXPECT_EQ(kept.text, "abc") << "both match at one place: the longer is the stop string";
+  size_t length = 0;
+  EXPECT_EQ(find_stop_string("12ab", {"b", "ab"}, &length), 2u);
+  EXPECT_EQ(length, 2u);
+  EXPECT_EQ(find_stop_string("none", {"x"}, &length), std::string::npos);
 }
 
 TEST(SamplerTest, GreedyTopKOneAndTinyTopPAgree) {

@@ -162,7 +162,7 @@ TEST_F(ServerOpenAiTest, BadInputsGetStatusAndParam) {
       {kC, R"({"prompt": "x", "logit_bias": {"1": 101}})", 400, "logit_bias.1"},
       {kC, R"({"prompt": "x", "logit_bias": {"one": 1}})", 400, "logit_bias.one"},
       {kC, R"({"prompt": "x", "logit_bias": {"99999": 1}})", 400, "logit_bias.99999"},
-      {kC, R"({"prompt": "x", "echo": true})", 400, "echo"},
+      {kC, R"({"prompt": "x", "echo": true, "logprobs": 1})", 400, "echo"},
       {kC, R"({"prompt": "x", "max_tokens": 256})", 400, "prompt"},  // context is 256
       {kC, R"({"model": "nope", "prompt": "x"})", 404, "model"},
       {kC, R"({"model": 3, "prompt": "x"})", 400, "model"},
