@@ -137,12 +137,7 @@ TEST(CudaGraphPlan, PrefillStepsAndLargeBatchesStayEager) {  // no GPU needed
 TEST(CudaGraph, ReplayedDecodeStepsEqualEagerOnesInEveryMode) {
   LOOM_REQUIRE_GPU();
   const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
-  SyntheticModelOptions options;
-  options.num_adapters = 3;
-  const auto specs = synthetic_adapter_specs(options, config);
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
-  for (int a = 0; a < 3; ++a)
-    adapters.push_back(std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 5)));
+  const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 3, 5);
   auto new_backend = [&](bool graphs) {
     CudaBackendConfig backend_config;
     backend_config.cuda_graphs = graphs;

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "cuda_test_util.h"
+#include "synthetic/synthetic_model.h"
 #include "synthetic/synthetic_weights.h"
 #include "util/error.h"
 
@@ -23,6 +24,16 @@ std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t s
     tensors[spec.name] = tensor;
   }
   return std::make_shared<ModelWeights>(build_model_weights(config, tensors, "synthetic tiny"));
+}
+
+std::vector<std::shared_ptr<const LoraAdapter>> synthetic_adapters(const ModelConfig& config, int count, uint64_t seed) {
+  SyntheticModelOptions options;
+  options.num_adapters = count;
+  const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, config);
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
+  for (int a = 0; a < count; ++a)
+    adapters.push_back(std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, seed)));
+  return adapters;
 }
 
 std::shared_ptr<const LoraAdapter> rounded_adapter(const LoraAdapter& adapter) {

@@ -22,6 +22,9 @@ namespace loom::cuda::test {
 std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t seed, bool bf16_matrices);
 // A copy of the adapter with A and B rounded to bf16 (what the GPU holds).
 std::shared_ptr<const LoraAdapter> rounded_adapter(const LoraAdapter& adapter);
+// The first `count` synthetic adapters of synthetic_adapter_specs (default
+// options but num_adapters) for `config`, drawn with `seed`.
+std::vector<std::shared_ptr<const LoraAdapter>> synthetic_adapters(const ModelConfig& config, int count, uint64_t seed);
 
 int argmax(const float* row, int count);
 

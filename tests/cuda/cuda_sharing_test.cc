@@ -167,11 +167,7 @@ TEST(CudaSharing, ForkedRefusedOnQkNormModels) {
 TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
   LOOM_REQUIRE_GPU();
   const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
-  SyntheticModelOptions options;
-  options.num_adapters = 3;
-  const auto specs = synthetic_adapter_specs(options, config);
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
-  for (int a = 0; a < 3; ++a) adapters.push_back(std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 9)));
+  const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 3, 9);
   auto new_backend = [&] {
     auto backend = make_synthetic_cuda_backend(config, 9, false);
     backend->allocate_kv_cache({kNumBlocks, kBlockSize});
