@@ -420,7 +420,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
 
   parsed.prompts = is_chat ? std::vector<std::vector<TokenId>>{read_chat_prompt(body, *context.tokenizer)}
                            : read_prompts(body, *context.tokenizer);
-  if (!is_chat && read_bool(body, "echo", false)) {
+  const bool echo = read_bool(body, "echo", false);
+  if (is_chat && echo) throw_bad_request("echo", "'echo' is supported on /v1/completions only");
+  if (!is_chat && echo) {
     if (parsed.logprobs.enabled)
       throw_bad_request("echo", "'echo' with 'logprobs' is not supported (the prompt's logprobs are not computed)");
     const Json& prompt = body["prompt"];

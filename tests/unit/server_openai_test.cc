@@ -166,6 +166,7 @@ TEST_F(ServerOpenAiTest, BadInputsGetStatusAndParam) {
       {kC, R"({"prompt": "x", "max_tokens": 256})", 400, "prompt"},  // context is 256
       {kC, R"({"model": "nope", "prompt": "x"})", 404, "model"},
       {kC, R"({"model": 3, "prompt": "x"})", 400, "model"},
+      {kChat, R"({"messages": [{"role": "user", "content": "x"}], "echo": true})", 400, "echo"},
       {kChat, R"({"messages": []})", 400, "messages"},
       {kChat, R"({"messages": "hi"})", 400, "messages"},
       {kChat, R"({"prompt": "hi"})", 400, "messages"},
