@@ -469,10 +469,6 @@ const std::unordered_map<std::string_view, Filter>& filters() {
       {"sum", do_sum},
       {"min", [](const Value& v, const CallArguments& a) { return extreme(v, a, false); }},
       {"max", [](const Value& v, const CallArguments& a) { return extreme(v, a, true); }},
-      {"attr", [](const Value& v, const CallArguments& a) {
-         BoundArguments bound(a, "attr", {"name"});
-         return get_attribute(v, bound.required(0).to_string());
-       }},
       {"wordcount", [](const Value& v, const CallArguments&) {
          int64_t words = 0;
          bool in_word = false;

@@ -76,7 +76,7 @@ class Parser {
       const Token& token = current();
       if (token.kind == Kind::kEnd) {
         if (enders.size() == 0) return body;
-        fail_at(token, "unexpected end of template: expected '{% " + std::string(*enders.begin()) + " %}'");
+        fail_at(token, "unexpected end of template: expected '{% " + std::string(*(enders.end() - 1)) + " %}'");
       }
       if (token.kind == Kind::kText) {
         auto statement = make_statement(Statement::Kind::kText, token);

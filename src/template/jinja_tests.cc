@@ -63,7 +63,7 @@ const std::unordered_map<std::string_view, Test>& tests() {
       {"sequence", [](const Value& v, const CallArguments&) {
          return v.is_undefined() || v.is_list() || v.is_dict() || v.is_string();
        }},
-      {"callable", [](const Value& v, const CallArguments&) { return v.is_callable(); }},
+      {"callable", [](const Value& v, const CallArguments&) { return v.is_callable() || v.is_undefined(); }},  // jinja2's Undefined has __call__
       {"odd", [](const Value& v, const CallArguments&) {
          if (!v.is_integer()) eval_fail("test 'odd' needs an integer");
          return v.json().get<int64_t>() % 2 != 0;
