@@ -42,6 +42,16 @@ class BoundArguments {
 };
 
 // ---- operators (jinja_operators.cc) ----
+// Integer arithmetic that throws EvalError("integer overflow") instead of
+// overflowing (Python ints are unbounded; Loom's are 64-bit); // and % with
+// Python's floor semantics.
+int64_t checked_add(int64_t a, int64_t b);
+int64_t checked_subtract(int64_t a, int64_t b);
+int64_t checked_multiply(int64_t a, int64_t b);
+int64_t checked_negate(int64_t a);
+int64_t floor_divide(int64_t a, int64_t b);
+int64_t floor_modulo(int64_t a, int64_t b);
+int64_t checked_power(int64_t base, int64_t exponent);  // exponent >= 0
 Value binary_operation(std::string_view op, const Value& left, const Value& right);  // + - * / // % ** ~
 Value negate(const Value& operand);
 bool contains(const Value& container, const Value& item);  // item in container

@@ -442,7 +442,7 @@ const std::unordered_map<std::string_view, Filter>& filters() {
       {"int", do_int},
       {"float", do_float},
       {"abs", [](const Value& v, const CallArguments&) {
-         if (v.is_integer()) return Value(Json(std::abs(v.json().get<int64_t>())));
+         if (v.is_integer()) return Value(Json(v.json().get<int64_t>() < 0 ? checked_negate(v.json().get<int64_t>()) : v.json().get<int64_t>()));
          if (v.is_number()) return Value(Json(std::fabs(v.json().get<double>())));
          eval_fail("abs needs a number");
        }},

@@ -294,9 +294,10 @@ Value call_global_function(const std::string& name, const CallArguments& argumen
     int64_t step = bounds.size() == 3 ? bounds[2] : 1;
     if (step == 0) eval_fail("range() arg 3 must not be zero");
     Json out = Json::array();
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) {
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
       if (static_cast<int64_t>(out.size()) >= kMaxRange) eval_fail("range too big");
       out.push_back(i);
+      if (__builtin_add_overflow(i, step, &i)) break;  // past INT64_MAX/MIN: past stop too
     }
     return out;
   }

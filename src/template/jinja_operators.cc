@@ -56,22 +56,56 @@ Value repeat(const Value& sequence, int64_t count) {
   return out;
 }
 
+}  // namespace
+
+int64_t checked_add(int64_t a, int64_t b) {
+  int64_t result;
+  if (__builtin_add_overflow(a, b, &result)) eval_fail("integer overflow");
+  return result;
+}
+int64_t checked_subtract(int64_t a, int64_t b) {
+  int64_t result;
+  if (__builtin_sub_overflow(a, b, &result)) eval_fail("integer overflow");
+  return result;
+}
+int64_t checked_multiply(int64_t a, int64_t b) {
+  int64_t result;
+  if (__builtin_mul_overflow(a, b, &result)) eval_fail("integer overflow");
+  return result;
+}
+int64_t checked_negate(int64_t a) { return checked_subtract(0, a); }
 int64_t floor_divide(int64_t a, int64_t b) {
+  if (b == 0) eval_fail("integer division or modulo by zero");
+  if (b == -1) return checked_negate(a);  // INT64_MIN / -1 overflows (and traps)
   int64_t quotient = a / b;
   if ((a % b != 0) && ((a < 0) != (b < 0))) --quotient;
   return quotient;
 }
-
-}  // namespace
+int64_t floor_modulo(int64_t a, int64_t b) {
+  if (b == 0) eval_fail("modulo by zero");
+  if (b == -1) return 0;  // INT64_MIN % -1 traps
+  int64_t remainder = a % b;
+  if (remainder != 0 && ((remainder < 0) != (b < 0))) remainder += b;
+  return remainder;
+}
+int64_t checked_power(int64_t base, int64_t exponent) {  // exponent >= 0; by squaring
+  int64_t result = 1;
+  while (exponent > 0) {
+    if (exponent & 1) result = checked_multiply(result, base);
+    exponent >>= 1;
+    if (exponent > 0) base = checked_multiply(base, base);
+  }
+  return result;
+}
 
 Value binary_operation(std::string_view op, const Value& left, const Value& right) {
   if (op == "~") return Json(left.to_string() + right.to_string());
   if (numeric(left) && numeric(right)) {
     bool integers = integral(left) && integral(right);
     double a = json_number(left.json()), b = json_number(right.json());
-    if (op == "+") return integers ? Json(as_integer(left) + as_integer(right)) : Json(a + b);
-    if (op == "-") return integers ? Json(as_integer(left) - as_integer(right)) : Json(a - b);
-    if (op == "*") return integers ? Json(as_integer(left) * as_integer(right)) : Json(a * b);
+    if (op == "+") return integers ? Json(checked_add(as_integer(left), as_integer(right))) : Json(a + b);
+    if (op == "-") return integers ? Json(checked_subtract(as_integer(left), as_integer(right))) : Json(a - b);
+    if (op == "*") return integers ? Json(checked_multiply(as_integer(left), as_integer(right))) : Json(a * b);
     if (op == "/") {
       if (b == 0) eval_fail("division by zero");
       return Json(a / b);
@@ -80,20 +114,13 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
       if (b == 0) eval_fail(op == "//" ? "integer division or modulo by zero" : "modulo by zero");
       if (integers) {
         int64_t x = as_integer(left), y = as_integer(right);
-        int64_t quotient = floor_divide(x, y);
-        return op == "//" ? Json(quotient) : Json(x - quotient * y);
+        return op == "//" ? Json(floor_divide(x, y)) : Json(floor_modulo(x, y));
       }
       double quotient = std::floor(a / b);
       return op == "//" ? Json(quotient) : Json(a - quotient * b);
     }
     if (op == "**") {
-      if (integers && as_integer(right) >= 0) {
-        int64_t base = as_integer(left), result = 1;
-        for (int64_t i = 0; i < as_integer(right); ++i) {
-          if (__builtin_mul_overflow(result, base, &result)) eval_fail("integer overflow in '**'");
-        }
-        return Json(result);
-      }
+      if (integers && as_integer(right) >= 0) return Json(checked_power(as_integer(left), as_integer(right)));
       return Json(std::pow(a, b));
     }
   }
@@ -110,7 +137,7 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
 }
 
 Value negate(const Value& operand) {
-  if (integral(operand)) return Json(-as_integer(operand));
+  if (integral(operand)) return Json(checked_negate(as_integer(operand)));
   if (operand.is_number()) return Json(-operand.json().get<double>());
   eval_fail(fmt::format("bad operand type for unary -: '{}'", kind_name(operand)));
 }

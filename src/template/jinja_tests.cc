@@ -76,7 +76,7 @@ const std::unordered_map<std::string_view, Test>& tests() {
          const Value& divisor = only_argument(a, "divisibleby");
          if (!v.is_integer() || !divisor.is_integer() || divisor.json().get<int64_t>() == 0)
            eval_fail("test 'divisibleby' needs integers (and a divisor other than 0)");
-         return v.json().get<int64_t>() % divisor.json().get<int64_t>() == 0;
+         return floor_modulo(v.json().get<int64_t>(), divisor.json().get<int64_t>()) == 0;
        }},
       {"equalto", comparison("equalto", values_equal)},
       {"eq", comparison("eq", values_equal)},

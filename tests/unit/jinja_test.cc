@@ -121,6 +121,25 @@ TEST(JinjaTest, EvaluationErrorsNameTheLine) {
             "template line 1: macro calls nested deeper than 64");
 }
 
+TEST(JinjaTest, IntegerArithmeticOverflowIsAnError) {  // used to trap (SIGFPE) or overflow silently
+  std::string min = "(-9223372036854775807 - 1)";
+  EXPECT_EQ(error_of("{{ " + min + " // -1 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(render("{{ " + min + " % -1 }}"), "0");
+  EXPECT_EQ(render("{{ " + min + " is divisibleby(-1) }}"), "True");
+  EXPECT_EQ(error_of("{{ 9223372036854775807 + 1 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ " + min + " - 1 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ 4294967296 * 4294967296 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ -" + min + " }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ " + min + " | abs }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ 2 ** 64 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(render("{{ 2 ** 62 }} {{ 1 ** 9223372036854775807 }} {{ -7 // 2 }} {{ -7 % 2 }} {{ 7 % -2 }}"),
+            "4611686018427387904 1 -4 1 -1");
+  EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}"),
+            "[9223372036854775800, 9223372036854775805]");
+  EXPECT_EQ(render("{{ range(-9223372036854775800, " + min + ", -5) | list }}"),
+            "[-9223372036854775800, -9223372036854775805]");
+}
+
 TEST(JinjaTest, UndefinedFollowsJinja2AndAttributesOfItAreUndefined) {
   EXPECT_EQ(render("[{{ nothing }}][{{ nothing | length }}][{% for x in nothing %}x{% endfor %}][{{ nothing is defined }}]"),
             "[][0][][False]");
