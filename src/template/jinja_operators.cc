@@ -213,24 +213,30 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
   }
   int64_t stride = bound(step, 1);
   if (stride == 0) eval_fail("slice step cannot be zero");
-  // Python's PySlice_AdjustIndices.
-  auto clamp = [&](int64_t index, bool is_start) {
+  // Python's slice.indices (PySlice_AdjustIndices), then a count of the
+  // selected elements, so that no index is ever stepped past the sequence.
+  auto clamp = [&](int64_t index) {
     if (index < 0) {
-      index += size;
-      if (index < 0) index = stride < 0 ? -1 : 0;
+      index = index < -size ? (stride < 0 ? -1 : 0) : index + size;
     } else if (index >= size) {
       index = stride < 0 ? size - 1 : size;
     }
-    (void)is_start;
     return index;
   };
-  int64_t first = start && !start->is_none() ? clamp(bound(start, 0), true) : (stride < 0 ? size - 1 : 0);
-  int64_t last = stop && !stop->is_none() ? clamp(bound(stop, 0), false) : (stride < 0 ? -1 : size);
+  int64_t first = start && !start->is_none() ? clamp(bound(start, 0)) : (stride < 0 ? size - 1 : 0);
+  int64_t last = stop && !stop->is_none() ? clamp(bound(stop, 0)) : (stride < 0 ? -1 : size);
+  // first and last lie in [-1, size]: their difference cannot overflow.
+  uint64_t count = 0;
+  if (stride > 0 && first < last) count = static_cast<uint64_t>(last - first - 1) / static_cast<uint64_t>(stride) + 1;
+  if (stride < 0 && first > last)
+    count = static_cast<uint64_t>(first - last - 1) / (uint64_t{0} - static_cast<uint64_t>(stride)) + 1;
   std::string text;
   Json list = Json::array();
-  for (int64_t i = first; stride > 0 ? i < last : i > last; i += stride) {
+  int64_t i = first;
+  for (uint64_t n = 0; n < count; ++n) {
     if (object.is_string()) text += characters[static_cast<size_t>(i)];
     else list.push_back(object.json()[static_cast<size_t>(i)]);
+    if (n + 1 < count) i += stride;  // stays inside the sequence: the count says so
   }
   return object.is_string() ? Value(Json(text)) : Value(list);
 }

@@ -140,6 +140,16 @@ TEST(JinjaTest, IntegerArithmeticOverflowIsAnError) {  // used to trap (SIGFPE) 
             "[-9223372036854775800, -9223372036854775805]");
 }
 
+TEST(JinjaTest, SlicesWithHugeBoundsAndStepsStayInside) {  // used to step past the end (i += stride overflowed)
+  EXPECT_EQ(render("{{ [1, 2, 3][2::9223372036854775806] }}"), "[3]");
+  EXPECT_EQ(render("{{ [1, 2, 3][2::9223372036854775807] }}"), "[3]");
+  EXPECT_EQ(render("{{ [1, 2, 3][0::-9223372036854775807] }}"), "[1]");
+  EXPECT_EQ(render("{{ [1, 2, 3][::-9223372036854775807 - 1] }}"), "[3]");
+  EXPECT_EQ(render("{{ 'abc'[-9223372036854775807 - 1:9223372036854775807:2] }}"), "ac");
+  EXPECT_EQ(render("{{ 'abcde'[::-2] }} {{ [1, 2, 3, 4][3:0:-1] }} {{ [1, 2][5:] }} {{ 'ab'[-5::-1] }}"),
+            "eca [4, 3, 2] [] ");
+}
+
 TEST(JinjaTest, UndefinedFollowsJinja2AndAttributesOfItAreUndefined) {
   EXPECT_EQ(render("[{{ nothing }}][{{ nothing | length }}][{% for x in nothing %}x{% endfor %}][{{ nothing is defined }}]"),
             "[][0][][False]");
