@@ -113,10 +113,15 @@ std::vector<std::string> split_lines(const std::string& text) {  // Python's str
   return lines;
 }
 
+size_t indent_width(int64_t width) {  // Python: " " * -1 is ""
+  if (width > static_cast<int64_t>(kMaxValueSize)) eval_fail("indent: width too large");
+  return width < 0 ? 0 : static_cast<size_t>(width);
+}
+
 Value do_indent(const Value& input, const CallArguments& arguments) {
   BoundArguments bound(arguments, "indent", {"width", "first", "blank"});
   std::string indentation = bound.get(0) && bound.get(0)->is_string() ? bound.get(0)->json().get<std::string>()
-                                                                       : std::string(bound.integer_or(0, 4), ' ');
+                                                                       : std::string(indent_width(bound.integer_or(0, 4)), ' ');
   std::vector<std::string> lines = split_lines(text_of(input) + "\n");
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
@@ -337,6 +342,7 @@ Value do_tojson(const Value& input, const CallArguments& arguments) {
   if (bound.bool_or(3, false)) eval_fail("tojson: sort_keys=True is not supported");
   if (bound.get(2) && !bound.get(2)->is_none()) eval_fail("tojson: separators are not supported");
   int64_t indent = bound.get(0) && !bound.get(0)->is_none() ? bound.integer_or(0, -1) : -1;
+  if (indent > INT32_MAX) eval_fail("tojson: indent too large");
   return Json(python_json_dumps(input.require_json("tojson"), static_cast<int>(indent)));
 }
 

@@ -1,6 +1,7 @@
 // Python methods templates call on str and dict values, and the globals that
 // transformers' apply_chat_template provides (raise_exception, strftime_now)
 // beside jinja2's own (range, namespace, dict).
+#include <charconv>
 #include <algorithm>
 #include <ctime>
 #include <utility>
@@ -124,7 +125,9 @@ std::string format_string(const std::string& pattern, const CallArguments& argum
     if (field.find_first_of(":!") != std::string::npos) eval_fail("format specs are not supported in str.format");
     const Value* value = nullptr;
     if (field.empty() || field.find_first_not_of("0123456789") == std::string::npos) {
-      size_t index = field.empty() ? automatic++ : std::stoul(field);
+      size_t index = SIZE_MAX;  // a number too large for size_t is out of range too
+      if (field.empty()) index = automatic++;
+      else std::from_chars(field.data(), field.data() + field.size(), index);
       if (index >= arguments.positional.size()) eval_fail("Replacement index out of range for positional args tuple");
       value = &arguments.positional[index];
     } else {

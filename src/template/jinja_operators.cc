@@ -1,4 +1,5 @@
 // Operators and element access with Python's semantics.
+#include <charconv>
 #include <cmath>
 
 #include <fmt/format.h>
@@ -263,7 +264,13 @@ Value get_attribute_path(const Value& object, const std::string& path) {
     size_t end = path.find('.', begin);
     std::string part = path.substr(begin, end == std::string::npos ? std::string::npos : end - begin);
     bool is_index = !part.empty() && part.find_first_not_of("0123456789") == std::string::npos;
-    current = is_index ? get_item(current, Json(std::stoll(part))) : get_attribute(current, part);
+    if (is_index) {
+      int64_t index = 0;
+      auto [end_of_number, error] = std::from_chars(part.data(), part.data() + part.size(), index);
+      current = error == std::errc() ? get_item(current, Json(index)) : Value::undefined();  // too large: no such item
+    } else {
+      current = get_attribute(current, part);
+    }
     if (end == std::string::npos) return current;
     begin = end + 1;
   }

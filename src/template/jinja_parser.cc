@@ -483,7 +483,7 @@ class Parser {
       case Kind::kFloat: {
         advance();
         auto node = make(Expression::Kind::kLiteral, token.line);
-        node->literal = std::stod(token.value);
+        node->literal = std::strtod(token.value.c_str(), nullptr);  // 1e999 is inf, as in Python
         return node;
       }
       case Kind::kOperator:
@@ -541,7 +541,12 @@ class Parser {
         if (current().kind == Kind::kInteger) {  // items.0 is items[0]
           attribute->kind = Expression::Kind::kSubscript;
           auto index = make(Expression::Kind::kLiteral, line);
-          index->literal = std::stoll(advance().value);
+          const Token& index_token = advance();
+          try {
+            index->literal = std::stoll(index_token.value);
+          } catch (const std::exception&) {
+            fail_at(index_token, "integer literal out of range");
+          }
           attribute->operands.push_back(std::move(node));
           attribute->operands.push_back(std::move(index));
         } else {

@@ -37,6 +37,11 @@ const Value* Scope::find(const std::string& name) const {
 
 std::string Renderer::render(const Body& body, const Json& context) {
   if (!context.is_object()) fail(ErrorKind::kInvalidArgument, "template context must be a JSON object");
+  try {
+    check_data_depth(context, "template context");
+  } catch (const EvalError& error) {
+    fail(ErrorKind::kInvalidArgument, "{}", error.what());
+  }
   auto globals = std::make_shared<Scope>(nullptr);
   for (const auto& [key, value] : context.items()) globals->set(key, value);
   auto scope = std::make_shared<Scope>(globals);
@@ -136,6 +141,7 @@ Renderer::Flow Renderer::render_for(const Statement& statement, const ScopePoint
 }
 
 void Renderer::assign(const Statement& statement, const ScopePointer& scope, Value value) {
+  if (value.is_json()) check_data_depth(value.json(), "a value");  // {% set x = [x] %} in a loop
   if (!statement.target_object.empty()) {
     const Value* object = scope->find(statement.target_object);
     if (!object || object->kind() != Value::Kind::kNamespace)
@@ -273,9 +279,9 @@ Value Renderer::evaluate_call(const Expression& expression, const ScopePointer& 
     CallArguments arguments = evaluate_arguments(expression.arguments, scope);
     if (member.is_callable()) return call(member, arguments, Value::undefined());
     if (callee_expression.name == "cycle" && object.is_dict() && object.json().contains("index0") &&
-        object.json().contains("revindex0")) {  // loop.cycle(...)
+        object.json().contains("revindex0") && object.json()["index0"].is_number_unsigned()) {  // loop.cycle(...)
       if (arguments.positional.empty()) eval_fail("no items for cycling given");
-      return arguments.positional[object.json()["index0"].get<size_t>() % arguments.positional.size()];
+      return arguments.positional[object.json()["index0"].get<uint64_t>() % arguments.positional.size()];
     }
     return call_method(object, callee_expression.name, arguments);
   }
@@ -302,6 +308,10 @@ Value Renderer::call_macro(const MacroObject& macro, const CallArguments& argume
   const auto& parameters = definition.parameters;
   std::vector<bool> bound(parameters.size(), false);
   Json varargs = Json::array();
+  for (const auto& argument : arguments.positional)
+    if (argument.is_json()) check_data_depth(argument.json(), "a macro argument");
+  for (const auto& [name, argument] : arguments.keyword)
+    if (argument.is_json()) check_data_depth(argument.json(), "a macro argument");
   for (size_t i = 0; i < arguments.positional.size(); ++i) {
     if (i < parameters.size()) {
       scope->set(parameters[i].name, arguments.positional[i]);

@@ -263,11 +263,24 @@ static void append_json_string(std::string& out, const std::string& text) {
   out += '"';
 }
 
+static bool deeper_than(const Json& value, int levels) {
+  if (!value.is_structured()) return false;
+  if (levels == 0) return true;
+  for (const auto& item : value) if (deeper_than(item, levels - 1)) return true;
+  return false;
+}
+
+void check_data_depth(const Json& value, std::string_view what) {
+  if (deeper_than(value, kMaxDataDepth)) eval_fail(fmt::format("{} nested deeper than {}", what, kMaxDataDepth));
+}
+
 static void dump_json(std::string& out, const Json& value, int indent, int depth) {
   auto newline = [&](int level) {
     if (indent < 0) return;
     out += '\n';
-    out.append(static_cast<size_t>(indent * level), ' ');
+    size_t width = static_cast<size_t>(indent) * static_cast<size_t>(level);
+    if (out.size() + width > kMaxValueSize) eval_fail("tojson: result too large");
+    out.append(width, ' ');
   };
   const char* item_separator = indent >= 0 ? "," : ", ";
   switch (value.type()) {

@@ -92,6 +92,18 @@ class Value {
   std::shared_ptr<MacroObject> macro_;
 };
 
+// The most bytes (of a string) or items (of a list) one value built by a
+// template may have; the rendered output too. Bounds what a per-request
+// template can allocate.
+constexpr size_t kMaxValueSize = size_t{64} << 20;
+
+// The deepest nesting of lists and dicts a render accepts (in the context and
+// in values a template stores): copying, comparing and printing JSON recurse.
+constexpr int kMaxDataDepth = 128;
+// EvalError when `value` nests lists/dicts deeper than kMaxDataDepth
+// (visits at most that many levels).
+void check_data_depth(const Json& value, std::string_view what);
+
 // Python == (1 == 1.0 == True; dicts compare regardless of key order).
 bool values_equal(const Value& left, const Value& right);
 bool json_equal(const Json& left, const Json& right);

@@ -150,6 +150,41 @@ TEST(JinjaTest, SlicesWithHugeBoundsAndStepsStayInside) {  // used to step past 
             "eca [4, 3, 2] [] ");
 }
 
+TEST(JinjaTest, LibraryExceptionsBecomeErrors) {  // each used to escape as std::out_of_range, length_error, ...
+  EXPECT_EQ(render("{{ 1e999 }}"), "inf");
+  EXPECT_EQ(error_of("{{ x.99999999999999999999 }}"), "template line 1: integer literal out of range");
+  EXPECT_EQ(render("{{ [[1]] | map(attribute='99999999999999999999') | list }}"), "[None]");
+  EXPECT_EQ(error_of("{{ '{99999999999999999999999}'.format(1) }}"),
+            "template line 1: Replacement index out of range for positional args tuple");
+  EXPECT_EQ(render("{{ 'a\nb' | indent(-1) }}"), "a\nb");
+  EXPECT_NE(error_of("{{ d.cycle(1, 2) }}", {{"d", {{"index0", "x"}, {"revindex0", 1}}}}).find("template line 1: "),
+            std::string::npos);
+  EXPECT_EQ(render("{{ d | tojson }}", {{"d", "\xff"}}), "\"\xff\"");
+  nlohmann::json invalid_utf8 = {{"d", "\xff"}};
+  EXPECT_EQ(JinjaTemplate("{{ d }}").render(invalid_utf8), "\xff");
+  EXPECT_EQ(error_of("{{ [1] | tojson(indent=9223372036854775807) }}"), "template line 1: tojson: indent too large");
+  EXPECT_EQ(error_of("{{ [1] | tojson(indent=2147483647) }}"), "template line 1: tojson: result too large");
+
+  JinjaTemplate moved("x");
+  JinjaTemplate target(std::move(moved));
+  EXPECT_THROW(moved.render(Json::object()), Error);  // NOLINT(bugprone-use-after-move): the point of the test
+  EXPECT_THROW(moved.render(nlohmann::json::object()), Error);  // NOLINT(bugprone-use-after-move)
+  EXPECT_EQ(target.render(Json::object()), "x");
+}
+
+TEST(JinjaTest, DeeplyNestedDataIsAnError) {
+  Json deep = 1;
+  for (int i = 0; i < 200; ++i) deep = Json::array({deep});
+  EXPECT_EQ(error_of("{{ d }}", {{"d", deep}}), "template context nested deeper than 128");
+  nlohmann::json deep_sorted = 1;
+  for (int i = 0; i < 200; ++i) deep_sorted = nlohmann::json::array({deep_sorted});
+  EXPECT_THROW(JinjaTemplate("{{ d }}").render(nlohmann::json{{"d", deep_sorted}}), Error);
+  EXPECT_EQ(error_of("{% set x = 1 %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}",
+                     Json::object()).rfind("template line 1: ", 0), 0u);
+  EXPECT_EQ(error_of("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"),
+            "template line 1: a value nested deeper than 128");
+}
+
 TEST(JinjaTest, UndefinedFollowsJinja2AndAttributesOfItAreUndefined) {
   EXPECT_EQ(render("[{{ nothing }}][{{ nothing | length }}][{% for x in nothing %}x{% endfor %}][{{ nothing is defined }}]"),
             "[][0][][False]");
