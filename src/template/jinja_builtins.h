@@ -65,6 +65,8 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
 // The items a for loop visits: a list's elements, a dict's keys, a string's
 // characters; nothing for Undefined. Throws for other values.
 std::vector<Json> iterate(const Value& value);
+// The same without copying a list's elements.
+std::vector<Value> iterate_values(const Value& value);
 // "a.b.0" attribute paths of selectattr/map/sort(attribute=...).
 Value get_attribute_path(const Value& object, const std::string& path);
 

@@ -164,7 +164,7 @@ bool contains(const Value& container, const Value& item) {
 Value get_attribute(const Value& object, const std::string& name) {
   if (object.is_dict()) {
     auto found = object.json().find(name);
-    if (found != object.json().end()) return *found;
+    if (found != object.json().end()) return object.element(*found);
   } else if (object.kind() == Value::Kind::kNamespace) {
     auto& attributes = object.namespace_object()->attributes;
     auto found = attributes.find(name);
@@ -180,7 +180,7 @@ Value get_item(const Value& object, const Value& key) {
       int64_t size = static_cast<int64_t>(object.json().size());
       if (index < 0) index += size;
       if (index < 0 || index >= size) return Value::undefined();
-      return object.json()[static_cast<size_t>(index)];
+      return object.element(object.json()[static_cast<size_t>(index)]);
     }
     std::vector<std::string> characters = utf8_characters(object.json().get_ref<const std::string&>());
     int64_t size = static_cast<int64_t>(characters.size());
@@ -191,7 +191,7 @@ Value get_item(const Value& object, const Value& key) {
   if (key.is_string()) return get_attribute(object, key.json().get<std::string>());
   if (object.is_dict() && key.is_json()) {
     auto found = object.json().find(python_str(key.json()));  // JSON keys are strings: d[1] finds "1"
-    if (found != object.json().end()) return *found;
+    if (found != object.json().end()) return object.element(*found);
   }
   return Value::undefined();
 }
@@ -240,6 +240,17 @@ Value get_slice(const Value& object, const Value* start, const Value* stop, cons
     if (n + 1 < count) i += stride;  // stays inside the sequence: the count says so
   }
   return object.is_string() ? Value(Json(text)) : Value(list);
+}
+
+std::vector<Value> iterate_values(const Value& value) {
+  std::vector<Value> items;
+  if (value.is_list()) {
+    items.reserve(value.json().size());
+    for (const auto& item : value.json()) items.push_back(value.element(item));
+    return items;
+  }
+  for (auto& item : iterate(value)) items.emplace_back(std::move(item));
+  return items;
 }
 
 std::vector<Json> iterate(const Value& value) {

@@ -13,15 +13,15 @@ constexpr int kMaxCallDepth = 64;  // nested macro calls: templates from model f
   fail(ErrorKind::kInvalidArgument, "template line {}: {}", line, message);
 }
 
-Json loop_object(const std::vector<Json>& items, size_t index) {
+Json loop_object(const std::vector<Value>& items, size_t index) {
   size_t length = items.size();
   Json loop = {{"index", index + 1},        {"index0", index},
                {"revindex", length - index}, {"revindex0", length - index - 1},
                {"first", index == 0},        {"last", index + 1 == length},
                {"length", length},           {"depth", 1},
                {"depth0", 0}};
-  if (index > 0) loop["previtem"] = items[index - 1];
-  if (index + 1 < length) loop["nextitem"] = items[index + 1];
+  if (index > 0) loop["previtem"] = items[index - 1].json();
+  if (index + 1 < length) loop["nextitem"] = items[index + 1].json();
   return loop;
 }
 
@@ -43,7 +43,7 @@ std::string Renderer::render(const Body& body, const Json& context) {
     fail(ErrorKind::kInvalidArgument, "{}", error.what());
   }
   auto globals = std::make_shared<Scope>(nullptr);
-  for (const auto& [key, value] : context.items()) globals->set(key, value);
+  for (const auto& [key, value] : context.items()) globals->set(key, Value::borrowed(value));  // not copied
   auto scope = std::make_shared<Scope>(globals);
   std::string out;
   render_body(body, scope, out);
@@ -107,18 +107,19 @@ Renderer::Flow Renderer::render_statement(const Statement& statement, const Scop
 }
 
 Renderer::Flow Renderer::render_for(const Statement& statement, const ScopePointer& scope, std::string& out) {
-  std::vector<Json> items = iterate(evaluate(*statement.expression, scope));
-  auto bind_targets = [&](Scope& target, const Json& item) {
+  std::vector<Value> items = iterate_values(evaluate(*statement.expression, scope));
+  auto bind_targets = [&](Scope& target, const Value& item) {
     if (statement.targets.size() == 1) {
       target.set(statement.targets[0], item);
       return;
     }
-    if (!item.is_array() || item.size() != statement.targets.size())
-      eval_fail(fmt::format("cannot unpack {} into {} names", python_repr(item), statement.targets.size()));
-    for (size_t i = 0; i < statement.targets.size(); ++i) target.set(statement.targets[i], item[i]);
+    const Json& list = item.json();
+    if (!list.is_array() || list.size() != statement.targets.size())
+      eval_fail(fmt::format("cannot unpack {} into {} names", python_repr(list), statement.targets.size()));
+    for (size_t i = 0; i < statement.targets.size(); ++i) target.set(statement.targets[i], item.element(list[i]));
   };
   if (statement.condition) {  // "for x in xs if c": filtered before loop.index and loop.length are counted
-    std::vector<Json> kept;
+    std::vector<Value> kept;
     for (auto& item : items) {
       auto filter_scope = std::make_shared<Scope>(scope);
       bind_targets(*filter_scope, item);
@@ -177,7 +178,7 @@ Value Renderer::evaluate_node(const Expression& expression, const ScopePointer& 
   switch (expression.kind) {
     case Expression::Kind::kLiteral: return expression.literal;
     case Expression::Kind::kName: {
-      if (const Value* value = scope->find(expression.name)) return *value;
+      if (const Value* value = scope->find(expression.name)) return *value;  // shares the JSON: no copy
       if (is_global_function(expression.name)) return Value::function(expression.name);
       return Value::undefined(expression.name);
     }

@@ -9,6 +9,25 @@ namespace loom::jinja {
 
 void eval_fail(const std::string& message) { throw EvalError(message); }
 
+const Json& Value::null_json() {
+  static const Json null;
+  return null;
+}
+
+Value Value::borrowed(const Json& json) {
+  Value value;
+  value.kind_ = Kind::kJson;
+  value.json_ = std::shared_ptr<const Json>(std::shared_ptr<const Json>(), &json);  // aliasing, owns nothing
+  return value;
+}
+
+Value Value::element(const Json& element) const {
+  Value value;
+  value.kind_ = Kind::kJson;
+  value.json_ = std::shared_ptr<const Json>(json_, &element);  // keeps the whole alive
+  return value;
+}
+
 Value Value::undefined(std::string name) {
   Value value;
   value.name_ = std::move(name);
@@ -37,7 +56,7 @@ Value Value::function(std::string name) {
 }
 
 const Json& Value::require_json(std::string_view what) const {
-  if (kind_ == Kind::kJson) return json_;
+  if (kind_ == Kind::kJson) return json();
   if (kind_ == Kind::kUndefined) {
     if (name_.empty()) eval_fail(fmt::format("{} got an undefined value", what));
     eval_fail(fmt::format("'{}' is undefined", name_));
@@ -54,15 +73,15 @@ bool Value::truthy() const {
     case Kind::kFunction: return true;
     case Kind::kJson: break;
   }
-  switch (json_.type()) {
+  switch (json().type()) {
     case Json::value_t::null: return false;
-    case Json::value_t::boolean: return json_.get<bool>();
+    case Json::value_t::boolean: return json().get<bool>();
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return json_.get<int64_t>() != 0;
-    case Json::value_t::number_float: return json_.get<double>() != 0.0;
-    case Json::value_t::string: return !json_.get_ref<const std::string&>().empty();
+    case Json::value_t::number_unsigned: return json().get<int64_t>() != 0;
+    case Json::value_t::number_float: return json().get<double>() != 0.0;
+    case Json::value_t::string: return !json().get_ref<const std::string&>().empty();
     case Json::value_t::array:
-    case Json::value_t::object: return !json_.empty();
+    case Json::value_t::object: return !json().empty();
     default: return true;
   }
 }
@@ -70,7 +89,7 @@ bool Value::truthy() const {
 std::string Value::to_string() const {
   switch (kind_) {
     case Kind::kUndefined: return "";
-    case Kind::kJson: return python_str(json_);
+    case Kind::kJson: return python_str(json());
     case Kind::kNamespace: return "<Namespace>";
     case Kind::kMacro: return "<Macro>";
     case Kind::kFunction: return "<function " + name_ + ">";
@@ -78,7 +97,7 @@ std::string Value::to_string() const {
   return "";
 }
 
-std::string Value::repr() const { return kind_ == Kind::kJson ? python_repr(json_) : to_string(); }
+std::string Value::repr() const { return kind_ == Kind::kJson ? python_repr(json()) : to_string(); }
 
 double json_number(const Json& value) {
   if (value.is_boolean()) return value.get<bool>() ? 1.0 : 0.0;

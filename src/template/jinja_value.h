@@ -54,7 +54,11 @@ class Value {
   enum class Kind { kUndefined, kJson, kNamespace, kMacro, kFunction };
 
   Value() = default;                                      // Undefined
-  Value(Json json) : kind_(Kind::kJson), json_(std::move(json)) {}  // NOLINT: implicit on purpose
+  Value(Json json) : kind_(Kind::kJson), json_(std::make_shared<const Json>(std::move(json))) {}  // NOLINT: implicit on purpose
+  // JSON owned elsewhere (the render's context, which outlives the render): not copied.
+  static Value borrowed(const Json& json);
+  // `element`, a part of this value's JSON: shares it instead of copying.
+  Value element(const Json& element) const;
   static Value undefined(std::string name = {});
   static Value from_namespace(std::shared_ptr<NamespaceObject> object);
   static Value from_macro(std::shared_ptr<MacroObject> macro);
@@ -64,7 +68,7 @@ class Value {
   bool is_undefined() const { return kind_ == Kind::kUndefined; }
   bool is_json() const { return kind_ == Kind::kJson; }
   // Only for is_json() values.
-  const Json& json() const { return json_; }
+  const Json& json() const { return json_ ? *json_ : null_json(); }
   // The JSON, or an EvalError naming what `what` needed ("tojson", "a list").
   const Json& require_json(std::string_view what) const;
   // Undefined's variable name, a function's name.
@@ -72,12 +76,12 @@ class Value {
   const std::shared_ptr<NamespaceObject>& namespace_object() const { return namespace_; }
   const std::shared_ptr<MacroObject>& macro() const { return macro_; }
 
-  bool is_string() const { return is_json() && json_.is_string(); }
-  bool is_number() const { return is_json() && json_.is_number(); }   // never a bool
-  bool is_integer() const { return is_json() && json_.is_number_integer(); }
-  bool is_none() const { return is_json() && json_.is_null(); }
-  bool is_list() const { return is_json() && json_.is_array(); }
-  bool is_dict() const { return is_json() && json_.is_object(); }
+  bool is_string() const { return is_json() && json().is_string(); }
+  bool is_number() const { return is_json() && json().is_number(); }   // never a bool
+  bool is_integer() const { return is_json() && json().is_number_integer(); }
+  bool is_none() const { return is_json() && json().is_null(); }
+  bool is_list() const { return is_json() && json().is_array(); }
+  bool is_dict() const { return is_json() && json().is_object(); }
   bool is_callable() const { return kind_ == Kind::kMacro || kind_ == Kind::kFunction; }
 
   bool truthy() const;            // Python bool()
@@ -86,7 +90,8 @@ class Value {
 
  private:
   Kind kind_ = Kind::kUndefined;
-  Json json_;
+  static const Json& null_json();
+  std::shared_ptr<const Json> json_;  // immutable, so copies of a Value share it
   std::string name_;
   std::shared_ptr<NamespaceObject> namespace_;
   std::shared_ptr<MacroObject> macro_;

@@ -225,6 +225,23 @@ TEST(JinjaTest, ObjectKeyOrderIsKeptForOrderedJsonAndSortedForJson) {
   EXPECT_EQ(JinjaTemplate(source).render(sorted), R"({"arguments": {"a": 2, "z": 1}, "name": "f"})");
 }
 
+// 2000 messages of 2 KB through the ChatML template and a loop that looks the
+// whole list up on every iteration: variable lookups and loop items share the
+// context's JSON (they used to copy it: seconds). No timing assertion here.
+TEST(JinjaTest, LongConversationsRenderWithoutCopyingTheContext) {
+  Json messages = Json::array();
+  for (int i = 0; i < 2000; ++i)
+    messages.push_back({{"role", i % 2 ? "assistant" : "user"}, {"content", std::string(2048, 'a' + i % 26)}});
+  Json context = {{"messages", messages}, {"add_generation_prompt", true}};
+  JinjaTemplate chat_template(read_text(test::fixture_path("template/chatml_tools.jinja")));
+  EXPECT_GT(chat_template.render(context).size(), 2000u * 2048u);
+  std::string lookups = render(
+      "{% for m in messages %}{% if messages[loop.index0].role == m.role and messages | length > 0 %}"
+      "{{ loop.index }}{% endif %}{% endfor %}",
+      context);
+  EXPECT_EQ(lookups.substr(0, 3), "123");
+}
+
 TEST(JinjaTest, OneTemplateRendersOnManyThreads) {
   JinjaTemplate chat_template(read_text(test::fixture_path("template/chatml_tools.jinja")));
   Json context = {{"messages", {{{"role", "user"}, {"content", "hi"}}}}, {"add_generation_prompt", true}};
