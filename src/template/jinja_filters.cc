@@ -81,20 +81,22 @@ std::string replace_all(const std::string& text, const std::string& old, const s
   int64_t done = 0;
   if (old.empty()) {  // Python inserts the replacement between characters
     for (const auto& character : utf8_characters(text)) {
-      if (count < 0 || done < count) { out += replacement; ++done; }
-      out += character;
+      if (count < 0 || done < count) { append_bounded(out, replacement); ++done; }
+      append_bounded(out, character);
     }
-    if (count < 0 || done < count) out += replacement;
+    if (count < 0 || done < count) append_bounded(out, replacement);
     return out;
   }
   while (count < 0 || done < count) {
     size_t found = text.find(old, position);
     if (found == std::string::npos) break;
-    out += text.substr(position, found - position) + replacement;
+    append_bounded(out, std::string_view(text).substr(position, found - position));
+    append_bounded(out, replacement);
     position = found + old.size();
     ++done;
   }
-  return out + text.substr(position);
+  append_bounded(out, std::string_view(text).substr(position));
+  return out;
 }
 
 std::vector<std::string> split_lines(const std::string& text) {  // Python's str.splitlines() for \n, \r\n, \r
@@ -126,12 +128,16 @@ Value do_indent(const Value& input, const CallArguments& arguments) {
   std::string out;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i > 0) {
-      out += "\n";
-      if (bound.bool_or(2, false) || !lines[i].empty()) out += indentation;
+      append_bounded(out, "\n");
+      if (bound.bool_or(2, false) || !lines[i].empty()) append_bounded(out, indentation);
     }
-    out += lines[i];
+    append_bounded(out, lines[i]);
   }
-  if (bound.bool_or(1, false)) out = indentation + out;
+  if (bound.bool_or(1, false)) {
+    std::string indented = indentation;
+    append_bounded(indented, out);
+    out = std::move(indented);
+  }
   return Json(out);
 }
 
@@ -256,9 +262,9 @@ Value do_join(const Value& input, const CallArguments& arguments) {
   std::string out;
   bool first = true;
   for (auto& item : iterate(input)) {
-    if (!first) out += separator;
+    if (!first) append_bounded(out, separator);
     first = false;
-    out += bound.get(1) ? get_attribute_path(item, bound.get(1)->to_string()).to_string() : python_str(item);
+    append_bounded(out, bound.get(1) ? get_attribute_path(item, bound.get(1)->to_string()).to_string() : python_str(item));
   }
   return Json(out);
 }
@@ -372,7 +378,13 @@ Value do_batch(const Value& input, const CallArguments& arguments) {
   }
   if (!current.empty()) {
     if (bound.get(1))
-      while (static_cast<int64_t>(current.size()) < size) current.push_back(bound.get(1)->require_json("batch"));
+    {
+      const Json& fill = bound.get(1)->require_json("batch");
+      uint64_t missing = static_cast<uint64_t>(size) - current.size();
+      if (missing > kMaxValueSize / approximate_size(fill)) eval_fail("batch: result too large");
+      charge_value(static_cast<size_t>(missing) * approximate_size(fill));
+      while (static_cast<int64_t>(current.size()) < size) current.push_back(fill);
+    }
     out.push_back(current);
   }
   return out;
@@ -496,7 +508,13 @@ bool has_filter(std::string_view name) { return filters().count(name) > 0; }
 Value apply_filter(const std::string& name, const Value& input, const CallArguments& arguments) {
   auto found = filters().find(name);
   if (found == filters().end()) eval_fail(fmt::format("no filter named '{}'", name));
-  return found->second(input, arguments);
+  charge_steps();
+  Value result = found->second(input, arguments);
+  // What the filter built (a list filter copies its items): charged after the
+  // fact, which bounds the total as each call's work is bounded by its input.
+  if (result.is_json() && (!input.is_json() || &result.json() != &input.json()))
+    charge_value(approximate_size(result.json()));
+  return result;
 }
 
 }  // namespace loom::jinja

@@ -135,7 +135,7 @@ std::string format_string(const std::string& pattern, const CallArguments& argum
         if (name == field) value = &keyword_value;
       if (!value) eval_fail(fmt::format("KeyError: '{}'", field));
     }
-    out += value->to_string();
+    append_bounded(out, value->to_string());
     i = close;
   }
   return out;
@@ -183,7 +183,8 @@ Value string_method(const std::string& text, const std::string& name, const Call
     bool first = true;
     for (const auto& item : iterate(bound.required(0))) {
       if (!item.is_string()) eval_fail("str.join needs strings");
-      out += (first ? "" : text) + item.get<std::string>();
+      if (!first) append_bounded(out, text);
+      append_bounded(out, item.get_ref<const std::string&>());
       first = false;
     }
     return text_json(out);

@@ -43,9 +43,12 @@ int64_t as_integer(const Value& value) {
 }
 
 Value repeat(const Value& sequence, int64_t count) {
-  if (count <= 0) return sequence.is_string() ? Value(Json("")) : Value(Json::array());
   size_t element_size = sequence.is_string() ? sequence.json().get_ref<const std::string&>().size() : sequence.json().size();
-  if (element_size * static_cast<size_t>(count) > kMaxRepeatedSize) eval_fail("repetition result too large");
+  if (count <= 0 || element_size == 0) return sequence.is_string() ? Value(Json("")) : Value(Json::array());
+  if (static_cast<uint64_t>(count) > kMaxRepeatedSize / element_size) eval_fail("repetition result too large");
+  size_t bytes = sequence.is_string() ? element_size : approximate_size(sequence.json());
+  if (static_cast<uint64_t>(count) > kMaxAllocatedBytes / bytes) eval_fail("repetition result too large");
+  charge_value(bytes * static_cast<size_t>(count));
   if (sequence.is_string()) {
     std::string out;
     for (int64_t i = 0; i < count; ++i) out += sequence.json().get_ref<const std::string&>();
@@ -100,7 +103,11 @@ int64_t checked_power(int64_t base, int64_t exponent) {  // exponent >= 0; by sq
 }
 
 Value binary_operation(std::string_view op, const Value& left, const Value& right) {
-  if (op == "~") return Json(left.to_string() + right.to_string());
+  if (op == "~") {
+    std::string out = left.to_string();
+    append_bounded(out, right.to_string());
+    return Json(std::move(out));
+  }
   if (numeric(left) && numeric(right)) {
     bool integers = integral(left) && integral(right);
     double a = json_number(left.json()), b = json_number(right.json());
@@ -125,9 +132,15 @@ Value binary_operation(std::string_view op, const Value& left, const Value& righ
       return Json(std::pow(a, b));
     }
   }
-  if (op == "+" && left.is_string() && right.is_string())
-    return Json(left.json().get<std::string>() + right.json().get<std::string>());
+  if (op == "+" && left.is_string() && right.is_string()) {
+    std::string out = left.json().get<std::string>();
+    append_bounded(out, right.json().get_ref<const std::string&>());
+    return Json(std::move(out));
+  }
   if (op == "+" && left.is_list() && right.is_list()) {
+    if (left.json().size() + right.json().size() > kMaxValueSize) eval_fail("result too large");
+    charge_value(approximate_size(left.json()));
+    charge_value(approximate_size(right.json()));
     Json out = left.json();
     for (const auto& item : right.json()) out.push_back(item);
     return out;

@@ -20,8 +20,14 @@ Json loop_object(const std::vector<Value>& items, size_t index) {
                {"first", index == 0},        {"last", index + 1 == length},
                {"length", length},           {"depth", 1},
                {"depth0", 0}};
-  if (index > 0) loop["previtem"] = items[index - 1].json();
-  if (index + 1 < length) loop["nextitem"] = items[index + 1].json();
+  if (index > 0) {
+    charge_value(approximate_size(items[index - 1].json()));  // copies
+    loop["previtem"] = items[index - 1].json();
+  }
+  if (index + 1 < length) {
+    charge_value(approximate_size(items[index + 1].json()));
+    loop["nextitem"] = items[index + 1].json();
+  }
   return loop;
 }
 
@@ -45,6 +51,8 @@ std::string Renderer::render(const Body& body, const Json& context) {
   auto globals = std::make_shared<Scope>(nullptr);
   for (const auto& [key, value] : context.items()) globals->set(key, Value::borrowed(value));  // not copied
   auto scope = std::make_shared<Scope>(globals);
+  RenderBudget budget;
+  BudgetScope budget_scope(budget);
   std::string out;
   render_body(body, scope, out);
   return out;
@@ -60,9 +68,10 @@ Renderer::Flow Renderer::render_body(const Body& body, const ScopePointer& scope
 
 Renderer::Flow Renderer::render_statement(const Statement& statement, const ScopePointer& scope, std::string& out) {
   try {
+    charge_steps();
     switch (statement.kind) {
-      case Statement::Kind::kText: out += statement.text; return Flow::kNormal;
-      case Statement::Kind::kOutput: out += evaluate(*statement.expression, scope).to_string(); return Flow::kNormal;
+      case Statement::Kind::kText: append_bounded(out, statement.text); return Flow::kNormal;
+      case Statement::Kind::kOutput: append_bounded(out, evaluate(*statement.expression, scope).to_string()); return Flow::kNormal;
       case Statement::Kind::kIf:
         for (size_t i = 0; i < statement.bodies.size(); ++i) {
           if (i < statement.conditions.size() && !evaluate(*statement.conditions[i], scope).truthy()) continue;
@@ -87,13 +96,13 @@ Renderer::Flow Renderer::render_statement(const Statement& statement, const Scop
         Value callee = evaluate(*call_expression.operands[0], scope);
         CallArguments arguments = evaluate_arguments(call_expression.arguments, scope);
         Value caller = Value::from_macro(std::make_shared<MacroObject>(MacroObject{statement.macro.get(), scope}));
-        out += call(callee, arguments, caller).to_string();
+        append_bounded(out, call(callee, arguments, caller).to_string());
         return Flow::kNormal;
       }
       case Statement::Kind::kFilterBlock: {
         std::string text;
         render_body(statement.body, scope, text);
-        out += apply_filters(statement.filters, Json(text), scope).to_string();
+        append_bounded(out, apply_filters(statement.filters, Json(text), scope).to_string());
         return Flow::kNormal;
       }
       case Statement::Kind::kBreak: return Flow::kBreak;
@@ -121,6 +130,7 @@ Renderer::Flow Renderer::render_for(const Statement& statement, const ScopePoint
   if (statement.condition) {  // "for x in xs if c": filtered before loop.index and loop.length are counted
     std::vector<Value> kept;
     for (auto& item : items) {
+      charge_steps();
       auto filter_scope = std::make_shared<Scope>(scope);
       bind_targets(*filter_scope, item);
       if (evaluate(*statement.condition, filter_scope).truthy()) kept.push_back(std::move(item));
@@ -133,6 +143,7 @@ Renderer::Flow Renderer::render_for(const Statement& statement, const ScopePoint
     return Flow::kNormal;
   }
   for (size_t index = 0; index < items.size(); ++index) {
+    charge_steps();
     auto iteration_scope = std::make_shared<Scope>(scope);
     bind_targets(*iteration_scope, items[index]);
     iteration_scope->set("loop", loop_object(items, index));
@@ -185,15 +196,20 @@ Value Renderer::evaluate_node(const Expression& expression, const ScopePointer& 
     case Expression::Kind::kList:
     case Expression::Kind::kTuple: {
       Json list = Json::array();
-      for (const auto& operand : operands) list.push_back(evaluate(*operand, scope).require_json("a list item"));
+      for (const auto& operand : operands) {
+        Value item = evaluate(*operand, scope);
+        charge_value(approximate_size(item.require_json("a list item")));  // a deep copy
+        list.push_back(item.json());
+      }
       return list;
     }
     case Expression::Kind::kDict: {
       Json dict = Json::object();
       for (size_t i = 0; i + 1 < operands.size(); i += 2) {
         Value key = evaluate(*operands[i], scope);
-        dict[key.is_string() ? key.json().get<std::string>() : key.to_string()] =
-            evaluate(*operands[i + 1], scope).require_json("a dict value");
+        Value item = evaluate(*operands[i + 1], scope);
+        charge_value(approximate_size(item.require_json("a dict value")));  // a deep copy
+        dict[key.is_string() ? key.json().get<std::string>() : key.to_string()] = item.json();
       }
       return dict;
     }
@@ -284,13 +300,18 @@ Value Renderer::evaluate_call(const Expression& expression, const ScopePointer& 
       if (arguments.positional.empty()) eval_fail("no items for cycling given");
       return arguments.positional[object.json()["index0"].get<uint64_t>() % arguments.positional.size()];
     }
-    return call_method(object, callee_expression.name, arguments);
+    charge_steps();
+    Value result = call_method(object, callee_expression.name, arguments);
+    if (result.is_json() && (!object.is_json() || &result.json() != &object.json()))
+      charge_value(approximate_size(result.json()));  // what the method built, as for filters
+    return result;
   }
   Value callee = evaluate(callee_expression, scope);
   return call(callee, evaluate_arguments(expression.arguments, scope), Value::undefined());
 }
 
 Value Renderer::call(const Value& callee, const CallArguments& arguments, const Value& caller) {
+  charge_steps();
   switch (callee.kind()) {
     case Value::Kind::kMacro: return call_macro(*callee.macro(), arguments, caller);
     case Value::Kind::kFunction: return call_global_function(callee.name(), arguments);

@@ -2,12 +2,58 @@
 
 #include <charconv>
 #include <cmath>
+#include <utility>
 
 #include <fmt/format.h>
 
 namespace loom::jinja {
 
 void eval_fail(const std::string& message) { throw EvalError(message); }
+
+namespace {
+thread_local RenderBudget* current_budget = nullptr;
+}
+
+BudgetScope::BudgetScope(RenderBudget& budget) : previous_(std::exchange(current_budget, &budget)) {}
+BudgetScope::~BudgetScope() { current_budget = previous_; }
+
+void charge_steps(int64_t steps) {
+  if (!current_budget) return;
+  current_budget->steps += steps;
+  if (current_budget->steps > kMaxSteps)
+    eval_fail(fmt::format("template ran more than {} steps (loop iterations, statements and calls)", kMaxSteps));
+}
+
+void charge_value(size_t bytes) {
+  if (bytes > kMaxValueSize) eval_fail(fmt::format("result too large (more than {} bytes)", kMaxValueSize));
+  if (!current_budget) return;
+  current_budget->bytes += bytes;
+  if (current_budget->bytes > kMaxAllocatedBytes)
+    eval_fail(fmt::format("template built more than {} bytes of values", kMaxAllocatedBytes));
+}
+
+void append_bounded(std::string& out, std::string_view piece) {
+  if (out.size() + piece.size() > kMaxValueSize)
+    eval_fail(fmt::format("result too large (more than {} bytes)", kMaxValueSize));
+  charge_value(piece.size());
+  out += piece;
+}
+
+static void add_size(const Json& value, size_t cap, size_t& total) {
+  total += 16;
+  if (value.is_string()) total += value.get_ref<const std::string&>().size();
+  if (!value.is_structured()) return;
+  for (const auto& item : value) {
+    if (total > cap) return;
+    add_size(item, cap, total);
+  }
+}
+
+size_t approximate_size(const Json& value, size_t cap) {
+  size_t total = 0;
+  add_size(value, cap, total);
+  return total;
+}
 
 const Json& Value::null_json() {
   static const Json null;

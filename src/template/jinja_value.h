@@ -102,6 +102,37 @@ class Value {
 // template can allocate.
 constexpr size_t kMaxValueSize = size_t{64} << 20;
 
+// What one render may do: kMaxSteps statements, loop iterations and calls,
+// and kMaxAllocatedBytes of strings and lists built (counted as they are
+// built, so a loop that doubles a string or copies a large list is stopped).
+// The renderer installs a RenderBudget for the render's thread; outside a
+// render the charges below do nothing.
+constexpr int64_t kMaxSteps = 1'000'000;  // about a second of loop iterations; chat templates take thousands
+constexpr size_t kMaxAllocatedBytes = size_t{1} << 30;
+struct RenderBudget {
+  int64_t steps = 0;
+  size_t bytes = 0;
+};
+class BudgetScope {  // installs `budget` for this thread while alive
+ public:
+  explicit BudgetScope(RenderBudget& budget);
+  ~BudgetScope();
+  BudgetScope(const BudgetScope&) = delete;
+  BudgetScope& operator=(const BudgetScope&) = delete;
+
+ private:
+  RenderBudget* previous_;
+};
+void charge_steps(int64_t steps = 1);
+// Charges `bytes` to the budget; EvalError "result too large" when one value
+// would exceed kMaxValueSize bytes or items.
+void charge_value(size_t bytes);
+// out += piece, bounded by kMaxValueSize and charged.
+void append_bounded(std::string& out, std::string_view piece);
+// Roughly how many bytes `value` occupies (16 per node plus string bytes),
+// counting no further than `cap`.
+size_t approximate_size(const Json& value, size_t cap = kMaxAllocatedBytes);
+
 // The deepest nesting of lists and dicts a render accepts (in the context and
 // in values a template stores): copying, comparing and printing JSON recurse.
 constexpr int kMaxDataDepth = 128;

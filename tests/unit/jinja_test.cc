@@ -185,6 +185,39 @@ TEST(JinjaTest, DeeplyNestedDataIsAnError) {
             "template line 1: a value nested deeper than 128");
 }
 
+// Each of these used to spin for minutes or exhaust memory.
+TEST(JinjaTest, WorkAndMemoryAreBounded) {
+  EXPECT_EQ(render("[{{ '' * 9223372036854775807 }}][{{ [] * 9223372036854775807 }}]"), "[][[]]");
+  EXPECT_EQ(error_of("{{ 'ab' * 9223372036854775807 }}"), "template line 1: repetition result too large");
+  EXPECT_EQ(error_of("{{ [1, 2] * 4611686018427387904 }}"), "template line 1: repetition result too large");
+  EXPECT_EQ(error_of("{{ 3 ** 9223372036854775807 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(render("{{ 1 ** 9223372036854775807 }}{{ (-1) ** 9223372036854775807 }}{{ 0 ** 9223372036854775807 }}"),
+            "1-10");
+  // Steps: nested loops of 100000 * 100000.
+  EXPECT_EQ(error_of("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"),
+            "template line 1: template ran more than 1000000 steps (loop iterations, statements and calls)");
+  // Doubling strings and lists.
+  std::string doubling_string = "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}";
+  EXPECT_NE(error_of(doubling_string).find("result too large"), std::string::npos);
+  std::string doubling_plus = "{% set ns = namespace(s='x') %}{% for i in range(100) %}{% set ns.s = ns.s + ns.s %}{% endfor %}";
+  EXPECT_NE(error_of(doubling_plus).find("result too large"), std::string::npos);
+  std::string doubling_list = "{% set ns = namespace(l=[1]) %}{% for i in range(100) %}{% set ns.l = ns.l + ns.l %}{% endfor %}";
+  EXPECT_NE(error_of(doubling_list).find("too large"), std::string::npos);
+  // Copying a large value over and over.
+  std::string copying = "{% set big = 'x' * 16000000 %}{% for i in range(100000) %}{% set l = [big] %}{% endfor %}";
+  EXPECT_NE(error_of(copying).find("template built more than"), std::string::npos);
+  // Output.
+  EXPECT_NE(error_of("{% set s = 'x' * 16000000 %}{% for i in range(100) %}{{ s }}{% endfor %}").find("too large"),
+            std::string::npos);
+  // Filters and methods that multiply their input.
+  EXPECT_EQ(error_of("{{ [1] | batch(9223372036854775807, 0) }}"), "template line 1: batch: result too large");
+  EXPECT_NE(error_of("{{ ('x\n' * 1000) | indent(100000) }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 16000000) | replace('', 'yyyy') }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('{0}' * 1000000).format('x' * 1000) }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ ('x' * 10000).join(['y' * 10000] * 10000) }}").find("too large"), std::string::npos);
+  EXPECT_EQ(render("{{ 'a-b' | replace('-', '+') }} {{ 'ab' | replace('', '.') }}"), "a+b .a.b.");
+}
+
 TEST(JinjaTest, UndefinedFollowsJinja2AndAttributesOfItAreUndefined) {
   EXPECT_EQ(render("[{{ nothing }}][{{ nothing | length }}][{% for x in nothing %}x{% endfor %}][{{ nothing is defined }}]"),
             "[][0][][False]");
