@@ -7,7 +7,11 @@
 namespace loom::jinja {
 namespace {
 
-constexpr int kMaxNesting = 200;  // templates come from model files: bound the recursion
+// Templates come from requests: bound the parser's and the renderer's
+// recursion and the AST's depth (its destruction recurses). One count covers
+// blocks inside blocks, parentheses, and each link of a chain of operators,
+// filters, attributes, subscripts and calls (a + b + c ... nests to the left).
+constexpr int kMaxNesting = 200;
 
 class Parser {
  public:
@@ -118,6 +122,7 @@ class Parser {
   }
 
   StatementPointer parse_statement() {
+    NestingGuard guard(*this, "blocks nested too deeply");
     const Token& keyword = current();
     if (keyword.kind != Kind::kName) fail_at(keyword, "expected a tag name, got " + describe(keyword));
     std::string name = advance().value;
@@ -291,8 +296,23 @@ class Parser {
     explicit NestingGuard(Parser& parser) : parser(parser) {
       if (++parser.nesting_ > kMaxNesting) parser.fail_at(parser.current(), "expression nested too deeply");
     }
+    NestingGuard(Parser& parser, const char* message) : parser(parser) {
+      if (++parser.nesting_ > kMaxNesting) parser.fail_at(parser.current(), message);
+    }
     ~NestingGuard() { --parser.nesting_; }
     Parser& parser;
+  };
+
+  // One more level per link of a left-leaning chain (a + b + c, x|f|g, a.b.c).
+  struct ChainGuard {
+    explicit ChainGuard(Parser& parser) : parser(parser) {}
+    void extend() {
+      ++links;
+      if (++parser.nesting_ > kMaxNesting) parser.fail_at(parser.current(), "expression nested too deeply");
+    }
+    ~ChainGuard() { parser.nesting_ -= links; }
+    Parser& parser;
+    int links = 0;
   };
 
   // An expression, or several separated by commas (a tuple, as in "set a, b = 1, 2").
@@ -314,7 +334,9 @@ class Parser {
     int line = current().line;
     ExpressionPointer value = parse_or();
     if (!with_conditional) return value;
+    ChainGuard chain(*this);
     while (skip_name("if")) {
+      chain.extend();
       auto conditional = make(Expression::Kind::kConditional, line);
       conditional->operands.push_back(std::move(value));
       conditional->operands.push_back(parse_or());
@@ -326,7 +348,9 @@ class Parser {
 
   ExpressionPointer parse_or() {
     ExpressionPointer left = parse_and();
+    ChainGuard chain(*this);
     while (at_name("or")) {
+      chain.extend();
       int line = advance().line;
       auto node = make(Expression::Kind::kOr, line);
       node->operands.push_back(std::move(left));
@@ -338,7 +362,9 @@ class Parser {
 
   ExpressionPointer parse_and() {
     ExpressionPointer left = parse_not();
+    ChainGuard chain(*this);
     while (at_name("and")) {
+      chain.extend();
       int line = advance().line;
       auto node = make(Expression::Kind::kAnd, line);
       node->operands.push_back(std::move(left));
@@ -399,7 +425,9 @@ class Parser {
 
   ExpressionPointer parse_additive() {
     ExpressionPointer left = parse_concat();
+    ChainGuard chain(*this);
     while (at_operator("+") || at_operator("-")) {
+      chain.extend();
       const Token& op = advance();
       left = binary(op.value, op.line, std::move(left), parse_concat());
     }
@@ -408,7 +436,9 @@ class Parser {
 
   ExpressionPointer parse_concat() {
     ExpressionPointer left = parse_multiplicative();
+    ChainGuard chain(*this);
     while (at_operator("~")) {
+      chain.extend();
       const Token& op = advance();
       left = binary("~", op.line, std::move(left), parse_multiplicative());
     }
@@ -417,7 +447,9 @@ class Parser {
 
   ExpressionPointer parse_multiplicative() {
     ExpressionPointer left = parse_power();
+    ChainGuard chain(*this);
     while (at_operator("*") || at_operator("/") || at_operator("//") || at_operator("%")) {
+      chain.extend();
       const Token& op = advance();
       left = binary(op.value, op.line, std::move(left), parse_power());
     }
@@ -426,7 +458,9 @@ class Parser {
 
   ExpressionPointer parse_power() {
     ExpressionPointer left = parse_unary(/*with_filter=*/true);
+    ChainGuard chain(*this);
     while (at_operator("**")) {
+      chain.extend();
       const Token& op = advance();
       left = binary("**", op.line, std::move(left), parse_unary(true));
     }
@@ -534,7 +568,9 @@ class Parser {
   }
 
   ExpressionPointer parse_postfix(ExpressionPointer node) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.extend();
       if (at_operator(".")) {
         int line = advance().line;
         auto attribute = make(Expression::Kind::kAttribute, line);
@@ -624,7 +660,9 @@ class Parser {
   }
 
   ExpressionPointer parse_filters_and_tests(ExpressionPointer node) {
+    ChainGuard chain(*this);
     while (true) {
+      chain.extend();
       if (at_operator("|")) {
         int line = advance().line;
         auto filter = make(Expression::Kind::kFilter, line);

@@ -8,6 +8,21 @@ namespace loom::jinja {
 namespace {
 
 constexpr int kMaxCallDepth = 64;  // nested macro calls: templates from model files must not exhaust the stack
+// Statements and expressions being rendered, one inside another, macro calls
+// included: bounds the renderer's stack (a few KiB a level at most) whatever
+// macro recursion and nesting combine to.
+constexpr int kMaxRenderDepth = 300;
+
+struct RenderDepthGuard {
+  explicit RenderDepthGuard(int& depth) : depth(depth) {
+    if (++depth > kMaxRenderDepth) {
+      --depth;
+      eval_fail(fmt::format("template nested too deeply when rendered (more than {} levels)", kMaxRenderDepth));
+    }
+  }
+  ~RenderDepthGuard() { --depth; }
+  int& depth;
+};
 
 [[noreturn]] void fail_at_line(int line, const char* message) {
   fail(ErrorKind::kInvalidArgument, "template line {}: {}", line, message);
@@ -68,6 +83,7 @@ Renderer::Flow Renderer::render_body(const Body& body, const ScopePointer& scope
 
 Renderer::Flow Renderer::render_statement(const Statement& statement, const ScopePointer& scope, std::string& out) {
   try {
+    RenderDepthGuard depth_guard(render_depth_);
     charge_steps();
     switch (statement.kind) {
       case Statement::Kind::kText: append_bounded(out, statement.text); return Flow::kNormal;
@@ -178,6 +194,7 @@ Value Renderer::apply_filters(const std::vector<FilterCall>& filters, Value valu
 
 Value Renderer::evaluate(const Expression& expression, const ScopePointer& scope) {
   try {
+    RenderDepthGuard depth_guard(render_depth_);
     return evaluate_node(expression, scope);
   } catch (const EvalError& error) {
     fail_at_line(expression.line, error.what());

@@ -52,6 +52,7 @@ class Renderer {
   Value call_macro(const MacroObject& macro, const CallArguments& arguments, const Value& caller);
 
   int call_depth_ = 0;
+  int render_depth_ = 0;  // render_statement and evaluate calls on the stack
 };
 
 }  // namespace loom::jinja

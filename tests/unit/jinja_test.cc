@@ -5,7 +5,10 @@
 // Llama-3.1 with ipython tools, Mistral [INST]) on several conversations.
 // The tests below the fixture cover what jinja2 cannot produce: error lines,
 // options, Loom's deliberate differences and limits.
+#include <pthread.h>
+
 #include <fstream>
+#include <functional>
 #include <sstream>
 #include <thread>
 
@@ -216,6 +219,60 @@ TEST(JinjaTest, WorkAndMemoryAreBounded) {
   EXPECT_NE(error_of("{{ ('{0}' * 1000000).format('x' * 1000) }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ ('x' * 10000).join(['y' * 10000] * 10000) }}").find("too large"), std::string::npos);
   EXPECT_EQ(render("{{ 'a-b' | replace('-', '+') }} {{ 'ab' | replace('', '.') }}"), "a+b .a.b.");
+}
+
+// Runs `body` on a thread with a 1 MiB stack (a server's worker may have no
+// more): a recursion the limits let through would crash the test.
+void run_on_small_stack(std::function<void()> body) {
+  pthread_attr_t attributes;
+  ASSERT_EQ(pthread_attr_init(&attributes), 0);
+  ASSERT_EQ(pthread_attr_setstacksize(&attributes, size_t{1} << 20), 0);
+  pthread_t thread;
+  auto trampoline = [](void* argument) -> void* {
+    (*static_cast<std::function<void()>*>(argument))();
+    return nullptr;
+  };
+  ASSERT_EQ(pthread_create(&thread, &attributes, trampoline, &body), 0);
+  pthread_join(thread, nullptr);
+  pthread_attr_destroy(&attributes);
+}
+
+std::string repeated(const std::string& text, int count) {
+  std::string out;
+  for (int i = 0; i < count; ++i) out += text;
+  return out;
+}
+
+TEST(JinjaTest, DeepNestingIsAnErrorOnASmallStack) {  // each used to overflow the stack
+  run_on_small_stack([] {
+    EXPECT_NE(error_of(repeated("{% if true %}", 20000) + "x" + repeated("{% endif %}", 20000)).find("nested too deeply"),
+              std::string::npos);
+    EXPECT_EQ(error_of(repeated("{% generation %}", 20000) + "x" + repeated("{% endgeneration %}", 20000)),
+              "template line 1: blocks nested too deeply");
+    EXPECT_EQ(error_of("{{ 1" + repeated(" + 1", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ 1" + repeated(" ~ 1", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ x" + repeated(" | first", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ x" + repeated(".a", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ x" + repeated("[0]", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ f" + repeated("()", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ 1" + repeated(" if 1 else 1", 20000) + " }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ " + repeated("not ", 20000) + "1 }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ " + repeated("-", 20000) + "1 }}"), "template line 1: expression nested too deeply");
+    EXPECT_EQ(error_of("{{ " + repeated("[", 20000) + repeated("]", 20000) + " }}"),
+              "template line 1: expression nested too deeply");
+    // At the limits: blocks and expressions as deep as the parser takes, in a
+    // macro recursing as deep as the renderer takes.
+    std::string deepest_expression = "n" + repeated(" + 1", 150);
+    std::string blocks = repeated("{% if true %}", 40) + "{{ f(" + deepest_expression + ") }}" + repeated("{% endif %}", 40);
+    std::string recursive = "{% macro f(n) %}" + blocks + "{% endmacro %}{{ f(0) }}";
+    std::string message = error_of(recursive);
+    EXPECT_EQ(message, "template line 1: template nested too deeply when rendered (more than 300 levels)");
+    // Deep data within the data limit.
+    Json deep = 1;
+    for (int i = 0; i < 127; ++i) deep = Json::array({deep});
+    EXPECT_EQ(render("{{ d == d }}{{ (d | tojson | length) > 0 }}{{ (d | string | length) > 0 }}", {{"d", deep}}),
+              "TrueTrueTrue");
+  });
 }
 
 TEST(JinjaTest, UndefinedFollowsJinja2AndAttributesOfItAreUndefined) {
