@@ -315,11 +315,16 @@ Value call_global_function(const std::string& name, const CallArguments& argumen
     }
     if (name == "dict") {
       for (const auto& [key, value] : arguments.keyword) attributes[key] = value.require_json("dict");
+      check_data_depth(attributes, "a dict");
       return attributes;
     }
     auto object = std::make_shared<NamespaceObject>();
+    check_data_depth(attributes, "a namespace attribute");
     for (const auto& [key, value] : attributes.items()) object->attributes[key] = std::make_shared<Value>(value);
-    for (const auto& [key, value] : arguments.keyword) object->attributes[key] = std::make_shared<Value>(value);
+    for (const auto& [key, value] : arguments.keyword) {
+      if (value.is_json()) check_data_depth(value.json(), "a namespace attribute");
+      object->attributes[key] = std::make_shared<Value>(value);
+    }
     return Value::from_namespace(std::move(object));
   }
   if (name == "strftime_now") {

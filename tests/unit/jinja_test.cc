@@ -186,6 +186,12 @@ TEST(JinjaTest, DeeplyNestedDataIsAnError) {
                      Json::object()).rfind("template line 1: ", 0), 0u);
   EXPECT_EQ(error_of("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = [ns.x] %}{% endfor %}"),
             "template line 1: a value nested deeper than 128");
+  EXPECT_EQ(error_of("{% set o = namespace(n=namespace(x=1)) %}{% for i in range(100000) %}"
+                     "{% set o.n = namespace(x=[o.n.x]) %}{% endfor %}"),
+            "template line 1: a namespace attribute nested deeper than 128");
+  EXPECT_EQ(error_of("{% set ns = namespace(x=1) %}{% for i in range(100000) %}{% set ns.x = dict(a=ns.x) %}"
+                     "{% endfor %}"),
+            "template line 1: a dict nested deeper than 128");
 }
 
 // Each of these used to spin for minutes or exhaust memory.
