@@ -46,16 +46,22 @@ struct JinjaOptions {
 class JinjaTemplate {
  public:
   // Parses once; throws Error(ErrorKind::kInvalidArgument, "template line N: ...")
-  // on a syntax error (unknown tag, unclosed block, bad expression).
+  // on a syntax error (unknown tag, unclosed block, bad expression) and on
+  // nesting deeper than the parser's limit; never anything but Error
+  // ("template: ..." for what has no line, such as running out of memory).
   explicit JinjaTemplate(std::string source, JinjaOptions options = {});
   ~JinjaTemplate();
   JinjaTemplate(JinjaTemplate&&) noexcept;
   JinjaTemplate& operator=(JinjaTemplate&&) noexcept;
 
-  // Renders with `context`'s keys as variables (context must be an object).
-  // Throws Error(kInvalidArgument, "template line N: ...") on an evaluation
-  // error (an undefined function, a bad operand, a filter's bad argument) and
-  // for raise_exception(message), whose message it includes.
+  // Renders with `context`'s keys as variables (context must be an object,
+  // nested at most 128 deep). Throws Error(kInvalidArgument, "template line N: ...")
+  // on an evaluation error (an undefined function, a bad operand, a filter's
+  // bad argument, integer overflow), for raise_exception(message), whose
+  // message it includes, and when the render exceeds its limits (1M steps,
+  // 64 MiB per value and for the output, 1 GiB built in all, nesting);
+  // Error(kInvalidArgument, "template...") for a bad context, a moved-from
+  // template or anything else (out of memory). Never throws anything else.
   std::string render(const nlohmann::ordered_json& context) const;
   // The same for nlohmann::json, whose objects keep keys sorted: tojson then
   // prints keys in sorted order, not the request's.

@@ -71,9 +71,7 @@ std::vector<Value> iterate_values(const Value& value);
 Value get_attribute_path(const Value& object, const std::string& path);
 
 // ---- filters and tests (jinja_filters.cc, jinja_tests.cc) ----
-bool has_filter(std::string_view name);
 Value apply_filter(const std::string& name, const Value& input, const CallArguments& arguments);
-bool has_test(std::string_view name);
 bool apply_test(const std::string& name, const Value& input, const CallArguments& arguments);
 
 // ---- methods and global functions (jinja_methods.cc) ----

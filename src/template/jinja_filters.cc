@@ -503,7 +503,6 @@ const std::unordered_map<std::string_view, Filter>& filters() {
 
 }  // namespace
 
-bool has_filter(std::string_view name) { return filters().count(name) > 0; }
 
 Value apply_filter(const std::string& name, const Value& input, const CallArguments& arguments) {
   auto found = filters().find(name);

@@ -107,7 +107,6 @@ const std::unordered_map<std::string_view, Test>& tests() {
 
 }  // namespace
 
-bool has_test(std::string_view name) { return tests().count(name) > 0; }
 
 bool apply_test(const std::string& name, const Value& input, const CallArguments& arguments) {
   auto found = tests().find(name);
