@@ -290,12 +290,19 @@ Value do_round(const Value& input, const CallArguments& arguments) {
   return Json(value / scale);
 }
 
+int64_t double_to_integer(double value) {  // Python's int(float), within 64 bits
+  if (std::isnan(value)) eval_fail("cannot convert float NaN to integer");
+  double truncated = std::trunc(value);
+  if (!(truncated >= -9223372036854775808.0 && truncated < 9223372036854775808.0)) eval_fail("integer overflow");
+  return static_cast<int64_t>(truncated);
+}
+
 Value do_int(const Value& input, const CallArguments& arguments) {
   BoundArguments bound(arguments, "int", {"default", "base"});
   Value fallback = bound.get_or(0, Json(0));
   if (input.is_json() && input.json().is_boolean()) return Json(int64_t{input.json().get<bool>()});
   if (input.is_integer()) return input;
-  if (input.is_number()) return Json(static_cast<int64_t>(std::trunc(input.json().get<double>())));
+  if (input.is_number()) return Json(double_to_integer(input.json().get<double>()));
   if (input.is_string()) {
     std::string text = strip(input.json().get<std::string>(), true, true);
     try {
@@ -304,7 +311,7 @@ Value do_int(const Value& input, const CallArguments& arguments) {
       if (used == text.size()) return Json(value);
       size_t used_float = 0;
       double number = std::stod(text, &used_float);
-      if (used_float == text.size()) return Json(static_cast<int64_t>(std::trunc(number)));
+      if (used_float == text.size()) return Json(double_to_integer(number));
     } catch (const std::exception&) {
     }
   }

@@ -135,6 +135,8 @@ TEST(JinjaTest, IntegerArithmeticOverflowIsAnError) {  // used to trap (SIGFPE) 
   EXPECT_EQ(error_of("{{ -" + min + " }}"), "template line 1: integer overflow");
   EXPECT_EQ(error_of("{{ " + min + " | abs }}"), "template line 1: integer overflow");
   EXPECT_EQ(error_of("{{ 2 ** 64 }}"), "template line 1: integer overflow");
+  EXPECT_EQ(error_of("{{ 1e300 | int }}"), "template line 1: integer overflow");
+  EXPECT_EQ(render("{{ '1e300' | int }} {{ -2.5 | int }}"), "0 -2");  // jinja2's default on a failed conversion
   EXPECT_EQ(render("{{ 2 ** 62 }} {{ 1 ** 9223372036854775807 }} {{ -7 // 2 }} {{ -7 % 2 }} {{ 7 % -2 }}"),
             "4611686018427387904 1 -4 1 -1");
   EXPECT_EQ(render("{{ range(9223372036854775800, 9223372036854775807, 5) | list }}"),
