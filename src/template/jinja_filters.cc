@@ -185,6 +185,7 @@ Value do_unique(const Value& input, const CallArguments& arguments) {
   Json out = Json::array();
   for (auto& item : iterate(input)) {
     Json key = sort_key(attribute_or_self(item, bound.get(1)), bound.bool_or(0, false));
+    charge_steps(1 + static_cast<int64_t>(seen.size() / 64));  // quadratic: bounded by the step budget
     if (std::any_of(seen.begin(), seen.end(), [&](const Json& other) { return json_equal(other, key); })) continue;
     seen.push_back(key);
     out.push_back(item);
@@ -356,6 +357,7 @@ Value do_tojson(const Value& input, const CallArguments& arguments) {
   if (bound.get(2) && !bound.get(2)->is_none()) eval_fail("tojson: separators are not supported");
   int64_t indent = bound.get(0) && !bound.get(0)->is_none() ? bound.integer_or(0, -1) : -1;
   if (indent > INT32_MAX) eval_fail("tojson: indent too large");
+  if (indent < 0) indent = -1;  // None
   return Json(python_json_dumps(input.require_json("tojson"), static_cast<int>(indent)));
 }
 

@@ -226,6 +226,8 @@ TEST(JinjaTest, WorkAndMemoryAreBounded) {
   EXPECT_NE(error_of("{{ ('x' * 16000000) | replace('', 'yyyy') }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ ('{0}' * 1000000).format('x' * 1000) }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ ('x' * 10000).join(['y' * 10000] * 10000) }}").find("too large"), std::string::npos);
+  EXPECT_NE(error_of("{{ range(100000) | unique | list | length }}").find("steps"), std::string::npos);
+  EXPECT_EQ(render("{{ range(5000) | unique | list | length }}"), "5000");
   EXPECT_EQ(render("{{ 'a-b' | replace('-', '+') }} {{ 'ab' | replace('', '.') }}"), "a+b .a.b.");
 }
 
