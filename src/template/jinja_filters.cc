@@ -517,6 +517,7 @@ Value apply_filter(const std::string& name, const Value& input, const CallArgume
   auto found = filters().find(name);
   if (found == filters().end()) eval_fail(fmt::format("no filter named '{}'", name));
   charge_steps();
+  charge_work(input);
   Value result = found->second(input, arguments);
   // What the filter built (a list filter copies its items): charged after the
   // fact, which bounds the total as each call's work is bounded by its input.

@@ -275,6 +275,8 @@ bool Renderer::evaluate_compare(const Expression& expression, const ScopePointer
   Value left = evaluate(*expression.operands[0], scope);
   for (size_t i = 0; i < expression.comparisons.size(); ++i) {
     Value right = evaluate(*expression.operands[i + 1], scope);
+    charge_work(left);  // comparisons and "in" go over their operands
+    charge_work(right);
     const std::string& op = expression.comparisons[i];
     bool result;
     if (op == "==") result = values_equal(left, right);
@@ -318,6 +320,7 @@ Value Renderer::evaluate_call(const Expression& expression, const ScopePointer& 
       return arguments.positional[object.json()["index0"].get<uint64_t>() % arguments.positional.size()];
     }
     charge_steps();
+    charge_work(object);
     Value result = call_method(object, callee_expression.name, arguments);
     if (result.is_json() && (!object.is_json() || &result.json() != &object.json()))
       charge_value(approximate_size(result.json()));  // what the method built, as for filters

@@ -24,6 +24,13 @@ void charge_steps(int64_t steps) {
     eval_fail(fmt::format("template ran more than {} steps (loop iterations, statements and calls)", kMaxSteps));
 }
 
+void charge_work(const Value& value) {
+  if (!current_budget || !value.is_json()) return;
+  const Json& json = value.json();
+  if (json.is_string()) charge_steps(static_cast<int64_t>(json.get_ref<const std::string&>().size() / 4096));
+  else if (json.is_structured()) charge_steps(static_cast<int64_t>(json.size() / 64));
+}
+
 void charge_value(size_t bytes) {
   if (bytes > kMaxValueSize) eval_fail(fmt::format("result too large (more than {} bytes)", kMaxValueSize));
   if (!current_budget) return;

@@ -124,6 +124,9 @@ class BudgetScope {  // installs `budget` for this thread while alive
   RenderBudget* previous_;
 };
 void charge_steps(int64_t steps = 1);
+// Steps for an operation that goes over `value` (a filter, a method, "in",
+// ==): one per 64 items of a list or dict, one per 4 KiB of a string.
+void charge_work(const Value& value);
 // Charges `bytes` to the budget; EvalError "result too large" when one value
 // would exceed kMaxValueSize bytes or items.
 void charge_value(size_t bytes);

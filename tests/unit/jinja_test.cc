@@ -227,6 +227,12 @@ TEST(JinjaTest, WorkAndMemoryAreBounded) {
   EXPECT_NE(error_of("{{ ('{0}' * 1000000).format('x' * 1000) }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ ('x' * 10000).join(['y' * 10000] * 10000) }}").find("too large"), std::string::npos);
   EXPECT_NE(error_of("{{ range(100000) | unique | list | length }}").find("steps"), std::string::npos);
+  // Going over a large list or string again and again.
+  EXPECT_NE(error_of("{% set l = [0] * 1000000 %}{% for i in range(100000) %}{{ 1 in l }}{% endfor %}").find("steps"),
+            std::string::npos);
+  EXPECT_NE(error_of("{% set s = 'x' * 16000000 %}{% for i in range(100000) %}{{ s.find('y') }}{% endfor %}")
+                .find("steps"),
+            std::string::npos);
   EXPECT_EQ(render("{{ range(5000) | unique | list | length }}"), "5000");
   EXPECT_EQ(render("{{ 'a-b' | replace('-', '+') }} {{ 'ab' | replace('', '.') }}"), "a+b .a.b.");
 }
