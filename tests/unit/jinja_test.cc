@@ -1,6 +1,6 @@
 // The Jinja interpreter (src/template) against Python's jinja2, set up as
 // transformers' apply_chat_template sets it up: tests/fixtures/template/
-// jinja_cases.json (from tools/make_jinja_fixtures.py) holds one case per
+// jinja_cases.json (from scripts/make_jinja_fixtures.py) holds one case per
 // construct and the three chat templates of that folder (ChatML with tools,
 // Llama-3.1 with ipython tools, Mistral [INST]) on several conversations.
 // The tests below the fixture cover what jinja2 cannot produce: error lines,

@@ -5,7 +5,7 @@ it up (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
 loopcontrols, tojson without sorting or HTML escaping, raise_exception).
 
   python3 -m venv /tmp/jv && /tmp/jv/bin/pip install jinja2
-  /tmp/jv/bin/python tools/make_jinja_fixtures.py
+  /tmp/jv/bin/python scripts/make_jinja_fixtures.py
 
 Each case: {name, template (source, or "@file.jinja" in the same folder),
 context, expected} or, where jinja2 raises, {..., error: message,
