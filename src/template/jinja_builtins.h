@@ -13,6 +13,12 @@
 
 namespace loom::jinja {
 
+// Python's str.isspace() for one ASCII character.
+bool is_ascii_space(char c);
+// str.strip() / lstrip() / rstrip() without arguments: ASCII whitespace off
+// the left and / or the right end.
+std::string strip_whitespace(const std::string& text, bool left, bool right);
+
 // The evaluated arguments of a call, filter or test.
 struct CallArguments {
   std::vector<Value> positional;

@@ -64,16 +64,6 @@ std::string ascii_lower(std::string text) {
   for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   return text;
 }
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
-std::string strip(const std::string& text, bool left, bool right) {
-  size_t begin = 0, end = text.size();
-  if (left)
-    while (begin < end && is_space(text[begin])) ++begin;
-  if (right)
-    while (end > begin && is_space(text[end - 1])) --end;
-  return text.substr(begin, end - begin);
-}
 
 std::string replace_all(const std::string& text, const std::string& old, const std::string& replacement, int64_t count) {
   std::string out;
@@ -147,7 +137,7 @@ std::string title_case(const std::string& text) {  // jinja2's title: words star
   for (char c : text) {
     unsigned char u = static_cast<unsigned char>(c);
     out += static_cast<char>(word_start ? std::toupper(u) : std::tolower(u));
-    word_start = is_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
+    word_start = is_ascii_space(c) || c == '-' || c == '(' || c == '{' || c == '[' || c == '<';
   }
   return out;
 }
@@ -305,7 +295,7 @@ Value do_int(const Value& input, const CallArguments& arguments) {
   if (input.is_integer()) return input;
   if (input.is_number()) return Json(double_to_integer(input.json().get<double>()));
   if (input.is_string()) {
-    std::string text = strip(input.json().get<std::string>(), true, true);
+    std::string text = strip_whitespace(input.json().get<std::string>(), true, true);
     try {
       size_t used = 0;
       int64_t value = std::stoll(text, &used, static_cast<int>(bound.integer_or(1, 10)));
@@ -323,7 +313,7 @@ Value do_float(const Value& input, const CallArguments& arguments) {
   BoundArguments bound(arguments, "float", {"default"});
   if (input.is_json() && (input.json().is_number() || input.json().is_boolean())) return Json(json_number(input.json()));
   if (input.is_string()) {
-    std::string text = strip(input.json().get<std::string>(), true, true);
+    std::string text = strip_whitespace(input.json().get<std::string>(), true, true);
     try {
       size_t used = 0;
       double value = std::stod(text, &used);
@@ -500,7 +490,7 @@ const std::unordered_map<std::string_view, Filter>& filters() {
          int64_t words = 0;
          bool in_word = false;
          for (char c : text_of(v)) {
-           bool word_char = !is_space(c);
+           bool word_char = !is_ascii_space(c);
            words += word_char && !in_word;
            in_word = word_char;
          }

@@ -12,21 +12,23 @@
 #include "template/jinja_builtins.h"
 
 namespace loom::jinja {
+bool is_ascii_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
+
+std::string strip_whitespace(const std::string& text, bool left, bool right) {
+  size_t begin = 0, end = text.size();
+  if (left)
+    while (begin < end && is_ascii_space(text[begin])) ++begin;
+  if (right)
+    while (end > begin && is_ascii_space(text[end - 1])) --end;
+  return text.substr(begin, end - begin);
+}
+
 namespace {
 
 constexpr int64_t kMaxRange = 100000;  // jinja2's sandbox limit
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == '\f' || c == '\v'; }
-
 std::string strip_characters(const std::string& text, const Value* characters, bool left, bool right) {
-  if (!characters || characters->is_none()) {
-    size_t begin = 0, end = text.size();
-    if (left)
-      while (begin < end && is_space(text[begin])) ++begin;
-    if (right)
-      while (end > begin && is_space(text[end - 1])) --end;
-    return text.substr(begin, end - begin);
-  }
+  if (!characters || characters->is_none()) return strip_whitespace(text, left, right);
   if (!characters->is_string()) eval_fail("strip arg must be None or str");
   std::vector<std::string> set = utf8_characters(characters->json().get_ref<const std::string&>());
   std::vector<std::string> pieces = utf8_characters(text);
@@ -63,16 +65,16 @@ Json split(const std::string& text, const Value* separator, int64_t max_split) {
   if (!separator || separator->is_none()) {  // runs of whitespace, no empty strings
     size_t i = 0;
     while (true) {
-      while (i < text.size() && is_space(text[i])) ++i;
+      while (i < text.size() && is_ascii_space(text[i])) ++i;
       if (i >= text.size()) break;
       if (max_split >= 0 && static_cast<int64_t>(out.size()) == max_split) {
         size_t end = text.size();
-        while (end > i && is_space(text[end - 1])) --end;
+        while (end > i && is_ascii_space(text[end - 1])) --end;
         out.push_back(text.substr(i, end - i));
         break;
       }
       size_t end = i;
-      while (end < text.size() && !is_space(text[end])) ++end;
+      while (end < text.size() && !is_ascii_space(text[end])) ++end;
       out.push_back(text.substr(i, end - i));
       i = end;
     }
@@ -220,7 +222,7 @@ Value string_method(const std::string& text, const std::string& name, const Call
     for (char c : text) {
       unsigned char u = static_cast<unsigned char>(c);
       bool ok = name == "isdigit" ? std::isdigit(u) : name == "isalpha" ? std::isalpha(u)
-                                                      : name == "isspace" ? is_space(c) : std::isalnum(u);
+                                                      : name == "isspace" ? is_ascii_space(c) : std::isalnum(u);
       if (!ok) return Json(false);
     }
     return Json(true);

@@ -14,15 +14,7 @@ constexpr size_t kMaxRepeatedSize = size_t{16} << 20;  // "x" * n: bound what a 
 const char* kind_name(const Value& value) {
   if (value.is_undefined()) return "Undefined";
   if (!value.is_json()) return value.is_callable() ? "function" : "namespace";
-  switch (value.json().type()) {
-    case Json::value_t::null: return "NoneType";
-    case Json::value_t::boolean: return "bool";
-    case Json::value_t::string: return "str";
-    case Json::value_t::array: return "list";
-    case Json::value_t::object: return "dict";
-    case Json::value_t::number_float: return "float";
-    default: return "int";
-  }
+  return python_type_name(value.json());
 }
 
 bool numeric(const Value& value) { return value.is_json() && (value.json().is_number() || value.json().is_boolean()); }

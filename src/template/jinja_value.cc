@@ -196,7 +196,7 @@ bool values_equal(const Value& left, const Value& right) {
   return false;
 }
 
-static const char* type_name(const Json& value) {
+const char* python_type_name(const Json& value) {
   switch (value.type()) {
     case Json::value_t::null: return "NoneType";
     case Json::value_t::boolean: return "bool";
@@ -223,7 +223,8 @@ bool json_less(const Json& left, const Json& right) {
     }
     return left.size() < right.size();
   }
-  eval_fail(fmt::format("'<' not supported between instances of '{}' and '{}'", type_name(left), type_name(right)));
+  eval_fail(fmt::format("'<' not supported between instances of '{}' and '{}'", python_type_name(left),
+                        python_type_name(right)));
 }
 
 std::string python_float_repr(double value) {

@@ -163,4 +163,7 @@ std::string python_json_dumps(const Json& value, int indent = -1);
 std::vector<std::string> utf8_characters(std::string_view text);
 size_t utf8_length(std::string_view text);
 
+// Python's name of a JSON value's type: "NoneType", "bool", "str", "list", "dict", "float", "int".
+const char* python_type_name(const Json& value);
+
 }  // namespace loom::jinja
