@@ -103,57 +103,33 @@ ExpressionPointer Parser::parse_compare() {
   return node ? std::move(node) : std::move(first);
 }
 
-ExpressionPointer Parser::binary(std::string op, int line, ExpressionPointer left, ExpressionPointer right) {
-  auto node = make(Expression::Kind::kBinary, line);
-  node->name = std::move(op);
-  node->operands.push_back(std::move(left));
-  node->operands.push_back(std::move(right));
-  return node;
-}
-
-ExpressionPointer Parser::parse_additive() {
-  ExpressionPointer left = parse_concat();
+ExpressionPointer Parser::binary_chain(std::initializer_list<std::string_view> ops,
+                                       ExpressionPointer (Parser::*next)()) {
+  ExpressionPointer left = (this->*next)();
   ChainGuard chain(*this);
-  while (at_operator("+") || at_operator("-")) {
+  auto at_one_of = [&] {
+    for (std::string_view op : ops)
+      if (at_operator(op)) return true;
+    return false;
+  };
+  while (at_one_of()) {
     chain.extend();
     const Token& op = advance();
-    left = binary(op.value, op.line, std::move(left), parse_concat());
+    auto node = make(Expression::Kind::kBinary, op.line);
+    node->name = op.value;
+    node->operands.push_back(std::move(left));
+    node->operands.push_back((this->*next)());
+    left = std::move(node);
   }
   return left;
 }
 
-ExpressionPointer Parser::parse_concat() {
-  ExpressionPointer left = parse_multiplicative();
-  ChainGuard chain(*this);
-  while (at_operator("~")) {
-    chain.extend();
-    const Token& op = advance();
-    left = binary("~", op.line, std::move(left), parse_multiplicative());
-  }
-  return left;
-}
-
+ExpressionPointer Parser::parse_additive() { return binary_chain({"+", "-"}, &Parser::parse_concat); }
+ExpressionPointer Parser::parse_concat() { return binary_chain({"~"}, &Parser::parse_multiplicative); }
 ExpressionPointer Parser::parse_multiplicative() {
-  ExpressionPointer left = parse_power();
-  ChainGuard chain(*this);
-  while (at_operator("*") || at_operator("/") || at_operator("//") || at_operator("%")) {
-    chain.extend();
-    const Token& op = advance();
-    left = binary(op.value, op.line, std::move(left), parse_power());
-  }
-  return left;
+  return binary_chain({"*", "/", "//", "%"}, &Parser::parse_power);
 }
-
-ExpressionPointer Parser::parse_power() {
-  ExpressionPointer left = parse_unary(/*with_filter=*/true);
-  ChainGuard chain(*this);
-  while (at_operator("**")) {
-    chain.extend();
-    const Token& op = advance();
-    left = binary("**", op.line, std::move(left), parse_unary(true));
-  }
-  return left;
-}
+ExpressionPointer Parser::parse_power() { return binary_chain({"**"}, &Parser::parse_filtered_unary); }
 
 ExpressionPointer Parser::parse_unary(bool with_filter) {
   NestingGuard guard(*this);

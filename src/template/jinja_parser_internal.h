@@ -137,11 +137,14 @@ class Parser {
   ExpressionPointer parse_and();
   ExpressionPointer parse_not();
   ExpressionPointer parse_compare();
-  ExpressionPointer binary(std::string op, int line, ExpressionPointer left, ExpressionPointer right);
-  ExpressionPointer parse_additive();
-  ExpressionPointer parse_concat();
-  ExpressionPointer parse_multiplicative();
-  ExpressionPointer parse_power();
+  // A left-associative chain `next (op next)*` of the binary operators `ops`,
+  // each link counted against the nesting limit (ChainGuard).
+  ExpressionPointer binary_chain(std::initializer_list<std::string_view> ops, ExpressionPointer (Parser::*next)());
+  ExpressionPointer parse_additive();        // + -
+  ExpressionPointer parse_concat();          // ~
+  ExpressionPointer parse_multiplicative();  // * / // %
+  ExpressionPointer parse_power();           // **
+  ExpressionPointer parse_filtered_unary() { return parse_unary(/*with_filter=*/true); }
   ExpressionPointer parse_unary(bool with_filter);
   ExpressionPointer parse_primary();
   ExpressionPointer parse_parenthesized();
