@@ -129,7 +129,11 @@ int run_generate(const GenerateOptions& options) {
     EngineRequest request;
     request.prompt_tokens = prompt_tokens[i];
     request.adapter = adapter;
-    request.sampling = {options.temperature, options.top_k, options.top_p, options.seed + i, options.logprobs};
+    request.sampling.temperature = options.temperature;
+    request.sampling.top_k = options.top_k;
+    request.sampling.top_p = options.top_p;
+    request.sampling.seed = options.seed + i;
+    request.sampling.num_top_logprobs = options.logprobs;
     request.max_new_tokens = options.max_tokens;
     request.stop_strings = options.stops;
     request.ignore_eos = options.ignore_eos;
