@@ -78,12 +78,9 @@ class EngineBackendCapabilitiesTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = new test::TempDir();
-    SyntheticModelOptions options;
-    options.arch = Architecture::kLlama;  // no q/k norm: forked is possible on the CPU
-    options.num_adapters = 3;
-    options.alora_invocation = true;  // every adapter may be served activated
-    write_synthetic_model(directory_->str(), options);
-    model_ = new LoadedModel(load_model(directory_->str()));
+    // Llama (the default): no q/k norm, so forked is possible on the CPU; every adapter may be served activated.
+    model_ = new LoadedModel(
+        test::write_and_load_synthetic_model(*directory_, 3, /*alora_invocation=*/true));
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -50,11 +50,7 @@ class EngineHostTierTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = new test::TempDir();
-    SyntheticModelOptions options;
-    options.arch = Architecture::kLlama;
-    options.num_adapters = 0;
-    write_synthetic_model(directory_->str(), options);
-    model_ = new LoadedModel(load_model(directory_->str()));
+    model_ = new LoadedModel(test::write_and_load_synthetic_model(*directory_, 0));
   }
   static void TearDownTestSuite() {
     delete model_;

@@ -155,11 +155,7 @@ class EngineResidualHostTierTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = new test::TempDir();
-    SyntheticModelOptions options;
-    options.arch = Architecture::kLlama;
-    options.num_adapters = 1;
-    write_synthetic_model(directory_->str(), options);
-    model_ = new LoadedModel(load_model(directory_->str()));
+    model_ = new LoadedModel(test::write_and_load_synthetic_model(*directory_, 1));
   }
   static void TearDownTestSuite() {
     delete model_;

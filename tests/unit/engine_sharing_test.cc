@@ -51,12 +51,9 @@ class EngineSharingTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = new test::TempDir();
-    SyntheticModelOptions options;
-    options.arch = Architecture::kLlama;
-    options.num_adapters = 4;
-    options.alora_invocation = true;  // every adapter may be served activated
-    write_synthetic_model(directory_->str(), options);
-    model_ = new LoadedModel(load_model(directory_->str()));
+    // Every adapter may be served activated.
+    model_ = new LoadedModel(
+        test::write_and_load_synthetic_model(*directory_, 4, /*alora_invocation=*/true));
     const std::vector<int> invocation = synthetic_alora_invocation_tokens(model_->config);
     invocation_ = new std::vector<int32_t>(invocation.begin(), invocation.end());
   }

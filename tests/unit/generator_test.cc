@@ -19,11 +19,7 @@ class GeneratorTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
     directory_ = new test::TempDir();
-    SyntheticModelOptions options;
-    options.arch = Architecture::kLlama;
-    options.num_adapters = 1;
-    write_synthetic_model(directory_->str(), options);
-    model_ = new LoadedModel(load_model(directory_->str()));
+    model_ = new LoadedModel(test::write_and_load_synthetic_model(*directory_, 1));
   }
   static void TearDownTestSuite() {
     delete model_;
@@ -130,12 +126,22 @@ TEST(StopStringFilterTest, IncludeStopKeepsTheMatchedStringAndTheLongestAtOnePla
   EXPECT_EQ(find_stop_string("none", {"x"}, &length), std::string::npos);
 }
 
+SamplingParams sampling(float temperature, int top_k, float top_p, uint64_t seed, int num_top_logprobs) {
+  SamplingParams params;
+  params.temperature = temperature;
+  params.top_k = top_k;
+  params.top_p = top_p;
+  params.seed = seed;
+  params.num_top_logprobs = num_top_logprobs;
+  return params;
+}
+
 TEST(SamplerTest, GreedyTopKOneAndTinyTopPAgree) {
   std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f, 0.0f};
   Sampler greedy({});
   EXPECT_EQ(greedy.sample(logits.data(), 5).token_id, 1);
-  Sampler top_k_one({1.0f, 1, 1.0f, 3, 0});
-  Sampler tiny_top_p({1.0f, 0, 0.01f, 3, 0});
+  Sampler top_k_one(sampling(1.0f, 1, 1.0f, 3, 0));
+  Sampler tiny_top_p(sampling(1.0f, 0, 0.01f, 3, 0));
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(top_k_one.sample(logits.data(), 5).token_id, 1);
     EXPECT_EQ(tiny_top_p.sample(logits.data(), 5).token_id, 1);
@@ -144,7 +150,7 @@ TEST(SamplerTest, GreedyTopKOneAndTinyTopPAgree) {
 
 TEST(SamplerTest, LogprobsAreNormalisedAndTopListIsSorted) {
   std::vector<float> logits = {0.5f, 2.0f, -1.0f, 1.9f, 0.0f};
-  Sampler sampler({0.0f, 0, 1.0f, 0, 5});
+  Sampler sampler(sampling(0.0f, 0, 1.0f, 0, 5));
   SampledToken token = sampler.sample(logits.data(), 5);
   ASSERT_EQ(token.top_logprobs.size(), 5u);
   double total = 0.0;
@@ -161,16 +167,16 @@ TEST(SamplerTest, LogprobsAreNormalisedAndTopListIsSorted) {
 
 TEST(SamplerTest, HighTemperatureSamplesFollowTheDistribution) {
   std::vector<float> logits = {0.0f, std::log(3.0f)};  // p = 0.25, 0.75
-  Sampler sampler({1.0f, 0, 1.0f, 11, 0});
+  Sampler sampler(sampling(1.0f, 0, 1.0f, 11, 0));
   int ones = 0;
   for (int i = 0; i < 4000; ++i) ones += sampler.sample(logits.data(), 2).token_id;
   EXPECT_NEAR(ones / 4000.0, 0.75, 0.03);
 }
 
 TEST(SamplerTest, BadParametersAreRejected) {
-  EXPECT_THROW(Sampler({-1.0f, 0, 1.0f, 0, 0}), Error);
-  EXPECT_THROW(Sampler({1.0f, 0, 0.0f, 0, 0}), Error);
-  EXPECT_THROW(Sampler({1.0f, -2, 1.0f, 0, 0}), Error);
+  EXPECT_THROW(Sampler(sampling(-1.0f, 0, 1.0f, 0, 0)), Error);
+  EXPECT_THROW(Sampler(sampling(1.0f, 0, 0.0f, 0, 0)), Error);
+  EXPECT_THROW(Sampler(sampling(1.0f, -2, 1.0f, 0, 0)), Error);
   SamplingParams params;
   params.presence_penalty = 2.5f;
   EXPECT_THROW(Sampler{params}, Error);

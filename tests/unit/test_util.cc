@@ -12,6 +12,8 @@
 #include <fmt/format.h>
 #include <gtest/gtest.h>
 
+#include "synthetic/synthetic_model.h"
+
 namespace loom::test {
 
 TempDir::TempDir() {
@@ -25,6 +27,14 @@ TempDir::TempDir() {
 TempDir::~TempDir() {
   std::error_code ignored;
   std::filesystem::remove_all(path_, ignored);
+}
+
+LoadedModel write_and_load_synthetic_model(const TempDir& directory, int num_adapters, bool alora_invocation) {
+  SyntheticModelOptions options;
+  options.num_adapters = num_adapters;
+  options.alora_invocation = alora_invocation;
+  write_synthetic_model(directory.str(), options);
+  return load_model(directory.str());
 }
 
 void expect_error(const std::function<void()>& action, ErrorKind kind,

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "model/loader.h"
 #include "util/error.h"
 
 namespace loom::test {
@@ -23,6 +24,12 @@ class TempDir {
  private:
   std::filesystem::path path_;
 };
+
+// Writes the tiny synthetic Llama (synthetic/synthetic_model.h) with
+// `num_adapters` adapters (DIR/adapters/adapterN; alora_invocation: each may be
+// served activated) into `directory` and loads it: the model engine suites
+// share across their tests (SetUpTestSuite).
+LoadedModel write_and_load_synthetic_model(const TempDir& directory, int num_adapters, bool alora_invocation = false);
 
 // Runs `action`, which must throw loom::Error of `kind` whose message contains
 // every needle (e.g. the file and tensor it should name); a GoogleTest failure otherwise.
