@@ -4,7 +4,8 @@
 // waste the token budget on blanks (which a weak model otherwise does).
 //
 // Supported (the subset of OpenAI strict mode and of common vLLM use):
-//   type (a name or a list), object (properties in declared order, required,
+//   type (a name or a list), object (properties in key order — the parsed
+//   schema object sorts its keys; member order does not affect validity —, required,
 //   additionalProperties false / true / a schema — absent counts as false when
 //   `properties` is given, as xgrammar's strict mode; an object schema without
 //   properties takes any members), array (items, prefixItems, minItems,
