@@ -386,6 +386,36 @@ def openai_request_corpus():
                                  "fixed_prefix_tokens", "<|im_start|>", "<|im_end|>"])
 
 
+def grammar_corpora():
+    for name, pattern in [("digits", r"^\d{3}-[a-z]+$"), ("alternation", "(yes|no|maybe)( [0-9]{1,3})?"),
+                          ("classes", r"[^\s\"]+@[\w.-]+\.(com|org)"), ("unicode", "[α-ω€]+.?"),
+                          ("lookahead", "(?=a)b"), ("nested", "((a|b)*c){2,4}")]:
+        write("regex", name, pattern)
+    write_dict("regex", ["(", ")", "(?:", "(?=", "[", "]", "[^", "\\d", "\\w", "\\s", "\\b", "\\1", "{2,5}", "*", "+",
+                         "?", "|", ".", "^", "$", "\\u00e9"])
+    write("gbnf", "json_like", 'root ::= "{" ws (pair ("," ws pair)*)? "}"\npair ::= str ":" ws val\n'
+                               'val ::= str | [0-9]+ | root\nstr ::= "\\"" [^"\\\\]* "\\""\nws ::= [ \\t\\n]*')
+    write("gbnf", "repeat", "root ::= (\"ab\" | [x-z]){2,5} rest?\nrest ::= . | \"\\u00e9\"")
+    write("gbnf", "left_recursive", 'root ::= root "a" | "b"')
+    write_dict("gbnf", ["::=", "root", "|", "(", ")", "[", "]", "[^", "\"", "*", "+", "?", "{1,3}", "#", "\\n", "."])
+    schemas = {
+        "object": {"type": "object", "properties": {"a": {"type": "string", "maxLength": 3}, "b": {"type": "integer"},
+                                                    "c": {"enum": ["x", 1, None]}}, "required": ["a"],
+                   "additionalProperties": False},
+        "recursive": {"$ref": "#/$defs/n", "$defs": {"n": {"type": "object", "properties": {
+            "k": {"type": "array", "items": {"$ref": "#/$defs/n"}, "maxItems": 2}}}}},
+        "mixed": {"anyOf": [{"type": "null"}, {"type": "array", "prefixItems": [{"type": "number"}],
+                                                "items": {"type": "string", "pattern": "^[a-c]+$"}}]},
+        "unsupported": {"type": "integer", "minimum": 3},
+    }
+    for name, schema in schemas.items():
+        write("json_schema", name, schema)
+    write_dict("json_schema", JSON_TOKENS + ["type", "object", "array", "string", "integer", "number", "boolean", "null",
+                                             "properties", "required", "additionalProperties", "items", "prefixItems",
+                                             "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "$defs", "#/$defs/",
+                                             "minItems", "maxItems", "minLength", "maxLength", "pattern", "format"])
+
+
 def workflow_request_corpus():
     t = "workflow_request"
     write(t, "spec_chain", {"agents": [{"name": "planner"}, {"name": "executor", "after": ["planner"]},
@@ -410,6 +440,7 @@ if __name__ == "__main__":
     model_config_corpus()
     openai_request_corpus()
     workflow_request_corpus()
+    grammar_corpora()
     for target in sorted(os.listdir(os.path.join(FUZZ, "corpus"))):
         directory = os.path.join(FUZZ, "corpus", target)
         sizes = [os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)]

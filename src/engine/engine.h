@@ -22,6 +22,7 @@
 #include "backend/backend.h"
 #include "engine/generation_result.h"
 #include "engine/sampler.h"
+#include "grammar/compiled_grammar.h"
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
@@ -113,6 +114,11 @@ struct EngineRequest {
   std::string workflow;
   std::string agent;
   std::optional<int32_t> fixed_prefix_tokens;  // explicit end of the agent's fixed prompt part
+  // Structured output (grammar/constraint_compiler.h; compiled on the HTTP
+  // handler thread, shared read-only; null: unconstrained). Every sampled token
+  // is one the grammar allows; EOS only where it may end; the request finishes
+  // with kStop once nothing but the end is possible. Such requests sample on the host.
+  std::shared_ptr<const grammar::CompiledGrammar> constraint;
 };
 
 // One message from the engine about a request. Text never splits a UTF-8

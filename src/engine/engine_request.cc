@@ -13,6 +13,7 @@ PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineR
       stop_filter(request.stop_strings, request.include_stop_str_in_output),
       submitted_at(std::chrono::steady_clock::now()) {
   sampler.set_prompt(request.prompt_tokens);
+  if (request.constraint) matcher.emplace(request.constraint);
 }
 
 RequestOutput PendingRequest::make_output() const {
@@ -35,13 +36,39 @@ RequestOutput PendingRequest::on_logits(const float* logits, int32_t vocab_size,
     for (TokenId id : request.stop_token_ids) mask(id);
     logits = masked_logits_.data();
   }
+  if (matcher) {
+    if (!apply_constraint(logits, vocab_size, before_min)) return finish_without_token(FinishReason::kStop);
+    logits = masked_logits_.data();
+  }
   return on_sampled_token(sampler.sample(logits, vocab_size), eos_ids);
+}
+
+bool PendingRequest::apply_constraint(const float* logits, int32_t vocab_size, bool copied) {
+  if (!copied) masked_logits_.assign(logits, logits + vocab_size);
+  matcher->fill_next_token_bitmask(allowed_tokens_);
+  const int32_t grammar_vocab = matcher->grammar().vocabulary().size();
+  bool any = false;
+  constexpr float kMasked = -std::numeric_limits<float>::infinity();
+  for (int32_t id = 0; id < vocab_size; ++id) {
+    const bool allowed = id < grammar_vocab && ((allowed_tokens_[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1);
+    if (!allowed) masked_logits_[static_cast<size_t>(id)] = kMasked;
+    else if (masked_logits_[static_cast<size_t>(id)] != kMasked) any = true;
+  }
+  return any;
+}
+
+RequestOutput PendingRequest::finish_without_token(FinishReason reason) {
+  RequestOutput output = make_output();
+  output.text_delta = stop_filter.push(detokenizer.flush(), true, true).text;
+  output.finished = true;
+  output.finish_reason = reason;
+  return output;
 }
 
 bool PendingRequest::can_sample_on_device() const {
   // The device sampler has no penalties, bias or min_p.
   return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens &&
-         !request.sampling.modifies_logits();
+         !request.sampling.modifies_logits() && !matcher;
 }
 
 RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids) {
@@ -55,6 +82,9 @@ RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::
   const bool is_stop_token =
       std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
   const bool match_stops = num_output_tokens >= request.min_new_tokens;
+  // The mask only offered tokens the grammar takes; a token it refuses here is a bug.
+  if (matcher && !is_eos && !is_stop_token && !matcher->accept_token(token))
+    return failed(Error(ErrorKind::kInternal, fmt::format("structured output: the grammar refused sampled token {}", token)));
   if ((is_eos || is_stop_token) && !before_min) {
     output.text_delta = stop_filter.push(detokenizer.flush(), true, match_stops).text;
     output.finished = true;
@@ -64,6 +94,10 @@ RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::
   StopStringFilter::Result text = stop_filter.push(detokenizer.push(token), false, match_stops);
   output.text_delta = std::move(text.text);
   if (text.stopped) {
+    output.finished = true;
+    output.finish_reason = FinishReason::kStop;
+  } else if (matcher && matcher->is_completed()) {
+    output.text_delta += stop_filter.push(detokenizer.flush(), true, match_stops).text;
     output.finished = true;
     output.finish_reason = FinishReason::kStop;
   } else if (num_output_tokens >= request.max_new_tokens) {

@@ -16,6 +16,7 @@
 #include "engine/request_kv.h"
 #include "engine/sampler.h"
 #include "engine/stop_strings.h"
+#include "grammar/grammar_matcher.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom {
@@ -42,6 +43,8 @@ struct PendingRequest {
   // ("" without an agent) and the prompt's fixed prefix in tokens (0: none known).
   std::string agent_key;
   int32_t num_fixed_prefix_tokens = 0;
+  // The structured-output state when request.constraint is set.
+  std::optional<grammar::GrammarMatcher> matcher;
 
   PendingRequest(int64_t id, std::string request_id, EngineRequest request, RequestKvPlan kv_plan,
                  std::shared_ptr<const Tokenizer> tokenizer);
@@ -52,7 +55,8 @@ struct PendingRequest {
   RequestOutput on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids);
   // True when the backend may draw the next token itself (backend.h
   // DeviceSampling): no top logprobs asked for, no EOS / stop-token masking
-  // pending (min_new_tokens reached), no penalties, logit_bias or min_p.
+  // pending (min_new_tokens reached), no penalties, logit_bias or min_p, no
+  // structured-output constraint (its mask is applied on the host).
   bool can_sample_on_device() const;
   // on_logits' second half, for a token drawn on the device.
   RequestOutput on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);
@@ -61,7 +65,12 @@ struct PendingRequest {
 
  private:
   RequestOutput make_output() const;
+  // Sets disallowed tokens' logits to -inf in masked_logits_ (a copy of
+  // `logits` unless `copied`); false when the grammar allows no token at all.
+  bool apply_constraint(const float* logits, int32_t vocab_size, bool copied);
+  RequestOutput finish_without_token(FinishReason reason);
   std::vector<float> masked_logits_;
+  std::vector<uint64_t> allowed_tokens_;  // the matcher's bitmask, reused across steps
 };
 
 // The engine thread's requests in flight, by id.

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 
 #include "util/error.h"
 
@@ -85,6 +86,8 @@ SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
     if (params_.top_k > 0) keep = std::min(keep, static_cast<size_t>(params_.top_k));
     std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<ptrdiff_t>(keep), scratch_.end(), by_logit);
     scratch_.resize(keep);
+    // Masked tokens (structured outputs, min_tokens) have weight 0: never drawn, even by rounding.
+    while (keep > 1 && scratch_[keep - 1].first == -std::numeric_limits<float>::infinity()) --keep;
 
     std::vector<double> weights(keep);
     const double inverse_temperature = 1.0 / params_.temperature;

@@ -96,6 +96,8 @@ struct HttpServer::Impl {
     };
     completion.parse.max_context_tokens = engine.max_context_tokens();
     completion.parse.limits = config.request_limits;
+    completion.parse.constraints = std::make_shared<grammar::ConstraintCompiler>(
+        grammar::TokenVocabulary::from_tokenizer(*completion.tokenizer));
 
     TransportConfig transport_config = config.http;
     transport_config.light_paths = {"/health", "/metrics"};

@@ -11,6 +11,7 @@
 #include "server/api_error.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
+#include "server/structured_output_request.h"
 #include "server/workflow_request.h"
 #include "server/workflow_routes.h"
 
@@ -268,15 +269,6 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
   if (endpoint == Endpoint::kChatCompletions) {
     if (const Json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
       throw_bad_request("tools", "tool calling is not supported");
-    if (const Json* format = field(body, "response_format")) {
-      if (!format->is_object())
-        throw_bad_request("response_format", "'response_format' must be an object such as {\"type\": \"text\"}");
-      const Json* type = field(*format, "type");
-      if (!type || !type->is_string())
-        throw_bad_request("response_format.type", "'response_format.type' must be a string");
-      if (type->get_ref<const std::string&>() != "text")
-        throw_bad_request("response_format.type", "only response_format {\"type\": \"text\"} is supported");
-    }
   }
 }
 
@@ -451,6 +443,14 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   check_output_tokens(parsed.prompts.size(), parsed.n, max_tokens, !has_max_tokens && is_chat, max_tokens_key, limits);
   request.max_new_tokens = static_cast<int32_t>(max_tokens);
   request.min_new_tokens = static_cast<int32_t>(read_int(body, "min_tokens", 0, 0, max_tokens));
+  std::shared_ptr<grammar::ConstraintCompiler> constraints = context.constraints;
+  const bool asks_for_constraint = has(body, "response_format") || has(body, "structured_outputs") ||
+                                   has(body, "guided_json") || has(body, "guided_regex") ||
+                                   has(body, "guided_choice") || has(body, "guided_grammar");
+  if (!constraints && asks_for_constraint)
+    constraints = std::make_shared<grammar::ConstraintCompiler>(
+        grammar::TokenVocabulary::from_tokenizer(*context.tokenizer), 0);
+  if (asks_for_constraint) request.constraint = read_structured_output(body, *constraints);
   return parsed;
 }
 

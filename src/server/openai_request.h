@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "grammar/constraint_compiler.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::server {
@@ -40,6 +41,9 @@ struct ParseContext {
   std::function<bool(const std::string&)> has_adapter;  // adapter loaded under this name?
   int32_t max_context_tokens = 0;
   RequestLimits limits;
+  // Compiles structured-output constraints (shared by the handler threads;
+  // null: one is built from `tokenizer` per request that needs it).
+  std::shared_ptr<grammar::ConstraintCompiler> constraints;
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions

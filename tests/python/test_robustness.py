@@ -226,7 +226,7 @@ class RobustnessTest(ServerCase):
             ("max_completion_tokens", [-1, 0, "x", BIG, E999, []], None),
             ("tools", [[{"type": "function"}], "x", 1], None),
             ("response_format", ["x", 1, []], None),
-            ("response_format", [{"type": 1}, {"type": "json_object"}, {}, {"type": E999}], "response_format.type"),
+            ("response_format", [{"type": 1}, {"type": "xml"}, {}, {"type": E999}], "response_format.type"),
         ]
         self.check_field_table("POST", "/v1/chat/completions", CHAT, chat)
         self.check_field_table("POST", "/v1/chat/completions", {**CHAT, "logprobs": True},

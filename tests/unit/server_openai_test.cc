@@ -377,7 +377,7 @@ TEST_F(ServerOpenAiTest, WrongTypesNameTheFieldPath) {
       {chat(R"("hi")"), "messages[1]"},
       {chat(user, R"(, "response_format": {"type": 5})"), "response_format.type"},
       {chat(user, R"(, "response_format": {"type": null})"), "response_format.type"},
-      {chat(user, R"(, "response_format": {"type": "json_object"})"), "response_format.type"},
+      {chat(user, R"(, "response_format": {"type": "xml"})"), "response_format.type"},
       {chat(user, R"(, "response_format": "text")"), "response_format"},
       {chat(user, R"(, "response_format": ["text"])"), "response_format"},
       {chat(user, R"(, "tools": "x")"), "tools"},
