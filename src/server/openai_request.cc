@@ -266,8 +266,6 @@ void refuse_unsupported(const Json& body, Endpoint endpoint) {
   if (has(body, "suffix")) throw_bad_request("suffix", "'suffix' is not supported");
   read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
   if (endpoint == Endpoint::kChatCompletions) {
-    if (const Json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
-      throw_bad_request("tools", "tool calling is not supported");
     if (const Json* format = field(body, "response_format")) {
       if (!format->is_object())
         throw_bad_request("response_format", "'response_format' must be an object such as {\"type\": \"text\"}");
@@ -383,6 +381,20 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.skip_special_tokens = read_bool(body, "skip_special_tokens", true);
+  if (is_chat) {
+    parsed.tool_choice = parse_tool_choice(body, context.tool_call_parser);
+    // vLLM's rule: call markers are special tokens in most vocabularies
+    // ([TOOL_CALLS], <|python_tag|>), so the parser needs their text.
+    if (parsed.tool_choice.mode == ToolChoiceMode::kAuto && parsed.tool_choice.parses_output() &&
+        !has(body, "skip_special_tokens"))
+      request.skip_special_tokens = false;
+    // TODO(grammar, issue 16): the one place tool_choice "required" / named
+    // meets constrained decoding. Compile parsed.tool_choice.output_schema into
+    // the request's structured-output constraint here (as response_format
+    // json_schema is), and refuse a request that sets both. Until then the
+    // output is unconstrained and returned as tool_calls only if it happens to
+    // match (openai_response.cc, forced_tool_calls).
+  }
   request.priority = static_cast<int32_t>(read_int(body, "priority", 0, INT32_MIN, INT32_MAX));
   try {
     WorkflowHints hints = parse_workflow_hints(body);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/tool_choice.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::server {
@@ -40,6 +41,7 @@ struct ParseContext {
   std::function<bool(const std::string&)> has_adapter;  // adapter loaded under this name?
   int32_t max_context_tokens = 0;
   RequestLimits limits;
+  toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions
@@ -57,6 +59,7 @@ struct ParsedRequest {
   // completions `echo`: per prompt, the text its choices start with (the prompt
   // string as sent, or a token-id prompt decoded); empty without echo.
   std::vector<std::string> echo_texts;
+  ToolChoice tool_choice;  // chat: tools / tool_choice (server/tool_choice.h); mode kNone otherwise
   // Template for each engine request (prompt_tokens left empty); max_new_tokens
   // already resolved against the context and the endpoint's default.
   EngineRequest engine_template;
