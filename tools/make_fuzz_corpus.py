@@ -432,6 +432,27 @@ def workflow_request_corpus():
                                  "workflow", "agent", "fixed_prefix_tokens", "1000000", "1000001"])
 
 
+def tool_call_corpus():
+    # Byte 0: the convention (0 hermes, 1 llama3_json, 2 mistral, 3 none); byte 1: how the rest is cut.
+    t = "tool_call"
+    hermes = ('Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Par\u00eds \u65e5"}}\n'
+              '</tool_call>\n<tool_call>{"name": "get_time", "arguments": "{}"}</tool_call>')
+    write(t, "hermes", b"\x00\x05" + hermes.encode())
+    write(t, "hermes_malformed", b"\x00\x09" + b'a <tool_call>{"name": "f", "arguments": {"x": ]}</tool_call> '
+                                               b'<tool_call>{"name": "g"}')
+    write(t, "llama3", b"\x01\x03" + b'<|python_tag|>{"name": "a", "parameters": {"x": [1, {"y": null}]}}; '
+                                     b'{"name": "b", "parameters": {}}<|eom_id|>')
+    write(t, "llama3_content", b"\x01\x07" + b'{"answer": 42} is the JSON')
+    write(t, "mistral_list", b"\x02\x02" + b'[TOOL_CALLS][{"name": "add", "arguments": {"a": 1, "b": 2.5}}, '
+                                           b'{"name": "neg", "arguments": {"a": -1}}]')
+    write(t, "mistral_args", b"\x02\x0b" + b'Sure [TOOL_CALLS]get_weather[ARGS]{"city": "Z\xc3\xbcrich"}'
+                                           b'[TOOL_CALLS]get_time[ARGS]{}')
+    write(t, "required", b"\x03\x01" + b'[{"name": "f", "parameters": {"q": "x"}}]')
+    write_dict(t, JSON_TOKENS + ["<tool_call>", "</tool_call>", "<|python_tag|>", "<|eom_id|>", "<|eot_id|>",
+                                 "[TOOL_CALLS]", "[ARGS]", "\"name\"", "\"arguments\"", "\"parameters\"", ";",
+                                 "\\\"", " ", "\n"])
+
+
 if __name__ == "__main__":
     safetensors_corpus()
     gguf_corpus()
@@ -441,6 +462,7 @@ if __name__ == "__main__":
     openai_request_corpus()
     workflow_request_corpus()
     grammar_corpora()
+    tool_call_corpus()
     for target in sorted(os.listdir(os.path.join(FUZZ, "corpus"))):
         directory = os.path.join(FUZZ, "corpus", target)
         sizes = [os.path.getsize(os.path.join(directory, name)) for name in os.listdir(directory)]

@@ -189,6 +189,10 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_flag("--allow-runtime-lora", options->allow_runtime_lora,
                "Enable POST /v1/load_lora_adapter and /v1/unload_lora_adapter");
   app.add_option("--lora-dir", options->lora_dir, "Runtime adapters must lie under this directory");
+  app.add_option("--tool-call-parser", options->server.tool_call_parser,
+                 "How chat outputs are read for tool calls (tool_choice auto): auto (from the chat template), "
+                 "hermes, llama3_json, mistral, none")
+      ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral"}));
   server::TransportConfig& http = options->server.http;
   app.add_flag("--metrics-require-api-key", options->server.metrics_require_api_key,
                "Also require the --api-key on GET /metrics");

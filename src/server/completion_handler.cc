@@ -147,6 +147,7 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
       const std::string event = output.error
                                     ? ResponseBuilder::error_event(api_error_from(*output.error).body())
                                     : generation.builder->delta_event(index, output);
+      if (event.empty()) continue;  // held back (a tool call in the making)
       if (!write(event)) return client_left();
       last_write = Clock::now();
     }

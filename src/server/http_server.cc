@@ -98,6 +98,11 @@ struct HttpServer::Impl {
     completion.parse.limits = config.request_limits;
     completion.parse.constraints = std::make_shared<grammar::ConstraintCompiler>(
         grammar::TokenVocabulary::from_tokenizer(*completion.tokenizer));
+    // The template's source text as loaded; per-request chat_template does not change the parser.
+    const std::string& template_source = engine.model().tokenizer->chat_template().jinja();
+    completion.parse.tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, template_source);
+    spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
+                 toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 
     TransportConfig transport_config = config.http;
     transport_config.light_paths = {"/health", "/metrics"};

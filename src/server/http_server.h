@@ -41,6 +41,10 @@ struct ServerConfig {
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it
   RequestLimits request_limits;      // per-request bounds (n, stop strings, output tokens)
+  // --tool-call-parser: how chat outputs are read for tool calls under
+  // tool_choice "auto": "auto" (from the chat template), "none", "hermes",
+  // "llama3_json", "mistral" (server/tool_choice.h). Another name: the constructor throws.
+  std::string tool_call_parser = "auto";
 };
 
 class HttpServer {

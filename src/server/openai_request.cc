@@ -263,13 +263,9 @@ uint64_t read_seed(const Json& value) {
 
 // Knobs we do not implement are refused unless they hold their neutral value,
 // so a client never silently gets different semantics.
-void refuse_unsupported(const Json& body, Endpoint endpoint) {
+void refuse_unsupported(const Json& body) {
   if (has(body, "suffix")) throw_bad_request("suffix", "'suffix' is not supported");
   read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
-  if (endpoint == Endpoint::kChatCompletions) {
-    if (const Json* tools = field(body, "tools"); tools && !(tools->is_array() && tools->empty()))
-      throw_bad_request("tools", "tool calling is not supported");
-  }
 }
 
 std::string resolve_adapter(const std::string& model, const ParseContext& context) {
@@ -327,7 +323,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   parsed.endpoint = endpoint;
   parsed.model = read_string(body, "model", context.base_model_names.empty() ? "" : context.base_model_names[0]);
   parsed.adapter = resolve_adapter(parsed.model, context);
-  refuse_unsupported(body, endpoint);
+  refuse_unsupported(body);
 
   EngineRequest& request = parsed.engine_template;
   request.adapter = parsed.adapter;
@@ -375,6 +371,14 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.skip_special_tokens = read_bool(body, "skip_special_tokens", true);
+  if (is_chat) {
+    parsed.tool_choice = parse_tool_choice(body, context.tool_call_parser);
+    // vLLM's rule: call markers are special tokens in most vocabularies
+    // ([TOOL_CALLS], <|python_tag|>), so the parser needs their text.
+    if (parsed.tool_choice.mode == ToolChoiceMode::kAuto && parsed.tool_choice.parses_output() &&
+        !has(body, "skip_special_tokens"))
+      request.skip_special_tokens = false;
+  }
   request.priority = static_cast<int32_t>(read_int(body, "priority", 0, INT32_MIN, INT32_MAX));
   try {
     WorkflowHints hints = parse_workflow_hints(body);
@@ -444,13 +448,22 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   request.max_new_tokens = static_cast<int32_t>(max_tokens);
   request.min_new_tokens = static_cast<int32_t>(read_int(body, "min_tokens", 0, 0, max_tokens));
   std::shared_ptr<grammar::ConstraintCompiler> constraints = context.constraints;
+  const bool forces_tool_calls = parsed.tool_choice.output_schema.has_value();
   const bool asks_for_constraint = has(body, "response_format") || has(body, "structured_outputs") ||
                                    has(body, "guided_json") || has(body, "guided_regex") ||
                                    has(body, "guided_choice") || has(body, "guided_grammar");
-  if (!constraints && asks_for_constraint)
+  if (!constraints && (asks_for_constraint || forces_tool_calls))
     constraints = std::make_shared<grammar::ConstraintCompiler>(
         grammar::TokenVocabulary::from_tokenizer(*context.tokenizer), 0);
   if (asks_for_constraint) request.constraint = read_structured_output(body, *constraints);
+  // tool_choice "required" / a named function: the output is forced to the
+  // calls' JSON (as vLLM does), read back by forced_tool_calls in the response.
+  if (forces_tool_calls) {
+    if (request.constraint)
+      throw_bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with "
+                                       "response_format or another structured-output constraint");
+    request.constraint = compile_json_schema_constraint(*constraints, *parsed.tool_choice.output_schema, "tool_choice");
+  }
   return parsed;
 }
 

@@ -12,6 +12,7 @@
 
 #include "engine/engine.h"
 #include "grammar/constraint_compiler.h"
+#include "server/tool_choice.h"
 #include "tokenizer/tokenizer.h"
 
 namespace loom::server {
@@ -44,6 +45,7 @@ struct ParseContext {
   // Compiles structured-output constraints (shared by the handler threads;
   // null: one is built from `tokenizer` per request that needs it).
   std::shared_ptr<grammar::ConstraintCompiler> constraints;
+  toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions
@@ -61,6 +63,7 @@ struct ParsedRequest {
   // completions `echo`: per prompt, the text its choices start with (the prompt
   // string as sent, or a token-id prompt decoded); empty without echo.
   std::vector<std::string> echo_texts;
+  ToolChoice tool_choice;  // chat: tools / tool_choice (server/tool_choice.h); mode kNone otherwise
   // Template for each engine request (prompt_tokens left empty); max_new_tokens
   // already resolved against the context and the endpoint's default.
   EngineRequest engine_template;

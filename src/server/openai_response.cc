@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/json_output.h"
+#include "toolcall/forced_calls.h"
 
 namespace loom::server {
 namespace {
@@ -76,6 +77,52 @@ Json usage_json(const Usage& usage) {
           {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
 
+// A choice's text read for tool calls as its request's tool_choice says.
+toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed) {
+  toolcall::ParsedOutput output;
+  if (choice.mode == ToolChoiceMode::kAuto) {
+    output = toolcall::parse_tool_calls(choice.parser, text, id_seed);
+  } else {
+    toolcall::CallIdGenerator ids(toolcall::ParserKind::kNone, id_seed);
+    if (choice.mode == ToolChoiceMode::kRequired) {
+      if (auto calls = toolcall::parse_required_output(text, choice.tool_names, ids)) output.tool_calls = std::move(*calls);
+    } else if (auto call = toolcall::parse_named_output(choice.function_name, text, ids)) {
+      output.tool_calls.push_back(std::move(*call));
+    }
+    if (output.tool_calls.empty()) output.content = text;  // unconstrained output that is no call
+  }
+  if (!choice.parallel_tool_calls && output.tool_calls.size() > 1) output.tool_calls.resize(1);
+  return output;
+}
+
+Json tool_calls_json(const std::vector<toolcall::ToolCall>& calls) {
+  Json list = Json::array();
+  for (const auto& call : calls)
+    list.push_back({{"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  return list;
+}
+
+// OpenAI's streamed shape: the first delta of a call names it, later ones carry arguments.
+Json tool_call_deltas_json(const std::vector<toolcall::ToolCallDelta>& deltas) {
+  Json list = Json::array();
+  for (const auto& delta : deltas) {
+    if (delta.is_first())
+      list.push_back({{"index", delta.index},
+                      {"id", delta.id},
+                      {"type", "function"},
+                      {"function", {{"name", delta.name}, {"arguments", delta.arguments}}}});
+    else
+      list.push_back({{"index", delta.index}, {"function", {{"arguments", delta.arguments}}}});
+  }
+  return list;
+}
+
+// finish_reason "tool_calls" when calls were returned, except for a named
+// tool_choice, where OpenAI keeps "stop".
+const char* finish_reason_with_calls(FinishReason reason, bool has_tool_calls, const ToolChoice& choice) {
+  return has_tool_calls && choice.mode != ToolChoiceMode::kNamed ? "tool_calls" : finish_reason_name(reason);
+}
+
 }  // namespace
 
 std::string make_response_id(Endpoint endpoint) {
@@ -87,7 +134,19 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& 
                                  int64_t created_unix)
     : request_(request), tokenizer_(tokenizer), id_(std::move(id)), created_(created_unix),
       text_offsets_(static_cast<size_t>(request.num_choices()), 0),
-      echoed_(static_cast<size_t>(request.num_choices()), false) {}
+      echoed_(static_cast<size_t>(request.num_choices()), false) {
+  const ToolChoice& choice = request.tool_choice;
+  if (request.endpoint != Endpoint::kChatCompletions || !choice.parses_output()) return;
+  const auto num_choices = static_cast<size_t>(request.num_choices());
+  tool_call_id_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
+  sent_tool_calls_.assign(num_choices, false);
+  if (choice.mode == ToolChoiceMode::kAuto) {
+    for (size_t index = 0; index < num_choices; ++index)
+      tool_call_parsers_.emplace_back(std::in_place, choice.parser, tool_call_id_seed_ + index);
+  } else {
+    forced_call_texts_.resize(num_choices);
+  }
+}
 
 std::string ResponseBuilder::echo_text(int32_t index) const {
   if (request_.echo_texts.empty()) return {};
@@ -104,6 +163,15 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
     if (is_chat) {
       if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, choice.tokens, request_.logprobs.num_top);
       item["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      if (request_.tool_choice.parses_output()) {
+        // A fresh seed per call of full_body is fine: ids need only be unique.
+        const toolcall::ParsedOutput parsed = read_tool_calls(request_.tool_choice, choice.text,
+                                                              std::random_device{}() + static_cast<uint64_t>(index));
+        if (!parsed.tool_calls.empty()) {
+          item["message"]["content"] = parsed.content.empty() ? Json(nullptr) : Json(parsed.content);
+          item["message"]["tool_calls"] = tool_calls_json(parsed.tool_calls);
+        }
+      }
     } else {
       int64_t offset = 0;
       if (request_.logprobs.enabled)
@@ -111,7 +179,9 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
       item["text"] = echo_text(static_cast<int32_t>(index)) + choice.text;
     }
     item["logprobs"] = logprobs;
-    item["finish_reason"] = finish_reason_name(choice.finish_reason);
+    item["finish_reason"] = is_chat && item["message"].contains("tool_calls")
+                                ? finish_reason_with_calls(choice.finish_reason, true, request_.tool_choice)
+                                : finish_reason_name(choice.finish_reason);
     list.push_back(std::move(item));
   }
   Json body = {{"id", id_},
@@ -139,7 +209,22 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
   Json choice = {{"index", index}};
   Json logprobs = nullptr;
-  if (is_chat) {
+  const char* finish_reason = output.finished ? finish_reason_name(output.finish_reason) : nullptr;
+  if (is_chat && !sent_tool_calls_.empty()) {
+    toolcall::StreamDelta released = next_tool_call_delta(index, output);
+    if (released.empty() && !output.finished && !request_.logprobs.enabled) return {};
+    Json delta = Json::object();
+    if (!released.content.empty()) delta["content"] = released.content;
+    if (!released.tool_calls.empty()) {
+      delta["tool_calls"] = tool_call_deltas_json(released.tool_calls);
+      sent_tool_calls_[static_cast<size_t>(index)] = true;
+    }
+    choice["delta"] = delta;
+    if (output.finished)
+      finish_reason = finish_reason_with_calls(output.finish_reason, sent_tool_calls_[static_cast<size_t>(index)],
+                                               request_.tool_choice);
+    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top);
+  } else if (is_chat) {
     choice["delta"] = output.text_delta.empty() && output.finished ? Json::object()
                                                                     : Json{{"content", output.text_delta}};
     if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top);
@@ -152,7 +237,7 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
                                      text_offsets_.at(static_cast<size_t>(index)));
   }
   choice["logprobs"] = logprobs;
-  choice["finish_reason"] = output.finished ? Json(finish_reason_name(output.finish_reason)) : Json(nullptr);
+  choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
   Json chunk = {{"id", id_},
                 {"object", is_chat ? "chat.completion.chunk" : "text_completion"},
                 {"created", created_},
@@ -160,6 +245,30 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
                 {"choices", Json::array({choice})}};
   if (request_.include_usage) chunk["usage"] = nullptr;
   return sse(chunk);
+}
+
+toolcall::StreamDelta ResponseBuilder::next_tool_call_delta(int32_t index, const RequestOutput& output) {
+  const auto slot = static_cast<size_t>(index);
+  const ToolChoice& choice = request_.tool_choice;
+  toolcall::StreamDelta released;
+  if (choice.mode == ToolChoiceMode::kAuto) {
+    toolcall::ToolCallParser& parser = *tool_call_parsers_.at(slot);
+    released = output.finished ? parser.finish(output.text_delta) : parser.feed(output.text_delta);
+    if (!choice.parallel_tool_calls)
+      std::erase_if(released.tool_calls, [](const toolcall::ToolCallDelta& delta) { return delta.index > 0; });
+    return released;
+  }
+  // required / named: one JSON value, read once it is complete.
+  forced_call_texts_.at(slot) += output.text_delta;
+  if (!output.finished) return released;
+  toolcall::ParsedOutput parsed = read_tool_calls(choice, forced_call_texts_[slot], tool_call_id_seed_ + slot);
+  released.content = std::move(parsed.content);
+  for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
+    toolcall::ToolCall& call = parsed.tool_calls[i];
+    released.tool_calls.push_back({static_cast<int32_t>(i), std::move(call.id), std::move(call.name), ""});
+    released.tool_calls.push_back({static_cast<int32_t>(i), "", "", std::move(call.arguments)});
+  }
+  return released;
 }
 
 std::string ResponseBuilder::usage_event(const Usage& usage) const {

@@ -1,15 +1,24 @@
 // OpenAI response bodies for /v1/completions and /v1/chat/completions: whole
 // responses and SSE stream chunks ("data: {...}\n\n"), logprobs in OpenAI's
 // shapes for each endpoint. Pure functions of engine outputs; no I/O.
+//
+// Tool calls (chat, request.tool_choice.parses_output()): each choice's text
+// is read for calls (server/tool_choice.h says how per tool_choice). Whole
+// bodies get message.tool_calls, content null when nothing else was said, and
+// finish_reason "tool_calls" (a named tool_choice keeps "stop", as OpenAI).
+// Streams get OpenAI's tool_calls deltas as the parser releases them (auto),
+// or all at the end (required / named: the output is one JSON value).
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "engine/engine.h"
 #include "server/openai_request.h"
 #include "tokenizer/tokenizer.h"
+#include "toolcall/tool_call_parser.h"
 
 namespace loom::server {
 
@@ -40,7 +49,8 @@ class ResponseBuilder {
   // SSE events. role_event: chat's first chunk for a choice (role + empty content).
   std::string role_event(int32_t index) const;
   // A delta: the output's text and (when requested) its tokens' logprobs;
-  // finish_reason when the output finished the choice.
+  // finish_reason when the output finished the choice. "" when there is
+  // nothing to send yet (text held back by the tool-call parser).
   std::string delta_event(int32_t index, const RequestOutput& output);
   // The final usage chunk (choices: []), for stream_options.include_usage.
   std::string usage_event(const Usage& usage) const;
@@ -58,6 +68,13 @@ class ResponseBuilder {
 
   std::vector<int64_t> text_offsets_;  // completions logprobs text_offset, per choice
   std::vector<bool> echoed_;           // streaming: the choice's echo text went out
+
+  // Tool calls, per choice (empty vectors when the request parses none).
+  uint64_t tool_call_id_seed_ = 0;
+  std::vector<std::optional<toolcall::ToolCallParser>> tool_call_parsers_;  // streaming, tool_choice auto
+  std::vector<std::string> forced_call_texts_;  // streaming, required / named: the output so far
+  std::vector<bool> sent_tool_calls_;           // streaming: a call went out
+  toolcall::StreamDelta next_tool_call_delta(int32_t index, const RequestOutput& output);
 };
 
 // "cmpl-..." / "chatcmpl-..." with a random hex suffix.

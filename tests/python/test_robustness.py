@@ -224,7 +224,11 @@ class RobustnessTest(ServerCase):
              "messages[0].content[0].text"),
             ("logprobs", ["x", 1, [], E999], None),
             ("max_completion_tokens", [-1, 0, "x", BIG, E999, []], None),
-            ("tools", [[{"type": "function"}], "x", 1], None),
+            ("tools", ["x", 1, {}], None),
+            ("tools", [[1], ["x"]], "tools[0]"),
+            ("tools", [[{"type": "function"}], [{"type": "function", "function": 1}]], "tools[0].function"),
+            ("tools", [[{"type": "function", "function": {"name": 1}}]], "tools[0].function.name"),
+            ("tool_choice", ["x", 1, True], None),
             ("response_format", ["x", 1, []], None),
             ("response_format", [{"type": 1}, {"type": "xml"}, {}, {"type": E999}], "response_format.type"),
         ]

@@ -1,7 +1,8 @@
 // A scripted Engine for server tests: no model, outputs derived from the prompt.
 // Each request produces max_new_tokens tokens, id = (last prompt id + 1 + i) %
 // vocab, one output per token, `token_delay` apart; every token's text is its
-// decoded string. Knobs make submit fail the way the real engine does.
+// decoded string. Knobs make submit fail the way the real engine does;
+// set_script() makes every request output given text pieces instead.
 #pragma once
 
 #include <atomic>
@@ -9,7 +10,9 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <string>
 #include <thread>
+#include <vector>
 
 #include "engine/engine.h"
 #include "tokenizer/tokenizer.h"
@@ -38,6 +41,13 @@ class FakeEngine : public Engine {
     return last_request;
   }
 
+  // From now on each request outputs these text pieces, one output each (token
+  // id 1), and finishes with kStop after the last; empty: back to the default.
+  void set_script(std::vector<std::string> pieces) {
+    std::lock_guard lock(mutex_);
+    script_ = std::move(pieces);
+  }
+
   std::unique_ptr<RequestStream> submit(EngineRequest request) override {
     {
       std::lock_guard lock(mutex_);
@@ -50,7 +60,12 @@ class FakeEngine : public Engine {
       fail(ErrorKind::kCapacity, "over the context");
     ++num_submitted;
     ++num_live;
-    return std::make_unique<Stream>(*this, std::move(request));
+    std::vector<std::string> script;
+    {
+      std::lock_guard lock(mutex_);
+      script = script_;
+    }
+    return std::make_unique<Stream>(*this, std::move(request), std::move(script));
   }
 
   // Fake sharing rules: "activated" needs "alora" in the path; no choice = isolated.
@@ -91,7 +106,8 @@ class FakeEngine : public Engine {
  private:
   class Stream : public RequestStream {
    public:
-    Stream(FakeEngine& engine, EngineRequest request) : engine_(engine), request_(std::move(request)) {}
+    Stream(FakeEngine& engine, EngineRequest request, std::vector<std::string> script)
+        : engine_(engine), request_(std::move(request)), script_(std::move(script)) {}
     ~Stream() override { cancel(); }
     std::optional<RequestOutput> next(std::chrono::milliseconds timeout) override {
       if (done_) return std::nullopt;
@@ -103,6 +119,7 @@ class FakeEngine : public Engine {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(delay));
       }
+      if (!script_.empty()) return next_scripted();
       const int vocab = engine_.model_.tokenizer->vocab_size();
       RequestOutput output;
       const TokenId id = (request_.prompt_tokens.back() + 1 + produced_) % vocab;
@@ -126,18 +143,33 @@ class FakeEngine : public Engine {
     const std::string& request_id() const override { return id_; }
 
    private:
+    RequestOutput next_scripted() {
+      RequestOutput output;
+      output.new_tokens.push_back({1, -0.5f, {{1, -0.5f}}});
+      output.text_delta = script_[static_cast<size_t>(produced_++)];
+      output.num_prompt_tokens = static_cast<int32_t>(request_.prompt_tokens.size());
+      output.num_output_tokens = produced_;
+      if (produced_ >= static_cast<int32_t>(script_.size())) {
+        output.finished = true;
+        output.finish_reason = FinishReason::kStop;
+        finish();
+      }
+      return output;
+    }
     void finish() {
       done_ = true;
       --engine_.num_live;
     }
     FakeEngine& engine_;
     EngineRequest request_;
+    std::vector<std::string> script_;
     std::string id_ = "fake";
     int32_t produced_ = 0;
     bool done_ = false;
   };
 
   mutable std::mutex mutex_;
+  std::vector<std::string> script_;  // guarded by mutex_
   std::map<std::string, std::string> adapters_;
   std::map<std::string, KvSharing> sharing_;
   LoadedModel model_;

@@ -1,0 +1,59 @@
+// The request side of tool calling on /v1/chat/completions: `tool_choice`,
+// `parallel_tool_calls`, and what of `tools` the output side needs (names,
+// parameter schemas). The `tools` list as such (the chat template renders it)
+// is read by the chat request code; here it is only checked far enough to
+// resolve tool_choice. Runs on HTTP handler threads; pure functions.
+//
+//   tool_choice      tools given         no tools
+//   (absent)         auto                none
+//   "none"           none: no parsing    none
+//   "auto"           auto: the server's --tool-call-parser reads the output
+//   "required"       the output is forced to [{"name", "parameters"}, ...]
+//   {"type": "function", "function": {"name": N}}
+//                    the output is forced to N's arguments (N must be a tool)
+//   anything else with no tools: 400 (as OpenAI and vLLM)
+#pragma once
+
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "toolcall/tool_call.h"
+
+namespace loom::server {
+
+enum class ToolChoiceMode { kNone, kAuto, kRequired, kNamed };
+
+struct ToolChoice {
+  ToolChoiceMode mode = ToolChoiceMode::kNone;
+  std::string function_name;            // kNamed: the forced function
+  std::vector<std::string> tool_names;  // every function in `tools`, in order
+  bool parallel_tool_calls = true;      // false: at most one call is returned
+  // kAuto: the convention the output is parsed with (kNone: it is content).
+  toolcall::ParserKind parser = toolcall::ParserKind::kNone;
+  // kRequired / kNamed: the JSON schema the output must match (vLLM's shapes:
+  // an array of calls, or the named function's parameters). Enforcing it is
+  // the structured-output constraint's job; see parse_openai_request.
+  std::optional<nlohmann::json> output_schema;
+
+  // Whether the output is read for tool calls at all.
+  bool parses_output() const {
+    return mode == ToolChoiceMode::kRequired || mode == ToolChoiceMode::kNamed ||
+           (mode == ToolChoiceMode::kAuto && parser != toolcall::ParserKind::kNone);
+  }
+};
+
+// Reads `tools` (names, parameters), `tool_choice` and `parallel_tool_calls`
+// from a chat body. `server_parser` is the server's resolved --tool-call-parser.
+// Throws ApiError (400) naming the field.
+ToolChoice parse_tool_choice(const nlohmann::json& body, toolcall::ParserKind server_parser);
+
+// --tool-call-parser NAME: a parser name, or "auto" (from the chat template's
+// source text, toolcall::detect_parser). Throws Error(kInvalidArgument) for
+// another name.
+toolcall::ParserKind resolve_tool_call_parser(std::string_view name, std::string_view chat_template_source);
+
+}  // namespace loom::server

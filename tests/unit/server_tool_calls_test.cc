@@ -1,0 +1,373 @@
+// Tool calling on /v1/chat/completions: tool_choice parsing and validation,
+// tool_calls in whole bodies and SSE streams (a scripted engine writes the
+// model's text), and the parser choice of --tool-call-parser.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+
+#include "server/api_error.h"
+#include "server/http_server.h"
+#include "server/openai_request.h"
+#include "server/tool_choice.h"
+#include "server_fake_engine.h"
+#include "server_tokenizer_fixture.h"
+
+namespace loom::server {
+namespace {
+
+using Json = nlohmann::json;
+using toolcall::ParserKind;
+
+const Json kUser = {{{"role", "user"}, {"content", "weather in Paris?"}}};
+
+Json weather_tool() {
+  return Json::parse(R"({"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}})");
+}
+Json time_tool() { return {{"type", "function"}, {"function", {{"name", "get_time"}}}}; }
+Json tools() { return Json::array({weather_tool(), time_tool()}); }
+
+class ToolChoiceTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() { tokenizer_ = new std::shared_ptr<const Tokenizer>(test::make_server_test_tokenizer()); }
+  static void TearDownTestSuite() { delete tokenizer_; }
+
+  ParsedRequest parse(Json body, ParserKind parser = ParserKind::kHermes) const {
+    ParseContext context;
+    context.tokenizer = tokenizer_->get();
+    context.base_model_names = {"tiny"};
+    context.max_context_tokens = 256;
+    context.tool_call_parser = parser;
+    if (!body.contains("messages")) body["messages"] = kUser;
+    return parse_openai_request(Endpoint::kChatCompletions, body.dump(), context);
+  }
+  // The 400 a body raises: its param (fails the test if it parses).
+  std::string bad_param(const Json& body) const {
+    try {
+      parse(body);
+    } catch (const ApiError& error) {
+      EXPECT_EQ(error.status(), 400) << error.message();
+      EXPECT_FALSE(error.message().empty());
+      return error.param();
+    }
+    ADD_FAILURE() << "no error for " << body.dump();
+    return {};
+  }
+
+  static std::shared_ptr<const Tokenizer>* tokenizer_;
+};
+std::shared_ptr<const Tokenizer>* ToolChoiceTest::tokenizer_ = nullptr;
+
+TEST_F(ToolChoiceTest, DefaultsFollowTools) {
+  const ParsedRequest plain = parse(Json::object());
+  EXPECT_EQ(plain.tool_choice.mode, ToolChoiceMode::kNone);
+  EXPECT_FALSE(plain.tool_choice.parses_output());
+  EXPECT_TRUE(plain.engine_template.skip_special_tokens);
+
+  const ParsedRequest with_tools = parse({{"tools", tools()}});
+  EXPECT_EQ(with_tools.tool_choice.mode, ToolChoiceMode::kAuto);
+  EXPECT_EQ(with_tools.tool_choice.parser, ParserKind::kHermes);
+  EXPECT_EQ(with_tools.tool_choice.tool_names, (std::vector<std::string>{"get_weather", "get_time"}));
+  EXPECT_TRUE(with_tools.tool_choice.parallel_tool_calls);
+  EXPECT_FALSE(with_tools.tool_choice.output_schema.has_value());
+  // Call markers are often special tokens: their text is kept unless the client says otherwise.
+  EXPECT_FALSE(with_tools.engine_template.skip_special_tokens);
+  EXPECT_TRUE(parse({{"tools", tools()}, {"skip_special_tokens", true}}).engine_template.skip_special_tokens);
+
+  // A server without a parser: tools are accepted, the output stays content.
+  const ParsedRequest unparsed = parse({{"tools", tools()}}, ParserKind::kNone);
+  EXPECT_EQ(unparsed.tool_choice.mode, ToolChoiceMode::kAuto);
+  EXPECT_FALSE(unparsed.tool_choice.parses_output());
+  EXPECT_TRUE(unparsed.engine_template.skip_special_tokens);
+
+  EXPECT_EQ(parse({{"tools", tools()}, {"tool_choice", "none"}}).tool_choice.mode, ToolChoiceMode::kNone);
+  EXPECT_EQ(parse({{"tool_choice", "none"}}).tool_choice.mode, ToolChoiceMode::kNone);  // allowed without tools
+  EXPECT_EQ(parse({{"tools", Json::array()}}).tool_choice.mode, ToolChoiceMode::kNone);
+  EXPECT_FALSE(parse({{"tools", tools()}, {"parallel_tool_calls", false}}).tool_choice.parallel_tool_calls);
+}
+
+TEST_F(ToolChoiceTest, RequiredBuildsTheCallListSchema) {
+  const ParsedRequest parsed = parse({{"tools", tools()}, {"tool_choice", "required"}});
+  EXPECT_EQ(parsed.tool_choice.mode, ToolChoiceMode::kRequired);
+  ASSERT_TRUE(parsed.tool_choice.output_schema.has_value());
+  const Json& schema = *parsed.tool_choice.output_schema;
+  EXPECT_EQ(schema["type"], "array");
+  EXPECT_EQ(schema["minItems"], 1);
+  EXPECT_FALSE(schema.contains("maxItems"));
+  const Json& branches = schema["items"]["anyOf"];
+  ASSERT_EQ(branches.size(), 2u);
+  EXPECT_EQ(branches[0]["properties"]["name"], Json::parse(R"({"type": "string", "enum": ["get_weather"]})"));
+  EXPECT_EQ(branches[0]["properties"]["parameters"], weather_tool()["function"]["parameters"]);
+  EXPECT_EQ(branches[0]["required"], Json::parse(R"(["name", "parameters"])"));
+  // A function without parameters takes an empty object.
+  EXPECT_EQ(branches[1]["properties"]["parameters"], Json::parse(R"({"type": "object", "properties": {}})"));
+
+  const ParsedRequest single = parse({{"tools", tools()}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
+  EXPECT_EQ((*single.tool_choice.output_schema)["maxItems"], 1);
+}
+
+TEST_F(ToolChoiceTest, RequiredLiftsDefsToTheRoot) {
+  Json with_defs = weather_tool();
+  with_defs["function"]["parameters"]["$defs"] = {{"unit", {{"enum", {"C", "F"}}}}};
+  with_defs["function"]["parameters"]["properties"]["unit"] = {{"$ref", "#/$defs/unit"}};
+  const ParsedRequest parsed = parse({{"tools", {with_defs, time_tool()}}, {"tool_choice", "required"}});
+  const Json& schema = *parsed.tool_choice.output_schema;
+  EXPECT_EQ(schema["$defs"]["unit"], Json::parse(R"({"enum": ["C", "F"]})"));
+  EXPECT_FALSE(schema["items"]["anyOf"][0]["properties"]["parameters"].contains("$defs"));
+
+  Json clash = time_tool();
+  clash["function"]["parameters"] = {{"type", "object"}, {"$defs", {{"unit", {{"type", "string"}}}}}};
+  EXPECT_EQ(bad_param({{"tools", {with_defs, clash}}, {"tool_choice", "required"}}),
+            "tools[1].function.parameters.$defs.unit");
+}
+
+TEST_F(ToolChoiceTest, NamedFunctionGetsItsParameters) {
+  const ParsedRequest parsed =
+      parse({{"tools", tools()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
+  EXPECT_EQ(parsed.tool_choice.mode, ToolChoiceMode::kNamed);
+  EXPECT_EQ(parsed.tool_choice.function_name, "get_weather");
+  EXPECT_EQ(*parsed.tool_choice.output_schema, weather_tool()["function"]["parameters"]);
+  EXPECT_TRUE(parsed.engine_template.skip_special_tokens);  // forced JSON: no markers to keep
+}
+
+TEST_F(ToolChoiceTest, BadToolChoicesNameTheField) {
+  const Json named_ghost = {{"type", "function"}, {"function", {{"name", "ghost"}}}};
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", named_ghost}}), "tool_choice.function.name");
+  EXPECT_EQ(bad_param({{"tool_choice", "auto"}}), "tool_choice");  // no tools
+  EXPECT_EQ(bad_param({{"tool_choice", "required"}}), "tool_choice");
+  EXPECT_EQ(bad_param({{"tool_choice", named_ghost}}), "tool_choice");
+  EXPECT_EQ(bad_param({{"tools", Json::array()}, {"tool_choice", "auto"}}), "tool_choice");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", "sometimes"}}), "tool_choice");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", 1}}), "tool_choice");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", {{"type", "retrieval"}}}}), "tool_choice.type");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", {{"type", "function"}}}}), "tool_choice.function.name");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", 3}}}}}}),
+            "tool_choice.function.name");
+  EXPECT_EQ(bad_param({{"tools", tools()}, {"parallel_tool_calls", "yes"}}), "parallel_tool_calls");
+  EXPECT_EQ(bad_param({{"tools", {{{"type", "code_interpreter"}}}}}), "tools[0].type");
+  EXPECT_EQ(bad_param({{"tools", {{{"type", "function"}, {"function", {{"name", ""}}}}}}}), "tools[0].function.name");
+  Json bad_parameters = weather_tool();
+  bad_parameters["function"]["parameters"] = "city";
+  EXPECT_EQ(bad_param({{"tools", {time_tool(), bad_parameters}}}), "tools[1].function.parameters");
+}
+
+TEST(ToolCallParserFlag, ResolvesNamesAndAuto) {
+  EXPECT_EQ(resolve_tool_call_parser("auto", "{{ '<tool_call>' }}"), ParserKind::kHermes);
+  EXPECT_EQ(resolve_tool_call_parser("auto", "[TOOL_CALLS]"), ParserKind::kMistral);
+  EXPECT_EQ(resolve_tool_call_parser("auto", "<|im_start|>"), ParserKind::kNone);
+  EXPECT_EQ(resolve_tool_call_parser("mistral", "<tool_call>"), ParserKind::kMistral);
+  EXPECT_EQ(resolve_tool_call_parser("none", "<tool_call>"), ParserKind::kNone);
+  EXPECT_THROW(resolve_tool_call_parser("qwen", ""), Error);
+}
+
+// Over a real socket, the scripted engine writing the model's text.
+class ToolCallServerTest : public ::testing::Test {
+ protected:
+  void start(const std::string& tool_call_parser) {
+    engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
+    ServerConfig config;
+    config.http.port = 0;
+    config.served_model_name = "tiny";
+    config.http.num_handler_threads = 4;
+    config.tool_call_parser = tool_call_parser;
+    server_ = std::make_unique<HttpServer>(*engine_, config);
+    server_->bind();
+    thread_ = std::thread([this] { server_->run(); });
+    client_ = std::make_unique<httplib::Client>("127.0.0.1", server_->bound_port());
+    client_->set_read_timeout(10, 0);
+  }
+  void TearDown() override {
+    if (server_) server_->stop();
+    if (thread_.joinable()) thread_.join();
+  }
+  Json chat(Json body, int expected_status = 200) {
+    body["messages"] = kUser;
+    auto result = client_->Post("/v1/chat/completions", body.dump(), "application/json");
+    EXPECT_TRUE(result);
+    if (!result) return {};
+    EXPECT_EQ(result->status, expected_status) << result->body;
+    if (body.value("stream", false) && result->status == 200) return events(result->body);
+    return Json::parse(result->body);
+  }
+  // The JSON payloads of an SSE body ("[DONE]" left out).
+  static Json events(const std::string& body) {
+    Json list = Json::array();
+    size_t position = 0;
+    while ((position = body.find("data: ", position)) != std::string::npos) {
+      const size_t end = body.find("\n\n", position);
+      const std::string payload = body.substr(position + 6, end - position - 6);
+      if (payload != "[DONE]") list.push_back(Json::parse(payload));
+      position = end;
+    }
+    return list;
+  }
+  // A stream's choice 0 put back together as a whole message, checking the delta shapes.
+  static Json reassemble(const Json& chunks, std::string& finish_reason) {
+    std::string content;
+    Json calls = Json::array();
+    for (const Json& chunk : chunks) {
+      if (chunk["choices"].empty()) continue;
+      const Json& choice = chunk["choices"][0];
+      const Json& delta = choice["delta"];
+      if (delta.contains("content") && delta["content"].is_string()) content += delta["content"].get<std::string>();
+      for (const Json& call : delta.value("tool_calls", Json::array())) {
+        const size_t index = call["index"].get<size_t>();
+        if (call.contains("id")) {  // the first delta of a call
+          EXPECT_EQ(index, calls.size());
+          EXPECT_EQ(call["type"], "function");
+          calls.push_back({{"id", call["id"]},
+                           {"type", "function"},
+                           {"function", {{"name", call["function"]["name"]}, {"arguments", ""}}}});
+        } else {
+          EXPECT_FALSE(call["function"].contains("name"));
+        }
+        EXPECT_LT(index, calls.size());
+        calls[index]["function"]["arguments"] =
+            calls[index]["function"]["arguments"].get<std::string>() + call["function"]["arguments"].get<std::string>();
+      }
+      if (!choice["finish_reason"].is_null()) finish_reason = choice["finish_reason"];
+    }
+    Json message = {{"role", "assistant"}, {"content", content.empty() ? Json(nullptr) : Json(content)}};
+    if (!calls.empty()) message["tool_calls"] = calls;
+    return message;
+  }
+  // Names and arguments (as JSON) of a message's calls: ids differ between requests.
+  static Json calls_without_ids(const Json& message) {
+    Json list = Json::array();
+    for (const Json& call : message.value("tool_calls", Json::array()))
+      list.push_back({call["function"]["name"], Json::parse(call["function"]["arguments"].get<std::string>())});
+    return list;
+  }
+
+  std::unique_ptr<test::FakeEngine> engine_;
+  std::unique_ptr<HttpServer> server_;
+  std::thread thread_;
+  std::unique_ptr<httplib::Client> client_;
+};
+
+const std::vector<std::string> kHermesScript = {
+    "I'll look", " that up.", "\n<tool", "_call>\n{\"name\": \"get_", "weather\", \"arguments\": {\"city\": ",
+    "\"Par", "is\"}}\n</tool_call>", "\n<tool_call>\n{\"name\": \"get_time\", \"arguments\": {}}\n</tool_call>"};
+
+TEST_F(ToolCallServerTest, WholeBodyHasToolCalls) {
+  start("hermes");
+  engine_->set_script(kHermesScript);
+  const Json body = chat({{"tools", tools()}});
+  const Json& choice = body["choices"][0];
+  EXPECT_EQ(choice["finish_reason"], "tool_calls");
+  const Json& message = choice["message"];
+  EXPECT_EQ(message["role"], "assistant");
+  EXPECT_EQ(message["content"], "I'll look that up.");
+  ASSERT_EQ(message["tool_calls"].size(), 2u);
+  const Json& first = message["tool_calls"][0];
+  EXPECT_EQ(first["type"], "function");
+  EXPECT_EQ(first["id"].get<std::string>().substr(0, 5), "call_");
+  EXPECT_NE(first["id"], message["tool_calls"][1]["id"]);
+  EXPECT_EQ(first["function"]["name"], "get_weather");
+  EXPECT_EQ(first["function"]["arguments"], R"({"city":"Paris"})");  // a JSON string, as OpenAI
+  EXPECT_EQ(calls_without_ids(message), Json::parse(R"([["get_weather", {"city": "Paris"}], ["get_time", {}]])"));
+  EXPECT_FALSE(engine_->last().skip_special_tokens);
+
+  // Only calls: content is null. parallel_tool_calls false: the first call only.
+  engine_->set_script({"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>",
+                       "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"});
+  const Json single = chat({{"tools", tools()}, {"parallel_tool_calls", false}});
+  EXPECT_TRUE(single["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(single["choices"][0]["message"]["tool_calls"].size(), 1u);
+}
+
+TEST_F(ToolCallServerTest, NoCallsNoneAndMalformedStayContent) {
+  start("hermes");
+  engine_->set_script(kHermesScript);
+  const std::string text = [] {
+    std::string joined;
+    for (const auto& piece : kHermesScript) joined += piece;
+    return joined;
+  }();
+  for (const Json& body : {Json{{"tools", tools()}, {"tool_choice", "none"}}, Json::object()}) {
+    const Json none = chat(body);
+    EXPECT_EQ(none["choices"][0]["message"], Json({{"role", "assistant"}, {"content", text}})) << body.dump();
+    EXPECT_EQ(none["choices"][0]["finish_reason"], "stop");
+    EXPECT_TRUE(engine_->last().skip_special_tokens);
+  }
+  engine_->set_script({"Sure: ", "<tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": }</tool_call>"});
+  const Json malformed = chat({{"tools", tools()}});
+  EXPECT_EQ(malformed["choices"][0]["message"]["content"],
+            "Sure: <tool_call>{\"name\": \"get_weather\", \"arguments\": {\"city\": }</tool_call>");
+  EXPECT_FALSE(malformed["choices"][0]["message"].contains("tool_calls"));
+  EXPECT_EQ(malformed["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ToolCallServerTest, StreamedDeltasReassembleToTheWholeBody) {
+  start("hermes");
+  engine_->set_script(kHermesScript);
+  const Json whole = chat({{"tools", tools()}, {"n", 2}});
+  const Json chunks = chat({{"tools", tools()}, {"stream", true}});
+  std::string finish_reason;
+  const Json message = reassemble(chunks, finish_reason);
+  EXPECT_EQ(finish_reason, "tool_calls");
+  EXPECT_EQ(message["content"], whole["choices"][0]["message"]["content"]);
+  EXPECT_EQ(calls_without_ids(message), calls_without_ids(whole["choices"][0]["message"]));
+  for (const Json& call : message["tool_calls"]) EXPECT_EQ(call["id"].get<std::string>().size(), 29u);
+
+  // No content chunk ever carries a marker, and the call arrives once complete.
+  for (const Json& chunk : chunks) {
+    const Json& delta = chunk["choices"][0]["delta"];
+    if (delta.contains("content") && delta["content"].is_string()) {
+      EXPECT_EQ(delta["content"].get<std::string>().find('<'), std::string::npos) << chunk.dump();
+    }
+  }
+}
+
+TEST_F(ToolCallServerTest, AutoParserFromTheTemplate) {
+  start("auto");  // the test tokenizer's ChatML template names no tool-call convention
+  engine_->set_script({"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"});
+  const Json body = chat({{"tools", tools()}});
+  EXPECT_EQ(body["choices"][0]["message"]["content"], "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>");
+  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ToolCallServerTest, ToolChoiceErrorsAre400AndTheServerKeepsServing) {
+  start("hermes");
+  const Json error = chat({{"tool_choice", "auto"}}, 400)["error"];
+  EXPECT_EQ(error["param"], "tool_choice");
+  EXPECT_EQ(error["type"], "invalid_request_error");
+  EXPECT_EQ(chat({{"tools", tools()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "nope"}}}}}}, 400)
+                ["error"]["param"],
+            "tool_choice.function.name");
+  engine_->set_script({"fine"});
+  EXPECT_EQ(chat({{"tools", tools()}})["choices"][0]["message"]["content"], "fine");
+}
+
+// Without the grammar constraint yet, required / named return calls when the
+// model's output happens to have the forced shape, and content otherwise.
+TEST_F(ToolCallServerTest, RequiredAndNamedOutputsAreRead) {
+  start("hermes");
+  engine_->set_script({"[{\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Oslo\"}}]"});
+  const Json required = chat({{"tools", tools()}, {"tool_choice", "required"}});
+  EXPECT_EQ(required["choices"][0]["finish_reason"], "tool_calls");
+  EXPECT_TRUE(required["choices"][0]["message"]["content"].is_null());
+  EXPECT_EQ(calls_without_ids(required["choices"][0]["message"]), Json::parse(R"([["get_weather", {"city": "Oslo"}]])"));
+  std::string finish_reason;
+  const Json streamed =
+      reassemble(chat({{"tools", tools()}, {"tool_choice", "required"}, {"stream", true}}), finish_reason);
+  EXPECT_EQ(finish_reason, "tool_calls");
+  EXPECT_EQ(calls_without_ids(streamed), calls_without_ids(required["choices"][0]["message"]));
+
+  const Json named_choice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  engine_->set_script({"{\"city\": ", "\"Rome\"}"});
+  const Json named = chat({{"tools", tools()}, {"tool_choice", named_choice}});
+  EXPECT_EQ(named["choices"][0]["finish_reason"], "stop");  // as OpenAI for a named function
+  EXPECT_EQ(calls_without_ids(named["choices"][0]["message"]), Json::parse(R"([["get_weather", {"city": "Rome"}]])"));
+
+  engine_->set_script({"no JSON here"});
+  const Json unforced = chat({{"tools", tools()}, {"tool_choice", named_choice}});
+  EXPECT_EQ(unforced["choices"][0]["message"]["content"], "no JSON here");
+  EXPECT_FALSE(unforced["choices"][0]["message"].contains("tool_calls"));
+}
+
+}  // namespace
+}  // namespace loom::server
