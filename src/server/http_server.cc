@@ -75,6 +75,7 @@ struct HttpServer::Impl {
   ServerConfig config;
   const std::atomic<bool>& stopping;
   MetricsExporter metrics;
+  std::unique_ptr<const ChatRenderer> chat_renderer;  // shared by every handler thread; outlives the transport
   CompletionContext completion;
   std::mutex adapter_mutex;  // serialises runtime load/unload
   std::unique_ptr<HttpTransport> transport;
@@ -96,6 +97,8 @@ struct HttpServer::Impl {
     };
     completion.parse.max_context_tokens = engine.max_context_tokens();
     completion.parse.limits = config.request_limits;
+    chat_renderer = std::make_unique<ChatRenderer>(completion.tokenizer->model_chat_templates(), config.chat_template);
+    completion.parse.chat_renderer = chat_renderer.get();
 
     TransportConfig transport_config = config.http;
     transport_config.light_paths = {"/health", "/metrics"};

@@ -41,6 +41,9 @@ struct ServerConfig {
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it
   RequestLimits request_limits;      // per-request bounds (n, stop strings, output tokens)
+  // Jinja source replacing the model's chat templates ("" = the model's own);
+  // a syntax error makes the HttpServer constructor throw Error naming the line.
+  std::string chat_template;
 };
 
 class HttpServer {
