@@ -175,7 +175,7 @@ TEST_F(ServerOpenAiTest, BadInputsGetStatusAndParam) {
       {kChat, R"({"messages": [{"role": "user", "content": 5}]})", 400, "messages[0].content"},
       {kChat, R"({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2})", 400, "top_logprobs"},
       {kChat, R"({"messages": [{"role": "user", "content": "x"}], "logprobs": 2})", 400, "logprobs"},
-      {kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", 400, "tools"},
+      {kChat, R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]})", 400, "tools[0].function"},
   };
   for (const Case& item : cases) {
     const ApiError error = error_of(item.endpoint, item.body);
