@@ -20,7 +20,8 @@ loom_server.require_openai()
 import openai  # noqa: E402
 
 # The tiny model's tokenizer adds BOS to completions prompts; chat prompts get
-# theirs from {{ bos_token }}, so both token lists start the same way.
+# theirs from {{ bos_token }}, so both token lists start the same way. Its
+# eos_token is <|eot_id|> (a Llama-3 vocabulary).
 MISTRAL_TEMPLATE = """{{- bos_token }}
 {%- for message in messages %}
     {%- if message['role'] == 'user' %}
@@ -47,7 +48,7 @@ class ChatTemplateTest(loom_server.ServerTestCase):
         with os.fdopen(handle, "w") as file:
             file.write(MISTRAL_TEMPLATE)
         cls.SERVER_ARGS = ["--chat-template", cls.template_file, "--max-context-tokens", "2048"]
-        cls.SERVER_KWARGS = {"num_adapters": 0}
+        cls.SERVER_KWARGS = {"num_adapters": 1}
         super().setUpClass()
 
     @classmethod
@@ -82,7 +83,7 @@ class ChatTemplateTest(loom_server.ServerTestCase):
         messages = [{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": " Hi! "},
                     {"role": "user", "content": "How are you?"}]
         response = self.chat(messages)
-        self.assert_prompt(response, "[INST] Hello there[/INST] Hi!</s>[INST] How are you?[/INST]")
+        self.assert_prompt(response, "[INST] Hello there[/INST] Hi!<|eot_id|>[INST] How are you?[/INST]")
         chatml = self.complete("<|im_start|>user\nHello there<|im_end|>\n<|im_start|>assistant\n")
         self.assertNotEqual(response.usage.prompt_tokens, chatml.usage.prompt_tokens)
 
@@ -143,7 +144,7 @@ class ChatTemplateTest(loom_server.ServerTestCase):
         self.assertEqual(body["param"], "chat_template")
         body = self.bad_request(messages=[{"role": "system", "content": "s"}, *messages])
         self.assertIn("Only user and assistant roles are supported!", body["message"])
-        self.assertIn("template line 7", body["message"])
+        self.assertIn("template line 8", body["message"])
         body = self.bad_request(messages=messages, extra_body={"chat_template": "\n\n{{ messages[0].content.nope() }}"})
         self.assertIn("template line 3", body["message"])
         body = self.bad_request(messages=messages, extra_body={"chat_template_kwargs": {"messages": []}})
