@@ -43,7 +43,7 @@ def environment():
     return env
 
 
-# The same test as src/chat/chat_renderer.cc's detect_content_format (vLLM's: a loop over message content).
+# What src/chat/chat_renderer.cc's detect_content_format looks for (vLLM: a loop over message content).
 CONTENT_LOOP = re.compile(r"""\bfor\s+[\w\s,()]+\s+in\s+\w+\s*(\[\s*['"]content['"]\s*\]|\.content\b)""")
 
 

@@ -1,6 +1,8 @@
 #include "chat/chat_renderer.h"
 
-#include <regex>
+#include <algorithm>
+#include <cctype>
+#include <string_view>
 
 #include <fmt/format.h>
 
@@ -83,9 +85,41 @@ void parse_tool_call_arguments(OrderedJson& message, size_t message_index) {
 
 ChatContentFormat detect_content_format(const std::string& template_source) {
   // vLLM walks the template's AST for a loop over message content; this looks
-  // for the same loop in the source: `for part in message['content']` / `.content`.
-  static const std::regex kContentLoop(R"(\bfor\s+[\w\s,()]+\s+in\s+\w+\s*(\[\s*['"]content['"]\s*\]|\.content\b))");
-  return std::regex_search(template_source, kContentLoop) ? ChatContentFormat::kOpenAi : ChatContentFormat::kString;
+  // for the same loop in the source: `for part in message['content']` or
+  // `... in message.content`. A linear scan (std::regex recurses per character
+  // and a per-request template may be megabytes).
+  const std::string_view source = template_source;
+  const auto is_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  const auto is_space = [](char c) { return c == ' ' || (c >= '\t' && c <= '\r'); };
+  for (size_t at = source.find("for"); at != std::string_view::npos; at = source.find("for", at + 1)) {
+    if ((at > 0 && is_word(source[at - 1])) || at + 3 >= source.size() || !is_space(source[at + 3])) continue;
+    // The loop's targets and iterable name: a run of word characters, spaces, commas and parentheses.
+    // Bounded: real loop heads are short, and a long run must not make this quadratic.
+    size_t run_end = at + 3;
+    const size_t run_limit = std::min(source.size(), at + 3 + 256);
+    while (run_end < run_limit &&
+           (is_word(source[run_end]) || is_space(source[run_end]) || std::string_view(",()").find(source[run_end]) !=
+                                                                          std::string_view::npos))
+      ++run_end;
+    const std::string_view run = source.substr(at + 3, run_end - at - 3);
+    size_t in = std::string_view::npos;
+    for (size_t i = 1; i + 2 < run.size(); ++i)
+      if (is_space(run[i - 1]) && run[i] == 'i' && run[i + 1] == 'n' && is_space(run[i + 2])) {
+        in = i;
+        break;
+      }
+    if (in == std::string_view::npos) continue;
+    std::string_view iterable = strip(run.substr(in + 2));
+    if (iterable.empty() || !std::all_of(iterable.begin(), iterable.end(), is_word)) continue;
+    std::string_view rest = source.substr(run_end);
+    if (rest.rfind(".content", 0) == 0 && (rest.size() == 8 || !is_word(rest[8]))) return ChatContentFormat::kOpenAi;
+    if (rest.empty() || rest.front() != '[') continue;
+    rest = lstrip(rest.substr(1));
+    if (rest.rfind("'content'", 0) != 0 && rest.rfind("\"content\"", 0) != 0) continue;
+    rest = lstrip(rest.substr(9));
+    if (!rest.empty() && rest.front() == ']') return ChatContentFormat::kOpenAi;
+  }
+  return ChatContentFormat::kString;
 }
 
 OrderedJson prepare_chat_messages(const OrderedJson& messages, ChatContentFormat format) {

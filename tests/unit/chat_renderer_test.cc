@@ -184,6 +184,12 @@ TEST(ChatRendererTest, ContentFormatFollowsTheTemplate) {
   EXPECT_EQ(detect_content_format("{% for part in message['content'] %}"), ChatContentFormat::kOpenAi);
   EXPECT_EQ(detect_content_format("{%- for block in msg.content -%}"), ChatContentFormat::kOpenAi);
   EXPECT_EQ(detect_content_format("{{ message['content'] }}{% for m in messages %}"), ChatContentFormat::kString);
+  EXPECT_EQ(detect_content_format("{% for x in message [ \"content\" ] %}"), ChatContentFormat::kOpenAi);
+  EXPECT_EQ(detect_content_format("{% for x in message.contents %}{% for y in m['content_type'] %}"),
+            ChatContentFormat::kString);
+  EXPECT_EQ(detect_content_format("information in message['content']"), ChatContentFormat::kString);
+  EXPECT_EQ(detect_content_format(std::string(1 << 20, 'f') + "for " + std::string(1 << 20, 'x')),
+            ChatContentFormat::kString);  // linear, no recursion
   const Json parts = Json::array({{{"type", "text"}, {"text", "a"}}, {{"type", "text"}, {"text", "b"}}});
   const Json messages = Json::array({{{"role", "user"}, {"content", parts}}, {{"role", "assistant"}}});
   const Json as_string = prepare_chat_messages(messages, ChatContentFormat::kString);
