@@ -154,6 +154,11 @@ ChatPrompt read_chat_prompt(std::string_view body_text, const Tokenizer& tokeniz
   }
   if (const OrderedJson* kwargs = field(body, "chat_template_kwargs")) {
     if (!kwargs->is_object()) throw_bad_request("chat_template_kwargs", "'chat_template_kwargs' must be an object");
+    for (const char* reserved : {"messages", "tools", "documents", "add_generation_prompt"})
+      if (kwargs->contains(reserved))
+        throw_bad_request("chat_template_kwargs",
+                          fmt::format("'chat_template_kwargs' may not set '{}' (it comes from the request itself)",
+                                      reserved));
     request.template_kwargs = *kwargs;
   }
   std::string request_template;
