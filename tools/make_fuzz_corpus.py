@@ -370,6 +370,22 @@ def openai_request_corpus():
         {"role": "user", "content": [{"type": "text", "text": "q"}, {"type": "text", "text": "r"}]},
         {"role": "assistant", "content": "a"}, {"role": "tool", "content": "t"}],
         "response_format": {"type": "text"}, "tools": []})
+    write(t, "chat_tools", {"model": "tiny", "tools": [
+        {"type": "function", "function": {"name": "get_weather", "description": "Weather",
+                                          "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}],
+        "messages": [{"role": "user", "content": "Paris?"},
+                     {"role": "assistant", "content": None, "tool_calls": [
+                         {"id": "call_1", "type": "function",
+                          "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+                     {"role": "tool", "tool_call_id": "call_1", "name": "get_weather", "content": "21"}]})
+    write(t, "chat_template", {"model": "tiny", "messages": [{"role": "user", "content": "hi"},
+                                                             {"role": "assistant", "content": "Hel"}],
+                               "chat_template": "{{ bos_token }}{% for m in messages %}{% if m.role == 'user' %}"
+                                                "[INST] {{ m.content | trim }}[/INST]{% elif loop.last %}{{ m.content }}"
+                                                "{% else %}{{ raise_exception('bad role') }}{% endif %}{% endfor %}"
+                                                "{{ tools | tojson if tools }}{{ enable_thinking }}",
+                               "chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": False,
+                               "continue_final_message": True, "documents": [{"title": "t", "text": "d"}]})
     write(t, "workflow_hints", {"model": "tiny", "prompt": "x", "workflow": "w1", "agent": "planner",
                                 "fixed_prefix_tokens": 1})
     write(t, "out_of_range", '{"model": "tiny", "prompt": "x", "max_tokens": 1e999, "n": 4294967296, '
@@ -383,7 +399,11 @@ def openai_request_corpus():
                                  "stream", "stream_options", "include_usage", "ignore_eos", "min_tokens",
                                  "priority", "presence_penalty", "frequency_penalty", "repetition_penalty",
                                  "logit_bias", "response_format", "tools", "workflow", "agent",
-                                 "fixed_prefix_tokens", "<|im_start|>", "<|im_end|>"])
+                                 "fixed_prefix_tokens", "<|im_start|>", "<|im_end|>", "tool_calls", "tool_call_id",
+                                 "function", "arguments", "name", "description", "parameters", "documents",
+                                 "chat_template", "chat_template_kwargs", "add_generation_prompt",
+                                 "continue_final_message", "enable_thinking", "{{", "}}", "{%", "%}", "{%-", "-%}",
+                                 "endfor", "endif", "raise_exception", "tojson", "loop.last"])
 
 
 def grammar_corpora():

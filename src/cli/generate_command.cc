@@ -9,6 +9,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "chat/chat_renderer.h"
 #include "cli/commands.h"
 #include "cli/device_backend.h"
 #include "engine/engine.h"
@@ -24,6 +25,7 @@ struct GenerateOptions {
   std::string adapter;
   std::vector<std::string> prompts;
   std::string messages_json;
+  std::string chat_template;  // --chat-template FILE|STRING
   std::string system_prompt;
   bool raw = false;
   int max_tokens = 128;
@@ -43,23 +45,20 @@ struct GenerateOptions {
   std::vector<KvSharing> disabled_kv_sharing;
 };
 
-std::vector<ChatMessage> parse_messages(const std::string& text) {
-  nlohmann::json json;
+// --messages: a JSON list of chat messages, as a chat request's `messages`.
+nlohmann::ordered_json parse_messages(const std::string& text) {
+  nlohmann::ordered_json json;
   try {
-    json = nlohmann::json::parse(text);
+    json = nlohmann::ordered_json::parse(text);
   } catch (const nlohmann::json::exception& error) {
     throw Error(ErrorKind::kInvalidArgument, std::string("--messages is not valid JSON: ") + error.what());
   }
   if (!json.is_array() || json.empty())
     fail(ErrorKind::kInvalidArgument, "--messages must be a non-empty JSON array of {{role, content}}");
-  std::vector<ChatMessage> messages;
-  for (const auto& item : json) {
-    if (!item.is_object() || !item.contains("role") || !item["role"].is_string() ||
-        !item.contains("content") || !item["content"].is_string())
-      fail(ErrorKind::kInvalidArgument, "each message needs string 'role' and 'content'");
-    messages.push_back({item["role"].get<std::string>(), item["content"].get<std::string>()});
-  }
-  return messages;
+  for (const auto& item : json)
+    if (!item.is_object() || !item.contains("role") || !item["role"].is_string())
+      fail(ErrorKind::kInvalidArgument, "each message needs a string 'role'");
+  return json;
 }
 
 // Runs through the serving Engine (scheduler, prefix cache, KV sharing modes)
@@ -82,19 +81,25 @@ int run_generate(const GenerateOptions& options) {
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
   const Tokenizer& tokenizer = *tokenizer_owner;
+  // The server's renderer: the model's template (or --chat-template) through the Jinja interpreter.
+  const ChatRenderer chat_renderer(tokenizer.model_chat_templates(),
+                                   options.chat_template.empty() ? std::string()
+                                                                 : load_chat_template_argument(options.chat_template));
+  const auto render_chat = [&](nlohmann::ordered_json messages) {
+    ChatRequest request;
+    request.messages = std::move(messages);
+    return tokenizer.encode(chat_renderer.render(request), false);
+  };
   std::vector<std::vector<TokenId>> prompt_tokens;
-  if (!options.messages_json.empty()) {
-    std::string rendered = tokenizer.chat_template().render(parse_messages(options.messages_json));
-    prompt_tokens.push_back(tokenizer.encode(rendered, false));
-  }
+  if (!options.messages_json.empty()) prompt_tokens.push_back(render_chat(parse_messages(options.messages_json)));
   for (const auto& prompt : options.prompts) {
     if (options.raw) {
       prompt_tokens.push_back(tokenizer.encode(prompt, true));
     } else {
-      std::vector<ChatMessage> messages;
-      if (!options.system_prompt.empty()) messages.push_back({"system", options.system_prompt});
-      messages.push_back({"user", prompt});
-      prompt_tokens.push_back(tokenizer.encode(tokenizer.chat_template().render(messages), false));
+      nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+      if (!options.system_prompt.empty()) messages.push_back({{"role", "system"}, {"content", options.system_prompt}});
+      messages.push_back({{"role", "user"}, {"content", prompt}});
+      prompt_tokens.push_back(render_chat(std::move(messages)));
     }
   }
 
@@ -206,6 +211,8 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--adapter", options->adapter, "Adapter to generate with (default: the only --lora, else base)");
   app.add_option("--prompt", options->prompts, "User prompt (repeatable: prompts run as one batch)");
   app.add_option("--messages", options->messages_json, "Chat messages as a JSON array of {role, content}");
+  app.add_option("--chat-template", options->chat_template,
+                 "Jinja chat template replacing the model's: a file, or the template text");
   app.add_option("--system", options->system_prompt, "System prompt for --prompt");
   app.add_flag("--raw", options->raw, "Use --prompt as raw text (no chat template)");
   app.add_option("--max-tokens", options->max_tokens, "Tokens to generate at most")->check(CLI::NonNegativeNumber);

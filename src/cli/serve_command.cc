@@ -14,6 +14,7 @@
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_backend.h"
+#include "chat/chat_renderer.h"
 #include "cli/commands.h"
 #include "cli/device_backend.h"
 #include "engine/engine.h"
@@ -35,6 +36,7 @@ struct ServeOptions {
   std::string api_key;
   bool allow_runtime_lora = false;
   std::string lora_dir;
+  std::string chat_template;  // --chat-template FILE|STRING
   std::string default_sharing = "isolated";
   std::string residual_kv_cache_memory = "auto";
   std::string eviction_policy = "lru";
@@ -119,6 +121,11 @@ int run_serve(const ServeOptions& options) {
                                                                    "--residual-kv-cache-memory");
   std::vector<LoraSpec> specs;
   for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));  // bad flags fail early
+  std::string chat_template;
+  if (!options.chat_template.empty()) {
+    chat_template = load_chat_template_argument(options.chat_template);
+    ChatRenderer checked(ModelChatTemplates{}, chat_template);  // a syntax error stops us before the model loads
+  }
 
   const bool is_random_model = options.model.rfind("random:", 0) == 0;
   const std::string model_path = is_random_model ? options.model : resolve_model_path(options.model);
@@ -144,6 +151,7 @@ int run_serve(const ServeOptions& options) {
   config.allow_runtime_lora = options.allow_runtime_lora;
   config.lora_dir = options.lora_dir;
   config.request_limits = options.request_limits;
+  config.chat_template = chat_template;
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
@@ -193,6 +201,9 @@ CommandRunner register_serve(CLI::App& app) {
                  "How chat outputs are read for tool calls (tool_choice auto): auto (from the chat template), "
                  "hermes, llama3_json, mistral, none")
       ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral"}));
+  app.add_option("--chat-template", options->chat_template,
+                 "Jinja chat template replacing the model's: a file, or the template text (as vLLM's); checked at "
+                 "start-up");
   server::TransportConfig& http = options->server.http;
   app.add_flag("--metrics-require-api-key", options->server.metrics_require_api_key,
                "Also require the --api-key on GET /metrics");

@@ -75,6 +75,7 @@ struct HttpServer::Impl {
   ServerConfig config;
   const std::atomic<bool>& stopping;
   MetricsExporter metrics;
+  std::unique_ptr<const ChatRenderer> chat_renderer;  // shared by every handler thread; outlives the transport
   CompletionContext completion;
   std::mutex adapter_mutex;  // serialises runtime load/unload
   std::unique_ptr<HttpTransport> transport;
@@ -98,8 +99,14 @@ struct HttpServer::Impl {
     completion.parse.limits = config.request_limits;
     completion.parse.constraints = std::make_shared<grammar::ConstraintCompiler>(
         grammar::TokenVocabulary::from_tokenizer(*completion.tokenizer));
-    // The template's source text as loaded; per-request chat_template does not change the parser.
-    const std::string& template_source = engine.model().tokenizer->chat_template().jinja();
+    const ModelChatTemplates& templates = completion.tokenizer->model_chat_templates();
+    chat_renderer = std::make_unique<ChatRenderer>(templates, config.chat_template);
+    completion.parse.chat_renderer = chat_renderer.get();
+    // The parser follows the served template (--chat-template, else the model's
+    // tool_use one, else its default); a per-request chat_template does not change it.
+    const std::string& template_source = !config.chat_template.empty() ? config.chat_template
+                                         : !templates.tool_use_source.empty() ? templates.tool_use_source
+                                                                              : templates.default_source;
     completion.parse.tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, template_source);
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);

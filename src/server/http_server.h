@@ -45,6 +45,9 @@ struct ServerConfig {
   // tool_choice "auto": "auto" (from the chat template), "none", "hermes",
   // "llama3_json", "mistral" (server/tool_choice.h). Another name: the constructor throws.
   std::string tool_call_parser = "auto";
+  // Jinja source replacing the model's chat templates ("" = the model's own);
+  // a syntax error makes the HttpServer constructor throw Error naming the line.
+  std::string chat_template;
 };
 
 class HttpServer {

@@ -3,12 +3,14 @@
 #include <algorithm>
 #include <charconv>
 #include <cmath>
+#include <optional>
 #include <random>
 
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
+#include "server/chat_request.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
 #include "server/structured_output_request.h"
@@ -148,56 +150,6 @@ std::vector<std::vector<TokenId>> read_prompts(const Json& body, const Tokenizer
     if (prompts[i].empty())
       throw_bad_request(prompts.size() == 1 ? std::string("prompt") : field_path("prompt", i), "a prompt is empty");
   return prompts;
-}
-
-// content: "text" | [{"type": "text", "text": "..."}, ...] | null
-std::string read_message_content(const Json& message, const std::string& message_param) {
-  const std::string param = field_path(message_param, "content");
-  const Json* content = field(message, "content");
-  if (!content) return {};
-  if (content->is_string()) return content->get<std::string>();
-  if (!content->is_array()) throw_bad_request(param, "message content must be a string or a list of text parts");
-  std::string text;
-  for (size_t j = 0; j < content->size(); ++j) {
-    const Json& part = (*content)[j];
-    const std::string part_param = field_path(param, j);
-    if (!part.is_object()) throw_bad_request(part_param, "each content part must be an object");
-    const Json* type = field(part, "type");
-    if (!type || !type->is_string())
-      throw_bad_request(field_path(part_param, "type"), "each content part needs a string 'type'");
-    if (type->get_ref<const std::string&>() != "text")
-      throw_bad_request(field_path(part_param, "type"),
-                        fmt::format("only \"text\" content parts are supported, got {}", dump_json(*type)));
-    const Json* part_text = field(part, "text");
-    if (!part_text || !part_text->is_string())
-      throw_bad_request(field_path(part_param, "text"), "a text content part needs a string 'text'");
-    text += part_text->get_ref<const std::string&>();
-  }
-  return text;
-}
-
-std::vector<TokenId> read_chat_prompt(const Json& body, const Tokenizer& tokenizer) {
-  const Json* list = field(body, "messages");
-  if (!list) throw_bad_request("messages", "'messages' is required");
-  if (!list->is_array()) throw_bad_request("messages", "'messages' must be a list");
-  if (list->empty()) throw_bad_request("messages", "'messages' must not be empty");
-  static const char* const kRoles[] = {"system", "developer", "user", "assistant", "tool"};
-  std::vector<ChatMessage> messages;
-  messages.reserve(list->size());
-  for (size_t i = 0; i < list->size(); ++i) {
-    const Json& message = (*list)[i];
-    const std::string param = field_path("messages", i);
-    if (!message.is_object()) throw_bad_request(param, "each message must be an object");
-    const Json* role_value = field(message, "role");
-    if (!role_value || !role_value->is_string())
-      throw_bad_request(field_path(param, "role"), "each message needs a string 'role'");
-    std::string role = role_value->get<std::string>();
-    if (std::find(std::begin(kRoles), std::end(kRoles), role) == std::end(kRoles))
-      throw_bad_request(field_path(param, "role"), fmt::format("unknown role {}", dump_json(*role_value)));
-    if (role == "developer") role = "system";
-    messages.push_back({role, read_message_content(message, param)});
-  }
-  return tokenizer.encode(tokenizer.chat_template().render(messages, true), false);
 }
 
 // stop: "text" | ["text", ...], at most limits.max_stop_strings entries of at
@@ -414,8 +366,16 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
     check_output_tokens(1, parsed.n, max_tokens, false, max_tokens_key, limits);
   }
 
-  parsed.prompts = is_chat ? std::vector<std::vector<TokenId>>{read_chat_prompt(body, *context.tokenizer)}
-                           : read_prompts(body, *context.tokenizer);
+  if (is_chat) {
+    std::optional<ChatRenderer> own_renderer;
+    if (!context.chat_renderer) own_renderer.emplace(context.tokenizer->model_chat_templates());
+    ChatPrompt chat = read_chat_prompt(body_text, *context.tokenizer,
+                                       context.chat_renderer ? *context.chat_renderer : *own_renderer);
+    parsed.prompts.push_back(std::move(chat.tokens));
+    parsed.tools = std::move(chat.tools);
+  } else {
+    parsed.prompts = read_prompts(body, *context.tokenizer);
+  }
   const bool echo = read_bool(body, "echo", false);
   if (is_chat && echo) throw_bad_request("echo", "'echo' is supported on /v1/completions only");
   if (!is_chat && echo) {

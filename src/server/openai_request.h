@@ -10,6 +10,9 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "chat/chat_renderer.h"
 #include "engine/engine.h"
 #include "grammar/constraint_compiler.h"
 #include "server/tool_choice.h"
@@ -38,6 +41,9 @@ struct RequestLimits {
 // What the parser needs to know about the server. Borrowed, not owned.
 struct ParseContext {
   const Tokenizer* tokenizer = nullptr;
+  // Renders chat prompts (the model's template or --chat-template). Null: one
+  // is built from the tokenizer for each chat request (tests; the server sets it).
+  const ChatRenderer* chat_renderer = nullptr;
   std::vector<std::string> base_model_names;  // names that mean the base model (first = canonical)
   std::function<bool(const std::string&)> has_adapter;  // adapter loaded under this name?
   int32_t max_context_tokens = 0;
@@ -56,6 +62,9 @@ struct ParsedRequest {
   std::string model;    // as the client named it (echoed in responses)
   std::string adapter;  // "" = base model
   std::vector<std::vector<TokenId>> prompts;
+  // chat: the validated `tools` list (already rendered into the prompt by the
+  // chat template); empty when none.
+  nlohmann::json tools = nlohmann::json::array();
   int32_t n = 1;
   bool stream = false;
   bool include_usage = false;  // stream_options.include_usage

@@ -1,7 +1,5 @@
 #include "tokenizer/chat_template.h"
 
-#include <spdlog/spdlog.h>
-
 #include "util/error.h"
 
 namespace loom {
@@ -85,8 +83,9 @@ ChatTemplate ChatTemplate::from_jinja(const std::string& jinja_template, const s
   }
   if (jinja_template.empty()) return chatml();
   if (jinja_template.find("<|im_start|>") == std::string::npos) {
-    spdlog::warn("chat template is neither ChatML nor Llama-3; rendering prompts as ChatML");
-    return chatml();
+    ChatTemplate result = chatml();  // the native fallback; serving renders jinja() itself
+    result.jinja_ = jinja_template;
+    return result;
   }
   ChatTemplate result = chatml(find_default_system_prompt(jinja_template));
   result.jinja_ = jinja_template;

@@ -1,9 +1,13 @@
-// Built-in chat templates. We do not run Jinja: the template string from
-// tokenizer_config.json / GGUF is recognised as ChatML or Llama-3 and rendered
-// natively; anything else falls back to ChatML with a warning.
+// Chat templates as the tokenizer knows them: the sources a model ships
+// (ModelChatTemplates, rendered by the chat module's Jinja-based ChatRenderer)
+// and the built-in ChatML / Llama-3 templates for models that ship none (and
+// for the synthetic tokenizers, which write ChatTemplate::jinja() into their
+// tokenizer_config.json). ChatTemplate::render() is the native rendering of a
+// built-in template; serving renders every template through the interpreter.
 #pragma once
 
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace loom {
@@ -11,6 +15,21 @@ namespace loom {
 struct ChatMessage {
   std::string role;     // "system" | "user" | "assistant" | "tool"
   std::string content;
+};
+
+// The chat templates and special-token strings a model ships, as transformers
+// hands them to apply_chat_template. Immutable once the tokenizer is built.
+struct ModelChatTemplates {
+  // The "default" template (tokenizer_config.json `chat_template` as a string,
+  // the entry named "default" of its list form, chat_template.jinja beside it,
+  // or GGUF tokenizer.chat_template); for a model with none, the built-in
+  // ChatML template's source (has_model_template false).
+  std::string default_source;
+  bool has_model_template = false;
+  // The list form's entry named "tool_use" ("" = none): used when tools are given.
+  std::string tool_use_source;
+  // bos_token, eos_token, unk_token, pad_token as strings, where the config names them.
+  std::vector<std::pair<std::string, std::string>> special_tokens;
 };
 
 class ChatTemplate {

@@ -163,6 +163,12 @@ GgufTokenizerJson gguf_tokenizer_json(const GgufFile& gguf) {
     out.config_json["pad_token"] = *pad;
   const std::string chat_template = optional_string(gguf, "tokenizer.chat_template");
   if (!chat_template.empty()) out.config_json["chat_template"] = utf8::to_valid_lossy(chat_template);
+  // llama.cpp's convert script stores a "tool_use" template under its own key: the list form, as transformers has it.
+  const std::string tool_use = optional_string(gguf, "tokenizer.chat_template.tool_use");
+  if (!chat_template.empty() && !tool_use.empty())
+    out.config_json["chat_template"] = nlohmann::json::array(
+        {{{"name", "default"}, {"template", utf8::to_valid_lossy(chat_template)}},
+         {{"name", "tool_use"}, {"template", utf8::to_valid_lossy(tool_use)}}});
   return out;
 }
 

@@ -30,14 +30,23 @@ std::optional<std::string> config_token(const nlohmann::json& config, const char
   return std::nullopt;
 }
 
-std::string config_chat_template(const nlohmann::json& config) {
+// The template named `name` ("default": also a plain string, or else the
+// list's first entry); "" when there is none.
+std::string config_chat_template(const nlohmann::json& config, const std::string& name = "default") {
   if (!config.is_object() || !config.contains("chat_template")) return {};
   const auto& value = config.at("chat_template");
-  if (value.is_string()) return value.get<std::string>();
+  if (value.is_string()) return name == "default" ? value.get<std::string>() : std::string();
   if (value.is_array()) {  // [{"name": "default", "template": ...}, ...]
-    for (const auto& entry : value)
-      if (entry.value("name", "") == "default") return entry.value("template", "");
-    if (!value.empty()) return value[0].value("template", "");
+    const auto template_of = [](const nlohmann::json& entry) {
+      const auto it = entry.find("template");
+      return it != entry.end() && it->is_string() ? it->get<std::string>() : std::string();
+    };
+    for (const auto& entry : value) {
+      if (!entry.is_object()) continue;
+      const auto it = entry.find("name");
+      if (it != entry.end() && it->is_string() && *it == name) return template_of(entry);
+    }
+    if (name == "default" && !value.empty() && value[0].is_object()) return template_of(value[0]);
   }
   return {};
 }
@@ -110,6 +119,15 @@ void HfTokenizer::load_config(const std::string& context) {
                          post_processor_.prefix_ids().empty() && bos_id_.has_value();
   const std::string bos_text = bos_id_ ? token_text(*bos_id_) : std::string();
   chat_template_ = ChatTemplate::from_jinja(config_chat_template(config_), bos_text);
+
+  ModelChatTemplates& templates = model_chat_templates_;
+  templates.default_source = config_chat_template(config_);
+  templates.has_model_template = !templates.default_source.empty();
+  if (!templates.has_model_template) templates.default_source = chat_template_.jinja();
+  templates.tool_use_source = config_chat_template(config_, "tool_use");
+  for (const char* key : {"bos_token", "eos_token", "unk_token", "pad_token"}) {
+    if (const auto token = config_token(config_, key)) templates.special_tokens.emplace_back(key, *token);
+  }
 }
 
 std::vector<TokenId> HfTokenizer::encode(std::string_view input, bool add_special_tokens) const {
@@ -190,8 +208,7 @@ std::string HfTokenizer::to_hf_tokenizer_json() const {
 
 std::string HfTokenizer::to_hf_tokenizer_config_json() const {
   nlohmann::json out = config_.is_object() ? config_ : nlohmann::json::object();
-  if (!out.contains("chat_template") || !out["chat_template"].is_string() || out["chat_template"].get<std::string>().empty())
-    out["chat_template"] = chat_template_.jinja();
+  if (config_chat_template(out).empty()) out["chat_template"] = chat_template_.jinja();  // keeps the list form
   if (bos_id_ && !out.contains("bos_token")) out["bos_token"] = token_text(*bos_id_);
   if (!eos_ids_.empty() && !out.contains("eos_token")) out["eos_token"] = token_text(eos_ids_.front());
   if (!out.contains("tokenizer_class")) out["tokenizer_class"] = "PreTrainedTokenizerFast";

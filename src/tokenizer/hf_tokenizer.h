@@ -41,6 +41,7 @@ class HfTokenizer final : public Tokenizer {
   std::optional<TokenId> bos_token_id() const override { return bos_id_; }
   std::vector<TokenId> eos_token_ids() const override { return eos_ids_; }
   const ChatTemplate& chat_template() const override { return chat_template_; }
+  const ModelChatTemplates& model_chat_templates() const override { return model_chat_templates_; }
   std::string to_hf_tokenizer_json() const override;
   std::string to_hf_tokenizer_config_json() const override;
 
@@ -59,6 +60,7 @@ class HfTokenizer final : public Tokenizer {
   std::optional<TokenId> bos_id_;
   std::vector<TokenId> eos_ids_;
   ChatTemplate chat_template_;
+  ModelChatTemplates model_chat_templates_;
   int vocab_size_ = 0;
 };
 

@@ -54,7 +54,11 @@ class Tokenizer {
   // Tokens that end generation (eos plus e.g. <|im_end|>, <|eot_id|> when present).
   virtual std::vector<TokenId> eos_token_ids() const = 0;
 
+  // The built-in template guessed from the model's (ChatML when it has none):
+  // the native fallback; serving renders model_chat_templates() with Jinja.
   virtual const ChatTemplate& chat_template() const = 0;
+  // The model's own chat templates and special-token strings.
+  virtual const ModelChatTemplates& model_chat_templates() const = 0;
 
   // The vocabulary as a Hugging Face tokenizer.json (for `loom convert`): HF
   // `tokenizers` loads it and encodes exactly as this tokenizer does.

@@ -6,6 +6,7 @@
 #include <memory>
 #include <string_view>
 
+#include "chat/chat_renderer.h"
 #include "fuzz_util.h"
 #include "server/api_error.h"
 #include "server/openai_request.h"
@@ -20,9 +21,15 @@ std::shared_ptr<const loom::Tokenizer>& tokenizer() {
   return instance;
 }
 
+std::unique_ptr<const loom::ChatRenderer>& chat_renderer() {
+  static std::unique_ptr<const loom::ChatRenderer> instance;
+  return instance;
+}
+
 void parse(loom::server::Endpoint endpoint, std::string_view body) {
   loom::server::ParseContext context;
   context.tokenizer = tokenizer().get();
+  context.chat_renderer = chat_renderer().get();
   context.base_model_names = {"tiny", "/models/tiny"};
   context.has_adapter = [](const std::string& name) { return name == "agent0" || name == "agent1"; };
   context.max_context_tokens = 256;
@@ -51,6 +58,7 @@ extern "C" int LLVMFuzzerInitialize(int*, char***) {
   const std::string config_path =
       loom::fuzz::write_scratch_file("tokenizer_config.json", synthetic.tokenizer_config_json);
   tokenizer() = loom::Tokenizer::from_hf_json_file(tokenizer_path, config_path);
+  chat_renderer() = std::make_unique<const loom::ChatRenderer>(tokenizer()->model_chat_templates());
   return 0;
 }
 

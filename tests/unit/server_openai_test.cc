@@ -117,8 +117,9 @@ TEST_F(ServerOpenAiTest, ChatRendersTemplateAndUsesRemainingContext) {
                          {{"role", "user"}, {"content", {{{"type", "text"}, {"text", "hi "}}, {{"type", "text"}, {"text", "there"}}}}}};
   const auto parsed = parse(Endpoint::kChatCompletions,
                             {{"model", "tiny"}, {"messages", messages}, {"logprobs", true}, {"top_logprobs", 2}});
+  // Text parts are joined with "\n", as vLLM joins them for string-content templates.
   const std::string rendered =
-      tokenizer().chat_template().render({{"system", "be brief"}, {"user", "hi there"}}, true);
+      tokenizer().chat_template().render({{"system", "be brief"}, {"user", "hi \nthere"}}, true);
   ASSERT_EQ(parsed.prompts.size(), 1u);
   EXPECT_EQ(parsed.prompts[0], tokenizer().encode(rendered, false));
   EXPECT_EQ(parsed.engine_template.max_new_tokens, 256 - static_cast<int32_t>(parsed.prompts[0].size()));
