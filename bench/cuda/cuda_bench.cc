@@ -207,13 +207,15 @@ void make_base(Batch& batch) {
 
 // The attention kernels alone on layer 0's pools, for the batch's plan
 // (forked sequences: ResidualAttention over layer 0's rCache, residual_rank > 0).
-double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0) {
+// wide: the backend's choice of prefill kernel (the wgmma one where it applies); false: the mma.sync one.
+double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0,
+                      bool wide = true) {
   const ModelConfig& config = backend.config();
   StepPlan plan;
-  plan.build(batch,
-             {kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim),
-              residual_rank > 0 ? attention_decode_ctas_per_sm(config.head_dim, residual_rank) : 0},
-             kBlockSize);
+  PlanShape shape{kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim),
+                  residual_rank > 0 ? attention_decode_ctas_per_sm(config.head_dim, residual_rank) : 0};
+  shape.wide_prefill = wide && attention_wide_supports_head_dim(config.head_dim);
+  plan.build(batch, shape, kBlockSize);
   DeviceBuffer plan_d(plan.words().size() * 4);
   LOOM_CUDA_CHECK(cudaMemcpy(plan_d.data(), plan.words().data(), plan.words().size() * 4, cudaMemcpyHostToDevice));
   const size_t n = batch.token_ids.size();
@@ -247,7 +249,7 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     params.inv_freq = backend.model().inverse_frequencies();
   }
   auto run = [&] {
-    launch_attention(params, AttentionVariant::kPrefill,
+    launch_attention(params, plan.prefill_variant(),
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                      plan.num_prefill_items(), backend.stream());
     launch_attention(params, AttentionVariant::kDecode,
@@ -519,20 +521,30 @@ int run(int argc, char** argv) {
     const Batch decode = decode_batch(64, {}, prng, config.vocab_size);
     const double decode_ms = time_attention(backend, decode, iterations);
     const double decode_bytes = 64.0 * kContext * config.kv_size() * 2 * 2;
-    const Batch prefill = prefill_batch(prefill_tokens, prng, config.vocab_size);
-    const double prefill_ms = time_attention(backend, prefill, std::max(3, iterations / 2));
-    const double pairs = static_cast<double>(prefill_tokens) * (prefill_tokens + 1) / 2;
-    const double prefill_flop = 4.0 * config.num_heads * config.head_dim * pairs;
     results["attention"] = {
         {"decode", {{"batch", 64}, {"context", kContext}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
                     {"head_dim", config.head_dim}, {"ms", decode_ms}, {"kv_bytes", decode_bytes},
-                    {"bandwidth_bytes_per_s", decode_bytes / (decode_ms * 1e-3)}}},
-        {"prefill", {{"tokens", prefill_tokens}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
-                     {"head_dim", config.head_dim}, {"causal", true}, {"ms", prefill_ms}, {"flops", prefill_flop},
-                     {"tflops", prefill_flop / (prefill_ms * 1e-3) / 1e12}}}};
-    std::printf("\nattention alone, one layer: decode 64x2K %.3f ms (%.2f TB/s of K/V); prefill %d causal %.3f ms (%.0f TFLOP/s)\n",
-                decode_ms, decode_bytes / (decode_ms * 1e-3) / 1e12, prefill_tokens, prefill_ms,
-                prefill_flop / (prefill_ms * 1e-3) / 1e12);
+                    {"bandwidth_bytes_per_s", decode_bytes / (decode_ms * 1e-3)}}}};
+    std::printf("\nattention alone, one layer: decode 64x2K %.3f ms (%.2f TB/s of K/V)\n", decode_ms,
+                decode_bytes / (decode_ms * 1e-3) / 1e12);
+    // Causal prefill, the wgmma kernel (the backend's choice) and the mma.sync one, at the prompt length and 32K.
+    nlohmann::json prefill_runs = nlohmann::json::array();
+    for (const int tokens : {prefill_tokens, 32768}) {
+      const Batch prefill = prefill_batch(tokens, prng, config.vocab_size);
+      const double pairs = static_cast<double>(tokens) * (tokens + 1) / 2;
+      const double flop = 4.0 * config.num_heads * config.head_dim * pairs;
+      const int prefill_iterations = std::max(3, iterations / 2);
+      const double wide_ms = time_attention(backend, prefill, prefill_iterations, 0, true);
+      const double mma_sync_ms = time_attention(backend, prefill, prefill_iterations, 0, false);
+      prefill_runs.push_back({{"tokens", tokens}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
+                              {"head_dim", config.head_dim}, {"causal", true}, {"flops", flop}, {"ms", wide_ms},
+                              {"tflops", flop / (wide_ms * 1e-3) / 1e12}, {"mma_sync_ms", mma_sync_ms},
+                              {"mma_sync_tflops", flop / (mma_sync_ms * 1e-3) / 1e12}});
+      std::printf("attention alone, one layer: prefill %d causal %.3f ms (%.0f TFLOP/s); mma.sync kernel %.3f ms (%.0f TFLOP/s)\n",
+                  tokens, wide_ms, flop / (wide_ms * 1e-3) / 1e12, mma_sync_ms, flop / (mma_sync_ms * 1e-3) / 1e12);
+    }
+    results["attention"]["prefill"] = prefill_runs[0];
+    results["attention"]["prefill_runs"] = prefill_runs;
   }
 
   if (wanted("sharing")) {

@@ -1,6 +1,7 @@
 // Paged attention (prefill + decode kernels, split-KV combine) against the CPU
 // backend's paged_attention on the same bf16 values: random block tables,
-// block sizes 16 and 32, contexts 1..16K, batches 1..128, GQA ratios 1/4/8.
+// block sizes 16 and 32, contexts 1..16K, batches 1..128, GQA ratios 1/4/8;
+// the wide (wgmma) prefill for head dims 64/128 up to 64K contexts.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -25,6 +26,8 @@ struct AttentionCase {
   int num_heads = 32, num_kv_heads = 8, head_dim = 128, block_size = 16;
   std::vector<std::pair<int, int>> sequences;  // (num_cached, num_new)
   uint64_t seed = 1;
+  bool wide = true;   // PlanShape::wide_prefill where the head size has the wide kernel
+  int num_sms = 132;  // 1: any prefill list is wide enough to run wide
 };
 
 std::string describe(const AttentionCase& c) {
@@ -35,7 +38,7 @@ std::string describe(const AttentionCase& c) {
          std::to_string(c.sequences.size()) + " max context " + std::to_string(max_context);
 }
 
-void run_case(const AttentionCase& c) {
+AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefill variant
   SCOPED_TRACE(describe(c));
   Prng prng(c.seed);
   Batch batch;
@@ -76,7 +79,9 @@ void run_case(const AttentionCase& c) {
   cpu::paged_attention(q.data(), batch, placement, shape, k_pool.data(), v_pool.data(), 16, scratch, expected.data());
 
   StepPlan plan;
-  plan.build(batch, {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim)});
+  PlanShape plan_shape{c.block_size, c.num_heads, c.num_kv_heads, c.num_sms, attention_decode_ctas_per_sm(c.head_dim)};
+  plan_shape.wide_prefill = c.wide && attention_wide_supports_head_dim(c.head_dim);
+  plan.build(batch, plan_shape);
   auto device_layout = [&](const std::vector<float>& pool) {
     return test::kv_pool_device_layout(pool, num_slots, c.num_kv_heads, c.head_dim, c.block_size);
   };
@@ -93,7 +98,7 @@ void run_case(const AttentionCase& c) {
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
-  launch_attention(params, AttentionVariant::kPrefill,
+  launch_attention(params, plan.prefill_variant(),
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                    plan.num_prefill_items(), nullptr);
   launch_attention(params, AttentionVariant::kDecode,
@@ -105,8 +110,10 @@ void run_case(const AttentionCase& c) {
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
   const bool long_reduction = placement.max_context_length > 256;
   EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
-      << plan.num_prefill_items() << " prefill items, " << plan.num_decode_items() << " decode items, "
-      << plan.num_combine_items() << " combined";
+      << plan.num_prefill_items() << (plan.prefill_variant() == AttentionVariant::kPrefillWide ? " wide" : "")
+      << " prefill items, " << plan.num_decode_items() << " decode items, " << plan.num_combine_items()
+      << " combined";
+  return plan.prefill_variant();
 }
 
 TEST(CudaAttention, DecodeSingleTokenContexts1To16K) {
@@ -183,6 +190,40 @@ TEST(CudaAttention, MixedBatchEveryHeadDim) {
     }
     run_case(c);
   }
+}
+
+TEST(CudaAttention, WidePrefillHeadDims64And128GqaAndBlockSizes) {
+  LOOM_REQUIRE_GPU();
+  struct Heads { int heads, kv_heads; };
+  for (int head_dim : {64, 128}) {
+    for (Heads h : {Heads{8, 8}, Heads{32, 8}, Heads{32, 4}}) {
+      for (int block_size : {16, 32}) {
+        AttentionCase c;
+        c.head_dim = head_dim;
+        c.num_heads = h.heads;
+        c.num_kv_heads = h.kv_heads;
+        c.block_size = block_size;
+        c.num_sms = 1;
+        c.seed = head_dim + h.heads + h.kv_heads + block_size;
+        // Cached prefixes 0 to 3000, rows not a multiple of 128, tiles cut by the end.
+        c.sequences = {{0, 1000}, {77, 129}, {3000, 300}, {500, 17}, {3, 5}, {0, 1}, {128, 128}};
+        EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+      }
+    }
+  }
+}
+
+TEST(CudaAttention, WidePrefillLongContexts) {
+  LOOM_REQUIRE_GPU();
+  AttentionCase c;  // 8B shape
+  c.sequences = {{0, 4096}};
+  EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+  c.sequences = {{65536 - 256, 256}, {32768 - 640, 640}};  // chunks over 64K and 32K cached keys
+  c.num_sms = 1;
+  c.seed = 5;
+  EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+  c.wide = false;  // the mma.sync kernel, split over the same chunks
+  EXPECT_EQ(run_case(c), AttentionVariant::kPrefill);
 }
 
 }  // namespace

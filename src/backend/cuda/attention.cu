@@ -556,6 +556,10 @@ int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank) {
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
                       int32_t num_items, cudaStream_t stream, int32_t residual_rank) {
   if (num_items == 0) return;
+  if (variant == AttentionVariant::kPrefillWide) {
+    if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
+    return launch_attention_wide(params, items, num_items, stream);
+  }
   if (variant == AttentionVariant::kPrefill) {
     dispatch_rank<4>(params, items, num_items, stream, residual_rank);
   } else {
@@ -564,6 +568,7 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
 }
 
 size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank) {
+  if (variant == AttentionVariant::kPrefillWide) return attention_wide_shared_bytes(head_dim);
   switch (head_dim) {
     case 16: return shared_bytes_for<16>(variant, residual_rank);
     case 32: return shared_bytes_for<32>(variant, residual_rank);

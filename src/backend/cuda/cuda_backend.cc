@@ -43,6 +43,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   graphs_enabled_ = backend_config.cuda_graphs;
   max_graph_rows_ = backend_config.max_graph_rows;
+  wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
   adapters_.resize(backend_config.max_adapter_slots);
   kv_rank_of_slot_.assign(backend_config.max_adapter_slots, 0);
   lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
@@ -334,7 +335,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   attention.head_dim = config_.head_dim;
   attention.block_size = kv_shape_.block_size;
   attention.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  launch_attention(attention, AttentionVariant::kPrefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
+  launch_attention(attention, plan_.prefill_variant(), plan_pointer<AttentionWorkItem>(sections.prefill_items),
                    plan_.num_prefill_items(), stream_);
   launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
                    plan_.num_decode_items(), stream_);
@@ -400,6 +401,7 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
     if (sequence.forked_adapter_slot >= 0)
       residual_rank_ = std::max(residual_rank_, kv_rank_of_slot_[sequence.forked_adapter_slot]);
   PlanShape shape{kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_};
+  shape.wide_prefill = wide_prefill_;
   if (residual_rank_ > 0) {
     int32_t& ctas = forked_decode_ctas_per_sm_[residual_rank_];
     if (ctas == 0) ctas = attention_decode_ctas_per_sm(config_.head_dim, residual_rank_);

@@ -197,6 +197,7 @@ class CudaBackend : public Backend {
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
   int32_t max_graph_rows_ = 256;
+  bool wide_prefill_ = false;  // PlanShape::wide_prefill (CudaBackendConfig::wgmma_prefill)
   struct CapturedGraph {
     cudaGraphExec_t exec = nullptr;
     int64_t last_used = 0;  // graph_stats_ captures + replays at its last use

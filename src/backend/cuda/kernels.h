@@ -102,9 +102,12 @@ bool attention_supports_head_dim(int32_t head_dim);
 // Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm;
 // residual_rank > 0: the ResidualAttention kernel of that rank's tier).
 int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank = 0);
+// True for the head sizes the wide (wgmma) prefill is built for (64, 128).
+bool attention_wide_supports_head_dim(int32_t head_dim);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
 // residual_rank > 0: the items are forked sequences' (ResidualAttention) and
 // no adapter among them has a k or v rank above it (<= kResidualMaxRank).
+// kPrefillWide: items of unsplit, non-forked sequences, a wide-supported head size.
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
                       int32_t num_items, cudaStream_t stream, int32_t residual_rank = 0);
 // Shared memory one CTA of the variant takes (ResidualAttention with residual_rank > 0).
@@ -114,6 +117,10 @@ size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_
 void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
                           const int32_t* lora_rows, const int32_t* rows, int32_t num_rows, int32_t hidden, float* out,
                           cudaStream_t stream);
+// The kPrefillWide kernel (attention_wide.cu), which launch_attention calls.
+void launch_attention_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                           cudaStream_t stream);
+size_t attention_wide_shared_bytes(int32_t head_dim);
 // Merges split-KV partial results into params.out.
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items,
                               int32_t num_items, cudaStream_t stream);

@@ -28,15 +28,17 @@ LOOM_HOST_DEVICE inline int64_t kv_element_index(int64_t slot, int32_t kv_head, 
 // sequence and one kv head, a row being a (new token, query head of the kv
 // head's group) pair, numbered token-major: row = i * group + h. Packing the
 // group's heads into rows lets GQA read each K/V tile once per group.
-inline constexpr int32_t kAttentionMaxRows = 64;
+inline constexpr int32_t kAttentionMaxRows = 64;  // rows of a split-KV partial (kPrefill, kDecode)
+inline constexpr int32_t kAttentionWideRows = 128;
 inline constexpr int32_t kAttentionTileKeys = 64;
 
 enum class AttentionVariant : int32_t {
-  kPrefill = 0,  // 64 rows, 4 warps x 16 rows, each warp over all keys of a tile
-  kDecode = 1,   // 16 rows, 4 warps over a quarter of each tile's keys, merged at the end
+  kPrefill = 0,      // 64 rows, 4 warps x 16 rows, each warp over all keys of a tile
+  kDecode = 1,       // 16 rows, 4 warps over a quarter of each tile's keys, merged at the end
+  kPrefillWide = 2,  // 128 rows, 2 warpgroups x 64 rows on wgmma (attention_wide.cu); never split
 };
 inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
-  return variant == AttentionVariant::kPrefill ? 64 : 16;
+  return variant == AttentionVariant::kPrefill ? 64 : variant == AttentionVariant::kDecode ? 16 : kAttentionWideRows;
 }
 
 // A sequence's queries: its new tokens i < num_new_tokens (activation row

@@ -148,14 +148,10 @@ void StepPlan::plan_attention(const PlanShape& shape) {
   num_partials_ = 0;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   std::vector<TileCandidate> candidates[2][2];  // [forked][AttentionVariant]
-  for (int32_t s = 0; s < static_cast<int32_t>(sequences_.size()); ++s) {
+  std::vector<TileCandidate> wide;              // the non-forked prefill list in kAttentionWideRows rows
+  auto add_candidates = [&](std::vector<TileCandidate>& list, int32_t s, int32_t rows_per_tile) {
     const AttentionSequence& sequence = sequences_[s];
     const int32_t total_rows = sequence.num_queries() * group;
-    const AttentionVariant variant = total_rows <= attention_variant_rows(AttentionVariant::kDecode)
-                                         ? AttentionVariant::kDecode
-                                         : AttentionVariant::kPrefill;
-    const int32_t rows_per_tile = attention_variant_rows(variant);
-    auto& list = candidates[sequence.forked_slot >= 0 ? 1 : 0][static_cast<int>(variant)];
     for (int32_t row = 0; row < total_rows; row += rows_per_tile) {
       const int32_t num_rows = std::min(rows_per_tile, total_rows - row);
       // Decoder rows go back to earlier tokens: the tile sees up to its furthest query's keys.
@@ -165,6 +161,27 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       const int32_t kv_end = sequence.num_computed_tokens + last_token + 1;
       list.push_back({s, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
     }
+  };
+  for (int32_t s = 0; s < static_cast<int32_t>(sequences_.size()); ++s) {
+    const AttentionSequence& sequence = sequences_[s];
+    const int32_t total_rows = sequence.num_queries() * group;
+    const AttentionVariant variant = total_rows <= attention_variant_rows(AttentionVariant::kDecode)
+                                         ? AttentionVariant::kDecode
+                                         : AttentionVariant::kPrefill;
+    const bool forked = sequence.forked_slot >= 0;
+    add_candidates(candidates[forked ? 1 : 0][static_cast<int>(variant)], s, attention_variant_rows(variant));
+    if (shape.wide_prefill && !forked && variant == AttentionVariant::kPrefill)
+      add_candidates(wide, s, kAttentionWideRows);
+  }
+  // Wide items are never split, so they serve only a list that fills every SM unsplit.
+  prefill_variant_ = AttentionVariant::kPrefill;
+  if (!wide.empty() && static_cast<int64_t>(wide.size()) * shape.num_kv_heads >= shape.num_sms) {
+    prefill_variant_ = AttentionVariant::kPrefillWide;
+    std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
+      return a.num_key_tiles > b.num_key_tiles;
+    });
+    for (const TileCandidate& c : wide) items_[0][0].push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
+    candidates[0][static_cast<int>(AttentionVariant::kPrefill)].clear();
   }
 
   for (int forked = 0; forked < 2; ++forked) {

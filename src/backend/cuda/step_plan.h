@@ -31,6 +31,9 @@ struct PlanShape {
   // (ResidualAttention) in forked_decode_ctas_per_sm (0: decode_ctas_per_sm's).
   int32_t decode_ctas_per_sm = 0;
   int32_t forked_decode_ctas_per_sm = 0;
+  // The wide (wgmma) prefill kernel serves this head size: non-forked prefill
+  // lists with enough work to fill the GPU unsplit run as kPrefillWide items.
+  bool wide_prefill = false;
 };
 
 // Offsets in int32 words into StepPlan::words(). The rCache block tables follow
@@ -99,6 +102,8 @@ class StepPlan {
   int32_t num_tokens() const { return num_tokens_; }
   int32_t num_rows() const { return static_cast<int32_t>(row_token_ids_.size()); }
   int32_t num_prefill_items() const { return static_cast<int32_t>(items_[0][0].size()); }
+  // The variant of prefill_items(): kPrefill, or kPrefillWide (128-row items, none split).
+  AttentionVariant prefill_variant() const { return prefill_variant_; }
   int32_t num_decode_items() const { return static_cast<int32_t>(items_[0][1].size()); }
   int32_t num_forked_prefill_items() const { return static_cast<int32_t>(items_[1][0].size()); }
   int32_t num_forked_decode_items() const { return static_cast<int32_t>(items_[1][1].size()); }
@@ -140,6 +145,7 @@ class StepPlan {
 
   int32_t num_tokens_ = 0;
   int32_t num_partials_ = 0;
+  AttentionVariant prefill_variant_ = AttentionVariant::kPrefill;
   int32_t max_forked_context_ = 0;
   bool has_residual_writes_ = false;
   std::vector<int32_t> row_token_ids_, row_positions_, row_adapter_slots_;

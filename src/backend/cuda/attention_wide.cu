@@ -1,0 +1,281 @@
+// Wide prefill attention for sm_90a: warpgroup MMA (wgmma), FlashAttention-3
+// style, over the paged cache.
+//
+// A CTA (two warpgroups, 256 threads) runs one work item of up to 128 rows of
+// (token, query head) for one kv head (blockIdx.y); warpgroup w owns rows
+// [64w, 64w + 64). Q and 128-key K/V tiles are gathered through the block
+// table with cp.async into 128-byte-swizzled shared memory (wgmma.cuh), two
+// stages deep. Per tile each warpgroup issues S = Q K^T as wgmma m64n128k16
+// with both operands in shared memory, runs the online softmax (log2 domain)
+// on the accumulators, and issues O += P V with P from registers (the S
+// accumulators packed to bf16 are exactly wgmma's A fragments) and V read
+// MN-major. The two warpgroups' softmax and MMAs overlap on the SM.
+// Masking and row numbering are attention.cu's: row (token i) sees key j iff
+// j < kv_end and j <= num_computed + i; decoder rows (base sharing) are queries
+// after the new tokens. Wide items are never split (no partials).
+// Status: compiled (193 / 161 registers for head dims 128 / 64, no spills) but
+// not yet run on a GPU; CudaBackendConfig::wgmma_prefill keeps it off in serving
+// until CudaAttention.WidePrefill* pass on the device.
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kWideThreads = 256;
+constexpr int kWideRows = kAttentionWideRows;
+constexpr int kWideKeys = 128;  // keys per tile: S is m64n128 per warpgroup
+
+template <int kHeadDim>
+constexpr size_t wide_shared_bytes() {
+  // Q [128][d], two stages of K and V [128][d], + slack to align to 1024 bytes.
+  return static_cast<size_t>(kWideRows + 4 * kWideKeys) * kHeadDim * sizeof(bf16) + 1024;
+}
+
+template <int kHeadDim>
+__device__ __forceinline__ void wgmma_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (kHeadDim == 128) {
+    wgmma_m64n128k16_rs_mn(o, a, desc_b);
+  } else {
+    wgmma_m64n64k16_rs_mn(o, a, desc_b);
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(AttentionParams p, const AttentionWorkItem* items) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
+  constexpr uint32_t kQBytes = kWideRows * kHeadDim * sizeof(bf16);
+  constexpr uint32_t kTileBytes = kWideKeys * kHeadDim * sizeof(bf16);
+  constexpr int kOut = kHeadDim / 2;  // O accumulators a thread
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t base_address = (raw_address + 1023u) & ~1023u;
+  unsigned char* base = shared_raw + (base_address - raw_address);
+  const uint32_t q_address = base_address;
+  const uint32_t k_address = base_address + kQBytes;                   // [2 stages]
+  const uint32_t v_address = base_address + kQBytes + 2 * kTileBytes;  // [2 stages]
+
+  const AttentionWorkItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;
+  const int kv_head = blockIdx.y;
+  const AttentionSequence sequence = p.sequences[item.sequence];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int total_rows = sequence.num_queries() * group;
+  const int q_size = p.num_heads * kHeadDim;
+  const int tid = threadIdx.x;
+  const int warpgroup = tid / 128;
+  const int warp = (tid / 32) % 4;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int quad = lane % 4;
+  const int32_t* block_table = p.block_tables + sequence.block_table_offset;
+
+  for (int chunk = tid; chunk < kWideRows * kChunks; chunk += kWideThreads) {
+    const int r = chunk / kChunks;
+    const int c = chunk % kChunks;
+    const int row = item.row_begin + r;
+    const bool valid = row < total_rows;
+    const bf16* source = p.q;
+    if (valid) source += sequence.query_row(row / group) * q_size + (kv_head * group + row % group) * kHeadDim + c * 8;
+    cp_async_16(base + swizzled_chunk_offset(r, c, kWideRows), source, valid);
+  }
+  auto load_tile = [&](int tile_start, int stage) {
+    unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
+    unsigned char* v_stage = base + kQBytes + (2 + stage) * kTileBytes;
+    for (int chunk = tid; chunk < kWideKeys * kChunks; chunk += kWideThreads) {
+      const int r = chunk / kChunks;
+      const int c = chunk % kChunks;
+      const int key = tile_start + r;
+      const bool valid = key < item.kv_end;
+      const bf16* k_source = p.k_cache;
+      const bf16* v_source = p.v_cache;
+      if (valid) {
+        const int64_t block = block_table[key / p.block_size];
+        const int64_t offset =
+            ((block * p.num_kv_heads + kv_head) * p.block_size + key % p.block_size) * kHeadDim + c * 8;
+        k_source += offset;
+        v_source += offset;
+      }
+      const uint32_t destination = swizzled_chunk_offset(r, c, kWideKeys);
+      cp_async_16(k_stage + destination, k_source, valid);
+      cp_async_16(v_stage + destination, v_source, valid);
+    }
+    cp_async_commit();
+  };
+
+  // Exclusive key limit of each owned row (0 for padding rows), and the
+  // furthest of the warpgroup's rows: tiles at or past it are skipped.
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
+    const int causal = row < total_rows ? sequence.num_computed_tokens + sequence.query_token(row / group) + 1 : 0;
+    row_limit[h] = min(causal, item.kv_end);
+  }
+  int warpgroup_limit = 0;
+  {
+    const int first_row = item.row_begin + warpgroup * 64;
+    const int last_row = min(first_row + 63, total_rows - 1);
+    for (int q = first_row / group; first_row <= last_row && q <= last_row / group; ++q)
+      warpgroup_limit = max(warpgroup_limit, sequence.num_computed_tokens + sequence.query_token(q) + 1);
+    warpgroup_limit = min(warpgroup_limit, item.kv_end);
+  }
+  const int min_row_limit = min(row_limit[0], row_limit[1]);
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  float o[kOut];
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  float s[64];
+
+  const int num_tiles = (item.kv_end + kWideKeys - 1) / kWideKeys;
+  load_tile(0, 0);  // the same commit group as Q
+  for (int tile = 0; tile < num_tiles; ++tile) {
+    const int stage = tile & 1;
+    const int tile_start = tile * kWideKeys;
+    if (tile + 1 < num_tiles) {
+      load_tile(tile_start + kWideKeys, stage ^ 1);
+      cp_async_wait<1>();
+    } else {
+      cp_async_wait<0>();
+    }
+    fence_proxy_async_shared();
+    __syncthreads();
+    if (tile_start < warpgroup_limit) {  // uniform over the warpgroup, as wgmma needs
+      fence_accumulators(s);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kHeadDim / 16; ++k) {
+        const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
+        const uint64_t desc_q = smem_descriptor(
+            q_address + (k / 4) * kWideRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
+        const uint64_t desc_k =
+            smem_descriptor(k_address + stage * kTileBytes + (k / 4) * kWideKeys * 128 + column, 16, 1024);
+        wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(s);
+
+      float tile_max[2] = {-INFINITY, -INFINITY};
+      if (tile_start + kWideKeys > min_row_limit) {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) {
+          const int h = (j % 4) / 2;
+          const int key = tile_start + (j / 4) * 8 + 2 * quad + (j % 2);
+          s[j] = key < row_limit[h] ? s[j] * scale_log2 : -INFINITY;
+          tile_max[h] = fmaxf(tile_max[h], s[j]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 64; ++j) {
+          const int h = (j % 4) / 2;
+          s[j] *= scale_log2;
+          tile_max[h] = fmaxf(tile_max[h], s[j]);
+        }
+      }
+      float rescale[2], shift[2];
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+        const float new_max = fmaxf(row_max[h], tile_max[h]);
+        shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
+        rescale[h] = exp2f(row_max[h] - shift[h]);
+        row_max[h] = new_max;
+      }
+      float tile_sum[2] = {0.0f, 0.0f};
+      uint32_t a[kWideKeys / 16][4];
+#pragma unroll
+      for (int j = 0; j < 64; ++j) {
+        const int h = (j % 4) / 2;
+        s[j] = exp2f(s[j] - shift[h]);
+        tile_sum[h] += s[j];
+      }
+#pragma unroll
+      for (int k = 0; k < kWideKeys / 16; ++k) {
+        a[k][0] = pack_bf16(s[8 * k + 0], s[8 * k + 1]);
+        a[k][1] = pack_bf16(s[8 * k + 2], s[8 * k + 3]);
+        a[k][2] = pack_bf16(s[8 * k + 4], s[8 * k + 5]);
+        a[k][3] = pack_bf16(s[8 * k + 6], s[8 * k + 7]);
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+#pragma unroll
+      for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+
+      fence_accumulators(o);
+      wgmma_fence();
+#pragma unroll
+      for (int k = 0; k < kWideKeys / 16; ++k) {
+        const uint64_t desc_v = smem_descriptor(v_address + stage * kTileBytes + k * 2048, kWideKeys * 128, 1024);
+        wgmma_pv<kHeadDim>(o, a[k], desc_v);
+      }
+      wgmma_commit();
+      wgmma_wait<0>();
+      fence_accumulators(o);
+    }
+    __syncthreads();  // both warpgroups are done with `stage` before it is refilled
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
+    if (row >= total_rows) continue;
+    const float inverse = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
+    const int64_t token = sequence.query_row(row / group);
+    bf16* out = p.out + token * q_size + (kv_head * group + row % group) * kHeadDim;
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 8; ++c)
+      *reinterpret_cast<__nv_bfloat162*>(out + c * 8 + 2 * quad) =
+          __floats2bfloat162_rn(o[4 * c + 2 * h] * inverse, o[4 * c + 2 * h + 1] * inverse);
+  }
+}
+
+template <int kHeadDim>
+void launch_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                 cudaStream_t stream) {
+  constexpr size_t kShared = wide_shared_bytes<kHeadDim>();
+  static const bool attribute_set = [] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_wide_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                         static_cast<int>(kShared)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(num_items, params.num_kv_heads);
+  attention_wide_kernel<kHeadDim><<<grid, kWideThreads, kShared, stream>>>(params, items);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool attention_wide_supports_head_dim(int32_t head_dim) { return head_dim == 64 || head_dim == 128; }
+
+size_t attention_wide_shared_bytes(int32_t head_dim) {
+  return head_dim == 128 ? wide_shared_bytes<128>() : wide_shared_bytes<64>();
+}
+
+void launch_attention_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                           cudaStream_t stream) {
+  if (num_items == 0) return;
+  switch (params.head_dim) {
+    case 64: return launch_wide<64>(params, items, num_items, stream);
+    case 128: return launch_wide<128>(params, items, num_items, stream);
+    default: throw_unsupported("cuda wide prefill attention: head_dim (supported: 64, 128)", params.head_dim);
+  }
+}
+
+}  // namespace loom::cuda
