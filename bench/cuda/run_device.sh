@@ -6,7 +6,8 @@
 # The SmolLM2 GGUF (98 MB) is over one call's carry limit: .carry/smol_a/part
 # (first 50 MB) travels with `tests` and is kept in /tmp/loom, .carry/smol_b/part
 # with `smol`, which must follow while the machine is still warm.
-#   bench/cuda/run_device.sh tests | smol | bench | all-after-tests
+#   bench/cuda/run_device.sh tests | smol | bench | wide | all-after-tests
+# wide: the wgmma prefill's tests, then its timing against the mma.sync kernel and torch SDPA at 8K and 32K.
 set -u
 MODE=${1:-tests}
 . "$(dirname "$0")/device_env.sh"
@@ -35,6 +36,14 @@ case "$MODE" in
     cat /tmp/loom/smol_a .carry/smol_b/part > /tmp/loom/smol.gguf
     ls -la /tmp/loom/smol.gguf
     LOOM_SMOLLM2_GGUF=/tmp/loom/smol.gguf run_suite 'CudaSmolLM2.*' 300
+    ;;
+  wide)
+    run_suite 'CudaAttention.*' 300
+    timeout 200 /tmp/loom/bin/loom_cuda_bench --what attention --out "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log" | tail -4
+    for tokens in 8192 32768; do
+      timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
+      grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
+    done
     ;;
   bench)
     timeout 420 /tmp/loom/bin/loom_cuda_bench --out "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/bench.log"
