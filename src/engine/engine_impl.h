@@ -29,6 +29,7 @@
 #include <atomic>
 #include <deque>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -112,6 +113,9 @@ class EngineImpl final : public Engine {
   Batch build_step_batch(const ScheduledBatch& scheduled) const;
   // Backend::forward; on failure, ends the batch's requests with the error and returns nullopt.
   std::optional<ForwardResult> forward(const ScheduledBatch& scheduled);
+  // Starts computing the structured-output masks of the rows that sample this
+  // step (PendingRequest::prepare_constraint_mask) on other threads.
+  std::vector<std::future<void>> start_constraint_masks(const ScheduledBatch& scheduled);
   void fail_batch(const ScheduledBatch& scheduled, const Error& error);
   // Samples (or takes the device-sampled token of) every row that samples, and emits the outputs.
   void sample_and_emit(const ScheduledBatch& scheduled, const ForwardResult& result);

@@ -43,9 +43,19 @@ RequestOutput PendingRequest::on_logits(const float* logits, int32_t vocab_size,
   return on_sampled_token(sampler.sample(logits, vocab_size), eos_ids);
 }
 
+void PendingRequest::prepare_constraint_mask() {
+  if (!matcher || mask_prepared_) return;
+  try {
+    matcher->fill_next_token_bitmask(allowed_tokens_);
+    mask_prepared_ = true;
+  } catch (const std::exception&) {  // on_logits computes it again and reports what fails
+  }
+}
+
 bool PendingRequest::apply_constraint(const float* logits, int32_t vocab_size, bool copied) {
   if (!copied) masked_logits_.assign(logits, logits + vocab_size);
-  matcher->fill_next_token_bitmask(allowed_tokens_);
+  if (!mask_prepared_) matcher->fill_next_token_bitmask(allowed_tokens_);
+  mask_prepared_ = false;  // the sampled token moves the matcher on
   const int32_t grammar_vocab = matcher->grammar().vocabulary().size();
   bool any = false;
   constexpr float kMasked = -std::numeric_limits<float>::infinity();

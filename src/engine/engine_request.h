@@ -62,6 +62,11 @@ struct PendingRequest {
   RequestOutput on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);
   // A finished output carrying `error`.
   RequestOutput failed(const Error& error) const;
+  // Structured outputs: computes the grammar's mask of allowed next tokens
+  // now, for the next on_logits (which otherwise computes it itself). The
+  // engine runs this beside the forward pass, on another thread; nothing else
+  // may touch this request meanwhile. A failure leaves the mask to on_logits.
+  void prepare_constraint_mask();
 
  private:
   RequestOutput make_output() const;
@@ -71,6 +76,7 @@ struct PendingRequest {
   RequestOutput finish_without_token(FinishReason reason);
   std::vector<float> masked_logits_;
   std::vector<uint64_t> allowed_tokens_;  // the matcher's bitmask, reused across steps
+  bool mask_prepared_ = false;            // allowed_tokens_ is the matcher's current state's
 };
 
 // The engine thread's requests in flight, by id.

@@ -1,4 +1,6 @@
 // One engine step and its parts (EngineImpl's private half; see engine_impl.h).
+#include <algorithm>
+#include <future>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -85,16 +87,43 @@ Batch EngineImpl::build_step_batch(const ScheduledBatch& scheduled) const {
   return batch;
 }
 
+std::vector<std::future<void>> EngineImpl::start_constraint_masks(const ScheduledBatch& scheduled) {
+  std::vector<PendingRequest*> constrained;
+  for (const ScheduledRequest& entry : scheduled.requests) {
+    PendingRequest& request = *active_.at(entry.id);
+    if (entry.samples_next_token && request.matcher) constrained.push_back(&request);
+  }
+  std::vector<std::future<void>> tasks;
+  if (constrained.empty()) return tasks;
+  // A few threads: on a GPU the cores are idle during the forward; on the CPU
+  // backend they compete with it, but the masks are needed right after anyway.
+  const size_t num_tasks = std::min<size_t>({constrained.size(), 8, std::max(1u, std::thread::hardware_concurrency())});
+  for (size_t t = 0; t < num_tasks; ++t)
+    tasks.push_back(std::async(std::launch::async, [constrained, t, num_tasks] {
+      for (size_t i = t; i < constrained.size(); i += num_tasks) constrained[i]->prepare_constraint_mask();
+    }));
+  return tasks;
+}
+
 std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled) {
   const Batch batch = build_step_batch(scheduled);
+  // Structured outputs' masks are computed while the forward runs; the tasks
+  // end before this returns (so before any request they touch can end).
+  std::vector<std::future<void>> masks = start_constraint_masks(scheduled);
+  auto finish_masks = [&masks] {
+    for (std::future<void>& task : masks) task.wait();
+  };
   try {
     ForwardResult result = backend_->forward(batch);
+    finish_masks();
     LOOM_CHECK(result.logit_token_index.size() == scheduled.requests.size());
     return result;
   } catch (const Error& error) {
+    finish_masks();
     spdlog::error("forward pass failed: {}", error.what());
     fail_batch(scheduled, error);
   } catch (const std::exception& error) {
+    finish_masks();
     spdlog::error("forward pass failed: {}", error.what());
     fail_batch(scheduled, Error(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what())));
   }
