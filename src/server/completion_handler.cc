@@ -37,6 +37,9 @@ struct Generation {
     Usage usage;
     for (const auto& prompt : request.prompts) usage.prompt_tokens += static_cast<int64_t>(prompt.size());
     for (const auto& result : results) usage.completion_tokens += result.num_output_tokens;
+    // Each prompt counts once, as its tokens do: its first choice's cache hits.
+    for (size_t prompt = 0; prompt < request.prompts.size(); ++prompt)
+      usage.cached_tokens += results[prompt * static_cast<size_t>(request.n)].num_cached_prompt_tokens;
     return usage;
   }
 
@@ -45,6 +48,7 @@ struct Generation {
     result.text += output.text_delta;
     result.tokens.insert(result.tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
     result.num_output_tokens = std::max<int32_t>(output.num_output_tokens, static_cast<int32_t>(result.tokens.size()));
+    result.num_cached_prompt_tokens = std::max(result.num_cached_prompt_tokens, output.num_cached_prompt_tokens);
     if (output.finished && !result.finished) {
       result.finished = true;
       result.finish_reason = output.finish_reason;
@@ -87,7 +91,8 @@ std::shared_ptr<Generation> submit_all(Endpoint endpoint, const CompletionContex
   generation->request = std::move(parsed);
   const int32_t num_choices = generation->request.num_choices();
   generation->builder = std::make_unique<ResponseBuilder>(generation->request, *context.tokenizer,
-                                                         make_response_id(endpoint), std::time(nullptr));
+                                                         make_response_id(endpoint), std::time(nullptr),
+                                                         context.system_fingerprint);
   generation->results.resize(static_cast<size_t>(num_choices));
   generation->num_unfinished = num_choices;
   for (int32_t index = 0; index < num_choices; ++index) {

@@ -7,6 +7,7 @@
 #pragma once
 
 #include <atomic>
+#include <string>
 
 #include "engine/engine.h"
 #include "server/http_types.h"
@@ -20,7 +21,10 @@ struct CompletionContext {
   ParseContext parse;
   // Set when requests in flight must end now (shutdown timeout passed): they
   // are cancelled and answered 503, or get an SSE error event then [DONE].
-  const std::atomic<bool>* ending_requests = nullptr;};
+  const std::atomic<bool>* ending_requests = nullptr;
+  // OpenAI's system_fingerprint of every response ("" = none): the build and model served.
+  std::string system_fingerprint;
+};
 
 // The response: a whole body, or a stream. Throws ApiError for a request that
 // cannot start; errors after streaming began go into the stream.

@@ -15,7 +15,9 @@
 #include "server/json_input.h"
 #include "server/json_output.h"
 #include "server/metrics_exporter.h"
+#include "server/tokenize_routes.h"
 #include "server/workflow_routes.h"
+#include "util/version.h"
 
 namespace loom::server {
 namespace {
@@ -68,6 +70,18 @@ std::optional<std::string> workflow_id(const std::string& path, std::string_view
   return id;
 }
 
+constexpr std::string_view kModelsPrefix = "/v1/models/";
+
+// OpenAI's system_fingerprint: what would change outputs for the same request
+// (build, model, served names, context length), hashed (FNV-1a).
+std::string system_fingerprint(const ServerConfig& config, int32_t max_context_tokens) {
+  uint64_t hash = 1469598103934665603ULL;
+  for (const std::string& part : {std::string(kLoomVersion), config.model_path, config.served_model_name,
+                                  std::to_string(max_context_tokens)})
+    for (char c : part + '\0') hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
+  return fmt::format("fp_{:012x}", hash & 0xFFFFFFFFFFFFULL);
+}
+
 }  // namespace
 
 struct HttpServer::Impl {
@@ -111,8 +125,10 @@ struct HttpServer::Impl {
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 
+    completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());
+
     TransportConfig transport_config = config.http;
-    transport_config.light_paths = {"/health", "/metrics"};
+    transport_config.light_paths = {"/health", "/ping", "/version", "/metrics"};
     transport = std::make_unique<HttpTransport>(
         transport_config, [this](HttpRequest& request) { return handle(request); },
         [](int status, const std::string& message, const std::string& code) {
@@ -126,7 +142,7 @@ struct HttpServer::Impl {
   // The route's answer; throws ApiError / loom::Error for failures.
   HttpResponse route(HttpRequest& request);
   bool authorized(const HttpRequest& request) const;
-  HttpResponse handle_models();
+  HttpResponse handle_models(const std::string* only = nullptr);
   HttpResponse handle_load_adapter(const HttpRequest& request);
   HttpResponse handle_unload_adapter(const HttpRequest& request);
   std::string checked_lora_path(const std::string& lora_path) const;
@@ -175,10 +191,19 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
     response.headers.emplace_back("Allow", list);
     return response;
   };
-  if (path == "/health") {
-    if (auto refused = wrong_method({"GET"})) return *refused;
+  if (path == "/health" || path == "/ping") {  // /ping: vLLM's (SageMaker's) spelling, GET or POST
+    if (auto refused = path == "/ping" ? wrong_method({"GET", "POST"}) : wrong_method({"GET"})) return *refused;
     if (stopping.load()) throw ApiError(503, "shutting down", "server_error");
     return json_response("{\"status\":\"ok\"}");
+  }
+  if (path == "/version") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    return json_response(dump_json(Json{{"version", kLoomVersion}}));
+  }
+  if (path == "/tokenize" || path == "/detokenize") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return json_response(path == "/tokenize" ? tokenize_body(completion.parse, request.body)
+                                             : detokenize_body(completion.parse, request.body));
   }
   if (path == "/metrics") {
     if (auto refused = wrong_method({"GET"})) return *refused;
@@ -188,6 +213,16 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
   if (path == "/v1/models") {
     if (auto refused = wrong_method({"GET"})) return *refused;
     return handle_models();
+  }
+  if (path.rfind(kModelsPrefix, 0) == 0 && path.size() > kModelsPrefix.size()) {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    // The rest of the (percent-decoded) path: an adapter name may hold '/' ("org/name").
+    const std::string id = path.substr(kModelsPrefix.size());
+    return handle_models(&id);
+  }
+  if (path == "/v1/workflows") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    return json_response(list_workflows(engine));
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (auto refused = wrong_method({"POST"})) return *refused;
@@ -216,7 +251,7 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
   throw ApiError(404, fmt::format("no route {} {}", method, path), "invalid_request_error", "", "not_found");
 }
 
-HttpResponse HttpServer::Impl::handle_models() {
+HttpResponse HttpServer::Impl::handle_models(const std::string* only) {
   const int64_t created = std::time(nullptr);
   const int32_t max_model_len = engine.max_context_tokens();
   Json data = Json::array();
@@ -236,7 +271,11 @@ HttpResponse HttpServer::Impl::handle_models() {
                     {"parent", config.served_model_name},
                     {"max_model_len", max_model_len},
                     {"kv_sharing", kv_sharing_name(adapter.sharing)}});
-  return json_response(dump_json(Json{{"object", "list"}, {"data", data}}));
+  if (!only) return json_response(dump_json(Json{{"object", "list"}, {"data", data}}));
+  for (const Json& model : data)
+    if (model["id"] == *only) return json_response(dump_json(model));
+  throw ApiError(404, fmt::format("The model '{}' does not exist.", *only), "invalid_request_error", "model",
+                 "model_not_found");
 }
 
 std::string HttpServer::Impl::checked_lora_path(const std::string& lora_path) const {

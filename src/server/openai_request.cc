@@ -103,6 +103,8 @@ std::string read_string(const Json& object, const char* key, const std::string& 
   return value->get<std::string>();
 }
 
+}  // namespace
+
 // [id, ...] with every id in [0, vocab_size); param names the list.
 std::vector<TokenId> read_token_ids(const Json& list, const std::string& param, int vocab_size) {
   std::vector<TokenId> ids;
@@ -116,6 +118,8 @@ std::vector<TokenId> read_token_ids(const Json& list, const std::string& param, 
   }
   return ids;
 }
+
+namespace {
 
 // prompt: "text" | ["text", ...] | [id, ...] | [[id, ...], ...]. How many
 // prompts the shape holds, before anything is tokenized (0 = not one of these).
@@ -220,6 +224,8 @@ void refuse_unsupported(const Json& body) {
   read_int(body, "best_of", 1, 1, 1, " (best_of other than 1 is not supported)");
 }
 
+}  // namespace
+
 std::string resolve_adapter(const std::string& model, const ParseContext& context) {
   if (model.empty()) return {};
   for (const auto& name : context.base_model_names)
@@ -228,6 +234,8 @@ std::string resolve_adapter(const std::string& model, const ParseContext& contex
   throw ApiError(404, fmt::format("The model '{}' does not exist.", model), "invalid_request_error", "model",
                  "model_not_found");
 }
+
+namespace {
 
 // a * b * c for positive factors, saturating at INT64_MAX.
 int64_t saturating_product(std::initializer_list<int64_t> factors) {

@@ -85,4 +85,11 @@ struct ParsedRequest {
 // Parses a raw body. Throws ApiError.
 ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body, const ParseContext& context);
 
+// The adapter a request's `model` names ("" = the base model, also for an
+// empty name). Throws ApiError(404, code model_not_found) for an unknown name.
+std::string resolve_adapter(const std::string& model, const ParseContext& context);
+// A JSON list of token ids, each in [0, vocab_size). Throws ApiError(400)
+// naming `param` (or its bad element).
+std::vector<TokenId> read_token_ids(const nlohmann::json& list, const std::string& param, int vocab_size);
+
 }  // namespace loom::server

@@ -74,7 +74,8 @@ Json completion_logprobs(const Tokenizer& tokenizer, const std::vector<SampledTo
 Json usage_json(const Usage& usage) {
   return {{"prompt_tokens", usage.prompt_tokens},
           {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
+          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
 // A choice's text read for tool calls as its request's tool_choice says.
@@ -131,8 +132,9 @@ std::string make_response_id(Endpoint endpoint) {
 }
 
 ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& tokenizer, std::string id,
-                                 int64_t created_unix)
+                                 int64_t created_unix, std::string system_fingerprint)
     : request_(request), tokenizer_(tokenizer), id_(std::move(id)), created_(created_unix),
+      system_fingerprint_(std::move(system_fingerprint)),
       text_offsets_(static_cast<size_t>(request.num_choices()), 0),
       echoed_(static_cast<size_t>(request.num_choices()), false) {
   const ToolChoice& choice = request.tool_choice;
@@ -184,13 +186,16 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
                                 : finish_reason_name(choice.finish_reason);
     list.push_back(std::move(item));
   }
-  Json body = {{"id", id_},
-               {"object", is_chat ? "chat.completion" : "text_completion"},
-               {"created", created_},
-               {"model", request_.model},
-               {"choices", list},
-               {"usage", usage_json(usage)}};
+  Json body = head(is_chat ? "chat.completion" : "text_completion");
+  body["choices"] = std::move(list);
+  body["usage"] = usage_json(usage);
   return dump_json(body);
+}
+
+Json ResponseBuilder::head(const char* object) const {
+  Json fields = {{"id", id_}, {"object", object}, {"created", created_}, {"model", request_.model}};
+  if (!system_fingerprint_.empty()) fields["system_fingerprint"] = system_fingerprint_;
+  return fields;
 }
 
 std::string ResponseBuilder::role_event(int32_t index) const {
@@ -198,11 +203,9 @@ std::string ResponseBuilder::role_event(int32_t index) const {
                  {"delta", {{"role", "assistant"}, {"content", ""}}},
                  {"logprobs", nullptr},
                  {"finish_reason", nullptr}};
-  return sse({{"id", id_},
-              {"object", "chat.completion.chunk"},
-              {"created", created_},
-              {"model", request_.model},
-              {"choices", Json::array({choice})}});
+  Json chunk = head("chat.completion.chunk");
+  chunk["choices"] = Json::array({choice});
+  return sse(chunk);
 }
 
 std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& output) {
@@ -238,11 +241,8 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
   }
   choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
-  Json chunk = {{"id", id_},
-                {"object", is_chat ? "chat.completion.chunk" : "text_completion"},
-                {"created", created_},
-                {"model", request_.model},
-                {"choices", Json::array({choice})}};
+  Json chunk = head(is_chat ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = Json::array({choice});
   if (request_.include_usage) chunk["usage"] = nullptr;
   return sse(chunk);
 }
@@ -273,12 +273,10 @@ toolcall::StreamDelta ResponseBuilder::next_tool_call_delta(int32_t index, const
 
 std::string ResponseBuilder::usage_event(const Usage& usage) const {
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
-  return sse({{"id", id_},
-              {"object", is_chat ? "chat.completion.chunk" : "text_completion"},
-              {"created", created_},
-              {"model", request_.model},
-              {"choices", Json::array()},
-              {"usage", usage_json(usage)}});
+  Json chunk = head(is_chat ? "chat.completion.chunk" : "text_completion");
+  chunk["choices"] = Json::array();
+  chunk["usage"] = usage_json(usage);
+  return sse(chunk);
 }
 
 std::string ResponseBuilder::error_event(const std::string& body_json) { return "data: " + body_json + "\n\n"; }

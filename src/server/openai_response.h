@@ -29,17 +29,21 @@ struct ChoiceResult {
   bool finished = false;
   FinishReason finish_reason = FinishReason::kLength;
   int32_t num_output_tokens = 0;
+  int32_t num_cached_prompt_tokens = 0;  // of its prompt, served from the prefix cache
 };
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
+  int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache (prompt_tokens_details)
 };
 
 // Builds the bodies of one request. Borrows the request and tokenizer, which
 // must outlive it. One per HTTP request; not thread-safe.
 class ResponseBuilder {
  public:
-  ResponseBuilder(const ParsedRequest& request, const Tokenizer& tokenizer, std::string id, int64_t created_unix);
+  // A non-empty system_fingerprint goes into every body and chunk (OpenAI's field).
+  ResponseBuilder(const ParsedRequest& request, const Tokenizer& tokenizer, std::string id, int64_t created_unix,
+                  std::string system_fingerprint = {});
 
   const std::string& id() const { return id_; }
 
@@ -63,6 +67,9 @@ class ResponseBuilder {
   const Tokenizer& tokenizer_;
   std::string id_;
   int64_t created_;
+  std::string system_fingerprint_;
+  // The fields every body and chunk starts with.
+  nlohmann::json head(const char* object) const;
   // completions echo: the prompt text choice `index` starts with ("" without echo).
   std::string echo_text(int32_t index) const;
 

@@ -34,23 +34,23 @@ ApiError unknown_workflow(std::string_view id) {
                   "invalid_request_error", "id", "not_found");
 }
 
-std::string render_steps(const std::string& id, const WorkflowSteps& steps) {
+Json steps_json(const std::string& id, const WorkflowSteps& steps) {
   Json by_agent = Json::object();
   for (const auto& [agent, value] : steps.steps_by_agent)
     by_agent[agent] = value == kStepsFar ? Json(nullptr) : Json(value);
-  return dump_json(Json{{"id", id},
-                        {"object", "workflow"},
-                        {"has_graph", steps.has_graph},
-                        {"follows_requests", steps.follows_requests},
-                        {"running", steps.running},
-                        {"steps_to_execution", by_agent}});
+  return Json{{"id", id},
+              {"object", "workflow"},
+              {"has_graph", steps.has_graph},
+              {"follows_requests", steps.follows_requests},
+              {"running", steps.running},
+              {"steps_to_execution", by_agent}};
 }
 
 std::string current_state(WorkflowRegistry& registry, const std::string& id) {
   const std::shared_ptr<const WorkflowSnapshot> snapshot = registry.snapshot();
   const WorkflowSteps* steps = snapshot->workflow(id);
   if (!steps) throw unknown_workflow(id);
-  return render_steps(id, *steps);
+  return dump_json(steps_json(id, *steps));
 }
 
 }  // namespace
@@ -106,6 +106,15 @@ std::string get_workflow(Engine& engine, std::string_view id_text) {
   const std::string id = checked_id(id_text);
   registry.expire_unseen();
   return current_state(registry, id);
+}
+
+std::string list_workflows(Engine& engine) {
+  WorkflowRegistry& registry = registry_of(engine);
+  registry.expire_unseen();
+  const std::shared_ptr<const WorkflowSnapshot> snapshot = registry.snapshot();
+  Json data = Json::array();
+  for (const std::string& id : snapshot->workflow_ids()) data.push_back(steps_json(id, *snapshot->workflow(id)));
+  return dump_json(Json{{"object", "list"}, {"data", data}});
 }
 
 std::string delete_workflow(Engine& engine, std::string_view id_text) {

@@ -5,6 +5,7 @@
 //   POST   /v1/workflows/{id}/progress  post_workflow_progress  who runs now (+ explicit steps)
 //   GET    /v1/workflows/{id}           get_workflow       current steps
 //   DELETE /v1/workflows/{id}           delete_workflow    end it
+//   GET    /v1/workflows                list_workflows     {"object": "list", "data": [every known workflow's state]}
 //
 // PUT, POST and GET answer 200 with the workflow's state:
 //   {"id": "w1", "object": "workflow", "has_graph": true, "follows_requests": false,
@@ -31,6 +32,7 @@ std::string put_workflow(Engine& engine, std::string_view id, std::string_view b
 std::string post_workflow_progress(Engine& engine, std::string_view id, std::string_view body);
 std::string get_workflow(Engine& engine, std::string_view id);
 std::string delete_workflow(Engine& engine, std::string_view id);
+std::string list_workflows(Engine& engine);
 
 // A loom::Error from parsing or validating workflow fields as an ApiError
 // (kInvalidArgument -> 400 with `param` = the field its message starts with,

@@ -47,6 +47,13 @@ const WorkflowSteps* WorkflowSnapshot::workflow(std::string_view workflow) const
   return it == workflows_.end() ? nullptr : it->second.get();
 }
 
+std::vector<std::string> WorkflowSnapshot::workflow_ids() const {
+  std::vector<std::string> ids;
+  ids.reserve(workflows_.size());
+  for (const auto& [id, steps] : workflows_) ids.push_back(id);
+  return ids;
+}
+
 std::optional<int32_t> WorkflowSnapshot::steps_to_execution(std::string_view workflow, std::string_view agent) const {
   const WorkflowSteps* steps = this->workflow(workflow);
   if (steps == nullptr) return std::nullopt;

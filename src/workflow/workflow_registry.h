@@ -102,6 +102,8 @@ class WorkflowSnapshot {
   // by steps, then workflow, then agent (e.g. (1, 1): the agents that run
   // next, to prefetch their prefixes).
   std::vector<AgentSteps> agents_with_steps(int32_t min_steps, int32_t max_steps) const;
+  // Every workflow's id, in order.
+  std::vector<std::string> workflow_ids() const;
 
  private:
   uint64_t version_ = 0;

@@ -67,7 +67,8 @@ TEST_F(ServerHttpTest, CompletionAndChat) {
   Json body = Json::parse(result->body);
   const auto& tokenizer = *engine_->model().tokenizer;
   EXPECT_EQ(body["choices"][0]["text"], tokenizer.decode({4}) + tokenizer.decode({5}) + tokenizer.decode({6}));
-  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6})"));
+  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 3, "completion_tokens": 3, "total_tokens": 6,
+                                           "prompt_tokens_details": {"cached_tokens": 0}})"));
   EXPECT_EQ(engine_->last().adapter, "agent0");
 
   result = post("/v1/chat/completions", {{"model", "tiny"}, {"messages", {{{"role", "user"}, {"content", "hi"}}}},

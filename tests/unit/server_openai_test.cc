@@ -214,12 +214,14 @@ TEST_F(ServerOpenAiTest, CompletionBodyWithLogprobs) {
   choice.finished = true;
   choice.finish_reason = FinishReason::kStop;
   choice.num_output_tokens = 2;
-  const Json body = Json::parse(builder.full_body({choice}, {3, 2}));
+  const Json body = Json::parse(builder.full_body({choice}, {3, 2, 2}));
   EXPECT_EQ(body["id"], "cmpl-1");
   EXPECT_EQ(body["object"], "text_completion");
   EXPECT_EQ(body["created"], 1700000000);
   EXPECT_EQ(body["model"], "tiny");
-  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5})"));
+  EXPECT_EQ(body["usage"], Json::parse(R"({"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5,
+                                           "prompt_tokens_details": {"cached_tokens": 2}})"));
+  EXPECT_FALSE(body.contains("system_fingerprint"));  // none given to the builder
   const Json& item = body["choices"][0];
   EXPECT_EQ(item["index"], 0);
   EXPECT_EQ(item["text"], choice.text);

@@ -1,0 +1,130 @@
+"""vLLM's extra endpoints and response fields against a real `loom serve`:
+/ping, /version, /v1/models/{id}, /tokenize and /detokenize (prompt and chat
+forms), GET /v1/workflows, usage.prompt_tokens_details.cached_tokens (the
+request's prefix-cache hits) and system_fingerprint."""
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loom_server  # noqa: E402
+
+loom_server.require_openai()
+import openai  # noqa: E402
+
+TEXT = "the quick brown fox jumps over the lazy dog " * 6
+
+
+class VllmEndpointsTest(loom_server.ServerTestCase):
+    SERVER_ARGS = ["--max-context-tokens", "2048"]
+    SERVER_KWARGS = {"num_adapters": 1}
+
+    def post(self, path, body):
+        status, _, raw = self.server.request("POST", path, body)
+        return status, json.loads(raw) if raw else None
+
+    def test_ping_and_version(self):
+        for method in ("GET", "POST"):
+            status, _, _ = self.server.request(method, "/ping")
+            self.assertEqual(status, 200, method)
+        self.assertEqual(self.server.request("PUT", "/ping")[0], 405)
+        status, _, raw = self.server.request("GET", "/version")
+        self.assertEqual(status, 200)
+        self.assertRegex(json.loads(raw)["version"], r"^\d+\.\d+\.\d+")
+
+    def test_models_by_id(self):
+        adapter = self.server.adapter_names[0]
+        base = self.client.models.retrieve("tiny")
+        self.assertEqual((base.id, base.object), ("tiny", "model"))
+        model = self.client.models.retrieve(adapter)
+        self.assertEqual(model.id, adapter)
+        self.assertEqual(model.model_extra["parent"], "tiny")
+        listed = {m.id: m.model_dump() for m in self.client.models.list().data}
+        self.assertEqual(listed[adapter], model.model_dump())
+        with self.assertRaises(openai.NotFoundError) as raised:
+            self.client.models.retrieve("no-such-model")
+        self.assertEqual(raised.exception.body["code"], "model_not_found")
+
+    def test_tokenize_agrees_with_the_completion_routes(self):
+        status, body = self.post("/tokenize", {"model": "tiny", "prompt": TEXT, "return_token_strs": True})
+        self.assertEqual(status, 200)
+        self.assertEqual(body["count"], len(body["tokens"]))
+        self.assertEqual(body["max_model_len"], 2048)
+        self.assertEqual(len(body["token_strs"]), body["count"])
+        completion = self.client.completions.create(model="tiny", prompt=TEXT, max_tokens=1)
+        self.assertEqual(completion.usage.prompt_tokens, body["count"])
+        plain = self.post("/tokenize", {"prompt": TEXT, "add_special_tokens": False})[1]
+        self.assertEqual(plain["tokens"], body["tokens"][body["count"] - plain["count"]:])  # less the BOS
+        self.assertIsNone(plain["token_strs"])
+        status, text = self.post("/detokenize", {"model": "tiny", "tokens": plain["tokens"]})
+        self.assertEqual((status, text["prompt"]), (200, TEXT))
+        # The chat form renders as the chat route does.
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": TEXT}]
+        status, chat = self.post("/tokenize", {"messages": messages})
+        self.assertEqual(status, 200)
+        answer = self.client.chat.completions.create(model="tiny", messages=messages, max_tokens=1)
+        self.assertEqual(answer.usage.prompt_tokens, chat["count"])
+        no_prompt = self.post("/tokenize", {"messages": messages, "add_generation_prompt": False})[1]
+        self.assertLess(no_prompt["count"], chat["count"])
+        self.assertEqual(no_prompt["tokens"], chat["tokens"][:no_prompt["count"]])
+
+    def test_tokenize_errors_name_the_field(self):
+        cases = [
+            ("/tokenize", {}, 400, "prompt"),
+            ("/tokenize", {"prompt": 3}, 400, "prompt"),
+            ("/tokenize", {"prompt": "x", "add_special_tokens": "yes"}, 400, "add_special_tokens"),
+            ("/tokenize", {"messages": [{"role": "wizard", "content": "x"}]}, 400, "messages[0].role"),
+            ("/tokenize", {"model": "nope", "prompt": "x"}, 404, "model"),
+            ("/detokenize", {"tokens": [1, 2, 10 ** 9]}, 400, "tokens[2]"),
+            ("/detokenize", {"tokens": "abc"}, 400, "tokens"),
+        ]
+        for path, body, status, param in cases:
+            got, error = self.post(path, body)
+            self.assertEqual((got, error["error"]["param"]), (status, param), (path, body))
+        self.assertEqual(self.server.request("GET", "/tokenize")[0], 405)
+        self.assertEqual(self.server.request("POST", "/tokenize", raw=b"{nope")[0], 400)
+        self.assertEqual(self.post("/tokenize", {"prompt": "still serving"})[0], 200)
+
+    def test_cached_tokens_are_the_requests_prefix_hits(self):
+        prompt = "cached tokens " + TEXT * 2
+        first = self.client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        self.assertEqual(first.usage.prompt_tokens_details.cached_tokens, 0)
+        before = self.server.metrics().get("loom_prefix_cache_hit_tokens_total", 0.0)
+        second = self.client.completions.create(model="tiny", prompt=prompt, max_tokens=2)
+        cached = second.usage.prompt_tokens_details.cached_tokens
+        # Every full block but the one holding the last prompt token (--block-size 4).
+        self.assertEqual(cached, (second.usage.prompt_tokens - 1) // 4 * 4)
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            after = self.server.metrics().get("loom_prefix_cache_hit_tokens_total", 0.0)
+            if after != before:
+                break
+            time.sleep(0.05)
+        self.assertEqual(after - before, cached)
+        # Streams report it too, and both carry one system_fingerprint.
+        chunks = list(self.client.completions.create(model="tiny", prompt=prompt, max_tokens=2, stream=True,
+                                                     stream_options={"include_usage": True}))
+        self.assertEqual(chunks[-1].usage.prompt_tokens_details.cached_tokens, cached)
+        fingerprints = {first.system_fingerprint, second.system_fingerprint} | {c.system_fingerprint for c in chunks}
+        self.assertEqual(len(fingerprints), 1)
+        self.assertTrue(fingerprints.pop().startswith("fp_"))
+
+    def test_workflows_list(self):
+        status, _, raw = self.server.request("GET", "/v1/workflows")
+        self.assertEqual(status, 200)
+        self.assertEqual(json.loads(raw)["object"], "list")
+        spec = {"agents": [{"name": "planner"}, {"name": "coder", "after": ["planner"]}]}
+        self.assertEqual(self.server.request("PUT", "/v1/workflows/wf-list", spec)[0], 200)
+        data = json.loads(self.server.request("GET", "/v1/workflows")[2])["data"]
+        listed = {item["id"]: item for item in data}
+        self.assertIn("wf-list", listed)
+        self.assertEqual(listed["wf-list"], json.loads(self.server.request("GET", "/v1/workflows/wf-list")[2]))
+        self.assertEqual(self.server.request("DELETE", "/v1/workflows/wf-list")[0], 200)
+        data = json.loads(self.server.request("GET", "/v1/workflows")[2])["data"]
+        self.assertNotIn("wf-list", {item["id"] for item in data})
+
+
+if __name__ == "__main__":
+    unittest.main()
