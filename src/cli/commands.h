@@ -42,6 +42,8 @@ void add_disable_kv_sharing_option(CLI::App& app, std::vector<KvSharing>& modes)
 // "4096", "512K", "64M", "2G" (powers of 1024; a trailing "B"/"iB" allowed)
 // -> bytes. Throws Error(kInvalidArgument) naming `flag` for anything else.
 int64_t parse_byte_size(const std::string& text, const std::string& flag);
+// The same syntax as a CLI11 transform, for options bound to integers.
+CLI::Validator byte_size_transform();
 
 // The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to

@@ -225,7 +225,9 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--logprobs", options->logprobs, "Top alternatives per token in --json output");
   app.add_flag("--json", options->json, "Print token ids, logprobs and text as JSON");
   app.add_option("--block-size", options->block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
-  app.add_option("--kv-cache-bytes", options->kv_cache_bytes, "KV cache pool size in bytes (0 = what the prompts need)")
+  app.add_option("--kv-cache-bytes", options->kv_cache_bytes,
+                 "KV cache pool size: BYTES, suffix K, M, G allowed (0 = what the prompts need)")
+      ->transform(byte_size_transform())
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_flag("--enforce-eager", options->enforce_eager,

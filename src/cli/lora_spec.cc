@@ -58,4 +58,17 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   return value;
 }
 
+CLI::Validator byte_size_transform() {
+  return CLI::Validator(
+      [](std::string& text) -> std::string {
+        try {
+          text = std::to_string(parse_byte_size(text, "size"));
+          return {};
+        } catch (const Error& error) {
+          return error.what();
+        }
+      },
+      "BYTES");
+}
+
 }  // namespace loom::cli

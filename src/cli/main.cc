@@ -3,17 +3,28 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <string>
+#include <vector>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/vllm_flags.h"
+#include "util/version.h"
 #include "util/error.h"
 
 int main(int argc, char** argv) {
   CLI::App app{"Loom: LLM serving for multi-agent, multi-LoRA workflows"};
   app.require_subcommand(1);
+  app.fallthrough();  // the options below also after the subcommand (`loom serve -v`)
+  app.set_version_flag("--version", loom::kLoomVersion);
+  app.option_defaults()->always_capture_default();  // --help shows each option's default
   bool verbose = false;
-  app.add_flag("-v,--verbose", verbose, "Debug logging");
+  std::string log_level = "info";
+  app.add_flag("-v,--verbose", verbose, "Debug logging (--log-level debug)");
+  app.add_option("--log-level,--uvicorn-log-level", log_level, "debug, info, warning or error (vLLM's spellings too)")
+      ->transform(CLI::IsMember({"trace", "debug", "info", "warning", "warn", "error", "critical"},
+                                CLI::ignore_case));
 
   std::map<CLI::App*, loom::cli::CommandRunner> runners;
   auto add = [&](const char* name, const char* description, auto registrar) {
@@ -29,8 +40,14 @@ int main(int argc, char** argv) {
   add("make-adapters", "Write random PEFT LoRA adapters for an existing model", loom::cli::register_make_adapters);
   add("divergence", "Measure how far KV sharing modes move adapters from isolated", loom::cli::register_divergence);
 
-  CLI11_PARSE(app, argc, argv);
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::info);
+  std::vector<std::string> arguments;  // CLI11's parse(vector) wants them last to first
+  for (int i = argc - 1; i > 0; --i) arguments.push_back(loom::cli::long_vllm_spelling(argv[i]));
+  try {
+    app.parse(arguments);
+  } catch (const CLI::ParseError& error) {
+    return app.exit(error);
+  }
+  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::from_str(log_level == "warning" ? "warn" : log_level));
   spdlog::set_default_logger(spdlog::default_logger());
   try {
     for (auto& [sub, runner] : runners)

@@ -8,15 +8,20 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <thread>
 
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
 #include "backend/cpu/cpu_backend.h"
 #include "chat/chat_renderer.h"
 #include "cli/commands.h"
 #include "cli/device_backend.h"
+#include "cli/vllm_flags.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "server/http_server.h"
@@ -27,7 +32,7 @@ namespace {
 
 struct ServeOptions {
   std::string model;
-  std::string served_model_name;
+  std::vector<std::string> served_model_names;  // the first is canonical
   std::string host = "127.0.0.1";
   int port = 8000;
   std::vector<std::string> loras;  // NAME=PATH[:MODE]
@@ -46,6 +51,9 @@ struct ServeOptions {
   int threads = 0;
   bool enforce_eager = false;  // cuda: no CUDA graphs
   double shutdown_timeout_seconds = 30.0;
+  std::string kv_cache_bytes;  // --kv-cache-bytes BYTES ("" = the engine's default)
+  bool dry_run = false;
+  VllmFlags vllm;
   server::ServerConfig server;  // transport limits and flags bound directly
   server::RequestLimits request_limits;
   EngineConfig engine;
@@ -99,8 +107,59 @@ void raise_open_file_limit(int max_connections) {
                  max_connections, limit.rlim_cur);
 }
 
+// Names must say which model a request means: the base model's names and the
+// adapters' must all differ.
+void check_model_names(const std::vector<std::string>& base_names, const std::vector<LoraSpec>& specs) {
+  std::map<std::string, std::string> owner;  // name -> what it names
+  auto claim = [&](const std::string& name, const std::string& what) {
+    const auto [it, fresh] = owner.emplace(name, what);
+    if (!fresh)
+      throw Error(ErrorKind::kInvalidArgument, fmt::format("the name '{}' is given twice: {} and {}", name, it->second, what),
+                  "every served model name and adapter name must be distinct: requests pick a model by name");
+  };
+  for (const std::string& name : base_names) claim(name, "--served-model-name " + name);
+  for (const LoraSpec& spec : specs) claim(spec.name, "--lora " + spec.name + "=" + spec.path);
+}
+
+// The configuration `loom serve` runs with (printed by --dry-run and logged at start).
+nlohmann::json effective_config(const ServeOptions& options, const EngineConfig& engine, const server::ServerConfig& server,
+                                const std::vector<LoraSpec>& specs, int32_t max_context_tokens) {
+  nlohmann::json adapters = nlohmann::json::array();
+  for (const LoraSpec& spec : specs)  // mode null: the adapter's own choice
+    adapters.push_back({{"name", spec.name},
+                        {"path", spec.path},
+                        {"mode", spec.mode.empty() ? nlohmann::json(nullptr) : nlohmann::json(spec.mode)}});
+  std::vector<std::string> names = {server.served_model_name};
+  names.insert(names.end(), server.served_model_aliases.begin(), server.served_model_aliases.end());
+  return {{"model", server.model_path},
+          {"served_model_names", names},
+          {"device", options.device},
+          {"host", options.host},
+          {"port", options.port},
+          {"adapters", adapters},
+          {"max_context_tokens", max_context_tokens},
+          {"max_batch_tokens", engine.max_batch_tokens},
+          {"max_running_requests", engine.max_running_requests},
+          {"max_waiting_requests", engine.max_waiting_requests},
+          {"max_loras_per_batch", engine.max_loras_per_batch},
+          {"block_size", engine.block_size},
+          {"kv_cache_bytes", engine.kv_cache_bytes},
+          {"gpu_memory_fraction", options.gpu_memory_fraction > 0 ? options.gpu_memory_fraction
+                                                                  : options.vllm.gpu_memory_utilization},
+          {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
+          {"default_sharing", kv_sharing_name(engine.default_sharing)},
+          {"eviction_policy", engine.workflow_aware_eviction ? "workflow" : "lru"},
+          {"max_lora_rank", engine.max_lora_rank},
+          {"seed", server.seed ? nlohmann::json(*server.seed) : nlohmann::json(nullptr)},
+          {"api_key", !server.api_key.empty()},
+          {"chat_template", server.chat_template.empty() ? "model" : "--chat-template"},
+          {"tool_call_parser", server.tool_call_parser},
+          {"cuda_graphs", !options.enforce_eager}};
+}
+
 int run_serve(const ServeOptions& options) {
   install_stop_signals();  // before anything: a signal during loading waits in the pipe (then drains at once)
+  check_vllm_flags(options.vllm, options.device);
 
   EngineConfig engine_config = options.engine;
   const std::optional<KvSharing> default_sharing = parse_kv_sharing(options.default_sharing);
@@ -109,6 +168,11 @@ int run_serve(const ServeOptions& options) {
                 "use one of isolated, activated, base, forked");
   engine_config.default_sharing = *default_sharing;
   engine_config.workflow_aware_eviction = options.eviction_policy == "workflow";
+  if (!options.kv_cache_bytes.empty()) {
+    engine_config.kv_cache_bytes = parse_byte_size(options.kv_cache_bytes, "--kv-cache-bytes");
+    if (engine_config.kv_cache_bytes <= 0)
+      throw Error(ErrorKind::kInvalidArgument, "--kv-cache-bytes " + options.kv_cache_bytes, "give a size above 0");
+  }
   engine_config.host_kv_cache_bytes = parse_byte_size(options.host_kv_memory, "--host-kv-memory");
   engine_config.host_residual_kv_cache_bytes =
       options.host_residual_kv_memory == "auto"
@@ -119,8 +183,22 @@ int run_serve(const ServeOptions& options) {
       options.residual_kv_cache_memory == "auto" ? -1
                                                  : parse_byte_size(options.residual_kv_cache_memory,
                                                                    "--residual-kv-cache-memory");
+  // vLLM's spellings (vllm_flags.h) set the same fields as Loom's.
+  const VllmFlags& vllm = options.vllm;
+  if (vllm.max_num_seqs > 0) engine_config.max_running_requests = vllm.max_num_seqs;
+  if (vllm.max_num_batched_tokens > 0) engine_config.max_batch_tokens = vllm.max_num_batched_tokens;
+  if (vllm.max_model_len > 0) engine_config.max_context_tokens = vllm.max_model_len;
+  if (vllm.max_loras > 0) engine_config.max_loras_per_batch = vllm.max_loras;
+  const double gpu_fraction = options.gpu_memory_fraction > 0.0 ? options.gpu_memory_fraction
+                                                                : vllm.gpu_memory_utilization;
+  if (gpu_fraction > 0.0 && options.device.rfind("cuda", 0) != 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("--gpu-memory-fraction / --gpu-memory-utilization {} on --device {}", gpu_fraction,
+                            options.device),
+                "they size the KV pool from GPU memory; on the CPU give --kv-cache-bytes (e.g. 4G)");
   std::vector<LoraSpec> specs;
   for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));  // bad flags fail early
+  for (const auto& spec_text : lora_specs_from_modules(vllm.lora_modules)) specs.push_back(parse_lora_spec(spec_text));
   std::string chat_template;
   if (!options.chat_template.empty()) {
     chat_template = load_chat_template_argument(options.chat_template);
@@ -129,17 +207,6 @@ int run_serve(const ServeOptions& options) {
 
   const bool is_random_model = options.model.rfind("random:", 0) == 0;
   const std::string model_path = is_random_model ? options.model : resolve_model_path(options.model);
-  const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots,
-                                     !options.enforce_eager};
-  ModelOnDevice loaded = load_model_on_device(model_path, device_options);
-  if (options.gpu_memory_fraction > 0.0)
-    engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, options.gpu_memory_fraction);
-  std::unique_ptr<Engine> engine = make_engine(std::move(loaded.model), std::move(loaded.backend), engine_config);
-  // Loaded before any request: forked adapters here size the rCache pool.
-  for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
-  for (const AdapterInfo& adapter : engine->adapters())
-    spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
-                 kv_sharing_name(adapter.sharing));
 
   server::ServerConfig config = options.server;
   config.http.host = options.host;
@@ -147,11 +214,50 @@ int run_serve(const ServeOptions& options) {
   config.api_key = options.api_key;
   config.model_path = options.model.empty() ? model_path : options.model;
   config.served_model_name =
-      options.served_model_name.empty() ? default_served_name(model_path) : options.served_model_name;
+      options.served_model_names.empty() ? default_served_name(model_path) : options.served_model_names[0];
+  if (options.served_model_names.size() > 1)
+    config.served_model_aliases.assign(options.served_model_names.begin() + 1, options.served_model_names.end());
+  if (const std::optional<int64_t> seed = vllm.given_seed()) config.seed = static_cast<uint64_t>(*seed);
   config.allow_runtime_lora = options.allow_runtime_lora;
   config.lora_dir = options.lora_dir;
   config.request_limits = options.request_limits;
   config.chat_template = chat_template;
+  std::vector<std::string> base_names = {config.served_model_name};
+  base_names.insert(base_names.end(), config.served_model_aliases.begin(), config.served_model_aliases.end());
+  check_model_names(base_names, specs);
+
+  const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots,
+                                     !options.enforce_eager};
+  // --dry-run needs only the model's config: no backend, no engine.
+  std::optional<ModelOnDevice> loaded;
+  std::optional<LoadedModel> described;
+  if (options.dry_run) {
+    described = load_model_description(model_path);
+  } else {
+    loaded = load_model_on_device(model_path, device_options);
+  }
+  const ModelConfig& model_config = options.dry_run ? described->config : loaded->model.config;
+  if (engine_config.max_context_tokens > model_config.max_position_embeddings)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("a context of {} tokens (--max-context-tokens / --max-model-len) is above the model's "
+                            "limit of {} (max_position_embeddings)",
+                            engine_config.max_context_tokens, model_config.max_position_embeddings),
+                "give at most the model's limit, or leave it out to use the limit");
+  const int32_t max_context_tokens = engine_config.max_context_tokens > 0 ? engine_config.max_context_tokens
+                                                                          : model_config.max_position_embeddings;
+  const nlohmann::json effective = effective_config(options, engine_config, config, specs, max_context_tokens);
+  if (options.dry_run) {
+    std::printf("%s\n", effective.dump(2).c_str());
+    return 0;
+  }
+  spdlog::info("config: {}", effective.dump());
+  if (gpu_fraction > 0.0) engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, gpu_fraction);
+  std::unique_ptr<Engine> engine = make_engine(std::move(loaded->model), std::move(loaded->backend), engine_config);
+  // Loaded before any request: forked adapters here size the rCache pool.
+  for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
+  for (const AdapterInfo& adapter : engine->adapters())
+    spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
+                 kv_sharing_name(adapter.sharing));
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
@@ -186,7 +292,9 @@ CommandRunner register_serve(CLI::App& app) {
   auto options = std::make_shared<ServeOptions>();
   EngineConfig& engine = options->engine;
   app.add_option("--model", options->model, "Hugging Face directory or .gguf file (default: built-in SmolLM2-135M)");
-  app.add_option("--served-model-name", options->served_model_name, "Base model name in requests (default: file name)");
+  app.add_option("--served-model-name", options->served_model_names,
+                 "Base model names in requests, one or more (the first is the one responses carry; default: the "
+                 "file name)");
   app.add_option("--host", options->host, "Address to bind (default 127.0.0.1)");
   app.add_option("--port", options->port, "Port (default 8000; 0 = any free port)")->check(CLI::Range(0, 65535));
   app.add_option("--lora", options->loras, "Adapter NAME=PATH[:MODE] (repeatable)");
@@ -208,8 +316,8 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_flag("--metrics-require-api-key", options->server.metrics_require_api_key,
                "Also require the --api-key on GET /metrics");
   app.add_option("--max-request-bytes", http.max_request_bytes,
-                 "Larger request bodies get 413, whatever the transfer encoding")
-      ->check(CLI::PositiveNumber)->capture_default_str();
+                 "Larger request bodies get 413, whatever the transfer encoding (suffix K, M, G allowed)")
+      ->transform(byte_size_transform())->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-header-bytes", http.max_header_bytes, "Larger request line + headers get 431")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-header-count", http.max_header_count, "More request header lines get 431")
@@ -252,8 +360,8 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--max-context-tokens", engine.max_context_tokens, "Prompt + output limit (0 = the model's)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", engine.block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
-  app.add_option("--kv-cache-bytes", engine.kv_cache_bytes, "KV cache pool size in bytes (rCache included)")
-      ->check(CLI::PositiveNumber);
+  app.add_option("--kv-cache-bytes", options->kv_cache_bytes,
+                 "KV cache pool size: BYTES (suffix K, M, G allowed; rCache included; default 1G)");
   app.add_option("--default-sharing", options->default_sharing,
                  "KV sharing of adapters that choose none: isolated (default), base, forked (activated only for "
                  "aLoRA adapters, which get it anyway)")
@@ -298,6 +406,9 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--http-threads", http.num_handler_threads,
                  "Requests handled at once (a streaming or waiting request holds one; idle connections none)")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_flag("--dry-run", options->dry_run,
+               "Check the flags and the model's config, print the effective configuration as JSON and exit");
+  add_vllm_flags(app, options->vllm);
   return [options] { return run_serve(*options); };
 }
 

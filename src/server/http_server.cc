@@ -102,8 +102,19 @@ struct HttpServer::Impl {
     completion.ending_requests = &ending_requests;
     completion.parse.tokenizer = completion.tokenizer;
     completion.parse.base_model_names = {config.served_model_name};
+    for (const std::string& alias : config.served_model_aliases) completion.parse.base_model_names.push_back(alias);
     if (!config.model_path.empty() && config.model_path != config.served_model_name)
       completion.parse.base_model_names.push_back(config.model_path);
+    if (config.seed) {
+      // SplitMix64 over a shared counter: the n-th request without a seed gets the same seed in every run.
+      auto counter = std::make_shared<std::atomic<uint64_t>>(*config.seed);
+      completion.parse.next_default_seed = [counter] {
+        uint64_t z = counter->fetch_add(0x9E3779B97F4A7C15ULL) + 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        return z ^ (z >> 31);
+      };
+    }
     completion.parse.has_adapter = [this](const std::string& name) {
       for (const auto& adapter : engine.adapters())
         if (adapter.name == name) return true;
@@ -255,13 +266,16 @@ HttpResponse HttpServer::Impl::handle_models(const std::string* only) {
   const int64_t created = std::time(nullptr);
   const int32_t max_model_len = engine.max_context_tokens();
   Json data = Json::array();
-  data.push_back({{"id", config.served_model_name},
-                  {"object", "model"},
-                  {"created", created},
-                  {"owned_by", "loom"},
-                  {"root", config.model_path},
-                  {"parent", nullptr},
-                  {"max_model_len", max_model_len}});
+  std::vector<std::string> base_names = {config.served_model_name};
+  base_names.insert(base_names.end(), config.served_model_aliases.begin(), config.served_model_aliases.end());
+  for (const std::string& name : base_names)  // as vLLM lists every --served-model-name
+    data.push_back({{"id", name},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "loom"},
+                    {"root", config.model_path},
+                    {"parent", nullptr},
+                    {"max_model_len", max_model_len}});
   for (const auto& adapter : engine.adapters())
     data.push_back({{"id", adapter.name},
                     {"object", "model"},
@@ -304,7 +318,12 @@ HttpResponse HttpServer::Impl::handle_load_adapter(const HttpRequest& request) {
                                                   dump_json(value)));
   }
   std::lock_guard lock(adapter_mutex);
-  if (name == config.served_model_name || completion.parse.has_adapter(name))
+  for (const std::string& base_name : completion.parse.base_model_names)
+    if (name == base_name)
+      throw_bad_request("lora_name", fmt::format("'{}' names the base model (--served-model-name or --model); "
+                                                 "an adapter needs a name of its own",
+                                                 name));
+  if (completion.parse.has_adapter(name))
     throw_bad_request("lora_name", fmt::format("The lora adapter '{}' has already been loaded.", name));
   try {
     engine.load_adapter(name, path, sharing);

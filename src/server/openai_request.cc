@@ -313,7 +313,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   const int64_t top_k = read_int(body, "top_k", 0, -1, INT32_MAX);
   sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // vLLM spells "no limit" -1
   const Json* seed = field(body, "seed");
-  sampling.seed = seed ? read_seed(*seed) : std::random_device{}() * 0x100000000ull + std::random_device{}();
+  sampling.seed = seed                         ? read_seed(*seed)
+                  : context.next_default_seed ? context.next_default_seed()
+                                              : std::random_device{}() * 0x100000000ull + std::random_device{}();
   sampling.num_top_logprobs = parsed.logprobs.enabled ? parsed.logprobs.num_top : 0;
   sampling.presence_penalty = static_cast<float>(read_number(body, "presence_penalty", 0.0, -2.0, 2.0));
   sampling.frequency_penalty = static_cast<float>(read_number(body, "frequency_penalty", 0.0, -2.0, 2.0));

@@ -52,6 +52,8 @@ struct ParseContext {
   // null: one is built from `tokenizer` per request that needs it).
   std::shared_ptr<grammar::ConstraintCompiler> constraints;
   toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
+  // The seed of a request that gives none (thread-safe); null: a random one.
+  std::function<uint64_t()> next_default_seed;
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions

@@ -126,5 +126,38 @@ class VllmEndpointsTest(loom_server.ServerTestCase):
         self.assertNotIn("wf-list", {item["id"] for item in data})
 
 
+class VllmServeFlagsTest(unittest.TestCase):
+    """--seed makes unseeded sampling repeat across runs; several --served-model-name; names never collide."""
+
+    def sample(self, server, model="tiny"):
+        client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+        return [client.completions.create(model=model, prompt=TEXT, max_tokens=12, temperature=1.0,
+                                          extra_body={"ignore_eos": True}).choices[0].text for _ in range(2)]
+
+    def test_seed_aliases_and_name_collisions(self):
+        args = ["--allow-runtime-lora", "--served-model-name", "tiny-alias"]
+        servers = [loom_server.LoomServer(args + ["--seed", seed], num_adapters=1) for seed in ("5", "5", "6")]
+        try:
+            first, again, other = [self.sample(server) for server in servers]
+            self.assertEqual(first, again)  # the same requests in the same order: the same draws
+            self.assertNotEqual(first[0], first[1])  # each request its own seed
+            self.assertNotEqual(first, other)
+            server = servers[0]
+            client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+            self.assertIn("tiny-alias", {m.id for m in client.models.list().data})
+            self.assertEqual(client.completions.create(model="tiny-alias", prompt="x", max_tokens=1).model,
+                             "tiny-alias")
+            adapter_path = os.path.join(server.adapter_dir, server.adapter_names[0])
+            for name, expected in (("tiny-alias", "base model"), (server.adapter_names[0], "already")):
+                status, _, raw = server.request("POST", "/v1/load_lora_adapter",
+                                                {"lora_name": name, "lora_path": adapter_path})
+                self.assertEqual(status, 400, name)
+                self.assertIn(expected, json.loads(raw)["error"]["message"])
+        finally:
+            for server in servers:
+                self.assertEqual(server.stop(), 0)
+                server.cleanup()
+
+
 if __name__ == "__main__":
     unittest.main()

@@ -116,5 +116,64 @@ TEST_F(CliTest, BadInputGivesAClearErrorAndStatus2) {
   EXPECT_NE(bad_messages.output.find("role"), std::string::npos) << bad_messages.output;
 }
 
+// `loom serve --dry-run`: the effective configuration as JSON.
+nlohmann::json dry_run(const std::string& model, const std::string& flags) {
+  CommandResult result = run("serve --model " + model + " --dry-run " + flags);
+  EXPECT_EQ(result.exit_code, 0) << flags << "\n" << result.output;
+  return result.exit_code == 0 ? parse_json_output(result.output) : nlohmann::json();
+}
+
+TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
+  const std::string adapter = model() + "/adapters/adapter0";
+  const nlohmann::json loom = dry_run(model(), "--max-running-requests 7 --max-batch-tokens 512 --max-context-tokens 1024 "
+                                               "--max-loras-per-batch 3 --lora a=" + adapter + " --lora b=" + adapter +
+                                               " --kv-cache-bytes 67108864");
+  const nlohmann::json vllm = dry_run(
+      model(), "--max-num-seqs 7 --max-num-batched-tokens 512 --max-model-len 1024 --max-loras 3 --lora-modules a=" +
+                   adapter + " '{\"name\": \"b\", \"path\": \"" + adapter + "\"}' --kv-cache-bytes 64M " +
+                   "--enable-prefix-caching --enable-lora --trust-remote-code --dtype auto -tp 1 " +
+                   "--disable-log-requests --kv-cache-dtype auto");
+  EXPECT_EQ(loom, vllm);
+  EXPECT_EQ(vllm["max_running_requests"], 7);
+  EXPECT_EQ(vllm["max_context_tokens"], 1024);
+  EXPECT_EQ(vllm["kv_cache_bytes"], 64 << 20);
+  EXPECT_EQ(vllm["adapters"].size(), 2u);
+  // Several served names; the first is canonical. Sizes read the same everywhere.
+  const nlohmann::json names = dry_run(model(), "--served-model-name one two --kv-cache-bytes 1G --seed 9 -v");
+  EXPECT_EQ(names["served_model_names"], nlohmann::json::parse(R"(["one", "two"])"));
+  EXPECT_EQ(names["kv_cache_bytes"], int64_t{1} << 30);
+  EXPECT_EQ(names["seed"], 9);
+}
+
+TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
+  const std::string adapter = model() + "/adapters/adapter0";
+  struct Case {
+    std::string flags, expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"--max-model-len 100000", "max_position_embeddings"},
+           {"--max-context-tokens 100000", "max_position_embeddings"},
+           {"--swap-space 4", "--host-kv-memory"},
+           {"--speculative-config '{}'", "speculative"},
+           {"--no-enable-prefix-caching", "prefix cache"},
+           {"-tp 2", "one device per server"},
+           {"--dtype float16", "float32"},
+           {"--gpu-memory-utilization 0.9", "--kv-cache-bytes"},
+           {"--kv-cache-bytes 1Q", "512K"},
+           {"--served-model-name base --lora base=" + adapter, "given twice"},
+           {"--lora x=" + adapter + " --lora-modules x=" + adapter, "given twice"},
+           {"--lora-modules '{\"name\": \"x\"}'", "--lora-modules"},
+       }) {
+    CommandResult result = run("serve --model " + model() + " --dry-run " + c.flags);
+    EXPECT_EQ(result.exit_code, 2) << c.flags << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.expected), std::string::npos) << c.flags << "\n" << result.output;
+  }
+  CommandResult version = run("--version");
+  EXPECT_EQ(version.exit_code, 0);
+  EXPECT_NE(version.output.find('.'), std::string::npos) << version.output;
+  CommandResult help = run("serve --help");
+  EXPECT_NE(help.output.find("=8000"), std::string::npos) << "defaults in --help";
+}
+
 }  // namespace
 }  // namespace loom

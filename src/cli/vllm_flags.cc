@@ -1,0 +1,131 @@
+#include "cli/vllm_flags.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include "util/error.h"
+
+namespace loom::cli {
+namespace {
+
+constexpr const char* kGroup = "vLLM compatibility (vLLM's spellings; see `Switching from vLLM` in the README)";
+
+// vLLM flags Loom has no equivalent of, with what to do instead.
+const std::map<std::string, std::string>& refused_flags() {
+  static const std::map<std::string, std::string> flags = {
+      {"--swap-space", "Loom's host tier keeps evicted KV blocks instead: --host-kv-memory BYTES"},
+      {"--cpu-offload-gb", "Loom keeps the weights on the device; nothing to offload"},
+      {"--quantization", "Loom loads GGUF-quantized files (--model FILE.gguf) and runs them in the backend's dtype"},
+      {"--speculative-config", "Loom has no speculative decoding"},
+      {"--speculative-model", "Loom has no speculative decoding"},
+      {"--num-speculative-tokens", "Loom has no speculative decoding"},
+      {"--tokenizer", "Loom reads the tokenizer from the model directory or GGUF file"},
+      {"--tokenizer-mode", "Loom reads the tokenizer from the model directory or GGUF file"},
+      {"--download-dir", "Loom never downloads: give a local directory or GGUF file to --model"},
+      {"--revision", "Loom never downloads: give a local directory or GGUF file to --model"},
+      {"--load-format", "Loom reads safetensors directories and GGUF files by their contents"},
+      {"--max-cpu-loras", "every adapter loaded stays in memory; --max-loras-per-batch bounds one batch"},
+      {"--lora-dtype", "adapters run in the backend's dtype"},
+      {"--distributed-executor-backend", "Loom runs one device per server"},
+      {"--data-parallel-size", "run one `loom serve` per device (and `loom router` in front, when it exists)"},
+      {"--generation-config", "not yet: request fields set the sampling parameters"},
+      {"--response-role", "chat responses always use the role \"assistant\""},
+      {"--ssl-keyfile", "Loom serves plain HTTP: terminate TLS in a proxy"},
+      {"--ssl-certfile", "Loom serves plain HTTP: terminate TLS in a proxy"},
+      {"--root-path", "serve Loom behind a proxy that strips the path prefix"},
+  };
+  return flags;
+}
+
+}  // namespace
+
+void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
+  app.add_option("--lora-modules", flags.lora_modules,
+                 "vLLM's --lora: NAME=PATH or {\"name\": ..., \"path\": ...} (several after one flag, or repeated)")
+      ->group(kGroup);
+  app.add_option("--max-num-seqs", flags.max_num_seqs, "vLLM's name for --max-running-requests")
+      ->check(CLI::PositiveNumber)->group(kGroup);
+  app.add_option("--max-num-batched-tokens", flags.max_num_batched_tokens, "vLLM's name for --max-batch-tokens")
+      ->check(CLI::PositiveNumber)->group(kGroup);
+  app.add_option("--max-model-len", flags.max_model_len,
+                 "vLLM's name for --max-context-tokens (at most the model's max_position_embeddings)")
+      ->check(CLI::PositiveNumber)->group(kGroup);
+  app.add_option("--gpu-memory-utilization", flags.gpu_memory_utilization,
+                 "vLLM's name for --gpu-memory-fraction (cuda)")
+      ->check(CLI::Range(0.0, 1.0))->group(kGroup);
+  app.add_option("--max-loras", flags.max_loras, "vLLM's name for --max-loras-per-batch")
+      ->check(CLI::PositiveNumber)->group(kGroup);
+  flags.seed_option =
+      app.add_option("--seed", flags.seed,
+                     "Requests without a `seed` get seeds drawn from this one, so a run repeats (default: random)")
+          ->group(kGroup);
+  app.add_option("--dtype", flags.dtype, "auto, or the backend's own: float32 (cpu), bfloat16 (cuda)")
+      ->group(kGroup);
+  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype, "auto (the backend's dtype)")->group(kGroup);
+  app.add_option("--tensor-parallel-size", flags.tensor_parallel_size, "1: Loom runs one device per server")
+      ->group(kGroup);
+  app.add_option("--pipeline-parallel-size", flags.pipeline_parallel_size, "1: Loom runs one device per server")
+      ->group(kGroup);
+  app.add_flag("--no-enable-prefix-caching", flags.no_enable_prefix_caching,
+               "Refused: Loom's KV sharing is prefix caching")
+      ->group(kGroup);
+  app.add_flag("--disable-log-requests", flags.disable_log_requests, "No per-request log lines")->group(kGroup);
+  app.add_flag("--disable-log-stats", flags.disable_log_stats, "No periodic stats log lines")->group(kGroup);
+  for (const char* accepted : {"--enable-prefix-caching", "--enable-lora", "--enable-chunked-prefill",
+                               "--enable-auto-tool-choice", "--trust-remote-code"})
+    app.add_flag(std::string(accepted))
+        ->description("Accepted: Loom always does this (and never runs code shipped with a model)")
+        ->group(kGroup);
+  for (const auto& [flag, instead] : refused_flags())
+    flags.refused.emplace_back(
+        app.add_option(flag)->description("Not in Loom: " + instead)->expected(0, 1)->group(kGroup), instead);
+}
+
+void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
+  for (const auto& [option, instead] : flags.refused)
+    if (option->count() > 0)
+      throw Error(ErrorKind::kInvalidArgument, fmt::format("{} is a vLLM flag Loom does not have", option->get_name()),
+                  instead);
+  if (flags.tensor_parallel_size != 1 || flags.pipeline_parallel_size != 1)
+    throw Error(ErrorKind::kInvalidArgument, "tensor and pipeline parallel sizes other than 1 are not supported",
+                "Loom runs one device per server: start one `loom serve` per GPU");
+  if (flags.no_enable_prefix_caching)
+    throw Error(ErrorKind::kInvalidArgument, "--no-enable-prefix-caching is not supported",
+                "Loom's KV sharing across adapters is built on its prefix cache, which is always on");
+  const std::string native = device.rfind("cuda", 0) == 0 ? "bfloat16" : "float32";
+  const bool native_alias = flags.dtype == native || (native == "bfloat16" && flags.dtype == "bf16") ||
+                            (native == "float32" && (flags.dtype == "float" || flags.dtype == "fp32"));
+  if (flags.dtype != "auto" && !native_alias)
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("--dtype {} on {}", flags.dtype, device),
+                fmt::format("the {} backend runs {}: give auto or {}", device, native, native));
+  if (flags.kv_cache_dtype != "auto")
+    throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + flags.kv_cache_dtype,
+                "the KV cache uses the backend's dtype: give auto");
+}
+
+std::string long_vllm_spelling(const std::string& argument) {
+  if (argument == "-tp") return "--tensor-parallel-size";
+  if (argument == "-pp") return "--pipeline-parallel-size";
+  return argument;
+}
+
+std::vector<std::string> lora_specs_from_modules(const std::vector<std::string>& modules) {
+  std::vector<std::string> specs;
+  for (const std::string& module : modules) {
+    if (module.empty() || module.front() != '{') {
+      specs.push_back(module);  // NAME=PATH: parse_lora_spec checks it
+      continue;
+    }
+    const nlohmann::json value = nlohmann::json::parse(module, nullptr, false);
+    const auto text = [&](const char* key) -> std::string {
+      if (!value.is_object() || !value.contains(key) || !value[key].is_string() || value[key].get<std::string>().empty())
+        throw Error(ErrorKind::kInvalidArgument, "bad --lora-modules entry '" + module + "'",
+                    "give NAME=PATH or {\"name\": \"NAME\", \"path\": \"PATH\"}");
+      return value[key].get<std::string>();
+    };
+    specs.push_back(text("name") + "=" + text("path"));
+  }
+  return specs;
+}
+
+}  // namespace loom::cli
