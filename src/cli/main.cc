@@ -4,8 +4,10 @@
 #include <exception>
 #include <map>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
@@ -16,7 +18,6 @@
 int main(int argc, char** argv) {
   CLI::App app{"Loom: LLM serving for multi-agent, multi-LoRA workflows"};
   app.require_subcommand(1);
-  app.fallthrough();  // the options below also after the subcommand (`loom serve -v`)
   app.set_version_flag("--version", loom::kLoomVersion);
   app.option_defaults()->always_capture_default();  // --help shows each option's default
   bool verbose = false;
@@ -29,6 +30,8 @@ int main(int argc, char** argv) {
   std::map<CLI::App*, loom::cli::CommandRunner> runners;
   auto add = [&](const char* name, const char* description, auto registrar) {
     CLI::App* sub = app.add_subcommand(name, description);
+    // The options above also after the subcommand (`loom serve -v`); `bench` hands everything after it to the harness.
+    sub->fallthrough(std::string_view(name) != "bench");
     runners[sub] = registrar(*sub);
   };
   add("generate", "Generate text from a prompt or chat messages", loom::cli::register_generate);
@@ -40,15 +43,17 @@ int main(int argc, char** argv) {
   add("make-adapters", "Write random PEFT LoRA adapters for an existing model", loom::cli::register_make_adapters);
   add("divergence", "Measure how far KV sharing modes move adapters from isolated", loom::cli::register_divergence);
 
-  std::vector<std::string> arguments;  // CLI11's parse(vector) wants them last to first
-  for (int i = argc - 1; i > 0; --i) arguments.push_back(loom::cli::long_vllm_spelling(argv[i]));
-  try {
-    app.parse(arguments);
-  } catch (const CLI::ParseError& error) {
-    return app.exit(error);
+  std::vector<std::string> arguments(argv, argv + argc);
+  std::vector<char*> rewritten;
+  for (std::string& argument : arguments) {
+    argument = loom::cli::long_vllm_spelling(argument);
+    rewritten.push_back(argument.data());
   }
+  CLI11_PARSE(app, argc, rewritten.data());
+  // Logs go to stderr, so stdout holds only a command's output (`loom generate --json | jq`).
+  spdlog::set_default_logger(spdlog::stderr_color_mt("loom"));
+  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
   spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::from_str(log_level == "warning" ? "warn" : log_level));
-  spdlog::set_default_logger(spdlog::default_logger());
   try {
     for (auto& [sub, runner] : runners)
       if (sub->parsed()) return runner();

@@ -222,6 +222,7 @@ int run_serve(const ServeOptions& options) {
   config.lora_dir = options.lora_dir;
   config.request_limits = options.request_limits;
   config.chat_template = chat_template;
+  config.log_requests = !vllm.disable_log_requests;
   std::vector<std::string> base_names = {config.served_model_name};
   base_names.insert(base_names.end(), config.served_model_aliases.begin(), config.served_model_aliases.end());
   check_model_names(base_names, specs);

@@ -69,8 +69,11 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
   app.add_flag("--no-enable-prefix-caching", flags.no_enable_prefix_caching,
                "Refused: Loom's KV sharing is prefix caching")
       ->group(kGroup);
-  app.add_flag("--disable-log-requests", flags.disable_log_requests, "No per-request log lines")->group(kGroup);
-  app.add_flag("--disable-log-stats", flags.disable_log_stats, "No periodic stats log lines")->group(kGroup);
+  app.add_flag("--disable-log-requests", flags.disable_log_requests,
+               "No log line per finished or refused request (server errors are still logged)")
+      ->group(kGroup);
+  app.add_flag("--disable-log-stats", flags.disable_log_stats, "Accepted (Loom logs no periodic stats yet)")
+      ->group(kGroup);
   for (const char* accepted : {"--enable-prefix-caching", "--enable-lora", "--enable-chunked-prefill",
                                "--enable-auto-tool-choice", "--trust-remote-code"})
     app.add_flag(std::string(accepted))

@@ -28,6 +28,8 @@ struct Generation {
   std::vector<ChoiceResult> results;
   std::optional<Error> error;  // the first failure reported by a stream
   int32_t num_unfinished = 0;
+  Clock::time_point started = Clock::now();
+  std::optional<Clock::time_point> first_token_at;
 
   ~Generation() {
     for (auto& stream : streams) stream->cancel();  // no-op for finished ones
@@ -45,6 +47,7 @@ struct Generation {
 
   void record(int32_t index, const RequestOutput& output) {
     ChoiceResult& result = results[static_cast<size_t>(index)];
+    if (!first_token_at && !output.new_tokens.empty()) first_token_at = Clock::now();
     result.text += output.text_delta;
     result.tokens.insert(result.tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
     result.num_output_tokens = std::max<int32_t>(output.num_output_tokens, static_cast<int32_t>(result.tokens.size()));
@@ -106,6 +109,24 @@ std::shared_ptr<Generation> submit_all(Endpoint endpoint, const CompletionContex
   return generation;
 }
 
+// One line per finished request (vLLM logs each request too; --disable-log-requests: none).
+void log_finished(const CompletionContext& context, const Generation& generation, std::string_view status) {
+  if (!context.log_requests) return;
+  const Usage usage = generation.usage();
+  std::string finish;
+  for (const ChoiceResult& result : generation.results) {
+    if (!finish.empty()) finish += ',';
+    finish += result.finished ? finish_reason_name(result.finish_reason) : "-";
+  }
+  const auto seconds = [&](Clock::time_point at) { return std::chrono::duration<double>(at - generation.started).count(); };
+  spdlog::info("request {} model={} adapter={} status={} finish={} prompt={} cached={} output={} ttft={} total={:.3f}s{}",
+               generation.builder->id(), generation.request.model,
+               generation.request.adapter.empty() ? "-" : generation.request.adapter, status, finish,
+               usage.prompt_tokens, usage.cached_tokens, usage.completion_tokens,
+               generation.first_token_at ? fmt::format("{:.3f}s", seconds(*generation.first_token_at)) : "-",
+               seconds(Clock::now()), generation.error ? fmt::format(" error=\"{}\"", generation.error->what()) : "");
+}
+
 ApiError shutting_down() {
   return ApiError(503, "the server is shutting down", "server_error", "", "server_shutting_down");
 }
@@ -116,17 +137,24 @@ HttpResponse respond_whole(const CompletionContext& context, Generation& generat
     for (auto& [index, output] : outputs) generation.record(index, output);
     if (context.ending_requests->load()) {
       generation.cancel_all();
+      log_finished(context, generation, "503");
       throw shutting_down();
     }
     if (request.client_gone()) {
       spdlog::debug("client left request {}: cancelling", generation.builder->id());
       generation.cancel_all();
+      log_finished(context, generation, "cancelled");
       HttpResponse response;
       response.abandon = true;
       return response;
     }
   }
-  if (generation.error) throw api_error_from(*generation.error);
+  if (generation.error) {
+    const ApiError error = api_error_from(*generation.error);
+    log_finished(context, generation, std::to_string(error.status()));
+    throw error;
+  }
+  log_finished(context, generation, "200");
   HttpResponse response;
   response.body = generation.builder->full_body(generation.results, generation.usage());
   return response;
@@ -138,6 +166,7 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
   auto client_left = [&] {
     spdlog::debug("client left stream {}: cancelling", generation.builder->id());
     generation.cancel_all();
+    log_finished(context, generation, "cancelled");
   };
   const bool is_chat = generation.request.endpoint == Endpoint::kChatCompletions;
   if (is_chat)
@@ -164,12 +193,14 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
       generation.cancel_all();
       write(ResponseBuilder::error_event(shutting_down().body()));
       write(ResponseBuilder::done_event());
+      log_finished(context, generation, "503");
       return;
     }
   }
   if (generation.request.include_usage && !write(generation.builder->usage_event(generation.usage())))
     return client_left();
   write(ResponseBuilder::done_event());
+  log_finished(context, generation, generation.error ? "200 (stream error)" : "200");
 }
 
 }  // namespace

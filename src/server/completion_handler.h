@@ -24,6 +24,7 @@ struct CompletionContext {
   const std::atomic<bool>* ending_requests = nullptr;
   // OpenAI's system_fingerprint of every response ("" = none): the build and model served.
   std::string system_fingerprint;
+  bool log_requests = true;  // a log line per finished request (ServerConfig::log_requests)
 };
 
 // The response: a whole body, or a stream. Throws ApiError for a request that

@@ -137,6 +137,7 @@ struct HttpServer::Impl {
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());
+    completion.log_requests = config.log_requests;
 
     TransportConfig transport_config = config.http;
     transport_config.light_paths = {"/health", "/ping", "/version", "/metrics"};
@@ -149,6 +150,13 @@ struct HttpServer::Impl {
   }
 
   HttpResponse handle(HttpRequest& request);
+  // A log line for a request answered with an error (clients' mistakes at info).
+  void log_refused(const HttpRequest& request, const ApiError& error) const {
+    if (!config.log_requests && error.status() < 500) return;
+    spdlog::log(error.status() >= 500 ? spdlog::level::warn : spdlog::level::info,
+                "request {} {} status={} {}{}: {}", request.method, request.path, error.status(), error.type(),
+                error.param().empty() ? "" : " param=" + error.param(), error.message());
+  }
   bool ending_requests_now() const { return completion.ending_requests->load(); }
   // The route's answer; throws ApiError / loom::Error for failures.
   HttpResponse route(HttpRequest& request);
@@ -172,9 +180,12 @@ HttpResponse HttpServer::Impl::handle(HttpRequest& request) {
                                      "authentication_error", "", "invalid_api_key"));
     return route(request);
   } catch (const ApiError& error) {
+    log_refused(request, error);
     return error_response(error);
   } catch (const Error& error) {
-    return error_response(api_error_from(error));  // logs internal errors itself
+    const ApiError api_error = api_error_from(error);  // logs internal errors itself
+    log_refused(request, api_error);
+    return error_response(api_error);
   } catch (const std::exception& error) {
     spdlog::error("{} {}: {}", request.method, request.path, error.what());
     return error_response(ApiError(500, "internal server error", "server_error", "", "internal_error"));

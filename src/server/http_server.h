@@ -41,6 +41,7 @@ struct ServerConfig {
   std::string served_model_name;     // the base model's name in `model` and /v1/models
   std::vector<std::string> served_model_aliases;  // more names of the base model (vLLM's extra --served-model-name)
   std::optional<uint64_t> seed;      // --seed: requests without one get seeds drawn from it (reproducible runs)
+  bool log_requests = true;          // a log line per finished completion and per refused request
   std::string model_path;            // also accepted as the base model's name
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it

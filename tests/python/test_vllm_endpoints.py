@@ -111,6 +111,23 @@ class VllmEndpointsTest(loom_server.ServerTestCase):
         self.assertEqual(len(fingerprints), 1)
         self.assertTrue(fingerprints.pop().startswith("fp_"))
 
+    def test_request_log_lines_for_200_and_400(self):
+        completion = self.client.completions.create(model="tiny", prompt="log me", max_tokens=2)
+        with self.assertRaises(openai.BadRequestError):
+            self.client.completions.create(model="tiny", prompt="log me", max_tokens=-1)
+        deadline = time.time() + 5
+        while time.time() < deadline:
+            log = self.server.read_log()
+            if f"request {completion.id} " in log and "param=max_tokens" in log:
+                break
+            time.sleep(0.05)
+        line = next(line for line in log.splitlines() if f"request {completion.id} " in line)
+        self.assertIn("status=200", line)
+        self.assertIn(f"prompt={completion.usage.prompt_tokens} ", line)
+        self.assertIn("output=2 ", line)
+        refused = next(line for line in log.splitlines() if "param=max_tokens" in line)
+        self.assertIn("POST /v1/completions status=400", refused)
+
     def test_workflows_list(self):
         status, _, raw = self.server.request("GET", "/v1/workflows")
         self.assertEqual(status, 200)
@@ -136,7 +153,8 @@ class VllmServeFlagsTest(unittest.TestCase):
 
     def test_seed_aliases_and_name_collisions(self):
         args = ["--allow-runtime-lora", "--served-model-name", "tiny-alias"]
-        servers = [loom_server.LoomServer(args + ["--seed", seed], num_adapters=1) for seed in ("5", "5", "6")]
+        servers = [loom_server.LoomServer(args + ["--seed", seed] + extra, num_adapters=1)
+                   for seed, extra in (("5", []), ("5", []), ("6", ["--disable-log-requests"]))]
         try:
             first, again, other = [self.sample(server) for server in servers]
             self.assertEqual(first, again)  # the same requests in the same order: the same draws
@@ -148,6 +166,10 @@ class VllmServeFlagsTest(unittest.TestCase):
             self.assertEqual(client.completions.create(model="tiny-alias", prompt="x", max_tokens=1).model,
                              "tiny-alias")
             adapter_path = os.path.join(server.adapter_dir, server.adapter_names[0])
+            quiet = servers[2]  # --disable-log-requests: no request lines
+            quiet_client = openai.OpenAI(base_url=quiet.base_url + "/v1", api_key="unused", max_retries=0)
+            quiet_client.completions.create(model="tiny", prompt="x", max_tokens=1)
+            self.assertNotIn("request cmpl-", quiet.read_log())
             for name, expected in (("tiny-alias", "base model"), (server.adapter_names[0], "already")):
                 status, _, raw = server.request("POST", "/v1/load_lora_adapter",
                                                 {"lora_name": name, "lora_path": adapter_path})

@@ -54,6 +54,13 @@ TEST_F(CliTest, GenerateJsonIsDeterministicAndAdaptersChangeTheOutput) {
   CommandResult adapted = run(common + " --lora coder=" + model() + "/adapters/adapter0 --adapter coder");
   ASSERT_EQ(adapted.exit_code, 0) << adapted.output;
   EXPECT_NE(parse_json_output(adapted.output)["tokens"], base_json["tokens"]);
+  // stdout is the JSON alone (logs go to stderr): it pipes into a JSON tool.
+  CommandResult piped = run(common + " 2>/dev/null | python3 -m json.tool");
+  EXPECT_EQ(piped.exit_code, 0) << piped.output;
+  EXPECT_EQ(nlohmann::json::parse(piped.output)["tokens"], base_json["tokens"]);
+  CommandResult logs_only = test::run_command("{ " + test::loom_binary() + " " + common + " 2>&1 >/dev/null; }");
+  EXPECT_NE(logs_only.output.find("[info]"), std::string::npos) << logs_only.output;
+  EXPECT_EQ(logs_only.output.find("\"tokens\""), std::string::npos) << logs_only.output;
 }
 
 TEST_F(CliTest, GenerateHonoursTheKvSharingModeOfLora) {
