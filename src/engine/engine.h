@@ -180,6 +180,10 @@ struct EngineMetrics {
   // tier ("base" kind) and the rCache's ("residual"); token counters since
   // start, over both (a forked request's prefix counts once per pool it moves in).
   int64_t kv_bytes_host = 0, kv_bytes_host_residual = 0;
+  // Host blocks of each pool's tier (total 0: that pool has no host tier) and
+  // those holding something (valid backups and offloads in flight).
+  int64_t host_blocks_total = 0, host_blocks_used = 0;
+  int64_t residual_host_blocks_total = 0, residual_host_blocks_used = 0;
   int64_t num_offloaded_tokens = 0, num_loaded_tokens = 0, num_prefetched_tokens = 0;
   // Prefetched tokens a request then found ready ("in time") or still loading ("late").
   int64_t num_prefetch_hit_tokens = 0, num_prefetch_late_tokens = 0;
@@ -187,7 +191,11 @@ struct EngineMetrics {
   int32_t num_waiting_on_load = 0;  // requests held back last step because their prefix was loading
   std::vector<double> load_wait_time;  // seconds each admitted request waited on loads (only those that did)
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start
-  int64_t num_finished_requests = 0;
+  // Requests ended since start, by vLLM's finished_reason: "stop", "length",
+  // "abort" (cancelled by the client, or by a shutdown that does not drain),
+  // "error" (the engine failed it); engine/step_stats.h's
+  // finished_reason_label. A reason no request ended with has no entry.
+  std::map<std::string, int64_t> num_finished_requests_by_reason;
   // Workflows the registry knows now (declared, progressed or seen in a request
   // within the TTL), and the eviction policy ("lru" or "workflow").
   int32_t num_workflows_active = 0;

@@ -83,6 +83,11 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
     output.finished = true;
     output.finish_reason = FinishReason::kLength;
     output.num_prompt_tokens = static_cast<int32_t>(pending->request.prompt_tokens.size());
+    {
+      // Counted before it is pushed, as the engine thread counts the requests it ends.
+      std::lock_guard<std::mutex> lock(metrics_mutex_);
+      ++metrics_.num_finished_requests_by_reason[finished_reason_label(output)];
+    }
     pending->channel->push(std::move(output));
     return stream;
   }

@@ -93,7 +93,7 @@ void EngineImpl::end_request(int64_t id, RequestOutput final_output) {
   scheduler_->finish(id);
   if (!request->request.adapter.empty()) adapters_.release_request(request->request.adapter);
   const SteadyTime now = std::chrono::steady_clock::now();
-  step_stats_.add_finished(seconds_between(request->submitted_at, now),
+  step_stats_.add_finished(finished_reason_label(final_output), seconds_between(request->submitted_at, now),
                            request->first_token_at ? std::optional(seconds_between(*request->first_token_at, now))
                                                    : std::nullopt);
   emit(*request, std::move(final_output));

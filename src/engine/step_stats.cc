@@ -32,8 +32,8 @@ void StepStats::add_next_token(double inter_token_time) {
   inter_token_.push_back(inter_token_time);
 }
 
-void StepStats::add_finished(double end_to_end, std::optional<double> decode_time) {
-  ++num_finished_requests_;
+void StepStats::add_finished(const std::string& reason, double end_to_end, std::optional<double> decode_time) {
+  ++num_finished_requests_by_reason_[reason];
   end_to_end_.push_back(end_to_end);
   if (decode_time) decode_time_.push_back(*decode_time);
 }
@@ -49,13 +49,15 @@ void StepStats::publish_into(EngineMetrics& metrics) {
   append_and_clear(decode_batch_sizes_, metrics.decode_batch_sizes);
   for (const auto& [mode, num_tokens] : prefix_queried_tokens_by_mode_) metrics.prefix_queried_tokens_by_mode[mode] += num_tokens;
   for (const auto& [mode, num_tokens] : prefix_hit_tokens_by_mode_) metrics.prefix_hit_tokens_by_mode[mode] += num_tokens;
+  for (const auto& [reason, num_requests] : num_finished_requests_by_reason_)
+    metrics.num_finished_requests_by_reason[reason] += num_requests;
   prefix_queried_tokens_by_mode_.clear();
   prefix_hit_tokens_by_mode_.clear();
+  num_finished_requests_by_reason_.clear();
   metrics.prefix_queried_tokens += std::exchange(num_prefix_queried_tokens_, 0);
   metrics.prefix_hit_tokens += std::exchange(num_prefix_hit_tokens_, 0);
   metrics.num_prompt_tokens += std::exchange(num_prompt_tokens_, 0);
   metrics.num_generated_tokens += std::exchange(num_generated_tokens_, 0);
-  metrics.num_finished_requests += std::exchange(num_finished_requests_, 0);
   if (num_waiting_on_load_) metrics.num_waiting_on_load = *std::exchange(num_waiting_on_load_, std::nullopt);
 }
 
@@ -85,6 +87,10 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   metrics.num_preemptions = num_preemptions;
   metrics.kv_bytes_host = static_cast<int64_t>(main.num_host_used_blocks) * main_bytes_per_block;
   metrics.kv_bytes_host_residual = static_cast<int64_t>(residual.num_host_used_blocks) * residual_bytes_per_block;
+  metrics.host_blocks_total = main.num_host_total_blocks;
+  metrics.host_blocks_used = main.num_host_used_blocks;
+  metrics.residual_host_blocks_total = residual.num_host_total_blocks;
+  metrics.residual_host_blocks_used = residual.num_host_used_blocks;
   // Host-tier counters: every member's (an absent member's stats are all 0).
   auto total = [&](int64_t KvCacheStats::*counter) {
     int64_t sum = 0;
@@ -97,6 +103,12 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   metrics.num_prefetch_hit_tokens = total(&KvCacheStats::num_prefetch_hit_blocks) * block_size;
   metrics.num_prefetch_late_tokens = total(&KvCacheStats::num_prefetch_late_blocks) * block_size;
   metrics.num_failed_kv_transfers = total(&KvCacheStats::num_failed_transfers);
+}
+
+const char* finished_reason_label(const RequestOutput& final_output) {
+  if (!final_output.error) return finish_reason_name(final_output.finish_reason);
+  const ErrorKind kind = final_output.error->kind();
+  return kind == ErrorKind::kCancelled || kind == ErrorKind::kUnavailable ? "abort" : "error";
 }
 
 std::map<std::string, int64_t> kv_bytes_by_adapter(const PerKvCache<KvCacheStats>& kv_stats,

@@ -5,8 +5,8 @@
 //   StepStats     events of the step: samples (queue time, TTFT, prefill,
 //                 inter-token, end-to-end, decode, load waits, decode batch
 //                 sizes) and counter increments (prefix lookups by mode,
-//                 prompt / generated tokens, finished requests). publish_into
-//                 appends and adds them, then starts empty again.
+//                 prompt / generated tokens, ended requests by reason).
+//                 publish_into appends and adds them, then starts empty again.
 //   EngineGauges  point-in-time values (KV blocks and bytes per member and per
 //                 adapter, running / waiting, preemptions, host tier counters),
 //                 measured once per publish; apply_to overwrites them.
@@ -36,9 +36,9 @@ class StepStats {
   // first scheduled) or a later one (seconds since the previous token).
   void add_first_token(double time_to_first_token, double prefill_time);
   void add_next_token(double inter_token_time);
-  // A request's end: end-to-end seconds and, when it produced a token, the
-  // seconds since its first.
-  void add_finished(double end_to_end, std::optional<double> decode_time);
+  // A request's end: why (finished_reason_label), end-to-end seconds and, when
+  // it produced a token, the seconds since its first.
+  void add_finished(const std::string& reason, double end_to_end, std::optional<double> decode_time);
   // Requests that decoded one token in a step (only steps with any).
   void add_decode_batch(int32_t num_decodes) { decode_batch_sizes_.push_back(num_decodes); }
   // Host tier: requests held back by this plan because their prefix was loading,
@@ -54,8 +54,9 @@ class StepStats {
       load_wait_time_;
   std::vector<int32_t> decode_batch_sizes_;
   std::map<std::string, int64_t> prefix_queried_tokens_by_mode_, prefix_hit_tokens_by_mode_;
+  std::map<std::string, int64_t> num_finished_requests_by_reason_;
   int64_t num_prefix_queried_tokens_ = 0, num_prefix_hit_tokens_ = 0, num_prompt_tokens_ = 0;
-  int64_t num_generated_tokens_ = 0, num_finished_requests_ = 0;
+  int64_t num_generated_tokens_ = 0;
   std::optional<int32_t> num_waiting_on_load_;
 };
 
@@ -70,6 +71,11 @@ struct EngineGauges {
   // Overwrites the gauges of `metrics` (its samples and counters stay).
   void apply_to(EngineMetrics& metrics) const;
 };
+
+// vLLM's finished_reason of a request's final output: "stop" or "length" when
+// it finished, "abort" when it was cancelled (ErrorKind::kCancelled, or
+// kUnavailable: a shutdown that does not drain), "error" for any other failure.
+const char* finished_reason_label(const RequestOutput& final_output);
 
 // Bytes of each adapter's namespaces (lora/, alora/...@, resid/) in every
 // member, in one pass over the namespaces; every name in `adapter_names` gets

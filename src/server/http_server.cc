@@ -96,7 +96,8 @@ struct HttpServer::Impl {
 
   Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping_flag,
        const std::atomic<bool>& ending_requests)
-      : engine(engine_ref), config(std::move(server_config)), stopping(stopping_flag) {
+      : engine(engine_ref), config(std::move(server_config)), stopping(stopping_flag),
+        metrics(config.served_model_name) {
     completion.engine = &engine;
     completion.tokenizer = engine.model().tokenizer.get();
     completion.ending_requests = &ending_requests;
@@ -229,8 +230,7 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
   }
   if (path == "/metrics") {
     if (auto refused = wrong_method({"GET"})) return *refused;
-    metrics.absorb(engine.take_metrics());
-    return text_response(metrics.render(), "text/plain; version=0.0.4");
+    return text_response(metrics.scrape(engine), "text/plain; version=0.0.4");
   }
   if (path == "/v1/models") {
     if (auto refused = wrong_method({"GET"})) return *refused;

@@ -13,15 +13,6 @@ std::vector<double> latency_bounds() {
           1.0,   2.5,   5.0,  7.5,  10.0, 20.0, 40.0, 80.0, 160.0, 640.0};
 }
 
-void header(std::string& out, const std::string& name, const char* type, const std::string& help) {
-  out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
-}
-
-void scalar(std::string& out, const std::string& name, const char* type, const std::string& help, double value) {
-  header(out, name, type, help);
-  out += fmt::format("{} {}\n", name, value);
-}
-
 // The length of the valid UTF-8 sequence at text[i], or 0 when the bytes
 // there are not one (overlong forms, surrogates and > U+10FFFF included).
 size_t utf8_sequence_length(const std::string& text, size_t i) {
@@ -70,16 +61,65 @@ std::string escape_label_value(const std::string& value) {
   return escaped;
 }
 
-// Prefix-cache counters: the unlabelled total (kept for existing dashboards)
-// plus one sample per request mode.
-void by_mode(std::string& out, const std::string& name, const std::string& help, int64_t total,
+// The exposition text being built: families and their samples, each sample
+// with the model_name label first.
+class Exposition {
+ public:
+  explicit Exposition(const std::string& model_label) : model_label_(model_label) {}
+
+  void family(const std::string& name, const char* type, const std::string& help) {
+    out_ += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  }
+  // `labels`: the sample's own labels, escaped, without braces ("" = none).
+  template <typename Value>
+  void sample(const std::string& name, const std::string& labels, Value value) {
+    out_ += fmt::format("{}{{{}}} {}\n", name, with_model(labels), value);
+  }
+  template <typename Value>
+  void scalar(const std::string& name, const char* type, const std::string& help, Value value) {
+    family(name, type, help);
+    sample(name, "", value);
+  }
+  std::string with_model(const std::string& labels) const {
+    return labels.empty() ? model_label_ : model_label_ + "," + labels;
+  }
+  std::string& text() { return out_; }
+
+ private:
+  const std::string& model_label_;
+  std::string out_;
+};
+
+// Prefix-cache counters: the total without a mode (kept for existing
+// dashboards) plus one sample per request mode.
+void by_mode(Exposition& out, const std::string& name, const std::string& help, int64_t total,
              const std::map<std::string, int64_t>& by_mode_values) {
-  header(out, name, "counter", help);
-  out += fmt::format("{} {}\n", name, total);
+  out.family(name, "counter", help);
+  out.sample(name, "", total);
   std::map<std::string, int64_t> values = {{"none", 0}, {"isolated", 0}, {"activated", 0}, {"base", 0}, {"forked", 0}};
   for (const auto& [mode, value] : by_mode_values) values[mode] = value;
-  for (const auto& [mode, value] : values)
-    out += fmt::format("{}{{mode=\"{}\"}} {}\n", name, escape_label_value(mode), value);
+  for (const auto& [mode, value] : values) out.sample(name, fmt::format("mode=\"{}\"", escape_label_value(mode)), value);
+}
+
+// One pool's tier: its label pair and blocks (used: vLLM's sense on the
+// device, blocks held by requests; on the host, blocks holding backups).
+struct TierUsage {
+  const char* tier;
+  const char* kind;
+  int64_t used_blocks, total_blocks;
+};
+
+// The tiers that exist (have blocks): the main pool on the device, the rCache
+// pool when there is one, each pool's host tier when it has one.
+std::vector<TierUsage> existing_tiers(const EngineMetrics& m) {
+  std::vector<TierUsage> tiers;
+  for (const TierUsage& tier : {TierUsage{"device", "base", m.kv_blocks_in_use, m.kv_blocks_total},
+                                TierUsage{"device", "residual", m.residual_blocks_in_use, m.residual_blocks_total},
+                                TierUsage{"host", "base", m.host_blocks_used, m.host_blocks_total},
+                                TierUsage{"host", "residual", m.residual_host_blocks_used,
+                                          m.residual_host_blocks_total}})
+    if (tier.total_blocks > 0) tiers.push_back(tier);
+  return tiers;
 }
 
 }  // namespace
@@ -95,24 +135,44 @@ void Histogram::observe(double value) {
   ++count_;
 }
 
-void Histogram::render(const std::string& name, const std::string& help, std::string& out) const {
-  header(out, name, "histogram", help);
+void Histogram::render(const std::string& name, const std::string& help, const std::string& labels,
+                       std::string& out) const {
+  out += fmt::format("# HELP {} {}\n# TYPE {} histogram\n", name, help, name);
+  const std::string bucket_labels = labels.empty() ? "" : labels + ",";
   int64_t cumulative = 0;
   for (size_t i = 0; i < upper_bounds_.size(); ++i) {
     cumulative += bucket_counts_[i];
-    out += fmt::format("{}_bucket{{le=\"{}\"}} {}\n", name, upper_bounds_[i], cumulative);
+    out += fmt::format("{}_bucket{{{}le=\"{}\"}} {}\n", name, bucket_labels, upper_bounds_[i], cumulative);
   }
-  out += fmt::format("{}_bucket{{le=\"+Inf\"}} {}\n{}_sum {}\n{}_count {}\n", name, count_, name, sum_, name, count_);
+  out += fmt::format("{}_bucket{{{}le=\"+Inf\"}} {}\n", name, bucket_labels, count_);
+  const std::string braced = labels.empty() ? "" : "{" + labels + "}";
+  out += fmt::format("{0}_sum{1} {2}\n{0}_count{1} {3}\n", name, braced, sum_, count_);
 }
 
-MetricsExporter::MetricsExporter()
-    : time_to_first_token_(latency_bounds()), inter_token_(latency_bounds()), end_to_end_(latency_bounds()),
+MetricsExporter::MetricsExporter(const std::string& model_name)
+    : model_label_(fmt::format("model_name=\"{}\"", escape_label_value(model_name))),
+      time_to_first_token_(latency_bounds()), inter_token_(latency_bounds()), end_to_end_(latency_bounds()),
       queue_time_(latency_bounds()), prefill_time_(latency_bounds()), decode_time_(latency_bounds()),
       load_wait_time_(latency_bounds()),
       decode_batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}) {}
 
 void MetricsExporter::absorb(const EngineMetrics& metrics) {
   std::lock_guard lock(mutex_);
+  absorb_locked(metrics);
+}
+
+std::string MetricsExporter::render() const {
+  std::lock_guard lock(mutex_);
+  return render_locked();
+}
+
+std::string MetricsExporter::scrape(Engine& engine) {
+  std::lock_guard lock(mutex_);
+  absorb_locked(engine.take_metrics());
+  return render_locked();
+}
+
+void MetricsExporter::absorb_locked(const EngineMetrics& metrics) {
   for (double value : metrics.time_to_first_token) time_to_first_token_.observe(value);
   for (double value : metrics.inter_token) inter_token_.observe(value);
   for (double value : metrics.end_to_end) end_to_end_.observe(value);
@@ -132,93 +192,101 @@ void MetricsExporter::absorb(const EngineMetrics& metrics) {
   latest_.decode_batch_sizes.clear();
 }
 
-std::string MetricsExporter::render() const {
-  std::lock_guard lock(mutex_);
+std::string MetricsExporter::render_locked() const {
   const EngineMetrics& m = latest_;
-  std::string out;
-  scalar(out, "loom_num_requests_running", "gauge", "Requests in the running batch", m.num_running);
-  scalar(out, "loom_num_requests_waiting", "gauge", "Requests waiting to be scheduled", m.num_waiting);
+  Exposition out(model_label_);
+  out.scalar("loom_num_requests_running", "gauge", "Requests in the running batch", m.num_running);
+  out.scalar("loom_num_requests_waiting", "gauge", "Requests waiting to be scheduled", m.num_waiting);
 
-  header(out, "loom_kv_cache_bytes", "gauge",
-         "KV cache bytes held now (in use or cached), by tier and kind (base: the main pool, whatever the mode; "
-         "residual: forked adapters' rCache)");
-  for (const char* tier : {"device", "host", "disk"})
-    for (const char* kind : {"base", "residual"}) {
-      int64_t value = 0;
-      if (std::string(tier) == "device") value = std::string(kind) == "base" ? m.kv_bytes_base : m.kv_bytes_residual;
-      if (std::string(tier) == "host") value = std::string(kind) == "base" ? m.kv_bytes_host : m.kv_bytes_host_residual;
-      out += fmt::format("loom_kv_cache_bytes{{tier=\"{}\",kind=\"{}\"}} {}\n", tier, kind, value);
-    }
-  header(out, "loom_kv_cache_bytes_per_token", "gauge",
-         "Bytes one token takes across all layers: a K/V slot (base) or an rCache slot (residual)");
-  out += fmt::format("loom_kv_cache_bytes_per_token{{kind=\"base\"}} {}\n", m.kv_bytes_per_token_base);
-  out += fmt::format("loom_kv_cache_bytes_per_token{{kind=\"residual\"}} {}\n", m.kv_bytes_per_token_residual);
-  header(out, "loom_kv_cache_adapter_bytes", "gauge",
-         "KV bytes held now in an adapter's own namespaces (isolated, activated branches, forked rCache)");
+  out.family("loom_kv_cache_usage_perc", "gauge",
+             "Fraction of a pool's blocks used (0..1), by tier and kind (device: blocks held by requests, cached "
+             "ones count as free, as vLLM's kv_cache_usage_perc; host: blocks holding backups)");
+  for (const TierUsage& usage : existing_tiers(m))
+    out.sample("loom_kv_cache_usage_perc", fmt::format("tier=\"{}\",kind=\"{}\"", usage.tier, usage.kind),
+               static_cast<double>(usage.used_blocks) / static_cast<double>(usage.total_blocks));
+  out.family("loom_kv_cache_bytes", "gauge",
+             "KV cache bytes held now (in use or cached), by tier and kind (base: the main pool, whatever the mode; "
+             "residual: forked adapters' rCache)");
+  out.sample("loom_kv_cache_bytes", "tier=\"device\",kind=\"base\"", m.kv_bytes_base);
+  out.sample("loom_kv_cache_bytes", "tier=\"device\",kind=\"residual\"", m.kv_bytes_residual);
+  if (m.host_blocks_total > 0) out.sample("loom_kv_cache_bytes", "tier=\"host\",kind=\"base\"", m.kv_bytes_host);
+  if (m.residual_host_blocks_total > 0)
+    out.sample("loom_kv_cache_bytes", "tier=\"host\",kind=\"residual\"", m.kv_bytes_host_residual);
+  out.family("loom_kv_cache_bytes_per_token", "gauge",
+             "Bytes one token takes across all layers: a K/V slot (base) or an rCache slot (residual)");
+  out.sample("loom_kv_cache_bytes_per_token", "kind=\"base\"", m.kv_bytes_per_token_base);
+  out.sample("loom_kv_cache_bytes_per_token", "kind=\"residual\"", m.kv_bytes_per_token_residual);
+  out.family("loom_kv_cache_adapter_bytes", "gauge",
+             "KV bytes held now in an adapter's own namespaces (isolated, activated branches, forked rCache)");
   for (const auto& [adapter, bytes] : m.kv_bytes_by_adapter)
-    out += fmt::format("loom_kv_cache_adapter_bytes{{adapter=\"{}\"}} {}\n", escape_label_value(adapter), bytes);
-  header(out, "loom_kv_cache_blocks", "gauge", "KV cache blocks by state (free + cached + in_use = total)");
-  out += fmt::format("loom_kv_cache_blocks{{state=\"free\"}} {}\n", m.kv_blocks_free);
-  out += fmt::format("loom_kv_cache_blocks{{state=\"cached\"}} {}\n", m.kv_blocks_cached);
-  out += fmt::format("loom_kv_cache_blocks{{state=\"in_use\"}} {}\n", m.kv_blocks_in_use);
-  scalar(out, "loom_kv_cache_blocks_total", "gauge", "KV cache blocks in the pool", static_cast<double>(m.kv_blocks_total));
-  header(out, "loom_residual_kv_cache_blocks", "gauge",
-         "Forked rCache blocks by state (free + cached + in_use = total; all 0 without an rCache pool)");
-  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"free\"}} {}\n", m.residual_blocks_free);
-  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"cached\"}} {}\n", m.residual_blocks_cached);
-  out += fmt::format("loom_residual_kv_cache_blocks{{state=\"in_use\"}} {}\n", m.residual_blocks_in_use);
-  scalar(out, "loom_residual_kv_cache_blocks_total", "gauge", "Forked rCache blocks in the pool",
-         static_cast<double>(m.residual_blocks_total));
+    out.sample("loom_kv_cache_adapter_bytes", fmt::format("adapter=\"{}\"", escape_label_value(adapter)), bytes);
+  out.family("loom_kv_cache_blocks", "gauge", "KV cache blocks by state (free + cached + in_use = total)");
+  out.sample("loom_kv_cache_blocks", "state=\"free\"", m.kv_blocks_free);
+  out.sample("loom_kv_cache_blocks", "state=\"cached\"", m.kv_blocks_cached);
+  out.sample("loom_kv_cache_blocks", "state=\"in_use\"", m.kv_blocks_in_use);
+  out.scalar("loom_kv_cache_blocks_total", "gauge", "KV cache blocks in the pool", m.kv_blocks_total);
+  out.family("loom_residual_kv_cache_blocks", "gauge",
+             "Forked rCache blocks by state (free + cached + in_use = total; all 0 without an rCache pool)");
+  out.sample("loom_residual_kv_cache_blocks", "state=\"free\"", m.residual_blocks_free);
+  out.sample("loom_residual_kv_cache_blocks", "state=\"cached\"", m.residual_blocks_cached);
+  out.sample("loom_residual_kv_cache_blocks", "state=\"in_use\"", m.residual_blocks_in_use);
+  out.scalar("loom_residual_kv_cache_blocks_total", "gauge", "Forked rCache blocks in the pool",
+             m.residual_blocks_total);
 
   by_mode(out, "loom_prefix_cache_queried_tokens_total",
-          "Prompt tokens looked up in the prefix cache (unlabelled: all; mode: the adapter's KV sharing, none = base "
+          "Prompt tokens looked up in the prefix cache (no mode: all; mode: the adapter's KV sharing, none = base "
           "model)",
           m.prefix_queried_tokens, m.prefix_queried_tokens_by_mode);
   by_mode(out, "loom_prefix_cache_hit_tokens_total",
-          "Prompt tokens found in the prefix cache (unlabelled: all; mode: the adapter's KV sharing, none = base model)",
+          "Prompt tokens found in the prefix cache (no mode: all; mode: the adapter's KV sharing, none = base model)",
           m.prefix_hit_tokens, m.prefix_hit_tokens_by_mode);
-  scalar(out, "loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)",
-         static_cast<double>(m.num_preemptions));
-  scalar(out, "loom_evicted_tokens_total", "counter", "Cached tokens evicted", static_cast<double>(m.num_evicted_tokens));
-  scalar(out, "loom_workflows_active", "gauge",
-         "Workflows known now (declared, progressed or seen in a request within --workflow-ttl-seconds)",
-         m.num_workflows_active);
-  header(out, "loom_kv_eviction_policy_info", "gauge", "The KV eviction policy (--eviction-policy), as a label");
-  out += fmt::format("loom_kv_eviction_policy_info{{policy=\"{}\"}} 1\n", escape_label_value(m.eviction_policy));
-  scalar(out, "loom_offloaded_tokens_total", "counter",
-         "Tokens backed up from the device to the host tier (main and rCache pools together)",
-         static_cast<double>(m.num_offloaded_tokens));
-  scalar(out, "loom_loaded_tokens_total", "counter",
-         "Tokens loaded from the host tier (prefetches included; main and rCache pools together)",
-         static_cast<double>(m.num_loaded_tokens));
-  scalar(out, "loom_prefetched_tokens_total", "counter",
-         "Tokens loaded from the host tier by proactive prefetch (main and rCache pools together)",
-         static_cast<double>(m.num_prefetched_tokens));
-  header(out, "loom_prefetch_outcome_tokens_total", "counter",
-         "Prefetched tokens by what the request that needed them found: ready (in time) or still loading (late)");
-  out += fmt::format("loom_prefetch_outcome_tokens_total{{outcome=\"in_time\"}} {}\n", m.num_prefetch_hit_tokens);
-  out += fmt::format("loom_prefetch_outcome_tokens_total{{outcome=\"late\"}} {}\n", m.num_prefetch_late_tokens);
-  scalar(out, "loom_kv_transfer_failures_total", "counter",
-         "Host-tier copies that failed or were refused (the blocks are recomputed)",
-         static_cast<double>(m.num_failed_kv_transfers));
-  scalar(out, "loom_num_requests_waiting_on_load", "gauge",
-         "Waiting requests held back last step because their prefix is loading from the host tier",
-         m.num_waiting_on_load);
-  scalar(out, "loom_prompt_tokens_total", "counter", "Prompt tokens processed", static_cast<double>(m.num_prompt_tokens));
-  scalar(out, "loom_generation_tokens_total", "counter", "Tokens generated", static_cast<double>(m.num_generated_tokens));
-  scalar(out, "loom_request_success_total", "counter", "Requests finished",
-         static_cast<double>(m.num_finished_requests));
+  out.scalar("loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)", m.num_preemptions);
+  out.scalar("loom_evicted_tokens_total", "counter", "Cached tokens evicted", m.num_evicted_tokens);
+  out.scalar("loom_workflows_active", "gauge",
+             "Workflows known now (declared, progressed or seen in a request within --workflow-ttl-seconds)",
+             m.num_workflows_active);
+  out.family("loom_kv_eviction_policy_info", "gauge", "The KV eviction policy (--eviction-policy), as a label");
+  out.sample("loom_kv_eviction_policy_info", fmt::format("policy=\"{}\"", escape_label_value(m.eviction_policy)), 1);
+  out.scalar("loom_offloaded_tokens_total", "counter",
+             "Tokens backed up from the device to the host tier (main and rCache pools together)",
+             m.num_offloaded_tokens);
+  out.scalar("loom_loaded_tokens_total", "counter",
+             "Tokens loaded from the host tier (prefetches included; main and rCache pools together)",
+             m.num_loaded_tokens);
+  out.scalar("loom_prefetched_tokens_total", "counter",
+             "Tokens loaded from the host tier by proactive prefetch (main and rCache pools together)",
+             m.num_prefetched_tokens);
+  out.family("loom_prefetch_outcome_tokens_total", "counter",
+             "Prefetched tokens by what the request that needed them found: ready (in time) or still loading (late)");
+  out.sample("loom_prefetch_outcome_tokens_total", "outcome=\"in_time\"", m.num_prefetch_hit_tokens);
+  out.sample("loom_prefetch_outcome_tokens_total", "outcome=\"late\"", m.num_prefetch_late_tokens);
+  out.scalar("loom_kv_transfer_failures_total", "counter",
+             "Host-tier copies that failed or were refused (the blocks are recomputed)", m.num_failed_kv_transfers);
+  out.scalar("loom_num_requests_waiting_on_load", "gauge",
+             "Waiting requests held back last step because their prefix is loading from the host tier",
+             m.num_waiting_on_load);
+  out.scalar("loom_prompt_tokens_total", "counter", "Prompt tokens processed", m.num_prompt_tokens);
+  out.scalar("loom_generation_tokens_total", "counter", "Tokens generated", m.num_generated_tokens);
+  out.family("loom_request_success_total", "counter",
+             "Requests ended, by vLLM's finished_reason: stop and length finished (successes), abort was cancelled "
+             "(client gone, or a shutdown that does not drain), error failed in the engine");
+  std::map<std::string, int64_t> finished = {{"stop", 0}, {"length", 0}, {"abort", 0}, {"error", 0}};
+  for (const auto& [reason, num_requests] : m.num_finished_requests_by_reason) finished[reason] = num_requests;
+  for (const auto& [reason, num_requests] : finished)
+    out.sample("loom_request_success_total", fmt::format("finished_reason=\"{}\"", escape_label_value(reason)),
+               num_requests);
 
-  time_to_first_token_.render("loom_time_to_first_token_seconds", "Time to first token", out);
-  inter_token_.render("loom_inter_token_latency_seconds", "Time between output tokens", out);
-  end_to_end_.render("loom_e2e_request_latency_seconds", "Request latency from arrival to finish", out);
-  queue_time_.render("loom_request_queue_time_seconds", "Time waiting before first scheduled", out);
-  load_wait_time_.render("loom_kv_load_wait_seconds", "Time a request waited for its prefix to load from the host tier",
-                         out);
-  prefill_time_.render("loom_request_prefill_time_seconds", "Time in prefill", out);
-  decode_time_.render("loom_request_decode_time_seconds", "Time in decode", out);
-  decode_batch_size_.render("loom_decode_batch_size", "Sequences per decode step", out);
-  return out;
+  const std::string labels = out.with_model("");
+  time_to_first_token_.render("loom_time_to_first_token_seconds", "Time to first token", labels, out.text());
+  inter_token_.render("loom_inter_token_latency_seconds", "Time between output tokens", labels, out.text());
+  end_to_end_.render("loom_e2e_request_latency_seconds", "Request latency from arrival to finish", labels, out.text());
+  queue_time_.render("loom_request_queue_time_seconds", "Time waiting before first scheduled", labels, out.text());
+  load_wait_time_.render("loom_kv_load_wait_seconds",
+                         "Time a request waited for its prefix to load from the host tier", labels, out.text());
+  prefill_time_.render("loom_request_prefill_time_seconds", "Time in prefill", labels, out.text());
+  decode_time_.render("loom_request_decode_time_seconds", "Time in decode", labels, out.text());
+  decode_batch_size_.render("loom_decode_batch_size", "Sequences per decode step", labels, out.text());
+  return std::move(out.text());
 }
 
 }  // namespace loom::server

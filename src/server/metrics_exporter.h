@@ -1,8 +1,11 @@
 // Prometheus text exposition of the engine's numbers (DESIGN §4, prefix loom_).
 // Latency samples drained from Engine::take_metrics() accumulate into
 // histograms here; totals and gauges are copied from the latest snapshot.
+// Every sample carries vLLM's model_name label (the served model's name) first;
+// a histogram's le comes last. Series exist only for what the server has: a
+// host tier's only when one is configured, never a tier Loom lacks.
 //
-// Thread-safe: absorb/render may be called from any HTTP worker.
+// Thread-safe: scrape/absorb/render may be called from any HTTP worker.
 #pragma once
 
 #include <cstdint>
@@ -19,8 +22,9 @@ class Histogram {
  public:
   explicit Histogram(std::vector<double> upper_bounds);
   void observe(double value);
-  // "# TYPE name histogram" plus _bucket{le=...}, _sum, _count lines.
-  void render(const std::string& name, const std::string& help, std::string& out) const;
+  // "# TYPE name histogram" plus _bucket{...,le=...}, _sum, _count lines;
+  // `labels` (escaped, without braces) go on each.
+  void render(const std::string& name, const std::string& help, const std::string& labels, std::string& out) const;
   int64_t count() const { return count_; }
 
  private:
@@ -32,13 +36,21 @@ class Histogram {
 
 class MetricsExporter {
  public:
-  MetricsExporter();
+  explicit MetricsExporter(const std::string& model_name);
   // Folds one snapshot in (samples into histograms; totals and gauges replace).
   void absorb(const EngineMetrics& metrics);
   // The whole exposition, ending with a newline.
   std::string render() const;
+  // GET /metrics: takes the engine's snapshot, absorbs and renders it under
+  // one lock, so concurrent scrapes absorb snapshots in the order they were
+  // taken (a counter never goes back).
+  std::string scrape(Engine& engine);
 
  private:
+  void absorb_locked(const EngineMetrics& metrics);
+  std::string render_locked() const;
+
+  const std::string model_label_;  // model_name="...", escaped
   mutable std::mutex mutex_;
   EngineMetrics latest_;  // sample vectors unused
   Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;

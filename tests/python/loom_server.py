@@ -42,6 +42,19 @@ def free_port():
         return sock.getsockname()[1]
 
 
+MODEL_LABEL = 'model_name="tiny"'
+
+
+def drop_model_label(sample):
+    """'loom_x{model_name="tiny",a="b"}' -> 'loom_x{a="b"}', 'loom_x{model_name="tiny"}' -> 'loom_x';
+    AssertionError for a sample without that label first."""
+    name, brace, labels = sample.partition("{")
+    if not brace or not labels.startswith(MODEL_LABEL) or labels[len(MODEL_LABEL)] not in ",}":
+        raise AssertionError(f"{sample}: no {MODEL_LABEL} label first")
+    rest = labels[len(MODEL_LABEL) + 1:]
+    return name + ("{" + rest if rest else "")
+
+
 class LoomServer:
     """A model directory plus a running server; stop() ends both."""
 
@@ -97,13 +110,14 @@ class LoomServer:
             return error.code, dict(error.headers), error.read()
 
     def metrics(self):
-        """Prometheus samples as {'name{labels}': value}."""
+        """Prometheus samples as {'name{labels}': value}, less the model_name
+        label, which every sample must carry first (the served name, "tiny")."""
         _, _, body = self.request("GET", "/metrics")
         samples = {}
         for line in body.decode().splitlines():
             if line and not line.startswith("#"):
                 name, value = line.rsplit(" ", 1)
-                samples[name] = float(value)
+                samples[drop_model_label(name)] = float(value)
         return samples
 
     def stop(self):

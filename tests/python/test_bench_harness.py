@@ -207,6 +207,11 @@ class PrometheusTest(unittest.TestCase):
         self.assertEqual(prometheus.value(by_mode, "hits", mode="forked"), 6)
         with self.assertRaises(ValueError):
             prometheus.parse("not a metric line at all {")
+        # loom serve's model_name label is dropped, so the total still wins over the breakdown
+        labelled = prometheus.parse('hits{model_name="m"} 10\nhits{model_name="m",mode="forked"} 6\n'
+                                    'hits{model_name="m",mode="none"} 4\n')
+        self.assertEqual(prometheus.value(labelled, "hits"), 10)
+        self.assertEqual(prometheus.value(labelled, "hits", mode="none"), 4)
 
     def test_counter_and_histogram_deltas(self):
         before, after = prometheus.parse(METRICS_BEFORE), prometheus.parse(METRICS_AFTER)

@@ -25,6 +25,12 @@ struct Collected {
   int32_t num_cached_prompt_tokens = 0;
 };
 
+// Requests that ended with `reason` (finished_reason_label) per `metrics`.
+int64_t num_ended(const EngineMetrics& metrics, const std::string& reason) {
+  const auto it = metrics.num_finished_requests_by_reason.find(reason);
+  return it == metrics.num_finished_requests_by_reason.end() ? 0 : it->second;
+}
+
 // Reads a stream to its end; `num_tokens_before`: tokens the caller already read.
 Collected collect(RequestStream& stream, size_t num_tokens_before = 0) {
   Collected result;
@@ -141,7 +147,8 @@ TEST_F(EngineTest, ConcurrentRequestsMixingAdaptersEqualRequestsRunAlone) {
   }
   EXPECT_NE(results[0].tokens, results[1].tokens);  // base vs a0 on the same prompt
   const EngineMetrics metrics = engine_->take_metrics();
-  EXPECT_EQ(metrics.num_finished_requests, 12);
+  EXPECT_EQ(num_ended(metrics, "stop") + num_ended(metrics, "length"), 12);
+  EXPECT_EQ(num_ended(metrics, "abort") + num_ended(metrics, "error"), 0);
   EXPECT_GT(metrics.prefix_hit_tokens, 0);
   EXPECT_EQ(metrics.kv_blocks_in_use, 0);
   EXPECT_EQ(metrics.time_to_first_token.size(), 12u);
@@ -222,6 +229,8 @@ TEST_F(EngineTest, CancellingAndDroppingStreamsFreeTheirBlocks) {
   dropped.reset();
   const Collected rest = collect(*cancelled, first->new_tokens.size());
   ASSERT_TRUE(rest.error.has_value());
+  // Counted before its last output was pushed: an abort, not a success.
+  EXPECT_GE(num_ended(engine_->take_metrics(), "abort"), 1);
   EngineMetrics metrics;
   for (int i = 0; i < 300; ++i) {
     metrics = engine_->take_metrics();
@@ -230,6 +239,8 @@ TEST_F(EngineTest, CancellingAndDroppingStreamsFreeTheirBlocks) {
   }
   EXPECT_EQ(metrics.kv_blocks_in_use, 0);
   EXPECT_EQ(metrics.kv_blocks_free + metrics.kv_blocks_cached, metrics.kv_blocks_total);
+  EXPECT_EQ(num_ended(metrics, "abort"), 2);  // the dropped stream too
+  EXPECT_EQ(num_ended(metrics, "stop") + num_ended(metrics, "length") + num_ended(metrics, "error"), 0);
   engine_->unload_adapter("a0");  // no longer in use
 }
 
@@ -322,6 +333,15 @@ TEST_F(EngineTest, ShutdownDrainsOrCancels) {
   const Collected cut = collect(*cancelled);
   ASSERT_TRUE(cut.error.has_value());
   EXPECT_EQ(cut.error->kind(), ErrorKind::kUnavailable);  // the shutdown's kind (kCapacity before it had its own)
+  EXPECT_EQ(num_ended(engine->take_metrics(), "abort"), 1);
+  EXPECT_EQ(num_ended(engine_->take_metrics(), "length"), 1);  // the drained one: 12 tokens, ignore_eos
+
+  // max_tokens 0 ends at submit, counted before its output is pushed.
+  EngineRequest empty = request("nothing to generate", 0);
+  auto idle = start();
+  const Collected nothing = collect(*idle->submit(empty));
+  EXPECT_TRUE(nothing.tokens.empty());
+  EXPECT_EQ(num_ended(idle->take_metrics(), "length"), 1);
 }
 
 }  // namespace

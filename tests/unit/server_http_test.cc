@@ -157,8 +157,10 @@ TEST_F(ServerHttpTest, ModelsHealthMetrics) {
   EXPECT_EQ(models["data"][1]["kv_sharing"], "isolated");
   EXPECT_FALSE(models["data"][0].contains("kv_sharing"));
   const auto metrics = client_->Get("/metrics");
-  EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_bucket{le=\"0.005\"} 1"), std::string::npos);
-  EXPECT_NE(metrics->body.find("loom_num_requests_running 0"), std::string::npos);
+  EXPECT_NE(metrics->body.find("loom_time_to_first_token_seconds_bucket{model_name=\"tiny\",le=\"0.005\"} 1"),
+            std::string::npos)
+      << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_num_requests_running{model_name=\"tiny\"} 0"), std::string::npos);
 }
 
 TEST_F(ServerHttpTest, RuntimeAdaptersOnlyWhenAllowed) {

@@ -189,14 +189,14 @@ TEST_F(ServerWorkflowTest, UnseenWorkflowsExpireAfterTheTtl) {
   engine_->workflow_clock_seconds = test::FakeEngine::kWorkflowTtlSeconds / 2;
   ASSERT_EQ(put("/v1/workflows/young", kCycle)->status, 200);
   auto metrics = client_->Get("/metrics");
-  EXPECT_NE(metrics->body.find("loom_workflows_active 2\n"), std::string::npos) << metrics->body;
-  EXPECT_NE(metrics->body.find("loom_kv_eviction_policy_info{policy=\"workflow\"} 1\n"), std::string::npos);
+  EXPECT_NE(metrics->body.find("loom_workflows_active{model_name=\"tiny\"} 2\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_kv_eviction_policy_info{model_name=\"tiny\",policy=\"workflow\"} 1\n"), std::string::npos);
 
   engine_->workflow_clock_seconds = test::FakeEngine::kWorkflowTtlSeconds + 1;
   EXPECT_EQ(client_->Get("/v1/workflows/old")->status, 404);
   EXPECT_EQ(client_->Get("/v1/workflows/young")->status, 200);
   metrics = client_->Get("/metrics");
-  EXPECT_NE(metrics->body.find("loom_workflows_active 1\n"), std::string::npos) << metrics->body;
+  EXPECT_NE(metrics->body.find("loom_workflows_active{model_name=\"tiny\"} 1\n"), std::string::npos) << metrics->body;
 }
 
 // The route functions without a socket: caps and hostile input.

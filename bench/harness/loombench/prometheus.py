@@ -2,6 +2,8 @@
 
 A scrape is {(name, labels): value} where labels is a sorted tuple of
 (key, value) pairs, so `("loom_kv_cache_bytes", (("kind", "base"), ("tier", "device")))`.
+The model_name label (vLLM's, on every sample) is dropped: one server serves
+one model, and lookups go by the labels that tell its series apart.
 """
 import math
 import re
@@ -12,6 +14,7 @@ Samples = Dict[Tuple[str, Labels], float]
 
 _SAMPLE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(.*)\})?\s+(\S+)(\s+\d+)?$')
 _LABEL = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"((?:[^"\\]|\\.)*)"\s*,?')
+_DROPPED_LABELS = {"model_name"}
 
 
 def _parse_labels(text: str) -> Labels:
@@ -21,7 +24,8 @@ def _parse_labels(text: str) -> Labels:
         if not match:
             raise ValueError(f"bad label set {{{text}}}")
         value = match.group(2).replace('\\"', '"').replace("\\n", "\n").replace("\\\\", "\\")
-        labels.append((match.group(1), value))
+        if match.group(1) not in _DROPPED_LABELS:
+            labels.append((match.group(1), value))
         position = match.end()
     return tuple(sorted(labels))
 
