@@ -77,6 +77,31 @@ TEST(GrammarRegex, UnsupportedConstructsAreNamed) {
   EXPECT_THROW(regex_grammar("a{100001}"), Error);
 }
 
+TEST(GrammarRegex, InvalidUtf8IsAnErrorNotAnotherCharacter) {
+  // fuzz_regex's crash: 0xCE took the '{' after it as its continuation byte, so the class held U+03BB.
+  const std::string crash("[\xce{2\x1e\0\0\0\0]+?{0,9}", 17);
+  for (const std::string& pattern : {crash, std::string("[\xce{]"), std::string("a\xce"), std::string("\x80"),
+                                     std::string("\xc0\x80"), std::string("\xed\xa0\x80"),
+                                     std::string("\xf4\x90\x80\x80"), std::string("\\uD800"),
+                                     std::string("[\\uDC00]")}) {
+    try {
+      regex_grammar(pattern);
+      ADD_FAILURE() << pattern << " compiled";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.kind(), ErrorKind::kUnsupported) << error.message();
+      EXPECT_TRUE(error.message().find("UTF-8") != std::string::npos ||
+                  error.message().find("surrogate") != std::string::npos)
+          << error.message();
+    }
+  }
+  const auto pair = compile(regex_grammar("\\uD83D\\uDE00|[\\u00e9]"));  // a surrogate pair is one code point
+  EXPECT_TRUE(matches(pair, "\xf0\x9f\x98\x80"));
+  EXPECT_TRUE(matches(pair, "é"));
+  EXPECT_THROW(gbnf_grammar("root ::= \"\xce{\""), Error);
+  EXPECT_THROW(gbnf_grammar("root ::= [\xe2\x82]"), Error);
+  EXPECT_THROW(gbnf_grammar("root ::= \"\\uD800\""), Error);
+}
+
 TEST(GrammarJsonSchema, ObjectsWithRequiredAndOptionalProperties) {
   const Json schema = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},
       "c":{"type":"boolean"}},"required":["b"],"additionalProperties":false})");
