@@ -283,13 +283,27 @@ TEST(GrammarMatcher, EndTokenOnlyWhereTheGrammarCanEnd) {
   EXPECT_FALSE(matcher.accept_bytes("1"));
 }
 
-TEST(GrammarLimits, HostileInputsFailFast) {
-  // Deep recursion at run time is capped: the state overflows and is refused, not a crash.
+TEST(GrammarLimits, OverTheLimitsIsACapacityErrorNotARefusal) {
+  // Deep recursion at run time is capped. The masks offer "(" at every depth (the grammar allows it):
+  // past the depth limit, accepting it is Error(kCapacity), never a refusal of an offered token.
   const auto grammar = compile(gbnf_grammar("root ::= \"(\" root \")\" | \"x\""));
   GrammarMatcher matcher(grammar);
-  bool refused = false;
-  for (int i = 0; i < 5000 && !refused; ++i) refused = !matcher.accept_bytes("(");
-  EXPECT_TRUE(refused);
+  const int32_t open = '(';
+  std::vector<uint64_t> mask;
+  try {
+    for (int i = 0; i < 5000; ++i) {
+      matcher.fill_next_token_bitmask(mask);
+      ASSERT_TRUE((mask[static_cast<size_t>(open) >> 6] >> (open & 63)) & 1) << "depth " << i;
+      ASSERT_TRUE(matcher.accept_token(open)) << "the mask offered '(' at depth " << i;
+    }
+    ADD_FAILURE() << "5000 levels of nesting were followed";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kCapacity) << error.message();
+  }
+  EXPECT_TRUE(matcher.accept_bytes("x)"));  // the state is unchanged by the failed token
+}
+
+TEST(GrammarLimits, HostileInputsFailFast) {
   GrammarLimits small;
   small.max_elements = 1000;
   EXPECT_THROW(regex_grammar("(abcdefghij){1,200}", small), Error);
