@@ -240,6 +240,39 @@ TEST(GrammarMatcher, MasksWithoutPrecomputationEqualBruteForce) {
   for (uint32_t seed = 0; seed < 4; ++seed) check_masks_against_brute_force(grammar, seed, 40);
 }
 
+// Walks `steps` tokens as fuzz_regex does (the lowest allowed token each time); every one must be accepted.
+void walk_lowest_allowed(const std::shared_ptr<const CompiledGrammar>& grammar, int steps) {
+  GrammarMatcher matcher(grammar);
+  std::vector<uint64_t> mask;
+  std::string text;
+  for (int step = 0; step < steps && !matcher.is_completed(); ++step) {
+    matcher.fill_next_token_bitmask(mask);
+    int32_t token = -1;
+    for (int32_t id = 0; id < grammar->vocabulary().size() && token < 0; ++id)
+      if ((mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1) token = id;
+    ASSERT_GE(token, 0) << "dead end after '" << text << "'";
+    ASSERT_TRUE(matcher.accept_token(token)) << "the mask offered token " << token << " after '" << text << "'";
+    text += grammar->vocabulary().bytes(token);
+  }
+}
+
+TEST(GrammarMatcher, AmbiguousRepetitionsStayWithinTheLimits) {
+  // Every parse of an ambiguous repetition pushes its own (equal) return nodes: counted apart, the stacks
+  // doubled with each byte until the state overflowed on a token the mask had offered (fuzz_regex's crash).
+  for (const char* pattern : {"[\\x00\\x1e2λ]+?{0,9}", "(a|aa)*", "(a|b|ab)+{0,9}c?", "(\\w+\\s?)*",
+                              "[\\x01\\x00λ*\\w\\x1e]?{5,99}99}"}) {
+    SCOPED_TRACE(pattern);
+    const auto grammar = compile(regex_grammar(pattern));
+    walk_lowest_allowed(grammar, 200);
+    for (uint32_t seed = 0; seed < 2; ++seed) check_masks_against_brute_force(grammar, seed, 40);
+  }
+  // Paths that meet again share their expansion: a byte of a?{5,99} costs a few expansions per level
+  // (~700), not one expansion of every level below each of the ~99 stacks (~25000).
+  CompileBudget budget;
+  budget.pushdown.max_expansion_work = 1000;
+  walk_lowest_allowed(std::make_shared<const CompiledGrammar>(regex_grammar("a?{5,99}"), small_vocabulary(), budget), 99);
+}
+
 TEST(GrammarMatcher, ByteLevelTokensSplitInsideUtf8) {
   const auto vocabulary = small_vocabulary();
   const auto grammar = compile(json_schema_grammar(Json::parse(R"({"type":"string"})")), vocabulary);
