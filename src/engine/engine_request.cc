@@ -92,9 +92,16 @@ RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::
   const bool is_stop_token =
       std::find(request.stop_token_ids.begin(), request.stop_token_ids.end(), token) != request.stop_token_ids.end();
   const bool match_stops = num_output_tokens >= request.min_new_tokens;
-  // The mask only offered tokens the grammar takes; a token it refuses here is a bug.
-  if (matcher && !is_eos && !is_stop_token && !matcher->accept_token(token))
-    return failed(Error(ErrorKind::kInternal, fmt::format("structured output: the grammar refused sampled token {}", token)));
+  // The mask only offered tokens the grammar takes; a token it refuses here is a bug. A grammar
+  // too ambiguous or nested too deeply to follow fails the request with the matcher's kCapacity error.
+  if (matcher && !is_eos && !is_stop_token) {
+    try {
+      if (!matcher->accept_token(token))
+        return failed(Error(ErrorKind::kInternal, fmt::format("structured output: the grammar refused sampled token {}", token)));
+    } catch (const Error& error) {
+      return failed(error);
+    }
+  }
   if ((is_eos || is_stop_token) && !before_min) {
     output.text_delta = stop_filter.push(detokenizer.flush(), true, match_stops).text;
     output.finished = true;

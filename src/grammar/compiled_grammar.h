@@ -28,7 +28,7 @@
 namespace loom::grammar {
 
 struct CompileBudget {
-  int64_t max_total_visits = 40'000'000;  // trie nodes visited by all precomputation walks
+  int64_t max_total_visits = 40'000'000;  // trie nodes visited by all precomputation walks, plus their expansion steps
   int32_t max_cached_pairs = 4096;
   PushdownLimits pushdown;
 };

@@ -89,6 +89,7 @@ class GbnfParser {
       value = value * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (c | 0x20) - 'a' + 10);
     }
     if (value > kMaxCodepoint) error("a code point beyond U+10FFFF");
+    if (is_surrogate(value)) error("a surrogate code point (U+D800 to U+DFFF)");
     return value;
   }
 
@@ -110,14 +111,10 @@ class GbnfParser {
       }
     }
     if (lead < 0x80) return lead;
-    const int extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : -1;
-    if (extra < 0) error("invalid UTF-8");
-    uint32_t cp = lead & (0x3F >> extra);
-    for (int i = 0; i < extra; ++i) {
-      if (offset_ >= text_.size()) error("truncated UTF-8");
-      cp = (cp << 6) | (static_cast<uint8_t>(text_[offset_++]) & 0x3F);
-    }
-    return cp;
+    --offset_;
+    const std::optional<uint32_t> cp = decode_utf8(text_, offset_);
+    if (!cp) error("invalid UTF-8");
+    return *cp;
   }
 
   Sequence set_sequence(const CodepointSet& set) {

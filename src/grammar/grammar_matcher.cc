@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "grammar/mask_walk.h"
+#include "util/error.h"
 
 namespace loom::grammar {
 namespace {
@@ -12,6 +13,14 @@ constexpr size_t kCompactAboveNodes = 1 << 16;
 GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar)
     : grammar_(std::move(grammar)), pushdown_(grammar_->grammar(), grammar_->pushdown_limits()) {
   pushdown_.initial_state(state_);
+}
+
+void GrammarMatcher::fail_over_limits() const {
+  const PushdownLimits& limits = grammar_->pushdown_limits();
+  fail(ErrorKind::kCapacity,
+       "structured output: the grammar is too ambiguous or nests too deeply to follow past this point (over {} "
+       "stacks, depth {} or {} expansion steps per byte)",
+       limits.max_stacks, limits.max_stack_depth, limits.max_expansion_work);
 }
 
 bool GrammarMatcher::advance_bytes(std::string_view bytes) {
@@ -24,6 +33,7 @@ bool GrammarMatcher::advance_bytes(std::string_view bytes) {
     pushdown_.advance(*from, static_cast<uint8_t>(byte), *to);
     if (!to->alive()) {
       pushdown_.truncate(mark);
+      if (to->overflow) fail_over_limits();
       return false;
     }
     from = to;

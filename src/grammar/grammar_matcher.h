@@ -9,6 +9,12 @@
 // whose bit is set -> accept_token(token). End tokens (the vocabulary's
 // end_ids) are allowed exactly when can_end(); is_completed() means nothing
 // but the end is possible any more (the output is complete: stop).
+//
+// The pushdown limits bound the work of one byte. A token whose bytes take the
+// state over them (a grammar too ambiguous or nested too deeply to follow) is
+// neither accepted nor refused: accept_token throws Error(kCapacity). The
+// precomputed masks cannot see that coming and may offer such a token; a token
+// that accept_token refuses (false) was never offered.
 #pragma once
 
 #include <cstdint>
@@ -27,8 +33,10 @@ class GrammarMatcher {
 
   // Advances by the token's bytes. Returns false (state unchanged) when the
   // grammar rejects it. An end token is accepted when can_end(): the matcher is then terminated.
+  // Throws Error(kCapacity) (state unchanged) when the token's state is over the pushdown limits.
   bool accept_token(int32_t token);
-  // Advances by raw bytes (tests, prefilled text). False (state unchanged) on rejection.
+  // Advances by raw bytes (tests, prefilled text). False (state unchanged) on rejection;
+  // Error(kCapacity) over the limits, as accept_token.
   bool accept_bytes(std::string_view bytes);
 
   // bitmask: ceil(vocabulary size / 64) words, bit i set = token i allowed now.
@@ -41,6 +49,7 @@ class GrammarMatcher {
 
  private:
   bool advance_bytes(std::string_view bytes);
+  [[noreturn]] void fail_over_limits() const;
 
   std::shared_ptr<const CompiledGrammar> grammar_;
   Pushdown pushdown_;

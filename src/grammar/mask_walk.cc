@@ -25,6 +25,7 @@ bool classify_vocabulary(Pushdown& pushdown, const StackSet& start, const TokenV
     pushdown.truncate(marks[depth - 1]);
     StackSet& state = states[depth];
     pushdown.advance(states[depth - 1], node.byte, state);
+    visit_budget -= pushdown.work();
     const bool bottom_here = state.reached_bottom && !state.overflow;
     const bool carry = carried[depth - 1] || bottom_here;
     const bool ok = !state.overflow && (state.alive() || bottom_here);

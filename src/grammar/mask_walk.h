@@ -16,8 +16,9 @@ namespace loom::grammar {
 // consumed, state alive, or a path popped below the frame exactly at the
 // token's end) to `accepted`; "uncertain" ones (a path popped below the frame
 // with bytes left: they depend on the rest of the stack) to `uncertain` when
-// not null. Each trie node visited costs one unit of `visit_budget`; returns
-// false, leaving partial results, when it runs out.
+// not null. Each trie node visited costs one unit of `visit_budget` plus the
+// pushdown's expansion steps for its byte; returns false, leaving partial
+// results, when it runs out.
 bool classify_vocabulary(Pushdown& pushdown, const StackSet& start, const TokenVocabulary& vocabulary,
                          std::vector<int32_t>& accepted, std::vector<int32_t>* uncertain, int64_t& visit_budget);
 

@@ -10,6 +10,14 @@
 // call, e.g. the loop of x*) pushes no return node, so right recursion runs in
 // constant stack.
 //
+// Ambiguous grammars ((a|aa)*, x?{5,99}) reach the same place by many paths.
+// One expansion pass (initial_state, advance) enters each (rule reference,
+// parent node) and returns to each parent node once, so converging paths share
+// their work and return nodes; and a state holds each distinct stack once,
+// compared by content (hash, then the positions), as equal stacks built in
+// different passes have different ids. Counted apart, the stacks would
+// multiply with every byte.
+//
 // Not thread-safe: one Pushdown per matcher (per sequence) or per compile.
 #pragma once
 
@@ -27,6 +35,7 @@ struct StackNode {
   int32_t position = 0;  // top node: a kBytes element; below: where to resume
   int32_t parent = kNoParent;
   int32_t depth = 0;
+  uint32_t hash = 0;  // of the positions from this node down: equal stacks, equal hashes
 };
 
 struct StackSet {
@@ -55,9 +64,6 @@ class Pushdown {
 
   // The state before any byte: the root rule's alternatives.
   void initial_state(StackSet& out);
-  // Adds to `out` the stacks reachable from "at `position`, then resume `parent`"
-  // without consuming a byte.
-  void expand(int32_t position, int32_t parent, StackSet& out);
   // out = the state after `byte` from `from` (out is cleared first; must not be `from`).
   void advance(const StackSet& from, uint8_t byte, StackSet& out);
 
@@ -69,14 +75,38 @@ class Pushdown {
   void compact(StackSet& state);
 
   const Grammar& grammar() const { return grammar_; }
+  int64_t work() const { return work_; }  // expansion steps of the last initial_state or advance
 
  private:
+  struct Expanded {
+    uint32_t pass = 0;
+    int32_t position = 0, parent = 0;
+  };
+  struct TopSlot {
+    uint32_t pass = 0;
+    int32_t top = 0;
+  };
+
+  void begin_pass();
+  // False when this pass already expanded the rule reference at `position` under `parent`
+  // (position kPop: already returned to `parent`).
+  bool first_expansion(int32_t position, int32_t parent);
+  void grow_expanded();
+  // The slot of this pass's top equal to (position, parent), else the free slot for it.
+  TopSlot& find_top(int32_t position, int32_t parent);
   void expand(int32_t position, int32_t parent, StackSet& out, int32_t recursion);
+  uint32_t stack_hash(int32_t id) const { return id >= 0 ? nodes_[static_cast<size_t>(id)].hash : static_cast<uint32_t>(id); }
+  // Whether the stacks from two node ids down hold the same positions (costs expansion work).
+  bool same_stack(int32_t a, int32_t b);
 
   const Grammar& grammar_;
   PushdownLimits limits_;
   std::vector<StackNode> nodes_;
   int64_t work_ = 0;
+  std::vector<Expanded> expanded_;  // open addressing (power-of-two size); slots of other passes are free
+  size_t num_expanded_ = 0;
+  std::vector<TopSlot> top_slots_;  // by stack hash; over twice max_stacks
+  uint32_t pass_ = 0;
 };
 
 }  // namespace loom::grammar

@@ -47,16 +47,13 @@ class RegexParser {
 
   // One code point of the pattern (UTF-8).
   uint32_t next_codepoint() {
-    const auto lead = static_cast<uint8_t>(pattern_[offset_++]);
-    if (lead < 0x80) return lead;
-    const int extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : -1;
-    if (extra < 0) unsupported("invalid UTF-8");
-    uint32_t cp = lead & (0x3F >> extra);
-    for (int i = 0; i < extra; ++i) {
-      if (offset_ >= pattern_.size()) unsupported("truncated UTF-8");
-      cp = (cp << 6) | (static_cast<uint8_t>(pattern_[offset_++]) & 0x3F);
+    const size_t start = offset_;
+    const std::optional<uint32_t> cp = decode_utf8(pattern_, offset_);
+    if (!cp) {
+      offset_ = start;
+      unsupported("invalid UTF-8");
     }
-    return cp;
+    return *cp;
   }
 
   uint32_t parse_hex(size_t digits) {
@@ -68,6 +65,20 @@ class RegexParser {
       value = value * 16 + static_cast<uint32_t>(std::isdigit(static_cast<unsigned char>(c)) ? c - '0' : (c | 0x20) - 'a' + 10);
     }
     return value;
+  }
+
+  // After "\u": four hex digits, or a surrogate pair (\uD83D\uDE00 is U+1F600, as JSON spells it).
+  uint32_t parse_utf16_escape() {
+    const uint32_t unit = parse_hex(4);
+    if (unit >= 0xD800 && unit <= 0xDBFF && pattern_.substr(offset_, 2) == "\\u") {
+      const size_t low_start = offset_;
+      offset_ += 2;
+      const uint32_t low = parse_hex(4);
+      if (low >= 0xDC00 && low <= 0xDFFF) return 0x10000 + ((unit - 0xD800) << 10) + (low - 0xDC00);
+      offset_ = low_start;
+    }
+    if (is_surrogate(unit)) unsupported("a lone surrogate \\u escape");
+    return unit;
   }
 
   // After a backslash: a set (\d...) or one code point.
@@ -89,7 +100,7 @@ class RegexParser {
       case 'v': set.add('\v', '\v'); return set;
       case '0': set.add(0, 0); return set;
       case 'x': { const uint32_t cp = parse_hex(2); set.add(cp, cp); return set; }
-      case 'u': { const uint32_t cp = parse_hex(4); set.add(cp, cp); return set; }
+      case 'u': { const uint32_t cp = parse_utf16_escape(); set.add(cp, cp); return set; }
       case 'b': if (in_class) { set.add('\b', '\b'); return set; } unsupported("the word boundary \\b");
       case 'B': unsupported("\\B");
       case 'A': case 'z': case 'Z': unsupported(fmt::format("the anchor \\{}", c));

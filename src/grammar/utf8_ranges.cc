@@ -54,6 +54,22 @@ std::string encode_utf8(uint32_t cp) {
   return out;
 }
 
+std::optional<uint32_t> decode_utf8(std::string_view text, size_t& offset) {
+  static constexpr uint32_t kShortestOfLength[] = {0, 0x80, 0x800, 0x10000};
+  const auto lead = static_cast<uint8_t>(text[offset++]);
+  if (lead < 0x80) return lead;
+  const size_t extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+  if (extra == 0 || text.size() - offset < extra) return std::nullopt;
+  uint32_t cp = lead & (0x3Fu >> extra);
+  for (size_t i = 0; i < extra; ++i) {
+    const auto byte = static_cast<uint8_t>(text[offset++]);
+    if ((byte & 0xC0) != 0x80) return std::nullopt;
+    cp = (cp << 6) | (byte & 0x3F);
+  }
+  if (cp < kShortestOfLength[extra] || cp > kMaxCodepoint || is_surrogate(cp)) return std::nullopt;
+  return cp;
+}
+
 namespace {
 
 size_t encoded_length(uint32_t cp) { return cp < 0x80 ? 1 : cp < 0x800 ? 2 : cp < 0x10000 ? 3 : 4; }

@@ -3,7 +3,9 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -27,8 +29,15 @@ class CodepointSet {
   std::vector<std::pair<uint32_t, uint32_t>> ranges_;
 };
 
+inline bool is_surrogate(uint32_t codepoint) { return codepoint >= 0xD800 && codepoint <= 0xDFFF; }
+
 // The UTF-8 encoding of one code point (no surrogates).
 std::string encode_utf8(uint32_t codepoint);
+
+// The code point whose UTF-8 encoding starts at text[offset] (offset < text.size()),
+// advancing offset past it; nullopt for anything but well-formed UTF-8 (a stray or
+// truncated sequence, a bad continuation byte, an overlong form, a surrogate, past U+10FFFF).
+std::optional<uint32_t> decode_utf8(std::string_view text, size_t& offset);
 
 // Byte-class sequences whose union is exactly the UTF-8 encodings of the set
 // (surrogates never included). Each sequence is 1 to 4 classes long.

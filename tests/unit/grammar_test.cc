@@ -77,6 +77,31 @@ TEST(GrammarRegex, UnsupportedConstructsAreNamed) {
   EXPECT_THROW(regex_grammar("a{100001}"), Error);
 }
 
+TEST(GrammarRegex, InvalidUtf8IsAnErrorNotAnotherCharacter) {
+  // fuzz_regex's crash: 0xCE took the '{' after it as its continuation byte, so the class held U+03BB.
+  const std::string crash("[\xce{2\x1e\0\0\0\0]+?{0,9}", 17);
+  for (const std::string& pattern : {crash, std::string("[\xce{]"), std::string("a\xce"), std::string("\x80"),
+                                     std::string("\xc0\x80"), std::string("\xed\xa0\x80"),
+                                     std::string("\xf4\x90\x80\x80"), std::string("\\uD800"),
+                                     std::string("[\\uDC00]")}) {
+    try {
+      regex_grammar(pattern);
+      ADD_FAILURE() << pattern << " compiled";
+    } catch (const Error& error) {
+      EXPECT_EQ(error.kind(), ErrorKind::kUnsupported) << error.message();
+      EXPECT_TRUE(error.message().find("UTF-8") != std::string::npos ||
+                  error.message().find("surrogate") != std::string::npos)
+          << error.message();
+    }
+  }
+  const auto pair = compile(regex_grammar("\\uD83D\\uDE00|[\\u00e9]"));  // a surrogate pair is one code point
+  EXPECT_TRUE(matches(pair, "\xf0\x9f\x98\x80"));
+  EXPECT_TRUE(matches(pair, "é"));
+  EXPECT_THROW(gbnf_grammar("root ::= \"\xce{\""), Error);
+  EXPECT_THROW(gbnf_grammar("root ::= [\xe2\x82]"), Error);
+  EXPECT_THROW(gbnf_grammar("root ::= \"\\uD800\""), Error);
+}
+
 TEST(GrammarJsonSchema, ObjectsWithRequiredAndOptionalProperties) {
   const Json schema = Json::parse(R"({"type":"object","properties":{"a":{"type":"integer"},"b":{"type":"string"},
       "c":{"type":"boolean"}},"required":["b"],"additionalProperties":false})");
@@ -215,6 +240,39 @@ TEST(GrammarMatcher, MasksWithoutPrecomputationEqualBruteForce) {
   for (uint32_t seed = 0; seed < 4; ++seed) check_masks_against_brute_force(grammar, seed, 40);
 }
 
+// Walks `steps` tokens as fuzz_regex does (the lowest allowed token each time); every one must be accepted.
+void walk_lowest_allowed(const std::shared_ptr<const CompiledGrammar>& grammar, int steps) {
+  GrammarMatcher matcher(grammar);
+  std::vector<uint64_t> mask;
+  std::string text;
+  for (int step = 0; step < steps && !matcher.is_completed(); ++step) {
+    matcher.fill_next_token_bitmask(mask);
+    int32_t token = -1;
+    for (int32_t id = 0; id < grammar->vocabulary().size() && token < 0; ++id)
+      if ((mask[static_cast<size_t>(id) >> 6] >> (id & 63)) & 1) token = id;
+    ASSERT_GE(token, 0) << "dead end after '" << text << "'";
+    ASSERT_TRUE(matcher.accept_token(token)) << "the mask offered token " << token << " after '" << text << "'";
+    text += grammar->vocabulary().bytes(token);
+  }
+}
+
+TEST(GrammarMatcher, AmbiguousRepetitionsStayWithinTheLimits) {
+  // Every parse of an ambiguous repetition pushes its own (equal) return nodes: counted apart, the stacks
+  // doubled with each byte until the state overflowed on a token the mask had offered (fuzz_regex's crash).
+  for (const char* pattern : {"[\\x00\\x1e2λ]+?{0,9}", "(a|aa)*", "(a|b|ab)+{0,9}c?", "(\\w+\\s?)*",
+                              "[\\x01\\x00λ*\\w\\x1e]?{5,99}99}"}) {
+    SCOPED_TRACE(pattern);
+    const auto grammar = compile(regex_grammar(pattern));
+    walk_lowest_allowed(grammar, 200);
+    for (uint32_t seed = 0; seed < 2; ++seed) check_masks_against_brute_force(grammar, seed, 40);
+  }
+  // Paths that meet again share their expansion: a byte of a?{5,99} costs a few expansions per level
+  // (~700), not one expansion of every level below each of the ~99 stacks (~25000).
+  CompileBudget budget;
+  budget.pushdown.max_expansion_work = 1000;
+  walk_lowest_allowed(std::make_shared<const CompiledGrammar>(regex_grammar("a?{5,99}"), small_vocabulary(), budget), 99);
+}
+
 TEST(GrammarMatcher, ByteLevelTokensSplitInsideUtf8) {
   const auto vocabulary = small_vocabulary();
   const auto grammar = compile(json_schema_grammar(Json::parse(R"({"type":"string"})")), vocabulary);
@@ -258,13 +316,27 @@ TEST(GrammarMatcher, EndTokenOnlyWhereTheGrammarCanEnd) {
   EXPECT_FALSE(matcher.accept_bytes("1"));
 }
 
-TEST(GrammarLimits, HostileInputsFailFast) {
-  // Deep recursion at run time is capped: the state overflows and is refused, not a crash.
+TEST(GrammarLimits, OverTheLimitsIsACapacityErrorNotARefusal) {
+  // Deep recursion at run time is capped. The masks offer "(" at every depth (the grammar allows it):
+  // past the depth limit, accepting it is Error(kCapacity), never a refusal of an offered token.
   const auto grammar = compile(gbnf_grammar("root ::= \"(\" root \")\" | \"x\""));
   GrammarMatcher matcher(grammar);
-  bool refused = false;
-  for (int i = 0; i < 5000 && !refused; ++i) refused = !matcher.accept_bytes("(");
-  EXPECT_TRUE(refused);
+  const int32_t open = '(';
+  std::vector<uint64_t> mask;
+  try {
+    for (int i = 0; i < 5000; ++i) {
+      matcher.fill_next_token_bitmask(mask);
+      ASSERT_TRUE((mask[static_cast<size_t>(open) >> 6] >> (open & 63)) & 1) << "depth " << i;
+      ASSERT_TRUE(matcher.accept_token(open)) << "the mask offered '(' at depth " << i;
+    }
+    ADD_FAILURE() << "5000 levels of nesting were followed";
+  } catch (const Error& error) {
+    EXPECT_EQ(error.kind(), ErrorKind::kCapacity) << error.message();
+  }
+  EXPECT_TRUE(matcher.accept_bytes("x)"));  // the state is unchanged by the failed token
+}
+
+TEST(GrammarLimits, HostileInputsFailFast) {
   GrammarLimits small;
   small.max_elements = 1000;
   EXPECT_THROW(regex_grammar("(abcdefghij){1,200}", small), Error);
