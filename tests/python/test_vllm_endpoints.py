@@ -5,6 +5,7 @@ request's prefix-cache hits) and system_fingerprint."""
 import json
 import os
 import sys
+import time
 import unittest
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
