@@ -123,7 +123,7 @@ void check_model_names(const std::vector<std::string>& base_names, const std::ve
 
 // The configuration `loom serve` runs with (printed by --dry-run and logged at start).
 nlohmann::json effective_config(const ServeOptions& options, const EngineConfig& engine, const server::ServerConfig& server,
-                                const std::vector<LoraSpec>& specs, int32_t max_context_tokens) {
+                                const std::vector<LoraSpec>& specs, int32_t max_context_tokens, double gpu_fraction) {
   nlohmann::json adapters = nlohmann::json::array();
   for (const LoraSpec& spec : specs)  // mode null: the adapter's own choice
     adapters.push_back({{"name", spec.name},
@@ -144,8 +144,7 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"max_loras_per_batch", engine.max_loras_per_batch},
           {"block_size", engine.block_size},
           {"kv_cache_bytes", engine.kv_cache_bytes},
-          {"gpu_memory_fraction", options.gpu_memory_fraction > 0 ? options.gpu_memory_fraction
-                                                                  : options.vllm.gpu_memory_utilization},
+          {"gpu_memory_fraction", gpu_fraction},
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
           {"default_sharing", kv_sharing_name(engine.default_sharing)},
           {"eviction_policy", engine.workflow_aware_eviction ? "workflow" : "lru"},
@@ -246,7 +245,8 @@ int run_serve(const ServeOptions& options) {
                 "give at most the model's limit, or leave it out to use the limit");
   const int32_t max_context_tokens = engine_config.max_context_tokens > 0 ? engine_config.max_context_tokens
                                                                           : model_config.max_position_embeddings;
-  const nlohmann::json effective = effective_config(options, engine_config, config, specs, max_context_tokens);
+  const nlohmann::json effective =
+      effective_config(options, engine_config, config, specs, max_context_tokens, gpu_fraction);
   if (options.dry_run) {
     std::printf("%s\n", effective.dump(2).c_str());
     return 0;

@@ -17,6 +17,7 @@
 #include "server/metrics_exporter.h"
 #include "server/tokenize_routes.h"
 #include "server/workflow_routes.h"
+#include "util/prng.h"
 #include "util/version.h"
 
 namespace loom::server {
@@ -107,13 +108,11 @@ struct HttpServer::Impl {
     if (!config.model_path.empty() && config.model_path != config.served_model_name)
       completion.parse.base_model_names.push_back(config.model_path);
     if (config.seed) {
-      // SplitMix64 over a shared counter: the n-th request without a seed gets the same seed in every run.
+      // The n-th request without a seed gets the same seed in every run: SplitMix64's n-th output, from a
+      // shared counter (Prng itself is not thread-safe).
       auto counter = std::make_shared<std::atomic<uint64_t>>(*config.seed);
       completion.parse.next_default_seed = [counter] {
-        uint64_t z = counter->fetch_add(0x9E3779B97F4A7C15ULL) + 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        return z ^ (z >> 31);
+        return Prng(counter->fetch_add(0x9e3779b97f4a7c15ull)).next_u64();
       };
     }
     completion.parse.has_adapter = [this](const std::string& name) {

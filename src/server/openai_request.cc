@@ -48,7 +48,11 @@ bool read_bool(const Json& object, const char* key, bool fallback, const std::st
   const Json* value = field(object, key);
   return value ? read_bool_value(*value, param) : fallback;
 }
+}  // namespace
+
 bool read_bool(const Json& object, const char* key, bool fallback) { return read_bool(object, key, fallback, key); }
+
+namespace {
 
 // An integer in [min, max]. JSON has one number type: 3.0 is accepted as 3;
 // 3.5, 1e30 and integers beyond int64 are not (no cast of an out-of-range double).

@@ -90,6 +90,9 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body, con
 // The adapter a request's `model` names ("" = the base model, also for an
 // empty name). Throws ApiError(404, code model_not_found) for an unknown name.
 std::string resolve_adapter(const std::string& model, const ParseContext& context);
+// A boolean field of `object`: `fallback` when absent or null. Throws ApiError(400)
+// naming `key` for another type.
+bool read_bool(const nlohmann::json& object, const char* key, bool fallback);
 // A JSON list of token ids, each in [0, vocab_size). Throws ApiError(400)
 // naming `param` (or its bad element).
 std::vector<TokenId> read_token_ids(const nlohmann::json& list, const std::string& param, int vocab_size);

@@ -13,13 +13,6 @@ namespace {
 
 using Json = nlohmann::json;
 
-bool read_flag(const Json& body, const char* key, bool fallback) {
-  const auto it = body.find(key);
-  if (it == body.end() || it->is_null()) return fallback;
-  if (!it->is_boolean()) throw_bad_request(key, fmt::format("'{}' must be a boolean", key));
-  return it->get<bool>();
-}
-
 void check_model(const Json& body, const ParseContext& context) {
   const auto it = body.find("model");
   if (it == body.end() || it->is_null()) return;
@@ -37,7 +30,7 @@ std::string tokenize_body(const ParseContext& context, std::string_view body_tex
   if (body.contains("messages")) {
     if (body.contains("prompt")) throw_bad_request("prompt", "give either 'prompt' or 'messages', not both");
     // Chat prompts carry the template's own special tokens; add_special_tokens adds what encode() would (BOS).
-    if (read_flag(body, "add_special_tokens", false)) tokens = tokenizer.encode("", true);
+    if (read_bool(body, "add_special_tokens", false)) tokens = tokenizer.encode("", true);
     if (!context.chat_renderer) throw ApiError(500, "no chat renderer", "server_error");
     const ChatPrompt chat = read_chat_prompt(body_text, tokenizer, *context.chat_renderer);
     tokens.insert(tokens.end(), chat.tokens.begin(), chat.tokens.end());
@@ -45,10 +38,10 @@ std::string tokenize_body(const ParseContext& context, std::string_view body_tex
     const auto prompt = body.find("prompt");
     if (prompt == body.end() || !prompt->is_string())
       throw_bad_request("prompt", "'prompt' (a string) or 'messages' (a chat) is required");
-    tokens = tokenizer.encode(prompt->get<std::string>(), read_flag(body, "add_special_tokens", true));
+    tokens = tokenizer.encode(prompt->get<std::string>(), read_bool(body, "add_special_tokens", true));
   }
   Json token_strs = nullptr;
-  if (read_flag(body, "return_token_strs", false)) {
+  if (read_bool(body, "return_token_strs", false)) {
     token_strs = Json::array();
     for (TokenId id : tokens) token_strs.push_back(tokenizer.token_text(id));
   }

@@ -96,9 +96,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
       const bf16* k_source = p.k_cache;
       const bf16* v_source = p.v_cache;
       if (valid) {
-        const int64_t block = block_table[key / p.block_size];
         const int64_t offset =
-            ((block * p.num_kv_heads + kv_head) * p.block_size + key % p.block_size) * kHeadDim + c * 8;
+            paged_kv_element_index(block_table, key, kv_head, p.block_size, p.num_kv_heads, kHeadDim) + c * 8;
         k_source += offset;
         v_source += offset;
       }

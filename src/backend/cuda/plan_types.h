@@ -23,6 +23,13 @@ LOOM_HOST_DEVICE inline int64_t kv_element_index(int64_t slot, int32_t kv_head, 
                                                  int32_t num_kv_heads, int32_t head_dim) {
   return ((slot / block_size * num_kv_heads + kv_head) * block_size + slot % block_size) * head_dim;
 }
+// The same for KV entry `key` of a sequence, its block read from the sequence's
+// block table (the attention kernels' tile gathers).
+LOOM_HOST_DEVICE inline int64_t paged_kv_element_index(const int32_t* block_table, int32_t key, int32_t kv_head,
+                                                       int32_t block_size, int32_t num_kv_heads, int32_t head_dim) {
+  const int64_t block = block_table[key / block_size];
+  return ((block * num_kv_heads + kv_head) * block_size + key % block_size) * head_dim;
+}
 
 // Attention tiles: a work item covers up to kAttentionMaxRows "rows" of one
 // sequence and one kv head, a row being a (new token, query head of the kv
