@@ -1,5 +1,6 @@
 #include "kv/kv_block_hash.h"
 
+#define XXH_STATIC_LINKING_ONLY  // XXH3_state_t on the stack
 #include <xxhash.h>
 
 #include <array>
