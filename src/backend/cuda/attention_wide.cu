@@ -13,9 +13,8 @@
 // Masking and row numbering are attention.cu's: row (token i) sees key j iff
 // j < kv_end and j <= num_computed + i; decoder rows (base sharing) are queries
 // after the new tokens. Wide items are never split (no partials).
-// Status: compiled (193 / 161 registers for head dims 128 / 64, no spills) but
-// not yet run on a GPU; CudaBackendConfig::wgmma_prefill keeps it off in serving
-// until CudaAttention.WidePrefill* pass on the device.
+// 193 / 161 registers for head dims 128 / 64, no spills. On by default
+// (CudaBackendConfig::wgmma_prefill); CudaAttention.WidePrefill* test it.
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"

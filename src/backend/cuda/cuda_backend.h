@@ -31,10 +31,9 @@ struct CudaBackendConfig {
   // replay CUDA graphs captured per launch shape; false: every step eager.
   bool cuda_graphs = true;
   int max_graph_rows = 256;
-  // Large non-forked prefills on the wgmma kernel (attention_wide.cu) instead
-  // of the mma.sync one. Off until it has been validated and timed on the GPU
-  // (its cuda-labelled tests force it through PlanShape meanwhile).
-  bool wgmma_prefill = false;
+  // Large non-forked prefills on the wgmma kernel (attention_wide.cu, 1.6x the
+  // mma.sync one on the H100: bench/README.md "GPU speed"); false: mma.sync.
+  bool wgmma_prefill = true;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The
