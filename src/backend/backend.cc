@@ -15,6 +15,10 @@ void Backend::allocate_host_kv_cache(KvPoolKind, int32_t) {
   throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "run without --host-kv-memory");
 }
 
+std::span<std::byte> Backend::host_kv_block(KvPoolKind, int32_t) {
+  fail(ErrorKind::kUnsupported, "this backend has no host tier of the KV cache");
+}
+
 void Backend::copy_kv_blocks(KvPoolKind, KvCopyDirection, std::span<const int32_t>, std::span<const int32_t>) {
   throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "");
 }

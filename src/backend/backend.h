@@ -175,6 +175,14 @@ class Backend {
   virtual void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                               std::span<const int32_t> host_block_ids);
 
+  // The bytes of host block host_block_id of `pool` (all its arrays, as
+  // copy_kv_blocks lays them out): what the disk tier writes and reads back
+  // verbatim. Valid until the host pool is reallocated. Thread: any; the
+  // caller (KvCacheManager states) guarantees no copy writes the block meanwhile,
+  // and the block is not read by a copy while the caller writes it. Throws
+  // Error(kInvalidArgument) on a bad id, Error(kUnsupported) without a host tier.
+  virtual std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id);
+
   // Binds an adapter to a slot (0 <= slot < max_adapter_slots()); nullptr frees it.
   // The backend keeps the shared_ptr while bound.
   virtual void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) = 0;

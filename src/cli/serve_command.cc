@@ -47,6 +47,8 @@ struct ServeOptions {
   std::string eviction_policy = "lru";
   std::string host_kv_memory = "0";
   std::string host_residual_kv_memory = "auto";
+  std::string disk_kv_bytes = "0";
+  std::string disk_kv_read_bandwidth = "0";
   std::string prefetch_max_bytes = "0";
   int threads = 0;
   bool enforce_eager = false;  // cuda: no CUDA graphs
@@ -178,6 +180,8 @@ int run_serve(const ServeOptions& options) {
           ? -1
           : parse_byte_size(options.host_residual_kv_memory, "--host-residual-kv-memory");
   engine_config.prefetch_max_bytes = parse_byte_size(options.prefetch_max_bytes, "--prefetch-max-bytes");
+  engine_config.disk_kv_bytes = parse_byte_size(options.disk_kv_bytes, "--disk-kv-bytes");
+  engine_config.disk_kv_read_bandwidth = parse_byte_size(options.disk_kv_read_bandwidth, "--disk-kv-read-bandwidth");
   engine_config.residual_kv_cache_bytes =
       options.residual_kv_cache_memory == "auto" ? -1
                                                  : parse_byte_size(options.residual_kv_cache_memory,
@@ -386,6 +390,20 @@ CommandRunner register_serve(CLI::App& app) {
                  "The forked rCache pool's part of --host-kv-memory: BYTES (suffix K, M, G allowed), 0 = no host "
                  "tier for the rCache, auto (default) = its share of the device KV bytes (each pool's host tier "
                  "then holds the same multiple of its device pool)");
+  app.add_option("--disk-kv-path", engine.disk_kv_path,
+                 "Disk / shared-storage tier of the KV cache below the host tier: a directory of content-addressed "
+                 "block files (created if missing) that several servers may share, on a local disk or NFS / CephFS "
+                 "/ 3FS. Needs --host-kv-memory and --disk-kv-bytes. Blocks are written through when backed up to "
+                 "the host and read back disk -> host -> device");
+  app.add_option("--disk-kv-bytes", options->disk_kv_bytes,
+                 "Cap on the --disk-kv-path directory's block files, across every server using it: BYTES (suffix "
+                 "K, M, G allowed); the least recently used files go first");
+  app.add_flag("--disk-kv-warm-start", engine.disk_kv_warm_start,
+               "Index the blocks already in --disk-kv-path at start (a restart is warm at once; without it blocks "
+               "there are still found one lookup at a time)");
+  app.add_option("--disk-kv-read-bandwidth", options->disk_kv_read_bandwidth,
+                 "Pace disk-tier reads to BYTES per second (suffix K, M, G allowed; 0 = unpaced): emulates a slower "
+                 "network store on one machine");
   app.add_option("--prefetch-agents", engine.prefetch_agents,
                  "With a host tier: load back the fixed prefixes of this many agents closest to running, from the "
                  "workflow graphs (0 = no prefetch; default 2)")

@@ -14,6 +14,10 @@ constexpr const char* kGroup = "vLLM compatibility (vLLM's spellings; see `Switc
 const std::map<std::string, std::string>& refused_flags() {
   static const std::map<std::string, std::string> flags = {
       {"--swap-space", "Loom's host tier keeps evicted KV blocks instead: --host-kv-memory BYTES"},
+      {"--kv-transfer-config",
+       "Loom's KV tiers are built in: --host-kv-memory BYTES, and for a disk or shared-storage store (LMCache-, "
+       "Mooncake-style) --disk-kv-path DIR --disk-kv-bytes BYTES"},
+      {"--kv-offloading-size", "Loom's host tier: --host-kv-memory BYTES (and --disk-kv-path DIR below it)"},
       {"--cpu-offload-gb", "Loom keeps the weights on the device; nothing to offload"},
       {"--quantization", "Loom loads GGUF-quantized files (--model FILE.gguf) and runs them in the backend's dtype"},
       {"--speculative-config", "Loom has no speculative decoding"},

@@ -86,6 +86,17 @@ struct EngineConfig {
   // at most prefetch_max_bytes in flight (0 = no limit but the pool). 0 agents = off.
   int32_t prefetch_agents = 2;
   int64_t prefetch_max_bytes = 0;
+  // Disk / shared-storage tier below the host tier (--disk-kv-path DIR,
+  // --disk-kv-bytes N, --disk-kv-warm-start, --disk-kv-read-bandwidth B/s):
+  // content-addressed block files in DIR (kvstore/disk_kv_store.h) that
+  // several servers may share. "" = none. Needs a host tier (the host pool
+  // stages every read and write) and disk_kv_bytes > 0. Blocks reach it by
+  // write-through when they are backed up to the host; requests whose prefix
+  // continues there read it back disk -> host -> device (scheduler policy 7).
+  std::string disk_kv_path;
+  int64_t disk_kv_bytes = 0;
+  bool disk_kv_warm_start = false;
+  int64_t disk_kv_read_bandwidth = 0;  // bytes/s; 0 = unpaced
   // Transfers queued per direction (loads, backups) before new ones are refused
   // (a refused backup is skipped, a refused load recomputes).
   int32_t max_queued_kv_transfers = 64;
@@ -188,6 +199,14 @@ struct EngineMetrics {
   // Prefetched tokens a request then found ready ("in time") or still loading ("late").
   int64_t num_prefetch_hit_tokens = 0, num_prefetch_late_tokens = 0;
   int64_t num_failed_kv_transfers = 0;
+  // Disk tier (all 0 without one): blocks and bytes its directory holds as this
+  // process knows it; since start: blocks stored, blocks read back into the
+  // host tier (tokens: num_disk_loaded_tokens), failed reads and writes,
+  // payload bytes read and the seconds spent reading them.
+  int64_t disk_blocks = 0, disk_bytes = 0, disk_capacity_bytes = 0;
+  int64_t num_disk_stored_blocks = 0, num_disk_loaded_tokens = 0, num_disk_read_failures = 0,
+          num_disk_write_failures = 0, disk_read_bytes = 0;
+  double disk_read_seconds = 0;
   int32_t num_waiting_on_load = 0;  // requests held back last step because their prefix was loading
   std::vector<double> load_wait_time;  // seconds each admitted request waited on loads (only those that did)
   int64_t num_prompt_tokens = 0, num_generated_tokens = 0;    // totals since start

@@ -4,6 +4,7 @@
 
 #include "engine/backend_support.h"
 #include "engine/engine_impl.h"
+#include "engine/kv_identity.h"
 #include "engine/request_kv.h"
 #include "lora/adapter.h"
 
@@ -53,11 +54,13 @@ void EngineImpl::load_adapter(const std::string& name, const std::string& path, 
   // Before a slot is taken: a refused adapter never reaches the backend or a batch.
   check_adapter_supported(capabilities_, config_.disabled_kv_sharing, *adapter, mode);
   if (!warning.empty()) spdlog::warn("{}", warning);
+  const KvBlockHash identity = pools_.disk_store() != nullptr ? adapter_fingerprint(*adapter) : KvBlockHash{};
   const int32_t slot = adapters_.reserve(name, path, adapter, mode);
   try {
     run_on_engine_thread([&] {
       if (mode == KvSharing::kForked) prepare_forked_adapter(name, adapter->max_kv_rank());
       backend_->set_adapter(slot, adapter);
+      pools_.set_adapter_identity(name, identity);
     });
   } catch (...) {
     adapters_.cancel_reservation(name);
@@ -71,6 +74,7 @@ void EngineImpl::unload_adapter(const std::string& name) {
   run_on_engine_thread([&] {
     backend_->set_adapter(slot, nullptr);
     pools_.drop_adapter_kv(name);
+    pools_.forget_adapter_identity(name);
     publish();
   });
   adapters_.release_slot(slot);

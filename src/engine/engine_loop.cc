@@ -127,6 +127,10 @@ EngineGauges EngineImpl::measure_gauges() const {
   gauges.kv_bytes_per_block[KvCacheId::kMain] = pools_.kv_bytes_per_block();
   gauges.kv_bytes_per_block[KvCacheId::kResidual] = pools_.residual_bytes_per_block();
   gauges.block_size = config_.block_size;
+  if (const DiskKvStore* store = pools_.disk_store()) {
+    gauges.disk = store->stats();
+    gauges.disk_capacity_bytes = config_.disk_kv_bytes;
+  }
   gauges.kv_bytes_by_adapter = kv_bytes_by_adapter(gauges.kv_stats, gauges.kv_bytes_per_block, adapters_.names());
   gauges.num_running = scheduler_->num_running();
   gauges.num_waiting = scheduler_->num_waiting();

@@ -5,10 +5,62 @@
 
 #include <spdlog/spdlog.h>
 
+#include "engine/kv_identity.h"
+
 namespace loom {
 
-KvPools::KvPools(Backend& backend, const EngineConfig& config)
-    : backend_(backend), config_(config), kv_bytes_per_block_(backend.kv_bytes_per_token() * config.block_size) {}
+class KvPools::StoreDirectory : public KvBlockDirectory {
+ public:
+  explicit StoreDirectory(DiskKvStore& store) : store_(store) {}
+  bool contains(const KvBlockHash& hash) override { return store_.contains(hash); }
+
+ private:
+  DiskKvStore& store_;
+};
+
+KvPools::KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity)
+    : backend_(backend), config_(config), kv_bytes_per_block_(backend.kv_bytes_per_token() * config.block_size),
+      model_identity_(model_identity) {
+  if (config_.disk_kv_path.empty()) return;
+  if (config_.host_kv_cache_bytes <= 0 && config_.num_host_kv_blocks <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "a disk KV tier needs a host KV tier to stage its blocks",
+                "add --host-kv-memory BYTES");
+  if (config_.disk_kv_bytes <= 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("a disk KV tier at {} needs its size cap", config_.disk_kv_path),
+                "add --disk-kv-bytes BYTES");
+  DiskKvStoreConfig store;
+  store.directory = config_.disk_kv_path;
+  store.capacity_bytes = config_.disk_kv_bytes;
+  store.warm_start = config_.disk_kv_warm_start;
+  store.read_bandwidth_bytes_per_second = config_.disk_kv_read_bandwidth;
+  disk_store_ = DiskKvStore::open(store);
+  disk_directory_ = std::make_unique<StoreDirectory>(*disk_store_);
+  const DiskKvStoreStats stats = disk_store_->stats();
+  spdlog::info("KV disk tier at {}: cap {:.1f} MiB{}", config_.disk_kv_path,
+               static_cast<double>(config_.disk_kv_bytes) / (1 << 20),
+               config_.disk_kv_warm_start ? fmt::format(", warm start: {} blocks ({:.1f} MiB) found", stats.num_blocks,
+                                                        static_cast<double>(stats.num_bytes) / (1 << 20))
+                                          : "");
+}
+
+KvPools::~KvPools() {
+  transfers_.reset();  // its copies read and write the store and the pools
+}
+
+KvBlockHash KvPools::namespace_salt(const std::string& kv_namespace) const {
+  const KvBlockHash spelling = hash_string(kv_namespace);
+  const std::optional<std::string> adapter = adapter_of_kv_namespace(kv_namespace);
+  if (!adapter) return spelling;
+  auto it = adapter_identities_.find(*adapter);
+  return hash_combine(spelling, it == adapter_identities_.end() ? KvBlockHash{} : it->second);
+}
+
+void KvPools::set_adapter_identity(const std::string& adapter_name, const KvBlockHash& fingerprint) {
+  adapter_identities_[adapter_name] = fingerprint;
+}
+
+void KvPools::forget_adapter_identity(const std::string& adapter_name) { adapter_identities_.erase(adapter_name); }
 
 KvPoolSizing KvPools::initial_sizing() const {
   int64_t residual_bytes = config_.residual_kv_cache_bytes;
@@ -170,12 +222,40 @@ void KvPools::setup_host_tier(const KvPoolLayout& layout) {
                  static_cast<double>(num_blocks[id]) * static_cast<double>(bytes_per_block(id)) / (1 << 20));
   });
   caches_->enable_host_tier(num_blocks);
+  if (disk_store_) {
+    caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
+      if (!member.has_host_tier()) return;
+      KvDiskTierConfig disk;
+      disk.cache_salt = kv_cache_salt(
+          model_identity_, fmt::format("block_size={} bytes_per_block={}", config_.block_size, bytes_per_block(id)),
+          kv_cache_name(id));
+      disk.namespace_salt = [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); };
+      disk.directory = disk_directory_.get();
+      member.enable_disk_tier(std::move(disk));
+    });
+  }
   Backend* backend = &backend_;
-  auto copy = [backend](const KvTransferWorker::Transfer& planned) {
+  DiskKvStore* store = disk_store_.get();
+  auto copy = [backend, store](const KvTransferWorker::Transfer& planned) {
     const KvCacheManager::Transfer& transfer = planned.transfer;
-    const auto direction = transfer.kind == KvCacheManager::Transfer::Kind::kOffload ? KvCopyDirection::kDeviceToHost
-                                                                                     : KvCopyDirection::kHostToDevice;
-    backend->copy_kv_blocks(kv_pool_kind(planned.cache), direction, transfer.device_block_ids, transfer.host_block_ids);
+    const KvPoolKind pool = kv_pool_kind(planned.cache);
+    using Kind = KvCacheManager::Transfer::Kind;
+    if (transfer.kind == Kind::kDiskRead) {
+      std::vector<std::span<std::byte>> destinations;
+      for (int32_t host_block : transfer.host_block_ids) destinations.push_back(backend->host_kv_block(pool, host_block));
+      const std::vector<bool> ok = store->read_blocks(transfer.block_hashes, destinations);
+      const auto num_ok = std::count(ok.begin(), ok.end(), true);
+      if (num_ok != static_cast<ptrdiff_t>(ok.size()))
+        fail(ErrorKind::kFormat, "{} of {} blocks did not read back whole from the disk tier", ok.size() - num_ok,
+             ok.size());
+      return;
+    }
+    const auto direction =
+        transfer.kind == Kind::kOffload ? KvCopyDirection::kDeviceToHost : KvCopyDirection::kHostToDevice;
+    backend->copy_kv_blocks(pool, direction, transfer.device_block_ids, transfer.host_block_ids);
+    for (size_t i = 0; i < transfer.block_hashes.size(); ++i)  // write-through (offloads with a disk tier)
+      if (!transfer.block_hashes[i].is_zero())
+        store->write_block(transfer.block_hashes[i], backend->host_kv_block(pool, transfer.host_block_ids[i]));
   };
   transfers_ = std::make_unique<KvTransferWorker>(copy, std::max(config_.max_queued_kv_transfers, 1));
 }

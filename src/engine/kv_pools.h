@@ -25,6 +25,17 @@
 // (sizing_for_forked_adapter; EngineConfig::residual_kv_cache_bytes /
 // max_lora_rank "at start"); the pools hold nothing yet, so nothing is lost.
 //
+// Disk tier (EngineConfig::disk_kv_path): KvPools opens the DiskKvStore at
+// construction and, with the host tiers, enables the disk tier on every member
+// that has one (kv_cache_manager.h "Disk tier"). Block names chain from a salt
+// per member: the model's fingerprint, the member's layout (block size and
+// bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one) and its
+// name; an adapter's namespaces also hash its fingerprint (set_adapter_identity).
+// The worker's copy function does the I/O: an offload writes the blocks it
+// names after the device -> host copy (a failed write is logged by the store
+// and the offload still succeeds); a disk read reads into the host blocks and
+// fails as a whole when any block does not verify.
+//
 // Ownership: KvPools owns the group, the host tier set-up and the worker; the
 // backend (which holds the tensors) must outlive it. allocate() replaces the
 // group, so whatever refers into it must go first: the engine destroys its
@@ -48,6 +59,7 @@
 #include "engine/engine.h"
 #include "engine/kv_transfer_worker.h"
 #include "kv/kv_cache_group.h"
+#include "kvstore/disk_kv_store.h"
 #include "workflow/workflow_spec.h"
 
 namespace loom {
@@ -77,8 +89,12 @@ struct KvPoolLayout {
 
 class KvPools {
  public:
-  // Precondition: config.block_size > 0. Allocates nothing yet.
-  KvPools(Backend& backend, const EngineConfig& config);
+  // Precondition: config.block_size > 0. Allocates no pool yet; opens the disk
+  // tier's store when config.disk_kv_path is set (Error(kInvalidArgument) when
+  // it cannot be used, or without a host tier or a positive disk_kv_bytes).
+  // model_identity: model_fingerprint() of the weights (kv_identity.h).
+  KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity = {});
+  ~KvPools();
   KvPools(const KvPools&) = delete;
   KvPools& operator=(const KvPools&) = delete;
 
@@ -141,9 +157,18 @@ class KvPools {
   // Drops every cached block of the adapter's namespaces in every member
   // (after waiting for transfers). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& adapter_name);
+  // The adapter's fingerprint (kv_identity.h), salting its namespaces' block
+  // names on disk; forget it when it is unloaded (after drop_adapter_kv).
+  void set_adapter_identity(const std::string& adapter_name, const KvBlockHash& fingerprint);
+  void forget_adapter_identity(const std::string& adapter_name);
+  // The disk tier's store (nullptr: none). Its stats() may be read from any thread.
+  const DiskKvStore* disk_store() const { return disk_store_.get(); }
 
  private:
   void setup_host_tier(const KvPoolLayout& layout);
+
+  class StoreDirectory;  // KvBlockDirectory over disk_store_
+  KvBlockHash namespace_salt(const std::string& kv_namespace) const;
 
   Backend& backend_;
   const EngineConfig config_;
@@ -152,6 +177,10 @@ class KvPools {
   std::atomic<int32_t> num_kv_blocks_{0};
   std::atomic<int32_t> num_residual_kv_blocks_{0};
   std::atomic<int32_t> residual_max_rank_{0};
+  const KvBlockHash model_identity_;
+  std::unique_ptr<DiskKvStore> disk_store_;
+  std::unique_ptr<StoreDirectory> disk_directory_;
+  std::map<std::string, KvBlockHash> adapter_identities_;
   std::unique_ptr<KvCacheGroup> caches_;
   std::optional<KvPoolLayout> layout_in_use_;
   // Host tier (nullptr: none). Declared after the group, so it is destroyed

@@ -15,9 +15,11 @@ KvTransferWorker::KvTransferWorker(CopyFunction copy, int32_t max_queued_per_dir
     fail(ErrorKind::kInvalidArgument, "kv transfer worker: max_queued_per_direction is {}", max_queued_per_direction_);
   loads_.name = "load";
   offloads_.name = "offload";
+  disk_reads_.name = "disk read";
   // Started last: run() reads the members above.
   loads_.thread = std::thread([this] { run(loads_); });
   offloads_.thread = std::thread([this] { run(offloads_); });
+  disk_reads_.thread = std::thread([this] { run(disk_reads_); });
 }
 
 KvTransferWorker::~KvTransferWorker() {
@@ -27,9 +29,11 @@ KvTransferWorker::~KvTransferWorker() {
   }
   loads_.has_work.notify_all();
   offloads_.has_work.notify_all();
+  disk_reads_.has_work.notify_all();
   // Each thread empties its queue before it returns (see run()).
   loads_.thread.join();
   offloads_.thread.join();
+  disk_reads_.thread.join();
 }
 
 bool KvTransferWorker::submit(Transfer transfer) {
@@ -75,12 +79,12 @@ void KvTransferWorker::run(Lane& lane) {
     } catch (const std::exception& error) {
       succeeded = false;
       spdlog::warn("kv transfer {} of the {} cache ({} of {} blocks) failed: {}", transfer.transfer.id,
-                   kv_cache_name(transfer.cache), lane.name, transfer.transfer.device_block_ids.size(), error.what());
+                   kv_cache_name(transfer.cache), lane.name, transfer.transfer.host_block_ids.size(), error.what());
     } catch (...) {
       succeeded = false;
       spdlog::warn("kv transfer {} of the {} cache ({} of {} blocks) failed with an unknown exception",
                    transfer.transfer.id, kv_cache_name(transfer.cache), lane.name,
-                   transfer.transfer.device_block_ids.size());
+                   transfer.transfer.host_block_ids.size());
     }
     lock.lock();
     finished_.push_back({transfer.cache, transfer.transfer.id, succeeded});

@@ -1,11 +1,14 @@
-// Executes the KV cache group's host-tier transfers (kv_cache_manager.h "Host tier") off the engine
-// thread: a loader thread for host -> device loads and an offloader thread for
-// device -> host backups, each behind a bounded queue, so a slow copy never
-// blocks a step and loads never queue behind backups.
+// Executes the KV cache group's host- and disk-tier transfers (kv_cache_manager.h
+// "Host tier", "Disk tier") off the engine thread: a loader thread for host ->
+// device loads, an offloader thread for device -> host backups (and their
+// write-through to disk), a reader thread for disk -> host reads, each behind
+// a bounded queue, so a slow copy never blocks a step, loads never queue
+// behind backups, and a slow disk never holds up a host load.
 //
 //   engine thread:  group.take_transfers() -> submit() ... take_finished() -> group.finish_transfer()
-//   loader:         pops a load,    copy(transfer), pushes (member, id, ok)
-//   offloader:      pops an offload, copy(transfer), pushes (member, id, ok)
+//   loader:         pops a load,      copy(transfer), pushes (member, id, ok)
+//   offloader:      pops an offload,  copy(transfer), pushes (member, id, ok)
+//   disk reader:    pops a disk read, copy(transfer), pushes (member, id, ok)
 //
 // Every transfer names the KvCacheGroup member that planned it (MemberTransfer):
 // `copy` reads it to pick the pool (KvPoolKind::kMain or kResidual), and it
@@ -72,7 +75,12 @@ class KvTransferWorker {
     std::thread thread;
   };
   Lane& lane_of(KvCacheManager::Transfer::Kind kind) {
-    return kind == KvCacheManager::Transfer::Kind::kLoad ? loads_ : offloads_;
+    switch (kind) {
+      case KvCacheManager::Transfer::Kind::kLoad: return loads_;
+      case KvCacheManager::Transfer::Kind::kDiskRead: return disk_reads_;
+      case KvCacheManager::Transfer::Kind::kOffload: break;
+    }
+    return offloads_;
   }
   void run(Lane& lane);
 
@@ -86,6 +94,7 @@ class KvTransferWorker {
   bool stopping_ = false;
   Lane loads_;
   Lane offloads_;
+  Lane disk_reads_;
 };
 
 }  // namespace loom

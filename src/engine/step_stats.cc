@@ -103,6 +103,17 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   metrics.num_prefetch_hit_tokens = total(&KvCacheStats::num_prefetch_hit_blocks) * block_size;
   metrics.num_prefetch_late_tokens = total(&KvCacheStats::num_prefetch_late_blocks) * block_size;
   metrics.num_failed_kv_transfers = total(&KvCacheStats::num_failed_transfers);
+  metrics.num_disk_loaded_tokens = total(&KvCacheStats::num_disk_read_blocks) * block_size;
+  if (disk) {
+    metrics.disk_blocks = disk->num_blocks;
+    metrics.disk_bytes = disk->num_bytes;
+    metrics.disk_capacity_bytes = disk_capacity_bytes;
+    metrics.num_disk_stored_blocks = disk->num_stored_blocks;
+    metrics.num_disk_read_failures = disk->num_read_failures;
+    metrics.num_disk_write_failures = disk->num_write_failures;
+    metrics.disk_read_bytes = disk->num_loaded_bytes;
+    metrics.disk_read_seconds = disk->read_seconds;
+  }
 }
 
 const char* finished_reason_label(const RequestOutput& final_output) {

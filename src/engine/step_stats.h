@@ -23,6 +23,7 @@
 
 #include "engine/engine.h"
 #include "kv/kv_cache_group.h"
+#include "kvstore/disk_kv_store.h"
 
 namespace loom {
 
@@ -67,6 +68,8 @@ struct EngineGauges {
   std::map<std::string, int64_t> kv_bytes_by_adapter;
   int32_t num_running = 0, num_waiting = 0;
   int64_t num_preemptions = 0;
+  std::optional<DiskKvStoreStats> disk;  // the disk tier's store, when there is one
+  int64_t disk_capacity_bytes = 0;
 
   // Overwrites the gauges of `metrics` (its samples and counters stay).
   void apply_to(EngineMetrics& metrics) const;

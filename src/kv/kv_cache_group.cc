@@ -173,6 +173,30 @@ KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<cons
   return num_loading;
 }
 
+KvBlockCounts KvCacheGroup::start_disk_read(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                            int32_t max_blocks, KvCacheManager::LoadReason reason) {
+  LOOM_CHECK(can_hold(keys));
+  KvBlockCounts num_reading;
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    if (keys.uses(id)) num_reading[id] = member.start_disk_read(keys.key_in(id), tokens, max_blocks, reason);
+  });
+  return num_reading;
+}
+
+bool KvCacheGroup::disk_read_pending(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const {
+  bool pending = false;
+  for_each([&](KvCacheId id, const KvCacheManager& member) {
+    pending = pending || (keys.uses(id) && member.disk_read_pending(keys.key_in(id), tokens));
+  });
+  return pending;
+}
+
+bool KvCacheGroup::has_any_disk_tier() const {
+  bool any = false;
+  for_each([&](KvCacheId, const KvCacheManager& member) { any = any || member.has_disk_tier(); });
+  return any;
+}
+
 std::vector<KvCacheGroup::MemberTransfer> KvCacheGroup::take_transfers() {
   std::vector<MemberTransfer> transfers;
   for_each([&](KvCacheId id, KvCacheManager& member) {

@@ -155,6 +155,13 @@ class KvCacheGroup {
   // returns the blocks now loading in each.
   KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                            const KvBlockCounts& max_blocks, KvCacheManager::LoadReason reason);
+  // ---- Disk tier (kv_cache_manager.h "Disk tier"; the engine enables it on each member) ----
+  bool has_any_disk_tier() const;
+  // KvCacheManager::start_disk_read in each member `keys` uses; the blocks now reading in each.
+  KvBlockCounts start_disk_read(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, int32_t max_blocks,
+                                KvCacheManager::LoadReason reason);
+  // Whether any member `keys` uses is reading the block after its tree's part from disk.
+  bool disk_read_pending(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
   // A transfer planned by a member, named by it.
   struct MemberTransfer {
     KvCacheId cache = KvCacheId::kMain;

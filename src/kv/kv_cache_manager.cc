@@ -228,6 +228,10 @@ KvCacheStats KvCacheManager::stats() const {
   stats.num_prefetch_hit_blocks = num_prefetch_hit_blocks_;
   stats.num_prefetch_late_blocks = num_prefetch_late_blocks_;
   stats.num_failed_transfers = num_failed_transfers_;
+  stats.num_disk_read_blocks = num_disk_read_blocks_;
+  stats.num_disk_read_failed_blocks = num_disk_read_failed_blocks_;
+  stats.num_disk_write_planned_blocks = num_disk_write_planned_blocks_;
+  stats.num_disk_reading_blocks = static_cast<int32_t>(reading_.size());
   return stats;
 }
 

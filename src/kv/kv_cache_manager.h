@@ -41,6 +41,7 @@
 
 #include "kv/block_pool.h"
 #include "kv/host_block_pool.h"
+#include "kv/kv_disk_tier.h"
 #include "kv/kv_key.h"
 #include "kv/radix_tree.h"
 
@@ -93,6 +94,11 @@ struct KvCacheStats {
   int64_t num_prefetch_late_blocks = 0;    // prefetched blocks a prefix_status found still loading ("late")
   int64_t num_failed_transfers = 0;
   int32_t num_host_only_blocks = 0;        // nodes whose K/V is only on the host now
+  // Disk tier (0 without one). Counters are since start, in blocks.
+  int64_t num_disk_read_blocks = 0;        // disk -> host reads finished and joined to the tree
+  int64_t num_disk_read_failed_blocks = 0; // blocks of failed disk reads
+  int64_t num_disk_write_planned_blocks = 0;  // offloads that also asked for a disk write
+  int32_t num_disk_reading_blocks = 0;     // disk reads in flight now
   // Device blocks in the tree (cached, in use by a lease that committed them,
   // or loading) per namespace; host-only nodes are not counted. Private
   // (uncommitted) blocks are counted under their lease's namespace for the
@@ -252,8 +258,10 @@ class KvCacheManager {
 
   struct PrefixStatus {
     int32_t num_device_tokens = 0;   // what lock_prefix would lock now
-    int32_t num_loading_tokens = 0;  // next: blocks being loaded (the request should wait)
+    int32_t num_loading_tokens = 0;  // next: blocks being loaded (the request should wait),
+                                     // including blocks being read from disk after the tree's part
     int32_t num_host_tokens = 0;     // then: blocks only on the host (start_load can fetch them)
+    int32_t num_disk_tokens = 0;     // then: blocks only on disk (start_disk_read can fetch them)
   };
   // Where the cached prefix of tokens (whole blocks) lives. Changes nothing
   // except the "late prefetch" metric (a prefetched block found still loading).
@@ -281,13 +289,49 @@ class KvCacheManager {
   // nothing on the host, or no room).
   int32_t prefetch_agent(const std::string& agent_key, int32_t max_blocks);
 
+  // ---- Disk tier (below the host tier; DESIGN §2, kv_disk_tier.h) ----
+  //
+  // With enable_disk_tier() (after enable_host_tier(n > 0), before any block
+  // is committed) every node gets its content hash (RadixNode::content_hash,
+  // kv_block_hash.h), and:
+  // - Write-through: an offload (device -> host backup) also lists, in
+  //   Transfer::block_hashes, the blocks to write to disk after the copy (zero:
+  //   the directory already holds it). A failed write does not fail the
+  //   offload; the block is just not on disk.
+  // - Lookups: prefix_status continues past the tree's path by hash: blocks
+  //   being read count as loading, then blocks the directory holds as disk.
+  // - start_disk_read plans a kDiskRead transfer of the blocks that follow the
+  //   tree's path on disk (none when the next block is being read already):
+  //   host blocks taken as a backup takes them (a free one, else a host leaf
+  //   whose eviction key is below the read's, never the path's own last node).
+  //   Until it finishes they belong to the transfer, not to the tree (nothing
+  //   in the tree is pinned or changes state). On success the blocks whose
+  //   parent is still the path's end join the tree as host nodes (ready; a
+  //   start_load brings them to the device), the others (their parent gone, or
+  //   recomputed meanwhile) go back to the host pool; on failure all do (the
+  //   store drops what did not verify, so the next lookup stops before it).
+  //   kPrefetch reads take only free host blocks or leaves of lower priority
+  //   as prefetch loads do.
+  void enable_disk_tier(KvDiskTierConfig config);
+  bool has_disk_tier() const { return disk_.directory != nullptr; }
+  // Returns the blocks now being read (0: nothing on disk after the tree's
+  // part, a read already in the way, or no host block to be had).
+  int32_t start_disk_read(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_blocks,
+                          LoadReason reason = LoadReason::kDemand);
+  // Whether the block after the tree's part of tokens' prefix is being read from disk. Changes nothing.
+  bool disk_read_pending(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
+
   struct Transfer {
-    enum class Kind : uint8_t { kOffload, kLoad };
+    enum class Kind : uint8_t { kOffload, kLoad, kDiskRead };
     int64_t id = 0;
     Kind kind = Kind::kOffload;
-    LoadReason reason = LoadReason::kDemand;   // loads only
-    std::vector<int32_t> device_block_ids;     // copy device_block_ids[i] <-> host_block_ids[i]
+    LoadReason reason = LoadReason::kDemand;   // loads and disk reads
+    std::vector<int32_t> device_block_ids;     // copy device_block_ids[i] <-> host_block_ids[i] (none for kDiskRead)
     std::vector<int32_t> host_block_ids;
+    // kOffload with a disk tier: block_hashes[i] names host_block_ids[i] on
+    // disk (zero: do not write it); kDiskRead: the blocks to read into
+    // host_block_ids[i]. Empty otherwise.
+    std::vector<KvBlockHash> block_hashes;
   };
   std::vector<Transfer> take_transfers();
   // Applies a finished transfer (succeeded: the copy completed). Precondition:
@@ -315,6 +359,10 @@ class KvCacheManager {
     Transfer transfer;
     std::vector<int32_t> pinned_block_ids;  // root -> last node, each holding one reference
     bool taken = false;
+    // kDiskRead: where its blocks go: kv_key's blocks [first_block, ...) of tokens.
+    KvKey kv_key;
+    std::vector<KvTokenId> tokens;  // tokens[0, (first_block + n) * block_size)
+    int32_t first_block = 0;
   };
 
   void release(KvLease& lease);
@@ -334,6 +382,15 @@ class KvCacheManager {
   void unpin(std::span<const int32_t> block_ids);  // tail first
   int64_t add_transfer(Transfer transfer, std::vector<int32_t> pinned_block_ids);
   std::string host_integrity_error() const;
+  // kv_cache_manager_disk.cc:
+  // Hashes of the full blocks of tokens after `path` (the tree's part),
+  // while each is being read or on disk: {hash, reading}.
+  std::vector<std::pair<KvBlockHash, bool>> blocks_after_path(const KvKey& kv_key, std::span<const KvTokenId> tokens,
+                                                              const std::vector<RadixNode*>& path,
+                                                              int32_t max_blocks) const;
+  void finish_disk_read(const TransferInFlight& in_flight, bool succeeded);
+  KvBlockHash chain_hash(const KvBlockHash& parent, const std::string& kv_namespace,
+                         std::span<const KvTokenId> tokens) const;
 
   BlockPool pool_;
   RadixTree tree_;
@@ -346,6 +403,10 @@ class KvCacheManager {
   int64_t next_transfer_id_ = 1;
   int64_t num_offloaded_blocks_ = 0, num_loaded_blocks_ = 0, num_prefetched_blocks_ = 0;
   int64_t num_prefetch_hit_blocks_ = 0, num_prefetch_late_blocks_ = 0, num_failed_transfers_ = 0;
+  // Disk tier (directory null without one).
+  KvDiskTierConfig disk_;
+  std::map<KvBlockHash, int64_t> reading_;  // block -> the kDiskRead transfer reading it
+  int64_t num_disk_read_blocks_ = 0, num_disk_read_failed_blocks_ = 0, num_disk_write_planned_blocks_ = 0;
 };
 
 }  // namespace loom

@@ -41,7 +41,7 @@ void KvCacheManager::unpin(std::span<const int32_t> block_ids) {
 int64_t KvCacheManager::add_transfer(Transfer transfer, std::vector<int32_t> pinned_block_ids) {
   transfer.id = next_transfer_id_++;
   const int64_t id = transfer.id;
-  transfers_in_flight_.emplace(id, TransferInFlight{std::move(transfer), std::move(pinned_block_ids), false});
+  transfers_in_flight_.emplace(id, TransferInFlight{std::move(transfer), std::move(pinned_block_ids), false, {}, {}, 0});
   return id;
 }
 
@@ -69,6 +69,11 @@ void KvCacheManager::plan_offload(const std::vector<RadixNode*>& path, size_t fi
     tree_.begin_offload(node, *host_block);
     transfer.device_block_ids.push_back(node->block_id);
     transfer.host_block_ids.push_back(*host_block);
+    if (has_disk_tier()) {
+      const bool on_disk = disk_.directory->contains(node->content_hash);
+      transfer.block_hashes.push_back(on_disk ? KvBlockHash{} : node->content_hash);
+      num_disk_write_planned_blocks_ += on_disk ? 0 : 1;
+    }
     num_pinned = i + 1;
   }
   if (transfer.device_block_ids.empty()) return;
@@ -80,7 +85,10 @@ void KvCacheManager::plan_offload(const std::vector<RadixNode*>& path, size_t fi
 
 KvCacheManager::PrefixStatus KvCacheManager::prefix_status(const KvKey& kv_key, std::span<const KvTokenId> tokens) {
   PrefixStatus status;
-  for (RadixNode* node : tree_.match_any_tier(kv_key, tokens)) {  // [device ...][loading ...][host ...]
+  const std::vector<RadixNode*> path = tree_.match_any_tier(kv_key, tokens);
+  for (const auto& [hash, reading] : blocks_after_path(kv_key, tokens, path, std::numeric_limits<int32_t>::max()))
+    (reading ? status.num_loading_tokens : status.num_disk_tokens) += block_size();
+  for (RadixNode* node : path) {  // [device ...][loading ...][host ...]
     if (node->tier == KvTier::kDevice) {
       status.num_device_tokens += block_size();
     } else if (node->state == KvNodeState::kLoading) {
@@ -183,6 +191,10 @@ void KvCacheManager::finish_transfer(int64_t transfer_id, bool succeeded) {
   const TransferInFlight in_flight = std::move(it->second);
   transfers_in_flight_.erase(it);
   const Transfer& transfer = in_flight.transfer;
+  if (transfer.kind == Transfer::Kind::kDiskRead) {
+    finish_disk_read(in_flight, succeeded);
+    return;
+  }
   const auto num_blocks = static_cast<int64_t>(transfer.device_block_ids.size());
   if (!succeeded) ++num_failed_transfers_;
   if (transfer.kind == Transfer::Kind::kOffload) {
@@ -212,6 +224,17 @@ std::string KvCacheManager::host_integrity_error() const {
     if (node.state != KvNodeState::kReady) ++num_in_transfer_states;
     if (host_pool_ && host_pool_->contains(node.host_block_id)) ++num_holders[static_cast<size_t>(node.host_block_id)];
   });
+  size_t num_reading = 0;
+  for (const auto& [id, in_flight] : transfers_in_flight_) {
+    if (in_flight.transfer.kind != Transfer::Kind::kDiskRead) continue;
+    num_reading += in_flight.transfer.block_hashes.size();
+    for (int32_t host_block : in_flight.transfer.host_block_ids) {
+      if (!host_pool_ || !host_pool_->contains(host_block)) return fmt::format("disk read {} holds host block {}", id, host_block);
+      ++num_holders[static_cast<size_t>(host_block)];
+    }
+  }
+  if (num_reading != reading_.size())
+    return fmt::format("{} blocks in disk reads, {} recorded as reading", num_reading, reading_.size());
   if (host_pool_) {
     int32_t num_held = 0;
     for (int32_t id = 0; id < host_pool_->num_total_blocks(); ++id) {
@@ -228,6 +251,12 @@ std::string KvCacheManager::host_integrity_error() const {
   std::set<const RadixNode*> in_transfers;
   for (const auto& [id, in_flight] : transfers_in_flight_) {
     const Transfer& transfer = in_flight.transfer;
+    if (transfer.kind == Transfer::Kind::kDiskRead) {
+      if (transfer.id != id || transfer.host_block_ids.empty() || !transfer.device_block_ids.empty() ||
+          transfer.block_hashes.size() != transfer.host_block_ids.size() || !in_flight.pinned_block_ids.empty())
+        return fmt::format("disk read {} is malformed", id);
+      continue;
+    }
     if (transfer.id != id || transfer.device_block_ids.empty() ||
         transfer.device_block_ids.size() != transfer.host_block_ids.size())
       return fmt::format("transfer {} is malformed", id);

@@ -52,8 +52,16 @@ RadixNode* RadixTree::find_child(const std::string& kv_namespace, RadixNode* par
 
 RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
                              std::span<const KvTokenId> block_tokens, int32_t block_id) {
-  LOOM_CHECK(static_cast<int32_t>(block_tokens.size()) == block_size_);
   LOOM_CHECK(block_id >= 0 && block_id < pool_.num_total_blocks() && node_by_block_[static_cast<size_t>(block_id)] == nullptr);
+  RadixNode* raw = add_child(kv_namespace, parent, block_tokens);
+  set_device_block(raw, block_id);
+  if (!raw->parent->is_root()) update(raw->parent);  // no longer a leaf
+  return raw;
+}
+
+RadixNode* RadixTree::add_child(const std::string& kv_namespace, RadixNode* parent,
+                                std::span<const KvTokenId> block_tokens) {
+  LOOM_CHECK(static_cast<int32_t>(block_tokens.size()) == block_size_);
   if (parent == nullptr) {
     auto& slot = roots_[kv_namespace];
     if (!slot) {
@@ -72,13 +80,24 @@ RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
   node->tokens = key.second;
   node->node_id = next_node_id_++;
   node->last_access = parent->last_access;
+  if (hasher_) node->content_hash = child_hash(parent, kv_namespace, block_tokens);
   RadixNode* raw = node.get();
   parent->children.emplace(std::move(key), std::move(node));
   ++num_nodes_;
   ++num_nodes_by_namespace_[kv_namespace];
-  set_device_block(raw, block_id);
-  if (!parent->is_root()) update(parent);  // no longer a leaf
   return raw;
+}
+
+void RadixTree::set_block_hasher(BlockHasher hasher) {
+  LOOM_CHECK(num_nodes_ == 0 && !hasher_);
+  hasher_ = std::move(hasher);
+}
+
+KvBlockHash RadixTree::child_hash(const RadixNode* parent, const std::string& kv_namespace,
+                                  std::span<const KvTokenId> block_tokens) const {
+  LOOM_CHECK(hasher_);
+  return hasher_(parent == nullptr || parent->is_root() ? KvBlockHash{} : parent->content_hash, kv_namespace,
+                 block_tokens);
 }
 
 RadixNode* RadixTree::node_of_block(int32_t block_id) const {

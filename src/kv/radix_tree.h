@@ -54,6 +54,7 @@
 #include "kv/block_pool.h"
 #include "kv/eviction_priority.h"
 #include "kv/host_block_pool.h"
+#include "kv/kv_block_hash.h"
 #include "kv/kv_key.h"
 
 namespace loom {
@@ -102,6 +103,9 @@ struct RadixNode {
   bool loaded_by_prefetch = false;
   int64_t last_access = 0;                // logical clock of the last use
   int64_t node_id = 0;                    // creation order, breaks LRU ties
+  // Content identity (kv/kv_block_hash.h) when the tree has a block hasher
+  // (the disk tier's name for this block); zero otherwise.
+  KvBlockHash content_hash;
   std::map<RadixChildKey, std::unique_ptr<RadixNode>, RadixChildKeyLess> children;
 
   // Smallest steps-to-execution of the agents whose fixed prefix passes
@@ -126,6 +130,18 @@ class RadixTree {
   ~RadixTree();
 
   int32_t block_size() const { return block_size_; }
+
+  // Names every node inserted from now on: node->content_hash =
+  // hasher(parent's content_hash (zero under a root), namespace, tokens).
+  // Set before the first insert (checked).
+  using BlockHasher =
+      std::function<KvBlockHash(const KvBlockHash& parent, const std::string& kv_namespace, std::span<const KvTokenId>)>;
+  void set_block_hasher(BlockHasher hasher);
+  bool has_block_hasher() const { return static_cast<bool>(hasher_); }
+  // The content hash a child of `parent` (nullptr or a root: the chain's
+  // start) would get. Precondition: has_block_hasher().
+  KvBlockHash child_hash(const RadixNode* parent, const std::string& kv_namespace,
+                         std::span<const KvTokenId> block_tokens) const;
 
   // The longest chain of device-tier nodes (ready or offloading) matching
   // tokens block by block, block i under kv_key.namespace_of_block(i) (only
@@ -194,6 +210,11 @@ class RadixTree {
   void begin_load(RadixNode* node, int32_t device_block_id, bool by_prefetch);
   // loading -> device ready (the backup stays valid); last_access = now.
   void end_load(RadixNode* node, int64_t now);
+  // Adds a host-tier ready leaf holding host_block_id (used, held by no node):
+  // a block read back from the disk tier. Same preconditions on the key as
+  // insert(); last_access = now.
+  RadixNode* insert_host(const std::string& kv_namespace, RadixNode* parent, std::span<const KvTokenId> block_tokens,
+                         int32_t host_block_id, int64_t now);
   // host ready -> device ready on device_block_id (referenced, in no tree),
   // which holds the same K/V (a request recomputed it); the backup stays.
   void adopt_device_block(RadixNode* node, int32_t device_block_id);
@@ -242,6 +263,9 @@ class RadixTree {
 
  private:
   RadixNode* root(const std::string& kv_namespace) const;
+  // The new child of `parent` (nullptr: kv_namespace's root, made if needed),
+  // counted, not yet given a block.
+  RadixNode* add_child(const std::string& kv_namespace, RadixNode* parent, std::span<const KvTokenId> block_tokens);
   void update(RadixNode* node);
   void leave_evictable_sets(RadixNode* node);
   // Gives `node` device block `block_id` (-1: none), keeping node_by_block_,
@@ -281,6 +305,7 @@ class RadixTree {
   std::map<EvictionKey, RadixNode*> host_evictable_;  // host leaves by key
   HostBlockPool* host_pool_ = nullptr;
   std::map<std::string, AgentMark, std::less<>> agents_;
+  BlockHasher hasher_;
 };
 
 }  // namespace loom

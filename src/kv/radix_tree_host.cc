@@ -62,6 +62,19 @@ void RadixTree::end_load(RadixNode* node, int64_t now) {
   update(node);
 }
 
+RadixNode* RadixTree::insert_host(const std::string& kv_namespace, RadixNode* parent,
+                                  std::span<const KvTokenId> block_tokens, int32_t host_block_id, int64_t now) {
+  LOOM_CHECK(host_pool_ != nullptr && host_pool_->contains(host_block_id) && !host_pool_->is_free(host_block_id));
+  RadixNode* node = add_child(kv_namespace, parent, block_tokens);
+  node->tier = KvTier::kHost;
+  node->host_block_id = host_block_id;
+  node->last_access = now;
+  ++num_host_tier_nodes_;
+  update(node);
+  if (!node->parent->is_root()) update(node->parent);  // no longer a leaf
+  return node;
+}
+
 void RadixTree::adopt_device_block(RadixNode* node, int32_t device_block_id) {
   LOOM_CHECK(node->tier == KvTier::kHost && node->state == KvNodeState::kReady && node->block_id < 0);
   LOOM_CHECK(node->parent->is_root() || node->parent->tier == KvTier::kDevice);

@@ -27,15 +27,18 @@
 // - read() never returns wrong bytes: a missing file, a short file, a bad
 //   magic/version, another hash, another payload size or a checksum mismatch
 //   is a miss for that block (counted in failures when the file existed); the
-//   caller recomputes. A corrupt file found by read() is unlinked.
+//   caller recomputes. A corrupt file found by read() is unlinked; a whole
+//   file whose header verifies but names another payload size is not corrupt
+//   (the caller asked for the wrong size): a counted miss, and it stays.
 // - write() failures (disk full, permission denied, ...) are a value (false),
 //   logged once per kind and counted, never an exception: the block simply is
 //   not on disk.
 // - Size cap: capacity_bytes over the whole directory, across processes. After
 //   its writes a process trims the directory to the cap by removing the files
 //   used least recently (mtime: a write sets it, a read hit refreshes it), so
-//   the cap holds whichever processes wrote. Between trims the directory may
-//   exceed the cap by one process's unflushed writes.
+//   the cap holds whichever processes wrote. A process rescans the directory
+//   when its estimate passes the cap or after writing a tenth of it, so between
+//   trims the directory may exceed the cap by about that much per writer.
 //
 // Lookups: contains() answers from an in-memory index of the blocks this
 // process wrote or read, or found at open (warm start, config.warm_start),

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <limits>
 #include <set>
 
 #include "kv/kv_capacity_ledger.h"
@@ -214,7 +215,11 @@ class Scheduler::Planner {
       num_load[member] = num_host;
       any_load = true;
     }
-    if (!any_load) return false;  // no room to load: admit with the device prefixes
+    if (!any_load) {  // no room to load: admit with the device prefixes, unless a disk read is coming
+      if (!kv_caches_.disk_read_pending(request.kv, request.lookup_tokens())) return false;
+      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, {}});
+      return true;
+    }
     decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, num_pinned, num_load});
     return true;
   }
@@ -295,6 +300,20 @@ class Scheduler::Planner {
 SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
 
 // ---- apply(): the one place the step mutates queues and caches ----
+
+int32_t Scheduler::start_disk_reads() {
+  if (!kv_caches_.has_any_disk_tier()) return 0;
+  int32_t num_reading = 0, num_requests = 0;
+  for (SchedulerRequestId id : sorted(waiting_)) {
+    if (num_requests++ >= config_.max_running_requests) break;
+    const RequestState& request = state(id);
+    const KvBlockCounts counts = kv_caches_.start_disk_read(request.kv, request.lookup_tokens(),
+                                                            std::numeric_limits<int32_t>::max(),
+                                                            KvCacheManager::LoadReason::kDemand);
+    for (int32_t count : counts.values) num_reading += count;
+  }
+  return num_reading;
+}
 
 ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
   // schedule() saw the cached prefixes of the requests it admits or loads for

@@ -50,6 +50,13 @@
 //        admitted now with its device prefixes and recomputes the rest.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
+//   7. Disk tier: start_disk_reads() (the engine calls it before each plan)
+//      starts, for the first max_running_requests waiting requests in rank
+//      order, a disk -> host read of the blocks that follow each member's tree
+//      part on disk (KvCacheGroup::start_disk_read, kDemand). A request
+//      whose next block is being read waits as on a load (kWaitOnLoad) unless
+//      a host load was started for it; when the read lands, its blocks are
+//      host blocks and 6 loads them. A failed read leaves them off disk.
 //
 // Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
 // the main member (RequestKvKeys::key, namespace "fork") and their rCache in
@@ -170,6 +177,8 @@ class Scheduler {
   ScheduledBatch apply(const SchedulerDecision& decision);
   // apply(schedule()).
   ScheduledBatch plan() { return apply(schedule()); }
+  // Policy 7; returns the blocks (all members) now being read. No-op without a disk tier.
+  int32_t start_disk_reads();
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
   void complete_step(const ScheduledBatch& batch);

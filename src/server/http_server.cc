@@ -94,6 +94,8 @@ struct HttpServer::Impl {
   CompletionContext completion;
   std::mutex adapter_mutex;  // serialises runtime load/unload
   std::unique_ptr<HttpTransport> transport;
+  // /v1/models' `created`: when the server started, the same in every listing.
+  const int64_t started_unix = std::time(nullptr);
 
   Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping_flag,
        const std::atomic<bool>& ending_requests)
@@ -273,7 +275,7 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
 }
 
 HttpResponse HttpServer::Impl::handle_models(const std::string* only) {
-  const int64_t created = std::time(nullptr);
+  const int64_t created = started_unix;
   const int32_t max_model_len = engine.max_context_tokens();
   Json data = Json::array();
   std::vector<std::string> base_names = {config.served_model_name};

@@ -119,6 +119,8 @@ std::vector<TierUsage> existing_tiers(const EngineMetrics& m) {
                                 TierUsage{"host", "residual", m.residual_host_blocks_used,
                                           m.residual_host_blocks_total}})
     if (tier.total_blocks > 0) tiers.push_back(tier);
+  // The disk tier in bytes (its blocks may be of either pool): bytes / cap.
+  if (m.disk_capacity_bytes > 0) tiers.push_back(TierUsage{"disk", "all", m.disk_bytes, m.disk_capacity_bytes});
   return tiers;
 }
 
@@ -212,6 +214,7 @@ std::string MetricsExporter::render_locked() const {
   if (m.host_blocks_total > 0) out.sample("loom_kv_cache_bytes", "tier=\"host\",kind=\"base\"", m.kv_bytes_host);
   if (m.residual_host_blocks_total > 0)
     out.sample("loom_kv_cache_bytes", "tier=\"host\",kind=\"residual\"", m.kv_bytes_host_residual);
+  if (m.disk_capacity_bytes > 0) out.sample("loom_kv_cache_bytes", "tier=\"disk\",kind=\"all\"", m.disk_bytes);
   out.family("loom_kv_cache_bytes_per_token", "gauge",
              "Bytes one token takes across all layers: a K/V slot (base) or an rCache slot (residual)");
   out.sample("loom_kv_cache_bytes_per_token", "kind=\"base\"", m.kv_bytes_per_token_base);
@@ -256,6 +259,24 @@ std::string MetricsExporter::render_locked() const {
   out.scalar("loom_prefetched_tokens_total", "counter",
              "Tokens loaded from the host tier by proactive prefetch (main and rCache pools together)",
              m.num_prefetched_tokens);
+  if (m.disk_capacity_bytes > 0) {
+    out.scalar("loom_disk_kv_blocks", "gauge", "Block files in the disk tier's directory, as this server knows it",
+               m.disk_blocks);
+    out.scalar("loom_disk_kv_stored_blocks_total", "counter", "Blocks this server wrote to the disk tier",
+               m.num_disk_stored_blocks);
+    out.scalar("loom_disk_kv_loaded_tokens_total", "counter",
+               "Tokens read back from the disk tier into the host tier (main and rCache pools together)",
+               m.num_disk_loaded_tokens);
+    out.scalar("loom_disk_kv_read_bytes_total", "counter", "Payload bytes read back from the disk tier",
+               m.disk_read_bytes);
+    out.scalar("loom_disk_kv_read_seconds_total", "counter",
+               "Seconds spent reading the disk tier (read bandwidth = bytes / seconds)", m.disk_read_seconds);
+    out.family("loom_disk_kv_failures_total", "counter",
+               "Disk-tier operations that failed: reads of files that did not verify (then recomputed), writes "
+               "that did not publish");
+    out.sample("loom_disk_kv_failures_total", "op=\"read\"", m.num_disk_read_failures);
+    out.sample("loom_disk_kv_failures_total", "op=\"write\"", m.num_disk_write_failures);
+  }
   out.family("loom_prefetch_outcome_tokens_total", "counter",
              "Prefetched tokens by what the request that needed them found: ready (in time) or still loading (late)");
   out.sample("loom_prefetch_outcome_tokens_total", "outcome=\"in_time\"", m.num_prefetch_hit_tokens);

@@ -58,13 +58,15 @@ def drop_model_label(sample):
 class LoomServer:
     """A model directory plus a running server; stop() ends both."""
 
-    def __init__(self, extra_args=(), num_adapters=4, make_model_args=(), lora_modes=None):
-        """lora_modes: {adapter name: KV sharing mode} appended as --lora NAME=PATH:MODE."""
+    def __init__(self, extra_args=(), num_adapters=4, make_model_args=(), lora_modes=None, model_dir=None):
+        """lora_modes: {adapter name: KV sharing mode} appended as --lora NAME=PATH:MODE.
+        model_dir: serve that model (another server's) instead of making one."""
         self.directory = tempfile.mkdtemp(prefix="loom-http-")
-        self.model_dir = os.path.join(self.directory, "model")
-        subprocess.run([loom_binary(), "make-model", "--arch", "llama", "--preset", "tiny", "--adapters",
-                        str(num_adapters), *make_model_args, "--out", self.model_dir], check=True,
-                       stdout=subprocess.DEVNULL)
+        self.model_dir = model_dir or os.path.join(self.directory, "model")
+        if model_dir is None:
+            subprocess.run([loom_binary(), "make-model", "--arch", "llama", "--preset", "tiny", "--adapters",
+                            str(num_adapters), *make_model_args, "--out", self.model_dir], check=True,
+                           stdout=subprocess.DEVNULL)
         self.adapter_dir = os.path.join(self.model_dir, "adapters")
         self.adapter_names = sorted(os.listdir(self.adapter_dir))
         self.port = free_port()

@@ -56,6 +56,9 @@ class CpuBackend final : public Backend {
   }
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
   int32_t num_host_kv_blocks(KvPoolKind pool) const override { return host_pool(pool).num_blocks(); }
+  std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id) override {
+    return host_pool(pool).block_bytes(host_block_id);
+  }
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                       std::span<const int32_t> host_block_ids) override;
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;

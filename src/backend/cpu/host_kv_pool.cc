@@ -62,4 +62,10 @@ void HostKvPool::copy(KvCopyDirection direction, std::span<float* const> device_
   }
 }
 
+std::span<std::byte> HostKvPool::block_bytes(int32_t block) const {
+  if (block < 0 || block >= num_blocks_)
+    fail(ErrorKind::kInvalidArgument, "{}: host block {} out of range [0, {})", what_, block, num_blocks_);
+  return {reinterpret_cast<std::byte*>(host_block(block)), static_cast<size_t>(floats_per_host_block()) * sizeof(float)};
+}
+
 }  // namespace loom::cpu

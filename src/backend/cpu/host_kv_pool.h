@@ -33,6 +33,9 @@ class HostKvPool {
   int32_t num_arrays() const { return num_arrays_; }
   int64_t floats_per_block() const { return floats_per_block_; }
 
+  // Host block `block`'s bytes. Throws Error(kInvalidArgument) on a bad id.
+  std::span<std::byte> block_bytes(int32_t block) const;
+
   // Copies device block device_block_ids[i] of every array to host block
   // host_block_ids[i] (kDeviceToHost) or back. device_arrays: num_arrays()
   // pointers to arrays of num_device_blocks x floats_per_block() floats.

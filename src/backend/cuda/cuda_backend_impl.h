@@ -42,6 +42,7 @@ class CudaBackend : public Backend {
   // Host tier (host_kv_tier.h, host_kv_tier.cc) of the main pool and of the rCache.
   void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
   int32_t num_host_kv_blocks(KvPoolKind pool) const override;
+  std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id) override;
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                       std::span<const int32_t> host_block_ids) override;
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;

@@ -88,6 +88,13 @@ void HostKvTier::copy(KvCopyDirection direction, const DevicePool& device, std::
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+std::span<std::byte> HostKvTier::block_bytes(int32_t block) const {
+  if (block < 0 || block >= num_blocks_)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: host block {} out of range [0, {})", block, num_blocks_);
+  const size_t bytes = static_cast<size_t>(num_arrays_) * bytes_per_block_;
+  return {static_cast<std::byte*>(host_) + static_cast<size_t>(block) * bytes, bytes};
+}
+
 // ---- CudaBackend's host-tier overrides (backend.h) ----
 
 void CudaBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
@@ -99,6 +106,12 @@ void CudaBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
   if (tier == nullptr) tier = std::make_unique<HostKvTier>(device_);
   // Arrays: per layer K then V (main), or per layer the rCache.
   tier->allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_bytes_per_block(pool));
+}
+
+std::span<std::byte> CudaBackend::host_kv_block(KvPoolKind pool, int32_t host_block_id) {
+  HostKvTier* tier = host_kv_tiers_[static_cast<int>(pool)].get();
+  if (tier == nullptr) fail(ErrorKind::kInvalidArgument, "cuda backend: no host {} pool allocated", pool == KvPoolKind::kMain ? "KV" : "residual");
+  return tier->block_bytes(host_block_id);
 }
 
 int32_t CudaBackend::num_host_kv_blocks(KvPoolKind pool) const {

@@ -41,6 +41,9 @@ class HostKvTier {
   int32_t num_blocks() const { return num_blocks_; }
   size_t bytes_per_block() const { return bytes_per_block_; }
 
+  // Host block `block`'s bytes (pinned). Throws Error(kInvalidArgument) on a bad id.
+  std::span<std::byte> block_bytes(int32_t block) const;
+
   struct DevicePool {
     void* data = nullptr;           // array 0, block 0
     int32_t num_blocks = 0;

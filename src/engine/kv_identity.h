@@ -1,0 +1,31 @@
+// Content identity of what a KV block depends on (kv/kv_block_hash.h): the
+// model, each adapter, the KV layout. The disk tier names blocks from these,
+// so two processes serving the same weights compute the same names, and a
+// process serving other weights (or another layout) never reads them.
+//
+// Fingerprints hash the configuration exactly and the weights by sample: each
+// tensor's name, shape and up to 3 x 64 KiB of its data (start, middle, end).
+// Two checkpoints that differ only outside every sample would collide; a fine-
+// tune changes every weight, so in practice they never do, and the cost stays
+// a few milliseconds for an 8B model instead of hashing 16 GB at start.
+//
+// Thread: any (pure functions).
+#pragma once
+
+#include <string>
+
+#include "kv/kv_block_hash.h"
+#include "lora/adapter.h"
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace loom {
+
+KvBlockHash model_fingerprint(const ModelConfig& config, const ModelWeights& weights);
+KvBlockHash adapter_fingerprint(const LoraAdapter& adapter);
+// The salt at the start of every chain in one cache: model, `layout` (the
+// cache's dtype, block size and head shape or rCache rank, spelled by the
+// caller) and the member's name ("main", "residual").
+KvBlockHash kv_cache_salt(const KvBlockHash& model, const std::string& layout, const std::string& member);
+
+}  // namespace loom

@@ -1,0 +1,250 @@
+// KV cache manager disk tier (kv_cache_manager.h "Disk tier"), through a fake
+// directory: content hashes, write-through names on offloads, lookups past the
+// tree by hash, disk -> host reads joining the tree, failed and orphaned reads,
+// and the scheduler waiting on a read (policy 7). Transfers are finished by
+// hand (the engine's worker and the disk store would do the I/O).
+#include <gtest/gtest.h>
+
+#include <set>
+#include <string>
+#include <vector>
+
+#include "kv/kv_cache_group.h"
+#include "kv/kv_cache_manager.h"
+#include "scheduler/scheduler.h"
+
+namespace loom {
+namespace {
+
+constexpr int32_t kBlock = 4;
+using Tokens = std::vector<KvTokenId>;
+using Kind = KvCacheManager::Transfer::Kind;
+using Reason = KvCacheManager::LoadReason;
+using Status = KvCacheManager::PrefixStatus;
+
+Tokens block_tokens(KvTokenId first, int32_t num_blocks) {
+  Tokens tokens(static_cast<size_t>(num_blocks * kBlock));
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<KvTokenId>(i);
+  return tokens;
+}
+
+class FakeDirectory : public KvBlockDirectory {
+ public:
+  bool contains(const KvBlockHash& hash) override { return blocks.count(hash) != 0; }
+  std::set<KvBlockHash> blocks;
+};
+
+KvDiskTierConfig disk_config(FakeDirectory& directory, const std::string& model = "model-a") {
+  KvDiskTierConfig config;
+  config.cache_salt = hash_string(model);
+  config.namespace_salt = [](const std::string& ns) { return hash_string(ns); };
+  config.directory = &directory;
+  return config;
+}
+
+// One process's cache: device blocks, host blocks, the disk tier over `directory`.
+struct DiskCache {
+  DiskCache(FakeDirectory& directory, int32_t num_blocks, int32_t num_host_blocks, const std::string& model = "model-a")
+      : kv(num_blocks, kBlock) {
+    kv.enable_host_tier(num_host_blocks);
+    kv.enable_disk_tier(disk_config(directory, model));
+  }
+  // Computes and commits tokens; every offload "writes" its named blocks.
+  void run(const Tokens& tokens, FakeDirectory& directory) {
+    KvLease lease = kv.lock_prefix(key, tokens);
+    ASSERT_TRUE(kv.allocate(lease, static_cast<int32_t>(tokens.size()) / kBlock - lease.num_blocks()));
+    kv.commit(lease, tokens, static_cast<int32_t>(tokens.size()));
+    lease.release();
+    for (const auto& transfer : kv.take_transfers()) {
+      ASSERT_EQ(transfer.kind, Kind::kOffload);
+      ASSERT_EQ(transfer.block_hashes.size(), transfer.host_block_ids.size());
+      for (const KvBlockHash& hash : transfer.block_hashes)
+        if (!hash.is_zero()) directory.blocks.insert(hash);
+      kv.finish_transfer(transfer.id, true);
+    }
+    ASSERT_EQ(kv.integrity_error(), "");
+  }
+  std::vector<int32_t> status(const Tokens& tokens) {
+    const Status s = kv.prefix_status(key, tokens);
+    return {s.num_device_tokens, s.num_loading_tokens, s.num_host_tokens, s.num_disk_tokens};
+  }
+  KvCacheManager kv;
+  KvKey key = KvKey::single("base");
+};
+
+TEST(KvDiskTier, NodesCarryChainedContentHashes) {
+  FakeDirectory directory;
+  DiskCache a(directory, 8, 8), b(directory, 8, 8), other_model(directory, 8, 8, "model-b");
+  const Tokens tokens = block_tokens(100, 3);
+  a.run(tokens, directory);
+  b.run(tokens, directory);
+  other_model.run(tokens, directory);
+  const auto path_a = a.kv.tree().match_any_tier(a.key, tokens);
+  const auto path_b = b.kv.tree().match_any_tier(b.key, tokens);
+  const auto path_other = other_model.kv.tree().match_any_tier(other_model.key, tokens);
+  ASSERT_EQ(path_a.size(), 3u);
+  std::set<KvBlockHash> distinct;
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(path_a[i]->content_hash, path_b[i]->content_hash);        // same model, same tokens: same name
+    EXPECT_NE(path_a[i]->content_hash, path_other[i]->content_hash);  // another model: another name
+    distinct.insert(path_a[i]->content_hash);
+  }
+  EXPECT_EQ(distinct.size(), 3u);
+  // The chain: block 1's name depends on block 0's tokens.
+  Tokens changed = tokens;
+  changed[0] += 1000;
+  a.run(changed, directory);
+  EXPECT_NE(a.kv.tree().match_any_tier(a.key, changed)[1]->content_hash, path_a[1]->content_hash);
+  // An activated branch hashes the base chain before it and its own namespace.
+  const KvKey branch = activated_kv_key("x", 2 * kBlock, kBlock);
+  KvLease lease = a.kv.lock_prefix(branch, tokens);
+  ASSERT_EQ(lease.num_blocks(), 2);
+  ASSERT_TRUE(a.kv.allocate(lease, 1));
+  a.kv.commit(lease, tokens, 3 * kBlock);
+  const auto branch_path = a.kv.tree().match_any_tier(branch, tokens);
+  ASSERT_EQ(branch_path.size(), 3u);
+  EXPECT_EQ(branch_path[1], path_a[1]);
+  EXPECT_EQ(branch_path[2]->content_hash,
+            chain_block_hash(path_a[1]->content_hash, hash_string("alora/x@8"),
+                             std::span<const KvTokenId>(tokens).subspan(8, 4)));
+}
+
+TEST(KvDiskTier, OffloadsNameOnlyBlocksTheDirectoryLacks) {
+  FakeDirectory directory;
+  DiskCache a(directory, 8, 8), b(directory, 8, 8);
+  const Tokens tokens = block_tokens(0, 2);
+  a.run(tokens, directory);
+  EXPECT_EQ(directory.blocks.size(), 2u);
+  EXPECT_EQ(a.kv.stats().num_disk_write_planned_blocks, 2);
+  // b computes the same blocks: its backups need no disk write.
+  KvLease lease = b.kv.lock_prefix(b.key, tokens);
+  ASSERT_TRUE(b.kv.allocate(lease, 2));
+  b.kv.commit(lease, tokens, 8);
+  const auto transfers = b.kv.take_transfers();
+  ASSERT_EQ(transfers.size(), 1u);
+  ASSERT_EQ(transfers[0].block_hashes.size(), 2u);
+  EXPECT_TRUE(transfers[0].block_hashes[0].is_zero() && transfers[0].block_hashes[1].is_zero());
+  EXPECT_EQ(b.kv.stats().num_disk_write_planned_blocks, 0);
+}
+
+TEST(KvDiskTier, ABlockOnDiskIsReadToTheHostThenLoaded) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens tokens = block_tokens(0, 5);
+  writer.run(tokens, directory);
+  // A fresh process (a restart, or a second server) with the prompt's first two blocks computed.
+  DiskCache reader(directory, 8, 8);
+  reader.run(Tokens(tokens.begin(), tokens.begin() + 2 * kBlock), directory);
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 0, 12}));
+  EXPECT_FALSE(reader.kv.disk_read_pending(reader.key, tokens));
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 2), 2);  // max_blocks caps it
+  EXPECT_TRUE(reader.kv.disk_read_pending(reader.key, tokens));
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 8, 0, 4}));
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 0);  // a read is in the way
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  auto transfers = reader.kv.take_transfers();
+  ASSERT_EQ(transfers.size(), 1u);
+  EXPECT_EQ(transfers[0].kind, Kind::kDiskRead);
+  EXPECT_TRUE(transfers[0].device_block_ids.empty());
+  const auto writer_path = writer.kv.tree().match_any_tier(writer.key, tokens);
+  EXPECT_EQ(transfers[0].block_hashes,
+            (std::vector<KvBlockHash>{writer_path[2]->content_hash, writer_path[3]->content_hash}));
+  EXPECT_EQ(reader.kv.stats().num_disk_reading_blocks, 2);
+  reader.kv.finish_transfer(transfers[0].id, true);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 8, 4}));
+  EXPECT_EQ(reader.kv.stats().num_disk_read_blocks, 2);
+  // The rest, then host -> device as for any host block.
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
+  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 12, 0}));
+  EXPECT_EQ(reader.kv.start_load(reader.key, tokens, 8), 3);
+  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{20, 0, 0, 0}));
+  KvLease lease = reader.kv.lock_prefix(reader.key, tokens);
+  EXPECT_EQ(lease.num_found_tokens(), 20);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+}
+
+TEST(KvDiskTier, AFailedReadFreesItsHostBlocksAndJoinsNothing) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens tokens = block_tokens(0, 3);
+  writer.run(tokens, directory);
+  DiskCache reader(directory, 8, 4);
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 3);
+  EXPECT_EQ(reader.kv.stats().num_host_used_blocks, 3);
+  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, false);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  EXPECT_EQ(reader.kv.stats().num_host_used_blocks, 0);
+  EXPECT_EQ(reader.kv.stats().num_disk_read_failed_blocks, 3);
+  EXPECT_EQ(reader.kv.tree().num_nodes(), 0);
+  // The store dropped the bad block: the next lookup stops before it.
+  directory.blocks.erase(writer.kv.tree().match_any_tier(writer.key, tokens)[1]->content_hash);
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 0, 4}));
+}
+
+TEST(KvDiskTier, AReadWhoseParentIsGoneOrRecomputedJoinsNothing) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens tokens = block_tokens(0, 3);
+  writer.run(tokens, directory);
+  DiskCache reader(directory, 4, 8);
+  reader.run(Tokens(tokens.begin(), tokens.begin() + kBlock), directory);
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 2);
+  const auto reads = reader.kv.take_transfers();
+  // Meanwhile a request recomputes the whole prompt.
+  reader.run(tokens, directory);
+  for (const auto& transfer : reads) reader.kv.finish_transfer(transfer.id, true);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  EXPECT_EQ(reader.kv.stats().num_disk_read_blocks, 0);
+  EXPECT_EQ(reader.kv.tree().num_nodes(), 3);
+}
+
+TEST(KvDiskTier, AReadTakesHostLeavesButNeverItsOwnParent) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens tokens = block_tokens(0, 3);
+  writer.run(tokens, directory);
+  // Two host blocks: the prompt's first block (evicted to the host) and an older unrelated one.
+  DiskCache reader(directory, 2, 2);
+  reader.run(block_tokens(500, 1), directory);
+  reader.run(Tokens(tokens.begin(), tokens.begin() + kBlock), directory);
+  reader.kv.evict_all_cached();
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 4, 8}));
+  // The unrelated host leaf goes; the prompt's own host block (the read's parent) stays.
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 8, 4}));
+  EXPECT_EQ(reader.status(block_tokens(500, 1)), (std::vector<int32_t>{0, 0, 0, 4}));  // its backup is on disk
+}
+
+TEST(KvDiskTier, TheSchedulerWaitsOnADiskReadThenRunsOnTheLoadedPrefix) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens prompt = block_tokens(0, 4);  // the last token is not looked up: 3 full blocks can hit
+  writer.run(prompt, directory);
+  KvCacheGroup group(16, 0, kBlock);
+  group.enable_host_tier({{8, 0}});
+  group.main().enable_disk_tier(disk_config(directory));
+  Scheduler scheduler(SchedulerConfig{}, group);
+  scheduler.add(1, prompt, "", "base", 0);
+  EXPECT_EQ(scheduler.start_disk_reads(), 3);
+  ScheduledBatch batch = scheduler.plan();
+  EXPECT_TRUE(batch.requests.empty());
+  EXPECT_EQ(batch.waiting_on_load, (std::vector<SchedulerRequestId>{1}));
+  for (const auto& transfer : group.take_transfers()) group.finish_transfer(transfer.cache, transfer.transfer.id, true);
+  EXPECT_EQ(scheduler.start_disk_reads(), 0);
+  batch = scheduler.plan();  // the blocks are on the host now: a demand load
+  EXPECT_EQ(batch.waiting_on_load, (std::vector<SchedulerRequestId>{1}));
+  for (const auto& transfer : group.take_transfers()) group.finish_transfer(transfer.cache, transfer.transfer.id, true);
+  batch = scheduler.plan();
+  ASSERT_EQ(batch.requests.size(), 1u);
+  EXPECT_EQ(batch.requests[0].num_prefix_hit_tokens, 12);
+  EXPECT_EQ(batch.requests[0].num_new_tokens, 4);
+  EXPECT_EQ(group.integrity_error(), "");
+}
+
+}  // namespace
+}  // namespace loom
