@@ -18,7 +18,7 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
     : model_(std::move(model)), backend_(std::move(backend)), config_(config),
       capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)),
       adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())), pools_(*backend_, config,
-             config.disk_kv_path.empty() ? KvBlockHash{} : model_fingerprint(model_.config, *model_.weights)),
+             config.disk_kv_path.empty() ? KvBlockHash{} : model_fingerprint(model_)),
       workflow_sync_(workflows_, config) {
   check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);

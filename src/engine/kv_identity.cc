@@ -60,6 +60,11 @@ KvBlockHash model_fingerprint(const ModelConfig& config, const ModelWeights& wei
   return combine_all(parts);
 }
 
+KvBlockHash model_fingerprint(const LoadedModel& model) {
+  if (model.weights) return model_fingerprint(model.config, *model.weights);
+  return hash_combine(model_fingerprint(model.config, ModelWeights{}), hash_string("path=" + model.path));
+}
+
 KvBlockHash adapter_fingerprint(const LoraAdapter& adapter) {
   std::vector<KvBlockHash> parts;
   for (size_t l = 0; l < adapter.layers.size(); ++l)

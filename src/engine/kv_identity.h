@@ -17,11 +17,16 @@
 #include "kv/kv_block_hash.h"
 #include "lora/adapter.h"
 #include "model/config.h"
+#include "model/loader.h"
 #include "model/weights.h"
 
 namespace loom {
 
 KvBlockHash model_fingerprint(const ModelConfig& config, const ModelWeights& weights);
+// The same for a loaded model; one without host weights (a random model drawn
+// on the device, `random:SPEC`) is named by its path (the spec, seed included)
+// and its config.
+KvBlockHash model_fingerprint(const LoadedModel& model);
 KvBlockHash adapter_fingerprint(const LoraAdapter& adapter);
 // The salt at the start of every chain in one cache: model, `layout` (the
 // cache's dtype, block size and head shape or rCache rank, spelled by the
