@@ -189,6 +189,8 @@ void KvCacheManager::set_agent_fixed_prefix(const std::string& agent_key, const 
   const std::vector<RadixNode*> path = tree_.match_any_tier(kv_key, tokens.first(num_tokens));
   tree_.set_agent_prefix_end(agent_key, path.empty() ? nullptr : path.back());
   if (host_pool_) plan_offload(path, 0);
+  // The disk tier may hold blocks of it that are in no tree tier: prefetch_agent reads them by hash.
+  if (has_disk_tier()) agent_prefixes_[agent_key] = {kv_key, std::vector<KvTokenId>(tokens.begin(), tokens.begin() + static_cast<ptrdiff_t>(num_tokens))};
 }
 
 void KvCacheManager::set_agent_steps(const std::map<std::string, int32_t>& steps_by_agent_key) {
@@ -197,6 +199,7 @@ void KvCacheManager::set_agent_steps(const std::map<std::string, int32_t>& steps
 
 void KvCacheManager::forget_agents(const std::function<bool(const std::string&)>& matches) {
   tree_.forget_agents(matches);
+  std::erase_if(agent_prefixes_, [&](const auto& entry) { return matches(entry.first); });
 }
 
 std::vector<int32_t> KvCacheManager::eviction_order() const { return tree_.eviction_order(); }

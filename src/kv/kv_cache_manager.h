@@ -285,8 +285,10 @@ class KvCacheManager {
                      LoadReason reason = LoadReason::kDemand);
   // Prefetch: start_load over the marked fixed prefix of `agent_key`
   // (set_agent_fixed_prefix; the mark stays on nodes moved to the host) with
-  // kPrefetch. Returns the number of blocks now loading (0: unknown agent,
-  // nothing on the host, or no room).
+  // kPrefetch; with a disk tier, also start_disk_read(kPrefetch) of the blocks
+  // of its declared prefix that follow the tree's part on disk (they reach the
+  // host now and the device at a later prefetch). Returns the number of blocks
+  // now loading or reading (0: unknown agent, nothing below the device, or no room).
   int32_t prefetch_agent(const std::string& agent_key, int32_t max_blocks);
 
   // ---- Disk tier (below the host tier; DESIGN §2, kv_disk_tier.h) ----
@@ -406,6 +408,11 @@ class KvCacheManager {
   // Disk tier (directory null without one).
   KvDiskTierConfig disk_;
   std::map<KvBlockHash, int64_t> reading_;  // block -> the kDiskRead transfer reading it
+  struct AgentPrefix {
+    KvKey kv_key;
+    std::vector<KvTokenId> tokens;  // the fixed prefix's tokens as last declared
+  };
+  std::map<std::string, AgentPrefix> agent_prefixes_;  // with a disk tier: prefetch_agent reads past the tree
   int64_t num_disk_read_blocks_ = 0, num_disk_read_failed_blocks_ = 0, num_disk_write_planned_blocks_ = 0;
 };
 

@@ -116,7 +116,12 @@ int32_t KvCacheManager::prefetch_agent(const std::string& agent_key, int32_t max
   for (RadixNode* node = tree_.agent_prefix_end(agent_key); node != nullptr && !node->is_root(); node = node->parent)
     path.push_back(node);
   std::reverse(path.begin(), path.end());
-  return load_path(path, max_blocks, LoadReason::kPrefetch);
+  const int32_t num_loading = load_path(path, max_blocks, LoadReason::kPrefetch);
+  // What follows the tree's part on disk comes to the host now, to the device at a later prefetch.
+  auto it = agent_prefixes_.find(agent_key);
+  if (it == agent_prefixes_.end()) return num_loading;
+  return num_loading + start_disk_read(it->second.kv_key, it->second.tokens, max_blocks - num_loading,
+                                       LoadReason::kPrefetch);
 }
 
 int32_t KvCacheManager::load_path(const std::vector<RadixNode*>& path, int32_t max_blocks, LoadReason reason) {

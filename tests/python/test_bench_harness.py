@@ -287,6 +287,20 @@ class CompareTest(unittest.TestCase):
         with self.assertRaises(ValueError):
             self.build("cache=lru+disk")
 
+    def test_disk_presets_add_a_fresh_disk_tier(self):
+        result = configs.build("sequential", ["cache=lru+host+disk,workflow+prefetch+disk"], ["--model", "/m"], [],
+                               workloads.Params(), configs.Arrivals(num_tasks=4, concurrency=2), "512M")
+        directories = []
+        for config in result:
+            args = config.serve_args
+            self.assertIn("--host-kv-memory", args)
+            directory = args[args.index("--disk-kv-path") + 1]
+            self.assertTrue(os.path.isdir(directory) and not os.listdir(directory))
+            self.assertEqual(args[args.index("--disk-kv-bytes") + 1], "64G")
+            directories.append(directory)
+            os.rmdir(directory)
+        self.assertNotEqual(directories[0], directories[1])
+
 
 class ReportTest(unittest.TestCase):
     def test_ratios_keep_the_other_keys_fixed(self):

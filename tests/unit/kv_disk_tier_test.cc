@@ -220,6 +220,34 @@ TEST(KvDiskTier, AReadTakesHostLeavesButNeverItsOwnParent) {
   EXPECT_EQ(reader.status(block_tokens(500, 1)), (std::vector<int32_t>{0, 0, 0, 4}));  // its backup is on disk
 }
 
+TEST(KvDiskTier, APrefetchedAgentPrefixComesFromDiskThenToTheDevice) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens prefix = block_tokens(0, 4);
+  writer.run(prefix, directory);
+  // A restart: the agent's prefix is declared (nothing of it in the tree) and only the disk holds it.
+  DiskCache reader(directory, 8, 8);
+  reader.kv.set_eviction_policy(KvEvictionPolicy::kWorkflow);
+  reader.kv.set_agent_fixed_prefix("wf/planner", reader.key, prefix, 16);
+  reader.kv.set_agent_steps({{"wf/planner", 1}});
+  EXPECT_EQ(reader.kv.prefetch_agent("wf/planner", 3), 3);  // max_blocks caps the read
+  auto transfers = reader.kv.take_transfers();
+  ASSERT_EQ(transfers.size(), 1u);
+  EXPECT_EQ(transfers[0].kind, Kind::kDiskRead);
+  EXPECT_EQ(transfers[0].reason, Reason::kPrefetch);
+  reader.kv.finish_transfer(transfers[0].id, true);
+  EXPECT_EQ(reader.status(prefix), (std::vector<int32_t>{0, 0, 12, 4}));
+  // The next prefetch loads the host part (the mark moves there once declared again) and reads the rest.
+  reader.kv.set_agent_fixed_prefix("wf/planner", reader.key, prefix, 16);
+  EXPECT_EQ(reader.kv.prefetch_agent("wf/planner", 8), 4);
+  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  EXPECT_EQ(reader.status(prefix), (std::vector<int32_t>{12, 0, 4, 0}));
+  EXPECT_EQ(reader.kv.stats().num_prefetched_blocks, 3);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  reader.kv.forget_agents([](const std::string&) { return true; });
+  EXPECT_EQ(reader.kv.prefetch_agent("wf/planner", 8), 0);
+}
+
 TEST(KvDiskTier, TheSchedulerWaitsOnADiskReadThenRunsOnTheLoadedPrefix) {
   FakeDirectory directory;
   DiskCache writer(directory, 8, 8);

@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
                    help="`loom make-model` flags for --make-model (default: %(default)s)")
     g.add_argument("--compare", action="append", default=[], metavar="KEY=V1,V2",
                    help="one configuration per value (several: their product); keys: sharing, eviction, "
-                        "cache (lru, lru+host, workflow, workflow+host, workflow+prefetch), serve.FLAG, workflows, rate, num_tasks, any workload parameter")
+                        "cache (lru, lru+host[+disk], workflow, workflow+host[+disk], workflow+prefetch[+disk]), serve.FLAG, workflows, rate, num_tasks, any workload parameter")
     g.add_argument("--host-kv-memory", default="2G",
                    help="host tier size of the +host cache presets (--compare cache=...; default %(default)s)")
     g.add_argument("--startup-timeout", type=float, default=300.0)

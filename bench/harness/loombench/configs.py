@@ -7,13 +7,16 @@ Keys:
   eviction=POLICY    `loom serve --eviction-policy POLICY` (lru | workflow);
                      the flag name lives in SERVE_FLAGS below, one place to change
   cache=PRESET       the KV cache setup of the workflow benchmark, one of CACHE_PRESETS:
-                     lru | lru+host | workflow | workflow+host | workflow+prefetch
-                     (+host: a host tier of --host-kv-memory; +prefetch: also --prefetch-agents 2)
+                     lru | lru+host | lru+host+disk | workflow | workflow+host | workflow+host+disk |
+                     workflow+prefetch | workflow+prefetch+disk
+                     (+host: a host tier of --host-kv-memory; +prefetch: also --prefetch-agents 2;
+                     +disk: a disk tier in a fresh temporary directory, capped at 64 GB)
   serve.FLAG=V       any other `loom serve --FLAG V` (e.g. serve.kv-cache-bytes=...)
   workflows / concurrency, rate, num_tasks       arrival settings
   any workload parameter (context_tokens, output_tokens, agents, ...; see workloads.Params)
 """
 import itertools
+import tempfile
 from dataclasses import dataclass, field, replace
 from typing import Dict, List, Optional, Tuple
 
@@ -29,6 +32,9 @@ CACHE_PRESETS = {
     "workflow+host": ["--eviction-policy", "workflow", "--host-kv-memory", "{host}", "--prefetch-agents", "0"],
     "workflow+prefetch": ["--eviction-policy", "workflow", "--host-kv-memory", "{host}", "--prefetch-agents", "2"],
 }
+DISK_FLAGS = ["--disk-kv-path", "{disk}", "--disk-kv-bytes", "64G"]
+for _preset in ("lru+host", "workflow+host", "workflow+prefetch"):
+    CACHE_PRESETS[_preset + "+disk"] = CACHE_PRESETS[_preset] + DISK_FLAGS
 ARRIVAL_KEYS = {"workflows": "concurrency", "concurrency": "concurrency", "rate": "rate", "num_tasks": "num_tasks",
                 "num-tasks": "num_tasks"}
 
@@ -88,7 +94,8 @@ def apply_serve_key(serve_args: List[str], loras: List[str], key: str, value: st
     if key == "sharing":
         return serve_args, [with_lora_mode(spec, value) for spec in loras]
     if key == "cache":
-        return serve_args + [flag.format(host=host_kv_memory) for flag in CACHE_PRESETS[value]], loras
+        disk = tempfile.mkdtemp(prefix="loom-bench-disk-") if "{disk}" in CACHE_PRESETS[value] else ""
+        return serve_args + [flag.format(host=host_kv_memory, disk=disk) for flag in CACHE_PRESETS[value]], loras
     flag = SERVE_FLAGS.get(key) or "--" + key[len("serve."):]
     return serve_args + [flag, value], loras
 
