@@ -305,7 +305,7 @@ int32_t Scheduler::start_disk_reads() {
   if (!kv_caches_.has_any_disk_tier()) return 0;
   int32_t num_reading = 0, num_requests = 0;
   for (SchedulerRequestId id : sorted(waiting_)) {
-    if (num_requests++ >= config_.max_running_requests) break;
+    if (num_requests++ >= std::min(config_.max_running_requests, kMaxDiskReadRequests)) break;
     const RequestState& request = state(id);
     const KvBlockCounts counts = kv_caches_.start_disk_read(request.kv, request.lookup_tokens(),
                                                             std::numeric_limits<int32_t>::max(),

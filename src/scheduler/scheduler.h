@@ -51,8 +51,9 @@
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
 //   7. Disk tier: start_disk_reads() (the engine calls it before each plan)
-//      starts, for the first max_running_requests waiting requests in rank
-//      order, a disk -> host read of the blocks that follow each member's tree
+//      starts, for the first min(max_running_requests, kMaxDiskReadRequests)
+//      waiting requests in rank order (those admission reaches next; each
+//      lookup walks the prompt), a disk -> host read of the blocks that follow each member's tree
 //      part on disk (KvCacheGroup::start_disk_read, kDemand). A request
 //      whose next block is being read waits as on a load (kWaitOnLoad) unless
 //      a host load was started for it; when the read lands, its blocks are
@@ -96,6 +97,9 @@ struct SchedulerConfig {
 };
 
 using SchedulerRequestId = int64_t;
+
+// Waiting requests (in rank order) whose disk reads one step may start (policy 7).
+inline constexpr int32_t kMaxDiskReadRequests = 8;
 
 struct ScheduledRequest {
   SchedulerRequestId id = 0;

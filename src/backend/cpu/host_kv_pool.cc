@@ -18,11 +18,12 @@ void HostKvPool::allocate(int32_t num_blocks, int32_t num_arrays, int64_t floats
   floats_per_block_ = floats_per_block;
   if (num_blocks == 0) return;
   const int64_t num_floats = static_cast<int64_t>(num_blocks) * num_arrays * floats_per_block;
-  try {
-    // Not zeroed: a host block is always written (offloaded) before it is read,
-    // and untouched pages of a large pool then cost no memory.
-    arena_ = std::make_unique_for_overwrite<float[]>(static_cast<size_t>(num_floats));
-  } catch (const std::bad_alloc&) {
+  // Not zeroed: a host block is always written (offloaded or read from disk)
+  // before it is read, and untouched pages of a large pool then cost no memory.
+  constexpr size_t kAlignment = 4096;
+  const size_t bytes = (static_cast<size_t>(num_floats) * sizeof(float) + kAlignment - 1) / kAlignment * kAlignment;
+  arena_.reset(static_cast<float*>(std::aligned_alloc(kAlignment, bytes)));
+  if (arena_ == nullptr) {
     throw Error(ErrorKind::kCapacity,
                 fmt::format("cpu backend: cannot allocate a {} of {} bytes ({} blocks)", what, num_floats * 4,
                             num_blocks),

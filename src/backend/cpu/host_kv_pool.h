@@ -15,6 +15,7 @@
 #pragma once
 
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <span>
 
@@ -49,7 +50,12 @@ class HostKvPool {
   int64_t floats_per_host_block() const { return num_arrays_ * floats_per_block_; }
 
   const char* what_ = "host KV pool";
-  std::unique_ptr<float[]> arena_;
+  struct FreeArena {
+    void operator()(float* arena) const { std::free(arena); }
+  };
+  // 4096-aligned, so that the disk tier can read whole blocks into it with
+  // O_DIRECT when the block size is a multiple of the page.
+  std::unique_ptr<float, FreeArena> arena_;
   int32_t num_blocks_ = 0;
   int32_t num_arrays_ = 0;
   int64_t floats_per_block_ = 0;
