@@ -33,10 +33,11 @@ def complete(url, body):
         connection.close()
 
 
-def burst(url, models, streams, prompt_tokens, output_tokens, seed):
+def burst(url, models, streams, prompt_tokens, output_tokens, seed, extra_body=None):
     rng = random.Random(seed)
     bodies = [{"model": models[i % len(models)], "prompt": [rng.randrange(300, 20000) for _ in range(prompt_tokens)],
-               "max_tokens": output_tokens, "ignore_eos": True, "temperature": 0} for i in range(streams)]
+               "max_tokens": output_tokens, "ignore_eos": True, "temperature": 0, **(extra_body or {})}
+              for i in range(streams)]
     tokens = [0] * streams
     errors = []
 
@@ -66,15 +67,17 @@ def main():
     p.add_argument("--output-tokens", type=int, default=256)
     p.add_argument("--bursts", type=int, default=2)
     p.add_argument("--label", default="")
+    p.add_argument("--extra-body", default="{}", help="JSON fields added to every request (e.g. structured outputs)")
     p.add_argument("--out", help="append one JSON line here")
     args = p.parse_args()
     models = args.models.split(",")
-    burst(args.url, models, args.streams, args.prompt_tokens, 32, seed=-1)  # warm-up
-    runs = [burst(args.url, models, args.streams, args.prompt_tokens, args.output_tokens, seed=b)
+    extra = json.loads(args.extra_body)
+    burst(args.url, models, args.streams, args.prompt_tokens, 32, seed=-1, extra_body=extra)  # warm-up
+    runs = [burst(args.url, models, args.streams, args.prompt_tokens, args.output_tokens, seed=b, extra_body=extra)
             for b in range(args.bursts)]
     result = {"label": args.label, "models": models, "streams": args.streams, "prompt_tokens": args.prompt_tokens,
               "output_tokens": args.output_tokens, "runs": runs,
-              "tokens_per_s_best": max(r["tokens_per_s"] for r in runs)}
+              "extra_body": extra, "tokens_per_s_best": max(r["tokens_per_s"] for r in runs)}
     print(json.dumps(result))
     if args.out:
         with open(args.out, "a") as file:
