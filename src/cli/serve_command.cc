@@ -148,6 +148,10 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"kv_cache_bytes", engine.kv_cache_bytes},
           {"gpu_memory_fraction", gpu_fraction},
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
+          {"disk_kv_path", engine.disk_kv_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(engine.disk_kv_path)},
+          {"disk_kv_bytes", engine.disk_kv_bytes},
+          {"disk_kv_warm_start", engine.disk_kv_warm_start},
+          {"disk_kv_read_bandwidth", engine.disk_kv_read_bandwidth},
           {"default_sharing", kv_sharing_name(engine.default_sharing)},
           {"eviction_policy", engine.workflow_aware_eviction ? "workflow" : "lru"},
           {"max_lora_rank", engine.max_lora_rank},
@@ -182,6 +186,11 @@ int run_serve(const ServeOptions& options) {
   engine_config.prefetch_max_bytes = parse_byte_size(options.prefetch_max_bytes, "--prefetch-max-bytes");
   engine_config.disk_kv_bytes = parse_byte_size(options.disk_kv_bytes, "--disk-kv-bytes");
   engine_config.disk_kv_read_bandwidth = parse_byte_size(options.disk_kv_read_bandwidth, "--disk-kv-read-bandwidth");
+  if (!engine_config.disk_kv_path.empty() && engine_config.host_kv_cache_bytes <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs a host KV tier to stage its blocks",
+                "add --host-kv-memory BYTES");
+  if (!engine_config.disk_kv_path.empty() && engine_config.disk_kv_bytes <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs its size cap", "add --disk-kv-bytes BYTES");
   engine_config.residual_kv_cache_bytes =
       options.residual_kv_cache_memory == "auto" ? -1
                                                  : parse_byte_size(options.residual_kv_cache_memory,

@@ -150,6 +150,13 @@ TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
   EXPECT_EQ(names["served_model_names"], nlohmann::json::parse(R"(["one", "two"])"));
   EXPECT_EQ(names["kv_cache_bytes"], int64_t{1} << 30);
   EXPECT_EQ(names["seed"], 9);
+  const nlohmann::json disk = dry_run(model(), "--host-kv-memory 1M --disk-kv-path /tmp/loom-cli-disk --disk-kv-bytes 2G "
+                                               "--disk-kv-warm-start --disk-kv-read-bandwidth 100M");
+  EXPECT_EQ(disk["disk_kv_path"], "/tmp/loom-cli-disk");
+  EXPECT_EQ(disk["disk_kv_bytes"], int64_t{2} << 30);
+  EXPECT_EQ(disk["disk_kv_warm_start"], true);
+  EXPECT_EQ(disk["disk_kv_read_bandwidth"], 100 << 20);
+  EXPECT_EQ(names["disk_kv_path"], nullptr);
 }
 
 TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
@@ -170,6 +177,9 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
            {"--served-model-name base --lora base=" + adapter, "given twice"},
            {"--lora x=" + adapter + " --lora-modules x=" + adapter, "given twice"},
            {"--lora-modules '{\"name\": \"x\"}'", "--lora-modules"},
+           {"--disk-kv-path /tmp/loom-cli-disk", "--host-kv-memory"},
+           {"--disk-kv-path /tmp/loom-cli-disk --host-kv-memory 1M", "--disk-kv-bytes"},
+           {"--kv-transfer-config '{}'", "--disk-kv-path"},
        }) {
     CommandResult result = run("serve --model " + model() + " --dry-run " + c.flags);
     EXPECT_EQ(result.exit_code, 2) << c.flags << "\n" << result.output;
