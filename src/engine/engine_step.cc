@@ -139,19 +139,46 @@ void EngineImpl::sample_and_emit(const ScheduledBatch& scheduled, const ForwardR
   int32_t num_decodes = 0;
   const SteadyTime now = std::chrono::steady_clock::now();
   const bool any_device_sampled = !result.sampled_token_ids.empty();
+  // Rows that come back as logits are sampled here: each is one request's own
+  // state (sampler, matcher, detokenizer), so on a device backend (whose host
+  // cores are otherwise idle) several run in parallel (a structured-output row
+  // masks and reads its whole vocabulary row); what they produce is emitted in
+  // row order on this thread. The CPU backend keeps its cores for the forward.
+  std::vector<std::optional<RequestOutput>> outputs(scheduled.requests.size());
+  std::vector<std::pair<size_t, size_t>> host_rows;  // (row, its logits row)
   size_t num_host_rows = 0;  // result.logits holds only the rows not sampled on the device
   for (size_t row = 0; row < scheduled.requests.size(); ++row) {
-    const ScheduledRequest& entry = scheduled.requests[row];
     const bool device_sampled = any_device_sampled && result.sampled_token_ids[row] >= 0;
     const size_t logits_row = device_sampled ? 0 : num_host_rows++;
+    if (scheduled.requests[row].samples_next_token && !device_sampled) host_rows.emplace_back(row, logits_row);
+  }
+  auto sample_host_row = [&](const std::pair<size_t, size_t>& host_row) {
+    PendingRequest& request = *active_.at(scheduled.requests[host_row.first].id);
+    outputs[host_row.first] = request.on_logits(
+        result.logits.data() + host_row.second * static_cast<size_t>(result.vocab_size), result.vocab_size, eos_ids_);
+  };
+  const size_t num_tasks =
+      capabilities_.device_sampling
+          ? std::min<size_t>({host_rows.size(), 8, std::max(1u, std::thread::hardware_concurrency())})
+          : 1;
+  if (num_tasks <= 1) {
+    for (const auto& host_row : host_rows) sample_host_row(host_row);
+  } else {
+    std::vector<std::future<void>> tasks;
+    for (size_t t = 0; t < num_tasks; ++t)
+      tasks.push_back(std::async(std::launch::async, [&, t] {
+        for (size_t i = t; i < host_rows.size(); i += num_tasks) sample_host_row(host_rows[i]);
+      }));
+    for (std::future<void>& task : tasks) task.wait();
+    for (std::future<void>& task : tasks) task.get();  // rethrows what a row threw
+  }
+  for (size_t row = 0; row < scheduled.requests.size(); ++row) {
+    const ScheduledRequest& entry = scheduled.requests[row];
     if (!entry.samples_next_token) continue;
     if (entry.num_new_tokens == 1) ++num_decodes;
-    PendingRequest& request = *active_.at(entry.id);
-    RequestOutput output =
-        device_sampled
-            ? request.on_sampled_token({result.sampled_token_ids[row], result.sampled_logprobs[row], {}}, eos_ids_)
-            : request.on_logits(result.logits.data() + logits_row * static_cast<size_t>(result.vocab_size),
-                                result.vocab_size, eos_ids_);
+    RequestOutput output = outputs[row] ? std::move(*outputs[row])
+                                        : active_.at(entry.id)->on_sampled_token(
+                                              {result.sampled_token_ids[row], result.sampled_logprobs[row], {}}, eos_ids_);
     on_token(entry.id, std::move(output), now);
   }
   if (num_decodes > 0) step_stats_.add_decode_batch(num_decodes);
