@@ -103,8 +103,9 @@ class EngineImpl final : public Engine {
   // Queues an output; publish() pushes it.
   void emit(PendingRequest& request, RequestOutput output);
   // Measures the gauges, publishes them and step_stats_ under one lock, sends
-  // the KV events gathered since the last call, then pushes the queued outputs. Once per loop iteration, and wherever a caller
-  // waits on the engine thread for a change in the metrics.
+  // the KV events gathered since the last call, then pushes the queued
+  // outputs. Once per loop iteration, and wherever a caller waits on the
+  // engine thread for a change in the metrics.
   void publish();
   EngineGauges measure_gauges() const;
 
