@@ -159,7 +159,11 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"api_key", !server.api_key.empty()},
           {"chat_template", server.chat_template.empty() ? "model" : "--chat-template"},
           {"tool_call_parser", server.tool_call_parser},
-          {"cuda_graphs", !options.enforce_eager}};
+          {"cuda_graphs", !options.enforce_eager},
+          {"kv_events", engine.kv_events.enabled ? nlohmann::json{{"endpoint", engine.kv_events.endpoint},
+                                                                    {"topic", engine.kv_events.topic},
+                                                                    {"hwm", engine.kv_events.send_high_water_mark}}
+                                                  : nlohmann::json(nullptr)}};
 }
 
 int run_serve(const ServeOptions& options) {
@@ -201,6 +205,7 @@ int run_serve(const ServeOptions& options) {
   if (vllm.max_num_batched_tokens > 0) engine_config.max_batch_tokens = vllm.max_num_batched_tokens;
   if (vllm.max_model_len > 0) engine_config.max_context_tokens = vllm.max_model_len;
   if (vllm.max_loras > 0) engine_config.max_loras_per_batch = vllm.max_loras;
+  if (!vllm.kv_events_config.empty()) engine_config.kv_events = parse_kv_events_config(vllm.kv_events_config);
   const double gpu_fraction = options.gpu_memory_fraction > 0.0 ? options.gpu_memory_fraction
                                                                 : vllm.gpu_memory_utilization;
   if (gpu_fraction > 0.0 && options.device.rfind("cuda", 0) != 0)

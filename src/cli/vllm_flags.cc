@@ -1,5 +1,8 @@
 #include "cli/vllm_flags.h"
 
+#include <climits>
+#include <optional>
+
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
@@ -78,6 +81,12 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
       ->group(kGroup);
   app.add_flag("--disable-log-stats", flags.disable_log_stats, "Accepted (Loom logs no periodic stats yet)")
       ->group(kGroup);
+  app.add_option("--kv-events-config", flags.kv_events_config,
+                 "KV events for KV-aware routers (llm-d, NVIDIA Dynamo), as vLLM publishes them: JSON such as "
+                 "{\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", \"endpoint\": \"tcp://*:5557\", "
+                 "\"topic\": \"kv-events\"}: msgpack batches of BlockStored / BlockRemoved / AllBlocksCleared on a "
+                 "ZMQ PUB socket")
+      ->group(kGroup);
   for (const char* accepted : {"--enable-prefix-caching", "--enable-lora", "--enable-chunked-prefill",
                                "--enable-auto-tool-choice", "--trust-remote-code"})
     app.add_flag(std::string(accepted))
@@ -133,6 +142,62 @@ std::vector<std::string> lora_specs_from_modules(const std::vector<std::string>&
     specs.push_back(text("name") + "=" + text("path"));
   }
   return specs;
+}
+
+}  // namespace loom::cli
+
+namespace loom::cli {
+
+KvEventsConfig parse_kv_events_config(const std::string& json) {
+  const std::string hint =
+      "give vLLM's KVEventsConfig JSON, e.g. {\"enable_kv_cache_events\": true, \"publisher\": \"zmq\", "
+      "\"endpoint\": \"tcp://*:5557\", \"topic\": \"kv-events\"}";
+  const nlohmann::json value = nlohmann::json::parse(json, nullptr, false);
+  if (!value.is_object())
+    throw Error(ErrorKind::kInvalidArgument, "--kv-events-config is not a JSON object: " + json, hint);
+  const auto bad = [&](const std::string& key, const char* expected) {
+    return Error(ErrorKind::kInvalidArgument, fmt::format("--kv-events-config: \"{}\" must be {}", key, expected),
+                 hint);
+  };
+  KvEventsConfig config;
+  bool enable = false;
+  std::optional<std::string> publisher;
+  for (const auto& [key, item] : value.items()) {
+    if (key == "enable_kv_cache_events") {
+      if (!item.is_boolean()) throw bad(key, "true or false");
+      enable = item.get<bool>();
+    } else if (key == "publisher") {
+      if (!item.is_null() && !item.is_string()) throw bad(key, "\"zmq\" or \"null\"");
+      if (item.is_string()) publisher = item.get<std::string>();
+    } else if (key == "endpoint" || key == "topic") {
+      if (!item.is_string()) throw bad(key, "a string");
+      (key == "endpoint" ? config.endpoint : config.topic) = item.get<std::string>();
+    } else if (key == "hwm") {
+      if (!item.is_number_integer() || item.get<int64_t>() < 0 || item.get<int64_t>() > INT32_MAX)
+        throw bad(key, "an integer >= 0 (0: no limit)");
+      config.send_high_water_mark = item.get<int32_t>();
+    } else if (key == "buffer_steps" || key == "max_queue_size") {
+      // vLLM's replay buffer and publisher queue: Loom has neither (ZMQ's hwm bounds what waits).
+      if (!item.is_number_integer()) throw bad(key, "an integer");
+    } else if (key == "replay_endpoint") {
+      if (!item.is_null())
+        throw Error(ErrorKind::kInvalidArgument, "--kv-events-config: Loom has no replay socket (replay_endpoint)",
+                    "leave replay_endpoint out: a subscriber that finds a gap in the sequence numbers should drop "
+                    "its view of this server until the next AllBlocksCleared");
+    } else {
+      throw Error(ErrorKind::kInvalidArgument, fmt::format("--kv-events-config: unknown key \"{}\"", key),
+                  "the keys are vLLM's: enable_kv_cache_events, publisher, endpoint, topic, hwm, replay_endpoint, "
+                  "buffer_steps, max_queue_size");
+    }
+  }
+  const std::string chosen = publisher.value_or(enable ? "zmq" : "null");  // vLLM's default
+  if (chosen != "zmq" && chosen != "null")
+    throw Error(ErrorKind::kInvalidArgument, "--kv-events-config: unknown publisher \"" + chosen + "\"",
+                "Loom publishes with \"zmq\" (or \"null\": none)");
+  config.enabled = enable && chosen == "zmq";
+  if (config.enabled && config.endpoint.empty())
+    throw Error(ErrorKind::kInvalidArgument, "--kv-events-config: the endpoint is empty", hint);
+  return config;
 }
 
 }  // namespace loom::cli

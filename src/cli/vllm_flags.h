@@ -18,6 +18,9 @@
 //   --enable-prefix-caching, --enable-lora, --enable-chunked-prefill, --enable-auto-tool-choice,
 //   --trust-remote-code, --disable-log-stats, --disable-log-requests: accepted (Loom always does / never
 //   runs model code); --no-enable-prefix-caching refused (sharing KV is what Loom is for)
+//   --kv-events-config JSON                KV events for routers: vLLM's JSON ({"enable_kv_cache_events": true,
+//                                          "publisher": "zmq", "endpoint": ..., "topic": ..., "hwm": ...};
+//                                          replay_endpoint refused, buffer_steps / max_queue_size ignored)
 //   --swap-space, --cpu-offload-gb, --quantization, --speculative-config, --tokenizer, --download-dir, ...:
 //   refused, naming the equivalent.
 #pragma once
@@ -29,6 +32,8 @@
 #include <vector>
 
 #include <CLI/CLI.hpp>
+
+#include "kvevents/kv_events_config.h"
 
 namespace loom::cli {
 
@@ -48,6 +53,7 @@ struct VllmFlags {
   bool no_enable_prefix_caching = false;
   bool disable_log_requests = false;
   bool disable_log_stats = false;
+  std::string kv_events_config;  // --kv-events-config JSON ("" = none)
   // Flags Loom does not have, with what to use instead (given when count() > 0).
   std::vector<std::pair<const CLI::Option*, std::string>> refused;
 
@@ -66,6 +72,15 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device);
 
 // vLLM's multi-character short flags (-tp, -pp) in their long spelling, for CLI11.
 std::string long_vllm_spelling(const std::string& argument);
+
+// vLLM's --kv-events-config JSON (KVEventsConfig: enable_kv_cache_events,
+// publisher "zmq" | "null", endpoint, topic, hwm, replay_endpoint,
+// buffer_steps, max_queue_size) as Loom's. Events are enabled when
+// enable_kv_cache_events is true and the publisher is "zmq" (its default
+// then). Throws Error(kInvalidArgument) for bad JSON, an unknown key, a value
+// of the wrong type, another publisher, or a replay_endpoint (Loom serves no
+// replays), naming what to give instead.
+KvEventsConfig parse_kv_events_config(const std::string& json);
 
 // --lora-modules entries as --lora specs (NAME=PATH). An entry is NAME=PATH or
 // a JSON object {"name": ..., "path": ..., "base_model_name": ...} (vLLM's

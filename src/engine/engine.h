@@ -23,6 +23,7 @@
 #include "engine/generation_result.h"
 #include "engine/sampler.h"
 #include "grammar/compiled_grammar.h"
+#include "kvevents/kv_events_config.h"
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
@@ -97,6 +98,10 @@ struct EngineConfig {
   int64_t disk_kv_bytes = 0;
   bool disk_kv_warm_start = false;
   int64_t disk_kv_read_bandwidth = 0;  // bytes/s; 0 = unpaced
+  // KV events for KV-aware routers (--kv-events-config, vLLM's): when enabled,
+  // every block stored in or removed from a tier of any KV cache is published
+  // over ZMQ, one batch per engine loop iteration (kvevents/kv_event_publisher.h).
+  KvEventsConfig kv_events;
   // Transfers queued per direction (loads, backups) before new ones are refused
   // (a refused backup is skipped, a refused load recomputes).
   int32_t max_queued_kv_transfers = 64;

@@ -54,7 +54,7 @@ void EngineImpl::load_adapter(const std::string& name, const std::string& path, 
   // Before a slot is taken: a refused adapter never reaches the backend or a batch.
   check_adapter_supported(capabilities_, config_.disabled_kv_sharing, *adapter, mode);
   if (!warning.empty()) spdlog::warn("{}", warning);
-  const KvBlockHash identity = pools_.disk_store() != nullptr ? adapter_fingerprint(*adapter) : KvBlockHash{};
+  const KvBlockHash identity = pools_.names_blocks() ? adapter_fingerprint(*adapter) : KvBlockHash{};
   const int32_t slot = adapters_.reserve(name, path, adapter, mode);
   try {
     run_on_engine_thread([&] {

@@ -17,8 +17,11 @@ std::unique_ptr<Engine> make_engine(LoadedModel model, std::unique_ptr<Backend> 
 EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, EngineConfig config)
     : model_(std::move(model)), backend_(std::move(backend)), config_(config),
       capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)),
-      adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())), pools_(*backend_, config,
-             config.disk_kv_path.empty() ? KvBlockHash{} : model_fingerprint(model_)),
+      adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())),
+      kv_events_(config.kv_events.enabled ? std::make_unique<KvEventPublisher>(config.kv_events) : nullptr),
+      pools_(*backend_, config,
+             config.disk_kv_path.empty() && !kv_events_ ? KvBlockHash{} : model_fingerprint(model_),
+             kv_events_ ? &kv_events_->sink() : nullptr),
       workflow_sync_(workflows_, config) {
   check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);

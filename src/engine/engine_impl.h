@@ -24,6 +24,9 @@
 // Outputs: what the engine thread produces for a request is queued and pushed
 // to its channel right after the metrics are published, so a caller that
 // reads its last output and then take_metrics() sees the request counted.
+// KV events (--kv-events-config) go out in the same publish, before the
+// outputs: a router has heard of the blocks a request stored by the time its
+// client has the response.
 #pragma once
 
 #include <atomic>
@@ -45,6 +48,7 @@
 #include "engine/step_stats.h"
 #include "engine/workflow_sync.h"
 #include "kv/kv_cache_group.h"
+#include "kvevents/kv_event_publisher.h"
 #include "scheduler/scheduler.h"
 #include "workflow/workflow_registry.h"
 
@@ -98,9 +102,10 @@ class EngineImpl final : public Engine {
   void fail_all(const Error& error);
   // Queues an output; publish() pushes it.
   void emit(PendingRequest& request, RequestOutput output);
-  // Measures the gauges, publishes them and step_stats_ under one lock, then
-  // pushes the queued outputs. Once per loop iteration, and wherever a caller
-  // waits on the engine thread for a change in the metrics.
+  // Measures the gauges, publishes them and step_stats_ under one lock, sends
+  // the KV events gathered since the last call, then pushes the queued
+  // outputs. Once per loop iteration, and wherever a caller waits on the
+  // engine thread for a change in the metrics.
   void publish();
   EngineGauges measure_gauges() const;
 
@@ -143,6 +148,7 @@ class EngineImpl final : public Engine {
   AdapterRegistry adapters_;
 
   // Engine thread only (the constructor before the thread starts).
+  std::unique_ptr<KvEventPublisher> kv_events_;  // null without --kv-events-config; outlives pools_
   KvPools pools_;
   std::unique_ptr<Scheduler> scheduler_;  // over pools_.caches(); declared after pools_, destroyed first
   WorkflowSync workflow_sync_;

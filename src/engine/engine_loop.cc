@@ -117,6 +117,7 @@ void EngineImpl::publish() {
     step_stats_.publish_into(metrics_);
     gauges.apply_to(metrics_);
   }
+  if (kv_events_) kv_events_->flush();
   for (auto& [channel, output] : queued_outputs_) channel->push(std::move(output));
   queued_outputs_.clear();
 }

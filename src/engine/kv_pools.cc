@@ -18,9 +18,10 @@ class KvPools::StoreDirectory : public KvBlockDirectory {
   DiskKvStore& store_;
 };
 
-KvPools::KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity)
+KvPools::KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity,
+                 KvEventSink* events)
     : backend_(backend), config_(config), kv_bytes_per_block_(backend.kv_bytes_per_token() * config.block_size),
-      model_identity_(model_identity) {
+      model_identity_(model_identity), events_(events) {
   if (config_.disk_kv_path.empty()) return;
   if (config_.host_kv_cache_bytes <= 0 && config_.num_host_kv_blocks <= 0)
     throw Error(ErrorKind::kInvalidArgument, "a disk KV tier needs a host KV tier to stage its blocks",
@@ -108,6 +109,7 @@ void KvPools::allocate(const KvPoolLayout& layout) {
   drain_transfers();
   transfers_.reset();
   caches_.reset();
+  if (events_ != nullptr) events_->all_blocks_cleared();
   layout_in_use_.reset();
   backend_.allocate_kv_cache({layout.num_blocks, block_size});
   if (with_residual) backend_.allocate_residual_cache({layout.num_residual_blocks, block_size, layout.residual_max_rank});
@@ -117,6 +119,7 @@ void KvPools::allocate(const KvPoolLayout& layout) {
   residual_max_rank_ = with_residual ? layout.residual_max_rank : 0;
   residual_bytes_per_block_ = with_residual ? layout.residual_bytes_per_block : 0;
   try {
+    setup_block_names();
     setup_host_tier(layout);
   } catch (...) {
     caches_.reset();
@@ -211,6 +214,20 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
   return num_blocks;
 }
 
+void KvPools::setup_block_names() {
+  if (!names_blocks()) return;
+  caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
+    // The chain's start: the model, the member's layout (block size and bytes per block, so a CPU fp32 pool
+    // never reads a CUDA bf16 one) and its name.
+    member.enable_block_hashes(
+        {kv_cache_salt(model_identity_,
+                       fmt::format("block_size={} bytes_per_block={}", config_.block_size, bytes_per_block(id)),
+                       kv_cache_name(id)),
+         [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); }});
+  });
+  if (events_ != nullptr) caches_->set_event_sink(events_);
+}
+
 void KvPools::setup_host_tier(const KvPoolLayout& layout) {
   transfers_.reset();
   const KvBlockCounts num_blocks = num_host_blocks(layout);
@@ -223,15 +240,8 @@ void KvPools::setup_host_tier(const KvPoolLayout& layout) {
   });
   caches_->enable_host_tier(num_blocks);
   if (disk_store_) {
-    caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
-      if (!member.has_host_tier()) return;
-      KvDiskTierConfig disk;
-      disk.cache_salt = kv_cache_salt(
-          model_identity_, fmt::format("block_size={} bytes_per_block={}", config_.block_size, bytes_per_block(id)),
-          kv_cache_name(id));
-      disk.namespace_salt = [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); };
-      disk.directory = disk_directory_.get();
-      member.enable_disk_tier(std::move(disk));
+    caches_->for_each([&](KvCacheId, KvCacheManager& member) {
+      if (member.has_host_tier()) member.enable_disk_tier({disk_directory_.get()});
     });
   }
   Backend* backend = &backend_;

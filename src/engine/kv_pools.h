@@ -36,6 +36,12 @@
 // and the offload still succeeds); a disk read reads into the host blocks and
 // fails as a whole when any block does not verify.
 //
+// Block names and events: every member names its blocks (content hashes,
+// KvCacheManager::enable_block_hashes, with the salts above) when there is a
+// disk tier or an event sink. With a sink (the engine's KV event publisher)
+// every member reports its blocks to it, and allocate() tells it that all
+// blocks were cleared before it builds the new group.
+//
 // Ownership: KvPools owns the group, the host tier set-up and the worker; the
 // backend (which holds the tensors) must outlive it. allocate() replaces the
 // group, so whatever refers into it must go first: the engine destroys its
@@ -93,7 +99,10 @@ class KvPools {
   // tier's store when config.disk_kv_path is set (Error(kInvalidArgument) when
   // it cannot be used, or without a host tier or a positive disk_kv_bytes).
   // model_identity: model_fingerprint() of the weights (kv_identity.h).
-  KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity = {});
+  // events: where the members report their blocks (nullptr: nowhere); must
+  // outlive the pools.
+  KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash& model_identity = {},
+          KvEventSink* events = nullptr);
   ~KvPools();
   KvPools(const KvPools&) = delete;
   KvPools& operator=(const KvPools&) = delete;
@@ -161,10 +170,15 @@ class KvPools {
   // names on disk; forget it when it is unloaded (after drop_adapter_kv).
   void set_adapter_identity(const std::string& adapter_name, const KvBlockHash& fingerprint);
   void forget_adapter_identity(const std::string& adapter_name);
+  // Whether blocks get content hashes (a disk tier or an event sink): then
+  // adapters' fingerprints salt their namespaces (set_adapter_identity).
+  bool names_blocks() const { return disk_store_ != nullptr || events_ != nullptr; }
   // The disk tier's store (nullptr: none). Its stats() may be read from any thread.
   const DiskKvStore* disk_store() const { return disk_store_.get(); }
 
  private:
+  // Block hashes on every member when names_blocks(), and the event sink.
+  void setup_block_names();
   void setup_host_tier(const KvPoolLayout& layout);
 
   class StoreDirectory;  // KvBlockDirectory over disk_store_
@@ -178,6 +192,7 @@ class KvPools {
   std::atomic<int32_t> num_residual_kv_blocks_{0};
   std::atomic<int32_t> residual_max_rank_{0};
   const KvBlockHash model_identity_;
+  KvEventSink* const events_;
   std::unique_ptr<DiskKvStore> disk_store_;
   std::unique_ptr<StoreDirectory> disk_directory_;
   std::map<std::string, KvBlockHash> adapter_identities_;

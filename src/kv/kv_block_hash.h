@@ -18,6 +18,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -43,6 +44,17 @@ KvBlockHash hash_combine(const KvBlockHash& first, const KvBlockHash& second);
 // hash(block) as above.
 KvBlockHash chain_block_hash(const KvBlockHash& parent_or_salt, const KvBlockHash& namespace_salt,
                              std::span<const int32_t> tokens);
+
+// How one cache names its blocks (KvCacheManager::enable_block_hashes): the
+// disk tier files blocks by these names and KV events (kv_event_sink.h) report them.
+struct KvBlockNaming {
+  // The start of every chain in this cache: model fingerprint, KV layout and
+  // which member of the group (the "cache salt" above).
+  KvBlockHash cache_salt;
+  // A namespace's salt: its spelling and, for an adapter's namespace, the
+  // adapter's fingerprint. Called on the engine thread at each insert.
+  std::function<KvBlockHash(const std::string& kv_namespace)> namespace_salt;
+};
 
 struct KvBlockHashLess {
   bool operator()(const KvBlockHash& a, const KvBlockHash& b) const { return a < b; }

@@ -138,6 +138,10 @@ int32_t KvCacheGroup::drop_namespaces(const std::function<bool(const std::string
   return num_freed;
 }
 
+void KvCacheGroup::set_event_sink(KvEventSink* sink) {
+  for_each([&](KvCacheId id, KvCacheManager& member) { member.set_event_sink(sink, id); });
+}
+
 int32_t KvCacheGroup::evict_all_cached() {
   int32_t num_evicted = 0;
   for_each([&](KvCacheId, KvCacheManager& member) { num_evicted += member.evict_all_cached(); });

@@ -38,14 +38,10 @@
 #include <string>
 #include <vector>
 
+#include "kv/kv_cache_id.h"
 #include "kv/kv_cache_manager.h"
 
 namespace loom {
-
-enum class KvCacheId : uint8_t { kMain = 0, kResidual = 1 };
-inline constexpr size_t kNumKvCaches = 2;
-inline constexpr std::array<KvCacheId, kNumKvCaches> kAllKvCaches{KvCacheId::kMain, KvCacheId::kResidual};
-const char* kv_cache_name(KvCacheId id);  // "main", "residual"
 
 // One value per member, indexed by KvCacheId.
 template <typename T>
@@ -142,6 +138,9 @@ class KvCacheGroup {
   int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
   // Evicts every cached block of every member (tests).
   int32_t evict_all_cached();
+  // Every member reports its blocks to `sink` (KvCacheManager::set_event_sink;
+  // each member must have block hashes; before any block is committed).
+  void set_event_sink(KvEventSink* sink);
   // ---- Host tier, on every member that has one ----
   // Gives each present member num_host_blocks[id] host blocks (0: none); at
   // most once per member (KvCacheManager::enable_host_tier).

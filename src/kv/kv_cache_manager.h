@@ -41,7 +41,9 @@
 
 #include "kv/block_pool.h"
 #include "kv/host_block_pool.h"
+#include "kv/kv_cache_id.h"
 #include "kv/kv_disk_tier.h"
+#include "kv/kv_event_sink.h"
 #include "kv/kv_key.h"
 #include "kv/radix_tree.h"
 
@@ -291,11 +293,24 @@ class KvCacheManager {
   // now loading or reading (0: unknown agent, nothing below the device, or no room).
   int32_t prefetch_agent(const std::string& agent_key, int32_t max_blocks);
 
+  // ---- Block names and events ----
+  //
+  // enable_block_hashes() (before any block is committed; at most once) gives
+  // every node from then on its content hash (RadixNode::content_hash,
+  // kv_block_hash.h), chained from naming.cache_salt over namespace salts and
+  // tokens. The disk tier files blocks by it; events name blocks by it.
+  void enable_block_hashes(KvBlockNaming naming);
+  bool has_block_hashes() const { return tree_.has_block_hasher(); }
+  // Reports every block that enters or leaves this manager's device or host
+  // tier to `sink` (kv_event_sink.h), as member `cache`, on the engine thread
+  // at the state change. Precondition: has_block_hashes(), before any block
+  // is committed (checked). nullptr: no events (the default; costs nothing).
+  void set_event_sink(KvEventSink* sink, KvCacheId cache);
+
   // ---- Disk tier (below the host tier; DESIGN §2, kv_disk_tier.h) ----
   //
-  // With enable_disk_tier() (after enable_host_tier(n > 0), before any block
-  // is committed) every node gets its content hash (RadixNode::content_hash,
-  // kv_block_hash.h), and:
+  // With enable_disk_tier() (after enable_host_tier(n > 0) and
+  // enable_block_hashes(), before any block is committed):
   // - Write-through: an offload (device -> host backup) also lists, in
   //   Transfer::block_hashes, the blocks to write to disk after the copy (zero:
   //   the directory already holds it). A failed write does not fail the
@@ -391,6 +406,7 @@ class KvCacheManager {
                                                               const std::vector<RadixNode*>& path,
                                                               int32_t max_blocks) const;
   void finish_disk_read(const TransferInFlight& in_flight, bool succeeded);
+  // The content hash of a block under a node of hash `parent` (zero: the chain's start).
   KvBlockHash chain_hash(const KvBlockHash& parent, const std::string& kv_namespace,
                          std::span<const KvTokenId> tokens) const;
 
@@ -405,6 +421,7 @@ class KvCacheManager {
   int64_t next_transfer_id_ = 1;
   int64_t num_offloaded_blocks_ = 0, num_loaded_blocks_ = 0, num_prefetched_blocks_ = 0;
   int64_t num_prefetch_hit_blocks_ = 0, num_prefetch_late_blocks_ = 0, num_failed_transfers_ = 0;
+  KvBlockNaming naming_;  // enable_block_hashes
   // Disk tier (directory null without one).
   KvDiskTierConfig disk_;
   std::map<KvBlockHash, int64_t> reading_;  // block -> the kDiskRead transfer reading it

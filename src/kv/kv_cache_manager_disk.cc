@@ -1,6 +1,6 @@
-// KvCacheManager: the disk tier (kv_cache_manager.h "Disk tier"): content
-// hashes, lookups past the tree by hash, disk -> host reads and where their
-// blocks go when they finish. Bookkeeping only: the engine reads the files.
+// KvCacheManager: block names (content hashes) and events, and the disk tier
+// (kv_cache_manager.h "Disk tier"): lookups past the tree by hash, disk ->
+// host reads and where their blocks go when they finish. Bookkeeping only: the engine reads the files.
 #include <algorithm>
 #include <limits>
 
@@ -9,17 +9,24 @@
 
 namespace loom {
 
-void KvCacheManager::enable_disk_tier(KvDiskTierConfig config) {
-  LOOM_CHECK(host_pool_ != nullptr && disk_.directory == nullptr && config.directory != nullptr &&
-             config.namespace_salt);
-  disk_ = std::move(config);
+void KvCacheManager::enable_block_hashes(KvBlockNaming naming) {
+  LOOM_CHECK(!has_block_hashes() && naming.namespace_salt);
+  naming_ = std::move(naming);
   tree_.set_block_hasher([this](const KvBlockHash& parent, const std::string& kv_namespace,
                                 std::span<const KvTokenId> tokens) { return chain_hash(parent, kv_namespace, tokens); });
 }
 
+void KvCacheManager::set_event_sink(KvEventSink* sink, KvCacheId cache) { tree_.set_event_sink(sink, cache); }
+
+void KvCacheManager::enable_disk_tier(KvDiskTierConfig config) {
+  LOOM_CHECK(host_pool_ != nullptr && has_block_hashes() && disk_.directory == nullptr && config.directory != nullptr &&
+             tree_.num_nodes() == 0);
+  disk_ = config;
+}
+
 KvBlockHash KvCacheManager::chain_hash(const KvBlockHash& parent, const std::string& kv_namespace,
                                        std::span<const KvTokenId> tokens) const {
-  return chain_block_hash(parent.is_zero() ? disk_.cache_salt : parent, disk_.namespace_salt(kv_namespace), tokens);
+  return chain_block_hash(parent.is_zero() ? naming_.cache_salt : parent, naming_.namespace_salt(kv_namespace), tokens);
 }
 
 std::vector<std::pair<KvBlockHash, bool>> KvCacheManager::blocks_after_path(const KvKey& kv_key,

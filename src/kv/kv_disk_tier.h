@@ -1,11 +1,8 @@
 // What a KvCacheManager needs to know of the disk tier (kv_cache_manager.h
-// "Disk tier"): how to name blocks (kv/kv_block_hash.h) and which names the
-// store holds. The store itself (files, I/O) is kvstore/; the manager only
-// plans, as for the host tier.
+// "Disk tier"): which block names (kv/kv_block_hash.h; the manager names its
+// blocks with enable_block_hashes first) the store holds. The store itself
+// (files, I/O) is kvstore/; the manager only plans, as for the host tier.
 #pragma once
-
-#include <functional>
-#include <string>
 
 #include "kv/kv_block_hash.h"
 
@@ -21,12 +18,6 @@ class KvBlockDirectory {
 };
 
 struct KvDiskTierConfig {
-  // The start of every chain in this cache: model fingerprint, KV layout and
-  // which member of the group (kv_block_hash.h "cache salt").
-  KvBlockHash cache_salt;
-  // A namespace's salt: its spelling and, for an adapter's namespace, the
-  // adapter's fingerprint. Called on the engine thread at each insert.
-  std::function<KvBlockHash(const std::string& kv_namespace)> namespace_salt;
   // Must outlive the manager.
   KvBlockDirectory* directory = nullptr;
 };

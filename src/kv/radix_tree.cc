@@ -56,6 +56,7 @@ RadixNode* RadixTree::insert(const std::string& kv_namespace, RadixNode* parent,
   RadixNode* raw = add_child(kv_namespace, parent, block_tokens);
   set_device_block(raw, block_id);
   if (!raw->parent->is_root()) update(raw->parent);  // no longer a leaf
+  announce(raw);
   return raw;
 }
 
@@ -175,6 +176,7 @@ void RadixTree::set_device_block(RadixNode* node, int32_t block_id) {
 
 void RadixTree::detach(RadixNode* node) {
   LOOM_CHECK(!node->is_root() && node->children.empty());
+  announce_removal(node);
   if (node->block_id >= 0) set_device_block(node, -1);
   leave_evictable_sets(node);
   if (node->tier == KvTier::kHost) --num_host_tier_nodes_;
@@ -199,6 +201,7 @@ std::optional<int32_t> RadixTree::evict_one() {
     victim->loaded_by_prefetch = false;  // evicted before any use: neither in time nor late
     ++num_host_tier_nodes_;
     set_device_block(victim, -1);
+    announce(victim);
   } else {
     const std::vector<int32_t> removed = remove_subtree(victim);  // below it: host nodes only
     LOOM_CHECK(removed.size() == 1 && removed[0] == block_id);
@@ -278,6 +281,7 @@ std::string RadixTree::integrity_error() const {
     if (static_cast<int32_t>(node->tokens.size()) != block_size_)
       return fmt::format("node {} holds {} tokens, not a block", node->node_id, node->tokens.size());
     if (std::string error = tier_error(node); !error.empty()) return error;
+    if (std::string error = event_error(node); !error.empty()) return error;
     if (node->tier == KvTier::kHost) ++num_host_tier;
     const int32_t id = node->block_id;
     const bool unreferenced = id >= 0 && pool_.ref_count(id) == 0;

@@ -35,6 +35,11 @@
 // steps-to-execution (kv/eviction_priority.h; the agent marks live in
 // radix_tree_agents.cc).
 //
+// Events: with an event sink (set_event_sink) the tree reports each node's
+// tiers as they change (kv/kv_event_sink.h; radix_tree_events.cc): every
+// method below that changes a node's tier or completes a copy tells the sink
+// what the node gained or lost. Without a sink this costs one branch.
+//
 // Thread: engine thread only.
 #pragma once
 
@@ -55,6 +60,8 @@
 #include "kv/eviction_priority.h"
 #include "kv/host_block_pool.h"
 #include "kv/kv_block_hash.h"
+#include "kv/kv_cache_id.h"
+#include "kv/kv_event_sink.h"
 #include "kv/kv_key.h"
 
 namespace loom {
@@ -121,6 +128,9 @@ struct RadixNode {
   std::optional<EvictionKey> host_evictable_key;
   bool counted_unreferenced = false;
   int32_t num_device_children = 0;  // children holding a device block (block_id >= 0)
+  // What the event sink was last told this node holds (radix_tree_events.cc).
+  bool announced_on_device = false;
+  bool announced_on_host = false;
 };
 
 class RadixTree {
@@ -258,6 +268,13 @@ class RadixTree {
     return remove_namespaces([&](const std::string& ns) { return ns == kv_namespace; });
   }
 
+  // ---- Events (radix_tree_events.cc; kv/kv_event_sink.h) ----
+  // Reports every block entering or leaving a tier to `sink` (nullptr: none;
+  // it must outlive the tree), as member `cache`. Precondition: a block hasher
+  // (events name blocks by content hash) and no node yet (checked).
+  void set_event_sink(KvEventSink* sink, KvCacheId cache);
+  KvEventSink* event_sink() const { return sink_; }
+
   // "" when the tree is consistent, else what is wrong.
   std::string integrity_error() const;
 
@@ -282,6 +299,12 @@ class RadixTree {
   void hand_marks_to_parent(RadixNode* node);
   // "" when `node`'s priority, marks and evictable key are consistent.
   std::string priority_error(const RadixNode* node) const;
+  // Tells the sink (if any) the tiers `node` entered or left since it was last announced.
+  void announce(RadixNode* node);
+  // `node` is being removed: the sink hears it left every tier it was announced on.
+  void announce_removal(RadixNode* node);
+  // "" when the sink was told what `node` holds now (or there is no sink).
+  std::string event_error(const RadixNode* node) const;
 
   struct AgentMark {
     RadixNode* prefix_end = nullptr;
@@ -306,6 +329,8 @@ class RadixTree {
   HostBlockPool* host_pool_ = nullptr;
   std::map<std::string, AgentMark, std::less<>> agents_;
   BlockHasher hasher_;
+  KvEventSink* sink_ = nullptr;
+  KvCacheId sink_cache_ = KvCacheId::kMain;
 };
 
 }  // namespace loom

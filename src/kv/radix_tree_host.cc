@@ -41,6 +41,7 @@ void RadixTree::end_offload(RadixNode* node, bool succeeded) {
     node->host_block_id = -1;
   }
   update(node);
+  announce(node);
 }
 
 void RadixTree::begin_load(RadixNode* node, int32_t device_block_id, bool by_prefetch) {
@@ -60,6 +61,7 @@ void RadixTree::end_load(RadixNode* node, int64_t now) {
   --num_host_tier_nodes_;
   node->last_access = now;
   update(node);
+  announce(node);
 }
 
 RadixNode* RadixTree::insert_host(const std::string& kv_namespace, RadixNode* parent,
@@ -72,6 +74,7 @@ RadixNode* RadixTree::insert_host(const std::string& kv_namespace, RadixNode* pa
   ++num_host_tier_nodes_;
   update(node);
   if (!node->parent->is_root()) update(node->parent);  // no longer a leaf
+  announce(node);
   return node;
 }
 
@@ -82,6 +85,7 @@ void RadixTree::adopt_device_block(RadixNode* node, int32_t device_block_id) {
   node->tier = KvTier::kDevice;
   --num_host_tier_nodes_;
   set_device_block(node, device_block_id);
+  announce(node);
 }
 
 std::vector<int32_t> RadixTree::remove_subtree(RadixNode* top) {

@@ -192,5 +192,34 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
   EXPECT_NE(help.output.find("=8000"), std::string::npos) << "defaults in --help";
 }
 
+TEST_F(CliTest, KvEventsConfigTakesVllmsJson) {
+  EXPECT_TRUE(dry_run(model(), "")["kv_events"].is_null());
+  const nlohmann::json on = dry_run(
+      model(), R"(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", )"
+               R"("topic": "kv-events", "hwm": 1000, "buffer_steps": 10, "max_queue_size": 5, "replay_endpoint": null}')");
+  EXPECT_EQ(on["kv_events"], nlohmann::json::parse(R"({"endpoint": "tcp://*:5557", "topic": "kv-events", "hwm": 1000})"));
+  // vLLM's defaults: the zmq publisher once enabled (endpoint tcp://*:5557, topic ""); nothing unless enabled.
+  EXPECT_EQ(dry_run(model(), R"(--kv-events-config '{"enable_kv_cache_events": true}')")["kv_events"]["endpoint"],
+            "tcp://*:5557");
+  EXPECT_TRUE(dry_run(model(), R"(--kv-events-config '{"publisher": "zmq"}')")["kv_events"].is_null());
+  EXPECT_TRUE(dry_run(model(), R"(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "null"}')")
+                  ["kv_events"].is_null());
+  struct Case {
+    std::string json, expected;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"not json", "not a JSON object"},
+           {R"({"enable_kv_cache_events": true, "publisher": "kafka"})", "unknown publisher"},
+           {R"({"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5558"})", "replay"},
+           {R"({"enable_kv_cache_events": true, "endpoint": 5557})", "\"endpoint\" must be a string"},
+           {R"({"enable_kv_cache_events": true, "hwm": -1})", "\"hwm\""},
+           {R"({"enable_kv_cache_events": true, "topics": "x"})", "unknown key \"topics\""},
+       }) {
+    CommandResult result = run("serve --model " + model() + " --dry-run --kv-events-config '" + c.json + "'");
+    EXPECT_EQ(result.exit_code, 2) << c.json << "\n" << result.output;
+    EXPECT_NE(result.output.find(c.expected), std::string::npos) << c.json << "\n" << result.output;
+  }
+}
+
 }  // namespace
 }  // namespace loom

@@ -34,12 +34,10 @@ class FakeDirectory : public KvBlockDirectory {
   std::set<KvBlockHash> blocks;
 };
 
-KvDiskTierConfig disk_config(FakeDirectory& directory, const std::string& model = "model-a") {
-  KvDiskTierConfig config;
-  config.cache_salt = hash_string(model);
-  config.namespace_salt = [](const std::string& ns) { return hash_string(ns); };
-  config.directory = &directory;
-  return config;
+// Names blocks as `model`'s cache and puts the disk tier over `directory` (after the host tier).
+void enable_disk(KvCacheManager& kv, FakeDirectory& directory, const std::string& model = "model-a") {
+  kv.enable_block_hashes({hash_string(model), [](const std::string& ns) { return hash_string(ns); }});
+  kv.enable_disk_tier({&directory});
 }
 
 // One process's cache: device blocks, host blocks, the disk tier over `directory`.
@@ -47,7 +45,7 @@ struct DiskCache {
   DiskCache(FakeDirectory& directory, int32_t num_blocks, int32_t num_host_blocks, const std::string& model = "model-a")
       : kv(num_blocks, kBlock) {
     kv.enable_host_tier(num_host_blocks);
-    kv.enable_disk_tier(disk_config(directory, model));
+    enable_disk(kv, directory, model);
   }
   // Computes and commits tokens; every offload "writes" its named blocks.
   void run(const Tokens& tokens, FakeDirectory& directory) {
@@ -255,7 +253,7 @@ TEST(KvDiskTier, TheSchedulerWaitsOnADiskReadThenRunsOnTheLoadedPrefix) {
   writer.run(prompt, directory);
   KvCacheGroup group(16, 0, kBlock);
   group.enable_host_tier({{8, 0}});
-  group.main().enable_disk_tier(disk_config(directory));
+  enable_disk(group.main(), directory);
   Scheduler scheduler(SchedulerConfig{}, group);
   scheduler.add(1, prompt, "", "base", 0);
   EXPECT_EQ(scheduler.start_disk_reads(), 3);

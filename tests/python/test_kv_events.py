@@ -1,0 +1,281 @@
+"""KV events as a KV-aware router (llm-d, NVIDIA Dynamo) reads them from a real
+`loom serve --kv-events-config`: a pyzmq subscriber decodes vLLM's msgpack
+KVEventBatch, sees BlockStored for a prompt's full blocks (token ids, block
+size, LoRA name), BlockRemoved once eviction takes them, AllBlocksCleared when
+the server stops, and its view of what the server holds matches /metrics and
+the cached_tokens of a second identical request. A second server connects to
+a subscriber that binds (llm-d's layout)."""
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loom_server  # noqa: E402
+
+loom_server.require_openai()
+try:
+    import msgpack
+    import zmq
+    import zmq.utils.monitor
+except ImportError:
+    print("SKIPPED: the `pyzmq` or `msgpack` package is missing (pip install -r scripts/python-requirements.txt)")
+    sys.exit(loom_server.SKIP_EXIT_CODE)
+
+BLOCK = 4  # LoomServer's --block-size
+TOPIC = "kv-events"
+GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+
+
+def events_config(endpoint):
+    return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": TOPIC,
+                       "hwm": 100000, "buffer_steps": 100, "replay_endpoint": None})
+
+
+class Subscriber:
+    """What a router learns from the stream: which blocks each medium holds,
+    and for each block hash its parent, tokens and LoRA name."""
+
+    def __init__(self, endpoint, bind=False):
+        self.context = zmq.Context()
+        self.socket = self.context.socket(zmq.SUB)
+        self.socket.setsockopt(zmq.SUBSCRIBE, TOPIC.encode())
+        monitor = self.socket.get_monitor_socket() if not bind else None
+        if bind:
+            self.socket.bind(endpoint)
+        else:
+            self.socket.connect(endpoint)
+            # Subscriptions travel once connected: wait for the handshake, then a little.
+            deadline = time.time() + 10
+            while time.time() < deadline and monitor.poll(int((deadline - time.time()) * 1000)):
+                event = zmq.utils.monitor.recv_monitor_message(monitor)
+                if event["event"] == getattr(zmq, "EVENT_HANDSHAKE_SUCCEEDED", zmq.EVENT_CONNECTED):
+                    break
+            self.socket.disable_monitor()
+            monitor.close()
+            time.sleep(0.3)
+        self.blocks = {}  # hash -> {"parent", "tokens", "lora_name", "extra_key"}
+        self.held = {"GPU": set(), "CPU": set()}
+        self.sequences = []
+        self.events = []  # every decoded event, raw
+
+    def close(self):
+        self.socket.close(linger=0)
+        self.context.term()
+
+    def poll(self, timeout=0.5):
+        """Applies every batch that arrives within `timeout` seconds of the last one."""
+        while self.socket.poll(int(timeout * 1000)):
+            topic, sequence, payload = self.socket.recv_multipart()
+            assert topic == TOPIC.encode(), topic
+            self.apply(int.from_bytes(sequence, "big"), msgpack.unpackb(payload, raw=False, strict_map_key=False))
+
+    def wait_for(self, predicate, timeout=10.0):
+        deadline = time.time() + timeout
+        while not predicate() and time.time() < deadline:
+            self.poll(0.1)
+        return predicate()
+
+    def apply(self, sequence, batch):
+        assert not self.sequences or sequence == self.sequences[-1] + 1, (self.sequences[-1:], sequence)
+        self.sequences.append(sequence)
+        # vLLM's KVEventBatch, array-encoded: [ts, events, data_parallel_rank].
+        assert isinstance(batch, list) and len(batch) == 3, batch
+        ts, events, data_parallel_rank = batch
+        assert isinstance(ts, float) and abs(ts - time.time()) < 60 and data_parallel_rank == 0, batch
+        for event in events:
+            self.events.append(event)
+            tag = event[0]
+            if tag == "BlockStored":
+                assert len(event) in (8, 9), event  # extra_keys left out when every entry is nil
+                _, hashes, parent, token_ids, block_size, lora_id, medium, lora_name = event[:8]
+                extra_keys = event[8] if len(event) == 9 else [None] * len(hashes)
+                assert block_size == BLOCK and lora_id is None and len(token_ids) == BLOCK * len(hashes), event
+                assert len(extra_keys) == len(hashes), event
+                for i, block_hash in enumerate(hashes):
+                    assert isinstance(block_hash, int) and 0 <= block_hash < 2 ** 64, event
+                    self.blocks[block_hash] = {"parent": parent, "tokens": tuple(token_ids[i * BLOCK:(i + 1) * BLOCK]),
+                                               "lora_name": lora_name, "extra_key": extra_keys[i]}
+                    assert block_hash not in self.held[medium], f"stored twice on {medium}: {event}"
+                    self.held[medium].add(block_hash)
+                    parent = block_hash
+            elif tag == "BlockRemoved":
+                assert len(event) == 3, event
+                _, hashes, medium = event
+                for block_hash in hashes:
+                    assert block_hash in self.held[medium], f"removed what was not stored: {event}"
+                    self.held[medium].remove(block_hash)
+            elif tag == "AllBlocksCleared":
+                assert event == ["AllBlocksCleared"], event
+                self.held = {"GPU": set(), "CPU": set()}
+            else:
+                raise AssertionError(f"unknown event {event}")
+
+    def chain(self, tokens, lora_name=None, medium="GPU"):
+        """Hashes of the leading full blocks of `tokens` this medium holds, as a router walks them."""
+        hashes, parent = [], None
+        for start in range(0, len(tokens) - BLOCK + 1, BLOCK):
+            block = tuple(tokens[start:start + BLOCK])
+            found = [h for h in self.held[medium] if self.blocks[h]["parent"] == parent
+                     and self.blocks[h]["tokens"] == block and self.blocks[h]["lora_name"] == lora_name]
+            if not found:
+                break
+            assert len(found) == 1, found
+            parent = found[0]
+            hashes.append(parent)
+        return hashes
+
+
+def expected_cached_tokens(num_blocks_held, prompt):
+    """What a request finds: whole blocks of the prompt less its last token."""
+    return min(num_blocks_held, (len(prompt) - 1) // BLOCK) * BLOCK
+
+
+class KvEventsTest(loom_server.ServerTestCase):
+    EVENTS_PORT = loom_server.free_port()
+    # 32 blocks of 4 tokens (tiny model: 512 bytes a token): eviction comes after a few prompts.
+    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K"]
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.subscriber = Subscriber(f"tcp://127.0.0.1:{cls.EVENTS_PORT}")
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()  # stops the server: its last batch says it holds nothing
+        try:
+            assert cls.subscriber.wait_for(lambda: cls.subscriber.events[-1:] == [["AllBlocksCleared"]]), \
+                cls.subscriber.events[-3:]
+            assert not cls.subscriber.held["GPU"] and not cls.subscriber.held["CPU"]
+        finally:
+            cls.subscriber.close()
+
+    def complete(self, prompt, model="tiny"):
+        response = self.client.completions.create(model=model, prompt=prompt, max_tokens=1, **GREEDY)
+        self.subscriber.poll(0.2)  # the step's events went out before the response did
+        return response
+
+    def assert_view_matches_metrics(self):
+        """Idle, the device blocks the subscriber believes held are exactly the server's cached blocks."""
+        samples = self.server.metrics()
+        self.assertEqual(samples['loom_kv_cache_blocks{state="in_use"}'], 0)
+        self.assertEqual(len(self.subscriber.held["GPU"]), samples['loom_kv_cache_blocks{state="cached"}'])
+
+    def test_a_prompts_full_blocks_are_stored_and_a_repeat_finds_them(self):
+        # First request of the suite (tests run by name): the subscriber has every batch since the start.
+        prompt = list(range(100, 122))  # 22 tokens: 5 full blocks computed
+        self.complete(prompt)
+        self.assertLessEqual(self.subscriber.sequences[0], 1)  # 0 is the AllBlocksCleared sent at start
+        chain = self.subscriber.chain(prompt)
+        self.assertEqual(len(chain), 5)
+        stored = [e for e in self.subscriber.events if e[0] == "BlockStored"]
+        self.assertEqual(stored[0][1:8], [chain, None, prompt[:20], BLOCK, None, "GPU", None])  # one event, 5 blocks
+        self.assertEqual(len(stored[0]), 8)  # base blocks: no extra_keys
+        response = self.complete(prompt)
+        self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(5, prompt))
+        self.assert_view_matches_metrics()
+
+    def test_an_adapters_blocks_carry_its_lora_name(self):
+        adapter = self.server.adapter_names[0]
+        prompt = list(range(300, 310))  # 2 full blocks (+ 2 tokens)
+        self.complete(prompt, model=adapter)
+        chain = self.subscriber.chain(prompt, lora_name=adapter)
+        self.assertEqual(len(chain), 2)
+        self.assertEqual(self.subscriber.chain(prompt), [])  # not base blocks
+        for block_hash in chain:
+            self.assertEqual(self.subscriber.blocks[block_hash]["extra_key"], [adapter])  # vLLM's LoRA extra key
+        response = self.complete(prompt, model=adapter)
+        self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(2, prompt))
+        self.assert_view_matches_metrics()
+
+    def test_eviction_removes_blocks_and_the_view_stays_true(self):
+        first = list(range(200, 222))
+        self.complete(first)
+        self.assertEqual(len(self.subscriber.chain(first)), 5)
+        removed_before = sum(1 for e in self.subscriber.events if e[0] == "BlockRemoved")
+        for i in range(12):  # 12 x 5 new blocks through 32: the least recently used go
+            self.complete([1 + i] + list(range(400, 421)))
+        removed = [e for e in self.subscriber.events if e[0] == "BlockRemoved"][removed_before:]
+        self.assertTrue(removed)
+        self.assertTrue(all(e[2] == "GPU" for e in removed))  # no host tier: removed from the device
+        held = len(self.subscriber.chain(first))
+        self.assertLess(held, 5)  # the first prompt was the least recently used
+        self.assert_view_matches_metrics()
+        response = self.complete(first)
+        self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(held, first))
+        self.assert_view_matches_metrics()
+
+
+class KvEventsHostTierTest(loom_server.ServerTestCase):
+    """With a host tier: backups are stored on "CPU" once copied, device eviction removes only the "GPU" copy,
+    and a repeat loads the blocks back (stored on "GPU" again)."""
+    EVENTS_PORT = loom_server.free_port()
+    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K",
+                   "--host-kv-memory", "512K"]  # 256 host blocks: every backup stays
+    SERVER_KWARGS = {"num_adapters": 1}
+
+    @classmethod
+    def setUpClass(cls):
+        super().setUpClass()
+        cls.subscriber = Subscriber(f"tcp://127.0.0.1:{cls.EVENTS_PORT}")
+
+    @classmethod
+    def tearDownClass(cls):
+        super().tearDownClass()
+        cls.subscriber.close()
+
+    def complete(self, prompt):
+        response = self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
+        self.subscriber.poll(0.2)
+        return response
+
+    def test_blocks_move_between_the_device_and_the_host(self):
+        first = list(range(100, 122))
+        self.complete(first)
+        self.assertEqual(len(self.subscriber.chain(first)), 5)
+        # The backups are written after the step: stored on "CPU" when the copy has finished.
+        self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first, medium="CPU")) == 5))
+        for i in range(12):
+            self.complete([1 + i] + list(range(400, 421)))
+        self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first)) == 0))
+        self.assertEqual(len(self.subscriber.chain(first, medium="CPU")), 5)  # evicted from the device only
+        removed = [e for e in self.subscriber.events if e[0] == "BlockRemoved"]
+        self.assertTrue(removed and all(e[2] == "GPU" for e in removed))
+        samples = self.server.metrics()  # in use: pinned by backups still copying (no request runs)
+        self.assertEqual(len(self.subscriber.held["GPU"]), samples['loom_kv_cache_blocks{state="cached"}']
+                         + samples['loom_kv_cache_blocks{state="in_use"}'])
+        response = self.complete(first)  # loaded back from the host
+        self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(5, first))
+        self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first)) == 5))
+
+
+class KvEventsConnectTest(unittest.TestCase):
+    """The server connects to a subscriber that binds (an endpoint without '*': vLLM's rule)."""
+
+    def test_the_server_connects_to_a_binding_subscriber(self):
+        port = loom_server.free_port()
+        subscriber = Subscriber(f"tcp://127.0.0.1:{port}", bind=True)
+        server = loom_server.LoomServer(["--kv-events-config", events_config(f"tcp://127.0.0.1:{port}")],
+                                        num_adapters=1)
+        try:
+            import openai
+            client = openai.OpenAI(base_url=server.base_url + "/v1", api_key="unused", max_retries=0)
+            # Connecting takes a moment: new prompts until one's blocks are heard of.
+            for attempt in range(50):
+                prompt = [1 + attempt] + list(range(50, 58))
+                client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
+                if subscriber.wait_for(lambda: len(subscriber.chain(prompt)) == 2, timeout=0.2):
+                    break
+            self.assertEqual(len(subscriber.chain(prompt)), 2)
+            self.assertIn("KV events: publishing on", server.read_log())
+        finally:
+            status = server.stop()
+            server.cleanup()
+            subscriber.close()
+        self.assertEqual(status, 0)
+
+
+if __name__ == "__main__":
+    unittest.main()
