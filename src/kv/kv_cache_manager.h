@@ -35,6 +35,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -99,7 +100,7 @@ struct KvCacheStats {
   // Disk tier (0 without one). Counters are since start, in blocks.
   int64_t num_disk_read_blocks = 0;        // disk -> host reads finished and joined to the tree
   int64_t num_disk_read_failed_blocks = 0; // blocks of failed disk reads
-  int64_t num_disk_write_planned_blocks = 0;  // offloads that also asked for a disk write
+  int64_t num_disk_write_planned_blocks = 0;  // offloaded blocks named for a disk write
   int32_t num_disk_reading_blocks = 0;     // disk reads in flight now
   // Device blocks in the tree (cached, in use by a lease that committed them,
   // or loading) per namespace; host-only nodes are not counted. Private
@@ -311,10 +312,11 @@ class KvCacheManager {
   //
   // With enable_disk_tier() (after enable_host_tier(n > 0) and
   // enable_block_hashes(), before any block is committed):
-  // - Write-through: an offload (device -> host backup) also lists, in
-  //   Transfer::block_hashes, the blocks to write to disk after the copy (zero:
-  //   the directory already holds it). A failed write does not fail the
-  //   offload; the block is just not on disk.
+  // - Write-through: an offload (device -> host backup) also names, in
+  //   Transfer::block_hashes, every block it copies; whoever runs it writes
+  //   them to disk after the copy, skipping those the store holds already (so
+  //   this thread never touches the file system for it). A failed write does
+  //   not fail the offload; the block is just not on disk.
   // - Lookups: prefix_status continues past the tree's path by hash: blocks
   //   being read count as loading, then blocks the directory holds as disk.
   // - start_disk_read plans a kDiskRead transfer of the blocks that follow the
@@ -325,8 +327,9 @@ class KvCacheManager {
   //   in the tree is pinned or changes state). On success the blocks whose
   //   parent is still the path's end join the tree as host nodes (ready; a
   //   start_load brings them to the device), the others (their parent gone, or
-  //   recomputed meanwhile) go back to the host pool; on failure all do (the
-  //   store drops what did not verify, so the next lookup stops before it).
+  //   recomputed meanwhile) go back to the host pool; on failure all do, and
+  //   those blocks count as not on disk from then on (lookups stop before
+  //   them, so a request never waits on the same failing read twice).
   //   kPrefetch reads take only free host blocks or leaves of lower priority
   //   as prefetch loads do.
   void enable_disk_tier(KvDiskTierConfig config);
@@ -425,6 +428,8 @@ class KvCacheManager {
   // Disk tier (directory null without one).
   KvDiskTierConfig disk_;
   std::map<KvBlockHash, int64_t> reading_;  // block -> the kDiskRead transfer reading it
+  std::set<KvBlockHash> unreadable_;         // blocks of failed disk reads: never read again (bounded)
+  static constexpr size_t kMaxUnreadableBlocks = 1 << 16;
   struct AgentPrefix {
     KvKey kv_key;
     std::vector<KvTokenId> tokens;  // the fixed prefix's tokens as last declared

@@ -42,7 +42,7 @@ std::vector<std::pair<KvBlockHash, bool>> KvCacheManager::blocks_after_path(cons
     const KvBlockHash hash = chain_hash(parent, kv_key.namespace_of_block(i),
                                         tokens.subspan(static_cast<size_t>(i) * block_size(), block_size()));
     const bool reading = reading_.count(hash) != 0;
-    if (!reading && !disk_.directory->contains(hash)) break;
+    if (!reading && (unreadable_.count(hash) != 0 || !disk_.directory->contains(hash))) break;
     blocks.emplace_back(hash, reading);
     parent = hash;
   }
@@ -131,6 +131,11 @@ void KvCacheManager::finish_disk_read(const TransferInFlight& in_flight, bool su
   } else {
     ++num_failed_transfers_;
     num_disk_read_failed_blocks_ += num_blocks;
+    // The store drops files that do not verify, but a file it keeps (or a read
+    // refused for want of room in the queue) would be read again every step
+    // while its request waits: these blocks count as not on disk from now on.
+    if (unreadable_.size() > kMaxUnreadableBlocks) unreadable_.clear();
+    unreadable_.insert(transfer.block_hashes.begin(), transfer.block_hashes.end());
   }
   for (int32_t i = num_joined; i < num_blocks; ++i) host_pool_->put_free(transfer.host_block_ids[static_cast<size_t>(i)]);
 }

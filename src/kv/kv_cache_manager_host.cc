@@ -69,10 +69,9 @@ void KvCacheManager::plan_offload(const std::vector<RadixNode*>& path, size_t fi
     tree_.begin_offload(node, *host_block);
     transfer.device_block_ids.push_back(node->block_id);
     transfer.host_block_ids.push_back(*host_block);
-    if (has_disk_tier()) {
-      const bool on_disk = disk_.directory->contains(node->content_hash);
-      transfer.block_hashes.push_back(on_disk ? KvBlockHash{} : node->content_hash);
-      num_disk_write_planned_blocks_ += on_disk ? 0 : 1;
+    if (has_disk_tier()) {  // the writer skips blocks the store holds already (no file I/O on this thread)
+      transfer.block_hashes.push_back(node->content_hash);
+      ++num_disk_write_planned_blocks_;
     }
     num_pinned = i + 1;
   }
@@ -263,7 +262,8 @@ std::string KvCacheManager::host_integrity_error() const {
       continue;
     }
     if (transfer.id != id || transfer.device_block_ids.empty() ||
-        transfer.device_block_ids.size() != transfer.host_block_ids.size())
+        transfer.device_block_ids.size() != transfer.host_block_ids.size() ||
+        (!transfer.block_hashes.empty() && transfer.block_hashes.size() != transfer.host_block_ids.size()))
       return fmt::format("transfer {} is malformed", id);
     for (int32_t pinned : in_flight.pinned_block_ids)
       if (tree_.node_of_block(pinned) == nullptr || pool_.ref_count(pinned) == 0)

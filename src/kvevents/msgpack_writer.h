@@ -1,6 +1,6 @@
-// A MessagePack encoder for the few types KV events use (arrays, nil, ints,
-// float64, strings), smallest encoding first as msgpack-c and msgspec write
-// them. Appends to a byte string; never fails.
+// The few MessagePack values KV events use (arrays, nil, ints, float64,
+// strings), written by msgpack-c (Debian's libmsgpack-dev) into a byte string,
+// smallest encoding first as msgspec writes them. Never fails.
 #pragma once
 
 #include <cstdint>
@@ -23,7 +23,6 @@ class MsgpackWriter {
   std::string take() { return std::move(out_); }
 
  private:
-  void big_endian(uint64_t value, int num_bytes);
   std::string out_;
 };
 

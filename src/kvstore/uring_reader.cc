@@ -71,11 +71,14 @@ bool read_with_uring(io_uring& ring, std::span<FileRead* const> reads, unsigned 
     const int submitted = io_uring_submit_and_wait(&ring, 1);
     if (submitted < 0 && submitted != -EINTR && submitted != -EAGAIN && submitted != -EBUSY) {
       log_uring_failure_once("submit", -submitted);
-      // Reap what the kernel already has before the caller's buffers go to pread.
+      // Reap every read the kernel has, however long it takes, before the
+      // caller's buffers go to pread (and, after we return, to other uses): a
+      // read still in flight would write into them later.
       while (num_in_flight > 0) {
         io_uring_cqe* completion = nullptr;
-        __kernel_timespec timeout{1, 0};
-        if (io_uring_wait_cqe_timeout(&ring, &completion, &timeout) != 0) break;
+        const int waited = io_uring_wait_cqe(&ring, &completion);
+        if (waited == -EINTR) continue;
+        if (waited != 0) break;
         complete(*static_cast<FileRead*>(io_uring_cqe_get_data(completion)), completion->res);
         io_uring_cqe_seen(&ring, completion);
         --num_in_flight;

@@ -23,6 +23,26 @@ namespace {
 constexpr int32_t kPromptTokens = 37;  // 9 full blocks of 4 are looked up (the last token is not)
 constexpr int32_t kOutputTokens = 4;
 
+// Forwards to a CPU backend, host tier included; host_kv_block hands the disk
+// tier a span 4 bytes short, so every disk read of a block fails its size
+// check while the store keeps the file (it is the reader that is wrong).
+class ShortHostBlockBackend final : public test::ForwardingBackend {
+ public:
+  using ForwardingBackend::ForwardingBackend;
+  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override {
+    inner().allocate_host_kv_cache(pool, num_blocks);
+  }
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return inner().num_host_kv_blocks(pool); }
+  void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                      std::span<const int32_t> host_block_ids) override {
+    inner().copy_kv_blocks(pool, direction, device_block_ids, host_block_ids);
+  }
+  std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id) override {
+    std::span<std::byte> block = inner().host_kv_block(pool, host_block_id);
+    return block.first(block.size() - 4);
+  }
+};
+
 struct Outcome {
   std::vector<int32_t> tokens;
   int32_t num_cached_prompt_tokens = -1;
@@ -170,6 +190,23 @@ TEST_F(EngineDiskTierTest, CorruptAndTruncatedBlocksAreRecomputed) {
   auto third = start(-1, KvSharing::kIsolated);
   EXPECT_EQ(run(*third, request).num_cached_prompt_tokens, kPromptTokens - 1);
   stop(third);
+}
+
+TEST_F(EngineDiskTierTest, AReadThatKeepsFailingIsRecomputedNotAwaitedForever) {
+  const EngineRequest request = EngineDiskTierTest::request(false, false);
+  auto first = start(-1, KvSharing::kIsolated);
+  const Outcome computed = run(*first, request);
+  stop(first);
+  auto second = std::make_unique<EngineImpl>(
+      *model_, std::make_unique<ShortHostBlockBackend>(make_cpu_backend(model_->config, model_->weights, {1, 8})),
+      config());
+  const Outcome recomputed = run(*second, request);  // without a way out it would wait on the read every step
+  EXPECT_EQ(recomputed.tokens, computed.tokens);
+  EXPECT_EQ(recomputed.num_cached_prompt_tokens, 0);
+  const EngineMetrics metrics = second->take_metrics();
+  EXPECT_GT(metrics.num_disk_read_failures, 0);
+  EXPECT_EQ(metrics.num_disk_loaded_tokens, 0);
+  stop(second);
 }
 
 TEST_F(EngineDiskTierTest, AnotherAdapterUnderTheSameNameNeverHits) {
