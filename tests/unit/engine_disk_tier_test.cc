@@ -111,6 +111,17 @@ class EngineDiskTierTest : public ::testing::Test {
     engine->shutdown(false);
     engine.reset();
   }
+  // `engine` serves `request` by recomputing it (its disk reads fail), with the tokens of `computed`; stops it.
+  static void expect_recomputed_after_failed_reads(std::unique_ptr<EngineImpl>& engine, const EngineRequest& request,
+                                                   const Outcome& computed) {
+    const Outcome recomputed = run(*engine, request);
+    EXPECT_EQ(recomputed.tokens, computed.tokens);
+    EXPECT_EQ(recomputed.num_cached_prompt_tokens, 0);
+    const EngineMetrics metrics = engine->take_metrics();
+    EXPECT_GT(metrics.num_disk_read_failures, 0);
+    EXPECT_EQ(metrics.num_disk_loaded_tokens, 0);
+    stop(engine);
+  }
   std::vector<std::filesystem::path> block_files() const {
     std::vector<std::filesystem::path> files;
     for (const auto& entry : std::filesystem::recursive_directory_iterator(disk_.path() / "kv"))
@@ -179,13 +190,7 @@ TEST_F(EngineDiskTierTest, CorruptAndTruncatedBlocksAreRecomputed) {
     }
   }
   auto second = start(-1, KvSharing::kIsolated);
-  const Outcome recomputed = run(*second, request);
-  EXPECT_EQ(recomputed.tokens, computed.tokens);
-  EXPECT_EQ(recomputed.num_cached_prompt_tokens, 0);
-  const EngineMetrics metrics = second->take_metrics();
-  EXPECT_GT(metrics.num_disk_read_failures, 0);
-  EXPECT_EQ(metrics.num_disk_loaded_tokens, 0);
-  stop(second);
+  expect_recomputed_after_failed_reads(second, request, computed);
   // The bad files were dropped and the recomputed blocks written again: a third engine hits them all.
   auto third = start(-1, KvSharing::kIsolated);
   EXPECT_EQ(run(*third, request).num_cached_prompt_tokens, kPromptTokens - 1);
@@ -200,13 +205,8 @@ TEST_F(EngineDiskTierTest, AReadThatKeepsFailingIsRecomputedNotAwaitedForever) {
   auto second = std::make_unique<EngineImpl>(
       *model_, std::make_unique<ShortHostBlockBackend>(make_cpu_backend(model_->config, model_->weights, {1, 8})),
       config());
-  const Outcome recomputed = run(*second, request);  // without a way out it would wait on the read every step
-  EXPECT_EQ(recomputed.tokens, computed.tokens);
-  EXPECT_EQ(recomputed.num_cached_prompt_tokens, 0);
-  const EngineMetrics metrics = second->take_metrics();
-  EXPECT_GT(metrics.num_disk_read_failures, 0);
-  EXPECT_EQ(metrics.num_disk_loaded_tokens, 0);
-  stop(second);
+  // Without a way out the request would wait on the same read every step.
+  expect_recomputed_after_failed_reads(second, request, computed);
 }
 
 TEST_F(EngineDiskTierTest, AnotherAdapterUnderTheSameNameNeverHits) {
