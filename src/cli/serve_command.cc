@@ -6,11 +6,15 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cerrno>
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <mutex>
+#include <optional>
 #include <thread>
 
 #include <fmt/format.h>
@@ -53,6 +57,7 @@ struct ServeOptions {
   int threads = 0;
   bool enforce_eager = false;  // cuda: no CUDA graphs
   double shutdown_timeout_seconds = 30.0;
+  double log_stats_interval_seconds = 10.0;
   std::string kv_cache_bytes;  // --kv-cache-bytes BYTES ("" = the engine's default)
   bool dry_run = false;
   VllmFlags vllm;
@@ -295,7 +300,29 @@ int run_serve(const ServeOptions& options) {
   });
   spdlog::info("serving '{}' on http://{}:{} (max context {} tokens)", config.served_model_name, config.http.host,
                server.bound_port(), engine->max_context_tokens());
+  const double stats_interval = vllm.disable_log_stats ? 0.0 : options.log_stats_interval_seconds;
+  std::mutex stats_mutex;
+  std::condition_variable stats_stop;
+  bool serving_ended = false;
+  std::thread stats_logger([&] {
+    if (stats_interval <= 0) return;
+    const auto interval = std::chrono::duration<double>(stats_interval);
+    std::unique_lock lock(stats_mutex);
+    auto last = std::chrono::steady_clock::now();
+    while (!stats_stop.wait_for(lock, interval, [&] { return serving_ended; })) {
+      const auto now = std::chrono::steady_clock::now();
+      if (std::optional<std::string> line = server.stats_line(std::chrono::duration<double>(now - last).count()))
+        spdlog::info("{}", *line);
+      last = now;
+    }
+  });
   server.run();
+  {
+    std::lock_guard lock(stats_mutex);
+    serving_ended = true;
+  }
+  stats_stop.notify_all();
+  stats_logger.join();
   server.stop();
   engine->shutdown(false);  // cancels what is left and frees every KV block
   const unsigned char wake = 0;
@@ -355,6 +382,11 @@ CommandRunner register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-connections", http.max_connections, "Open connections at most; beyond, 503 and close")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--log-stats-interval", options->log_stats_interval_seconds,
+                 "Seconds between stats lines in the log (throughput, running / waiting requests, KV cache usage "
+                 "per tier, prefix-cache hit rate), as vLLM logs them; only while the server has work; 0 = none "
+                 "(vLLM's --disable-log-stats)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--shutdown-timeout", options->shutdown_timeout_seconds,
                  "On SIGINT/SIGTERM: seconds requests in flight may take to finish before they are ended with an "
                  "error")

@@ -79,7 +79,7 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
   app.add_flag("--disable-log-requests", flags.disable_log_requests,
                "No log line per finished or refused request (server errors are still logged)")
       ->group(kGroup);
-  app.add_flag("--disable-log-stats", flags.disable_log_stats, "Accepted (Loom logs no periodic stats yet)")
+  app.add_flag("--disable-log-stats", flags.disable_log_stats, "No periodic stats line (--log-stats-interval 0)")
       ->group(kGroup);
   app.add_option("--kv-events-config", flags.kv_events_config,
                  "KV events for KV-aware routers (llm-d, NVIDIA Dynamo), as vLLM publishes them: JSON such as "

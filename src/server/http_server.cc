@@ -375,6 +375,10 @@ HttpServer::~HttpServer() { stop(); }
 
 void HttpServer::bind() { impl_->transport->bind(); }
 
+std::optional<std::string> HttpServer::stats_line(double elapsed_seconds) {
+  return impl_->metrics.stats_line(impl_->engine, elapsed_seconds);
+}
+
 int HttpServer::bound_port() const { return impl_->transport->bound_port(); }
 
 int HttpServer::num_connections() const { return impl_->transport->num_connections(); }

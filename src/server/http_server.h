@@ -74,6 +74,8 @@ class HttpServer {
   // connection; run() returns. Idempotent.
   void stop();
   bool is_stopping() const { return stopping_.load(); }
+  // MetricsExporter::stats_line over the engine (any thread).
+  std::optional<std::string> stats_line(double elapsed_seconds);
   int num_connections() const;
 
  private:

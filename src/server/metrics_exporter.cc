@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <string_view>
+#include <utility>
 
 #include <fmt/format.h>
 
@@ -172,6 +174,33 @@ std::string MetricsExporter::scrape(Engine& engine) {
   std::lock_guard lock(mutex_);
   absorb_locked(engine.take_metrics());
   return render_locked();
+}
+
+std::optional<std::string> MetricsExporter::stats_line(Engine& engine, double elapsed_seconds) {
+  return stats_line(engine.take_metrics(), elapsed_seconds);
+}
+
+std::optional<std::string> MetricsExporter::stats_line(const EngineMetrics& snapshot, double elapsed_seconds) {
+  std::lock_guard lock(mutex_);
+  absorb_locked(snapshot);
+  const EngineMetrics& m = latest_;
+  const int64_t prompt = m.num_prompt_tokens - std::exchange(logged_prompt_tokens_, m.num_prompt_tokens);
+  const int64_t generated = m.num_generated_tokens - std::exchange(logged_generated_tokens_, m.num_generated_tokens);
+  const int64_t queried = m.prefix_queried_tokens - std::exchange(logged_queried_tokens_, m.prefix_queried_tokens);
+  const int64_t hit = m.prefix_hit_tokens - std::exchange(logged_hit_tokens_, m.prefix_hit_tokens);
+  if (prompt == 0 && generated == 0 && m.num_running == 0 && m.num_waiting == 0) return std::nullopt;
+  const double seconds = elapsed_seconds > 0 ? elapsed_seconds : 1.0;
+  std::string line = fmt::format(
+      "Avg prompt throughput: {:.1f} tokens/s, Avg generation throughput: {:.1f} tokens/s, Running: {} reqs, "
+      "Waiting: {} reqs",
+      static_cast<double>(prompt) / seconds, static_cast<double>(generated) / seconds, m.num_running, m.num_waiting);
+  for (const TierUsage& usage : existing_tiers(m))
+    if (std::string_view(usage.kind) != "residual")
+      line += fmt::format(", {} KV cache usage: {:.1f}%", usage.tier,
+                          100.0 * static_cast<double>(usage.used_blocks) / static_cast<double>(usage.total_blocks));
+  line += fmt::format(", Prefix cache hit rate: {:.1f}%",
+                      queried > 0 ? 100.0 * static_cast<double>(hit) / static_cast<double>(queried) : 0.0);
+  return line;
 }
 
 void MetricsExporter::absorb_locked(const EngineMetrics& metrics) {

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -45,6 +46,14 @@ class MetricsExporter {
   // one lock, so concurrent scrapes absorb snapshots in the order they were
   // taken (a counter never goes back).
   std::string scrape(Engine& engine);
+  // The periodic stats line (vLLM's LoggingStatLogger, `--log-stats-interval`):
+  // prompt and generation throughput over the `elapsed_seconds` since the last
+  // call, requests running / waiting, KV usage per tier that exists, and the
+  // prefix-cache hit rate of the tokens looked up since the last call. Takes
+  // the engine's snapshot as scrape() does. nullopt when nothing ran and
+  // nothing waits (an idle server logs nothing).
+  std::optional<std::string> stats_line(Engine& engine, double elapsed_seconds);
+  std::optional<std::string> stats_line(const EngineMetrics& snapshot, double elapsed_seconds);
 
  private:
   void absorb_locked(const EngineMetrics& metrics);
@@ -56,6 +65,8 @@ class MetricsExporter {
   Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;
   Histogram load_wait_time_;  // host tier: time admitted requests waited on loads
   Histogram decode_batch_size_;
+  // Totals at the last stats_line().
+  int64_t logged_prompt_tokens_ = 0, logged_generated_tokens_ = 0, logged_queried_tokens_ = 0, logged_hit_tokens_ = 0;
 };
 
 }  // namespace loom::server

@@ -113,7 +113,22 @@ class MetricsTest(loom_server.ServerTestCase):
 
 
 class HostTierMetricsTest(loom_server.ServerTestCase):
-    SERVER_ARGS = ["--host-kv-memory", "4M"]
+    SERVER_ARGS = ["--host-kv-memory", "4M", "--log-stats-interval", "0.2"]
+
+    def test_stats_lines_come_while_there_is_work(self):
+        self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=8, **GREEDY)
+        deadline = time.time() + 10
+        while "Avg prompt throughput" not in self.server.read_log() and time.time() < deadline:
+            time.sleep(0.1)
+        line = next(line for line in self.server.read_log().splitlines() if "Avg prompt throughput" in line)
+        for part in ["Avg generation throughput", "Running:", "Waiting:", "device KV cache usage",
+                     "host KV cache usage", "Prefix cache hit rate"]:
+            self.assertIn(part, line)
+        # Idle: no more lines.
+        time.sleep(0.5)
+        count = self.server.read_log().count("Avg prompt throughput")
+        time.sleep(0.6)
+        self.assertEqual(self.server.read_log().count("Avg prompt throughput"), count)
 
     def test_host_tier_series_exist_with_one(self):
         self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, **GREEDY)

@@ -154,3 +154,40 @@ TEST(ServerMetricsTest, RequestsByFinishedReason) {
 
 }  // namespace
 }  // namespace loom::server
+
+namespace loom::server {
+namespace {
+
+TEST(ServerMetricsTest, StatsLineIsThroughputSinceTheLastLineAndSilentWhenIdle) {
+  MetricsExporter exporter("tiny");
+  EngineMetrics metrics;
+  EXPECT_EQ(exporter.stats_line(metrics, 10.0), std::nullopt);  // idle: nothing to say
+  metrics.num_prompt_tokens = 1000;
+  metrics.num_generated_tokens = 50;
+  metrics.prefix_queried_tokens = 1000;
+  metrics.prefix_hit_tokens = 250;
+  metrics.num_running = 3;
+  metrics.num_waiting = 1;
+  metrics.kv_blocks_total = 200;
+  metrics.kv_blocks_in_use = 50;
+  metrics.host_blocks_total = 100;
+  metrics.host_blocks_used = 10;
+  EXPECT_EQ(exporter.stats_line(metrics, 10.0),
+            "Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 5.0 tokens/s, Running: 3 reqs, "
+            "Waiting: 1 reqs, device KV cache usage: 25.0%, host KV cache usage: 10.0%, Prefix cache hit rate: 25.0%");
+  // The next line counts only what happened since: 500 more prompt tokens, all of them hits.
+  metrics.num_prompt_tokens = 1500;
+  metrics.prefix_queried_tokens = 1500;
+  metrics.prefix_hit_tokens = 750;
+  metrics.num_running = 0;
+  metrics.num_waiting = 0;
+  const std::optional<std::string> line = exporter.stats_line(metrics, 5.0);
+  ASSERT_TRUE(line.has_value());
+  EXPECT_NE(line->find("Avg prompt throughput: 100.0 tokens/s, Avg generation throughput: 0.0 tokens/s"),
+            std::string::npos) << *line;
+  EXPECT_NE(line->find("Prefix cache hit rate: 100.0%"), std::string::npos) << *line;
+  EXPECT_EQ(exporter.stats_line(metrics, 5.0), std::nullopt);  // nothing since, nothing running
+}
+
+}  // namespace
+}  // namespace loom::server
