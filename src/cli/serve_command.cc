@@ -58,6 +58,7 @@ struct ServeOptions {
   bool enforce_eager = false;  // cuda: no CUDA graphs
   double shutdown_timeout_seconds = 30.0;
   double log_stats_interval_seconds = 10.0;
+  std::string generation_config = "auto";
   std::string kv_cache_bytes;  // --kv-cache-bytes BYTES ("" = the engine's default)
   bool dry_run = false;
   VllmFlags vllm;
@@ -165,6 +166,13 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"chat_template", server.chat_template.empty() ? "model" : "--chat-template"},
           {"tool_call_parser", server.tool_call_parser},
           {"cuda_graphs", !options.enforce_eager},
+          {"generation_config", server.sampling_defaults.source.empty() ? nlohmann::json(nullptr)
+                                                                        : nlohmann::json(server.sampling_defaults.source)},
+          {"sampling_defaults", {{"temperature", server.sampling_defaults.temperature},
+                                 {"top_p", server.sampling_defaults.top_p},
+                                 {"top_k", server.sampling_defaults.top_k},
+                                 {"min_p", server.sampling_defaults.min_p},
+                                 {"repetition_penalty", server.sampling_defaults.repetition_penalty}}},
           {"kv_events", engine.kv_events.enabled ? nlohmann::json{{"endpoint", engine.kv_events.endpoint},
                                                                     {"topic", engine.kv_events.topic},
                                                                     {"hwm", engine.kv_events.send_high_water_mark}}
@@ -245,6 +253,18 @@ int run_serve(const ServeOptions& options) {
   config.request_limits = options.request_limits;
   config.chat_template = chat_template;
   config.log_requests = !vllm.disable_log_requests;
+  if (options.generation_config != "vllm") {
+    const std::string directory = options.generation_config == "auto" ? model_path : options.generation_config;
+    if (options.generation_config != "auto" && !std::filesystem::is_directory(directory))
+      throw Error(ErrorKind::kInvalidArgument, "--generation-config " + directory + ": not a directory",
+                  "give auto, vllm or a directory holding a generation_config.json");
+    if (std::filesystem::is_directory(directory)) config.sampling_defaults = server::read_generation_config(directory);
+    const server::SamplingDefaults& d = config.sampling_defaults;
+    if (!d.source.empty() && !(d == server::SamplingDefaults{.source = d.source}))
+      spdlog::info("sampling defaults from {} (requests that omit them): temperature {}, top_p {}, top_k {}, min_p {}, "
+                   "repetition_penalty {}; --generation-config vllm uses OpenAI's",
+                   d.source, d.temperature, d.top_p, d.top_k, d.min_p, d.repetition_penalty);
+  }
   std::vector<std::string> base_names = {config.served_model_name};
   base_names.insert(base_names.end(), config.served_model_aliases.begin(), config.served_model_aliases.end());
   check_model_names(base_names, specs);
@@ -382,6 +402,11 @@ CommandRunner register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--max-connections", http.max_connections, "Open connections at most; beyond, 503 and close")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--generation-config", options->generation_config,
+                 "Sampling defaults for requests that omit them (temperature, top_p, top_k, min_p, "
+                 "repetition_penalty), as vLLM: auto = the model directory's generation_config.json, vllm = "
+                 "OpenAI's defaults, or a directory holding a generation_config.json")
+      ->capture_default_str();
   app.add_option("--log-stats-interval", options->log_stats_interval_seconds,
                  "Seconds between stats lines in the log (throughput, running / waiting requests, KV cache usage "
                  "per tier, prefix-cache hit rate), as vLLM logs them; only while the server has work; 0 = none "

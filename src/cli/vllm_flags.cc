@@ -35,7 +35,6 @@ const std::map<std::string, std::string>& refused_flags() {
       {"--lora-dtype", "adapters run in the backend's dtype"},
       {"--distributed-executor-backend", "Loom runs one device per server"},
       {"--data-parallel-size", "run one `loom serve` per device (and `loom router` in front, when it exists)"},
-      {"--generation-config", "not yet: request fields set the sampling parameters"},
       {"--response-role", "chat responses always use the role \"assistant\""},
       {"--ssl-keyfile", "Loom serves plain HTTP: terminate TLS in a proxy"},
       {"--ssl-certfile", "Loom serves plain HTTP: terminate TLS in a proxy"},

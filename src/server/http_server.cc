@@ -124,6 +124,7 @@ struct HttpServer::Impl {
     };
     completion.parse.max_context_tokens = engine.max_context_tokens();
     completion.parse.limits = config.request_limits;
+    completion.parse.sampling_defaults = config.sampling_defaults;
     completion.parse.constraints = std::make_shared<grammar::ConstraintCompiler>(
         grammar::TokenVocabulary::from_tokenizer(*completion.tokenizer));
     const ModelChatTemplates& templates = completion.tokenizer->model_chat_templates();

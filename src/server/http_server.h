@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "server/generation_defaults.h"
 #include "server/http_transport.h"
 #include "server/openai_request.h"
 
@@ -42,6 +43,7 @@ struct ServerConfig {
   std::vector<std::string> served_model_aliases;  // more names of the base model (vLLM's extra --served-model-name)
   std::optional<uint64_t> seed;      // --seed: requests without one get seeds drawn from it (reproducible runs)
   bool log_requests = true;          // a log line per finished completion and per refused request
+  SamplingDefaults sampling_defaults;  // --generation-config: what requests that omit a sampling field get
   std::string model_path;            // also accepted as the base model's name
   bool allow_runtime_lora = false;   // enables /v1/load_lora_adapter and /v1/unload_lora_adapter
   std::string lora_dir;              // "" = any path; else runtime adapters must lie under it

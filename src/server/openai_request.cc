@@ -311,10 +311,11 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   }
 
   SamplingParams& sampling = request.sampling;
-  sampling.temperature = static_cast<float>(read_number(body, "temperature", 1.0, 0.0, 2.0));
-  sampling.top_p = static_cast<float>(read_number(body, "top_p", 1.0, 0.0, 1.0));
+  const SamplingDefaults& defaults = context.sampling_defaults;
+  sampling.temperature = static_cast<float>(read_number(body, "temperature", defaults.temperature, 0.0, 2.0));
+  sampling.top_p = static_cast<float>(read_number(body, "top_p", defaults.top_p, 0.0, 1.0));
   if (sampling.top_p <= 0.0f) throw_bad_request("top_p", "'top_p' must be in (0, 1]");
-  const int64_t top_k = read_int(body, "top_k", 0, -1, INT32_MAX);
+  const int64_t top_k = read_int(body, "top_k", defaults.top_k, -1, INT32_MAX);
   sampling.top_k = top_k < 0 ? 0 : static_cast<int>(top_k);  // vLLM spells "no limit" -1
   const Json* seed = field(body, "seed");
   sampling.seed = seed                         ? read_seed(*seed)
@@ -323,10 +324,11 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   sampling.num_top_logprobs = parsed.logprobs.enabled ? parsed.logprobs.num_top : 0;
   sampling.presence_penalty = static_cast<float>(read_number(body, "presence_penalty", 0.0, -2.0, 2.0));
   sampling.frequency_penalty = static_cast<float>(read_number(body, "frequency_penalty", 0.0, -2.0, 2.0));
-  sampling.repetition_penalty = static_cast<float>(read_number(body, "repetition_penalty", 1.0, 0.0, 100.0));
+  sampling.repetition_penalty =
+      static_cast<float>(read_number(body, "repetition_penalty", defaults.repetition_penalty, 0.0, 100.0));
   if (sampling.repetition_penalty <= 0.0f)
     throw_bad_request("repetition_penalty", "'repetition_penalty' must be > 0 (1: none)");
-  sampling.min_p = static_cast<float>(read_number(body, "min_p", 0.0, 0.0, 1.0));
+  sampling.min_p = static_cast<float>(read_number(body, "min_p", defaults.min_p, 0.0, 1.0));
   sampling.logit_bias = read_logit_bias(body, context.tokenizer->vocab_size());
 
   request.stop_strings = read_stop(body, limits);

@@ -15,6 +15,7 @@
 #include "chat/chat_renderer.h"
 #include "engine/engine.h"
 #include "grammar/constraint_compiler.h"
+#include "server/generation_defaults.h"
 #include "server/tool_choice.h"
 #include "tokenizer/tokenizer.h"
 
@@ -54,6 +55,8 @@ struct ParseContext {
   toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
   // The seed of a request that gives none (thread-safe); null: a random one.
   std::function<uint64_t()> next_default_seed;
+  // What a request that omits a sampling field gets (--generation-config).
+  SamplingDefaults sampling_defaults;
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions

@@ -2,6 +2,8 @@
 // errors with exit status 2 for bad input.
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "test_util.h"
@@ -157,6 +159,14 @@ TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
   EXPECT_EQ(disk["disk_kv_warm_start"], true);
   EXPECT_EQ(disk["disk_kv_read_bandwidth"], 100 << 20);
   EXPECT_EQ(names["disk_kv_path"], nullptr);
+  // --generation-config: auto (the model directory's file, if any), vllm (OpenAI's), or a directory.
+  test::TempDir generation;
+  std::ofstream(generation.path() / "generation_config.json") << R"({"temperature": 0.25, "top_k": 7})";
+  const nlohmann::json from_dir = dry_run(model(), "--generation-config " + generation.str());
+  EXPECT_EQ(from_dir["sampling_defaults"]["temperature"], 0.25);
+  EXPECT_EQ(from_dir["sampling_defaults"]["top_k"], 7);
+  EXPECT_EQ(dry_run(model(), "--generation-config vllm")["generation_config"], nullptr);
+  EXPECT_EQ(dry_run(model(), "--generation-config vllm")["sampling_defaults"]["temperature"], 1.0);
 }
 
 TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
@@ -180,6 +190,7 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
            {"--disk-kv-path /tmp/loom-cli-disk", "--host-kv-memory"},
            {"--disk-kv-path /tmp/loom-cli-disk --host-kv-memory 1M", "--disk-kv-bytes"},
            {"--kv-transfer-config '{}'", "--disk-kv-path"},
+           {"--generation-config /nonexistent-loom-dir", "not a directory"},
        }) {
     CommandResult result = run("serve --model " + model() + " --dry-run " + c.flags);
     EXPECT_EQ(result.exit_code, 2) << c.flags << "\n" << result.output;

@@ -2,6 +2,8 @@
 // a model or a socket (the metrics exposition: server_metrics_test.cc).
 #include <gtest/gtest.h>
 
+#include <fstream>
+
 #include <nlohmann/json.hpp>
 
 #include "server/api_error.h"
@@ -91,6 +93,37 @@ TEST_F(ServerOpenAiTest, CompletionFieldsBecomeEngineRequest) {
   EXPECT_EQ(request.stop_strings, std::vector<std::string>{"\n"});
   EXPECT_TRUE(request.ignore_eos);
   EXPECT_EQ(request.priority, -1);
+}
+
+TEST_F(ServerOpenAiTest, GenerationConfigDefaultsFillOnlyOmittedSamplingFields) {
+  test::TempDir directory;
+  std::ofstream(directory.path() / "generation_config.json")
+      << R"({"temperature": 0.6, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+            "do_sample": true, "eos_token_id": [1, 2]})";
+  const SamplingDefaults defaults = read_generation_config(directory.str());
+  EXPECT_EQ(defaults.source, (directory.path() / "generation_config.json").string());
+  ParseContext with_defaults = context();
+  with_defaults.sampling_defaults = defaults;
+  const SamplingParams omitted =
+      parse_openai_request(Endpoint::kCompletions, R"({"model": "tiny", "prompt": "hi"})", with_defaults)
+          .engine_template.sampling;
+  EXPECT_FLOAT_EQ(omitted.temperature, 0.6f);
+  EXPECT_FLOAT_EQ(omitted.top_p, 0.9f);
+  EXPECT_EQ(omitted.top_k, 20);
+  EXPECT_FLOAT_EQ(omitted.min_p, 0.05f);
+  EXPECT_FLOAT_EQ(omitted.repetition_penalty, 1.1f);
+  const SamplingParams given = parse_openai_request(
+      Endpoint::kCompletions, R"({"model": "tiny", "prompt": "hi", "temperature": 0, "top_k": -1})", with_defaults)
+                                   .engine_template.sampling;
+  EXPECT_EQ(given.temperature, 0.0f);  // the request's own values win
+  EXPECT_EQ(given.top_k, 0);
+  EXPECT_FLOAT_EQ(given.top_p, 0.9f);
+  // No file: OpenAI's defaults. A bad value: an error naming the file and the key.
+  test::TempDir empty;
+  EXPECT_EQ(read_generation_config(empty.str()), SamplingDefaults{});
+  std::ofstream(empty.path() / "generation_config.json") << R"({"temperature": 7})";
+  test::expect_error([&] { read_generation_config(empty.str()); }, ErrorKind::kFormat,
+                     {"generation_config.json", "temperature"});
 }
 
 TEST_F(ServerOpenAiTest, PromptShapesAndDefaults) {
