@@ -113,13 +113,21 @@ void FileDiskKvStore::warm_start() {
 }
 
 bool FileDiskKvStore::contains(const KvBlockHash& hash) {
+  const Clock::time_point now = Clock::now();
   {
     std::lock_guard lock(mutex_);
     if (index_.contains(hash)) return true;
+    const auto miss = misses_.find(hash);
+    if (miss != misses_.end() && now - miss->second < std::chrono::duration<double>(config_.miss_seconds)) return false;
   }
   struct stat info {};
-  if (::stat(block_path(config_.directory, hash).c_str(), &info) != 0 || !S_ISREG(info.st_mode)) return false;
+  const bool found = ::stat(block_path(config_.directory, hash).c_str(), &info) == 0 && S_ISREG(info.st_mode);
   std::lock_guard lock(mutex_);
+  if (!found) {
+    if (misses_.size() >= kMaxMisses) misses_.clear();
+    misses_[hash] = now;
+    return false;
+  }
   remember(hash, info.st_size);
   return true;
 }
@@ -206,6 +214,7 @@ void FileDiskKvStore::trim_directory() {
 }
 
 void FileDiskKvStore::remember(const KvBlockHash& hash, int64_t file_bytes) {
+  misses_.erase(hash);
   const auto [entry, inserted] = index_.try_emplace(hash, file_bytes);
   if (!inserted) {
     index_bytes_ -= entry->second;

@@ -43,8 +43,10 @@
 // Lookups: contains() answers from an in-memory index of the blocks this
 // process wrote or read, or found at open (warm start, config.warm_start),
 // else one stat() of the block's file (a block another process published),
-// which then joins the index. Removal by another process is found by read()
-// (a miss).
+// which then joins the index. A miss is remembered for config.miss_seconds, so the
+// engine thread, which asks about the same missing blocks of waiting requests
+// every step, stats each at most once a second (another process's publish is
+// seen within that). Removal by another process is found by read() (a miss).
 //
 // I/O: read_blocks() submits all its reads through io_uring (liburing), with
 // O_DIRECT where the file system and the destination's alignment allow (else
@@ -74,6 +76,7 @@ struct DiskKvStoreConfig {
   int64_t read_bandwidth_bytes_per_second = 0;   // 0: unpaced
   bool direct_io = true;                         // try O_DIRECT
   int32_t max_reads_in_flight = 64;              // io_uring queue depth
+  double miss_seconds = 1.0;                     // how long contains() trusts a miss (see "Lookups"); 0: never
 };
 
 struct DiskKvStoreStats {

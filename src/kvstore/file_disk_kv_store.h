@@ -41,6 +41,8 @@ class FileDiskKvStore final : public DiskKvStore {
 
   mutable std::mutex mutex_;                // guards the members up to trim_mutex_
   std::map<KvBlockHash, int64_t> index_;    // hash -> file bytes
+  std::map<KvBlockHash, Clock::time_point> misses_;  // contains() said no at that time (see "Lookups")
+  static constexpr size_t kMaxMisses = 1 << 16;      // then forgotten all at once
   int64_t index_bytes_ = 0;
   std::optional<int64_t> directory_bytes_;  // estimate of all block files' bytes; unknown until the first scan
   int64_t bytes_written_since_scan_ = 0;     // this process's part of the estimate (others' are unseen)

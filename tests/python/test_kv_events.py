@@ -132,10 +132,9 @@ def expected_cached_tokens(num_blocks_held, prompt):
     return min(num_blocks_held, (len(prompt) - 1) // BLOCK) * BLOCK
 
 
-class KvEventsTest(loom_server.ServerTestCase):
-    EVENTS_PORT = loom_server.free_port()
-    # 32 blocks of 4 tokens (tiny model: 512 bytes a token): eviction comes after a few prompts.
-    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K"]
+class SubscribedServerTestCase(loom_server.ServerTestCase):
+    """A server publishing KV events on EVENTS_PORT (in SERVER_ARGS) and a subscriber to them."""
+    EVENTS_PORT = 0
 
     @classmethod
     def setUpClass(cls):
@@ -144,18 +143,32 @@ class KvEventsTest(loom_server.ServerTestCase):
 
     @classmethod
     def tearDownClass(cls):
-        super().tearDownClass()  # stops the server: its last batch says it holds nothing
+        super().tearDownClass()  # stops the server
         try:
-            assert cls.subscriber.wait_for(lambda: cls.subscriber.events[-1:] == [["AllBlocksCleared"]]), \
-                cls.subscriber.events[-3:]
-            assert not cls.subscriber.held["GPU"] and not cls.subscriber.held["CPU"]
+            cls.after_server_stopped()
         finally:
             cls.subscriber.close()
+
+    @classmethod
+    def after_server_stopped(cls):
+        pass
 
     def complete(self, prompt, model="tiny"):
         response = self.client.completions.create(model=model, prompt=prompt, max_tokens=1, **GREEDY)
         self.subscriber.poll(0.2)  # the step's events went out before the response did
         return response
+
+
+class KvEventsTest(SubscribedServerTestCase):
+    EVENTS_PORT = loom_server.free_port()
+    # 32 blocks of 4 tokens (tiny model: 512 bytes a token): eviction comes after a few prompts.
+    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K"]
+
+    @classmethod
+    def after_server_stopped(cls):  # its last batch says it holds nothing
+        assert cls.subscriber.wait_for(lambda: cls.subscriber.events[-1:] == [["AllBlocksCleared"]]), \
+            cls.subscriber.events[-3:]
+        assert not cls.subscriber.held["GPU"] and not cls.subscriber.held["CPU"]
 
     def assert_view_matches_metrics(self):
         """Idle, the device blocks the subscriber believes held are exactly the server's cached blocks."""
@@ -208,28 +221,13 @@ class KvEventsTest(loom_server.ServerTestCase):
         self.assert_view_matches_metrics()
 
 
-class KvEventsHostTierTest(loom_server.ServerTestCase):
+class KvEventsHostTierTest(SubscribedServerTestCase):
     """With a host tier: backups are stored on "CPU" once copied, device eviction removes only the "GPU" copy,
     and a repeat loads the blocks back (stored on "GPU" again)."""
     EVENTS_PORT = loom_server.free_port()
     SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K",
                    "--host-kv-memory", "512K"]  # 256 host blocks: every backup stays
     SERVER_KWARGS = {"num_adapters": 1}
-
-    @classmethod
-    def setUpClass(cls):
-        super().setUpClass()
-        cls.subscriber = Subscriber(f"tcp://127.0.0.1:{cls.EVENTS_PORT}")
-
-    @classmethod
-    def tearDownClass(cls):
-        super().tearDownClass()
-        cls.subscriber.close()
-
-    def complete(self, prompt):
-        response = self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
-        self.subscriber.poll(0.2)
-        return response
 
     def test_blocks_move_between_the_device_and_the_host(self):
         first = list(range(100, 122))

@@ -115,6 +115,7 @@ class DiskKvStoreTest : public ::testing::Test {
     DiskKvStoreConfig config;
     config.directory = dir_;
     config.capacity_bytes = capacity_bytes;
+    config.miss_seconds = 0;  // every lookup stats (MissesAreTrustedForAWhile tests the window)
     return config;
   }
 
@@ -423,6 +424,22 @@ TEST_F(DiskKvStoreTest, TwoInstancesShareOneDirectory) {
   EXPECT_FALSE(read_back(*reader, hash, 5000));
   EXPECT_FALSE(reader->contains(hash));
   EXPECT_EQ(reader->stats().num_read_failures, 0);
+}
+
+TEST_F(DiskKvStoreTest, MissesAreTrustedForAWhile) {
+  DiskKvStoreConfig windowed = config();
+  windowed.miss_seconds = 3600;
+  const auto writer = DiskKvStore::open(config());
+  const auto reader = DiskKvStore::open(windowed);
+  const KvBlockHash other = test_hash("window", 0), own = test_hash("window", 1);
+  EXPECT_FALSE(reader->contains(other));
+  ASSERT_TRUE(writer->write_block(other, test_payload(3000, 1)));
+  EXPECT_FALSE(reader->contains(other));  // within the window: no stat
+  EXPECT_EQ(read_back(*reader, other, 3000), test_payload(3000, 1));  // a read still finds it
+  EXPECT_TRUE(reader->contains(other));   // and it joined the index
+  EXPECT_FALSE(reader->contains(own));
+  ASSERT_TRUE(reader->write_block(own, test_payload(3000, 2)));
+  EXPECT_TRUE(reader->contains(own));  // its own write ends the miss at once
 }
 
 TEST_F(DiskKvStoreTest, WarmStartIndexesExistingBlocksAndRemovesStaleTemporaries) {

@@ -11,22 +11,18 @@
 
 #include "kv/kv_cache_group.h"
 #include "kv/kv_cache_manager.h"
+#include "kv_test_tokens.h"
 #include "scheduler/scheduler.h"
 
 namespace loom {
 namespace {
 
-constexpr int32_t kBlock = 4;
-using Tokens = std::vector<KvTokenId>;
+constexpr int32_t kBlock = test::kKvTestBlock;
+using Tokens = test::KvTestTokens;
+using test::block_tokens;
 using Kind = KvCacheManager::Transfer::Kind;
 using Reason = KvCacheManager::LoadReason;
 using Status = KvCacheManager::PrefixStatus;
-
-Tokens block_tokens(KvTokenId first, int32_t num_blocks) {
-  Tokens tokens(static_cast<size_t>(num_blocks * kBlock));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<KvTokenId>(i);
-  return tokens;
-}
 
 class FakeDirectory : public KvBlockDirectory {
  public:
@@ -61,6 +57,10 @@ struct DiskCache {
       kv.finish_transfer(transfer.id, true);
     }
     ASSERT_EQ(kv.integrity_error(), "");
+  }
+  // Applies every transfer planned so far as `succeeded` (the I/O is not run).
+  void finish_all(bool succeeded) {
+    for (const auto& transfer : kv.take_transfers()) kv.finish_transfer(transfer.id, succeeded);
   }
   std::vector<int32_t> status(const Tokens& tokens) {
     const Status s = kv.prefix_status(key, tokens);
@@ -153,10 +153,10 @@ TEST(KvDiskTier, ABlockOnDiskIsReadToTheHostThenLoaded) {
   EXPECT_EQ(reader.kv.stats().num_disk_read_blocks, 2);
   // The rest, then host -> device as for any host block.
   EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
-  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 12, 0}));
   EXPECT_EQ(reader.kv.start_load(reader.key, tokens, 8), 3);
-  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{20, 0, 0, 0}));
   KvLease lease = reader.kv.lock_prefix(reader.key, tokens);
   EXPECT_EQ(lease.num_found_tokens(), 20);
@@ -171,7 +171,7 @@ TEST(KvDiskTier, AFailedReadFreesItsHostBlocksAndJoinsNothing) {
   DiskCache reader(directory, 8, 4);
   EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 3);
   EXPECT_EQ(reader.kv.stats().num_host_used_blocks, 3);
-  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, false);
+  reader.finish_all(false);
   EXPECT_EQ(reader.kv.integrity_error(), "");
   EXPECT_EQ(reader.kv.stats().num_host_used_blocks, 0);
   EXPECT_EQ(reader.kv.stats().num_disk_read_failed_blocks, 3);
@@ -213,7 +213,7 @@ TEST(KvDiskTier, AReadTakesHostLeavesButNeverItsOwnParent) {
   // The unrelated host leaf goes; the prompt's own host block (the read's parent) stays.
   EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
   EXPECT_EQ(reader.kv.integrity_error(), "");
-  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 8, 4}));
   EXPECT_EQ(reader.status(block_tokens(500, 1)), (std::vector<int32_t>{0, 0, 0, 4}));  // its backup is on disk
 }
@@ -238,7 +238,7 @@ TEST(KvDiskTier, APrefetchedAgentPrefixComesFromDiskThenToTheDevice) {
   // The next prefetch loads the host part (the mark moves there once declared again) and reads the rest.
   reader.kv.set_agent_fixed_prefix("wf/planner", reader.key, prefix, 16);
   EXPECT_EQ(reader.kv.prefetch_agent("wf/planner", 8), 4);
-  for (const auto& transfer : reader.kv.take_transfers()) reader.kv.finish_transfer(transfer.id, true);
+  reader.finish_all(true);
   EXPECT_EQ(reader.status(prefix), (std::vector<int32_t>{12, 0, 4, 0}));
   EXPECT_EQ(reader.kv.stats().num_prefetched_blocks, 3);
   EXPECT_EQ(reader.kv.integrity_error(), "");

@@ -14,27 +14,19 @@
 
 #include "kv/kv_cache_group.h"
 #include "kv/kv_cache_manager.h"
+#include "kv_test_tokens.h"
 #include "kvevents/kv_event_batch.h"
 #include "kvevents/msgpack_writer.h"
 
 namespace loom {
 namespace {
 
-constexpr int32_t kBlock = 4;
-using Tokens = std::vector<KvTokenId>;
+constexpr int32_t kBlock = test::kKvTestBlock;
+using Tokens = test::KvTestTokens;
+using test::block_tokens;
+using test::concat;
 using Events = std::vector<std::string>;
 using Reason = KvCacheManager::LoadReason;
-
-Tokens block_tokens(KvTokenId first, int32_t num_blocks) {
-  Tokens tokens(static_cast<size_t>(num_blocks * kBlock));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<KvTokenId>(i);
-  return tokens;
-}
-
-Tokens concat(Tokens a, const Tokens& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // Events as "+GPU base@8<4": stored (+) or removed (-), the medium, the
 // residual member's "r:", the namespace, @ the block's first token, and after

@@ -9,28 +9,20 @@
 #include <vector>
 
 #include "kv/kv_cache_manager.h"
+#include "kv_test_tokens.h"
 
 namespace loom {
 namespace {
 
-constexpr int32_t kBlock = 4;
+constexpr int32_t kBlock = test::kKvTestBlock;
 using Ids = std::vector<int32_t>;
-using Tokens = std::vector<KvTokenId>;
+using Tokens = test::KvTestTokens;
+using test::block_tokens;
+using test::concat;
 using Kind = KvCacheManager::Transfer::Kind;
 using Reason = KvCacheManager::LoadReason;
 using Policy = KvCacheManager::EvictionPolicy;
 using Status = KvCacheManager::PrefixStatus;
-
-Tokens block_tokens(KvTokenId first, int32_t num_blocks) {
-  Tokens tokens(static_cast<size_t>(num_blocks * kBlock));
-  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = first + static_cast<KvTokenId>(i);
-  return tokens;
-}
-
-Tokens concat(Tokens a, const Tokens& b) {
-  a.insert(a.end(), b.begin(), b.end());
-  return a;
-}
 
 // {device, loading, host} tokens.
 std::vector<int32_t> as_vector(const Status& status) {
