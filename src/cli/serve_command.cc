@@ -25,6 +25,7 @@
 #include "chat/chat_renderer.h"
 #include "cli/commands.h"
 #include "cli/device_backend.h"
+#include "cli/kv_transfer_setup.h"
 #include "cli/vllm_flags.h"
 #include "engine/engine.h"
 #include "model/loader.h"
@@ -60,6 +61,7 @@ struct ServeOptions {
   double log_stats_interval_seconds = 10.0;
   std::string generation_config = "auto";
   std::string kv_cache_bytes;  // --kv-cache-bytes BYTES ("" = the engine's default)
+  KvTransferOptions kv_transfer;  // --role, --kv-transfer-host/-port, --kv-buffer-bytes
   bool dry_run = false;
   VllmFlags vllm;
   server::ServerConfig server;  // transport limits and flags bound directly
@@ -296,12 +298,14 @@ int run_serve(const ServeOptions& options) {
   }
   spdlog::info("config: {}", effective.dump());
   if (gpu_fraction > 0.0) engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, gpu_fraction);
+  config.kv_transfer = prepare_kv_transfer(options.kv_transfer, engine_config, loaded->backend->kv_bytes_per_token());
   std::unique_ptr<Engine> engine = make_engine(std::move(loaded->model), std::move(loaded->backend), engine_config);
   // Loaded before any request: forked adapters here size the rCache pool.
   for (const LoraSpec& spec : specs) engine->load_adapter(spec.name, spec.path, spec.sharing);
   for (const AdapterInfo& adapter : engine->adapters())
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
+  start_kv_link(options.kv_transfer, options.host, config.kv_transfer);
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
@@ -475,6 +479,18 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--disk-kv-read-bandwidth", options->disk_kv_read_bandwidth,
                  "Pace disk-tier reads to BYTES per second (suffix K, M, G allowed; 0 = unpaced): emulates a slower "
                  "network store on one machine");
+  app.add_option("--role", options->kv_transfer.role,
+                 "Prefill/decode disaggregation behind `loom router`: prefill, decode or both. prefill and decode "
+                 "engines get a KV buffer (--kv-buffer-bytes, over --disk-kv-path when given) and a KV link on "
+                 "--kv-transfer-port; the router tells them about each other")
+      ->check(CLI::IsMember({"prefill", "decode", "both"}));
+  app.add_option("--kv-transfer-port", options->kv_transfer.port,
+                 "Port of the KV link other engines push blocks to (0 = a free one, the default for prefill / "
+                 "decode; -1 = none; /loom/kv/status reports it)")
+      ->check(CLI::Range(-1, 65535));
+  app.add_option("--kv-transfer-host", options->kv_transfer.host, "Address the KV link listens on (default: --host)");
+  app.add_option("--kv-buffer-bytes", options->kv_transfer.buffer_bytes,
+                 "Memory for KV blocks moving between engines (DualPath's engine buffer): BYTES, suffix K, M, G");
   app.add_option("--prefetch-agents", engine.prefetch_agents,
                  "With a host tier: load back the fixed prefixes of this many agents closest to running, from the "
                  "workflow graphs (0 = no prefetch; default 2)")

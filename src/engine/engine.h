@@ -23,6 +23,7 @@
 #include "engine/generation_result.h"
 #include "engine/sampler.h"
 #include "grammar/compiled_grammar.h"
+#include "kv/kv_block_hash.h"
 #include "kvevents/kv_events_config.h"
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
@@ -31,6 +32,8 @@
 #include "workflow/workflow_registry.h"
 
 namespace loom {
+
+class DiskKvStore;
 
 struct EngineConfig {
   int32_t block_size = 16;
@@ -98,6 +101,10 @@ struct EngineConfig {
   int64_t disk_kv_bytes = 0;
   bool disk_kv_warm_start = false;
   int64_t disk_kv_read_bandwidth = 0;  // bytes/s; 0 = unpaced
+  // A store to use as the disk tier instead of opening disk_kv_path: a
+  // disaggregated engine's BufferedKvStore (kvstore/buffered_kv_store.h),
+  // which the server's KV transfer routes share. Same rules: needs a host tier.
+  std::shared_ptr<DiskKvStore> kv_store;
   // KV events for KV-aware routers (--kv-events-config, vLLM's): when enabled,
   // every block stored in or removed from a tier of any KV cache is published
   // over ZMQ, one batch per engine loop iteration (kvevents/kv_event_publisher.h).
@@ -112,6 +119,12 @@ struct EngineConfig {
   // "At start" above means: before the first request is submitted. Until then,
   // loading a forked adapter (re)sizes both pools (contents are lost; there are
   // none yet); afterwards a forked adapter that does not fit the pools fails.
+};
+
+// A KV block as a transfer names it: its content hash and payload bytes.
+struct KvBlockName {
+  KvBlockHash hash;
+  int64_t bytes = 0;
 };
 
 struct EngineRequest {
@@ -253,6 +266,15 @@ class Engine {
   virtual std::vector<AdapterInfo> adapters() const = 0;
 
   virtual EngineMetrics take_metrics() = 0;
+  // The full blocks `request`'s prompt fills, in every KV cache it uses (main
+  // first, then the rCache), named as the engine names them (content hashes,
+  // kv/kv_block_hash.h) with their payload bytes: what a KV transfer between
+  // engines moves. Empty when the engine names no blocks (no disk tier, no KV
+  // store, no KV events). Throws Error(kNotFound) for an unknown adapter. Any thread.
+  virtual std::vector<KvBlockName> kv_block_hashes(const EngineRequest& request) {
+    (void)request;
+    return {};
+  }
   // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).
   virtual WorkflowRegistry& workflows() {
     throw Error(ErrorKind::kUnsupported, "this engine has no workflow registry");

@@ -20,7 +20,7 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
       adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())),
       kv_events_(config.kv_events.enabled ? std::make_unique<KvEventPublisher>(config.kv_events) : nullptr),
       pools_(*backend_, config,
-             config.disk_kv_path.empty() && !kv_events_ ? KvBlockHash{} : model_fingerprint(model_),
+             config.disk_kv_path.empty() && !config.kv_store && !kv_events_ ? KvBlockHash{} : model_fingerprint(model_),
              kv_events_ ? &kv_events_->sink() : nullptr),
       workflow_sync_(workflows_, config) {
   check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
@@ -36,6 +36,27 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
 }
 
 EngineImpl::~EngineImpl() { shutdown(false); }
+
+std::vector<KvBlockName> EngineImpl::kv_block_hashes(const EngineRequest& request) {
+  std::optional<AdapterRegistry::ReadyAdapter> adapter;
+  if (!request.adapter.empty()) {
+    adapter = adapters_.find_ready(request.adapter);
+    if (!adapter) throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", request.adapter));
+  }
+  const RequestKvPlan plan = plan_request_kv(request.adapter, adapter ? adapter->adapter.get() : nullptr,
+                                             adapter ? adapter->sharing : KvSharing::kIsolated,
+                                             adapter ? adapter->slot : -1, request.prompt_tokens, config_.block_size);
+  std::vector<KvBlockName> names;
+  run_on_engine_thread([&] {
+    if (!pools_.names_blocks()) return;
+    pools_.caches().for_each([&](KvCacheId id, const KvCacheManager& member) {
+      if (!plan.kv.uses(id) || !member.has_block_hashes()) return;
+      for (const KvBlockHash& hash : member.block_hashes(plan.kv.key_in(id), request.prompt_tokens))
+        names.push_back({hash, pools_.bytes_per_block(id)});
+    });
+  });
+  return names;
+}
 
 std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
   if (request.prompt_tokens.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");

@@ -65,6 +65,7 @@ class EngineImpl final : public Engine {
   void unload_adapter(const std::string& name) override;
   std::vector<AdapterInfo> adapters() const override { return adapters_.infos(); }
   EngineMetrics take_metrics() override;
+  std::vector<KvBlockName> kv_block_hashes(const EngineRequest& request) override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }

@@ -22,27 +22,32 @@ KvPools::KvPools(Backend& backend, const EngineConfig& config, const KvBlockHash
                  KvEventSink* events)
     : backend_(backend), config_(config), kv_bytes_per_block_(backend.kv_bytes_per_token() * config.block_size),
       model_identity_(model_identity), events_(events) {
-  if (config_.disk_kv_path.empty()) return;
+  if (config_.disk_kv_path.empty() && !config_.kv_store) return;
   if (config_.host_kv_cache_bytes <= 0 && config_.num_host_kv_blocks <= 0)
     throw Error(ErrorKind::kInvalidArgument, "a disk KV tier needs a host KV tier to stage its blocks",
                 "add --host-kv-memory BYTES");
-  if (config_.disk_kv_bytes <= 0)
+  disk_store_ = config_.kv_store ? config_.kv_store : std::shared_ptr<DiskKvStore>(open_disk_tier(config_));
+  disk_directory_ = std::make_unique<StoreDirectory>(*disk_store_);
+}
+
+std::unique_ptr<DiskKvStore> open_disk_tier(const EngineConfig& config) {
+  if (config.disk_kv_bytes <= 0)
     throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("a disk KV tier at {} needs its size cap", config_.disk_kv_path),
+                fmt::format("a disk KV tier at {} needs its size cap", config.disk_kv_path),
                 "add --disk-kv-bytes BYTES");
   DiskKvStoreConfig store;
-  store.directory = config_.disk_kv_path;
-  store.capacity_bytes = config_.disk_kv_bytes;
-  store.warm_start = config_.disk_kv_warm_start;
-  store.read_bandwidth_bytes_per_second = config_.disk_kv_read_bandwidth;
-  disk_store_ = DiskKvStore::open(store);
-  disk_directory_ = std::make_unique<StoreDirectory>(*disk_store_);
-  const DiskKvStoreStats stats = disk_store_->stats();
-  spdlog::info("KV disk tier at {}: cap {:.1f} MiB{}", config_.disk_kv_path,
-               static_cast<double>(config_.disk_kv_bytes) / (1 << 20),
-               config_.disk_kv_warm_start ? fmt::format(", warm start: {} blocks ({:.1f} MiB) found", stats.num_blocks,
+  store.directory = config.disk_kv_path;
+  store.capacity_bytes = config.disk_kv_bytes;
+  store.warm_start = config.disk_kv_warm_start;
+  store.read_bandwidth_bytes_per_second = config.disk_kv_read_bandwidth;
+  std::unique_ptr<DiskKvStore> opened = DiskKvStore::open(store);
+  const DiskKvStoreStats stats = opened->stats();
+  spdlog::info("KV disk tier at {}: cap {:.1f} MiB{}", config.disk_kv_path,
+               static_cast<double>(config.disk_kv_bytes) / (1 << 20),
+               config.disk_kv_warm_start ? fmt::format(", warm start: {} blocks ({:.1f} MiB) found", stats.num_blocks,
                                                         static_cast<double>(stats.num_bytes) / (1 << 20))
                                           : "");
+  return opened;
 }
 
 KvPools::~KvPools() {

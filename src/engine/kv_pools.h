@@ -26,7 +26,8 @@
 // max_lora_rank "at start"); the pools hold nothing yet, so nothing is lost.
 //
 // Disk tier (EngineConfig::disk_kv_path): KvPools opens the DiskKvStore at
-// construction and, with the host tiers, enables the disk tier on every member
+// construction (or takes EngineConfig::kv_store, a disaggregated engine's
+// buffered store, shared with the server) and, with the host tiers, enables the disk tier on every member
 // that has one (kv_cache_manager.h "Disk tier"). Block names chain from a salt
 // per member: the model's fingerprint, the member's layout (block size and
 // bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one) and its
@@ -77,6 +78,11 @@ inline constexpr int32_t kMinAutoLoraRank = 16;
 inline KvPoolKind kv_pool_kind(KvCacheId id) {
   return id == KvCacheId::kMain ? KvPoolKind::kMain : KvPoolKind::kResidual;
 }
+
+// The disk tier's store as EngineConfig's disk_kv_* fields describe it
+// (disk_kv_path set). Throws Error(kInvalidArgument) when it cannot be used or
+// disk_kv_bytes is not positive.
+std::unique_ptr<DiskKvStore> open_disk_tier(const EngineConfig& config);
 
 // The pools asked for.
 struct KvPoolSizing {
@@ -193,7 +199,7 @@ class KvPools {
   std::atomic<int32_t> residual_max_rank_{0};
   const KvBlockHash model_identity_;
   KvEventSink* const events_;
-  std::unique_ptr<DiskKvStore> disk_store_;
+  std::shared_ptr<DiskKvStore> disk_store_;
   std::unique_ptr<StoreDirectory> disk_directory_;
   std::map<std::string, KvBlockHash> adapter_identities_;
   std::unique_ptr<KvCacheGroup> caches_;

@@ -92,6 +92,8 @@ struct HttpServer::Impl {
   MetricsExporter metrics;
   std::unique_ptr<const ChatRenderer> chat_renderer;  // shared by every handler thread; outlives the transport
   CompletionContext completion;
+  KvRouteContext kv_routes;
+  std::atomic<int32_t> num_completions{0};  // completion requests in flight
   std::mutex adapter_mutex;  // serialises runtime load/unload
   std::unique_ptr<HttpTransport> transport;
   // /v1/models' `created`: when the server started, the same in every listing.
@@ -139,6 +141,7 @@ struct HttpServer::Impl {
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 
+    kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions};
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());
     completion.log_requests = config.log_requests;
 
@@ -197,7 +200,8 @@ HttpResponse HttpServer::Impl::handle(HttpRequest& request) {
 
 bool HttpServer::Impl::authorized(const HttpRequest& request) const {
   if (config.api_key.empty()) return true;
-  const bool guarded = request.path.rfind("/v1/", 0) == 0 || (config.metrics_require_api_key && request.path == "/metrics");
+  const bool guarded = request.path.rfind("/v1/", 0) == 0 || request.path.rfind("/loom/", 0) == 0 ||
+                       (config.metrics_require_api_key && request.path == "/metrics");
   return !guarded || api_key_matches(request.header("Authorization"), config.api_key);
 }
 
@@ -250,8 +254,23 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
   }
   if (path == "/v1/completions" || path == "/v1/chat/completions") {
     if (auto refused = wrong_method({"POST"})) return *refused;
-    return handle_completion(path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions,
-                             completion, request);
+    // Counted until the whole body or the stream has gone out (/loom/kv/status's num_requests).
+    ++num_completions;
+    auto in_flight = std::shared_ptr<std::atomic<int32_t>>(&num_completions, [](std::atomic<int32_t>* count) { --*count; });
+    HttpResponse response = handle_completion(
+        path == "/v1/completions" ? Endpoint::kCompletions : Endpoint::kChatCompletions, completion, request);
+    if (response.stream)
+      response.stream = [stream = std::move(response.stream), in_flight](ResponseSink& sink) { stream(sink); };
+    return response;
+  }
+  if (path == "/loom/kv/status") {
+    if (auto refused = wrong_method({"GET"})) return *refused;
+    return json_response(kv_status_body(kv_routes));
+  }
+  if (path == "/loom/kv/probe" || path == "/loom/kv/send") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return json_response(path == "/loom/kv/probe" ? kv_probe_body(kv_routes, request.body)
+                                                  : kv_send_body(kv_routes, request.body));
   }
   // As in vLLM, the runtime adapter routes exist only when enabled (404 otherwise).
   if (config.allow_runtime_lora && path == "/v1/load_lora_adapter") {

@@ -6,7 +6,9 @@
 // Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions,
 // POST /v1/chat/completions, PUT/GET/DELETE /v1/workflows/{id} and POST
 // /v1/workflows/{id}/progress (server/workflow_routes.h), and with allow_runtime_lora POST
-// /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies). Unknown
+// /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies), and the KV
+// transfer routes GET /loom/kv/status, POST /loom/kv/probe and /loom/kv/send
+// that `loom router` drives (server/kv_routes.h). Unknown
 // paths get 404, a known path with another method 405 (with Allow).
 //
 // Shutdown: shutdown(timeout) stops accepting, lets requests in flight finish
@@ -29,6 +31,7 @@
 #include "engine/engine.h"
 #include "server/generation_defaults.h"
 #include "server/http_transport.h"
+#include "server/kv_routes.h"
 #include "server/openai_request.h"
 
 namespace loom::server {
@@ -55,6 +58,9 @@ struct ServerConfig {
   // Jinja source replacing the model's chat templates ("" = the model's own);
   // a syntax error makes the HttpServer constructor throw Error naming the line.
   std::string chat_template;
+  // Prefill/decode disaggregation (--role, --kv-transfer-port): the engine's
+  // KV buffer and link, for the /loom/kv/ routes (server/kv_routes.h).
+  KvTransferSetup kv_transfer;
 };
 
 class HttpServer {

@@ -1,0 +1,48 @@
+#include "cli/kv_transfer_setup.h"
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "engine/kv_pools.h"
+#include "util/error.h"
+
+namespace loom::cli {
+
+server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
+                                            int64_t kv_bytes_per_token) {
+  if (options.role != "prefill" && options.role != "decode" && options.role != "both")
+    throw Error(ErrorKind::kInvalidArgument, "--role " + options.role, "use prefill, decode or both");
+  server::KvTransferSetup setup;
+  setup.role = options.role;
+  setup.block_size = engine.block_size;
+  setup.bytes_per_block = kv_bytes_per_token * engine.block_size;
+  setup.read_bandwidth = engine.disk_kv_read_bandwidth;
+  if (options.role == "both" && options.port < 0) return setup;
+  const int64_t buffer_bytes = parse_byte_size(options.buffer_bytes, "--kv-buffer-bytes");
+  if (buffer_bytes < setup.bytes_per_block)
+    throw Error(ErrorKind::kInvalidArgument, "--kv-buffer-bytes " + options.buffer_bytes + " holds no KV block",
+                fmt::format("give at least {} bytes (one block)", setup.bytes_per_block));
+  if (engine.host_kv_cache_bytes <= 0 && engine.num_host_kv_blocks <= 0) {
+    engine.host_kv_cache_bytes = buffer_bytes;
+    spdlog::info("KV transfer: a host KV tier of {:.1f} MiB stages the buffer's blocks (--host-kv-memory)",
+                 static_cast<double>(buffer_bytes) / (1 << 20));
+  }
+  std::unique_ptr<DiskKvStore> storage = engine.disk_kv_path.empty() ? nullptr : open_disk_tier(engine);
+  setup.store = std::make_shared<BufferedKvStore>(std::move(storage), buffer_bytes);
+  engine.kv_store = setup.store;
+  return setup;
+}
+
+void start_kv_link(const KvTransferOptions& options, const std::string& server_host, server::KvTransferSetup& setup) {
+  if (!setup.store) return;
+  const std::string host = options.host.empty() ? server_host : options.host;
+  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0));
+  // Peers connect to this address: a wildcard listener is announced as loopback (one machine).
+  const std::string announced = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
+  setup.link_address = fmt::format("{}:{}", announced, setup.link->port());
+  spdlog::info("KV transfer: role {}, link on {}, buffer {:.1f} MiB{}", setup.role, setup.link_address,
+               static_cast<double>(setup.store->buffer_stats().capacity_bytes) / (1 << 20),
+               setup.store->has_storage() ? ", over the disk tier" : "");
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,195 @@
+#include "kvstore/buffered_kv_store.h"
+
+#include <cstring>
+
+#include "util/error.h"
+
+namespace loom {
+
+namespace {
+
+DiskKvStoreConfig buffer_config(const DiskKvStore* storage, int64_t capacity_bytes) {
+  DiskKvStoreConfig config = storage != nullptr ? storage->config() : DiskKvStoreConfig{};
+  if (storage == nullptr) config.capacity_bytes = capacity_bytes;
+  return config;
+}
+
+}  // namespace
+
+BufferedKvStore::BufferedKvStore(std::unique_ptr<DiskKvStore> storage, int64_t capacity_bytes)
+    : DiskKvStore(buffer_config(storage.get(), capacity_bytes)), storage_(std::move(storage)),
+      capacity_bytes_(capacity_bytes) {
+  if (capacity_bytes <= 0)
+    throw Error(ErrorKind::kInvalidArgument, "a KV buffer needs a positive size", "set --kv-buffer-bytes");
+  counters_.capacity_bytes = capacity_bytes;
+}
+
+bool BufferedKvStore::contains(const KvBlockHash& hash) { return in_buffer(hash) || in_storage(hash); }
+
+bool BufferedKvStore::in_buffer(const KvBlockHash& hash) const {
+  std::lock_guard lock(mutex_);
+  return entries_.count(hash) != 0;
+}
+
+bool BufferedKvStore::in_storage(const KvBlockHash& hash) { return storage_ != nullptr && storage_->contains(hash); }
+
+bool BufferedKvStore::write_block(const KvBlockHash& hash, std::span<const std::byte> payload) {
+  put(hash, payload);
+  if (storage_ != nullptr) return storage_->write_block(hash, payload) || in_buffer(hash);
+  return in_buffer(hash);
+}
+
+void BufferedKvStore::put(const KvBlockHash& hash, std::span<const std::byte> payload) {
+  if (static_cast<int64_t>(payload.size()) > capacity_bytes_) return;
+  {
+    std::lock_guard lock(mutex_);
+    if (auto it = entries_.find(hash); it != entries_.end()) {
+      touch(it->second);
+      return;
+    }
+  }
+  auto copy = std::make_shared<const std::vector<std::byte>>(payload.begin(), payload.end());
+  {
+    std::lock_guard lock(mutex_);
+    insert(hash, std::move(copy));
+  }
+  added_.notify_all();
+}
+
+void BufferedKvStore::insert(const KvBlockHash& hash, Payload payload) {
+  if (auto it = entries_.find(hash); it != entries_.end()) {
+    touch(it->second);
+    return;
+  }
+  const auto size = static_cast<int64_t>(payload->size());
+  while (num_bytes_ + size > capacity_bytes_ && !lru_.empty()) {
+    auto victim = entries_.find(lru_.back());
+    num_bytes_ -= static_cast<int64_t>(victim->second.payload->size());
+    entries_.erase(victim);
+    lru_.pop_back();
+    ++counters_.num_evicted_blocks;
+  }
+  lru_.push_front(hash);
+  entries_.emplace(hash, Entry{std::move(payload), lru_.begin()});
+  num_bytes_ += size;
+  ++counters_.num_put_blocks;
+}
+
+void BufferedKvStore::touch(Entry& entry) { lru_.splice(lru_.begin(), lru_, entry.lru); }
+
+BufferedKvStore::Payload BufferedKvStore::get(const KvBlockHash& hash) {
+  std::lock_guard lock(mutex_);
+  auto it = entries_.find(hash);
+  if (it == entries_.end()) return nullptr;
+  touch(it->second);
+  return it->second.payload;
+}
+
+std::vector<BufferedKvStore::Payload> BufferedKvStore::wait_for(std::span<const KvBlockHash> hashes,
+                                                               std::chrono::milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::vector<Payload> payloads(hashes.size());
+  std::unique_lock lock(mutex_);
+  while (true) {
+    bool all = true;
+    for (size_t i = 0; i < hashes.size(); ++i) {
+      if (payloads[i]) continue;
+      if (auto it = entries_.find(hashes[i]); it != entries_.end()) {
+        touch(it->second);
+        payloads[i] = it->second.payload;
+      } else {
+        all = false;
+      }
+    }
+    if (all || added_.wait_until(lock, deadline) == std::cv_status::timeout) break;
+  }
+  // One last look after a timeout (a block may have come with the wake-up).
+  for (size_t i = 0; i < hashes.size(); ++i)
+    if (!payloads[i])
+      if (auto it = entries_.find(hashes[i]); it != entries_.end()) payloads[i] = it->second.payload;
+  return payloads;
+}
+
+std::vector<bool> BufferedKvStore::read_storage(std::span<const KvBlockHash> hashes,
+                                                std::span<const std::span<std::byte>> destinations) {
+  int64_t bytes = 0;
+  for (const std::span<std::byte>& destination : destinations) bytes += static_cast<int64_t>(destination.size());
+  queued_read_bytes_ += bytes;
+  std::vector<bool> ok;
+  try {
+    ok = storage_->read_blocks(hashes, destinations);
+  } catch (...) {
+    queued_read_bytes_ -= bytes;
+    throw;
+  }
+  queued_read_bytes_ -= bytes;
+  return ok;
+}
+
+std::vector<bool> BufferedKvStore::read_blocks(std::span<const KvBlockHash> hashes,
+                                               std::span<const std::span<std::byte>> destinations) {
+  LOOM_CHECK(hashes.size() == destinations.size());
+  std::vector<bool> ok(hashes.size(), false);
+  std::vector<size_t> from_storage;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    const Payload payload = get(hashes[i]);
+    if (payload && payload->size() == destinations[i].size()) {
+      std::memcpy(destinations[i].data(), payload->data(), payload->size());
+      ok[i] = true;
+      std::lock_guard lock(mutex_);
+      ++counters_.num_hit_blocks;
+    } else {
+      from_storage.push_back(i);
+    }
+  }
+  if (from_storage.empty() || storage_ == nullptr) return ok;
+  std::vector<KvBlockHash> storage_hashes;
+  std::vector<std::span<std::byte>> storage_destinations;
+  for (size_t i : from_storage) {
+    storage_hashes.push_back(hashes[i]);
+    storage_destinations.push_back(destinations[i]);
+  }
+  const std::vector<bool> read = read_storage(storage_hashes, storage_destinations);
+  for (size_t j = 0; j < from_storage.size(); ++j) {
+    if (!read[j]) continue;
+    ok[from_storage[j]] = true;
+    put(storage_hashes[j], storage_destinations[j]);
+  }
+  return ok;
+}
+
+std::pair<int64_t, int64_t> BufferedKvStore::load_from_storage(std::span<const KvBlockHash> hashes,
+                                                                std::span<const int64_t> payload_bytes) {
+  LOOM_CHECK(hashes.size() == payload_bytes.size());
+  if (storage_ == nullptr) return {0, 0};
+  std::vector<KvBlockHash> wanted;
+  std::vector<std::vector<std::byte>> buffers;
+  for (size_t i = 0; i < hashes.size(); ++i) {
+    if (payload_bytes[i] <= 0 || in_buffer(hashes[i]) || !storage_->contains(hashes[i])) continue;
+    wanted.push_back(hashes[i]);
+    buffers.emplace_back(static_cast<size_t>(payload_bytes[i]));
+  }
+  if (wanted.empty()) return {0, 0};
+  std::vector<std::span<std::byte>> destinations(buffers.begin(), buffers.end());
+  const std::vector<bool> ok = read_storage(wanted, destinations);
+  int64_t num_read = 0, num_bytes = 0;
+  for (size_t i = 0; i < wanted.size(); ++i) {
+    if (!ok[i]) continue;
+    put(wanted[i], destinations[i]);
+    ++num_read;
+    num_bytes += static_cast<int64_t>(destinations[i].size());
+  }
+  return {num_read, num_bytes};
+}
+
+DiskKvStoreStats BufferedKvStore::stats() const { return storage_ != nullptr ? storage_->stats() : DiskKvStoreStats{}; }
+
+KvBufferStats BufferedKvStore::buffer_stats() const {
+  std::lock_guard lock(mutex_);
+  KvBufferStats stats = counters_;
+  stats.num_blocks = static_cast<int64_t>(entries_.size());
+  stats.num_bytes = num_bytes_;
+  return stats;
+}
+
+}  // namespace loom

@@ -1,0 +1,51 @@
+// The KV link's wire format (kvtransfer/): how one engine pushes KV blocks to
+// another over TCP (DualPath's PE <-> DE transfers between CPU engines, or
+// between GPU engines through their host buffers).
+//
+// A connection starts with the client's 8-byte magic "LOOMKVL1"; then the
+// client sends requests, each answered before the next:
+//
+//   'H' (have)  u32 n, then n block hashes (16 bytes each: high, low)
+//               -> n bytes, 1 where the server's buffer or storage holds the block
+//   'P' (put)   u32 n, then n blocks, each: hash (16), u64 payload bytes,
+//               u64 XXH3-64 of the payload, the payload
+//               -> u32: blocks stored (a block whose checksum fails is dropped)
+//
+// Integers are little-endian. Caps: n <= kMaxBlocksPerRequest, a payload <=
+// kMaxPayloadBytes; a request over a cap, an unknown op or a bad magic closes
+// the connection. A block enters the receiver's buffer only once its whole
+// payload arrived and verified, so a sender that dies mid-transfer leaves
+// whole blocks or nothing.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "kv/kv_block_hash.h"
+
+namespace loom::kvlink {
+
+inline constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'K', 'V', 'L', '1'};
+inline constexpr char kOpHave = 'H';
+inline constexpr char kOpPut = 'P';
+inline constexpr uint32_t kMaxBlocksPerRequest = 1u << 20;
+inline constexpr uint64_t kMaxPayloadBytes = 256ull << 20;
+
+// Blocking socket I/O; false when the peer closed or an error / timeout hit.
+bool read_exact(int fd, std::span<std::byte> bytes);
+bool write_all(int fd, std::span<const std::byte> bytes);
+bool write_u32(int fd, uint32_t value);
+bool write_u64(int fd, uint64_t value);
+bool read_u32(int fd, uint32_t& value);
+bool read_u64(int fd, uint64_t& value);
+bool write_hash(int fd, const KvBlockHash& hash);
+bool read_hash(int fd, KvBlockHash& hash);
+// Sets send and receive timeouts on a socket.
+void set_timeouts(int fd, double seconds);
+
+// "host:port" -> (host, port). Throws Error(kInvalidArgument) naming `address`.
+std::pair<std::string, int> split_address(const std::string& address);
+
+}  // namespace loom::kvlink

@@ -1,0 +1,168 @@
+#include "kvtransfer/kv_link_server.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <xxhash.h>
+
+#include "kvtransfer/kv_link_protocol.h"
+#include "util/error.h"
+
+namespace loom {
+
+KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds)
+    : store_(store), host_(host), receive_timeout_seconds_(receive_timeout_seconds) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int error = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0)
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("KV link: cannot resolve {}: {}", host, gai_strerror(error)));
+  std::string failure = "no address";
+  for (addrinfo* candidate = found; candidate != nullptr && listen_fd_ < 0; candidate = candidate->ai_next) {
+    const int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
+    if (fd < 0) continue;
+    const int yes = 1;
+    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+    if (::bind(fd, candidate->ai_addr, candidate->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
+      listen_fd_ = fd;
+    } else {
+      failure = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(found);
+  if (listen_fd_ < 0)
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("KV link: cannot listen on {}:{}: {}", host, port, failure),
+                "choose another --kv-transfer-port (0 picks a free one)");
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length);
+  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  accept_thread_ = std::thread([this] { accept_loop(); });
+}
+
+KvLinkServer::~KvLinkServer() {
+  stopping_ = true;
+  ::shutdown(listen_fd_, SHUT_RDWR);
+  accept_thread_.join();
+  ::close(listen_fd_);
+  std::vector<Connection> threads;
+  {
+    std::lock_guard lock(mutex_);
+    for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
+    threads.swap(threads_);
+  }
+  for (Connection& connection : threads) connection.thread.join();
+}
+
+KvLinkServerStats KvLinkServer::stats() const {
+  return {received_blocks_.load(), received_bytes_.load(), rejected_blocks_.load(), connections_total_.load()};
+}
+
+void KvLinkServer::accept_loop() {
+  while (!stopping_) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      return;  // the listening socket is gone
+    }
+    std::lock_guard lock(mutex_);
+    if (stopping_ || static_cast<int>(connections_.size()) >= kMaxConnections) {
+      ::close(fd);
+      continue;
+    }
+    reap_finished();
+    connections_.insert(fd);
+    ++connections_total_;
+    auto done = std::make_shared<std::atomic<bool>>(false);
+    threads_.push_back({std::thread([this, fd, done] {
+                          serve(fd);
+                          *done = true;
+                        }),
+                        done});
+  }
+}
+
+void KvLinkServer::reap_finished() {
+  for (auto it = threads_.begin(); it != threads_.end();) {
+    if (*it->done) {
+      it->thread.join();
+      it = threads_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+void KvLinkServer::serve(int fd) {
+  const int yes = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
+  kvlink::set_timeouts(fd, receive_timeout_seconds_);
+  auto handle = [&]() {
+    std::byte magic[sizeof(kvlink::kMagic)];
+    if (!kvlink::read_exact(fd, magic) || std::memcmp(magic, kvlink::kMagic, sizeof(magic)) != 0) return;
+    std::vector<std::byte> payload;
+    while (!stopping_) {
+      std::byte op{};
+      uint32_t count = 0;
+      if (!kvlink::read_exact(fd, std::span(&op, 1)) || !kvlink::read_u32(fd, count) ||
+          count > kvlink::kMaxBlocksPerRequest)
+        return;
+      if (static_cast<char>(op) == kvlink::kOpHave) {
+        std::vector<std::byte> answer(count);
+        for (uint32_t i = 0; i < count; ++i) {
+          KvBlockHash hash;
+          if (!kvlink::read_hash(fd, hash)) return;
+          answer[i] = std::byte{store_.contains(hash) ? uint8_t{1} : uint8_t{0}};
+        }
+        if (!kvlink::write_all(fd, answer)) return;
+      } else if (static_cast<char>(op) == kvlink::kOpPut) {
+        uint32_t stored = 0;
+        for (uint32_t i = 0; i < count; ++i) {
+          KvBlockHash hash;
+          uint64_t size = 0, checksum = 0;
+          if (!kvlink::read_hash(fd, hash) || !kvlink::read_u64(fd, size) || !kvlink::read_u64(fd, checksum) ||
+              size > kvlink::kMaxPayloadBytes)
+            return;
+          payload.resize(size);
+          if (!kvlink::read_exact(fd, payload)) return;
+          if (XXH3_64bits(payload.data(), payload.size()) != checksum) {
+            ++rejected_blocks_;
+            continue;
+          }
+          store_.put(hash, payload);
+          ++stored;
+          ++received_blocks_;
+          received_bytes_ += static_cast<int64_t>(size);
+        }
+        if (!kvlink::write_u32(fd, stored)) return;
+      } else {
+        return;
+      }
+    }
+  };
+  handle();
+  std::lock_guard lock(mutex_);
+  connections_.erase(fd);
+  ::close(fd);
+}
+
+}  // namespace loom

@@ -1,0 +1,166 @@
+#include "server/kv_routes.h"
+
+#include <chrono>
+#include <cmath>
+#include <vector>
+
+#include <fmt/format.h>
+
+#include "kvtransfer/kv_link_client.h"
+#include "server/api_error.h"
+#include "server/json_input.h"
+#include "server/json_output.h"
+
+namespace loom::server {
+
+namespace {
+
+using Json = nlohmann::json;
+
+// 32 hex digits, high first (KvBlockHash::hex) -> the hash.
+KvBlockHash parse_block_hash(const Json& value, size_t index) {
+  const std::string param = field_path("blocks", index);
+  if (!value.is_string()) throw ApiError(400, "a block must be a string of 32 hex digits", "invalid_request_error", param);
+  const std::string& text = value.get_ref<const std::string&>();
+  if (text.size() != 32) throw ApiError(400, "a block must be 32 hex digits", "invalid_request_error", param);
+  KvBlockHash hash;
+  for (size_t i = 0; i < 32; ++i) {
+    const char c = text[i];
+    uint64_t digit = 0;
+    if (c >= '0' && c <= '9') {
+      digit = static_cast<uint64_t>(c - '0');
+    } else if (c >= 'a' && c <= 'f') {
+      digit = static_cast<uint64_t>(c - 'a' + 10);
+    } else if (c >= 'A' && c <= 'F') {
+      digit = static_cast<uint64_t>(c - 'A' + 10);
+    } else {
+      throw ApiError(400, "a block must be 32 hex digits", "invalid_request_error", param);
+    }
+    uint64_t& half = i < 16 ? hash.high : hash.low;
+    half = (half << 4) | digit;
+  }
+  return hash;
+}
+
+double read_seconds(const Json& object, const char* key) {
+  if (!object.contains(key) || object[key].is_null()) return 0;
+  if (!object[key].is_number() || !std::isfinite(object[key].get<double>()) || object[key].get<double>() < 0 ||
+      object[key].get<double>() > 600)
+    throw ApiError(400, fmt::format("'{}' must be a number of seconds in [0, 600]", key), "invalid_request_error", key);
+  return object[key].get<double>();
+}
+
+}  // namespace
+
+std::string kv_status_body(const KvRouteContext& context) {
+  const KvTransferSetup& setup = *context.setup;
+  Json status = {{"role", setup.role},
+                 {"kv_transfer_address", setup.link_address.empty() ? Json(nullptr) : Json(setup.link_address)},
+                 {"block_size", setup.block_size},
+                 {"bytes_per_block", setup.bytes_per_block},
+                 {"read_bandwidth", setup.read_bandwidth},
+                 {"num_requests", context.num_requests != nullptr ? context.num_requests->load() : 0}};
+  if (setup.store) {
+    const KvBufferStats buffer = setup.store->buffer_stats();
+    status["queued_read_bytes"] = setup.store->queued_read_bytes();
+    status["has_storage"] = setup.store->has_storage();
+    status["buffer_bytes"] = buffer.num_bytes;
+    status["buffer_blocks"] = buffer.num_blocks;
+    status["buffer_capacity_bytes"] = buffer.capacity_bytes;
+  } else {
+    status["queued_read_bytes"] = 0;
+    status["has_storage"] = false;
+    status["buffer_bytes"] = 0;
+    status["buffer_blocks"] = 0;
+    status["buffer_capacity_bytes"] = 0;
+  }
+  const KvLinkServerStats link = setup.link ? setup.link->stats() : KvLinkServerStats{};
+  status["received_blocks"] = link.num_received_blocks;
+  status["received_bytes"] = link.num_received_bytes;
+  // The engine's own view, for seq_e: requests admitted and running, and queued.
+  status["num_running"] = context.num_requests != nullptr ? context.num_requests->load() : 0;
+  status["num_waiting"] = 0;
+  return dump_json(status);
+}
+
+std::string kv_probe_body(const KvRouteContext& context, std::string_view body) {
+  const Json probe = parse_json_object_body(body);
+  const std::string endpoint = probe.value("endpoint", std::string("chat"));
+  if (endpoint != "chat" && endpoint != "completions")
+    throw ApiError(400, "'endpoint' must be \"chat\" or \"completions\"", "invalid_request_error", "endpoint");
+  if (!probe.contains("request") || !probe["request"].is_object())
+    throw ApiError(400, "'request' must be the OpenAI request body (an object)", "invalid_request_error", "request");
+  const ParsedRequest parsed = parse_openai_request(
+      endpoint == "chat" ? Endpoint::kChatCompletions : Endpoint::kCompletions, dump_json(probe["request"]),
+      *context.parse);
+  EngineRequest request = parsed.engine_request(0);
+  request.prompt_tokens = parsed.prompts.front();
+  const std::vector<KvBlockName> names = context.engine->kv_block_hashes(request);
+  Json blocks = Json::array(), block_bytes = Json::array();
+  int64_t in_buffer = 0, in_storage = 0;
+  BufferedKvStore* store = context.setup->store.get();
+  for (const auto& [hash, bytes] : names) {
+    blocks.push_back(hash.hex());
+    block_bytes.push_back(bytes);
+    if (store == nullptr) continue;
+    if (store->in_buffer(hash)) {
+      ++in_buffer;
+    } else if (store->in_storage(hash)) {
+      ++in_storage;
+    }
+  }
+  return dump_json(Json{{"prompt_tokens", request.prompt_tokens.size()},
+                        {"blocks", std::move(blocks)},
+                        {"block_bytes", std::move(block_bytes)},
+                        {"bytes_per_block", context.setup->bytes_per_block},
+                        {"in_buffer", in_buffer},
+                        {"in_storage", in_storage}});
+}
+
+std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
+  const Json send = parse_json_object_body(body);
+  BufferedKvStore* store = context.setup->store.get();
+  if (store == nullptr)
+    throw ApiError(400, "this engine has no KV buffer to send from", "invalid_request_error", "",
+                   "kv_transfer_disabled");
+  if (!send.contains("blocks") || !send["blocks"].is_array())
+    throw ApiError(400, "'blocks' must be a list of block hashes", "invalid_request_error", "blocks");
+  if (!send.contains("to") || !send["to"].is_string())
+    throw ApiError(400, "'to' must be the peer's KV link address (host:port)", "invalid_request_error", "to");
+  std::vector<KvBlockHash> hashes;
+  hashes.reserve(send["blocks"].size());
+  for (size_t i = 0; i < send["blocks"].size(); ++i) hashes.push_back(parse_block_hash(send["blocks"][i], i));
+  // Each block's size: block_bytes as the probe gave it, else the main cache's.
+  std::vector<int64_t> sizes(hashes.size(), context.setup->bytes_per_block);
+  if (send.contains("block_bytes") && !send["block_bytes"].is_null()) {
+    const Json& list = send["block_bytes"];
+    if (!list.is_array() || list.size() != hashes.size())
+      throw ApiError(400, "'block_bytes' must list one size per block", "invalid_request_error", "block_bytes");
+    for (size_t i = 0; i < list.size(); ++i) {
+      if (!list[i].is_number_integer() || list[i].get<int64_t>() <= 0 ||
+          list[i].get<int64_t>() > static_cast<int64_t>(256) << 20)
+        throw ApiError(400, "a block size must be a positive integer", "invalid_request_error",
+                       field_path("block_bytes", i));
+      sizes[i] = list[i].get<int64_t>();
+    }
+  }
+  KvSendOptions options;
+  options.read_storage = read_bool(send, "read_storage", false);
+  options.wait = std::chrono::milliseconds(static_cast<int64_t>(read_seconds(send, "wait_seconds") * 1000));
+  KvSendReport report;
+  try {
+    report = send_kv_blocks(send["to"].get<std::string>(), hashes, sizes, *store, options);
+  } catch (const Error& error) {
+    if (error.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, error.what(), "invalid_request_error", "to");
+    throw ApiError(502, error.what(), "server_error", "", "kv_link_failed");
+  }
+  return dump_json(Json{{"sent_blocks", report.sent_blocks},
+                        {"sent_bytes", report.sent_bytes},
+                        {"skipped_blocks", report.skipped_blocks},
+                        {"missing_blocks", report.missing_blocks},
+                        {"read_blocks", report.read_blocks},
+                        {"read_bytes", report.read_bytes},
+                        {"seconds", report.seconds}});
+}
+
+}  // namespace loom::server

@@ -1,0 +1,63 @@
+// The KV transfer routes of a disaggregated engine (loom serve --role
+// prefill|decode, DualPath), which `loom router` (src/router/) drives. JSON,
+// behind the API key like /v1/:
+//
+//   GET  /loom/kv/status -> {"role", "kv_transfer_address": "host:port" | null, "block_size",
+//                            "bytes_per_block", "queued_read_bytes", "read_bandwidth", "has_storage",
+//                            "num_running", "num_waiting", "num_requests", "buffer_bytes",
+//                            "buffer_capacity_bytes", "buffer_blocks", "received_blocks", "received_bytes"}
+//   POST /loom/kv/probe  {"endpoint": "chat" | "completions", "request": {an OpenAI body}}
+//                        -> {"prompt_tokens", "blocks": [32 hex digits, ...], "block_bytes": [payload
+//                            bytes of each], "bytes_per_block", "in_buffer", "in_storage"}
+//        the content hashes of the full KV blocks of the request's (first) prompt, in every
+//        cache it uses (Engine::kv_block_hashes), and how many this engine holds in its
+//        buffer, and in its storage tier only. The request is parsed exactly as the
+//        completion routes parse it (the same 400 / 404 errors).
+//   POST /loom/kv/send   {"blocks": [hex, ...], "block_bytes": [...] (optional: each block's size as
+//                         the probe gave it; default the main cache's), "to": "host:port",
+//                         "read_storage": false, "wait_seconds": 0}
+//                        -> {"sent_blocks", "sent_bytes", "skipped_blocks", "missing_blocks",
+//                            "read_blocks", "read_bytes", "seconds"}
+//        pushes the blocks to the engine whose KV link listens at `to`
+//        (kvtransfer/kv_link_client.h); 502 when the link fails, 400 on an engine
+//        without a KV buffer.
+//
+// Runs on HTTP handler threads; everything it touches is thread-safe.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include "engine/engine.h"
+#include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/kv_link_server.h"
+#include "server/openai_request.h"
+
+namespace loom::server {
+
+// What a server knows of its engine's KV transfer set-up (ServerConfig::kv_transfer).
+struct KvTransferSetup {
+  std::string role = "both";                // "prefill", "decode" or "both"
+  std::shared_ptr<BufferedKvStore> store;   // null: no KV buffer (role both without a link)
+  std::shared_ptr<KvLinkServer> link;       // null: no KV link
+  std::string link_address;                 // "host:port" the router hands to peers ("" without a link)
+  int32_t block_size = 0;
+  int64_t bytes_per_block = 0;              // main cache's; the payload size of its blocks
+  int64_t read_bandwidth = 0;               // --disk-kv-read-bandwidth (0: unpaced)
+};
+
+struct KvRouteContext {
+  Engine* engine = nullptr;
+  const ParseContext* parse = nullptr;
+  const KvTransferSetup* setup = nullptr;
+  const std::atomic<int32_t>* num_requests = nullptr;  // completion requests in flight at this server
+};
+
+std::string kv_status_body(const KvRouteContext& context);
+std::string kv_probe_body(const KvRouteContext& context, std::string_view body);
+std::string kv_send_body(const KvRouteContext& context, std::string_view body);
+
+}  // namespace loom::server
