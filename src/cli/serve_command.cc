@@ -205,7 +205,8 @@ int run_serve(const ServeOptions& options) {
   engine_config.prefetch_max_bytes = parse_byte_size(options.prefetch_max_bytes, "--prefetch-max-bytes");
   engine_config.disk_kv_bytes = parse_byte_size(options.disk_kv_bytes, "--disk-kv-bytes");
   engine_config.disk_kv_read_bandwidth = parse_byte_size(options.disk_kv_read_bandwidth, "--disk-kv-read-bandwidth");
-  if (!engine_config.disk_kv_path.empty() && engine_config.host_kv_cache_bytes <= 0)
+  const bool has_kv_buffer = options.kv_transfer.role != "both" || options.kv_transfer.port >= 0;  // gets a host tier
+  if (!engine_config.disk_kv_path.empty() && engine_config.host_kv_cache_bytes <= 0 && !has_kv_buffer)
     throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs a host KV tier to stage its blocks",
                 "add --host-kv-memory BYTES");
   if (!engine_config.disk_kv_path.empty() && engine_config.disk_kv_bytes <= 0)

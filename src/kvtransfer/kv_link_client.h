@@ -1,6 +1,6 @@
 // The sending end of the KV link (kv_link_protocol.h): pushes named blocks
 // from an engine's BufferedKvStore to another engine's KvLinkServer, skipping
-// those the peer already holds (its buffer or storage), so a multi-turn
+// those the peer already holds in its buffer, so a multi-turn
 // conversation moves only its new blocks.
 //
 // Thread: any; one call is one connection, blocking until the peer has

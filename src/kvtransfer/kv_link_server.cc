@@ -131,7 +131,7 @@ void KvLinkServer::serve(int fd) {
         for (uint32_t i = 0; i < count; ++i) {
           KvBlockHash hash;
           if (!kvlink::read_hash(fd, hash)) return;
-          answer[i] = std::byte{store_.contains(hash) ? uint8_t{1} : uint8_t{0}};
+          answer[i] = std::byte{store_.in_buffer(hash) ? uint8_t{1} : uint8_t{0}};
         }
         if (!kvlink::write_all(fd, answer)) return;
       } else if (static_cast<char>(op) == kvlink::kOpPut) {

@@ -94,6 +94,7 @@ struct HttpServer::Impl {
   CompletionContext completion;
   KvRouteContext kv_routes;
   std::atomic<int32_t> num_completions{0};  // completion requests in flight
+  KvTransferCounters kv_counters;
   std::mutex adapter_mutex;  // serialises runtime load/unload
   std::unique_ptr<HttpTransport> transport;
   // /v1/models' `created`: when the server started, the same in every listing.
@@ -141,7 +142,7 @@ struct HttpServer::Impl {
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 
-    kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions};
+    kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions, &kv_counters};
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());
     completion.log_requests = config.log_requests;
 
@@ -236,7 +237,8 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
   }
   if (path == "/metrics") {
     if (auto refused = wrong_method({"GET"})) return *refused;
-    return text_response(metrics.scrape(engine), "text/plain; version=0.0.4");
+    return text_response(metrics.scrape(engine) + kv_transfer_metrics(kv_routes, metrics.model_label()),
+                         "text/plain; version=0.0.4");
   }
   if (path == "/v1/models") {
     if (auto refused = wrong_method({"GET"})) return *refused;

@@ -148,11 +148,22 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
   options.read_storage = read_bool(send, "read_storage", false);
   options.wait = std::chrono::milliseconds(static_cast<int64_t>(read_seconds(send, "wait_seconds") * 1000));
   KvSendReport report;
+  KvTransferCounters* counters = context.counters;
   try {
     report = send_kv_blocks(send["to"].get<std::string>(), hashes, sizes, *store, options);
   } catch (const Error& error) {
     if (error.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, error.what(), "invalid_request_error", "to");
+    if (counters != nullptr) ++counters->failed_sends;
     throw ApiError(502, error.what(), "server_error", "", "kv_link_failed");
+  }
+  if (counters != nullptr) {
+    counters->sent_blocks += report.sent_blocks;
+    counters->sent_bytes += report.sent_bytes;
+    counters->skipped_blocks += report.skipped_blocks;
+    counters->missing_blocks += report.missing_blocks;
+    counters->storage_read_blocks += report.read_blocks;
+    counters->storage_read_bytes += report.read_bytes;
+    counters->send_seconds += report.seconds;
   }
   return dump_json(Json{{"sent_blocks", report.sent_blocks},
                         {"sent_bytes", report.sent_bytes},
@@ -161,6 +172,46 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
                         {"read_blocks", report.read_blocks},
                         {"read_bytes", report.read_bytes},
                         {"seconds", report.seconds}});
+}
+
+std::string kv_transfer_metrics(const KvRouteContext& context, const std::string& model_label) {
+  const KvTransferSetup& setup = *context.setup;
+  if (!setup.store) return "";
+  std::string out;
+  auto family = [&](const char* name, const char* type, const char* help) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n", name, help, name, type);
+  };
+  auto sample = [&](const char* name, const std::string& labels, auto value) {
+    out += fmt::format("{}{{{}{}}} {}\n", name, model_label, labels.empty() ? "" : "," + labels, value);
+  };
+  const KvBufferStats buffer = setup.store->buffer_stats();
+  family("loom_kv_buffer_bytes", "gauge", "Payload bytes in the KV buffer (blocks moving between engines)");
+  sample("loom_kv_buffer_bytes", "", buffer.num_bytes);
+  family("loom_kv_buffer_blocks", "gauge", "Blocks in the KV buffer");
+  sample("loom_kv_buffer_blocks", "", buffer.num_blocks);
+  family("loom_kv_buffer_capacity_bytes", "gauge", "The KV buffer's size (--kv-buffer-bytes)");
+  sample("loom_kv_buffer_capacity_bytes", "", buffer.capacity_bytes);
+  const KvLinkServerStats link = setup.link ? setup.link->stats() : KvLinkServerStats{};
+  KvTransferCounters none;
+  const KvTransferCounters& sent = context.counters != nullptr ? *context.counters : none;
+  family("loom_kv_link_blocks_total", "counter",
+         "KV blocks this engine sent to / received from other engines, skipped (the peer had them) and missing "
+         "(not here to send: the peer recomputes them)");
+  sample("loom_kv_link_blocks_total", "direction=\"sent\"", sent.sent_blocks.load());
+  sample("loom_kv_link_blocks_total", "direction=\"received\"", link.num_received_blocks);
+  sample("loom_kv_link_blocks_total", "direction=\"skipped\"", sent.skipped_blocks.load());
+  sample("loom_kv_link_blocks_total", "direction=\"missing\"", sent.missing_blocks.load());
+  family("loom_kv_link_bytes_total", "counter", "KV payload bytes sent to / received from other engines");
+  sample("loom_kv_link_bytes_total", "direction=\"sent\"", sent.sent_bytes.load());
+  sample("loom_kv_link_bytes_total", "direction=\"received\"", link.num_received_bytes);
+  family("loom_kv_link_seconds_total", "counter", "Seconds spent in sends (bandwidth = sent bytes / seconds)");
+  sample("loom_kv_link_seconds_total", "", sent.send_seconds.load());
+  family("loom_kv_link_failures_total", "counter", "Sends that failed (the peer unreachable or gone mid-way)");
+  sample("loom_kv_link_failures_total", "", sent.failed_sends.load());
+  family("loom_kv_link_storage_read_bytes_total", "counter",
+         "Bytes read from the storage tier to be sent on (DualPath's storage -> decode engine -> prefill engine path)");
+  sample("loom_kv_link_storage_read_bytes_total", "", sent.storage_read_bytes.load());
+  return out;
 }
 
 }  // namespace loom::server

@@ -49,15 +49,31 @@ struct KvTransferSetup {
   int64_t read_bandwidth = 0;               // --disk-kv-read-bandwidth (0: unpaced)
 };
 
+// What this server's KV transfer routes did since start (thread-safe).
+struct KvTransferCounters {
+  std::atomic<int64_t> sent_blocks{0}, sent_bytes{0}, skipped_blocks{0}, missing_blocks{0};
+  std::atomic<int64_t> storage_read_blocks{0}, storage_read_bytes{0}, failed_sends{0};
+  std::atomic<double> send_seconds{0};
+};
+
 struct KvRouteContext {
   Engine* engine = nullptr;
   const ParseContext* parse = nullptr;
   const KvTransferSetup* setup = nullptr;
   const std::atomic<int32_t>* num_requests = nullptr;  // completion requests in flight at this server
+  KvTransferCounters* counters = nullptr;
 };
 
 std::string kv_status_body(const KvRouteContext& context);
 std::string kv_probe_body(const KvRouteContext& context, std::string_view body);
 std::string kv_send_body(const KvRouteContext& context, std::string_view body);
+// Prometheus samples of the KV buffer, the link and the sends, each labelled
+// `model_label` first (MetricsExporter::model_label); "" without a KV buffer:
+//   loom_kv_buffer_bytes / _blocks / _capacity_bytes (gauges),
+//   loom_kv_link_blocks_total{direction="sent"|"received"|"skipped"|"missing"},
+//   loom_kv_link_bytes_total{direction="sent"|"received"},
+//   loom_kv_link_seconds_total (sending), loom_kv_link_failures_total,
+//   loom_kv_link_storage_read_bytes_total (storage reads for sends: DualPath's DE-side reads).
+std::string kv_transfer_metrics(const KvRouteContext& context, const std::string& model_label);
 
 }  // namespace loom::server

@@ -54,6 +54,8 @@ class MetricsExporter {
   // nothing waits (an idle server logs nothing).
   std::optional<std::string> stats_line(Engine& engine, double elapsed_seconds);
   std::optional<std::string> stats_line(const EngineMetrics& snapshot, double elapsed_seconds);
+  // The model_name="..." pair every sample starts its labels with (escaped).
+  const std::string& model_label() const { return model_label_; }
 
  private:
   void absorb_locked(const EngineMetrics& metrics);
