@@ -1,0 +1,261 @@
+"""Prefill/decode disaggregation (DualPath) against real processes: `loom
+router` in front of `loom serve --role prefill` and `--role decode` engines on
+one tiny model. Greedy outputs equal a single `--role both` server in every
+sharing mode (1 PE + 1 DE and 2 PE + 1 DE); both KV loading paths (storage ->
+PE, and storage -> DE -> PE) run and are counted in the router's and the
+engines' metrics; a prefill engine killed with SIGKILL leaves the others
+serving with the same outputs and every decode-engine block accounted for."""
+import concurrent.futures
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import unittest
+import urllib.error
+import urllib.request
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loom_server  # noqa: E402
+
+loom_server.require_openai()
+import openai  # noqa: E402
+
+MODES = {"adapter0": "activated", "adapter1": "base", "adapter2": "forked", "adapter3": "isolated"}
+VOCAB = 512
+INVOCATION = [VOCAB // 2 + 3, VOCAB // 2 + 7]  # synthetic_alora_invocation_tokens of the tiny model
+ENGINE_ARGS = ["--max-lora-rank", "16"]
+
+
+def token_prompt(length, seed):
+    return [10 + (i * 37 + seed * 101 + i * i * seed) % 240 for i in range(length)]
+
+
+class LoomRouter:
+    """`loom router` over engine URLs; stop() ends it."""
+
+    def __init__(self, prefill, decode, extra_args=()):
+        self.port = loom_server.free_port()
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        args = [loom_server.loom_binary(), "router", "--port", str(self.port)]
+        for server in prefill:
+            args += ["--prefill", server.base_url]
+        for server in decode:
+            args += ["--decode", server.base_url]
+        args += list(extra_args)
+        self.log = tempfile.NamedTemporaryFile("w+", prefix="loom-router-", suffix=".log", delete=False)
+        self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
+        deadline = time.time() + 60
+        while time.time() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"loom router exited with {self.process.returncode}:\n{self.read_log()}")
+            try:
+                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except (urllib.error.URLError, ConnectionError, OSError):
+                pass
+            time.sleep(0.1)
+        raise RuntimeError(f"loom router did not become healthy:\n{self.read_log()}")
+
+    def read_log(self):
+        self.log.flush()
+        with open(self.log.name) as log:
+            return log.read()
+
+    def metrics(self):
+        with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as response:
+            body = response.read().decode()
+        samples = {}
+        for line in body.splitlines():
+            if line and not line.startswith("#"):
+                name, value = line.rsplit(" ", 1)
+                samples[name] = float(value)
+        return samples
+
+    def client(self):
+        return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+    def stop(self):
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.log.close()
+        os.unlink(self.log.name)
+        return self.process.returncode
+
+
+def complete(client, model, prompt, max_tokens=8, stream=False):
+    if stream:
+        chunks = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                           stream=True, extra_body={"ignore_eos": True})
+        return "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+    response = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, temperature=0.0,
+                                         extra_body={"ignore_eos": True})
+    return response.choices[0].text
+
+
+def counter(samples, prefix, **labels):
+    """Sum of the samples named `prefix` whose labels include `labels`."""
+    total = 0.0
+    for name, value in samples.items():
+        base = name.split("{", 1)[0]
+        if base != prefix:
+            continue
+        if all(f'{key}="{value_}"' in name for key, value_ in labels.items()):
+            total += value
+    return total
+
+
+class Deployment(unittest.TestCase):
+    """Engines sharing one model directory and one disk directory."""
+
+    def setUp(self):
+        self.disk = tempfile.mkdtemp(prefix="loom-dualpath-")
+        self.servers = []
+        self.routers = []
+        self.model_dir = None
+
+    def tearDown(self):
+        for router in self.routers:
+            router.stop()
+        for server in self.servers:
+            server.stop()
+            server.cleanup()
+        shutil.rmtree(self.disk, ignore_errors=True)
+
+    def engine(self, role, extra=()):
+        args = [*ENGINE_ARGS, "--role", role, *extra]
+        kwargs = {"make_model_args": ["--alora"], "lora_modes": MODES}
+        if self.model_dir:
+            kwargs["model_dir"] = self.model_dir
+        server = loom_server.LoomServer(args, **kwargs)
+        self.model_dir = self.model_dir or server.model_dir
+        self.servers.append(server)
+        return server
+
+    def router(self, prefill, decode, extra=()):
+        router = LoomRouter(prefill, decode, extra)
+        self.routers.append(router)
+        return router
+
+
+class RouterOutputsTest(Deployment):
+    def jobs(self):
+        shared = token_prompt(22, 1)
+        out = []
+        for round_index in range(2):
+            tail = token_prompt(3 + round_index, 2 + round_index)
+            out += [("tiny", shared + tail),
+                    ("adapter0", shared + INVOCATION + tail),
+                    ("adapter1", shared + tail),
+                    ("adapter2", token_prompt(19 + round_index, 7 + round_index)),
+                    ("adapter3", shared + tail)]
+        return out
+
+    def check_same_as_one_engine(self, num_prefill):
+        both = self.engine("both")
+        prefill = [self.engine("prefill") for _ in range(num_prefill)]
+        decode = [self.engine("decode")]
+        router = self.router(prefill, decode)
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        routed = router.client()
+        for model, prompt in self.jobs():
+            with self.subTest(model=model, prompt=len(prompt)):
+                expected = complete(alone, model, prompt)
+                self.assertEqual(complete(routed, model, prompt), expected)
+                self.assertEqual(complete(routed, model, prompt, stream=True), expected)
+        # Chat too, rendered by the model's template on every engine alike.
+        messages = [{"role": "user", "content": "the same words again and again " * 6}]
+        expected = alone.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                                 extra_body={"ignore_eos": True}).choices[0].message.content
+        got = routed.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                             extra_body={"ignore_eos": True}).choices[0].message.content
+        self.assertEqual(got, expected)
+        # The decode engine decoded from blocks it was sent, and never prefilled a whole prompt itself.
+        samples = decode[0].metrics()
+        self.assertGreater(counter(samples, "loom_kv_link_blocks_total", direction="received"), 0)
+        self.assertGreater(samples.get("loom_prefix_cache_hit_tokens_total", 0), 0)
+        for engine in prefill:
+            self.assertGreater(counter(engine.metrics(), "loom_kv_link_blocks_total", direction="sent"), 0)
+        return router
+
+    def test_one_prefill_one_decode_match_one_engine_in_every_mode(self):
+        self.check_same_as_one_engine(1)
+
+    def test_two_prefill_one_decode_match_one_engine_and_share_the_work(self):
+        router = self.check_same_as_one_engine(2)
+        samples = router.metrics()
+        self.assertGreater(counter(samples, "loom_router_requests_total"), 0)
+
+
+class LoadingPathsTest(Deployment):
+    def test_both_paths_load_from_storage_and_are_counted(self):
+        disk = ["--disk-kv-path", self.disk, "--disk-kv-bytes", "256M", "--kv-cache-bytes", "2M"]
+        writer = self.engine("both", ["--host-kv-memory", "4M", *disk])
+        prefill = self.engine("prefill", disk)
+        decode = self.engine("decode", disk)
+        by_prefill = self.router([prefill], [decode], ["--path-policy", "prefill"])
+        by_decode = self.router([prefill], [decode], ["--path-policy", "decode"])
+        writer_client = openai.OpenAI(base_url=writer.base_url + "/v1", api_key="unused", max_retries=0)
+        prompts = [token_prompt(61, seed) for seed in (3, 4)]
+        expected = [complete(writer_client, "tiny", prompt) for prompt in prompts]
+        time.sleep(1.0)  # the writer's write-through lands on disk
+
+        # storage -> PE: the prefill engine reads the prompt's blocks from its storage tier.
+        before = prefill.metrics()
+        self.assertEqual(complete(by_prefill.client(), "tiny", prompts[0]), expected[0])
+        after = prefill.metrics()
+        self.assertGreater(after["loom_disk_kv_loaded_tokens_total"], before["loom_disk_kv_loaded_tokens_total"])
+        self.assertEqual(counter(by_prefill.metrics(), "loom_router_requests_total", path="prefill"), 1)
+
+        # storage -> DE -> PE: the decode engine reads them and sends them to the prefill engine.
+        before_decode = decode.metrics()
+        self.assertEqual(complete(by_decode.client(), "tiny", prompts[1]), expected[1])
+        after_decode = decode.metrics()
+        self.assertGreater(after_decode["loom_kv_link_storage_read_bytes_total"],
+                           before_decode["loom_kv_link_storage_read_bytes_total"])
+        self.assertEqual(counter(by_decode.metrics(), "loom_router_requests_total", path="decode"), 1)
+        self.assertGreater(counter(prefill.metrics(), "loom_kv_link_blocks_total", direction="received"), 0)
+
+
+class FailureTest(Deployment):
+    def test_a_prefill_engine_killed_mid_run_leaves_the_rest_serving(self):
+        prefill = [self.engine("prefill"), self.engine("prefill")]
+        decode = self.engine("decode")
+        both = self.engine("both")
+        router = self.router(prefill, [decode], ["--retry-seconds", "60"])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        prompts = [token_prompt(40 + i, 20 + i) for i in range(12)]
+        expected = [complete(alone, "tiny", prompt, max_tokens=6) for prompt in prompts]
+        client = router.client()
+
+        def run(index):
+            if index == 3:
+                prefill[0].process.send_signal(signal.SIGKILL)
+            return complete(client, "tiny", prompts[index], max_tokens=6)
+
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            results = list(pool.map(run, range(len(prompts))))
+        self.assertEqual(results, expected)
+        # Afterwards the survivors still serve, and the decode engine holds no block for a finished request.
+        self.assertEqual(complete(client, "tiny", prompts[0], max_tokens=6), expected[0])
+        deadline = time.time() + 10
+        while time.time() < deadline:
+            samples = decode.metrics()
+            if counter(samples, "loom_kv_cache_blocks", state="in_use") == 0:
+                break
+            time.sleep(0.1)
+        self.assertEqual(counter(samples, "loom_kv_cache_blocks", state="in_use"), 0)
+        self.assertEqual(prefill[1].process.poll(), None)
+        self.assertEqual(decode.process.poll(), None)
+
+
+if __name__ == "__main__":
+    unittest.main()
