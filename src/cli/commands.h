@@ -23,6 +23,7 @@ CommandRunner register_serve(CLI::App& app);
 CommandRunner register_bench(CLI::App& app);  // bench_command.cc: runs bench/harness (Python)
 CommandRunner register_divergence(CLI::App& app);  // divergence_command.cc: KV sharing divergence
 CommandRunner register_make_adapters(CLI::App& app);  // make_adapters_command.cc: random adapters for a model
+CommandRunner register_router(CLI::App& app);  // router_command.cc: the prefill/decode front end (DualPath)
 
 // A --lora flag value: NAME=PATH[:MODE]. A trailing ":word" with no '/' after
 // it is the KV sharing mode (isolated, activated, base, forked; see

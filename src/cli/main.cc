@@ -41,6 +41,8 @@ int main(int argc, char** argv) {
   add("serve", "Serve a model and its adapters over an OpenAI-compatible HTTP API", loom::cli::register_serve);
   add("bench", "Benchmark agentic workflows against servers it launches or --url", loom::cli::register_bench);
   add("make-adapters", "Write random PEFT LoRA adapters for an existing model", loom::cli::register_make_adapters);
+  add("router", "Route requests over prefill and decode engines (disaggregation, DualPath)",
+      loom::cli::register_router);
   add("divergence", "Measure how far KV sharing modes move adapters from isolated", loom::cli::register_divergence);
 
   std::vector<std::string> arguments(argv, argv + argc);

@@ -1,0 +1,133 @@
+// `loom router`: the global scheduler in front of `loom serve --role prefill`
+// and `--role decode` engines (DualPath; router/router_server.h).
+// SIGINT/SIGTERM drain it (exit 0); a second signal exits at once.
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <csignal>
+#include <memory>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "cli/commands.h"
+#include "router/router_server.h"
+#include "util/error.h"
+
+namespace loom::cli {
+namespace {
+
+struct RouterOptions {
+  router::RouterConfig config;
+  std::string path_policy = "dual";
+  double engine_timeout_seconds = 30.0;
+  double shutdown_timeout_seconds = 30.0;
+};
+
+// The same self-pipe as `loom serve` (serve_command.cc): the first signal
+// wakes a watcher thread that drains; a second one exits at once.
+int g_router_signal_pipe[2] = {-1, -1};
+std::atomic<int> g_router_num_signals{0};
+
+void on_router_stop_signal(int signal_number) {
+  if (g_router_num_signals.fetch_add(1) > 0) _exit(128 + signal_number);
+  const int saved_errno = errno;
+  const unsigned char byte = static_cast<unsigned char>(signal_number);
+  [[maybe_unused]] ssize_t ignored = write(g_router_signal_pipe[1], &byte, 1);
+  errno = saved_errno;
+}
+
+void install_router_stop_signals() {
+  if (pipe2(g_router_signal_pipe, O_CLOEXEC) != 0) fail(ErrorKind::kInternal, "pipe2 failed: errno {}", errno);
+  struct sigaction action {};
+  action.sa_handler = on_router_stop_signal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
+  std::signal(SIGPIPE, SIG_IGN);  // a vanished client or engine is a failed write, not a crash
+}
+
+int run_router(RouterOptions& options) {
+  install_router_stop_signals();
+  router::RouterConfig& config = options.config;
+  std::optional<router::PathPolicy> policy = router::parse_path_policy(options.path_policy);
+  if (!policy) fail(ErrorKind::kInvalidArgument, "--path-policy must be dual, prefill or decode");
+  config.scheduler.path_policy = *policy;
+  if (config.prefill_urls.empty())
+    spdlog::warn("no --prefill engine: every request goes whole to a decode engine");
+  router::RouterServer server(config);
+  const int num_answered = server.connect_engines(options.engine_timeout_seconds);
+  spdlog::info("{} of {} engines answered /loom/kv/status", num_answered,
+               config.prefill_urls.size() + config.decode_urls.size());
+  server.bind();
+  const auto shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_seconds * 1e3));
+  std::thread signal_watcher([&] {
+    unsigned char signal_number = 0;
+    while (read(g_router_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
+    }
+    if (signal_number == 0) return;  // woken by ourselves at normal exit
+    spdlog::info("signal {}: draining (new connections refused; requests in flight get up to {} s)", signal_number,
+                 options.shutdown_timeout_seconds);
+    const bool drained = server.shutdown(shutdown_timeout);
+    spdlog::info(drained ? "every request in flight finished" : "requests still running were closed");
+  });
+  spdlog::info("routing on http://{}:{} ({} prefill, {} decode engines, path policy {})", config.http.host,
+               server.bound_port(), config.prefill_urls.size(), config.decode_urls.size(), options.path_policy);
+  server.run();
+  server.stop();
+  const unsigned char wake = 0;
+  [[maybe_unused]] ssize_t ignored = write(g_router_signal_pipe[1], &wake, 1);  // the watcher, if no signal came
+  signal_watcher.join();
+  spdlog::info("stopped");
+  return 0;
+}
+
+}  // namespace
+
+CommandRunner register_router(CLI::App& app) {
+  auto options = std::make_shared<RouterOptions>();
+  router::RouterConfig& config = options->config;
+  app.add_option("--port", config.http.port, "Port (0 = any free port)")->required()->check(CLI::Range(0, 65535));
+  app.add_option("--host", config.http.host, "Address to bind")->capture_default_str();
+  app.add_option("--prefill", config.prefill_urls, "A prefill engine, http://HOST:PORT (repeatable)");
+  app.add_option("--decode", config.decode_urls, "A decode engine, http://HOST:PORT (repeatable)")->required();
+  app.add_option("--api-key", config.api_key,
+                 "Require Authorization: Bearer KEY on /v1/* and /loom/*, and send it to the engines");
+  app.add_option("--path-policy", options->path_policy,
+                 "Where blocks only in storage are read: dual (the side whose queue is shorter, DualPath), prefill "
+                 "(storage -> PE) or decode (storage -> DE -> PE)")
+      ->check(CLI::IsMember({"dual", "prefill", "decode"}))->capture_default_str();
+  app.add_option("--link-bandwidth", config.link_bandwidth,
+                 "PE <-> DE link bytes/s for the path choice (suffix K, M, G allowed; 0 = measured from past "
+                 "transfers)")
+      ->transform(byte_size_transform())->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--engine-timeout", options->engine_timeout_seconds,
+                 "Seconds to wait at start for engines to answer /loom/kv/status (they may still be loading)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--retry-seconds", config.retry_seconds, "Seconds a failed engine is skipped")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--max-engine-tokens", config.scheduler.max_engine_tokens,
+                 "A PE with more unfinished prompt tokens than this gets no new request (DualPath's beta)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--short-read-queue-bytes", config.scheduler.short_read_queue_bytes,
+                 "PEs whose storage read queue is at most this many bytes come first (DualPath's alpha; suffix K, "
+                 "M, G allowed)")
+      ->transform(byte_size_transform())->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--status-refresh-seconds", config.status_refresh_seconds,
+                 "Engines' /loom/kv/status is fetched at most this often (by requests as they come)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--shutdown-timeout", options->shutdown_timeout_seconds,
+                 "On SIGINT/SIGTERM: seconds requests in flight may take to finish")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--http-threads", config.http.num_handler_threads,
+                 "Requests handled at once (a streaming request holds one)")
+      ->check(CLI::PositiveNumber)->capture_default_str();
+  app.add_option("--max-request-bytes", config.http.max_request_bytes, "Larger request bodies get 413")
+      ->transform(byte_size_transform())->check(CLI::PositiveNumber)->capture_default_str();
+  return [options] { return run_router(*options); };
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,68 @@
+// The router's decisions for one request (DualPath, dualpath.txt §4 and §6.1,
+// simplified): which prefill engine (PE) and decode engine (DE) serve it, and
+// on which side the prompt's blocks found only in storage are read.
+//
+//   PE: engines over the token limit (tok_e > max_engine_tokens, "beta") are
+//       never chosen; among the rest, those whose storage read queue is short
+//       (queued_read_bytes <= short_read_queue_bytes, "alpha") come first, the
+//       least loaded by tokens (tok_e) among them; else the least loaded of the
+//       long-queue ones; ties by fewer requests (seq_e), then by index.
+//   DE: the least tok_e, ties by seq_e, then by index.
+//   Read path, for r = the storage-only blocks' bytes (r == 0: kNone):
+//       t_prefill = (q_pe + r) / bw_pe
+//       t_decode  = (q_de + r) / bw_de + r / bw_link
+//       kDecode (storage -> DE -> PE) when t_decode < t_prefill, else kPrefill;
+//       a bandwidth of 0 (unknown / unpaced) counts as kUnknownBandwidth.
+//
+// Pure functions of plain data; any thread.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <span>
+#include <string_view>
+
+namespace loom::router {
+
+// One engine as the scheduler sees it, a snapshot taken by the caller.
+struct EngineLoad {
+  bool available = true;           // reachable and not in its retry window after a failure
+  int64_t num_requests = 0;        // seq_e: requests the router assigned to it and not finished
+  int64_t num_tokens = 0;          // tok_e: those requests' prompt tokens
+  // q: the engine's reported storage read queue plus what the router routed
+  // to its storage side and has not seen finish, in bytes.
+  int64_t queued_read_bytes = 0;
+  double read_bandwidth = 0.0;     // bytes/s of its storage reads; 0 = unknown
+};
+
+enum class PathPolicy { kDual, kPrefill, kDecode };  // --path-policy dual|prefill|decode
+enum class ReadPath { kNone, kPrefill, kDecode };
+
+const char* read_path_name(ReadPath path);  // "none", "prefill", "decode"
+// "dual" / "prefill" / "decode" -> the policy; nullopt for anything else.
+std::optional<PathPolicy> parse_path_policy(std::string_view text);
+
+struct SchedulerConfig {
+  int64_t max_engine_tokens = int64_t{1} << 40;      // beta (--max-engine-tokens)
+  int64_t short_read_queue_bytes = int64_t{64} << 20;  // alpha (--short-read-queue-bytes)
+  PathPolicy path_policy = PathPolicy::kDual;
+};
+
+// What a bandwidth of 0 stands for (bytes/s): effectively "not a bottleneck".
+inline constexpr double kUnknownBandwidth = 1e12;
+
+// The index of the PE to use among `engines` (the PE candidates), or nullopt
+// when every one is unavailable or overloaded.
+std::optional<size_t> choose_prefill_engine(std::span<const EngineLoad> engines, const SchedulerConfig& config);
+
+// The index of the DE among `engines`, or nullopt when none is available.
+std::optional<size_t> choose_decode_engine(std::span<const EngineLoad> engines);
+
+// The storage read path for a request whose storage-only blocks weigh
+// `storage_bytes`; `link_bandwidth` is the PE <-> DE link's bytes/s (0 = unknown).
+// A forced policy (kPrefill / kDecode) wins whenever storage_bytes > 0.
+ReadPath choose_read_path(int64_t storage_bytes, const EngineLoad& prefill, const EngineLoad& decode,
+                          double link_bandwidth, PathPolicy policy);
+
+}  // namespace loom::router
