@@ -152,7 +152,8 @@ class CompletionFlow {
     if (path == ReadPath::kDecode) {
       decode_assignment_.set_routed_read_bytes(storage_bytes);
       EngineResult<KvSendResult> sent = de.send_blocks(
-          {probe.value.blocks, *prefill_status->kv_transfer_address, /*read_storage=*/true, /*wait_seconds=*/0.0});
+          {probe.value.blocks, probe.value.block_bytes, *prefill_status->kv_transfer_address, /*read_storage=*/true,
+           /*wait_seconds=*/0.0});
       decode_assignment_.set_routed_read_bytes(0);
       if (sent.ok()) {
         metrics_.add_transfer("de_to_pe", sent.value.sent_bytes, sent.value.seconds);
@@ -178,7 +179,8 @@ class CompletionFlow {
 
     // 7. PE -> DE
     EngineResult<KvSendResult> pushed = pe.send_blocks(
-        {probe.value.blocks, decode_address, /*read_storage=*/false, context_.config->prefill_send_wait_seconds});
+        {probe.value.blocks, probe.value.block_bytes, decode_address, /*read_storage=*/false,
+         context_.config->prefill_send_wait_seconds});
     if (pushed.ok()) {
       metrics_.add_transfer("pe_to_de", pushed.value.sent_bytes, pushed.value.seconds);
       metrics_.add_storage_read("prefill", pushed.value.read_bytes);

@@ -9,7 +9,8 @@ double effective_bandwidth(double bandwidth) { return bandwidth > 0.0 ? bandwidt
 
 // Index order of "less loaded": tokens, then requests, then the index (stable choices).
 bool less_loaded(const EngineLoad& a, size_t a_index, const EngineLoad& b, size_t b_index) {
-  return std::tuple(a.num_tokens, a.num_requests, a_index) < std::tuple(b.num_tokens, b.num_requests, b_index);
+  return std::tuple(a.num_tokens, a.num_requests, a.num_assigned, a_index) <
+         std::tuple(b.num_tokens, b.num_requests, b.num_assigned, b_index);
 }
 
 }  // namespace

@@ -6,8 +6,9 @@
 //       never chosen; among the rest, those whose storage read queue is short
 //       (queued_read_bytes <= short_read_queue_bytes, "alpha") come first, the
 //       least loaded by tokens (tok_e) among them; else the least loaded of the
-//       long-queue ones; ties by fewer requests (seq_e), then by index.
-//   DE: the least tok_e, ties by seq_e, then by index.
+//       long-queue ones; ties by fewer requests (seq_e), then by fewer
+//       assigned since start (idle engines take turns), then by index.
+//   DE: the least tok_e, ties as for PEs.
 //   Read path, for r = the storage-only blocks' bytes (r == 0: kNone):
 //       t_prefill = (q_pe + r) / bw_pe
 //       t_decode  = (q_de + r) / bw_de + r / bw_link
@@ -30,6 +31,7 @@ struct EngineLoad {
   bool available = true;           // reachable and not in its retry window after a failure
   int64_t num_requests = 0;        // seq_e: requests the router assigned to it and not finished
   int64_t num_tokens = 0;          // tok_e: those requests' prompt tokens
+  int64_t num_assigned = 0;        // requests assigned since start: equally loaded engines take turns
   // q: the engine's reported storage read queue plus what the router routed
   // to its storage side and has not seen finish, in bytes.
   int64_t queued_read_bytes = 0;

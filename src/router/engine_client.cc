@@ -160,6 +160,14 @@ EngineResult<KvProbe> EngineClient::probe(std::string_view endpoint, const Json&
       if (!block.is_string()) throw BadReply{"'blocks' holds a non-string"};
       probe.blocks.push_back(block.get<std::string>());
     }
+    if (auto sizes = object.find("block_bytes"); sizes != object.end() && !sizes->is_null()) {
+      if (!sizes->is_array() || sizes->size() != probe.blocks.size())
+        throw BadReply{"'block_bytes' does not list one size per block"};
+      for (const Json& size : *sizes) {
+        if (!size.is_number_integer() || size.get<int64_t>() <= 0) throw BadReply{"'block_bytes' holds a bad size"};
+        probe.block_bytes.push_back(size.get<int64_t>());
+      }
+    }
     probe.bytes_per_block = count_field(object, "bytes_per_block", std::nullopt);
     probe.in_buffer = count_field(object, "in_buffer");
     probe.in_storage = count_field(object, "in_storage", std::nullopt);
@@ -170,10 +178,12 @@ EngineResult<KvProbe> EngineClient::probe(std::string_view endpoint, const Json&
 }
 
 EngineResult<KvSendResult> EngineClient::send_blocks(const KvSendRequest& request) const {
-  const std::string body = server::dump_json(Json{{"blocks", request.blocks},
-                                                  {"to", request.to},
-                                                  {"read_storage", request.read_storage},
-                                                  {"wait_seconds", request.wait_seconds}});
+  Json send = {{"blocks", request.blocks},
+               {"to", request.to},
+               {"read_storage", request.read_storage},
+               {"wait_seconds", request.wait_seconds}};
+  if (!request.block_bytes.empty()) send["block_bytes"] = request.block_bytes;
+  const std::string body = server::dump_json(send);
   // The engine may wait wait_seconds for blocks, then read storage and send.
   const double timeout = request.wait_seconds + config_.generate_timeout_seconds;
   return typed<KvSendResult>(call("POST", "/loom/kv/send", body, timeout), [](const Json& object) {

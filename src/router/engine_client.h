@@ -76,6 +76,7 @@ struct KvStatus {
 struct KvProbe {
   int64_t prompt_tokens = 0;
   std::vector<std::string> blocks;  // content hashes of the prompt's full blocks, in order
+  std::vector<int64_t> block_bytes;  // each block's payload bytes (empty: the engine did not say)
   int64_t bytes_per_block = 0;
   int64_t in_buffer = 0;   // blocks in the engine's memory buffer
   int64_t in_storage = 0;  // more blocks only in its storage tier
@@ -84,6 +85,7 @@ struct KvProbe {
 // POST /loom/kv/send: push `blocks` to the engine whose kv_transfer_address is `to`.
 struct KvSendRequest {
   std::vector<std::string> blocks;
+  std::vector<int64_t> block_bytes;  // as the probe gave them (empty: the main cache's size for all)
   std::string to;
   bool read_storage = false;
   double wait_seconds = 0.0;

@@ -43,6 +43,7 @@ EngineLoad EngineRegistry::load(EngineGroup group, size_t index) const {
   load.available = available_locked(e, Clock::now());
   load.num_requests = e.num_requests;
   load.num_tokens = e.num_tokens;
+  load.num_assigned = e.num_assigned;
   load.queued_read_bytes = e.routed_read_bytes + (e.status ? e.status->queued_read_bytes : 0);
   load.read_bandwidth = e.status ? e.status->read_bandwidth : 0.0;
   return load;
@@ -179,6 +180,7 @@ EngineRegistry::Assignment EngineRegistry::assign(EngineGroup group, size_t inde
   assignment.index_ = index;
   std::lock_guard lock(mutex_);
   ++engine(group, index).num_requests;
+  ++engine(group, index).num_assigned;
   return assignment;
 }
 

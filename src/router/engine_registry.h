@@ -96,6 +96,7 @@ class EngineRegistry {
     std::chrono::steady_clock::time_point failed_until{};
     std::string last_error;
     int64_t num_requests = 0, num_tokens = 0, routed_read_bytes = 0;
+    int64_t num_assigned = 0;  // since start (the last tie-break: idle engines take turns)
   };
   using Clock = std::chrono::steady_clock;
   // Stores a status call's result (failures marked); returns whether it answered.

@@ -182,8 +182,13 @@ class RouterOutputsTest(Deployment):
         samples = decode[0].metrics()
         self.assertGreater(counter(samples, "loom_kv_link_blocks_total", direction="received"), 0)
         self.assertGreater(samples.get("loom_prefix_cache_hit_tokens_total", 0), 0)
-        for engine in prefill:
-            self.assertGreater(counter(engine.metrics(), "loom_kv_link_blocks_total", direction="sent"), 0)
+        sent = 0
+        for engine in prefill:  # each prefill engine pushed blocks (or found the decode engine had them)
+            samples = engine.metrics()
+            sent += counter(samples, "loom_kv_link_blocks_total", direction="sent")
+            self.assertGreater(counter(samples, "loom_kv_link_blocks_total", direction="sent") +
+                               counter(samples, "loom_kv_link_blocks_total", direction="skipped"), 0)
+        self.assertGreater(sent, 0)
         return router
 
     def test_one_prefill_one_decode_match_one_engine_in_every_mode(self):
