@@ -19,7 +19,8 @@ const std::map<std::string, std::string>& refused_flags() {
       {"--swap-space", "Loom's host tier keeps evicted KV blocks instead: --host-kv-memory BYTES"},
       {"--kv-transfer-config",
        "Loom's KV tiers are built in: --host-kv-memory BYTES, and for a disk or shared-storage store (LMCache-, "
-       "Mooncake-style) --disk-kv-path DIR --disk-kv-bytes BYTES"},
+       "Mooncake-style) --disk-kv-path DIR --disk-kv-bytes BYTES; for prefill/decode disaggregation (NIXL-style "
+       "P/D) start engines with --role prefill|decode behind `loom router`"},
       {"--kv-offloading-size", "Loom's host tier: --host-kv-memory BYTES (and --disk-kv-path DIR below it)"},
       {"--cpu-offload-gb", "Loom keeps the weights on the device; nothing to offload"},
       {"--quantization", "Loom loads GGUF-quantized files (--model FILE.gguf) and runs them in the backend's dtype"},

@@ -34,16 +34,26 @@ bool BufferedKvStore::in_buffer(const KvBlockHash& hash) const {
 bool BufferedKvStore::in_storage(const KvBlockHash& hash) { return storage_ != nullptr && storage_->contains(hash); }
 
 bool BufferedKvStore::write_block(const KvBlockHash& hash, std::span<const std::byte> payload) {
-  put(hash, payload);
+  add(hash, payload, /*in_transit=*/false);
   if (storage_ != nullptr) return storage_->write_block(hash, payload) || in_buffer(hash);
   return in_buffer(hash);
 }
 
 void BufferedKvStore::put(const KvBlockHash& hash, std::span<const std::byte> payload) {
+  add(hash, payload, /*in_transit=*/true);
+}
+
+void BufferedKvStore::add(const KvBlockHash& hash, std::span<const std::byte> payload, bool in_transit) {
   if (static_cast<int64_t>(payload.size()) > capacity_bytes_) return;
   {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(hash); it != entries_.end()) {
+      if (in_transit && !it->second.in_transit) {  // now also awaited by this engine: keep it until read
+        outgoing_lru_.erase(it->second.lru);
+        it->second.in_transit = true;
+        transit_lru_.push_front(hash);
+        it->second.lru = transit_lru_.begin();
+      }
       touch(it->second);
       return;
     }
@@ -51,31 +61,44 @@ void BufferedKvStore::put(const KvBlockHash& hash, std::span<const std::byte> pa
   auto copy = std::make_shared<const std::vector<std::byte>>(payload.begin(), payload.end());
   {
     std::lock_guard lock(mutex_);
-    insert(hash, std::move(copy));
+    insert(hash, std::move(copy), in_transit);
   }
   added_.notify_all();
 }
 
-void BufferedKvStore::insert(const KvBlockHash& hash, Payload payload) {
+void BufferedKvStore::insert(const KvBlockHash& hash, Payload payload, bool in_transit) {
   if (auto it = entries_.find(hash); it != entries_.end()) {
     touch(it->second);
     return;
   }
   const auto size = static_cast<int64_t>(payload->size());
-  while (num_bytes_ + size > capacity_bytes_ && !lru_.empty()) {
-    auto victim = entries_.find(lru_.back());
-    num_bytes_ -= static_cast<int64_t>(victim->second.payload->size());
-    entries_.erase(victim);
-    lru_.pop_back();
+  while (num_bytes_ + size > capacity_bytes_ && !(outgoing_lru_.empty() && transit_lru_.empty())) {
+    erase(entries_.find(!outgoing_lru_.empty() ? outgoing_lru_.back() : transit_lru_.back()));
     ++counters_.num_evicted_blocks;
   }
-  lru_.push_front(hash);
-  entries_.emplace(hash, Entry{std::move(payload), lru_.begin()});
+  std::list<KvBlockHash>& lru = in_transit ? transit_lru_ : outgoing_lru_;
+  lru.push_front(hash);
+  entries_.emplace(hash, Entry{std::move(payload), in_transit, lru.begin()});
   num_bytes_ += size;
   ++counters_.num_put_blocks;
 }
 
-void BufferedKvStore::touch(Entry& entry) { lru_.splice(lru_.begin(), lru_, entry.lru); }
+void BufferedKvStore::erase(std::map<KvBlockHash, Entry>::iterator it) {
+  num_bytes_ -= static_cast<int64_t>(it->second.payload->size());
+  lru_of(it->second).erase(it->second.lru);
+  entries_.erase(it);
+}
+
+void BufferedKvStore::touch(Entry& entry) {
+  std::list<KvBlockHash>& lru = lru_of(entry);
+  lru.splice(lru.begin(), lru, entry.lru);
+}
+
+void BufferedKvStore::release_sent(std::span<const KvBlockHash> hashes) {
+  std::lock_guard lock(mutex_);
+  for (const KvBlockHash& hash : hashes)
+    if (auto it = entries_.find(hash); it != entries_.end() && !it->second.in_transit) erase(it);
+}
 
 BufferedKvStore::Payload BufferedKvStore::get(const KvBlockHash& hash) {
   std::lock_guard lock(mutex_);
@@ -132,12 +155,22 @@ std::vector<bool> BufferedKvStore::read_blocks(std::span<const KvBlockHash> hash
   std::vector<bool> ok(hashes.size(), false);
   std::vector<size_t> from_storage;
   for (size_t i = 0; i < hashes.size(); ++i) {
-    const Payload payload = get(hashes[i]);
-    if (payload && payload->size() == destinations[i].size()) {
+    Payload payload;
+    {
+      std::lock_guard lock(mutex_);
+      if (auto it = entries_.find(hashes[i]); it != entries_.end() && it->second.payload->size() == destinations[i].size()) {
+        payload = it->second.payload;
+        ++counters_.num_hit_blocks;
+        if (it->second.in_transit) {
+          erase(it);  // delivered: the engine has it now
+        } else {
+          touch(it->second);
+        }
+      }
+    }
+    if (payload) {
       std::memcpy(destinations[i].data(), payload->data(), payload->size());
       ok[i] = true;
-      std::lock_guard lock(mutex_);
-      ++counters_.num_hit_blocks;
     } else {
       from_storage.push_back(i);
     }
@@ -153,7 +186,7 @@ std::vector<bool> BufferedKvStore::read_blocks(std::span<const KvBlockHash> hash
   for (size_t j = 0; j < from_storage.size(); ++j) {
     if (!read[j]) continue;
     ok[from_storage[j]] = true;
-    put(storage_hashes[j], storage_destinations[j]);
+    add(storage_hashes[j], storage_destinations[j], /*in_transit=*/false);  // may go on to the decode engine
   }
   return ok;
 }

@@ -9,10 +9,20 @@
 // block read from storage also enters the buffer, so it can be sent on. Blocks
 // received from another engine (kvtransfer/) are put() into the buffer only.
 //
-// The buffer holds at most capacity_bytes of payloads; beyond that the least
-// recently used blocks leave it (they may still be in storage). A block that
-// left the buffer before it was sent is simply not sent: the receiving engine
-// recomputes it, so a small buffer costs time, never correctness.
+// Blocks are in the buffer for a transfer, not as a cache (the host tier is
+// the engine's DRAM cache), as in DualPath, where an engine's buffer holds a
+// request's KV only while it moves:
+//   in transit   received from another engine (put) or read from storage to
+//                be sent (load_from_storage): kept until the engine reads
+//                them (read_blocks takes them out);
+//   outgoing     the engine's own write-through and its reads from storage:
+//                kept until a send has delivered them (release_sent), so they
+//                can go on to the decode engine.
+// The buffer holds at most capacity_bytes of payloads; beyond that outgoing
+// blocks leave it first, then blocks in transit, least recently used first
+// (they may still be in storage). A block that left the buffer before it was
+// sent or read is simply not found: the engine reads storage or recomputes
+// it, so a small buffer costs time, never correctness.
 //
 // Read queue (DualPath §6.1's read_q): queued_read_bytes() counts the payload
 // bytes of storage reads asked for and not yet finished, over every caller.
@@ -61,9 +71,12 @@ class BufferedKvStore final : public DiskKvStore {
   // The storage's stats (all 0 without storage).
   DiskKvStoreStats stats() const override;
 
-  // Into the buffer only (a block another engine sent). A payload larger than
-  // the whole buffer is dropped.
+  // Into the buffer only, in transit (a block another engine sent). A payload
+  // larger than the whole buffer is dropped.
   void put(const KvBlockHash& hash, std::span<const std::byte> payload);
+  // A send delivered these: outgoing ones leave the buffer (blocks in transit
+  // stay for the engine to read).
+  void release_sent(std::span<const KvBlockHash> hashes);
   // The buffered payload, or nullptr. Counts as a use (LRU).
   Payload get(const KvBlockHash& hash);
   bool in_buffer(const KvBlockHash& hash) const;
@@ -72,7 +85,7 @@ class BufferedKvStore final : public DiskKvStore {
   // Waits until every block of `hashes` is buffered or `timeout` passed;
   // returns the buffered payloads (nullptr where one is still missing).
   std::vector<Payload> wait_for(std::span<const KvBlockHash> hashes, std::chrono::milliseconds timeout);
-  // Reads the blocks that are in storage and not buffered into the buffer;
+  // Reads the blocks that are in storage and not buffered into the buffer, in transit;
   // returns how many it read and their payload bytes. payload_bytes[i]: the
   // size of block hashes[i] (its cache's bytes per block).
   std::pair<int64_t, int64_t> load_from_storage(std::span<const KvBlockHash> hashes,
@@ -86,10 +99,14 @@ class BufferedKvStore final : public DiskKvStore {
  private:
   struct Entry {
     Payload payload;
-    std::list<KvBlockHash>::iterator lru;  // position in lru_ (front: most recent)
+    bool in_transit = false;
+    std::list<KvBlockHash>::iterator lru;  // position in its list (front: most recent)
   };
-  void insert(const KvBlockHash& hash, Payload payload);  // requires mutex_
-  void touch(Entry& entry);                                // requires mutex_
+  std::list<KvBlockHash>& lru_of(const Entry& entry) { return entry.in_transit ? transit_lru_ : outgoing_lru_; }
+  void add(const KvBlockHash& hash, std::span<const std::byte> payload, bool in_transit);
+  void insert(const KvBlockHash& hash, Payload payload, bool in_transit);  // requires mutex_
+  void touch(Entry& entry);                                                // requires mutex_
+  void erase(std::map<KvBlockHash, Entry>::iterator it);                    // requires mutex_
   // Reads blocks from the storage into destinations (accounting the read queue).
   std::vector<bool> read_storage(std::span<const KvBlockHash> hashes, std::span<const std::span<std::byte>> destinations);
 
@@ -98,7 +115,7 @@ class BufferedKvStore final : public DiskKvStore {
   mutable std::mutex mutex_;  // guards the buffer below
   std::condition_variable added_;
   std::map<KvBlockHash, Entry> entries_;
-  std::list<KvBlockHash> lru_;
+  std::list<KvBlockHash> outgoing_lru_, transit_lru_;
   int64_t num_bytes_ = 0;
   KvBufferStats counters_;
   std::atomic<int64_t> queued_read_bytes_{0};

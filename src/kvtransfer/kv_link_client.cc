@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <set>
 #include <vector>
 
 #include <fmt/format.h>
@@ -127,7 +128,15 @@ KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockH
     uint32_t stored = 0;
     if (!ok || !kvlink::read_u32(fd, stored)) link_failed(address, "the block transfer");
     report.sent_blocks += stored;
+    std::vector<KvBlockHash> delivered;
+    for (size_t i = 0; i < count; ++i) delivered.push_back(wanted[present[first + i]]);
+    source.release_sent(delivered);
   }
+  const std::set<KvBlockHash> asked_for(wanted.begin(), wanted.end());
+  std::vector<KvBlockHash> had;  // the peer had these: delivered too
+  for (const KvBlockHash& hash : hashes)
+    if (asked_for.count(hash) == 0) had.push_back(hash);
+  source.release_sent(had);
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
 }

@@ -1,7 +1,8 @@
 // The sending end of the KV link (kv_link_protocol.h): pushes named blocks
 // from an engine's BufferedKvStore to another engine's KvLinkServer, skipping
 // those the peer already holds in its buffer, so a multi-turn
-// conversation moves only its new blocks.
+// conversation moves only its new blocks. Outgoing blocks the peer now has
+// leave the sender's buffer (BufferedKvStore::release_sent).
 //
 // Thread: any; one call is one connection, blocking until the peer has
 // answered or failed.

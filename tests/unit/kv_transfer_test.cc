@@ -90,6 +90,42 @@ TEST(BufferedKvStoreTest, WritesThroughToStorageAndReadsFromEither) {
   EXPECT_TRUE(store.in_buffer(block_name(1)));
 }
 
+TEST(BufferedKvStoreTest, HoldsBlocksOnlyWhileTheyMove) {
+  test::TempDir directory;
+  BufferedKvStore store(open_files(directory), 1 << 20);
+  store.put(block_name(1), payload_of(1, 32));          // received: in transit
+  store.write_block(block_name(2), payload_of(2, 32));  // the engine's own: outgoing
+  std::vector<std::byte> read(32);
+  const std::vector<KvBlockHash> first = {block_name(1)};
+  const std::vector<std::span<std::byte>> destination = {read};
+  EXPECT_EQ(store.read_blocks(first, destination), std::vector<bool>{true});
+  EXPECT_FALSE(store.in_buffer(block_name(1)));  // the engine has it now
+  const std::vector<KvBlockHash> second = {block_name(2)};
+  EXPECT_EQ(store.read_blocks(second, destination), std::vector<bool>{true});
+  EXPECT_TRUE(store.in_buffer(block_name(2)));  // outgoing blocks wait for their send
+  store.release_sent(second);
+  EXPECT_FALSE(store.in_buffer(block_name(2)));
+  EXPECT_TRUE(store.in_storage(block_name(2)));  // written through all the same
+  // A received block is not released by a send (this engine still reads it).
+  store.put(block_name(3), payload_of(3, 32));
+  const std::vector<KvBlockHash> third = {block_name(3)};
+  store.release_sent(third);
+  EXPECT_TRUE(store.in_buffer(block_name(3)));
+}
+
+TEST(BufferedKvStoreTest, OutgoingBlocksMakeRoomBeforeBlocksInTransit) {
+  BufferedKvStore store(nullptr, 3 * 100);
+  store.put(block_name(0), payload_of(0, 100));          // in transit, the oldest
+  store.write_block(block_name(1), payload_of(1, 100));  // outgoing
+  store.put(block_name(2), payload_of(2, 100));
+  store.put(block_name(3), payload_of(3, 100));  // full: the outgoing block goes first
+  EXPECT_FALSE(store.in_buffer(block_name(1)));
+  EXPECT_TRUE(store.in_buffer(block_name(0)));
+  store.put(block_name(4), payload_of(4, 100));  // then the least recent in transit
+  EXPECT_FALSE(store.in_buffer(block_name(0)));
+  EXPECT_TRUE(store.in_buffer(block_name(2)));
+}
+
 TEST(BufferedKvStoreTest, WaitForReturnsWhatArrivesInTime) {
   BufferedKvStore store(nullptr, 1 << 20);
   store.put(block_name(0), payload_of(0, 8));
@@ -138,10 +174,17 @@ TEST(KvLinkTest, SendsWhatThePeerLacksAndSkipsTheRest) {
   EXPECT_EQ(report.missing_blocks, 1);
   for (uint64_t n = 1; n < 4; ++n) EXPECT_EQ(*receiver.get(block_name(n)), payload_of(n, 1000 + n));
   EXPECT_EQ(server.stats().num_received_blocks, 3);
-  // Again: everything there is skipped.
+  // Again (the sender's received blocks stay until its engine reads them): everything there is skipped.
   const KvSendReport again = send_kv_blocks(address, hashes, sizes, sender, {});
   EXPECT_EQ(again.sent_blocks, 0);
   EXPECT_EQ(again.skipped_blocks, 4);
+  // The sender's own blocks leave its buffer once delivered.
+  sender.write_block(block_name(10), payload_of(10, 64));
+  const std::vector<KvBlockHash> own = {block_name(10)};
+  const std::vector<int64_t> own_size = {64};
+  EXPECT_EQ(send_kv_blocks(address, own, own_size, sender, {}).sent_blocks, 1);
+  EXPECT_FALSE(sender.in_buffer(block_name(10)));
+  EXPECT_TRUE(receiver.in_buffer(block_name(10)));
 }
 
 TEST(KvLinkTest, ReadsFromStorageWhenAsked) {

@@ -1,0 +1,233 @@
+#!/usr/bin/env python3
+"""DualPath's offline setting at small scale (issue 18): a multi-turn agentic
+replay through `loom router` over one prefill engine (PE) and one decode engine
+(DE) sharing a disk tier, each engine's storage reads capped by
+--disk-kv-read-bandwidth (its emulated storage NIC). Compares the router's
+--path-policy prefill (every hit is read by the PE: today's PD-disaggregated
+systems) with dual (DualPath: the router sends a request's reads to the side
+whose read queue is shorter; DE reads go DE -> PE over the KV link).
+Standard library only (runs on the GPU machine as is).
+
+  bench/dualpath_replay.py --loom build/loom --model ~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf \
+      --engine-args "--kv-cache-bytes 256M --host-kv-memory 128M --threads 1" --read-bandwidth 64M \
+      --agents 8 --turns 4 --context 1024 --append 32 --gen 4 --out bench/results/dualpath/cpu.json
+
+Workload (DualPath §7.2's replay, synthetic tokens): each agent starts from a
+context of --context random tokens, prefilled once untimed (it lands on the
+disk tier); then --turns timed turns, each appending --append tokens and
+generating --gen tokens; the next turn's prompt is the previous prompt, --gen
+filler tokens (the "generated" part, as the trace replays it) and the new
+append. Agents run concurrently, each agent's turns in order (offline: job
+completion time of the whole batch). Caches, host tiers and buffers must be
+small next to agents x context, so that hits come from storage as in the paper.
+"""
+import argparse
+import http.client
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def call(port, method, path, body=None, timeout=600):
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    connection.request(method, path, body=json.dumps(body) if body is not None else None,
+                       headers={"content-type": "application/json"})
+    response = connection.getresponse()
+    data = response.read()
+    if response.status != 200:
+        raise RuntimeError(f"{method} {path}: {response.status} {data[:300]!r}")
+    return data
+
+
+def metrics(port):
+    samples = {}
+    for line in call(port, "GET", "/metrics").decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            name = name.replace('{model_name="bench"}', "").replace('model_name="bench",', "")
+            samples[name] = float(value)
+    return samples
+
+
+def wait_healthy(process, port, log_path, timeout=900):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            sys.exit(f"exited with {process.returncode}: see {log_path}\n" + open(log_path).read()[-3000:])
+        try:
+            call(port, "GET", "/health", timeout=2)
+            return
+        except (OSError, RuntimeError):
+            time.sleep(0.2)
+    sys.exit(f"not healthy: see {log_path}")
+
+
+def start(command, port, log_path):
+    log = open(log_path, "w")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+    wait_healthy(process, port, log_path)
+    return process
+
+
+def stop(process):
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def run_policy(args, policy, workdir):
+    disk = os.path.join(workdir, f"disk-{policy}")
+    shutil.rmtree(disk, ignore_errors=True)
+    pe_port, de_port, router_port = free_port(), free_port(), free_port()
+    engines = []
+    for role, port, bandwidth in (("prefill", pe_port, args.read_bandwidth), ("decode", de_port, args.de_read_bandwidth or args.read_bandwidth)):
+        command = [args.loom, "serve", "--model", args.model, "--served-model-name", "bench", "--port", str(port),
+                   "--role", role, "--disk-kv-path", disk, "--disk-kv-bytes", args.disk_kv_bytes,
+                   "--disk-kv-read-bandwidth", bandwidth, "--kv-buffer-bytes", args.kv_buffer_bytes,
+                   *args.engine_args.split()]
+        if args.device != "cpu":
+            command += ["--device", args.device]
+        engines.append(start(command, port, os.path.join(workdir, f"{policy}-{role}.log")))
+    router = start([args.loom, "router", "--port", str(router_port), "--prefill", f"http://127.0.0.1:{pe_port}",
+                    "--decode", f"http://127.0.0.1:{de_port}", "--path-policy", policy, *args.router_args.split()],
+                   router_port, os.path.join(workdir, f"{policy}-router.log"))
+    try:
+        rng = random.Random(args.seed)
+        vocab = args.vocab
+        contexts = [[rng.randrange(100, vocab) for _ in range(args.context)] for _ in range(args.agents)]
+
+        def complete(prompt, max_tokens):
+            body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
+                    "ignore_eos": True}
+            return json.loads(call(router_port, "POST", "/v1/completions", body))
+
+        # Untimed: every agent's context prefilled once, so its blocks are on the disk tier.
+        threads = [threading.Thread(target=complete, args=(context, 1)) for context in contexts]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        time.sleep(args.settle)
+        pe_before, de_before, router_before = metrics(pe_port), metrics(de_port), metrics(router_port)
+
+        results = [[] for _ in range(args.agents)]
+        errors = []
+
+        def agent(index):
+            prompt = list(contexts[index])
+            agent_rng = random.Random(args.seed * 1000 + index)
+            try:
+                for _ in range(args.turns):
+                    prompt += [agent_rng.randrange(100, vocab) for _ in range(args.append)]
+                    started = time.time()
+                    response = complete(prompt, args.gen)
+                    results[index].append({"seconds": time.time() - started,
+                                           "prompt_tokens": response["usage"]["prompt_tokens"],
+                                           "cached_tokens": response["usage"]["prompt_tokens_details"]["cached_tokens"]})
+                    prompt += [agent_rng.randrange(100, vocab) for _ in range(args.gen)]
+            except Exception as error:  # noqa: BLE001 (reported below)
+                errors.append(repr(error))
+
+        started = time.time()
+        threads = [threading.Thread(target=agent, args=(i,)) for i in range(args.agents)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        jct = time.time() - started
+        if errors:
+            sys.exit(f"{policy}: {errors[:3]}")
+        pe_after, de_after, router_after = metrics(pe_port), metrics(de_port), metrics(router_port)
+
+        def delta(after, before, name):
+            return after.get(name, 0.0) - before.get(name, 0.0)
+
+        turns = [turn for agent_turns in results for turn in agent_turns]
+        prompt_tokens = sum(turn["prompt_tokens"] for turn in turns)
+        paths = {path: delta(router_after, router_before, f'loom_router_requests_total{{path="{path}"}}')
+                 for path in ("prefill", "decode", "none", "direct")}
+        return {
+            "policy": policy,
+            "jct_seconds": jct,
+            "requests": len(turns),
+            "requests_per_second": len(turns) / jct,
+            "prompt_tokens_per_second": prompt_tokens / jct,
+            "mean_request_seconds": sum(turn["seconds"] for turn in turns) / len(turns),
+            "engine_hit_rate": sum(turn["cached_tokens"] for turn in turns) / prompt_tokens,
+            "paths": paths,
+            "pe_storage_read_bytes": delta(pe_after, pe_before, "loom_disk_kv_read_bytes_total"),
+            "de_storage_read_bytes": delta(de_after, de_before, "loom_disk_kv_read_bytes_total"),
+            "pe_to_de_bytes": delta(pe_after, pe_before, 'loom_kv_link_bytes_total{direction="sent"}'),
+            "de_to_pe_bytes": delta(de_after, de_before, 'loom_kv_link_bytes_total{direction="sent"}'),
+            "de_missing_blocks": delta(pe_after, pe_before, 'loom_kv_link_blocks_total{direction="missing"}'),
+            "stored_blocks": pe_after.get("loom_disk_kv_stored_blocks_total", 0) +
+                             de_after.get("loom_disk_kv_stored_blocks_total", 0),
+            "pe_disk_loaded_tokens": delta(pe_after, pe_before, "loom_disk_kv_loaded_tokens_total"),
+            "pe_host_loaded_tokens": delta(pe_after, pe_before, "loom_loaded_tokens_total"),
+            "pe_prefix_hit_tokens": delta(pe_after, pe_before, "loom_prefix_cache_hit_tokens_total"),
+            "pe_prompt_tokens": delta(pe_after, pe_before, "loom_prompt_tokens_total"),
+        }
+    finally:
+        stop(router)
+        for engine in engines:
+            stop(engine)
+        shutil.rmtree(disk, ignore_errors=True)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loom", default="build/loom")
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--engine-args", default="", help="more `loom serve` flags for both engines")
+    parser.add_argument("--router-args", default="")
+    parser.add_argument("--read-bandwidth", default="64M", help="each engine's storage read cap (B/s)")
+    parser.add_argument("--de-read-bandwidth", default="", help="the DE's, when it differs")
+    parser.add_argument("--disk-kv-bytes", default="8G")
+    parser.add_argument("--kv-buffer-bytes", default="256M")
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--context", type=int, default=1024)
+    parser.add_argument("--append", type=int, default=32)
+    parser.add_argument("--gen", type=int, default=4)
+    parser.add_argument("--vocab", type=int, default=30000, help="token ids drawn below this")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--settle", type=float, default=2.0, help="seconds for write-through before timing")
+    parser.add_argument("--policies", default="prefill,dual")
+    parser.add_argument("--workdir", default="")
+    parser.add_argument("--out", default="")
+    args = parser.parse_args()
+    workdir = args.workdir or tempfile.mkdtemp(prefix="loom-dualpath-")
+    os.makedirs(workdir, exist_ok=True)
+    runs = [run_policy(args, policy, workdir) for policy in args.policies.split(",")]
+    report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")}, "runs": runs}
+    by_policy = {run["policy"]: run for run in runs}
+    if "prefill" in by_policy and "dual" in by_policy:
+        report["dual_over_prefill_throughput"] = (by_policy["dual"]["requests_per_second"] /
+                                                  by_policy["prefill"]["requests_per_second"])
+    print(json.dumps(report, indent=2))
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as out:
+            json.dump(report, out, indent=2)
+
+
+if __name__ == "__main__":
+    main()
