@@ -46,16 +46,7 @@ std::vector<KvBlockName> EngineImpl::kv_block_hashes(const EngineRequest& reques
   const RequestKvPlan plan = plan_request_kv(request.adapter, adapter ? adapter->adapter.get() : nullptr,
                                              adapter ? adapter->sharing : KvSharing::kIsolated,
                                              adapter ? adapter->slot : -1, request.prompt_tokens, config_.block_size);
-  std::vector<KvBlockName> names;
-  run_on_engine_thread([&] {
-    if (!pools_.names_blocks()) return;
-    pools_.caches().for_each([&](KvCacheId id, const KvCacheManager& member) {
-      if (!plan.kv.uses(id) || !member.has_block_hashes()) return;
-      for (const KvBlockHash& hash : member.block_hashes(plan.kv.key_in(id), request.prompt_tokens))
-        names.push_back({hash, pools_.bytes_per_block(id)});
-    });
-  });
-  return names;
+  return pools_.block_names(plan.kv, request.prompt_tokens);  // not on the engine thread: a long step never delays it
 }
 
 std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {

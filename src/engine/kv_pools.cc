@@ -58,15 +58,43 @@ KvBlockHash KvPools::namespace_salt(const std::string& kv_namespace) const {
   const KvBlockHash spelling = hash_string(kv_namespace);
   const std::optional<std::string> adapter = adapter_of_kv_namespace(kv_namespace);
   if (!adapter) return spelling;
+  std::lock_guard lock(naming_mutex_);
   auto it = adapter_identities_.find(*adapter);
   return hash_combine(spelling, it == adapter_identities_.end() ? KvBlockHash{} : it->second);
 }
 
 void KvPools::set_adapter_identity(const std::string& adapter_name, const KvBlockHash& fingerprint) {
+  std::lock_guard lock(naming_mutex_);
   adapter_identities_[adapter_name] = fingerprint;
 }
 
-void KvPools::forget_adapter_identity(const std::string& adapter_name) { adapter_identities_.erase(adapter_name); }
+void KvPools::forget_adapter_identity(const std::string& adapter_name) {
+  std::lock_guard lock(naming_mutex_);
+  adapter_identities_.erase(adapter_name);
+}
+
+std::vector<KvBlockName> KvPools::block_names(const RequestKvKeys& keys, std::span<const int32_t> tokens) const {
+  PerKvCache<KvBlockHash> salts;
+  PerKvCache<int64_t> block_bytes;
+  {
+    std::lock_guard lock(naming_mutex_);
+    salts = cache_salts_;
+    block_bytes = cache_block_bytes_;
+  }
+  std::vector<KvBlockName> names;
+  const size_t block_size = static_cast<size_t>(config_.block_size);
+  for (KvCacheId id : {KvCacheId::kMain, KvCacheId::kResidual}) {
+    if (!keys.uses(id) || salts[id].is_zero()) continue;
+    const KvKey key = keys.key_in(id);
+    KvBlockHash parent = salts[id];
+    for (size_t i = 0; i + block_size <= tokens.size(); i += block_size) {
+      parent = chain_block_hash(parent, namespace_salt(key.namespace_of_block(static_cast<int32_t>(i / block_size))),
+                                tokens.subspan(i, block_size));
+      names.push_back({parent, block_bytes[id]});
+    }
+  }
+  return names;
+}
 
 KvPoolSizing KvPools::initial_sizing() const {
   int64_t residual_bytes = config_.residual_kv_cache_bytes;
@@ -220,15 +248,23 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
 }
 
 void KvPools::setup_block_names() {
+  {
+    std::lock_guard lock(naming_mutex_);
+    cache_salts_ = {};
+    cache_block_bytes_ = {};
+  }
   if (!names_blocks()) return;
   caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
     // The chain's start: the model, the member's layout (block size and bytes per block, so a CPU fp32 pool
     // never reads a CUDA bf16 one) and its name.
-    member.enable_block_hashes(
-        {kv_cache_salt(model_identity_,
-                       fmt::format("block_size={} bytes_per_block={}", config_.block_size, bytes_per_block(id)),
-                       kv_cache_name(id)),
-         [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); }});
+    const KvBlockHash salt =
+        kv_cache_salt(model_identity_,
+                      fmt::format("block_size={} bytes_per_block={}", config_.block_size, bytes_per_block(id)),
+                      kv_cache_name(id));
+    member.enable_block_hashes({salt, [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); }});
+    std::lock_guard lock(naming_mutex_);
+    cache_salts_[id] = salt;
+    cache_block_bytes_[id] = bytes_per_block(id);
   });
   if (events_ != nullptr) caches_->set_event_sink(events_);
 }

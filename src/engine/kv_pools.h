@@ -52,12 +52,13 @@
 // Thread: engine thread only (the constructor and allocate() may run on the
 // constructing thread before the engine thread starts), except the counts
 // num_kv_blocks / num_residual_kv_blocks / residual_max_rank, which submit()
-// reads on caller threads.
+// reads on caller threads, and block_names (the naming it reads is locked).
 #pragma once
 
 #include <atomic>
 #include <cstdint>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <string>
@@ -172,6 +173,11 @@ class KvPools {
   // Drops every cached block of the adapter's namespaces in every member
   // (after waiting for transfers). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& adapter_name);
+  // The names (content hashes) and payload bytes of the full blocks of
+  // `tokens` under `keys`, in every member the keys use (main first), as the
+  // members name them; empty when blocks are not named. Any thread (it reads
+  // only the naming, which the engine thread changes under a lock).
+  std::vector<KvBlockName> block_names(const RequestKvKeys& keys, std::span<const int32_t> tokens) const;
   // The adapter's fingerprint (kv_identity.h), salting its namespaces' block
   // names on disk; forget it when it is unloaded (after drop_adapter_kv).
   void set_adapter_identity(const std::string& adapter_name, const KvBlockHash& fingerprint);
@@ -201,7 +207,11 @@ class KvPools {
   KvEventSink* const events_;
   std::shared_ptr<DiskKvStore> disk_store_;
   std::unique_ptr<StoreDirectory> disk_directory_;
+  // Block naming, read by block_names() on any thread: guarded by naming_mutex_.
+  mutable std::mutex naming_mutex_;
   std::map<std::string, KvBlockHash> adapter_identities_;
+  PerKvCache<KvBlockHash> cache_salts_;  // zero: the member is absent or unnamed
+  PerKvCache<int64_t> cache_block_bytes_;
   std::unique_ptr<KvCacheGroup> caches_;
   std::optional<KvPoolLayout> layout_in_use_;
   // Host tier (nullptr: none). Declared after the group, so it is destroyed

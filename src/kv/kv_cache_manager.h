@@ -302,9 +302,6 @@ class KvCacheManager {
   // tokens. The disk tier files blocks by it; events name blocks by it.
   void enable_block_hashes(KvBlockNaming naming);
   bool has_block_hashes() const { return tree_.has_block_hasher(); }
-  // The names of the full blocks of `tokens` under `kv_key` (chained from the
-  // cache salt), as inserting them would name them. Precondition: has_block_hashes().
-  std::vector<KvBlockHash> block_hashes(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
   // Reports every block that enters or leaves this manager's device or host
   // tier to `sink` (kv_event_sink.h), as member `cache`, on the engine thread
   // at the state change. Precondition: has_block_hashes(), before any block

@@ -29,19 +29,6 @@ KvBlockHash KvCacheManager::chain_hash(const KvBlockHash& parent, const std::str
   return chain_block_hash(parent.is_zero() ? naming_.cache_salt : parent, naming_.namespace_salt(kv_namespace), tokens);
 }
 
-std::vector<KvBlockHash> KvCacheManager::block_hashes(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
-  LOOM_CHECK(has_block_hashes());
-  const size_t num_full = tokens.size() / static_cast<size_t>(block_size());
-  std::vector<KvBlockHash> hashes;
-  KvBlockHash parent;
-  for (size_t i = 0; i < num_full; ++i) {
-    parent = chain_hash(parent, kv_key.namespace_of_block(static_cast<int32_t>(i)),
-                        tokens.subspan(i * static_cast<size_t>(block_size()), static_cast<size_t>(block_size())));
-    hashes.push_back(parent);
-  }
-  return hashes;
-}
-
 std::vector<std::pair<KvBlockHash, bool>> KvCacheManager::blocks_after_path(const KvKey& kv_key,
                                                                             std::span<const KvTokenId> tokens,
                                                                             const std::vector<RadixNode*>& path,
