@@ -118,6 +118,21 @@ def run_policy(args, policy, workdir):
                     "ignore_eos": True}
             return json.loads(call(router_port, "POST", "/v1/completions", body))
 
+        peak_rss = [0, 0]  # MiB, PE and DE, sampled while the replay runs
+        sampling = threading.Event()
+
+        def sample_rss():
+            while not sampling.wait(0.5):
+                for i, engine in enumerate(engines):
+                    try:
+                        with open(f"/proc/{engine.pid}/status") as status:
+                            rss = int(status.read().split("VmRSS:")[1].split()[0]) // 1024
+                        peak_rss[i] = max(peak_rss[i], rss)
+                    except (OSError, IndexError, ValueError):
+                        pass
+
+        sampler = threading.Thread(target=sample_rss, daemon=True)
+        sampler.start()
         # Untimed: every agent's context prefilled once, so its blocks are on the disk tier.
         threads = [threading.Thread(target=complete, args=(context, 1)) for context in contexts]
         for thread in threads:
@@ -152,8 +167,11 @@ def run_policy(args, policy, workdir):
         for thread in threads:
             thread.join()
         jct = time.time() - started
+        sampling.set()
         if errors:
-            sys.exit(f"{policy}: {errors[:3]}")
+            codes = [process.poll() for process in [*engines, router]]
+            sys.exit(f"{policy}: {errors[:3]}; exit codes of PE, DE, router (None: running): {codes}; "
+                     f"peak RSS MiB PE, DE: {peak_rss}")
         pe_after, de_after, router_after = metrics(pe_port), metrics(de_port), metrics(router_port)
 
         def delta(after, before, name):
@@ -177,6 +195,7 @@ def run_policy(args, policy, workdir):
             "pe_to_de_bytes": delta(pe_after, pe_before, 'loom_kv_link_bytes_total{direction="sent"}'),
             "de_to_pe_bytes": delta(de_after, de_before, 'loom_kv_link_bytes_total{direction="sent"}'),
             "de_missing_blocks": delta(pe_after, pe_before, 'loom_kv_link_blocks_total{direction="missing"}'),
+            "peak_rss_mib": {"prefill_engine": peak_rss[0], "decode_engine": peak_rss[1]},
             "stored_blocks": pe_after.get("loom_disk_kv_stored_blocks_total", 0) +
                              de_after.get("loom_disk_kv_stored_blocks_total", 0),
             "pe_disk_loaded_tokens": delta(pe_after, pe_before, "loom_disk_kv_loaded_tokens_total"),

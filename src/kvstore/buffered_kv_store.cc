@@ -34,17 +34,24 @@ bool BufferedKvStore::in_buffer(const KvBlockHash& hash) const {
 bool BufferedKvStore::in_storage(const KvBlockHash& hash) { return storage_ != nullptr && storage_->contains(hash); }
 
 bool BufferedKvStore::write_block(const KvBlockHash& hash, std::span<const std::byte> payload) {
-  add(hash, payload, /*in_transit=*/false);
+  add(hash, payload, nullptr, /*in_transit=*/false);
   if (storage_ != nullptr) return storage_->write_block(hash, payload) || in_buffer(hash);
   return in_buffer(hash);
 }
 
 void BufferedKvStore::put(const KvBlockHash& hash, std::span<const std::byte> payload) {
-  add(hash, payload, /*in_transit=*/true);
+  add(hash, payload, nullptr, /*in_transit=*/true);
 }
 
-void BufferedKvStore::add(const KvBlockHash& hash, std::span<const std::byte> payload, bool in_transit) {
-  if (static_cast<int64_t>(payload.size()) > capacity_bytes_) return;
+void BufferedKvStore::put(const KvBlockHash& hash, Payload payload) {
+  const std::span<const std::byte> bytes = payload->bytes();
+  add(hash, bytes, std::move(payload), /*in_transit=*/true);
+}
+
+// `payload`, when given, holds `bytes` (kept as is); else `bytes` are copied.
+void BufferedKvStore::add(const KvBlockHash& hash, std::span<const std::byte> bytes, Payload payload,
+                          bool in_transit) {
+  if (static_cast<int64_t>(bytes.size()) > capacity_bytes_) return;
   {
     std::lock_guard lock(mutex_);
     if (auto it = entries_.find(hash); it != entries_.end()) {
@@ -58,10 +65,10 @@ void BufferedKvStore::add(const KvBlockHash& hash, std::span<const std::byte> pa
       return;
     }
   }
-  auto copy = std::make_shared<const std::vector<std::byte>>(payload.begin(), payload.end());
+  if (!payload) payload = KvPayload::copy_of(bytes);
   {
     std::lock_guard lock(mutex_);
-    insert(hash, std::move(copy), in_transit);
+    insert(hash, std::move(payload), in_transit);
   }
   added_.notify_all();
 }
@@ -186,7 +193,7 @@ std::vector<bool> BufferedKvStore::read_blocks(std::span<const KvBlockHash> hash
   for (size_t j = 0; j < from_storage.size(); ++j) {
     if (!read[j]) continue;
     ok[from_storage[j]] = true;
-    add(storage_hashes[j], storage_destinations[j], /*in_transit=*/false);  // may go on to the decode engine
+    add(storage_hashes[j], storage_destinations[j], nullptr, /*in_transit=*/false);  // may go on to the decode engine
   }
   return ok;
 }
@@ -196,19 +203,20 @@ std::pair<int64_t, int64_t> BufferedKvStore::load_from_storage(std::span<const K
   LOOM_CHECK(hashes.size() == payload_bytes.size());
   if (storage_ == nullptr) return {0, 0};
   std::vector<KvBlockHash> wanted;
-  std::vector<std::vector<std::byte>> buffers;
+  std::vector<std::shared_ptr<KvPayload>> buffers;
+  std::vector<std::span<std::byte>> destinations;
   for (size_t i = 0; i < hashes.size(); ++i) {
     if (payload_bytes[i] <= 0 || in_buffer(hashes[i]) || !storage_->contains(hashes[i])) continue;
     wanted.push_back(hashes[i]);
-    buffers.emplace_back(static_cast<size_t>(payload_bytes[i]));
+    buffers.push_back(KvPayload::allocate(static_cast<size_t>(payload_bytes[i])));
+    destinations.push_back(buffers.back()->bytes());
   }
   if (wanted.empty()) return {0, 0};
-  std::vector<std::span<std::byte>> destinations(buffers.begin(), buffers.end());
   const std::vector<bool> ok = read_storage(wanted, destinations);
   int64_t num_read = 0, num_bytes = 0;
   for (size_t i = 0; i < wanted.size(); ++i) {
     if (!ok[i]) continue;
-    put(wanted[i], destinations[i]);
+    put(wanted[i], Payload(std::move(buffers[i])));
     ++num_read;
     num_bytes += static_cast<int64_t>(destinations[i].size());
   }

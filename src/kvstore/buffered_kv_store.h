@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "kvstore/disk_kv_store.h"
+#include "kvstore/kv_payload.h"
 
 namespace loom {
 
@@ -56,7 +57,7 @@ struct KvBufferStats {
 
 class BufferedKvStore final : public DiskKvStore {
  public:
-  using Payload = std::shared_ptr<const std::vector<std::byte>>;
+  using Payload = std::shared_ptr<const KvPayload>;
 
   // storage: the tier below (nullptr: the buffer alone). capacity_bytes > 0.
   BufferedKvStore(std::unique_ptr<DiskKvStore> storage, int64_t capacity_bytes);
@@ -74,6 +75,7 @@ class BufferedKvStore final : public DiskKvStore {
   // Into the buffer only, in transit (a block another engine sent). A payload
   // larger than the whole buffer is dropped.
   void put(const KvBlockHash& hash, std::span<const std::byte> payload);
+  void put(const KvBlockHash& hash, Payload payload);  // no copy
   // A send delivered these: outgoing ones leave the buffer (blocks in transit
   // stay for the engine to read).
   void release_sent(std::span<const KvBlockHash> hashes);
@@ -103,7 +105,7 @@ class BufferedKvStore final : public DiskKvStore {
     std::list<KvBlockHash>::iterator lru;  // position in its list (front: most recent)
   };
   std::list<KvBlockHash>& lru_of(const Entry& entry) { return entry.in_transit ? transit_lru_ : outgoing_lru_; }
-  void add(const KvBlockHash& hash, std::span<const std::byte> payload, bool in_transit);
+  void add(const KvBlockHash& hash, std::span<const std::byte> bytes, Payload payload, bool in_transit);
   void insert(const KvBlockHash& hash, Payload payload, bool in_transit);  // requires mutex_
   void touch(Entry& entry);                                                // requires mutex_
   void erase(std::map<KvBlockHash, Entry>::iterator it);                    // requires mutex_

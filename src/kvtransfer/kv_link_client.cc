@@ -120,9 +120,9 @@ KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockH
     bool ok = kvlink::write_all(fd, std::span(&op, 1)) && kvlink::write_u32(fd, static_cast<uint32_t>(count));
     for (size_t i = 0; ok && i < count; ++i) {
       const size_t index = present[first + i];
-      const std::vector<std::byte>& payload = *payloads[index];
+      const KvPayload& payload = *payloads[index];
       ok = kvlink::write_hash(fd, wanted[index]) && kvlink::write_u64(fd, payload.size()) &&
-           kvlink::write_u64(fd, XXH3_64bits(payload.data(), payload.size())) && kvlink::write_all(fd, payload);
+           kvlink::write_u64(fd, XXH3_64bits(payload.data(), payload.size())) && kvlink::write_all(fd, payload.bytes());
       if (ok) report.sent_bytes += static_cast<int64_t>(payload.size());
     }
     uint32_t stored = 0;

@@ -119,7 +119,6 @@ void KvLinkServer::serve(int fd) {
   auto handle = [&]() {
     std::byte magic[sizeof(kvlink::kMagic)];
     if (!kvlink::read_exact(fd, magic) || std::memcmp(magic, kvlink::kMagic, sizeof(magic)) != 0) return;
-    std::vector<std::byte> payload;
     while (!stopping_) {
       std::byte op{};
       uint32_t count = 0;
@@ -142,13 +141,13 @@ void KvLinkServer::serve(int fd) {
           if (!kvlink::read_hash(fd, hash) || !kvlink::read_u64(fd, size) || !kvlink::read_u64(fd, checksum) ||
               size > kvlink::kMaxPayloadBytes)
             return;
-          payload.resize(size);
-          if (!kvlink::read_exact(fd, payload)) return;
-          if (XXH3_64bits(payload.data(), payload.size()) != checksum) {
+          std::shared_ptr<KvPayload> payload = KvPayload::allocate(size);  // received in place: no copy
+          if (!kvlink::read_exact(fd, payload->bytes())) return;
+          if (XXH3_64bits(payload->data(), payload->size()) != checksum) {
             ++rejected_blocks_;
             continue;
           }
-          store_.put(hash, payload);
+          store_.put(hash, BufferedKvStore::Payload(std::move(payload)));
           ++stored;
           ++received_blocks_;
           received_bytes_ += static_cast<int64_t>(size);
