@@ -139,7 +139,16 @@ def run_policy(args, policy, workdir):
             thread.start()
         for thread in threads:
             thread.join()
-        time.sleep(args.settle)
+        # Until the engines' write-through has landed: stored block counts still for `settle` seconds.
+        def stored():
+            return [metrics(port).get("loom_disk_kv_stored_blocks_total", 0.0) for port in (pe_port, de_port)]
+
+        deadline, last, still_since = time.time() + 300, stored(), time.time()
+        while time.time() < deadline and time.time() - still_since < args.settle:
+            time.sleep(0.5)
+            now = stored()
+            if now != last:
+                last, still_since = now, time.time()
         pe_before, de_before, router_before = metrics(pe_port), metrics(de_port), metrics(router_port)
 
         results = [[] for _ in range(args.agents)]
@@ -228,7 +237,8 @@ def main():
     parser.add_argument("--gen", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=30000, help="token ids drawn below this")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--settle", type=float, default=2.0, help="seconds for write-through before timing")
+    parser.add_argument("--settle", type=float, default=3.0,
+                        help="before timing, wait until the engines stored no new block for this many seconds")
     parser.add_argument("--policies", default="prefill,dual")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--out", default="")
