@@ -158,6 +158,11 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
           {"disk_kv_path", engine.disk_kv_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(engine.disk_kv_path)},
           {"disk_kv_bytes", engine.disk_kv_bytes},
+          {"role", options.kv_transfer.role},
+          {"kv_transfer_port", options.kv_transfer.port},
+          {"kv_buffer_bytes", options.kv_transfer.role == "both" && options.kv_transfer.port < 0
+                                  ? nlohmann::json(nullptr)
+                                  : nlohmann::json(parse_byte_size(options.kv_transfer.buffer_bytes, "--kv-buffer-bytes"))},
           {"disk_kv_warm_start", engine.disk_kv_warm_start},
           {"disk_kv_read_bandwidth", engine.disk_kv_read_bandwidth},
           {"default_sharing", kv_sharing_name(engine.default_sharing)},

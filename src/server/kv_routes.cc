@@ -77,9 +77,6 @@ std::string kv_status_body(const KvRouteContext& context) {
   const KvLinkServerStats link = setup.link ? setup.link->stats() : KvLinkServerStats{};
   status["received_blocks"] = link.num_received_blocks;
   status["received_bytes"] = link.num_received_bytes;
-  // The engine's own view, for seq_e: requests admitted and running, and queued.
-  status["num_running"] = context.num_requests != nullptr ? context.num_requests->load() : 0;
-  status["num_waiting"] = 0;
   return dump_json(status);
 }
 

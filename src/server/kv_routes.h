@@ -4,7 +4,7 @@
 //
 //   GET  /loom/kv/status -> {"role", "kv_transfer_address": "host:port" | null, "block_size",
 //                            "bytes_per_block", "queued_read_bytes", "read_bandwidth", "has_storage",
-//                            "num_running", "num_waiting", "num_requests", "buffer_bytes",
+//                            "num_requests" (completion requests in flight here), "buffer_bytes",
 //                            "buffer_capacity_bytes", "buffer_blocks", "received_blocks", "received_bytes"}
 //   POST /loom/kv/probe  {"endpoint": "chat" | "completions", "request": {an OpenAI body}}
 //                        -> {"prompt_tokens", "blocks": [32 hex digits, ...], "block_bytes": [payload
