@@ -1,18 +1,13 @@
 // `loom router`: the global scheduler in front of `loom serve --role prefill`
 // and `--role decode` engines (DualPath; router/router_server.h).
 // SIGINT/SIGTERM drain it (exit 0); a second signal exits at once.
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <atomic>
-#include <cerrno>
-#include <csignal>
 #include <memory>
-#include <thread>
 
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/stop_signals.h"
 #include "router/router_server.h"
 #include "util/error.h"
 
@@ -26,32 +21,8 @@ struct RouterOptions {
   double shutdown_timeout_seconds = 30.0;
 };
 
-// The same self-pipe as `loom serve` (serve_command.cc): the first signal
-// wakes a watcher thread that drains; a second one exits at once.
-int g_router_signal_pipe[2] = {-1, -1};
-std::atomic<int> g_router_num_signals{0};
-
-void on_router_stop_signal(int signal_number) {
-  if (g_router_num_signals.fetch_add(1) > 0) _exit(128 + signal_number);
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  [[maybe_unused]] ssize_t ignored = write(g_router_signal_pipe[1], &byte, 1);
-  errno = saved_errno;
-}
-
-void install_router_stop_signals() {
-  if (pipe2(g_router_signal_pipe, O_CLOEXEC) != 0) fail(ErrorKind::kInternal, "pipe2 failed: errno {}", errno);
-  struct sigaction action {};
-  action.sa_handler = on_router_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a vanished client or engine is a failed write, not a crash
-}
-
 int run_router(RouterOptions& options) {
-  install_router_stop_signals();
+  install_stop_signals();
   router::RouterConfig& config = options.config;
   std::optional<router::PathPolicy> policy = router::parse_path_policy(options.path_policy);
   if (!policy) fail(ErrorKind::kInvalidArgument, "--path-policy must be dual, prefill or decode");
@@ -64,11 +35,7 @@ int run_router(RouterOptions& options) {
                config.prefill_urls.size() + config.decode_urls.size());
   server.bind();
   const auto shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_seconds * 1e3));
-  std::thread signal_watcher([&] {
-    unsigned char signal_number = 0;
-    while (read(g_router_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
-    }
-    if (signal_number == 0) return;  // woken by ourselves at normal exit
+  StopSignalWatcher signal_watcher([&](int signal_number) {
     spdlog::info("signal {}: draining (new connections refused; requests in flight get up to {} s)", signal_number,
                  options.shutdown_timeout_seconds);
     const bool drained = server.shutdown(shutdown_timeout);
@@ -78,9 +45,7 @@ int run_router(RouterOptions& options) {
                server.bound_port(), config.prefill_urls.size(), config.decode_urls.size(), options.path_policy);
   server.run();
   server.stop();
-  const unsigned char wake = 0;
-  [[maybe_unused]] ssize_t ignored = write(g_router_signal_pipe[1], &wake, 1);  // the watcher, if no signal came
-  signal_watcher.join();
+  signal_watcher.finish();
   spdlog::info("stopped");
   return 0;
 }

@@ -1,15 +1,10 @@
 // `loom serve`: load a model and its adapters, start the engine thread and the
 // OpenAI-compatible HTTP server; SIGINT/SIGTERM drain it (exit 0), a second
 // signal exits at once.
-#include <fcntl.h>
 #include <sys/resource.h>
-#include <unistd.h>
 
-#include <atomic>
 #include <chrono>
 #include <condition_variable>
-#include <cerrno>
-#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <map>
@@ -26,6 +21,7 @@
 #include "cli/commands.h"
 #include "cli/device_backend.h"
 #include "cli/kv_transfer_setup.h"
+#include "cli/stop_signals.h"
 #include "cli/vllm_flags.h"
 #include "engine/engine.h"
 #include "model/loader.h"
@@ -75,31 +71,6 @@ std::string default_served_name(const std::string& model_path) {
   std::filesystem::path path(model_path);
   if (!path.has_filename()) path = path.parent_path();
   return path.extension() == ".gguf" ? path.stem().string() : path.filename().string();
-}
-
-// SIGINT/SIGTERM, whichever thread receives them (libraries such as OpenBLAS
-// start threads before main, with signals unblocked): the first one writes its
-// number to a pipe that a watcher thread reads; a second one exits at once.
-int g_signal_pipe[2] = {-1, -1};
-std::atomic<int> g_num_signals{0};
-
-void on_stop_signal(int signal_number) {
-  if (g_num_signals.fetch_add(1) > 0) _exit(128 + signal_number);
-  const int saved_errno = errno;
-  const unsigned char byte = static_cast<unsigned char>(signal_number);
-  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &byte, 1);
-  errno = saved_errno;
-}
-
-void install_stop_signals() {
-  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) fail(ErrorKind::kInternal, "pipe2 failed: errno {}", errno);
-  struct sigaction action {};
-  action.sa_handler = on_stop_signal;
-  sigemptyset(&action.sa_mask);
-  action.sa_flags = SA_RESTART;
-  sigaction(SIGINT, &action, nullptr);
-  sigaction(SIGTERM, &action, nullptr);
-  std::signal(SIGPIPE, SIG_IGN);  // a vanished client is a failed write, not a crash
 }
 
 // Open connections are file descriptors: raise the soft limit to the hard one.
@@ -317,11 +288,7 @@ int run_serve(const ServeOptions& options) {
   server.bind();
 
   const auto shutdown_timeout = std::chrono::milliseconds(static_cast<int64_t>(options.shutdown_timeout_seconds * 1e3));
-  std::thread signal_watcher([&] {
-    unsigned char signal_number = 0;
-    while (read(g_signal_pipe[0], &signal_number, 1) < 0 && errno == EINTR) {
-    }
-    if (signal_number == 0) return;  // woken by ourselves at normal exit
+  StopSignalWatcher signal_watcher([&](int signal_number) {
     spdlog::info("signal {}: draining (new connections refused; requests in flight get up to {} s; a second "
                  "signal exits at once)",
                  signal_number, options.shutdown_timeout_seconds);
@@ -355,9 +322,7 @@ int run_serve(const ServeOptions& options) {
   stats_logger.join();
   server.stop();
   engine->shutdown(false);  // cancels what is left and frees every KV block
-  const unsigned char wake = 0;
-  [[maybe_unused]] ssize_t ignored = write(g_signal_pipe[1], &wake, 1);  // the watcher, if no signal came
-  signal_watcher.join();
+  signal_watcher.finish();
   spdlog::info("stopped");
   return 0;
 }

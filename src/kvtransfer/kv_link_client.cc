@@ -1,6 +1,5 @@
 #include "kvtransfer/kv_link_client.h"
 
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -37,27 +36,14 @@ class Socket {
 
 int connect_to(const std::string& address, double timeout_seconds) {
   const auto [host, port] = kvlink::split_address(address);
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int error = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0)
-    throw Error(ErrorKind::kUnavailable, fmt::format("KV link to {}: {}", address, gai_strerror(error)));
-  int connected = -1;
-  std::string failure = "no address";
-  for (addrinfo* candidate = found; candidate != nullptr && connected < 0; candidate = candidate->ai_next) {
-    const int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
-    if (fd < 0) continue;
-    kvlink::set_timeouts(fd, timeout_seconds);
-    if (::connect(fd, candidate->ai_addr, candidate->ai_addrlen) == 0) {
-      connected = fd;
-    } else {
-      failure = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(found);
+  std::string failure;
+  const int connected = kvlink::open_socket(
+      host, port, /*passive=*/false,
+      [&](int fd, const sockaddr* candidate, socklen_t length) {
+        kvlink::set_timeouts(fd, timeout_seconds);
+        return ::connect(fd, candidate, length) == 0;
+      },
+      failure);
   if (connected < 0) throw Error(ErrorKind::kUnavailable, fmt::format("KV link to {}: {}", address, failure));
   const int yes = 1;
   ::setsockopt(connected, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));

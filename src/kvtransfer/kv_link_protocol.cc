@@ -1,11 +1,13 @@
 #include "kvtransfer/kv_link_protocol.h"
 
+#include <netdb.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <string>
 
 #include <fmt/format.h>
@@ -69,6 +71,34 @@ void set_timeouts(int fd, double seconds) {
   timeout.tv_usec = static_cast<suseconds_t>((seconds - std::floor(seconds)) * 1e6);
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+}
+
+int open_socket(const std::string& host, int port, bool passive,
+                const std::function<bool(int fd, const sockaddr* address, socklen_t length)>& use, std::string& failure) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (const int error = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0) {
+    failure = gai_strerror(error);
+    return -1;
+  }
+  int opened = -1;
+  failure = "no address";
+  for (addrinfo* candidate = found; candidate != nullptr && opened < 0; candidate = candidate->ai_next) {
+    const int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
+    if (fd < 0) continue;
+    if (use(fd, candidate->ai_addr, candidate->ai_addrlen)) {
+      opened = fd;
+    } else {
+      failure = std::strerror(errno);
+      ::close(fd);
+    }
+  }
+  ::freeaddrinfo(found);
+  return opened;
 }
 
 std::pair<std::string, int> split_address(const std::string& address) {

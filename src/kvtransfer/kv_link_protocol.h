@@ -20,7 +20,10 @@
 #pragma once
 
 #include <cstddef>
+#include <sys/socket.h>
+
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 
@@ -45,6 +48,13 @@ bool write_hash(int fd, const KvBlockHash& hash);
 bool read_hash(int fd, KvBlockHash& hash);
 // Sets send and receive timeouts on a socket.
 void set_timeouts(int fd, double seconds);
+
+// A TCP socket for host:port: tries each address getaddrinfo gives (passive:
+// for binding) until `use(fd, address, length)` accepts one (it binds and
+// listens, or connects). Returns that fd, or -1 with `failure` saying why
+// (the resolver's error or the last attempt's errno text).
+int open_socket(const std::string& host, int port, bool passive,
+                const std::function<bool(int fd, const sockaddr* address, socklen_t length)>& use, std::string& failure);
 
 // "host:port" -> (host, port). Throws Error(kInvalidArgument) naming `address`.
 std::pair<std::string, int> split_address(const std::string& address);

@@ -1,7 +1,6 @@
 #include "kvtransfer/kv_link_server.h"
 
 #include <arpa/inet.h>
-#include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <sys/socket.h>
@@ -21,28 +20,15 @@ namespace loom {
 
 KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds)
     : store_(store), host_(host), receive_timeout_seconds_(receive_timeout_seconds) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (const int error = ::getaddrinfo(host.c_str(), service.c_str(), &hints, &found); error != 0)
-    throw Error(ErrorKind::kInvalidArgument, fmt::format("KV link: cannot resolve {}: {}", host, gai_strerror(error)));
-  std::string failure = "no address";
-  for (addrinfo* candidate = found; candidate != nullptr && listen_fd_ < 0; candidate = candidate->ai_next) {
-    const int fd = ::socket(candidate->ai_family, candidate->ai_socktype | SOCK_CLOEXEC, candidate->ai_protocol);
-    if (fd < 0) continue;
-    const int yes = 1;
-    ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-    if (::bind(fd, candidate->ai_addr, candidate->ai_addrlen) == 0 && ::listen(fd, 64) == 0) {
-      listen_fd_ = fd;
-    } else {
-      failure = std::strerror(errno);
-      ::close(fd);
-    }
-  }
-  ::freeaddrinfo(found);
+  std::string failure;
+  listen_fd_ = kvlink::open_socket(
+      host, port, /*passive=*/true,
+      [](int fd, const sockaddr* address, socklen_t length) {
+        const int yes = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        return ::bind(fd, address, length) == 0 && ::listen(fd, 64) == 0;
+      },
+      failure);
   if (listen_fd_ < 0)
     throw Error(ErrorKind::kInvalidArgument, fmt::format("KV link: cannot listen on {}:{}: {}", host, port, failure),
                 "choose another --kv-transfer-port (0 picks a free one)");

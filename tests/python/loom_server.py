@@ -55,6 +55,44 @@ def drop_model_label(sample):
     return name + ("{" + rest if rest else "")
 
 
+def wait_healthy(process, base_url, read_log, what="loom serve", timeout=60.0):
+    """Until GET base_url/health answers 200; RuntimeError with the log if the process exits or never does."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"{what} exited with {process.returncode}:\n{read_log()}")
+        try:
+            with urllib.request.urlopen(base_url + "/health", timeout=1) as response:
+                if response.status == 200:
+                    return
+        except (urllib.error.URLError, ConnectionError, OSError):
+            pass
+        time.sleep(0.1)
+    raise RuntimeError(f"{what} did not become healthy:\n{read_log()}")
+
+
+def stop_process(process):
+    """SIGTERM, then SIGKILL after 30 s; returns the exit status."""
+    if process.poll() is None:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+    return process.returncode
+
+
+def parse_metrics(body):
+    """Prometheus samples as {'name{labels}': value}."""
+    samples = {}
+    for line in body.decode().splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            samples[name] = float(value)
+    return samples
+
+
 class LoomServer:
     """A model directory plus a running server; stop() ends both."""
 
@@ -83,18 +121,7 @@ class LoomServer:
         self._wait_healthy()
 
     def _wait_healthy(self, timeout=60.0):
-        deadline = time.time() + timeout
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"loom serve exited with {self.process.returncode}:\n{self.read_log()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"loom serve did not become healthy:\n{self.read_log()}")
+        wait_healthy(self.process, self.base_url, self.read_log, timeout=timeout)
 
     def read_log(self):
         with open(self.log_path) as log:
@@ -115,24 +142,13 @@ class LoomServer:
         """Prometheus samples as {'name{labels}': value}, less the model_name
         label, which every sample must carry first (the served name, "tiny")."""
         _, _, body = self.request("GET", "/metrics")
-        samples = {}
-        for line in body.decode().splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                samples[drop_model_label(name)] = float(value)
-        return samples
+        return {drop_model_label(name): value for name, value in parse_metrics(body).items()}
 
     def stop(self):
         """SIGTERM; returns the exit status."""
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        returncode = stop_process(self.process)
         self.log.close()
-        return self.process.returncode
+        return returncode
 
     def cleanup(self):
         shutil.rmtree(self.directory, ignore_errors=True)

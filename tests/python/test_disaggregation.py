@@ -14,7 +14,6 @@ import sys
 import tempfile
 import time
 import unittest
-import urllib.error
 import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -47,18 +46,7 @@ class LoomRouter:
         args += list(extra_args)
         self.log = tempfile.NamedTemporaryFile("w+", prefix="loom-router-", suffix=".log", delete=False)
         self.process = subprocess.Popen(args, stdout=self.log, stderr=subprocess.STDOUT)
-        deadline = time.time() + 60
-        while time.time() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"loom router exited with {self.process.returncode}:\n{self.read_log()}")
-            try:
-                with urllib.request.urlopen(self.base_url + "/health", timeout=1) as response:
-                    if response.status == 200:
-                        return
-            except (urllib.error.URLError, ConnectionError, OSError):
-                pass
-            time.sleep(0.1)
-        raise RuntimeError(f"loom router did not become healthy:\n{self.read_log()}")
+        loom_server.wait_healthy(self.process, self.base_url, self.read_log, what="loom router")
 
     def read_log(self):
         self.log.flush()
@@ -67,28 +55,16 @@ class LoomRouter:
 
     def metrics(self):
         with urllib.request.urlopen(self.base_url + "/metrics", timeout=10) as response:
-            body = response.read().decode()
-        samples = {}
-        for line in body.splitlines():
-            if line and not line.startswith("#"):
-                name, value = line.rsplit(" ", 1)
-                samples[name] = float(value)
-        return samples
+            return loom_server.parse_metrics(response.read())
 
     def client(self):
         return openai.OpenAI(base_url=self.base_url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
     def stop(self):
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+        returncode = loom_server.stop_process(self.process)
         self.log.close()
         os.unlink(self.log.name)
-        return self.process.returncode
+        return returncode
 
 
 def complete(client, model, prompt, max_tokens=8, stream=False):
