@@ -5,7 +5,10 @@ replay through `loom router` over one prefill engine (PE) and one decode engine
 --disk-kv-read-bandwidth (its emulated storage NIC). Compares the router's
 --path-policy prefill (every hit is read by the PE: today's PD-disaggregated
 systems) with dual (DualPath: the router sends a request's reads to the side
-whose read queue is shorter; DE reads go DE -> PE over the KV link).
+whose read queue is shorter; DE reads go DE -> PE over the KV link), and with
+both: no disaggregation, two `--role both` engines (one per --pe-device /
+--de-device), each agent pinned to one. Requests stream, so each turn gives a
+TTFT and a TPOT.
 Standard library only (runs on the GPU machine as is).
 
   bench/dualpath_replay.py --loom build/loom --model ~/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf \
@@ -52,6 +55,38 @@ def call(port, method, path, body=None, timeout=600):
     return data
 
 
+def stream_completion(port, body, timeout=600):
+    """POSTs a streamed /v1/completions; returns (usage, ttft seconds, tpot seconds or None)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    started = time.time()
+    connection.request("POST", "/v1/completions",
+                       body=json.dumps({**body, "stream": True, "stream_options": {"include_usage": True}}),
+                       headers={"content-type": "application/json"})
+    response = connection.getresponse()
+    if response.status != 200:
+        raise RuntimeError(f"POST /v1/completions: {response.status} {response.read()[:300]!r}")
+    token_times, usage = [], None
+    for raw in response:
+        line = raw.decode().strip()
+        if not line.startswith("data: ") or line == "data: [DONE]":
+            continue
+        chunk = json.loads(line[6:])
+        if chunk.get("usage"):
+            usage = chunk["usage"]
+        if chunk.get("choices"):
+            token_times.append(time.time())
+    if usage is None or not token_times:
+        raise RuntimeError("the stream ended without tokens or usage")
+    ttft = token_times[0] - started
+    tpot = (token_times[-1] - token_times[0]) / (len(token_times) - 1) if len(token_times) > 1 else None
+    return usage, ttft, tpot
+
+
+def percentile(values, fraction):
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else None
+
+
 def metrics(port):
     samples = {}
     for line in call(port, "GET", "/metrics").decode().splitlines():
@@ -93,30 +128,43 @@ def stop(process):
 
 
 def run_policy(args, policy, workdir):
+    """policy prefill / dual: router + PE + DE; both: two `--role both` engines (one per device), each agent
+    pinned to one of them (agent i on engine i % 2), no router."""
     disk = os.path.join(workdir, f"disk-{policy}")
     shutil.rmtree(disk, ignore_errors=True)
     pe_port, de_port, router_port = free_port(), free_port(), free_port()
     engines = []
-    for role, port, bandwidth in (("prefill", pe_port, args.read_bandwidth), ("decode", de_port, args.de_read_bandwidth or args.read_bandwidth)):
+    roles = ("both", "both") if policy == "both" else ("prefill", "decode")
+    for role, port, bandwidth, device, name in (
+            (roles[0], pe_port, args.read_bandwidth, args.pe_device or args.device, "pe"),
+            (roles[1], de_port, args.de_read_bandwidth or args.read_bandwidth, args.de_device or args.device, "de")):
         command = [args.loom, "serve", "--model", args.model, "--served-model-name", "bench", "--port", str(port),
                    "--role", role, "--disk-kv-path", disk, "--disk-kv-bytes", args.disk_kv_bytes,
-                   "--disk-kv-read-bandwidth", bandwidth, "--kv-buffer-bytes", args.kv_buffer_bytes,
-                   *args.engine_args.split()]
-        if args.device != "cpu":
-            command += ["--device", args.device]
-        engines.append(start(command, port, os.path.join(workdir, f"{policy}-{role}.log")))
-    router = start([args.loom, "router", "--port", str(router_port), "--prefill", f"http://127.0.0.1:{pe_port}",
-                    "--decode", f"http://127.0.0.1:{de_port}", "--path-policy", policy, *args.router_args.split()],
-                   router_port, os.path.join(workdir, f"{policy}-router.log"))
+                   "--disk-kv-read-bandwidth", bandwidth, *args.engine_args.split()]
+        if role != "both":
+            command += ["--kv-buffer-bytes", args.kv_buffer_bytes, *args.role_args.split()]
+        if device != "cpu":
+            command += ["--device", device]
+        engines.append(start(command, port, os.path.join(workdir, f"{policy}-{name}-{role}.log")))
+    router = None
+    if policy != "both":
+        router = start([args.loom, "router", "--port", str(router_port), "--prefill", f"http://127.0.0.1:{pe_port}",
+                        "--decode", f"http://127.0.0.1:{de_port}", "--path-policy", policy, *args.router_args.split()],
+                       router_port, os.path.join(workdir, f"{policy}-router.log"))
     try:
         rng = random.Random(args.seed)
         vocab = args.vocab
         contexts = [[rng.randrange(100, vocab) for _ in range(args.context)] for _ in range(args.agents)]
 
-        def complete(prompt, max_tokens):
+        def target(agent_index):
+            if policy != "both":
+                return router_port
+            return (pe_port, de_port)[agent_index % 2]
+
+        def complete(agent_index, prompt, max_tokens):
             body = {"model": "bench", "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
                     "ignore_eos": True}
-            return json.loads(call(router_port, "POST", "/v1/completions", body))
+            return stream_completion(target(agent_index), body)
 
         peak_rss = [0, 0]  # MiB, PE and DE, sampled while the replay runs
         sampling = threading.Event()
@@ -134,7 +182,7 @@ def run_policy(args, policy, workdir):
         sampler = threading.Thread(target=sample_rss, daemon=True)
         sampler.start()
         # Untimed: every agent's context prefilled once, so its blocks are on the disk tier.
-        threads = [threading.Thread(target=complete, args=(context, 1)) for context in contexts]
+        threads = [threading.Thread(target=complete, args=(i, context, 1)) for i, context in enumerate(contexts)]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -149,7 +197,8 @@ def run_policy(args, policy, workdir):
             now = stored()
             if now != last:
                 last, still_since = now, time.time()
-        pe_before, de_before, router_before = metrics(pe_port), metrics(de_port), metrics(router_port)
+        pe_before, de_before = metrics(pe_port), metrics(de_port)
+        router_before = metrics(router_port) if router else {}
 
         results = [[] for _ in range(args.agents)]
         errors = []
@@ -161,10 +210,11 @@ def run_policy(args, policy, workdir):
                 for _ in range(args.turns):
                     prompt += [agent_rng.randrange(100, vocab) for _ in range(args.append)]
                     started = time.time()
-                    response = complete(prompt, args.gen)
-                    results[index].append({"seconds": time.time() - started,
-                                           "prompt_tokens": response["usage"]["prompt_tokens"],
-                                           "cached_tokens": response["usage"]["prompt_tokens_details"]["cached_tokens"]})
+                    usage, ttft, tpot = complete(index, prompt, args.gen)
+                    results[index].append({"seconds": time.time() - started, "ttft": ttft, "tpot": tpot,
+                                           "prompt_tokens": usage["prompt_tokens"],
+                                           "cached_tokens": (usage.get("prompt_tokens_details") or {}).get(
+                                               "cached_tokens", 0)})
                     prompt += [agent_rng.randrange(100, vocab) for _ in range(args.gen)]
             except Exception as error:  # noqa: BLE001 (reported below)
                 errors.append(repr(error))
@@ -178,10 +228,11 @@ def run_policy(args, policy, workdir):
         jct = time.time() - started
         sampling.set()
         if errors:
-            codes = [process.poll() for process in [*engines, router]]
+            codes = [process.poll() for process in [*engines, router] if process]
             sys.exit(f"{policy}: {errors[:3]}; exit codes of PE, DE, router (None: running): {codes}; "
                      f"peak RSS MiB PE, DE: {peak_rss}")
-        pe_after, de_after, router_after = metrics(pe_port), metrics(de_port), metrics(router_port)
+        pe_after, de_after = metrics(pe_port), metrics(de_port)
+        router_after = metrics(router_port) if router else {}
 
         def delta(after, before, name):
             return after.get(name, 0.0) - before.get(name, 0.0)
@@ -197,6 +248,10 @@ def run_policy(args, policy, workdir):
             "requests_per_second": len(turns) / jct,
             "prompt_tokens_per_second": prompt_tokens / jct,
             "mean_request_seconds": sum(turn["seconds"] for turn in turns) / len(turns),
+            "ttft_p50": percentile([turn["ttft"] for turn in turns], 0.5),
+            "ttft_p95": percentile([turn["ttft"] for turn in turns], 0.95),
+            "tpot_p50": percentile([turn["tpot"] for turn in turns if turn["tpot"] is not None], 0.5),
+            "tpot_p95": percentile([turn["tpot"] for turn in turns if turn["tpot"] is not None], 0.95),
             "engine_hit_rate": sum(turn["cached_tokens"] for turn in turns) / prompt_tokens,
             "paths": paths,
             "pe_storage_read_bytes": delta(pe_after, pe_before, "loom_disk_kv_read_bytes_total"),
@@ -204,6 +259,10 @@ def run_policy(args, policy, workdir):
             "pe_to_de_bytes": delta(pe_after, pe_before, 'loom_kv_link_bytes_total{direction="sent"}'),
             "de_to_pe_bytes": delta(de_after, de_before, 'loom_kv_link_bytes_total{direction="sent"}'),
             "de_missing_blocks": delta(pe_after, pe_before, 'loom_kv_link_blocks_total{direction="missing"}'),
+            "link_seconds": delta(pe_after, pe_before, "loom_kv_link_seconds_total") +
+                            delta(de_after, de_before, "loom_kv_link_seconds_total"),
+            "channel_bytes": delta(pe_after, pe_before, 'loom_kv_link_channel_bytes_total{direction="sent"}') +
+                             delta(de_after, de_before, 'loom_kv_link_channel_bytes_total{direction="sent"}'),
             "peak_rss_mib": {"prefill_engine": peak_rss[0], "decode_engine": peak_rss[1]},
             "stored_blocks": pe_after.get("loom_disk_kv_stored_blocks_total", 0) +
                              de_after.get("loom_disk_kv_stored_blocks_total", 0),
@@ -213,7 +272,8 @@ def run_policy(args, policy, workdir):
             "pe_prompt_tokens": delta(pe_after, pe_before, "loom_prompt_tokens_total"),
         }
     finally:
-        stop(router)
+        if router:
+            stop(router)
         for engine in engines:
             stop(engine)
         shutil.rmtree(disk, ignore_errors=True)
@@ -224,7 +284,10 @@ def main():
     parser.add_argument("--loom", default="build/loom")
     parser.add_argument("--model", required=True)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--engine-args", default="", help="more `loom serve` flags for both engines")
+    parser.add_argument("--pe-device", default="", help="the PE's --device (policy both: the first engine's)")
+    parser.add_argument("--de-device", default="", help="the DE's --device (policy both: the second engine's)")
+    parser.add_argument("--engine-args", default="", help="more `loom serve` flags for every engine")
+    parser.add_argument("--role-args", default="", help="more flags for the PE and DE only (e.g. --kv-transfer-backend)")
     parser.add_argument("--router-args", default="")
     parser.add_argument("--read-bandwidth", default="64M", help="each engine's storage read cap (B/s)")
     parser.add_argument("--de-read-bandwidth", default="", help="the DE's, when it differs")
@@ -239,7 +302,8 @@ def main():
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--settle", type=float, default=3.0,
                         help="before timing, wait until the engines stored no new block for this many seconds")
-    parser.add_argument("--policies", default="prefill,dual")
+    parser.add_argument("--policies", default="prefill,dual",
+                        help="prefill, dual (router + PE + DE) and both (two --role both engines, no router)")
     parser.add_argument("--workdir", default="")
     parser.add_argument("--out", default="")
     args = parser.parse_args()
@@ -251,6 +315,9 @@ def main():
     if "prefill" in by_policy and "dual" in by_policy:
         report["dual_over_prefill_throughput"] = (by_policy["dual"]["requests_per_second"] /
                                                   by_policy["prefill"]["requests_per_second"])
+    if "both" in by_policy and "dual" in by_policy:
+        report["dual_over_both_throughput"] = (by_policy["dual"]["requests_per_second"] /
+                                               by_policy["both"]["requests_per_second"])
     print(json.dumps(report, indent=2))
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)

@@ -10,3 +10,9 @@ CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
 [ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)
 [ -z "$CUBLAS" ] && CUBLAS=$(python3 -c 'import nvidia.cublas, os; print(os.path.join(list(nvidia.cublas.__path__)[0], "lib", "libcublas.so.13"))' 2>/dev/null)
 export LD_LIBRARY_PATH=/tmp/loom/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
+# NCCL for the KV link's data plane (kvtransfer/nccl loads it at run time): the system's, else PyTorch's.
+NCCL=$(ldconfig -p | awk '/libnccl.so.2 /{print $NF; exit}')
+[ -z "$NCCL" ] && NCCL=$(ls /usr/local/cuda/lib64/libnccl.so.2 2>/dev/null | head -1)
+[ -z "$NCCL" ] && NCCL=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib", "libnccl.so.2"))' 2>/dev/null)
+[ -n "$NCCL" ] && export LOOM_NCCL_LIBRARY=$NCCL
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1

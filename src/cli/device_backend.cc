@@ -50,7 +50,9 @@ RandomSpec parse_random_spec(const std::string& flag) {
   return spec;
 }
 
-[[maybe_unused]] int cuda_device_index(const std::string& device) {
+}  // namespace
+
+int cuda_device_index(const std::string& device) {
   if (device == "cuda") return 0;
   try {
     return std::stoi(device.substr(5));
@@ -60,6 +62,8 @@ RandomSpec parse_random_spec(const std::string& flag) {
 }
 
 bool is_cuda(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
+
+namespace {
 
 void check_device_name(const std::string& device) {
   if (device != "cpu" && !is_cuda(device))

@@ -35,6 +35,10 @@ struct ModelOnDevice {
 // backend for `options.device`. Throws Error(kUnsupported) for cuda in a build
 // without it or on a machine without a GPU, Error(kInvalidArgument) for an
 // unknown device or random model spec.
+// --device: "cuda" or "cuda:N"; N ("cuda" is 0; throws Error(kInvalidArgument) when N is not a number).
+bool is_cuda(const std::string& device);
+int cuda_device_index(const std::string& device);
+
 ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOptions& options);
 
 // The model's config and tokenizer, and its host weights where it has a file

@@ -3,8 +3,12 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/device_backend.h"
 #include "engine/kv_pools.h"
 #include "util/error.h"
+#ifdef LOOM_HAVE_CUDA
+#include "kvtransfer/nccl/nccl_data_plane.h"
+#endif
 
 namespace loom::cli {
 
@@ -33,14 +37,46 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
   return setup;
 }
 
-void start_kv_link(const KvTransferOptions& options, const std::string& server_host, server::KvTransferSetup& setup) {
+namespace {
+
+// The data plane --kv-transfer-backend asks for; null means payloads inline on TCP.
+std::shared_ptr<KvDataPlane> make_data_plane(const KvTransferOptions& options, const std::string& device) {
+  if (options.backend == "tcp") return nullptr;
+  if (!is_cuda(device)) {
+    if (options.backend == "nccl")
+      throw Error(ErrorKind::kInvalidArgument, "--kv-transfer-backend nccl on --device " + device,
+                  "NCCL moves KV between GPU engines: use --device cuda:N, or --kv-transfer-backend tcp");
+    return nullptr;
+  }
+#ifdef LOOM_HAVE_CUDA
+  try {
+    return make_nccl_data_plane({.device = cuda_device_index(device)});
+  } catch (const Error& error) {
+    if (options.backend == "nccl") throw;
+    spdlog::info("KV transfer: payloads go inline on TCP ({})", error.what());
+    return nullptr;
+  }
+#else
+  if (options.backend == "nccl")
+    throw Error(ErrorKind::kInvalidArgument, "--kv-transfer-backend nccl", "this build has no CUDA backend");
+  return nullptr;
+#endif
+}
+
+}  // namespace
+
+void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
+                   server::KvTransferSetup& setup) {
   if (!setup.store) return;
   const std::string host = options.host.empty() ? server_host : options.host;
-  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0));
+  setup.plane = make_data_plane(options, device);
+  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0), 30.0, setup.plane.get());
+  setup.client = std::make_shared<KvLinkClient>(setup.plane.get());
   // Peers connect to this address: a wildcard listener is announced as loopback (one machine).
   const std::string announced = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
   setup.link_address = fmt::format("{}:{}", announced, setup.link->port());
-  spdlog::info("KV transfer: role {}, link on {}, buffer {:.1f} MiB{}", setup.role, setup.link_address,
+  spdlog::info("KV transfer: role {}, link on {} ({}), buffer {:.1f} MiB{}", setup.role, setup.link_address,
+               setup.plane ? setup.plane->name() : "tcp",
                static_cast<double>(setup.store->buffer_stats().capacity_bytes) / (1 << 20),
                setup.store->has_storage() ? ", over the disk tier" : "");
 }

@@ -23,6 +23,7 @@ struct KvTransferOptions {
   std::string host;             // the link's address ("" = the server's --host)
   int port = -1;                // -1: none for role both, a free port otherwise
   std::string buffer_bytes = "1G";
+  std::string backend = "auto";  // the link's data plane: auto, tcp or nccl
 };
 
 // Before the engine is made: the buffer (as engine.kv_store) and a default
@@ -31,7 +32,10 @@ struct KvTransferOptions {
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
                                             int64_t kv_bytes_per_token);
 // Once the engine runs: starts the link (when the setup has a store) on
-// options.host (or server_host) and fills in its address.
-void start_kv_link(const KvTransferOptions& options, const std::string& server_host, server::KvTransferSetup& setup);
+// options.host (or server_host) with its data plane (--kv-transfer-backend;
+// nccl needs `device` to be cuda or cuda:N) and its client, and fills in its
+// address. Throws Error(kUnavailable) when nccl was asked for and cannot run.
+void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
+                   server::KvTransferSetup& setup);
 
 }  // namespace loom::cli

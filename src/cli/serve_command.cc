@@ -131,6 +131,7 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"disk_kv_bytes", engine.disk_kv_bytes},
           {"role", options.kv_transfer.role},
           {"kv_transfer_port", options.kv_transfer.port},
+          {"kv_transfer_backend", options.kv_transfer.backend},
           {"kv_buffer_bytes", options.kv_transfer.role == "both" && options.kv_transfer.port < 0
                                   ? nlohmann::json(nullptr)
                                   : nlohmann::json(parse_byte_size(options.kv_transfer.buffer_bytes, "--kv-buffer-bytes"))},
@@ -282,7 +283,7 @@ int run_serve(const ServeOptions& options) {
   for (const AdapterInfo& adapter : engine->adapters())
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
-  start_kv_link(options.kv_transfer, options.host, config.kv_transfer);
+  start_kv_link(options.kv_transfer, options.host, options.device, config.kv_transfer);
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();
@@ -460,6 +461,13 @@ CommandRunner register_serve(CLI::App& app) {
                  "decode; -1 = none; /loom/kv/status reports it)")
       ->check(CLI::Range(-1, 65535));
   app.add_option("--kv-transfer-host", options->kv_transfer.host, "Address the KV link listens on (default: --host)");
+  app.add_option("--kv-transfer-backend", options->kv_transfer.backend,
+                 "How the KV link moves block payloads: tcp (inline on its TCP connection), nccl (GPU to GPU "
+                 "through NCCL between --device cuda:N engines; NCCL is loaded at run time, LOOM_NCCL_LIBRARY names "
+                 "libnccl.so.2 when the loader cannot find it) or auto (nccl on a CUDA device when NCCL loads, else "
+                 "tcp). A peer without the same plane gets payloads inline")
+      ->check(CLI::IsMember({"auto", "tcp", "nccl"}))
+      ->capture_default_str();
   app.add_option("--kv-buffer-bytes", options->kv_transfer.buffer_bytes,
                  "Memory for KV blocks moving between engines (DualPath's engine buffer): BYTES, suffix K, M, G");
   app.add_option("--prefetch-agents", engine.prefetch_agents,

@@ -87,6 +87,13 @@ void BufferedKvStore::insert(const KvBlockHash& hash, Payload payload, bool in_t
   lru.push_front(hash);
   entries_.emplace(hash, Entry{std::move(payload), in_transit, lru.begin()});
   num_bytes_ += size;
+  if (remembered_.insert(hash).second) {
+    remembered_order_.push_back(hash);
+    if (remembered_order_.size() > kMaxRemembered) {
+      remembered_.erase(remembered_order_.front());
+      remembered_order_.pop_front();
+    }
+  }
   ++counters_.num_put_blocks;
 }
 
@@ -127,8 +134,8 @@ std::vector<BufferedKvStore::Payload> BufferedKvStore::wait_for(std::span<const 
       if (auto it = entries_.find(hashes[i]); it != entries_.end()) {
         touch(it->second);
         payloads[i] = it->second.payload;
-      } else {
-        all = false;
+      } else if (remembered_.count(hashes[i]) == 0) {
+        all = false;  // not written yet: the engine's write-through may still bring it
       }
     }
     if (all || added_.wait_until(lock, deadline) == std::cv_status::timeout) break;

@@ -35,7 +35,9 @@
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
+#include <deque>
 #include <list>
+#include <set>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -85,7 +87,10 @@ class BufferedKvStore final : public DiskKvStore {
   // Whether the storage tier holds it (false without storage).
   bool in_storage(const KvBlockHash& hash);
   // Waits until every block of `hashes` is buffered or `timeout` passed;
-  // returns the buffered payloads (nullptr where one is still missing).
+  // returns the buffered payloads (nullptr where one is still missing). Only
+  // blocks that never were in the buffer are waited for: one that was (sent
+  // and released, or evicted) will not come back by itself, so waiting for it
+  // would only delay the send (a prefix hit of this engine is such a block).
   std::vector<Payload> wait_for(std::span<const KvBlockHash> hashes, std::chrono::milliseconds timeout);
   // Reads the blocks that are in storage and not buffered into the buffer, in transit;
   // returns how many it read and their payload bytes. payload_bytes[i]: the
@@ -117,6 +122,10 @@ class BufferedKvStore final : public DiskKvStore {
   mutable std::mutex mutex_;  // guards the buffer below
   std::condition_variable added_;
   std::map<KvBlockHash, Entry> entries_;
+  // Every block that entered the buffer, the latest kMaxRemembered (for wait_for).
+  static constexpr size_t kMaxRemembered = 1 << 20;
+  std::set<KvBlockHash> remembered_;
+  std::deque<KvBlockHash> remembered_order_;
   std::list<KvBlockHash> outgoing_lru_, transit_lru_;
   int64_t num_bytes_ = 0;
   KvBufferStats counters_;

@@ -20,20 +20,6 @@ namespace loom {
 
 namespace {
 
-class Socket {
- public:
-  explicit Socket(int fd) : fd_(fd) {}
-  ~Socket() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  Socket(const Socket&) = delete;
-  Socket& operator=(const Socket&) = delete;
-  int fd() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 int connect_to(const std::string& address, double timeout_seconds) {
   const auto [host, port] = kvlink::split_address(address);
   std::string failure;
@@ -55,25 +41,129 @@ int connect_to(const std::string& address, double timeout_seconds) {
                                                    errno != 0 ? std::strerror(errno) : "the peer closed"));
 }
 
+bool write_op(int fd, char op, uint32_t count) {
+  const std::byte code{static_cast<uint8_t>(op)};
+  return kvlink::write_all(fd, std::span(&code, 1)) && kvlink::write_u32(fd, count);
+}
+
 }  // namespace
 
-KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockHash> hashes,
-                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options) {
+struct KvLinkClient::Connection {
+  int fd = -1;
+  std::unique_ptr<KvBulkChannel> channel;  // null: payloads inline
+  std::chrono::steady_clock::time_point last_used;
+  bool healthy = false;  // set once a send completed on it: only then is it pooled again
+  ~Connection() {
+    channel.reset();  // before the socket: a plane may still talk over it while closing
+    if (fd >= 0) ::close(fd);
+  }
+};
+
+KvLinkClient::KvLinkClient(KvDataPlane* plane, KvLinkClientOptions options) : plane_(plane), options_(options) {}
+
+KvLinkClient::~KvLinkClient() = default;
+
+KvLinkClientStats KvLinkClient::stats() const {
+  std::lock_guard lock(mutex_);
+  return stats_;
+}
+
+std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& address, double timeout_seconds) {
+  auto connection = std::make_unique<Connection>();
+  connection->fd = connect_to(address, timeout_seconds);
+  const int fd = connection->fd;
+  errno = 0;
+  if (!kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic)))) link_failed(address, "the handshake");
+  if (plane_ != nullptr) {
+    const std::string name = plane_->name();
+    std::byte joins{};
+    if (!write_op(fd, kvlink::kOpChannel, static_cast<uint32_t>(name.size())) ||
+        !kvlink::write_all(fd, std::as_bytes(std::span(name))) || !kvlink::read_exact(fd, std::span(&joins, 1)))
+      link_failed(address, "the channel request");
+    if (joins != std::byte{0}) {
+      std::string failure;
+      connection->channel = plane_->connect(fd, failure);
+      if (!connection->channel)
+        throw Error(ErrorKind::kUnavailable, fmt::format("KV link to {}: its {} channel failed: {}", address, name, failure));
+    }
+  }
+  std::lock_guard lock(mutex_);
+  ++stats_.num_connections;
+  if (connection->channel) ++stats_.num_channels;
+  return connection;
+}
+
+std::unique_ptr<KvLinkClient::Connection> KvLinkClient::take(const std::string& address, double timeout_seconds) {
+  {
+    std::unique_lock lock(mutex_);
+    for (;;) {
+      std::vector<std::unique_ptr<Connection>>& idle = idle_[address];
+      const auto now = std::chrono::steady_clock::now();
+      while (!idle.empty()) {
+        std::unique_ptr<Connection> connection = std::move(idle.back());
+        idle.pop_back();
+        if (std::chrono::duration<double>(now - connection->last_used).count() < options_.idle_seconds) {
+          connection->healthy = false;
+          return connection;
+        }
+        --num_open_[address];  // stale: closed as it goes out of scope
+      }
+      if (num_open_[address] < options_.max_connections_per_peer) break;
+      const bool freed = returned_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), [&] {
+        return !idle_[address].empty() || num_open_[address] < options_.max_connections_per_peer;
+      });
+      if (!freed)
+        throw Error(ErrorKind::kUnavailable,
+                    fmt::format("KV link to {}: no connection free within {} s", address, timeout_seconds));
+    }
+    ++num_open_[address];
+  }
+  try {
+    return open(address, timeout_seconds);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    --num_open_[address];
+    returned_.notify_one();
+    throw;
+  }
+}
+
+void KvLinkClient::give_back(const std::string& address, std::unique_ptr<Connection> connection) {
+  std::lock_guard lock(mutex_);
+  if (connection->healthy) {
+    connection->last_used = std::chrono::steady_clock::now();
+    idle_[address].push_back(std::move(connection));
+  } else {
+    --num_open_[address];
+  }
+  returned_.notify_one();
+}
+
+KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBlockHash> hashes,
+                                std::span<const int64_t> payload_bytes, BufferedKvStore& source,
+                                const KvSendOptions& options) {
   LOOM_CHECK(hashes.size() == payload_bytes.size());
   const auto start = std::chrono::steady_clock::now();
   KvSendReport report;
   if (hashes.empty()) return report;
-  Socket socket(connect_to(address, options.socket_timeout_seconds));
-  const int fd = socket.fd();
+  kvlink::split_address(address);  // a malformed address is the caller's error, not the link's
+  std::unique_ptr<Connection> held = take(address, options.socket_timeout_seconds);
+  // Back to the pool (or closed, when the send did not complete) however the send ends.
+  struct Return {
+    KvLinkClient* client;
+    const std::string& address;
+    std::unique_ptr<Connection>& connection;
+    ~Return() { client->give_back(address, std::move(connection)); }
+  } give_back_on_exit{this, address, held};
+  Connection& connection = *held;
+  const int fd = connection.fd;
   errno = 0;
-  if (!kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic)))) link_failed(address, "the handshake");
   // Which blocks the peer lacks, in batches under the protocol's cap.
   std::vector<KvBlockHash> wanted;
   std::vector<int64_t> wanted_bytes;
   for (size_t first = 0; first < hashes.size(); first += kvlink::kMaxBlocksPerRequest) {
     const size_t count = std::min<size_t>(kvlink::kMaxBlocksPerRequest, hashes.size() - first);
-    const std::byte op{static_cast<uint8_t>(kvlink::kOpHave)};
-    bool ok = kvlink::write_all(fd, std::span(&op, 1)) && kvlink::write_u32(fd, static_cast<uint32_t>(count));
+    bool ok = write_op(fd, kvlink::kOpHave, static_cast<uint32_t>(count));
     for (size_t i = 0; ok && i < count; ++i) ok = kvlink::write_hash(fd, hashes[first + i]);
     std::vector<std::byte> has(count);
     if (!ok || !kvlink::read_exact(fd, has)) link_failed(address, "the have query");
@@ -100,16 +190,35 @@ KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockH
       ++report.missing_blocks;
     }
   }
-  for (size_t first = 0; first < present.size(); first += kvlink::kMaxBlocksPerRequest) {
-    const size_t count = std::min<size_t>(kvlink::kMaxBlocksPerRequest, present.size() - first);
-    const std::byte op{static_cast<uint8_t>(kvlink::kOpPut)};
-    bool ok = kvlink::write_all(fd, std::span(&op, 1)) && kvlink::write_u32(fd, static_cast<uint32_t>(count));
+  int64_t channel_bytes = 0;
+  for (size_t first = 0; first < present.size();) {
+    // One request: under the block cap and, through a channel, the bulk size (at least one block).
+    size_t count = 0;
+    uint64_t request_bytes = 0;
+    while (first + count < present.size() && count < kvlink::kMaxBlocksPerRequest) {
+      const uint64_t size = payloads[present[first + count]]->size();
+      if (connection.channel && count > 0 && request_bytes + size > options_.bulk_request_bytes) break;
+      request_bytes += size;
+      ++count;
+    }
+    bool ok = write_op(fd, connection.channel ? kvlink::kOpBulkPut : kvlink::kOpPut, static_cast<uint32_t>(count));
+    std::vector<const KvPayload*> bulk;
     for (size_t i = 0; ok && i < count; ++i) {
       const size_t index = present[first + i];
       const KvPayload& payload = *payloads[index];
       ok = kvlink::write_hash(fd, wanted[index]) && kvlink::write_u64(fd, payload.size()) &&
-           kvlink::write_u64(fd, XXH3_64bits(payload.data(), payload.size())) && kvlink::write_all(fd, payload.bytes());
+           kvlink::write_u64(fd, XXH3_64bits(payload.data(), payload.size()));
+      if (!ok) break;
+      if (connection.channel) {
+        bulk.push_back(&payload);
+      } else {
+        ok = kvlink::write_all(fd, payload.bytes());
+      }
       if (ok) report.sent_bytes += static_cast<int64_t>(payload.size());
+    }
+    if (ok && connection.channel) {
+      ok = connection.channel->send(bulk);
+      if (ok) channel_bytes += static_cast<int64_t>(request_bytes);
     }
     uint32_t stored = 0;
     if (!ok || !kvlink::read_u32(fd, stored)) link_failed(address, "the block transfer");
@@ -117,14 +226,26 @@ KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockH
     std::vector<KvBlockHash> delivered;
     for (size_t i = 0; i < count; ++i) delivered.push_back(wanted[present[first + i]]);
     source.release_sent(delivered);
+    first += count;
   }
   const std::set<KvBlockHash> asked_for(wanted.begin(), wanted.end());
   std::vector<KvBlockHash> had;  // the peer had these: delivered too
   for (const KvBlockHash& hash : hashes)
     if (asked_for.count(hash) == 0) had.push_back(hash);
   source.release_sent(had);
+  connection.healthy = true;
+  {
+    std::lock_guard lock(mutex_);
+    stats_.num_channel_bytes += channel_bytes;
+  }
   report.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return report;
+}
+
+KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockHash> hashes,
+                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options) {
+  KvLinkClient client(nullptr, {.max_connections_per_peer = 1, .idle_seconds = 0.0});
+  return client.send(address, hashes, payload_bytes, source, options);
 }
 
 }  // namespace loom

@@ -4,16 +4,29 @@
 // conversation moves only its new blocks. Outgoing blocks the peer now has
 // leave the sender's buffer (BufferedKvStore::release_sent).
 //
-// Thread: any; one call is one connection, blocking until the peer has
+// A KvLinkClient keeps its connections to each peer open between sends (at
+// most max_connections_per_peer at once; more sends wait for one), so a data
+// plane's channel (kv_data_plane.h: NCCL's communicator, costly to set up) is
+// made once per connection. With a plane, each new connection asks the peer
+// for a channel; a peer without the plane answers no and the connection
+// carries payloads inline.
+//
+// Thread: any; a send holds one connection, blocking until the peer has
 // answered or failed.
 #pragma once
 
 #include <chrono>
+#include <condition_variable>
 #include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
 #include <span>
 #include <string>
+#include <vector>
 
 #include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/kv_data_plane.h"
 
 namespace loom {
 
@@ -35,10 +48,52 @@ struct KvSendReport {
   double seconds = 0;
 };
 
-// Sends hashes' blocks to the KvLinkServer at `address` ("host:port").
-// payload_bytes[i]: block i's size (read_storage reads it at that size).
-// Throws Error(kUnavailable) naming the address when the link fails (connect,
-// timeout, the peer closing); blocks the peer had already stored stay there.
+struct KvLinkClientOptions {
+  int max_connections_per_peer = 4;
+  // An idle connection older than this is closed rather than reused (the
+  // server drops a connection silent for its receive timeout, 30 s).
+  double idle_seconds = 10.0;
+  uint64_t bulk_request_bytes = 256ull << 20;  // payloads per 'B' request
+};
+
+struct KvLinkClientStats {
+  int64_t num_connections = 0, num_channels = 0;  // opened since start
+  int64_t num_channel_bytes = 0;                  // payload bytes sent through a channel
+};
+
+class KvLinkClient {
+ public:
+  // `plane` (borrowed, may be null) must outlive the client.
+  explicit KvLinkClient(KvDataPlane* plane = nullptr, KvLinkClientOptions options = {});
+  ~KvLinkClient();
+  KvLinkClient(const KvLinkClient&) = delete;
+  KvLinkClient& operator=(const KvLinkClient&) = delete;
+
+  // Sends hashes' blocks to the KvLinkServer at `address` ("host:port").
+  // payload_bytes[i]: block i's size (read_storage reads it at that size).
+  // Throws Error(kInvalidArgument) for a malformed address, Error(kUnavailable)
+  // naming the address when the link fails (connect, timeout, the peer
+  // closing); blocks the peer had already stored stay there.
+  KvSendReport send(const std::string& address, std::span<const KvBlockHash> hashes,
+                    std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options);
+  KvLinkClientStats stats() const;
+
+ private:
+  struct Connection;
+  std::unique_ptr<Connection> take(const std::string& address, double timeout_seconds);
+  void give_back(const std::string& address, std::unique_ptr<Connection> connection);
+  std::unique_ptr<Connection> open(const std::string& address, double timeout_seconds);
+
+  KvDataPlane* const plane_;
+  const KvLinkClientOptions options_;
+  mutable std::mutex mutex_;  // guards the pools and counts
+  std::condition_variable returned_;
+  std::map<std::string, std::vector<std::unique_ptr<Connection>>> idle_;
+  std::map<std::string, int> num_open_;  // per peer, idle or in use
+  KvLinkClientStats stats_;
+};
+
+// One send on a connection of its own (no pooling, no plane).
 KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockHash> hashes,
                             std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options);
 

@@ -11,9 +11,16 @@
 //   'P' (put)   u32 n, then n blocks, each: hash (16), u64 payload bytes,
 //               u64 XXH3-64 of the payload, the payload
 //               -> u32: blocks stored (a block whose checksum fails is dropped)
+//   'C' (channel) u32 length, a data plane's name (kv_data_plane.h, <= 64 bytes)
+//               -> 1 byte: 1 when the server has that plane and joins; then
+//               the plane's own handshake follows on the connection. 0: it
+//               has none, and the connection goes on with inline puts.
+//   'B' (bulk put) u32 n, then n block headers as in 'P' without the payloads;
+//               the payloads then cross through the connection's channel, in
+//               order -> u32: blocks stored. Only after a channel was set up.
 //
 // Integers are little-endian. Caps: n <= kMaxBlocksPerRequest, a payload <=
-// kMaxPayloadBytes; a request over a cap, an unknown op or a bad magic closes
+// kMaxPayloadBytes, a 'B' request's payloads <= kMaxBulkRequestBytes; a request over a cap, an unknown op or a bad magic closes
 // the connection. A block enters the receiver's buffer only once its whole
 // payload arrived and verified, so a sender that dies mid-transfer leaves
 // whole blocks or nothing.
@@ -34,8 +41,12 @@ namespace loom::kvlink {
 inline constexpr char kMagic[8] = {'L', 'O', 'O', 'M', 'K', 'V', 'L', '1'};
 inline constexpr char kOpHave = 'H';
 inline constexpr char kOpPut = 'P';
+inline constexpr char kOpChannel = 'C';
+inline constexpr char kOpBulkPut = 'B';
+inline constexpr uint32_t kMaxPlaneNameBytes = 64;
 inline constexpr uint32_t kMaxBlocksPerRequest = 1u << 20;
 inline constexpr uint64_t kMaxPayloadBytes = 256ull << 20;
+inline constexpr uint64_t kMaxBulkRequestBytes = 1ull << 30;  // a 'B' request's payloads together
 
 // Blocking socket I/O; false when the peer closed or an error / timeout hit.
 bool read_exact(int fd, std::span<std::byte> bytes);

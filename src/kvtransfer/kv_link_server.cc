@@ -18,8 +18,9 @@
 
 namespace loom {
 
-KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds)
-    : store_(store), host_(host), receive_timeout_seconds_(receive_timeout_seconds) {
+KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds,
+                           KvDataPlane* plane)
+    : store_(store), plane_(plane), host_(host), receive_timeout_seconds_(receive_timeout_seconds) {
   std::string failure;
   listen_fd_ = kvlink::open_socket(
       host, port, /*passive=*/true,
@@ -55,7 +56,8 @@ KvLinkServer::~KvLinkServer() {
 }
 
 KvLinkServerStats KvLinkServer::stats() const {
-  return {received_blocks_.load(), received_bytes_.load(), rejected_blocks_.load(), connections_total_.load()};
+  return {received_blocks_.load(), received_bytes_.load(), rejected_blocks_.load(), connections_total_.load(),
+          channel_bytes_.load(), channels_total_.load()};
 }
 
 void KvLinkServer::accept_loop() {
@@ -98,10 +100,62 @@ void KvLinkServer::reap_finished() {
   }
 }
 
+bool KvLinkServer::receive_put(int fd, uint32_t count, KvBulkChannel* channel) {
+  struct Header {
+    KvBlockHash hash;
+    uint64_t size = 0, checksum = 0;
+  };
+  auto read_header = [&](Header& header) {
+    return kvlink::read_hash(fd, header.hash) && kvlink::read_u64(fd, header.size) &&
+           kvlink::read_u64(fd, header.checksum) && header.size <= kvlink::kMaxPayloadBytes;
+  };
+  uint32_t stored = 0;
+  auto keep = [&](const Header& header, std::shared_ptr<KvPayload> payload) {
+    if (XXH3_64bits(payload->data(), payload->size()) != header.checksum) {
+      ++rejected_blocks_;
+      return;
+    }
+    store_.put(header.hash, BufferedKvStore::Payload(std::move(payload)));
+    ++stored;
+    ++received_blocks_;
+    received_bytes_ += static_cast<int64_t>(header.size);
+  };
+  if (channel == nullptr) {  // 'P': each payload inline after its header
+    for (uint32_t i = 0; i < count; ++i) {
+      Header header;
+      if (!read_header(header)) return false;
+      std::shared_ptr<KvPayload> payload = KvPayload::allocate(header.size);  // received in place: no copy
+      if (!kvlink::read_exact(fd, payload->bytes())) return false;
+      keep(header, std::move(payload));
+    }
+    return kvlink::write_u32(fd, stored);
+  }
+  // 'B': every header, then the payloads through the channel.
+  std::vector<Header> headers(count);
+  uint64_t total = 0;
+  for (Header& header : headers) {
+    if (!read_header(header)) return false;
+    total += header.size;
+    if (total > kvlink::kMaxBulkRequestBytes) return false;
+  }
+  std::vector<std::shared_ptr<KvPayload>> payloads;
+  std::vector<KvPayload*> targets;
+  payloads.reserve(count);
+  for (const Header& header : headers) {
+    payloads.push_back(KvPayload::allocate(header.size));
+    targets.push_back(payloads.back().get());
+  }
+  if (!channel->receive(targets)) return false;
+  channel_bytes_ += static_cast<int64_t>(total);
+  for (uint32_t i = 0; i < count; ++i) keep(headers[i], std::move(payloads[i]));
+  return kvlink::write_u32(fd, stored);
+}
+
 void KvLinkServer::serve(int fd) {
   const int yes = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
   kvlink::set_timeouts(fd, receive_timeout_seconds_);
+  std::unique_ptr<KvBulkChannel> channel;
   auto handle = [&]() {
     std::byte magic[sizeof(kvlink::kMagic)];
     if (!kvlink::read_exact(fd, magic) || std::memcmp(magic, kvlink::kMagic, sizeof(magic)) != 0) return;
@@ -111,7 +165,8 @@ void KvLinkServer::serve(int fd) {
       if (!kvlink::read_exact(fd, std::span(&op, 1)) || !kvlink::read_u32(fd, count) ||
           count > kvlink::kMaxBlocksPerRequest)
         return;
-      if (static_cast<char>(op) == kvlink::kOpHave) {
+      const char code = static_cast<char>(op);
+      if (code == kvlink::kOpHave) {
         std::vector<std::byte> answer(count);
         for (uint32_t i = 0; i < count; ++i) {
           KvBlockHash hash;
@@ -119,32 +174,32 @@ void KvLinkServer::serve(int fd) {
           answer[i] = std::byte{store_.in_buffer(hash) ? uint8_t{1} : uint8_t{0}};
         }
         if (!kvlink::write_all(fd, answer)) return;
-      } else if (static_cast<char>(op) == kvlink::kOpPut) {
-        uint32_t stored = 0;
-        for (uint32_t i = 0; i < count; ++i) {
-          KvBlockHash hash;
-          uint64_t size = 0, checksum = 0;
-          if (!kvlink::read_hash(fd, hash) || !kvlink::read_u64(fd, size) || !kvlink::read_u64(fd, checksum) ||
-              size > kvlink::kMaxPayloadBytes)
-            return;
-          std::shared_ptr<KvPayload> payload = KvPayload::allocate(size);  // received in place: no copy
-          if (!kvlink::read_exact(fd, payload->bytes())) return;
-          if (XXH3_64bits(payload->data(), payload->size()) != checksum) {
-            ++rejected_blocks_;
-            continue;
-          }
-          store_.put(hash, BufferedKvStore::Payload(std::move(payload)));
-          ++stored;
-          ++received_blocks_;
-          received_bytes_ += static_cast<int64_t>(size);
+      } else if (code == kvlink::kOpPut) {
+        if (!receive_put(fd, count, nullptr)) return;
+      } else if (code == kvlink::kOpBulkPut) {
+        if (!channel || !receive_put(fd, count, channel.get())) return;
+      } else if (code == kvlink::kOpChannel) {
+        if (count > kvlink::kMaxPlaneNameBytes || channel) return;
+        std::string name(count, '\0');
+        if (!kvlink::read_exact(fd, std::as_writable_bytes(std::span(name)))) return;
+        const bool joins = plane_ != nullptr && plane_->name() == name;
+        const std::byte answer{joins ? uint8_t{1} : uint8_t{0}};
+        if (!kvlink::write_all(fd, std::span(&answer, 1))) return;
+        if (!joins) continue;
+        std::string failure;
+        channel = plane_->accept(fd, failure);
+        if (!channel) {
+          spdlog::warn("KV link: a {} channel failed: {}", name, failure);
+          return;
         }
-        if (!kvlink::write_u32(fd, stored)) return;
+        ++channels_total_;
       } else {
         return;
       }
     }
   };
   handle();
+  channel.reset();
   std::lock_guard lock(mutex_);
   connections_.erase(fd);
   ::close(fd);

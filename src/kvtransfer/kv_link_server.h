@@ -10,7 +10,10 @@
 // buffer (never the engine's caches directly; the engine reads them from the
 // buffer as from its disk tier).
 //
-// Ownership: borrows the store, which must outlive the server.
+// With a data plane (kv_data_plane.h), a client may set up a channel on its
+// connection and push payloads through it ('C', 'B').
+//
+// Ownership: borrows the store and the plane, which must outlive the server.
 // Thread: the constructor binds and starts the accept thread; the destructor
 // (any thread) closes every connection and joins the threads.
 #pragma once
@@ -25,11 +28,14 @@
 #include <vector>
 
 #include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/kv_data_plane.h"
 
 namespace loom {
 
 struct KvLinkServerStats {
   int64_t num_received_blocks = 0, num_received_bytes = 0, num_rejected_blocks = 0, num_connections = 0;
+  int64_t num_channel_bytes = 0;  // of num_received_bytes: through a data plane's channel
+  int64_t num_channels = 0;       // channels set up since start
 };
 
 class KvLinkServer {
@@ -38,7 +44,8 @@ class KvLinkServer {
 
   // Binds host:port (0: an ephemeral port). Throws Error(kInvalidArgument)
   // naming the address when it cannot.
-  KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds = 30.0);
+  KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds = 30.0,
+               KvDataPlane* plane = nullptr);
   ~KvLinkServer();
   KvLinkServer(const KvLinkServer&) = delete;
   KvLinkServer& operator=(const KvLinkServer&) = delete;
@@ -51,8 +58,11 @@ class KvLinkServer {
   void accept_loop();
   void serve(int fd);
   void reap_finished();  // requires mutex_
+  // One put request's blocks (count headers already framed by the op); false closes the connection.
+  bool receive_put(int fd, uint32_t count, KvBulkChannel* channel);
 
   BufferedKvStore& store_;
+  KvDataPlane* const plane_;
   const std::string host_;
   const double receive_timeout_seconds_;
   int listen_fd_ = -1;
@@ -67,6 +77,7 @@ class KvLinkServer {
   std::vector<Connection> threads_;
   std::thread accept_thread_;
   std::atomic<int64_t> received_blocks_{0}, received_bytes_{0}, rejected_blocks_{0}, connections_total_{0};
+  std::atomic<int64_t> channel_bytes_{0}, channels_total_{0};
 };
 
 }  // namespace loom

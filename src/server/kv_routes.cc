@@ -77,6 +77,11 @@ std::string kv_status_body(const KvRouteContext& context) {
   const KvLinkServerStats link = setup.link ? setup.link->stats() : KvLinkServerStats{};
   status["received_blocks"] = link.num_received_blocks;
   status["received_bytes"] = link.num_received_bytes;
+  status["data_plane"] = setup.plane ? setup.plane->name() : "tcp";
+  const KvLinkClientStats client = setup.client ? setup.client->stats() : KvLinkClientStats{};
+  status["channel_bytes_sent"] = client.num_channel_bytes;
+  status["channel_bytes_received"] = link.num_channel_bytes;
+  status["channels"] = client.num_channels + link.num_channels;
   return dump_json(status);
 }
 
@@ -147,7 +152,9 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
   KvSendReport report;
   KvTransferCounters* counters = context.counters;
   try {
-    report = send_kv_blocks(send["to"].get<std::string>(), hashes, sizes, *store, options);
+    const std::string to = send["to"].get<std::string>();
+    report = context.setup->client ? context.setup->client->send(to, hashes, sizes, *store, options)
+                                   : send_kv_blocks(to, hashes, sizes, *store, options);
   } catch (const Error& error) {
     if (error.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, error.what(), "invalid_request_error", "to");
     if (counters != nullptr) ++counters->failed_sends;
@@ -201,6 +208,11 @@ std::string kv_transfer_metrics(const KvRouteContext& context, const std::string
   family("loom_kv_link_bytes_total", "counter", "KV payload bytes sent to / received from other engines");
   sample("loom_kv_link_bytes_total", "direction=\"sent\"", sent.sent_bytes.load());
   sample("loom_kv_link_bytes_total", "direction=\"received\"", link.num_received_bytes);
+  const KvLinkClientStats client = setup.client ? setup.client->stats() : KvLinkClientStats{};
+  family("loom_kv_link_channel_bytes_total", "counter",
+         "Of loom_kv_link_bytes_total: payload bytes through a data plane's channel (NCCL), not inline on TCP");
+  sample("loom_kv_link_channel_bytes_total", "direction=\"sent\"", client.num_channel_bytes);
+  sample("loom_kv_link_channel_bytes_total", "direction=\"received\"", link.num_channel_bytes);
   family("loom_kv_link_seconds_total", "counter", "Seconds spent in sends (bandwidth = sent bytes / seconds)");
   sample("loom_kv_link_seconds_total", "", sent.send_seconds.load());
   family("loom_kv_link_failures_total", "counter", "Sends that failed (the peer unreachable or gone mid-way)");

@@ -33,6 +33,7 @@
 
 #include "engine/engine.h"
 #include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_server.h"
 #include "server/openai_request.h"
 
@@ -42,7 +43,9 @@ namespace loom::server {
 struct KvTransferSetup {
   std::string role = "both";                // "prefill", "decode" or "both"
   std::shared_ptr<BufferedKvStore> store;   // null: no KV buffer (role both without a link)
+  std::shared_ptr<KvDataPlane> plane;       // null: payloads inline on the link's TCP (declared before its users)
   std::shared_ptr<KvLinkServer> link;       // null: no KV link
+  std::shared_ptr<KvLinkClient> client;     // sends (pooled connections); null: no KV link
   std::string link_address;                 // "host:port" the router hands to peers ("" without a link)
   int32_t block_size = 0;
   int64_t bytes_per_block = 0;              // main cache's; the payload size of its blocks
@@ -72,6 +75,7 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body);
 //   loom_kv_buffer_bytes / _blocks / _capacity_bytes (gauges),
 //   loom_kv_link_blocks_total{direction="sent"|"received"|"skipped"|"missing"},
 //   loom_kv_link_bytes_total{direction="sent"|"received"},
+//   loom_kv_link_channel_bytes_total{direction="sent"|"received"} (of those, through the data plane),
 //   loom_kv_link_seconds_total (sending), loom_kv_link_failures_total,
 //   loom_kv_link_storage_read_bytes_total (storage reads for sends: DualPath's DE-side reads).
 std::string kv_transfer_metrics(const KvRouteContext& context, const std::string& model_label);

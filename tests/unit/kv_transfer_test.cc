@@ -9,13 +9,18 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <condition_variable>
 #include <cstring>
+#include <deque>
+#include <mutex>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
 #include "engine_test_util.h"
 #include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/kv_data_plane.h"
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_protocol.h"
 #include "kvtransfer/kv_link_server.h"
@@ -150,6 +155,20 @@ TEST(BufferedKvStoreTest, WaitForReturnsWhatArrivesInTime) {
   EXPECT_GE(std::chrono::steady_clock::now() - start, 30ms);
 }
 
+TEST(BufferedKvStoreTest, WaitForDoesNotWaitForABlockThatAlreadyLeft) {
+  // The engine's own block, sent and released (or evicted): a later send of
+  // the same prefix (a prefix hit, never written through again) must not
+  // wait the whole timeout for it.
+  BufferedKvStore store(nullptr, 1 << 20);
+  store.write_block(block_name(3), payload_of(3, 8));
+  const std::vector<KvBlockHash> hashes = {block_name(3)};
+  store.release_sent(hashes);
+  ASSERT_FALSE(store.in_buffer(block_name(3)));
+  const auto start = std::chrono::steady_clock::now();
+  EXPECT_EQ(store.wait_for(hashes, 10000ms)[0], nullptr);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, 5000ms);
+}
+
 // A raw client socket to a link server (for senders that misbehave).
 int connect_raw(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -271,6 +290,154 @@ TEST(KvLinkTest, ASenderThatDiesMidBlockOrLiesLeavesNothingBehind) {
   const std::vector<KvBlockHash> hashes = {block_name(9)};
   const std::vector<int64_t> sizes = {64};
   EXPECT_EQ(send_kv_blocks("127.0.0.1:" + std::to_string(server.port()), hashes, sizes, sender, {}).sent_blocks, 1);
+}
+
+// A data plane in one process: what a channel sends lands in a queue its
+// peer channel receives from (both ends share the plane). Its handshake is
+// one byte each way over the control socket, as a real plane's would be.
+class QueuePlane final : public KvDataPlane {
+ public:
+  explicit QueuePlane(std::string name = "queue") : name_(std::move(name)) {}
+  std::string name() const override { return name_; }
+  std::unique_ptr<KvBulkChannel> connect(int fd, std::string& failure) override {
+    std::byte hello{0x51}, answer{};
+    if (!kvlink::write_all(fd, std::span(&hello, 1)) || !kvlink::read_exact(fd, std::span(&answer, 1)) ||
+        answer != hello) {
+      failure = "no answer";
+      return nullptr;
+    }
+    return std::make_unique<Channel>(*this);
+  }
+  std::unique_ptr<KvBulkChannel> accept(int fd, std::string& failure) override {
+    std::byte hello{};
+    if (!kvlink::read_exact(fd, std::span(&hello, 1)) || !kvlink::write_all(fd, std::span(&hello, 1))) {
+      failure = "no hello";
+      return nullptr;
+    }
+    return std::make_unique<Channel>(*this);
+  }
+  bool corrupt = false;  // flips the first byte of every send
+
+ private:
+  struct Channel final : KvBulkChannel {
+    explicit Channel(QueuePlane& plane) : plane(plane) {}
+    bool send(std::span<const KvPayload* const> payloads) override {
+      std::vector<std::byte> bytes;
+      for (const KvPayload* payload : payloads) bytes.insert(bytes.end(), payload->bytes().begin(), payload->bytes().end());
+      if (plane.corrupt && !bytes.empty()) bytes[0] ^= std::byte{1};
+      std::lock_guard lock(plane.mutex_);
+      plane.queue_.push_back(std::move(bytes));
+      plane.ready_.notify_all();
+      return true;
+    }
+    bool receive(std::span<KvPayload* const> payloads) override {
+      std::unique_lock lock(plane.mutex_);
+      if (!plane.ready_.wait_for(lock, 5s, [&] { return !plane.queue_.empty(); })) return false;
+      std::vector<std::byte> bytes = std::move(plane.queue_.front());
+      plane.queue_.pop_front();
+      size_t offset = 0;
+      for (KvPayload* payload : payloads) {
+        if (offset + payload->size() > bytes.size()) return false;
+        std::memcpy(payload->data(), bytes.data() + offset, payload->size());
+        offset += payload->size();
+      }
+      return offset == bytes.size();
+    }
+    QueuePlane& plane;
+  };
+  const std::string name_;
+  std::mutex mutex_;
+  std::condition_variable ready_;
+  std::deque<std::vector<std::byte>> queue_;
+};
+
+TEST(KvLinkChannelTest, PayloadsCrossThroughTheDataPlaneOnOnePooledConnection) {
+  QueuePlane plane;
+  BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
+  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, &plane);
+  // Requests of at most 3000 payload bytes: the 5 blocks below go as 3 bulk puts.
+  KvLinkClient client(&plane, {.bulk_request_bytes = 3000});
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  std::vector<KvBlockHash> hashes;
+  std::vector<int64_t> sizes;
+  for (uint64_t n = 0; n < 5; ++n) {
+    hashes.push_back(block_name(n));
+    sizes.push_back(1000 + static_cast<int64_t>(n));
+    sender.put(block_name(n), payload_of(n, 1000 + n));
+  }
+  const KvSendReport report = client.send(address, hashes, sizes, sender, {});
+  EXPECT_EQ(report.sent_blocks, 5);
+  for (uint64_t n = 0; n < 5; ++n) EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 1000 + n));
+  const int64_t total = 1000 + 1001 + 1002 + 1003 + 1004;
+  EXPECT_EQ(client.stats().num_channel_bytes, total);
+  EXPECT_EQ(server.stats().num_channel_bytes, total);
+  EXPECT_EQ(server.stats().num_received_bytes, total);
+  // A second send reuses the connection and its channel.
+  sender.put(block_name(5), payload_of(5, 77));
+  const std::vector<KvBlockHash> more = {block_name(5)};
+  const std::vector<int64_t> more_sizes = {77};
+  EXPECT_EQ(client.send(address, more, more_sizes, sender, {}).sent_blocks, 1);
+  EXPECT_EQ(bytes_of(receiver.get(block_name(5))), payload_of(5, 77));
+  EXPECT_EQ(client.stats().num_connections, 1);
+  EXPECT_EQ(client.stats().num_channels, 1);
+  EXPECT_EQ(server.stats().num_channels, 1);
+}
+
+TEST(KvLinkChannelTest, APeerWithoutThePlaneGetsPayloadsInline) {
+  QueuePlane mine("queue"), theirs("another");
+  BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
+  KvLinkServer plain(receiver, "127.0.0.1", 0);
+  KvLinkServer other(receiver, "127.0.0.1", 0, 30.0, &theirs);
+  KvLinkClient client(&mine);
+  for (const KvLinkServer* server : {&plain, &other}) {
+    const uint64_t n = server == &plain ? 1 : 2;
+    sender.put(block_name(n), payload_of(n, 500));
+    const std::vector<KvBlockHash> hashes = {block_name(n)};
+    const std::vector<int64_t> sizes = {500};
+    EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server->port()), hashes, sizes, sender, {}).sent_blocks, 1);
+    EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 500));
+  }
+  EXPECT_EQ(client.stats().num_channels, 0);
+  EXPECT_EQ(client.stats().num_channel_bytes, 0);
+}
+
+TEST(KvLinkChannelTest, CorruptedChannelBytesAreDroppedByTheirChecksum) {
+  QueuePlane plane;
+  plane.corrupt = true;
+  BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
+  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, &plane);
+  KvLinkClient client(&plane);
+  sender.put(block_name(3), payload_of(3, 256));
+  const std::vector<KvBlockHash> hashes = {block_name(3)};
+  const std::vector<int64_t> sizes = {256};
+  EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server.port()), hashes, sizes, sender, {}).sent_blocks, 0);
+  EXPECT_FALSE(receiver.in_buffer(block_name(3)));
+  EXPECT_EQ(server.stats().num_rejected_blocks, 1);
+}
+
+TEST(KvLinkChannelTest, ConcurrentSendsShareTheConnectionCap) {
+  BufferedKvStore sender(nullptr, 4 << 20), receiver(nullptr, 4 << 20);
+  KvLinkServer server(receiver, "127.0.0.1", 0);
+  KvLinkClient client(nullptr, {.max_connections_per_peer = 2});
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  std::vector<std::thread> threads;
+  std::atomic<int64_t> sent{0};
+  for (uint64_t t = 0; t < 6; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<KvBlockHash> hashes;
+      std::vector<int64_t> sizes;
+      for (uint64_t n = t * 10; n < t * 10 + 10; ++n) {
+        sender.put(block_name(n), payload_of(n, 4096));
+        hashes.push_back(block_name(n));
+        sizes.push_back(4096);
+      }
+      sent += client.send(address, hashes, sizes, sender, {}).sent_blocks;
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  EXPECT_EQ(sent.load(), 60);
+  EXPECT_LE(client.stats().num_connections, 2);
+  EXPECT_EQ(server.stats().num_received_blocks, 60);
 }
 
 // Two engines (a prefill engine and a decode engine), each over its own

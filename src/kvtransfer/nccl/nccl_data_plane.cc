@@ -1,0 +1,289 @@
+#include "kvtransfer/nccl/nccl_data_plane.h"
+
+#include <cuda_runtime_api.h>
+#include <dlfcn.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kvtransfer/kv_link_protocol.h"
+#include "util/error.h"
+
+namespace loom {
+
+namespace {
+
+// The NCCL entry points the plane uses, resolved from the library once.
+struct NcclApi {
+  decltype(&ncclGetVersion) get_version = nullptr;
+  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
+  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
+  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
+  decltype(&ncclCommAbort) comm_abort = nullptr;
+  decltype(&ncclSend) send = nullptr;
+  decltype(&ncclRecv) recv = nullptr;
+  decltype(&ncclGetErrorString) error_string = nullptr;
+  std::string failure;  // why it did not load ("" when it did)
+};
+
+const NcclApi& nccl_api() {
+  static const NcclApi api = [] {
+    NcclApi loaded;
+    // Before NCCL first reads its environment.
+    ::setenv("NCCL_COMM_BLOCKING", "0", 1);
+    ::setenv("NCCL_NVLS_ENABLE", "0", 0);
+    const char* configured = std::getenv("LOOM_NCCL_LIBRARY");
+    const std::string path = configured != nullptr && *configured != '\0' ? configured : "libnccl.so.2";
+    void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      loaded.failure = fmt::format("cannot load {} ({}); set LOOM_NCCL_LIBRARY to libnccl.so.2's path", path,
+                                   ::dlerror());
+      return loaded;
+    }
+    auto resolve = [&](auto& function, const char* name) {
+      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(::dlsym(library, name));
+      if (function == nullptr && loaded.failure.empty()) loaded.failure = fmt::format("{} lacks {}", path, name);
+    };
+    resolve(loaded.get_version, "ncclGetVersion");
+    resolve(loaded.get_unique_id, "ncclGetUniqueId");
+    resolve(loaded.comm_init_rank, "ncclCommInitRank");
+    resolve(loaded.comm_get_async_error, "ncclCommGetAsyncError");
+    resolve(loaded.comm_abort, "ncclCommAbort");
+    resolve(loaded.send, "ncclSend");
+    resolve(loaded.recv, "ncclRecv");
+    resolve(loaded.error_string, "ncclGetErrorString");
+    return loaded;
+  }();
+  return api;
+}
+
+using Clock = std::chrono::steady_clock;
+
+class NcclChannel final : public KvBulkChannel {
+ public:
+  NcclChannel(const NcclApi& api, const NcclPlaneOptions& options, int rank)
+      : api_(api), options_(options), rank_(rank) {}
+
+  ~NcclChannel() override {
+    cudaSetDevice(options_.device);
+    // Abort, not destroy: the peer may be gone, and abort never waits for it.
+    if (comm_ != nullptr) api_.comm_abort(comm_);
+    if (stream_ != nullptr) cudaStreamDestroy(stream_);
+    if (staging_ != nullptr) cudaFree(staging_);
+  }
+
+  // Rank 0 writes the id to `fd`, rank 1 reads it; then both join, and the
+  // server (rank 1) tells the client whether it got through.
+  bool open(int fd, std::string& failure) {
+    const int rank = rank_;
+    if (!set_device(failure)) return false;
+    ncclUniqueId id{};
+    if (rank == 0) {
+      if (!check(api_.get_unique_id(&id), "ncclGetUniqueId", failure)) return false;
+      if (!kvlink::write_all(fd, std::as_bytes(std::span(id.internal)))) return fail("sending the id", failure);
+    } else if (!kvlink::read_exact(fd, std::as_writable_bytes(std::span(id.internal)))) {
+      return fail("receiving the id", failure);
+    }
+    if (!allocate(failure)) return false;
+    const ncclResult_t started = api_.comm_init_rank(&comm_, 2, id, rank);
+    if (started != ncclSuccess && started != ncclInProgress) return check(started, "ncclCommInitRank", failure);
+    if (rank == 1) {
+      const bool joined = settle(failure);
+      const std::byte answer{joined ? uint8_t{1} : uint8_t{0}};
+      return kvlink::write_all(fd, std::span(&answer, 1)) && joined;
+    }
+    std::byte answer{};
+    if (!kvlink::read_exact(fd, std::span(&answer, 1)) || answer == std::byte{0}) {
+      failure = "the peer could not join the communicator";
+      return false;
+    }
+    return settle(failure);
+  }
+
+  bool send(std::span<const KvPayload* const> payloads) override {
+    return transfer(payloads.size(), [&](size_t i) { return const_cast<KvPayload*>(payloads[i]); }, true);
+  }
+
+  bool receive(std::span<KvPayload* const> payloads) override {
+    return transfer(payloads.size(), [&](size_t i) { return payloads[i]; }, false);
+  }
+
+ private:
+  bool set_device(std::string& failure) {
+    const cudaError_t error = cudaSetDevice(options_.device);
+    if (error != cudaSuccess) failure = fmt::format("cuda:{}: {}", options_.device, cudaGetErrorString(error));
+    return error == cudaSuccess;
+  }
+
+  bool allocate(std::string& failure) {
+    cudaError_t error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
+    if (error == cudaSuccess) error = cudaMalloc(&staging_, options_.staging_bytes);
+    if (error != cudaSuccess)
+      failure = fmt::format("staging {} bytes on cuda:{}: {}", options_.staging_bytes, options_.device,
+                            cudaGetErrorString(error));
+    return error == cudaSuccess;
+  }
+
+  bool check(ncclResult_t result, const char* call, std::string& failure) const {
+    if (result == ncclSuccess) return true;
+    failure = fmt::format("{}: {}", call, api_.error_string(result));
+    return false;
+  }
+
+  static bool fail(const char* during, std::string& failure) {
+    failure = fmt::format("the control connection failed while {}", during);
+    return false;
+  }
+
+  // Waits (polling, with the deadline) until the communicator's pending
+  // operation finished; on error or timeout aborts it and breaks the channel.
+  bool settle(std::string& failure) {
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_seconds));
+    for (;;) {
+      ncclResult_t state = ncclSuccess;
+      const ncclResult_t polled = api_.comm_get_async_error(comm_, &state);
+      if (polled == ncclSuccess && state == ncclSuccess) return true;
+      if ((polled != ncclSuccess && polled != ncclInProgress) || (state != ncclSuccess && state != ncclInProgress)) {
+        check(polled != ncclSuccess ? polled : state, "NCCL", failure);
+        return broken();
+      }
+      if (Clock::now() > deadline) {
+        failure = fmt::format("NCCL: no progress in {} s", options_.timeout_seconds);
+        return broken();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+  }
+
+  // Waits for the stream's work; NCCL errors and the deadline abort as in settle().
+  bool wait_stream() {
+    const Clock::time_point deadline =
+        Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_seconds));
+    for (;;) {
+      const cudaError_t done = cudaStreamQuery(stream_);
+      if (done == cudaSuccess) return true;
+      if (done != cudaErrorNotReady) {
+        spdlog::warn("KV link (NCCL): {}", cudaGetErrorString(done));
+        return broken();
+      }
+      ncclResult_t state = ncclSuccess;
+      api_.comm_get_async_error(comm_, &state);
+      if ((state != ncclSuccess && state != ncclInProgress) || Clock::now() > deadline) {
+        spdlog::warn("KV link (NCCL): {}", state != ncclSuccess && state != ncclInProgress
+                                               ? api_.error_string(state)
+                                               : "the peer made no progress in time");
+        return broken();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  }
+
+  bool broken() {
+    if (comm_ != nullptr) api_.comm_abort(comm_);
+    comm_ = nullptr;
+    return false;
+  }
+
+  // The payloads' bytes as one stream, moved staging_bytes at a time; both
+  // ends cut the same pieces because they agreed on every size.
+  template <typename PayloadAt>
+  bool transfer(size_t count, PayloadAt payload_at, bool sending) {
+    if (comm_ == nullptr) return false;
+    std::string failure;
+    if (!set_device(failure)) return false;
+    struct Segment {
+      std::byte* host;
+      size_t staging_offset, bytes;
+    };
+    std::vector<Segment> piece;
+    size_t used = 0;
+    auto flush = [&]() {
+      if (used == 0) return true;
+      if (sending) {
+        for (const Segment& segment : piece)
+          if (cudaMemcpyAsync(staging_ + segment.staging_offset, segment.host, segment.bytes, cudaMemcpyHostToDevice,
+                              stream_) != cudaSuccess)
+            return broken();
+      }
+      const ncclResult_t enqueued = sending ? api_.send(staging_, used, ncclUint8, 1 - rank_, comm_, stream_)
+                                            : api_.recv(staging_, used, ncclUint8, 1 - rank_, comm_, stream_);
+      if (enqueued == ncclInProgress ? !settle(failure) : enqueued != ncclSuccess) {
+        spdlog::warn("KV link (NCCL): {}", failure.empty() ? api_.error_string(enqueued) : failure);
+        return broken();
+      }
+      if (!wait_stream()) return false;
+      if (!sending) {
+        for (const Segment& segment : piece)
+          if (cudaMemcpyAsync(segment.host, staging_ + segment.staging_offset, segment.bytes, cudaMemcpyDeviceToHost,
+                              stream_) != cudaSuccess)
+            return broken();
+        if (!wait_stream()) return false;
+      }
+      piece.clear();
+      used = 0;
+      return true;
+    };
+    for (size_t i = 0; i < count; ++i) {
+      KvPayload* payload = payload_at(i);
+      size_t offset = 0;
+      while (offset < payload->size()) {
+        const size_t bytes = std::min(payload->size() - offset, options_.staging_bytes - used);
+        piece.push_back({payload->data() + offset, used, bytes});
+        used += bytes;
+        offset += bytes;
+        if (used == options_.staging_bytes && !flush()) return false;
+      }
+    }
+    return flush();
+  }
+
+  const NcclApi& api_;
+  const NcclPlaneOptions options_;
+  const int rank_;  // 0: the connecting side
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  std::byte* staging_ = nullptr;
+};
+
+class NcclDataPlane final : public KvDataPlane {
+ public:
+  NcclDataPlane(const NcclApi& api, const NcclPlaneOptions& options) : api_(api), options_(options) {}
+  std::string name() const override { return "nccl"; }
+  std::unique_ptr<KvBulkChannel> connect(int fd, std::string& failure) override { return open(fd, 0, failure); }
+  std::unique_ptr<KvBulkChannel> accept(int fd, std::string& failure) override { return open(fd, 1, failure); }
+
+ private:
+  std::unique_ptr<KvBulkChannel> open(int fd, int rank, std::string& failure) {
+    auto channel = std::make_unique<NcclChannel>(api_, options_, rank);
+    if (!channel->open(fd, failure)) return nullptr;
+    return channel;
+  }
+
+  const NcclApi& api_;
+  const NcclPlaneOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<KvDataPlane> make_nccl_data_plane(const NcclPlaneOptions& options) {
+  const NcclApi& api = nccl_api();
+  if (!api.failure.empty()) throw Error(ErrorKind::kUnavailable, "KV link over NCCL: " + api.failure);
+  int num_devices = 0;
+  if (cudaGetDeviceCount(&num_devices) != cudaSuccess || options.device < 0 || options.device >= num_devices)
+    throw Error(ErrorKind::kUnavailable,
+                fmt::format("KV link over NCCL: no CUDA device {} ({} present)", options.device, num_devices));
+  int version = 0;
+  api.get_version(&version);
+  spdlog::info("KV link: NCCL {} loaded, data plane on cuda:{}", version, options.device);
+  return std::make_unique<NcclDataPlane>(api, options);
+}
+
+}  // namespace loom
