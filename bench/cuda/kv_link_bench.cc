@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   CLI::App app("The KV link's transfer rate between two GPU engines' buffers");
   std::vector<std::string> planes = {"tcp", "nccl"};
   int num_blocks = 512, repeat = 5, sender_device = 0, receiver_device = 1;
-  int64_t block_bytes = 2 << 20, staging_bytes = 64 << 20;
+  int64_t block_bytes = 2 << 20, staging_bytes = 32 << 20;
   std::string out_path;
   app.add_option("--planes", planes, "Data planes to measure (tcp, nccl)")->delimiter(',');
   app.add_option("--blocks", num_blocks, "Blocks per send")->capture_default_str();

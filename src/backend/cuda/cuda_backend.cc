@@ -66,7 +66,17 @@ int64_t CudaBackend::kv_bytes_per_token() const {
   return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * static_cast<int64_t>(sizeof(__nv_bfloat16));
 }
 
+void CudaBackend::use_device() const {
+  // The engine calls from its own threads; a thread's current device is 0 until it is set.
+  thread_local int current = -1;
+  if (current != device_) {
+    LOOM_CUDA_CHECK(cudaSetDevice(device_));
+    current = device_;
+  }
+}
+
 void CudaBackend::allocate_kv_cache(const KvCacheShape& shape) {
+  use_device();
   if (shape.num_blocks <= 0 || shape.block_size <= 0)
     fail(ErrorKind::kInvalidArgument, "cuda backend: KV cache of {} blocks of {} tokens", shape.num_blocks,
          shape.block_size);
@@ -101,6 +111,7 @@ int64_t CudaBackend::residual_bytes_per_token(int32_t max_rank) const {
 }
 
 void CudaBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
+  use_device();
   if (shape.num_blocks <= 0 || shape.block_size <= 0 || shape.max_rank <= 0)
     fail(ErrorKind::kInvalidArgument, "cuda backend: residual cache of {} blocks of {} tokens, max rank {}",
          shape.num_blocks, shape.block_size, shape.max_rank);
@@ -143,6 +154,7 @@ __nv_bfloat16* CudaBackend::v_pool(int layer) const {
 }
 
 void CudaBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  use_device();
   if (slot < 0 || slot >= max_adapter_slots())
     fail(ErrorKind::kInvalidArgument, "cuda backend: adapter slot {} outside [0, {})", slot, max_adapter_slots());
   if (adapter != nullptr) {
@@ -555,6 +567,7 @@ ForwardResult CudaBackend::finish_forward() {
 }
 
 ForwardResult CudaBackend::forward(const Batch& batch) {
+  use_device();
   plan_step(batch, graphs_enabled_);
   if (plan_.num_tokens() > 0) {
     upload_plan();

@@ -149,6 +149,8 @@ class CudaBackend : public Backend {
   // next kernel adds). begin_lora forks and enqueues it (kLoraNone: no LoRA rows);
   // end_lora(its answer) makes stream_ wait for a side-stream launch and returns lora_out_.
   static constexpr int kLoraNone = 0, kLoraInline = 1, kLoraSide = 2;  // begin_lora's answer
+  // Makes device_ current on the calling thread (every entry point the engine calls first).
+  void use_device() const;
   int begin_lora(int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x, int32_t x_stride,
                  int32_t width);
   const float* end_lora(int active);

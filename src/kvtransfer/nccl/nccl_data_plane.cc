@@ -5,6 +5,7 @@
 #include <nccl.h>
 
 #include <chrono>
+#include <cstring>
 #include <cstdlib>
 #include <mutex>
 #include <thread>
@@ -67,6 +68,13 @@ const NcclApi& nccl_api() {
 using Clock = std::chrono::steady_clock;
 
 class NcclChannel final : public KvBulkChannel {
+  struct Buffer {
+    std::byte* device = nullptr;
+    std::byte* host = nullptr;      // pinned
+    cudaEvent_t copied = nullptr;   // its last host <-> device copy finished
+    cudaEvent_t moved = nullptr;    // its last NCCL transfer finished
+  };
+
  public:
   NcclChannel(const NcclApi& api, const NcclPlaneOptions& options, int rank)
       : api_(api), options_(options), rank_(rank) {}
@@ -75,8 +83,14 @@ class NcclChannel final : public KvBulkChannel {
     cudaSetDevice(options_.device);
     // Abort, not destroy: the peer may be gone, and abort never waits for it.
     if (comm_ != nullptr) api_.comm_abort(comm_);
-    if (stream_ != nullptr) cudaStreamDestroy(stream_);
-    if (staging_ != nullptr) cudaFree(staging_);
+    for (cudaStream_t stream : {stream_, copy_stream_})
+      if (stream != nullptr) cudaStreamDestroy(stream);
+    for (Buffer& buffer : buffers_) {
+      if (buffer.device != nullptr) cudaFree(buffer.device);
+      if (buffer.host != nullptr) cudaFreeHost(buffer.host);
+      for (cudaEvent_t event : {buffer.copied, buffer.moved})
+        if (event != nullptr) cudaEventDestroy(event);
+    }
   }
 
   // Rank 0 writes the id to `fd`, rank 1 reads it; then both join, and the
@@ -124,10 +138,16 @@ class NcclChannel final : public KvBulkChannel {
 
   bool allocate(std::string& failure) {
     cudaError_t error = cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking);
-    if (error == cudaSuccess) error = cudaMalloc(&staging_, options_.staging_bytes);
+    if (error == cudaSuccess) error = cudaStreamCreateWithFlags(&copy_stream_, cudaStreamNonBlocking);
+    for (Buffer& buffer : buffers_) {
+      if (error == cudaSuccess) error = cudaMalloc(&buffer.device, options_.staging_bytes);
+      if (error == cudaSuccess) error = cudaHostAlloc(&buffer.host, options_.staging_bytes, cudaHostAllocDefault);
+      if (error == cudaSuccess) error = cudaEventCreateWithFlags(&buffer.copied, cudaEventDisableTiming);
+      if (error == cudaSuccess) error = cudaEventCreateWithFlags(&buffer.moved, cudaEventDisableTiming);
+    }
     if (error != cudaSuccess)
-      failure = fmt::format("staging {} bytes on cuda:{}: {}", options_.staging_bytes, options_.device,
-                            cudaGetErrorString(error));
+      failure = fmt::format("staging 2 x {} bytes on cuda:{} and pinned host memory: {}", options_.staging_bytes,
+                            options_.device, cudaGetErrorString(error));
     return error == cudaSuccess;
   }
 
@@ -163,12 +183,13 @@ class NcclChannel final : public KvBulkChannel {
     }
   }
 
-  // Waits for the stream's work; NCCL errors and the deadline abort as in settle().
-  bool wait_stream() {
+  // Waits for `event` (work queued on the channel's streams); NCCL errors and
+  // the deadline abort as in settle().
+  bool wait_event(cudaEvent_t event) {
     const Clock::time_point deadline =
         Clock::now() + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(options_.timeout_seconds));
     for (;;) {
-      const cudaError_t done = cudaStreamQuery(stream_);
+      const cudaError_t done = cudaEventQuery(event);
       if (done == cudaSuccess) return true;
       if (done != cudaErrorNotReady) {
         spdlog::warn("KV link (NCCL): {}", cudaGetErrorString(done));
@@ -192,65 +213,99 @@ class NcclChannel final : public KvBulkChannel {
     return false;
   }
 
-  // The payloads' bytes as one stream, moved staging_bytes at a time; both
-  // ends cut the same pieces because they agreed on every size.
+  // The payloads' bytes as one stream, cut into staging-sized pieces; both
+  // ends cut the same pieces because they agreed on every size. Two buffers
+  // (pinned host + device) alternate, so piece k's host copy and PCIe copy
+  // overlap piece k-1's NCCL transfer:
+  //   sender    memcpy -> host[b], host[b] -> device[b] (copy stream, `copied`),
+  //             ncclSend(device[b]) after `copied` (NCCL stream, `moved`)
+  //   receiver  ncclRecv(device[b]) after the last copy out of it (`copied`),
+  //             device[b] -> host[b] after `moved` (copy stream, `copied`),
+  //             then memcpy host[b] -> payloads while piece k+1 moves.
+  struct Segment {
+    std::byte* host;
+    size_t offset, bytes;  // offset within the piece
+  };
+  struct Piece {
+    std::vector<Segment> segments;
+    size_t bytes = 0;
+  };
+
+  template <typename PayloadAt>
+  std::vector<Piece> cut(size_t count, PayloadAt payload_at) const {
+    std::vector<Piece> pieces(1);
+    for (size_t i = 0; i < count; ++i) {
+      KvPayload* payload = payload_at(i);
+      for (size_t offset = 0; offset < payload->size();) {
+        if (pieces.back().bytes == options_.staging_bytes) pieces.emplace_back();
+        Piece& piece = pieces.back();
+        const size_t bytes = std::min(payload->size() - offset, options_.staging_bytes - piece.bytes);
+        piece.segments.push_back({payload->data() + offset, piece.bytes, bytes});
+        piece.bytes += bytes;
+        offset += bytes;
+      }
+    }
+    if (pieces.back().bytes == 0) pieces.pop_back();
+    return pieces;
+  }
+
+  bool enqueue_nccl(bool sending, Buffer& buffer, size_t bytes) {
+    const ncclResult_t enqueued = sending ? api_.send(buffer.device, bytes, ncclUint8, 1 - rank_, comm_, stream_)
+                                          : api_.recv(buffer.device, bytes, ncclUint8, 1 - rank_, comm_, stream_);
+    std::string failure;
+    if (enqueued == ncclInProgress ? !settle(failure) : enqueued != ncclSuccess) {
+      spdlog::warn("KV link (NCCL): {}", failure.empty() ? api_.error_string(enqueued) : failure);
+      return broken();
+    }
+    return cudaEventRecord(buffer.moved, stream_) == cudaSuccess || broken();
+  }
+
   template <typename PayloadAt>
   bool transfer(size_t count, PayloadAt payload_at, bool sending) {
     if (comm_ == nullptr) return false;
     std::string failure;
     if (!set_device(failure)) return false;
-    struct Segment {
-      std::byte* host;
-      size_t staging_offset, bytes;
-    };
-    std::vector<Segment> piece;
-    size_t used = 0;
-    auto flush = [&]() {
-      if (used == 0) return true;
+    const std::vector<Piece> pieces = cut(count, payload_at);
+    auto ok = [&](cudaError_t error) { return error == cudaSuccess || broken(); };
+    for (size_t k = 0; k < pieces.size(); ++k) {
+      const Piece& piece = pieces[k];
+      Buffer& buffer = buffers_[k % 2];
       if (sending) {
-        for (const Segment& segment : piece)
-          if (cudaMemcpyAsync(staging_ + segment.staging_offset, segment.host, segment.bytes, cudaMemcpyHostToDevice,
-                              stream_) != cudaSuccess)
-            return broken();
-      }
-      const ncclResult_t enqueued = sending ? api_.send(staging_, used, ncclUint8, 1 - rank_, comm_, stream_)
-                                            : api_.recv(staging_, used, ncclUint8, 1 - rank_, comm_, stream_);
-      if (enqueued == ncclInProgress ? !settle(failure) : enqueued != ncclSuccess) {
-        spdlog::warn("KV link (NCCL): {}", failure.empty() ? api_.error_string(enqueued) : failure);
-        return broken();
-      }
-      if (!wait_stream()) return false;
-      if (!sending) {
-        for (const Segment& segment : piece)
-          if (cudaMemcpyAsync(segment.host, staging_ + segment.staging_offset, segment.bytes, cudaMemcpyDeviceToHost,
-                              stream_) != cudaSuccess)
-            return broken();
-        if (!wait_stream()) return false;
-      }
-      piece.clear();
-      used = 0;
-      return true;
-    };
-    for (size_t i = 0; i < count; ++i) {
-      KvPayload* payload = payload_at(i);
-      size_t offset = 0;
-      while (offset < payload->size()) {
-        const size_t bytes = std::min(payload->size() - offset, options_.staging_bytes - used);
-        piece.push_back({payload->data() + offset, used, bytes});
-        used += bytes;
-        offset += bytes;
-        if (used == options_.staging_bytes && !flush()) return false;
+        if (!wait_event(buffer.copied)) return false;  // piece k-2's host -> device copy is done
+        for (const Segment& segment : piece.segments)
+          std::memcpy(buffer.host + segment.offset, segment.host, segment.bytes);
+        if (!ok(cudaStreamWaitEvent(copy_stream_, buffer.moved)) ||  // piece k-2 left device[b]
+            !ok(cudaMemcpyAsync(buffer.device, buffer.host, piece.bytes, cudaMemcpyHostToDevice, copy_stream_)) ||
+            !ok(cudaEventRecord(buffer.copied, copy_stream_)) || !ok(cudaStreamWaitEvent(stream_, buffer.copied)) ||
+            !enqueue_nccl(true, buffer, piece.bytes))
+          return false;
+      } else {
+        if (!ok(cudaStreamWaitEvent(stream_, buffer.copied)) || !enqueue_nccl(false, buffer, piece.bytes) ||
+            !ok(cudaStreamWaitEvent(copy_stream_, buffer.moved)) ||
+            !ok(cudaMemcpyAsync(buffer.host, buffer.device, piece.bytes, cudaMemcpyDeviceToHost, copy_stream_)) ||
+            !ok(cudaEventRecord(buffer.copied, copy_stream_)))
+          return false;
+        if (k > 0 && !unpack(pieces[k - 1], buffers_[(k - 1) % 2])) return false;
       }
     }
-    return flush();
+    if (pieces.empty()) return true;
+    if (sending) return wait_event(buffers_[(pieces.size() - 1) % 2].moved);
+    return unpack(pieces.back(), buffers_[(pieces.size() - 1) % 2]);
+  }
+
+  bool unpack(const Piece& piece, Buffer& buffer) {
+    if (!wait_event(buffer.copied)) return false;
+    for (const Segment& segment : piece.segments) std::memcpy(segment.host, buffer.host + segment.offset, segment.bytes);
+    return true;
   }
 
   const NcclApi& api_;
   const NcclPlaneOptions options_;
   const int rank_;  // 0: the connecting side
   ncclComm_t comm_ = nullptr;
-  cudaStream_t stream_ = nullptr;
-  std::byte* staging_ = nullptr;
+  cudaStream_t stream_ = nullptr;       // NCCL's
+  cudaStream_t copy_stream_ = nullptr;  // host <-> device copies
+  Buffer buffers_[2];
 };
 
 class NcclDataPlane final : public KvDataPlane {

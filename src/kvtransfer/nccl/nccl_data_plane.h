@@ -3,11 +3,12 @@
 // on separate GPUs) through NCCL send/recv, over NVLink where the GPUs have it.
 //
 // Each link connection gets its own two-rank communicator (the client is rank
-// 0 and makes the unique id, which travels over the control socket) and a
-// device staging buffer. A put's payloads are one byte stream, cut into
-// staging-sized pieces: the sender copies a piece host -> device and
-// ncclSends it, the receiver ncclRecvs it and copies it device -> host into
-// the payloads. Payloads live on the host at both ends because the KV buffer
+// 0 and makes the unique id, which travels over the control socket) and two
+// staging buffers (pinned host + device). A put's payloads are one byte
+// stream, cut into staging-sized pieces: the sender copies a piece into
+// pinned memory, host -> device, and ncclSends it; the receiver ncclRecvs it,
+// device -> host, and copies it into the payloads; the two buffers alternate
+// so one piece's copies overlap the next one's transfer. Payloads live on the host at both ends because the KV buffer
 // (kvstore/buffered_kv_store.h) is the unit engines exchange; a transfer
 // straight between the engines' device caches is not done here.
 //
@@ -33,7 +34,7 @@ namespace loom {
 
 struct NcclPlaneOptions {
   int device = 0;                         // the engine's CUDA device
-  uint64_t staging_bytes = 64ull << 20;   // per channel, on the device
+  uint64_t staging_bytes = 32ull << 20;   // per staging buffer (a channel has two, each on host and device)
   double timeout_seconds = 30.0;          // per piece and for the communicator's set-up
 };
 
