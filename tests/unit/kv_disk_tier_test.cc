@@ -307,6 +307,31 @@ TEST(KvDiskTier, BlocksReadForAWaitingRequestOutliveOtherRequestsBackups) {
   EXPECT_EQ(reader.kv.integrity_error(), "");
 }
 
+// Runs the engine's loop without a backend until no work is left (at most
+// 100 steps); each request ends at its first sampled token. Every transfer
+// lands before the step's commits, which plan write-through backups.
+// Returns each request's prefix hit at admission.
+std::map<SchedulerRequestId, int32_t> run_to_completion(Scheduler& scheduler, KvCacheGroup& group,
+                                                        FakeDirectory& directory) {
+  std::map<SchedulerRequestId, int32_t> hits;
+  for (int32_t step = 0; step < 100 && scheduler.has_work(); ++step) {
+    scheduler.start_disk_reads();
+    const ScheduledBatch batch = scheduler.plan();
+    for (const auto& transfer : group.take_transfers()) {
+      for (const KvBlockHash& hash : transfer.transfer.block_hashes)
+        if (transfer.transfer.kind == Kind::kOffload && !hash.is_zero()) directory.blocks.insert(hash);
+      group.finish_transfer(transfer.cache, transfer.transfer.id, true);
+    }
+    scheduler.complete_step(batch);
+    for (const ScheduledRequest& entry : batch.requests) {
+      if (entry.num_prefix_hit_tokens >= 0) hits[entry.id] = entry.num_prefix_hit_tokens;
+      if (entry.samples_next_token) scheduler.finish(entry.id);
+    }
+    EXPECT_EQ(group.integrity_error(), "");
+  }
+  return hits;
+}
+
 // N waiting requests whose prompts are on disk, a host tier smaller than
 // their sum and a device that holds about two of them at a time: every one is
 // served from what was read, not recomputed (the blocks read for a request
@@ -325,28 +350,35 @@ TEST(KvDiskTier, ConcurrentRequestsOnDiskAreAllServedFromTheirReads) {
   enable_disk(group.main(), directory);
   Scheduler scheduler(SchedulerConfig{}, group);
   for (int32_t i = 0; i < kRequests; ++i) scheduler.add(i, prompts[static_cast<size_t>(i)], "", "base", 0);
-  std::map<SchedulerRequestId, int32_t> hits;
-  for (int32_t step = 0; step < 100 && scheduler.has_work(); ++step) {
-    scheduler.start_disk_reads();
-    const ScheduledBatch batch = scheduler.plan();
-    // The transfers land before the step's commits (which plan write-through backups).
-    for (const auto& transfer : group.take_transfers()) {
-      for (const KvBlockHash& hash : transfer.transfer.block_hashes)
-        if (transfer.transfer.kind == Kind::kOffload && !hash.is_zero()) directory.blocks.insert(hash);
-      group.finish_transfer(transfer.cache, transfer.transfer.id, true);
-    }
-    scheduler.complete_step(batch);
-    for (const ScheduledRequest& entry : batch.requests) {
-      if (entry.num_prefix_hit_tokens >= 0) hits[entry.id] = entry.num_prefix_hit_tokens;
-      if (entry.samples_next_token) scheduler.finish(entry.id);
-    }
-    ASSERT_EQ(group.integrity_error(), "");
-  }
+  const std::map<SchedulerRequestId, int32_t> hits = run_to_completion(scheduler, group, directory);
   EXPECT_FALSE(scheduler.has_work());
   std::map<SchedulerRequestId, int32_t> all_hit;
   for (int32_t i = 0; i < kRequests; ++i) all_hit[i] = 3 * kBlock;
   EXPECT_EQ(hits, all_hit);
   EXPECT_EQ(group.stats()[KvCacheId::kMain].num_disk_read_blocks, kRequests * 3);  // each block read once
+}
+
+// Prompts larger than the host tier: the first in line reads what fits, is
+// loaded and admitted with that part (it never waits for budget it holds
+// itself), and the one behind it gets its turn; nobody waits forever.
+TEST(KvDiskTier, PromptsLargerThanTheHostTierEndInPartialHitsNotAWaitForever) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 64, 64);
+  const Tokens first = block_tokens(0, 5), second = block_tokens(500, 5);  // 4 full blocks looked up each
+  writer.run(Tokens(first.begin(), first.end() - kBlock), directory);
+  writer.run(Tokens(second.begin(), second.end() - kBlock), directory);
+  KvCacheGroup group(16, 0, kBlock);
+  group.enable_host_tier({{2, 0}});
+  enable_disk(group.main(), directory);
+  Scheduler scheduler(SchedulerConfig{}, group);
+  scheduler.add(1, first, "", "base", 0);
+  scheduler.add(2, second, "", "base", 0);
+  const std::map<SchedulerRequestId, int32_t> hits = run_to_completion(scheduler, group, directory);
+  EXPECT_FALSE(scheduler.has_work());
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_GE(hits.at(1), 2 * kBlock);
+  EXPECT_LT(hits.at(1), 4 * kBlock);
+  EXPECT_GE(hits.at(2), 2 * kBlock);
 }
 
 }  // namespace
