@@ -7,8 +7,12 @@ request's cached prompt tokens and the tokens read from disk vs loaded host -> d
   bench/disk_tier_concurrency.py --loom build/loom --model /tmp/tiny \
       --serve-args "--kv-cache-bytes 6M --host-kv-memory 8M --threads 1" --requests 24 --prefix 3000
 
-On 2026-11-27 (CPU box, tiny model, the arguments above): 2-4 of 24 hit although ~120K tokens were read
-from disk (~6K loaded host -> device); with --max-num-seqs 2 added, 21 of 24.
+On 2026-11-27 (CPU box, tiny model, the arguments above), before the disk tier's reservations: 2-4 of 24 hit
+although ~120K tokens were read from disk (~6K loaded host -> device; 2.7 s wall); with --max-num-seqs 2
+added, 21 of 24. After (blocks read for a waiting request are reserved until it is admitted, reads follow a
+host budget in arrival order, a request waits for its read or for device room instead of recomputing):
+22-23 of 24 hit (the rest partly, 1424 tokens), ~60K tokens read and as many loaded, 0.42-0.47 s wall;
+with --max-num-seqs 2, 23 of 24.
 """
 import argparse
 import json

@@ -34,6 +34,10 @@ inline constexpr int32_t kFarAgentSteps = std::numeric_limits<int32_t>::max();
 
 using EvictionKey = std::array<int64_t, 4>;
 
+// The first element of a reserved node's key (held for a waiting request,
+// radix_tree.h): under either policy it goes after every unreserved node.
+inline constexpr int64_t kReservedEvictionBand = 2;
+
 inline EvictionKey eviction_key(KvEvictionPolicy policy, int32_t fixed_steps, int64_t last_access,
                                 int64_t node_id) {
   if (policy == KvEvictionPolicy::kLru || fixed_steps == kDynamicNodeSteps) return {0, 0, last_access, node_id};

@@ -195,6 +195,18 @@ bool KvCacheGroup::disk_read_pending(const RequestKvKeys& keys, std::span<const 
   return pending;
 }
 
+bool KvCacheGroup::next_block_on_disk(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const {
+  bool on_disk = false;
+  for_each([&](KvCacheId id, const KvCacheManager& member) {
+    on_disk = on_disk || (keys.uses(id) && member.next_block_on_disk(keys.key_in(id), tokens));
+  });
+  return on_disk;
+}
+
+void KvCacheGroup::clear_reservations() {
+  for_each([](KvCacheId, KvCacheManager& member) { member.clear_reservations(); });
+}
+
 bool KvCacheGroup::has_any_disk_tier() const {
   bool any = false;
   for_each([&](KvCacheId, const KvCacheManager& member) { any = any || member.has_disk_tier(); });

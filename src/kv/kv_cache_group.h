@@ -161,6 +161,10 @@ class KvCacheGroup {
                                 KvCacheManager::LoadReason reason);
   // Whether any member `keys` uses is reading the block after its tree's part from disk.
   bool disk_read_pending(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
+  // Whether, in any member `keys` uses, the block after its tree's part is being read or on disk.
+  bool next_block_on_disk(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
+  // Every member's clear_reservations() (kv_cache_manager.h "Reservations").
+  void clear_reservations();
   // A transfer planned by a member, named by it.
   struct MemberTransfer {
     KvCacheId cache = KvCacheId::kMain;

@@ -322,7 +322,9 @@ class KvCacheManager {
   // - start_disk_read plans a kDiskRead transfer of the blocks that follow the
   //   tree's path on disk (none when the next block is being read already):
   //   host blocks taken as a backup takes them (a free one, else a host leaf
-  //   whose eviction key is below the read's, never the path's own last node).
+  //   whose eviction key is below the read's, never the path's own last node),
+  //   else by dropping the backup of a device node whose key is below the
+  //   read's (ready, not reserved; it stays on the device without one).
   //   Until it finishes they belong to the transfer, not to the tree (nothing
   //   in the tree is pinned or changes state). On success the blocks whose
   //   parent is still the path's end join the tree as host nodes (ready; a
@@ -340,6 +342,37 @@ class KvCacheManager {
                           LoadReason reason = LoadReason::kDemand);
   // Whether the block after the tree's part of tokens' prefix is being read from disk. Changes nothing.
   bool disk_read_pending(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
+  // Whether that block is being read or on disk (a read could fetch it). Changes nothing.
+  bool next_block_on_disk(const KvKey& kv_key, std::span<const KvTokenId> tokens) const;
+
+  // ---- Reservations (a waiting request's prefix; Scheduler policy 7) ----
+  //
+  // Blocks read from disk for a waiting request are worth something only if
+  // they are still there when it is admitted. A reserved node is held for a
+  // waiting request:
+  //   host tier (ready or loading)  never host-evicted: a backup (commit's
+  //                                 write-through) or another read takes other
+  //                                 host blocks or none;
+  //   device tier                   device-evicted after every unreserved node
+  //                                 (kReservedEvictionBand), so still available:
+  //                                 the capacity counts do not change, and a
+  //                                 running request is never starved by one.
+  // A demand read (start_disk_read, kDemand) reserves its blocks when they join
+  // the tree. The scheduler re-derives the whole set before each step:
+  // clear_reservations(), then reserve_prefix() for the waiting requests it
+  // serves first. A node that is removed (its subtree dropped) stops being reserved.
+  struct PrefixReservation {
+    int32_t num_host_blocks = 0;     // host blocks the reserved nodes hold (host-tier nodes, device nodes' backups)
+    int32_t num_reading_blocks = 0;  // blocks after the tree's part being read (they reserve when they join)
+    int32_t num_unreserved_host_blocks = 0;  // host-tier nodes of the path left unreserved (over max_host_blocks)
+  };
+  void clear_reservations();
+  // Reserves the device nodes of tokens' cached prefix and its host-tier
+  // nodes, top down, while the host blocks they hold stay within
+  // max_host_blocks (device nodes are always reserved; their backups count).
+  PrefixReservation reserve_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_host_blocks);
+  // Device blocks that are cached (unreferenced) and reserved: the last ones eviction takes.
+  int32_t num_reserved_cached_blocks() const;
 
   struct Transfer {
     enum class Kind : uint8_t { kOffload, kLoad, kDiskRead };

@@ -60,6 +60,42 @@ bool KvCacheManager::disk_read_pending(const KvKey& kv_key, std::span<const KvTo
   return reading_.count(hash) != 0;
 }
 
+bool KvCacheManager::next_block_on_disk(const KvKey& kv_key, std::span<const KvTokenId> tokens) const {
+  if (!has_disk_tier()) return false;
+  return !blocks_after_path(kv_key, tokens, tree_.match_any_tier(kv_key, tokens), 1).empty();
+}
+
+void KvCacheManager::clear_reservations() { tree_.clear_reserved(); }
+
+KvCacheManager::PrefixReservation KvCacheManager::reserve_prefix(const KvKey& kv_key, std::span<const KvTokenId> tokens,
+                                                                 int32_t max_host_blocks) {
+  PrefixReservation reservation;
+  const std::vector<RadixNode*> path = tree_.match_any_tier(kv_key, tokens);
+  for (RadixNode* node : path) {
+    if (node->tier == KvTier::kDevice) {
+      tree_.set_reserved(node, true);
+      if (node->host_block_id >= 0) ++reservation.num_host_blocks;  // its backup holds a host block too
+    } else if (reservation.num_host_blocks < max_host_blocks) {
+      tree_.set_reserved(node, true);
+      ++reservation.num_host_blocks;
+    } else {
+      ++reservation.num_unreserved_host_blocks;
+    }
+  }
+  for (const auto& [hash, reading] : blocks_after_path(kv_key, tokens, path, std::numeric_limits<int32_t>::max())) {
+    if (!reading) break;
+    ++reservation.num_reading_blocks;
+  }
+  return reservation;
+}
+
+int32_t KvCacheManager::num_reserved_cached_blocks() const {
+  int32_t count = 0;
+  for (const RadixNode* node : tree_.reserved_nodes())
+    if (node->block_id >= 0 && pool_.ref_count(node->block_id) == 0) ++count;
+  return count;
+}
+
 int32_t KvCacheManager::start_disk_read(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_blocks,
                                         LoadReason reason) {
   if (!has_disk_tier() || max_blocks <= 0) return 0;
@@ -85,8 +121,15 @@ int32_t KvCacheManager::start_disk_read(const KvKey& kv_key, std::span<const KvT
     if (!host_block) {
       const std::optional<EvictionKey> victim = tree_.first_host_evictable_key();
       // Never the path's own last node: the blocks read hang under it.
-      if (!victim || !(*victim < for_key) || (last != nullptr && last->host_evictable_key == victim)) break;
-      tree_.evict_host_leaf();
+      if (victim && *victim < for_key && !(last != nullptr && last->host_evictable_key == victim)) {
+        tree_.evict_host_leaf();
+      } else {
+        // A device node's backup (the node stays on the device): else a host
+        // tier no larger than the device fills with backups and reads stop.
+        const std::optional<EvictionKey> backup = tree_.first_backup_droppable_key();
+        if (!backup || !(*backup < for_key)) break;
+        tree_.drop_first_backup();
+      }
       host_block = host_pool_->take_one();
     }
     transfer.host_block_ids.push_back(*host_block);
@@ -124,6 +167,7 @@ void KvCacheManager::finish_disk_read(const TransferInFlight& in_flight, bool su
         const std::string& kv_namespace = in_flight.kv_key.namespace_of_block(block);
         parent = tree_.insert_host(kv_namespace, parent, block_tokens,
                                    transfer.host_block_ids[static_cast<size_t>(num_joined)], now);
+        if (transfer.reason == LoadReason::kDemand) tree_.set_reserved(parent, true);  // read for a waiting request
         LOOM_CHECK(parent->content_hash == transfer.block_hashes[static_cast<size_t>(num_joined)]);
       }
     }

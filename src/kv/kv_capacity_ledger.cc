@@ -7,7 +7,10 @@
 namespace loom {
 
 KvCapacityLedger::KvCapacityLedger(const KvCacheGroup& kv_caches) : kv_caches_(kv_caches) {
-  kv_caches.for_each([&](KvCacheId id, const KvCacheManager& member) { num_available_[id] = member.num_available_blocks(); });
+  kv_caches.for_each([&](KvCacheId id, const KvCacheManager& member) {
+    num_available_[id] = member.num_available_blocks();
+    num_reserved_available_[id] = member.num_reserved_cached_blocks();
+  });
 }
 
 PerKvCache<bool> KvCapacityLedger::short_members(const KvBlockCounts& counts) const {
@@ -23,7 +26,12 @@ bool KvCapacityLedger::can_allocate(const KvBlockCounts& counts) const {
 
 void KvCapacityLedger::take(const KvBlockCounts& counts) {
   LOOM_CHECK(can_allocate(counts));
-  for (KvCacheId id : kAllKvCaches) num_available_[id] -= counts[id];
+  for (KvCacheId id : kAllKvCaches) {
+    // Allocation takes free blocks, then evicts unreserved cached ones, then reserved ones.
+    const int32_t num_unreserved = std::max(0, num_unreserved_available_blocks(id));
+    if (counts[id] > num_unreserved) num_reserved_available_[id] -= counts[id] - num_unreserved;
+    num_available_[id] -= counts[id];
+  }
 }
 
 void KvCapacityLedger::give_back(const KvBlockCounts& counts) {
@@ -36,9 +44,17 @@ int32_t KvCapacityLedger::ref_count(KvCacheId id, int32_t block_id) const {
   return kv_caches_[id].block_ref_count(block_id) + (it == deltas.end() ? 0 : it->second);
 }
 
+bool KvCapacityLedger::is_reserved(KvCacheId id, int32_t block_id) const {
+  const RadixNode* node = kv_caches_[id].tree().node_of_block(block_id);
+  return node != nullptr && node->reserved;
+}
+
 void KvCapacityLedger::add_refs(KvCacheId id, std::span<const int32_t> block_ids) {
   for (int32_t block_id : block_ids) {
-    if (ref_count(id, block_id) == 0) --num_available_[id];
+    if (ref_count(id, block_id) == 0) {
+      --num_available_[id];
+      if (is_reserved(id, block_id)) --num_reserved_available_[id];
+    }
     ++ref_deltas_[id][block_id];
   }
 }
@@ -47,7 +63,10 @@ void KvCapacityLedger::drop_refs(KvCacheId id, std::span<const int32_t> block_id
   for (int32_t block_id : block_ids) {
     LOOM_CHECK(ref_count(id, block_id) > 0);
     --ref_deltas_[id][block_id];
-    if (ref_count(id, block_id) == 0) ++num_available_[id];
+    if (ref_count(id, block_id) == 0) {
+      ++num_available_[id];
+      if (is_reserved(id, block_id)) ++num_reserved_available_[id];
+    }
   }
 }
 

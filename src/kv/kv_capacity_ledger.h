@@ -15,6 +15,11 @@
 //   start_load (demand) of host nodes            add_refs(the device part: its pin), take(the blocks it
 //                                               gets), mark_loading(each node it fills)
 //
+// Reserved blocks (kv_cache_manager.h "Reservations": cached device blocks
+// held for waiting requests) are available like any cached block, but
+// eviction takes them last; the ledger follows how many of the available
+// blocks are reserved, so that a planned load can leave them alone.
+//
 // References are the group's (KvCacheManager::block_ref_count) plus the
 // ledger's deltas, so blocks shared by several leases are counted exactly.
 // Because every unreferenced tree block can be evicted (radix_tree.h), these
@@ -23,6 +28,7 @@
 // Thread: engine thread; the group must not change while a ledger is in use.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <set>
 #include <span>
@@ -37,6 +43,11 @@ class KvCapacityLedger {
   explicit KvCapacityLedger(const KvCacheGroup& kv_caches);
 
   int32_t num_available_blocks(KvCacheId id) const { return num_available_[id]; }
+  // Available blocks eviction would take before any reserved one (free + unreserved cached).
+  int32_t num_unreserved_available_blocks(KvCacheId id) const {
+    // Below zero after add_refs on reserved blocks that earlier take()s already counted as evicted.
+    return num_available_[id] - std::max(0, num_reserved_available_[id]);
+  }
   // Members that could not hand out their count now. A member whose count
   // went below zero (add_refs on blocks that earlier take()s already had to
   // evict) is short whatever is asked of it.
@@ -55,9 +66,11 @@ class KvCapacityLedger {
 
  private:
   int32_t ref_count(KvCacheId id, int32_t block_id) const;
+  bool is_reserved(KvCacheId id, int32_t block_id) const;
 
   const KvCacheGroup& kv_caches_;
   PerKvCache<int32_t> num_available_;
+  PerKvCache<int32_t> num_reserved_available_;  // of num_available_: reserved cached blocks
   PerKvCache<std::unordered_map<int32_t, int32_t>> ref_deltas_;
   std::set<const RadixNode*> loading_nodes_;
 };

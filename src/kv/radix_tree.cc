@@ -132,9 +132,13 @@ void RadixTree::update(RadixNode* node) {
     node->evictable_key = eviction_key_of(node);
     evictable_.insert(*node->evictable_key);
     evictable_nodes_[node->node_id] = node;
-  } else if (ready && node->tier == KvTier::kHost && node->children.empty()) {
+  } else if (ready && node->tier == KvTier::kHost && node->children.empty() && !node->reserved) {
     node->host_evictable_key = eviction_key_of(node);
     host_evictable_.emplace(*node->host_evictable_key, node);
+  }
+  if (ready && node->tier == KvTier::kDevice && node->host_block_id >= 0 && !node->reserved) {
+    node->backup_droppable_key = eviction_key_of(node);
+    backup_droppable_.emplace(*node->backup_droppable_key, node);
   }
 }
 
@@ -148,10 +152,16 @@ void RadixTree::leave_evictable_sets(RadixNode* node) {
     host_evictable_.erase(*node->host_evictable_key);
     node->host_evictable_key.reset();
   }
+  if (node->backup_droppable_key) {
+    backup_droppable_.erase(*node->backup_droppable_key);
+    node->backup_droppable_key.reset();
+  }
 }
 
 EvictionKey RadixTree::eviction_key_of(const RadixNode* node) const {
-  return eviction_key(policy_, node->fixed_steps, node->last_access, node->node_id);
+  EvictionKey key = eviction_key(policy_, node->fixed_steps, node->last_access, node->node_id);
+  if (node->reserved) key[0] = kReservedEvictionBand;  // after every unreserved node, under both policies
+  return key;
 }
 
 void RadixTree::set_device_block(RadixNode* node, int32_t block_id) {
@@ -179,6 +189,7 @@ void RadixTree::detach(RadixNode* node) {
   announce_removal(node);
   if (node->block_id >= 0) set_device_block(node, -1);
   leave_evictable_sets(node);
+  if (node->reserved) reserved_nodes_.erase(node);
   if (node->tier == KvTier::kHost) --num_host_tier_nodes_;
   if (node->host_block_id >= 0) host_pool_->put_free(node->host_block_id);
   hand_marks_to_parent(node);
@@ -256,6 +267,7 @@ std::vector<int32_t> RadixTree::remove_namespaces(const std::function<bool(const
 }
 
 std::string RadixTree::integrity_error() const {
+  size_t num_reserved = 0, num_backup_droppable = 0;
   int32_t num_nodes = 0, num_device_nodes = 0, num_host_tier = 0, num_unreferenced = 0, num_evictable = 0,
           num_host_evictable = 0, num_marks = 0;
   std::map<std::string, int32_t> num_nodes_by_namespace, num_device_nodes_by_namespace;
@@ -300,7 +312,16 @@ std::string RadixTree::integrity_error() const {
     if (evictable != node->evictable_key.has_value())
       return fmt::format("node {} (block {}) has a stale evictable flag", node->node_id, id);
     if (evictable) ++num_evictable;
-    const bool host_evictable = ready && node->tier == KvTier::kHost && node->children.empty();
+    const bool host_evictable = ready && node->tier == KvTier::kHost && node->children.empty() && !node->reserved;
+    if (node->reserved != (reserved_nodes_.count(const_cast<RadixNode*>(node)) != 0))
+      return fmt::format("node {} has a stale reserved flag", node->node_id);
+    if (node->reserved) ++num_reserved;
+    const bool backup_droppable =
+        ready && node->tier == KvTier::kDevice && node->host_block_id >= 0 && !node->reserved;
+    if (backup_droppable != node->backup_droppable_key.has_value() ||
+        (backup_droppable && *node->backup_droppable_key != eviction_key_of(node)))
+      return fmt::format("node {} (host block {}) has a stale backup flag", node->node_id, node->host_block_id);
+    if (backup_droppable) ++num_backup_droppable;
     if (host_evictable != node->host_evictable_key.has_value())
       return fmt::format("node {} (host block {}) has a stale host-evictable flag", node->node_id, node->host_block_id);
     if (host_evictable) {
@@ -330,6 +351,10 @@ std::string RadixTree::integrity_error() const {
   if (num_evictable != static_cast<int32_t>(evictable_.size()) ||
       evictable_.size() != evictable_nodes_.size())
     return fmt::format("{} evictable nodes counted, {} recorded", num_evictable, evictable_.size());
+  if (num_backup_droppable != backup_droppable_.size())
+    return fmt::format("{} droppable backups, {} recorded", num_backup_droppable, backup_droppable_.size());
+  if (num_reserved != reserved_nodes_.size())
+    return fmt::format("{} reserved nodes, {} recorded", num_reserved, reserved_nodes_.size());
   if (num_host_evictable != static_cast<int32_t>(host_evictable_.size()))
     return fmt::format("{} host-evictable nodes counted, {} recorded", num_host_evictable, host_evictable_.size());
   return {};

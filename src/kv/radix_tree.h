@@ -126,7 +126,12 @@ struct RadixNode {
   std::optional<EvictionKey> evictable_key;
   // Set while the node sits in the host-evictable set (a host leaf).
   std::optional<EvictionKey> host_evictable_key;
+  // Set while its backup may be dropped (device tier, ready, backed up, not reserved).
+  std::optional<EvictionKey> backup_droppable_key;
   bool counted_unreferenced = false;
+  // Held for a waiting request (RadixTree::set_reserved): a host-tier node is
+  // then never host-evicted; a device one is device-evicted after every other.
+  bool reserved = false;
   int32_t num_device_children = 0;  // children holding a device block (block_id >= 0)
   // What the event sink was last told this node holds (radix_tree_events.cc).
   bool announced_on_device = false;
@@ -211,6 +216,11 @@ class RadixTree {
   // and evicting it: the node is removed, its host block freed.
   std::optional<EvictionKey> first_host_evictable_key() const;
   bool evict_host_leaf();
+  // Device nodes whose backup could be dropped (tier device, ready, with a
+  // host block, not reserved): the first one's key, and dropping its backup
+  // (the node stays on the device without one; its host block is freed).
+  std::optional<EvictionKey> first_backup_droppable_key() const;
+  bool drop_first_backup();
   // State changes, each checked against the node's current state:
   // device ready without backup -> offloading into host_block_id.
   void begin_offload(RadixNode* node, int32_t host_block_id);
@@ -228,6 +238,13 @@ class RadixTree {
   // host ready -> device ready on device_block_id (referenced, in no tree),
   // which holds the same K/V (a request recomputed it); the backup stays.
   void adopt_device_block(RadixNode* node, int32_t device_block_id);
+  // ---- Reservations (kv_cache_manager.h "Reservations") ----
+  // Marks `node` as held (or no longer held) for a waiting request; re-keys it.
+  void set_reserved(RadixNode* node, bool reserved);
+  // Unmarks every reserved node.
+  void clear_reserved();
+  // Reserved nodes now (a removed node leaves the set).
+  const std::set<RadixNode*>& reserved_nodes() const { return reserved_nodes_; }
   // Removes `top` and everything below it; every device block there must be
   // unreferenced. Host blocks go back to the host pool; returns the device
   // block ids (the caller frees them).
@@ -326,7 +343,9 @@ class RadixTree {
   std::set<EvictionKey> evictable_;                // eviction_key(policy_, ...) of each evictable leaf
   std::map<int64_t, RadixNode*> evictable_nodes_;  // node_id -> node
   std::map<EvictionKey, RadixNode*> host_evictable_;  // host leaves by key
+  std::map<EvictionKey, RadixNode*> backup_droppable_;  // backed-up device nodes by key
   HostBlockPool* host_pool_ = nullptr;
+  std::set<RadixNode*> reserved_nodes_;
   std::map<std::string, AgentMark, std::less<>> agents_;
   BlockHasher hasher_;
   KvEventSink* sink_ = nullptr;

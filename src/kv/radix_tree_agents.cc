@@ -134,7 +134,7 @@ std::string RadixTree::priority_error(const RadixNode* node) const {
       return fmt::format("node {} marks agent \"{}\", which does not point back to it", node->node_id, agent_key);
   }
   if (node->evictable_key) {
-    if (*node->evictable_key != eviction_key(policy_, node->fixed_steps, node->last_access, node->node_id))
+    if (*node->evictable_key != eviction_key_of(node))
       return fmt::format("node {} (block {}) is evictable under a stale priority", node->node_id, node->block_id);
     const auto it = evictable_nodes_.find(node->node_id);
     if (evictable_.count(*node->evictable_key) == 0 || it == evictable_nodes_.end() || it->second != node)

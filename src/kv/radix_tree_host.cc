@@ -25,6 +25,21 @@ bool RadixTree::evict_host_leaf() {
   return true;
 }
 
+std::optional<EvictionKey> RadixTree::first_backup_droppable_key() const {
+  if (backup_droppable_.empty()) return std::nullopt;
+  return backup_droppable_.begin()->first;
+}
+
+bool RadixTree::drop_first_backup() {
+  if (backup_droppable_.empty()) return false;
+  RadixNode* node = backup_droppable_.begin()->second;
+  host_pool_->put_free(node->host_block_id);
+  node->host_block_id = -1;
+  update(node);
+  announce(node);
+  return true;
+}
+
 void RadixTree::begin_offload(RadixNode* node, int32_t host_block_id) {
   LOOM_CHECK(host_pool_ != nullptr && node->tier == KvTier::kDevice && node->state == KvNodeState::kReady &&
              node->host_block_id < 0 && host_pool_->contains(host_block_id) && !host_pool_->is_free(host_block_id));
@@ -86,6 +101,24 @@ void RadixTree::adopt_device_block(RadixNode* node, int32_t device_block_id) {
   --num_host_tier_nodes_;
   set_device_block(node, device_block_id);
   announce(node);
+}
+
+void RadixTree::set_reserved(RadixNode* node, bool reserved) {
+  LOOM_CHECK(!node->is_root());
+  if (node->reserved == reserved) return;
+  node->reserved = reserved;
+  if (reserved) reserved_nodes_.insert(node);
+  else reserved_nodes_.erase(node);
+  update(node);
+}
+
+void RadixTree::clear_reserved() {
+  const std::set<RadixNode*> nodes = std::move(reserved_nodes_);
+  reserved_nodes_.clear();
+  for (RadixNode* node : nodes) {
+    node->reserved = false;
+    update(node);
+  }
 }
 
 std::vector<int32_t> RadixTree::remove_subtree(RadixNode* top) {

@@ -19,6 +19,10 @@ struct Scheduler::RequestState {
   int32_t num_computed_tokens = 0;
   bool was_admitted = false;
   bool running = false;
+  // Set by start_disk_reads() (policy 7) in walk number disk_walk_id:
+  int64_t disk_walk_id = 0;
+  bool is_reserved = false;          // within the host budget: its prefix is reserved
+  bool waits_for_disk_read = false;  // its next block is on disk and earlier requests hold the host budget
   RequestLeases leases;
 
   bool is_forked() const { return kv.uses(KvCacheId::kResidual); }
@@ -193,7 +197,7 @@ class Scheduler::Planner {
     }
     // A demand load pins the device part of its member's path, then takes the blocks it can get there.
     KvBlockCounts num_pinned, num_load;
-    bool any_load = false;
+    bool any_load = false, any_host = false;
     for (KvCacheId member : kAllKvCaches) {
       const std::vector<const RadixNode*>& path = paths[member];
       const size_t next = first_off_device[member];
@@ -202,8 +206,13 @@ class Scheduler::Planner {
       for (size_t i = 0; i < next; ++i) device_blocks.push_back(path[i]->block_id);
       const auto num_host = static_cast<int32_t>(path.size() - next);
       ledger_.add_refs(member, device_blocks);
-      const int32_t num_loading = std::min(num_host, ledger_.num_available_blocks(member));
-      if (num_loading <= 0) {  // no room here: this member recomputes what is on its host
+      any_host = true;
+      // Leave the blocks reserved for other waiting requests alone while room will come otherwise.
+      const int32_t num_unreserved = ledger_.num_unreserved_available_blocks(member);
+      const int32_t room =
+          num_unreserved > 0 || room_will_come() ? num_unreserved : ledger_.num_available_blocks(member);
+      const int32_t num_loading = std::min(num_host, room);
+      if (num_loading <= 0) {  // no room here: this member recomputes what is on its host, or waits (below)
         ledger_.drop_refs(member, device_blocks);
         continue;
       }
@@ -212,11 +221,16 @@ class Scheduler::Planner {
       ledger_.take(num_blocks);
       for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
       num_pinned[member] = static_cast<int32_t>(device_blocks.size());
-      num_load[member] = num_host;
+      num_load[member] = num_loading;
       any_load = true;
+      ++num_loads_;
     }
-    if (!any_load) {  // no room to load: admit with the device prefixes, unless a disk read is coming
-      if (!kv_caches_.disk_read_pending(request.kv, request.lookup_tokens())) return false;
+    if (!any_load) {
+      // No room to load (or nothing on the host): admit with the device prefixes, unless a disk read
+      // is coming, its turn for one is (policy 7), or it is reserved and room will come.
+      const bool waits = kv_caches_.disk_read_pending(request.kv, request.lookup_tokens()) ||
+                         waits_for_disk_read(request) || (any_host && is_reserved(request) && room_will_come());
+      if (!waits) return false;
       decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, {}});
       return true;
     }
@@ -277,6 +291,23 @@ class Scheduler::Planner {
     return false;
   }
 
+  // Policy 7's marks, as start_disk_reads() left them this step. A request it
+  // did not reach (arrived since, or past the spent host budget) waits for its
+  // turn when the budget was spent and its next block is on disk.
+  bool is_reserved(const RequestState& request) const {
+    return request.disk_walk_id == scheduler_.disk_walk_id_ && request.is_reserved;
+  }
+  bool waits_for_disk_read(const RequestState& request) const {
+    if (request.disk_walk_id == scheduler_.disk_walk_id_) return request.waits_for_disk_read;
+    return scheduler_.is_host_budget_spent_ && kv_caches_.next_block_on_disk(request.kv, request.lookup_tokens());
+  }
+  // Whether device room comes back without admitting anything: a running request will finish
+  // (or be preempted), or a transfer in flight or planned will release its pins.
+  bool room_will_come() const {
+    return scheduler_.running_.size() > preempted_.size() || kv_caches_.num_transfers_in_flight() > 0 ||
+           num_loads_ > 0;
+  }
+
   void drop_last_found_block(KvCacheId member, std::vector<int32_t>& found_blocks) {
     ledger_.drop_refs(member, std::span<const int32_t>(&found_blocks.back(), 1));
     found_blocks.pop_back();
@@ -295,6 +326,7 @@ class Scheduler::Planner {
   std::set<SchedulerRequestId> preempted_;
   std::map<SchedulerRequestId, KvBlockCounts> new_blocks_;  // kRun actions of this step
   std::map<SchedulerRequestId, int32_t> new_tokens_;
+  int32_t num_loads_ = 0;  // kStartLoad actions of this step
 };
 
 SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
@@ -303,14 +335,41 @@ SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
 
 int32_t Scheduler::start_disk_reads() {
   if (!kv_caches_.has_any_disk_tier()) return 0;
-  int32_t num_reading = 0, num_requests = 0;
+  kv_caches_.clear_reservations();
+  ++disk_walk_id_;
+  is_host_budget_spent_ = false;
+  KvBlockCounts num_reserved;  // per member: host blocks reserved or being read for the requests walked so far
+  int32_t num_reading = 0;
   for (SchedulerRequestId id : sorted(waiting_)) {
-    if (num_requests++ >= std::min(config_.max_running_requests, kMaxDiskReadRequests)) break;
-    const RequestState& request = state(id);
-    const KvBlockCounts counts = kv_caches_.start_disk_read(request.kv, request.lookup_tokens(),
-                                                            std::numeric_limits<int32_t>::max(),
-                                                            KvCacheManager::LoadReason::kDemand);
-    for (int32_t count : counts.values) num_reading += count;
+    RequestState& request = state(id);
+    request.disk_walk_id = disk_walk_id_;
+    request.is_reserved = false;
+    request.waits_for_disk_read = false;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member) || !kv_caches_[member].has_disk_tier()) continue;
+      KvCacheManager& cache = kv_caches_[member];
+      const KvKey key = request.kv.key_in(member);
+      const bool is_budget_taken = num_reserved[member] > 0;  // by requests that rank before it
+      const int32_t budget = cache.num_host_blocks() - num_reserved[member];
+      if (budget > 0) {
+        request.is_reserved = true;
+        const KvCacheManager::PrefixReservation reservation = cache.reserve_prefix(key, request.lookup_tokens(), budget);
+        num_reserved[member] += reservation.num_host_blocks + reservation.num_reading_blocks;
+        if (reservation.num_unreserved_host_blocks == 0 && reservation.num_reading_blocks == 0) {
+          const int32_t num_blocks = cache.start_disk_read(key, request.lookup_tokens(),
+                                                           budget - reservation.num_host_blocks,
+                                                           KvCacheManager::LoadReason::kDemand);
+          num_reserved[member] += num_blocks;
+          num_reading += num_blocks;
+        }
+      }
+      // Its turn for a read comes when those ahead are admitted (the first in line never waits for one).
+      if (is_budget_taken && cache.next_block_on_disk(key, request.lookup_tokens())) request.waits_for_disk_read = true;
+    }
+    if (!request.is_reserved) {  // the budget is spent: later requests are not looked up (schedule() does if it must)
+      is_host_budget_spent_ = true;
+      break;
+    }
   }
   return num_reading;
 }

@@ -45,19 +45,34 @@
 //      - blocks of its prefix are loading in any member: it waits, and later
 //        requests may pass it (it does not stop admission as in 5);
 //      - blocks follow on the host only: a demand load of them is started in
-//        each such member (start_load(kDemand)) that can have a block; if any
-//        member loads, it waits as above; if none can (no room), it is
-//        admitted now with its device prefixes and recomputes the rest.
+//        each such member (start_load(kDemand)) that can have a block without
+//        evicting blocks reserved for other waiting requests (policy 7; it
+//        may when no room would come otherwise: nothing running, no transfer
+//        in flight); if any member loads, it waits as above; if none can (no
+//        room), it is admitted now with its device prefixes and recomputes
+//        the rest, unless it is reserved (policy 7) and room will come: then
+//        it waits for room.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
 //   7. Disk tier: start_disk_reads() (the engine calls it before each plan)
-//      starts, for the first min(max_running_requests, kMaxDiskReadRequests)
-//      waiting requests in rank order (those admission reaches next; each
-//      lookup walks the prompt), a disk -> host read of the blocks that follow each member's tree
-//      part on disk (KvCacheGroup::start_disk_read, kDemand). A request
-//      whose next block is being read waits as on a load (kWaitOnLoad) unless
-//      a host load was started for it; when the read lands, its blocks are
-//      host blocks and 6 loads them. A failed read leaves them off disk.
+//      walks the waiting requests in rank order with a host budget per member
+//      (its host blocks). It first clears every reservation, then for each
+//      request, while budget is left: reserves its prefix's device nodes and
+//      host nodes (kv_cache_manager.h "Reservations": host ones are never
+//      evicted, device ones last) up to the budget, counts them and the blocks
+//      being read for it against the budget, and starts a disk -> host read
+//      (KvCacheGroup::start_disk_read, kDemand) of the blocks that follow on
+//      disk, as many as the budget leaves (they are reserved when they land).
+//      The walk stops at the first request that finds no budget left. So the
+//      blocks read for a request stay on the host until it is admitted (then
+//      its lease holds them) or leaves, and reads never outrun the tier.
+//      A request waits (as on a load, kWaitOnLoad) while its next block is
+//      being read, or while it is on disk and requests ranked before it hold
+//      the budget (its turn for a read comes as they are admitted; the first
+//      request in line never waits for budget, so this cannot deadlock: at
+//      worst it is admitted and recomputes what it could not read). When the
+//      read lands, its blocks are host blocks and 6 loads them. A failed read
+//      leaves them off disk.
 //
 // Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
 // the main member (RequestKvKeys::key, namespace "fork") and their rCache in
@@ -97,9 +112,6 @@ struct SchedulerConfig {
 };
 
 using SchedulerRequestId = int64_t;
-
-// Waiting requests (in rank order) whose disk reads one step may start (policy 7).
-inline constexpr int32_t kMaxDiskReadRequests = 8;
 
 struct ScheduledRequest {
   SchedulerRequestId id = 0;
@@ -181,7 +193,8 @@ class Scheduler {
   ScheduledBatch apply(const SchedulerDecision& decision);
   // apply(schedule()).
   ScheduledBatch plan() { return apply(schedule()); }
-  // Policy 7; returns the blocks (all members) now being read. No-op without a disk tier.
+  // Policy 7: re-derives the reservations and starts reads; returns the blocks
+  // (all members) whose reads it started. No-op without a disk tier.
   int32_t start_disk_reads();
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
@@ -220,6 +233,9 @@ class Scheduler {
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<SchedulerRequestId> running_;
   std::vector<SchedulerRequestId> waiting_;
+  // Policy 7: the last start_disk_reads() walk, and whether it stopped for want of host budget.
+  int64_t disk_walk_id_ = 0;
+  bool is_host_budget_spent_ = false;
 };
 
 }  // namespace loom

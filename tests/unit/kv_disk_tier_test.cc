@@ -5,6 +5,7 @@
 // hand (the engine's worker and the disk store would do the I/O).
 #include <gtest/gtest.h>
 
+#include <map>
 #include <set>
 #include <string>
 #include <vector>
@@ -270,6 +271,114 @@ TEST(KvDiskTier, TheSchedulerWaitsOnADiskReadThenRunsOnTheLoadedPrefix) {
   EXPECT_EQ(batch.requests[0].num_prefix_hit_tokens, 12);
   EXPECT_EQ(batch.requests[0].num_new_tokens, 4);
   EXPECT_EQ(group.integrity_error(), "");
+}
+
+TEST(KvDiskTier, BlocksReadForAWaitingRequestOutliveOtherRequestsBackups) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 8, 8);
+  const Tokens prompt = block_tokens(0, 2);
+  writer.run(prompt, directory);
+  DiskCache reader(directory, 8, 2);
+  EXPECT_EQ(reader.kv.start_disk_read(reader.key, prompt, 8, Reason::kDemand), 2);
+  reader.finish_all(true);
+  EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{0, 0, 8, 0}));
+  EXPECT_EQ(reader.kv.tree().reserved_nodes().size(), 2u);  // a demand read's blocks land reserved
+  // Another request computes two blocks: its write-through finds no host block to take.
+  reader.run(block_tokens(100, 2), directory);
+  EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{0, 0, 8, 0}));
+  EXPECT_EQ(reader.kv.stats().num_offloaded_blocks, 0);
+  // Reserved again (as the scheduler does each step) and loaded: the device copies go last.
+  reader.kv.clear_reservations();
+  const KvCacheManager::PrefixReservation reservation = reader.kv.reserve_prefix(reader.key, prompt, 8);
+  EXPECT_EQ(reservation.num_host_blocks, 2);
+  EXPECT_EQ(reader.kv.start_load(reader.key, prompt, 8), 2);
+  reader.finish_all(true);
+  EXPECT_EQ(reader.kv.num_reserved_cached_blocks(), 2);
+  KvLease other = reader.kv.lock_prefix(reader.key, block_tokens(200, 1));
+  ASSERT_TRUE(reader.kv.allocate(other, 6));  // 8 blocks: the other two cached ones go first
+  EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{8, 0, 0, 0}));
+  // Once unreserved, a backup may take their host blocks again.
+  other.release();
+  reader.kv.clear_reservations();
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+  reader.kv.evict_all_cached();
+  reader.run(block_tokens(300, 2), directory);
+  EXPECT_EQ(reader.kv.stats().num_offloaded_blocks, 2);
+  EXPECT_EQ(reader.kv.integrity_error(), "");
+}
+
+// Runs the engine's loop without a backend until no work is left (at most
+// 100 steps); each request ends at its first sampled token. Every transfer
+// lands before the step's commits, which plan write-through backups.
+// Returns each request's prefix hit at admission.
+std::map<SchedulerRequestId, int32_t> run_to_completion(Scheduler& scheduler, KvCacheGroup& group,
+                                                        FakeDirectory& directory) {
+  std::map<SchedulerRequestId, int32_t> hits;
+  for (int32_t step = 0; step < 100 && scheduler.has_work(); ++step) {
+    scheduler.start_disk_reads();
+    const ScheduledBatch batch = scheduler.plan();
+    for (const auto& transfer : group.take_transfers()) {
+      for (const KvBlockHash& hash : transfer.transfer.block_hashes)
+        if (transfer.transfer.kind == Kind::kOffload && !hash.is_zero()) directory.blocks.insert(hash);
+      group.finish_transfer(transfer.cache, transfer.transfer.id, true);
+    }
+    scheduler.complete_step(batch);
+    for (const ScheduledRequest& entry : batch.requests) {
+      if (entry.num_prefix_hit_tokens >= 0) hits[entry.id] = entry.num_prefix_hit_tokens;
+      if (entry.samples_next_token) scheduler.finish(entry.id);
+    }
+    EXPECT_EQ(group.integrity_error(), "");
+  }
+  return hits;
+}
+
+// N waiting requests whose prompts are on disk, a host tier smaller than
+// their sum and a device that holds about two of them at a time: every one is
+// served from what was read, not recomputed (the blocks read for a request
+// outlive the others' backups and loads until it is admitted).
+TEST(KvDiskTier, ConcurrentRequestsOnDiskAreAllServedFromTheirReads) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 64, 64);
+  constexpr int32_t kRequests = 6, kPromptBlocks = 4;  // 3 full blocks looked up per request
+  std::vector<Tokens> prompts;
+  for (int32_t i = 0; i < kRequests; ++i) {
+    prompts.push_back(block_tokens(1000 * (i + 1), kPromptBlocks));
+    writer.run(Tokens(prompts.back().begin(), prompts.back().end() - kBlock), directory);
+  }
+  KvCacheGroup group(10, 0, kBlock);
+  group.enable_host_tier({{8, 0}});
+  enable_disk(group.main(), directory);
+  Scheduler scheduler(SchedulerConfig{}, group);
+  for (int32_t i = 0; i < kRequests; ++i) scheduler.add(i, prompts[static_cast<size_t>(i)], "", "base", 0);
+  const std::map<SchedulerRequestId, int32_t> hits = run_to_completion(scheduler, group, directory);
+  EXPECT_FALSE(scheduler.has_work());
+  std::map<SchedulerRequestId, int32_t> all_hit;
+  for (int32_t i = 0; i < kRequests; ++i) all_hit[i] = 3 * kBlock;
+  EXPECT_EQ(hits, all_hit);
+  EXPECT_EQ(group.stats()[KvCacheId::kMain].num_disk_read_blocks, kRequests * 3);  // each block read once
+}
+
+// Prompts larger than the host tier: the first in line reads what fits, is
+// loaded and admitted with that part (it never waits for budget it holds
+// itself), and the one behind it gets its turn; nobody waits forever.
+TEST(KvDiskTier, PromptsLargerThanTheHostTierEndInPartialHitsNotAWaitForever) {
+  FakeDirectory directory;
+  DiskCache writer(directory, 64, 64);
+  const Tokens first = block_tokens(0, 5), second = block_tokens(500, 5);  // 4 full blocks looked up each
+  writer.run(Tokens(first.begin(), first.end() - kBlock), directory);
+  writer.run(Tokens(second.begin(), second.end() - kBlock), directory);
+  KvCacheGroup group(16, 0, kBlock);
+  group.enable_host_tier({{2, 0}});
+  enable_disk(group.main(), directory);
+  Scheduler scheduler(SchedulerConfig{}, group);
+  scheduler.add(1, first, "", "base", 0);
+  scheduler.add(2, second, "", "base", 0);
+  const std::map<SchedulerRequestId, int32_t> hits = run_to_completion(scheduler, group, directory);
+  EXPECT_FALSE(scheduler.has_work());
+  ASSERT_EQ(hits.size(), 2u);
+  EXPECT_GE(hits.at(1), 2 * kBlock);
+  EXPECT_LT(hits.at(1), 4 * kBlock);
+  EXPECT_GE(hits.at(2), 2 * kBlock);
 }
 
 }  // namespace
