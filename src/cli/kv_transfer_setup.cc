@@ -66,11 +66,12 @@ std::shared_ptr<KvDataPlane> make_data_plane(const KvTransferOptions& options, c
 }  // namespace
 
 void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
-                   server::KvTransferSetup& setup) {
+                   Engine& engine, server::KvTransferSetup& setup) {
   if (!setup.store) return;
   const std::string host = options.host.empty() ? server_host : options.host;
   setup.plane = make_data_plane(options, device);
-  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0), 30.0, setup.plane.get());
+  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0), 30.0, setup.plane.get(),
+                                              [&engine](const KvBlockHash& hash) { return engine.caches_kv_block(hash); });
   setup.client = std::make_shared<KvLinkClient>(setup.plane.get());
   // Peers connect to this address: a wildcard listener is announced as loopback (one machine).
   const std::string announced = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;

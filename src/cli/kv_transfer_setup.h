@@ -34,8 +34,10 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
 // Once the engine runs: starts the link (when the setup has a store) on
 // options.host (or server_host) with its data plane (--kv-transfer-backend;
 // nccl needs `device` to be cuda or cuda:N) and its client, and fills in its
-// address. Throws Error(kUnavailable) when nccl was asked for and cannot run.
+// address. The link's "have" answers count the blocks `engine` caches
+// (Engine::caches_kv_block; the engine outlives the link). Throws
+// Error(kUnavailable) when nccl was asked for and cannot run.
 void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
-                   server::KvTransferSetup& setup);
+                   Engine& engine, server::KvTransferSetup& setup);
 
 }  // namespace loom::cli

@@ -283,7 +283,7 @@ int run_serve(const ServeOptions& options) {
   for (const AdapterInfo& adapter : engine->adapters())
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
-  start_kv_link(options.kv_transfer, options.host, options.device, config.kv_transfer);
+  start_kv_link(options.kv_transfer, options.host, options.device, *engine, config.kv_transfer);
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();

@@ -275,6 +275,13 @@ class Engine {
     (void)request;
     return {};
   }
+  // Whether the engine's caches hold the block named `hash` (device or host
+  // tier) right now; tracked only with a KV store (EngineConfig::kv_store),
+  // false otherwise. Any thread; the answer may be stale a moment later.
+  virtual bool caches_kv_block(const KvBlockHash& hash) const {
+    (void)hash;
+    return false;
+  }
   // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).
   virtual WorkflowRegistry& workflows() {
     throw Error(ErrorKind::kUnsupported, "this engine has no workflow registry");

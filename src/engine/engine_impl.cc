@@ -19,9 +19,11 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
       capabilities_(backend_->capabilities()), workflows_(workflow_registry_config(config)),
       adapters_(std::min(config.max_adapter_slots, backend_->max_adapter_slots())),
       kv_events_(config.kv_events.enabled ? std::make_unique<KvEventPublisher>(config.kv_events) : nullptr),
+      residency_(config.kv_store ? std::make_unique<KvResidency>(kv_events_ ? &kv_events_->sink() : nullptr) : nullptr),
       pools_(*backend_, config,
              config.disk_kv_path.empty() && !config.kv_store && !kv_events_ ? KvBlockHash{} : model_fingerprint(model_),
-             kv_events_ ? &kv_events_->sink() : nullptr),
+             residency_ ? static_cast<KvEventSink*>(residency_.get())
+                        : kv_events_ ? &kv_events_->sink() : nullptr),
       workflow_sync_(workflows_, config) {
   check_engine_supported(capabilities_, config_, model_.config);  // first: nothing is allocated yet
   if (config_.block_size <= 0) fail(ErrorKind::kInvalidArgument, "block size must be > 0, got {}", config_.block_size);
@@ -36,6 +38,8 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
 }
 
 EngineImpl::~EngineImpl() { shutdown(false); }
+
+bool EngineImpl::caches_kv_block(const KvBlockHash& hash) const { return residency_ && residency_->holds(hash); }
 
 std::vector<KvBlockName> EngineImpl::kv_block_hashes(const EngineRequest& request) {
   std::optional<AdapterRegistry::ReadyAdapter> adapter;

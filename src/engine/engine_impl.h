@@ -48,6 +48,7 @@
 #include "engine/step_stats.h"
 #include "engine/workflow_sync.h"
 #include "kv/kv_cache_group.h"
+#include "kv/kv_residency.h"
 #include "kvevents/kv_event_publisher.h"
 #include "scheduler/scheduler.h"
 #include "workflow/workflow_registry.h"
@@ -66,6 +67,7 @@ class EngineImpl final : public Engine {
   std::vector<AdapterInfo> adapters() const override { return adapters_.infos(); }
   EngineMetrics take_metrics() override;
   std::vector<KvBlockName> kv_block_hashes(const EngineRequest& request) override;
+  bool caches_kv_block(const KvBlockHash& hash) const override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }
@@ -150,6 +152,7 @@ class EngineImpl final : public Engine {
 
   // Engine thread only (the constructor before the thread starts).
   std::unique_ptr<KvEventPublisher> kv_events_;  // null without --kv-events-config; outlives pools_
+  std::unique_ptr<KvResidency> residency_;       // with a KV store (the KV link asks it); outlives pools_
   KvPools pools_;
   std::unique_ptr<Scheduler> scheduler_;  // over pools_.caches(); declared after pools_, destroyed first
   WorkflowSync workflow_sync_;

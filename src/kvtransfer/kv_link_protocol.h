@@ -6,8 +6,9 @@
 // client sends requests, each answered before the next:
 //
 //   'H' (have)  u32 n, then n block hashes (16 bytes each: high, low)
-//               -> n bytes, 1 where the server's buffer holds the block (its storage
-//               does not count: reading it there is the transfer's alternative)
+//               -> n bytes, 1 where the server's buffer or its engine's caches
+//               (device, host tier) hold the block (its storage does not count:
+//               reading it there is the transfer's alternative)
 //   'P' (put)   u32 n, then n blocks, each: hash (16), u64 payload bytes,
 //               u64 XXH3-64 of the payload, the payload
 //               -> u32: blocks stored (a block whose checksum fails is dropped)

@@ -19,8 +19,9 @@
 namespace loom {
 
 KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds,
-                           KvDataPlane* plane)
-    : store_(store), plane_(plane), host_(host), receive_timeout_seconds_(receive_timeout_seconds) {
+                           KvDataPlane* plane, std::function<bool(const KvBlockHash&)> cached)
+    : store_(store), plane_(plane), cached_(std::move(cached)), host_(host),
+      receive_timeout_seconds_(receive_timeout_seconds) {
   std::string failure;
   listen_fd_ = kvlink::open_socket(
       host, port, /*passive=*/true,
@@ -171,7 +172,8 @@ void KvLinkServer::serve(int fd) {
         for (uint32_t i = 0; i < count; ++i) {
           KvBlockHash hash;
           if (!kvlink::read_hash(fd, hash)) return;
-          answer[i] = std::byte{store_.in_buffer(hash) ? uint8_t{1} : uint8_t{0}};
+          const bool held = store_.in_buffer(hash) || (cached_ && cached_(hash));
+          answer[i] = std::byte{held ? uint8_t{1} : uint8_t{0}};
         }
         if (!kvlink::write_all(fd, answer)) return;
       } else if (code == kvlink::kOpPut) {

@@ -20,6 +20,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -44,8 +45,10 @@ class KvLinkServer {
 
   // Binds host:port (0: an ephemeral port). Throws Error(kInvalidArgument)
   // naming the address when it cannot.
+  // `cached` (may be empty): whether the engine's own caches hold a block; a
+  // "have" query counts those as held, so a sender skips them.
   KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds = 30.0,
-               KvDataPlane* plane = nullptr);
+               KvDataPlane* plane = nullptr, std::function<bool(const KvBlockHash&)> cached = {});
   ~KvLinkServer();
   KvLinkServer(const KvLinkServer&) = delete;
   KvLinkServer& operator=(const KvLinkServer&) = delete;
@@ -63,6 +66,7 @@ class KvLinkServer {
 
   BufferedKvStore& store_;
   KvDataPlane* const plane_;
+  const std::function<bool(const KvBlockHash&)> cached_;
   const std::string host_;
   const double receive_timeout_seconds_;
   int listen_fd_ = -1;

@@ -545,6 +545,17 @@ TEST_F(DisaggregatedEnginesTest, TheDecodeEngineContinuesFromTheBlocksItWasSentI
     const int32_t expected_cached = (static_cast<int32_t>(full.prompt_tokens.size()) - 1) / 4 * 4;
     EXPECT_EQ(cached, expected_cached);
     decode.engine->run_on_engine_thread([&] { EXPECT_EQ(decode.engine->kv_caches().integrity_error(), ""); });
+
+    // The decode engine now caches every block: a link that asks its caches
+    // (as `loom serve` sets it up) has them all, so the next turn's send skips them.
+    EXPECT_FALSE(decode.engine->caches_kv_block(hash_string("never stored")));
+    for (const KvBlockHash& hash : hashes) EXPECT_TRUE(decode.engine->caches_kv_block(hash));
+    KvLinkServer asking(*decode.store, "127.0.0.1", 0, 30.0, nullptr,
+                        [&](const KvBlockHash& hash) { return decode.engine->caches_kv_block(hash); });
+    const KvSendReport again =
+        send_kv_blocks("127.0.0.1:" + std::to_string(asking.port()), hashes, sizes, *prefill.store, {});
+    EXPECT_EQ(again.skipped_blocks, static_cast<int64_t>(names.size()));
+    EXPECT_EQ(again.sent_blocks, 0);
   }
 }
 
