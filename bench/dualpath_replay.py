@@ -309,8 +309,14 @@ def main():
     args = parser.parse_args()
     workdir = args.workdir or tempfile.mkdtemp(prefix="loom-dualpath-")
     os.makedirs(workdir, exist_ok=True)
-    runs = [run_policy(args, policy, workdir) for policy in args.policies.split(",")]
+    runs = []
     report = {"config": {k: v for k, v in vars(args).items() if k not in ("out", "workdir")}, "runs": runs}
+    for policy in args.policies.split(","):
+        runs.append(run_policy(args, policy, workdir))
+        if args.out:  # each policy's figures as soon as it is done: a run cut short keeps them
+            os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+            with open(args.out, "w") as out:
+                json.dump(report, out, indent=2)
     by_policy = {run["policy"]: run for run in runs}
     if "prefill" in by_policy and "dual" in by_policy:
         report["dual_over_prefill_throughput"] = (by_policy["dual"]["requests_per_second"] /

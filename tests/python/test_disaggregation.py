@@ -6,6 +6,7 @@ PE, and storage -> DE -> PE) run and are counted in the router's and the
 engines' metrics; a prefill engine killed with SIGKILL leaves the others
 serving with the same outputs and every decode-engine block accounted for."""
 import concurrent.futures
+import json
 import os
 import shutil
 import signal
@@ -174,6 +175,35 @@ class RouterOutputsTest(Deployment):
         router = self.check_same_as_one_engine(2)
         samples = router.metrics()
         self.assertGreater(counter(samples, "loom_router_requests_total"), 0)
+
+
+class LinkTest(Deployment):
+    def test_a_second_turn_pushes_only_the_blocks_the_decode_engine_lacks(self):
+        prefill, decode = self.engine("prefill"), self.engine("decode")
+        client = self.router([prefill], [decode]).client()
+        first = token_prompt(40, 11)
+        complete(client, "tiny", first)
+        before = prefill.metrics()
+        sent_first = counter(before, "loom_kv_link_blocks_total", direction="sent")
+        self.assertGreater(sent_first, 0)
+        # The next turn repeats the first prompt: the decode engine caches those blocks
+        # (its link's "have" counts them), so only the new ones cross.
+        complete(client, "tiny", first + token_prompt(24, 12))
+        after = prefill.metrics()
+        self.assertEqual(counter(after, "loom_kv_link_blocks_total", direction="skipped") -
+                         counter(before, "loom_kv_link_blocks_total", direction="skipped"), sent_first)
+        self.assertGreater(counter(after, "loom_kv_link_blocks_total", direction="sent") - sent_first, 0)
+        with urllib.request.urlopen(prefill.base_url + "/loom/kv/status") as response:
+            status = json.loads(response.read())
+        self.assertEqual(status["data_plane"], "tcp")  # no GPU: payloads inline on the link's TCP
+
+    def test_nccl_without_a_gpu_is_a_clear_error_at_start(self):
+        self.engine("both")  # makes the model
+        result = subprocess.run([loom_server.loom_binary(), "serve", "--model", self.model_dir, "--role", "prefill",
+                                 "--kv-transfer-backend", "nccl", "--port", "0"],
+                                capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("--kv-transfer-backend nccl on --device cpu", result.stderr + result.stdout)
 
 
 class LoadingPathsTest(Deployment):
