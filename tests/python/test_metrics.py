@@ -8,6 +8,7 @@ import os
 import sys
 import time
 import unittest
+import urllib.request
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loom_server  # noqa: E402
@@ -139,6 +140,43 @@ class HostTierMetricsTest(loom_server.ServerTestCase):
         self.assertIn('loom_kv_cache_bytes{tier="host",kind="base"}', samples)
         self.assertIn(DEVICE_USAGE, samples)
         self.assertEqual([name for name in samples if 'tier="disk"' in name], [])
+
+
+class DashboardTest(loom_server.ServerTestCase):
+    """docs/grafana-dashboard.json reads only metrics a server exports (here one with every optional part: a
+    host tier, a disk tier and a KV link), and is what docs/grafana_dashboard.py writes."""
+    SERVER_ARGS = ["--host-kv-memory", "4M", "--disk-kv-path", "@TMP@/kv", "--disk-kv-bytes", "64M",
+                   "--role", "prefill"]
+
+    @classmethod
+    def setUpClass(cls):
+        import tempfile
+        cls.disk = tempfile.mkdtemp(prefix="loom-dash-")
+        cls.SERVER_ARGS = [arg.replace("@TMP@", cls.disk) for arg in DashboardTest.SERVER_ARGS]
+        super().setUpClass()
+
+    @classmethod
+    def tearDownClass(cls):
+        import shutil
+        super().tearDownClass()
+        shutil.rmtree(cls.disk, ignore_errors=True)
+
+    def test_the_dashboard_reads_only_exported_metrics(self):
+        import re
+        import subprocess
+        docs = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "docs")
+        with open(os.path.join(docs, "grafana-dashboard.json")) as dashboard_file:
+            committed = dashboard_file.read()
+        written = subprocess.run([sys.executable, os.path.join(docs, "grafana_dashboard.py")], check=True,
+                                 capture_output=True, text=True).stdout
+        self.assertEqual(json.loads(committed), json.loads(written), "regenerate docs/grafana-dashboard.json")
+        self.client.completions.create(model="tiny", prompt=PROMPT, max_tokens=2, **GREEDY)
+        with urllib.request.urlopen(self.server.base_url + "/metrics") as response:
+            exported = set(re.findall(r"^# TYPE (loom_[a-z0-9_]+) ", response.read().decode(), re.M))
+        expressions = [target["expr"] for panel in json.loads(committed)["panels"] for target in panel["targets"]]
+        used = {re.sub(r"_bucket$", "", name) for expr in expressions for name in re.findall(r"loom_[a-z0-9_]+", expr)}
+        self.assertGreater(len(used), 20)
+        self.assertEqual(sorted(used - exported), [])
 
 
 if __name__ == "__main__":
