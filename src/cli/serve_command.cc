@@ -103,6 +103,16 @@ void check_model_names(const std::vector<std::string>& base_names, const std::ve
 }
 
 // The configuration `loom serve` runs with (printed by --dry-run and logged at start).
+nlohmann::json kv_events_json(const KvEventsConfig& events) {
+  if (!events.enabled) return nullptr;
+  nlohmann::json out{{"endpoint", events.endpoint}, {"topic", events.topic}, {"hwm", events.send_high_water_mark}};
+  if (!events.replay_endpoint.empty()) {
+    out["replay_endpoint"] = events.replay_endpoint;
+    out["buffer_steps"] = events.replay_buffer_batches;
+  }
+  return out;
+}
+
 nlohmann::json effective_config(const ServeOptions& options, const EngineConfig& engine, const server::ServerConfig& server,
                                 const std::vector<LoraSpec>& specs, int32_t max_context_tokens, double gpu_fraction) {
   nlohmann::json adapters = nlohmann::json::array();
@@ -152,10 +162,7 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
                                  {"top_k", server.sampling_defaults.top_k},
                                  {"min_p", server.sampling_defaults.min_p},
                                  {"repetition_penalty", server.sampling_defaults.repetition_penalty}}},
-          {"kv_events", engine.kv_events.enabled ? nlohmann::json{{"endpoint", engine.kv_events.endpoint},
-                                                                    {"topic", engine.kv_events.topic},
-                                                                    {"hwm", engine.kv_events.send_high_water_mark}}
-                                                  : nlohmann::json(nullptr)}};
+          {"kv_events", kv_events_json(engine.kv_events)}};
 }
 
 int run_serve(const ServeOptions& options) {

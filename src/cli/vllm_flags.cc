@@ -176,14 +176,16 @@ KvEventsConfig parse_kv_events_config(const std::string& json) {
       if (!item.is_number_integer() || item.get<int64_t>() < 0 || item.get<int64_t>() > INT32_MAX)
         throw bad(key, "an integer >= 0 (0: no limit)");
       config.send_high_water_mark = item.get<int32_t>();
-    } else if (key == "buffer_steps" || key == "max_queue_size") {
-      // vLLM's replay buffer and publisher queue: Loom has neither (ZMQ's hwm bounds what waits).
+    } else if (key == "buffer_steps") {
+      if (!item.is_number_integer() || item.get<int64_t>() < 1 || item.get<int64_t>() > INT32_MAX)
+        throw bad(key, "an integer >= 1 (batches the replay socket keeps)");
+      config.replay_buffer_batches = item.get<int32_t>();
+    } else if (key == "max_queue_size") {
+      // vLLM's publisher queue: Loom has none (it publishes on the engine thread; ZMQ's hwm bounds what waits).
       if (!item.is_number_integer()) throw bad(key, "an integer");
     } else if (key == "replay_endpoint") {
-      if (!item.is_null())
-        throw Error(ErrorKind::kInvalidArgument, "--kv-events-config: Loom has no replay socket (replay_endpoint)",
-                    "leave replay_endpoint out: a subscriber that finds a gap in the sequence numbers should drop "
-                    "its view of this server until the next AllBlocksCleared");
+      if (!item.is_null() && !item.is_string()) throw bad(key, "a ZMQ address such as tcp://*:5558, or null");
+      config.replay_endpoint = item.is_string() ? item.get<std::string>() : "";
     } else {
       throw Error(ErrorKind::kInvalidArgument, fmt::format("--kv-events-config: unknown key \"{}\"", key),
                   "the keys are vLLM's: enable_kv_cache_events, publisher, endpoint, topic, hwm, replay_endpoint, "

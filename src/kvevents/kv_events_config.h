@@ -20,6 +20,11 @@ struct KvEventsConfig {
   // a subscriber that does not keep up loses batches (a gap in the sequence
   // numbers), the engine never waits for it.
   int32_t send_high_water_mark = 100000;
+  // vLLM's replay socket ("" = none): a ZMQ ROUTER bound here answers a
+  // request for the batches from sequence number N on, out of the last
+  // replay_buffer_batches published (vLLM's buffer_steps).
+  std::string replay_endpoint;
+  int32_t replay_buffer_batches = 10000;
 };
 
 }  // namespace loom

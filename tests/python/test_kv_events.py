@@ -28,9 +28,32 @@ TOPIC = "kv-events"
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 
 
-def events_config(endpoint):
+def events_config(endpoint, replay_endpoint=None, buffer_steps=100):
     return json.dumps({"enable_kv_cache_events": True, "publisher": "zmq", "endpoint": endpoint, "topic": TOPIC,
-                       "hwm": 100000, "buffer_steps": 100, "replay_endpoint": None})
+                       "hwm": 100000, "buffer_steps": buffer_steps, "replay_endpoint": replay_endpoint})
+
+
+def replay(endpoint, start):
+    """vLLM's replay request from a DEALER socket: [empty, start (8 bytes big-endian)] -> (sequence, batch) pairs
+    until the end marker (-1)."""
+    context = zmq.Context()
+    socket = context.socket(zmq.DEALER)
+    socket.connect(endpoint)
+    try:
+        socket.send_multipart([b"", start.to_bytes(8, "big")])
+        batches = []
+        while socket.poll(10000):
+            empty, sequence, payload = socket.recv_multipart()
+            assert empty == b"", empty
+            if int.from_bytes(sequence, "big", signed=True) == -1:
+                assert payload == b"", payload
+                return batches
+            batches.append((int.from_bytes(sequence, "big"), msgpack.unpackb(payload, raw=False,
+                                                                              strict_map_key=False)))
+        raise AssertionError(f"no end marker after {len(batches)} batches")
+    finally:
+        socket.close(linger=0)
+        context.term()
 
 
 class Subscriber:
@@ -247,6 +270,41 @@ class KvEventsHostTierTest(SubscribedServerTestCase):
         response = self.complete(first)  # loaded back from the host
         self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(5, first))
         self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first)) == 5))
+
+
+class KvEventsReplayTest(loom_server.ServerTestCase):
+    """A subscriber that joins late asks the replay socket for what it missed and ends with the same view as
+    one that heard everything; only the last buffer_steps batches are kept."""
+    EVENTS_PORT = loom_server.free_port()
+    REPLAY_PORT = loom_server.free_port()
+    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}", f"tcp://*:{REPLAY_PORT}",
+                                                       buffer_steps=4), "--kv-cache-bytes", "64K"]
+
+    def test_a_late_subscriber_catches_up_through_the_replay_socket(self):
+        endpoint = f"tcp://127.0.0.1:{self.REPLAY_PORT}"
+        prompts = [[7 + i] + list(range(60, 67)) for i in range(6)]  # 2 full blocks each, one step's batch each
+        for prompt in prompts[:3]:
+            self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
+        # Nobody listened so far. From the start: the buffer keeps the last 4 batches only.
+        kept = replay(endpoint, 0)
+        self.assertEqual(len(kept), 4, [sequence for sequence, _ in kept])
+        sequences = [sequence for sequence, _ in kept]
+        self.assertEqual(sequences, list(range(sequences[0], sequences[0] + 4)))
+        # A late subscriber: replay from the first kept batch, then live batches, with no gap between them.
+        late = Subscriber(f"tcp://127.0.0.1:{self.EVENTS_PORT}")
+        try:
+            for sequence, batch in replay(endpoint, sequences[-1]):
+                late.apply(sequence, batch)
+            self.assertEqual(late.sequences, [sequences[-1]])
+            for prompt in prompts[3:]:
+                self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
+                self.assertTrue(late.wait_for(lambda: len(late.chain(prompt)) == 2), late.sequences)
+            self.assertEqual(late.sequences, list(range(sequences[-1], late.sequences[-1] + 1)))
+            # A replay from a future sequence number is just the end marker.
+            self.assertEqual(replay(endpoint, late.sequences[-1] + 100), [])
+        finally:
+            late.close()
+        self.assertIn("KV events: replay on", self.server.read_log())
 
 
 class KvEventsConnectTest(unittest.TestCase):

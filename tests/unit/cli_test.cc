@@ -209,6 +209,11 @@ TEST_F(CliTest, KvEventsConfigTakesVllmsJson) {
       model(), R"(--kv-events-config '{"enable_kv_cache_events": true, "publisher": "zmq", "endpoint": "tcp://*:5557", )"
                R"("topic": "kv-events", "hwm": 1000, "buffer_steps": 10, "max_queue_size": 5, "replay_endpoint": null}')");
   EXPECT_EQ(on["kv_events"], nlohmann::json::parse(R"({"endpoint": "tcp://*:5557", "topic": "kv-events", "hwm": 1000})"));
+  const nlohmann::json replay = dry_run(
+      model(), R"(--kv-events-config '{"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5558", )"
+               R"("buffer_steps": 64}')");
+  EXPECT_EQ(replay["kv_events"]["replay_endpoint"], "tcp://*:5558");
+  EXPECT_EQ(replay["kv_events"]["buffer_steps"], 64);
   // vLLM's defaults: the zmq publisher once enabled (endpoint tcp://*:5557, topic ""); nothing unless enabled.
   EXPECT_EQ(dry_run(model(), R"(--kv-events-config '{"enable_kv_cache_events": true}')")["kv_events"]["endpoint"],
             "tcp://*:5557");
@@ -221,7 +226,8 @@ TEST_F(CliTest, KvEventsConfigTakesVllmsJson) {
   for (const Case& c : std::vector<Case>{
            {"not json", "not a JSON object"},
            {R"({"enable_kv_cache_events": true, "publisher": "kafka"})", "unknown publisher"},
-           {R"({"enable_kv_cache_events": true, "replay_endpoint": "tcp://*:5558"})", "replay"},
+           {R"({"enable_kv_cache_events": true, "replay_endpoint": 5558})", "\"replay_endpoint\" must be a ZMQ address"},
+           {R"({"enable_kv_cache_events": true, "buffer_steps": 0})", "\"buffer_steps\""},
            {R"({"enable_kv_cache_events": true, "endpoint": 5557})", "\"endpoint\" must be a string"},
            {R"({"enable_kv_cache_events": true, "hwm": -1})", "\"hwm\""},
            {R"({"enable_kv_cache_events": true, "topics": "x"})", "unknown key \"topics\""},
