@@ -13,6 +13,7 @@
 #include "formats/safetensors.h"
 #include "util/error.h"
 #include "util/half.h"
+#include "util/progress.h"
 
 namespace loom {
 
@@ -83,7 +84,13 @@ void write_safetensors(const std::string& path, const TensorMap& tensors, Stored
   for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<uint8_t>(length >> (8 * i));
   stream.write(reinterpret_cast<const char*>(length_bytes), 8);
   stream.write(header_text.data(), static_cast<std::streamsize>(header_text.size()));
-  for (const std::string& name : names) write_values(stream, tensors.at(name), dtype);
+  int64_t total = 0;
+  for (const std::string& name : names) total += tensors.at(name).numel() * dtype_num_bytes(dtype);
+  Progress progress("writing " + path, total);
+  for (const std::string& name : names) {
+    write_values(stream, tensors.at(name), dtype);
+    progress.advance(tensors.at(name).numel() * dtype_num_bytes(dtype));
+  }
   stream.flush();
   if (!stream) fail(ErrorKind::kInvalidArgument, "{}: write failed (disk full?)", path);
 }

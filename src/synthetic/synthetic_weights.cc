@@ -12,6 +12,7 @@
 #include "util/error.h"
 #include "util/half.h"
 #include "util/prng.h"
+#include "util/progress.h"
 
 namespace loom {
 
@@ -148,6 +149,7 @@ void write_synthetic_safetensors(const std::string& path, const std::vector<Synt
   constexpr int64_t kChunk = 1 << 20;
   std::vector<float> values(kChunk);
   std::vector<uint16_t> halves(kChunk);
+  Progress progress("writing " + path, static_cast<int64_t>(offset));
   for (const SyntheticTensorSpec* spec : sorted) {
     SyntheticValueStream values_stream(*spec, seed);
     for (int64_t start = 0; start < spec->numel(); start += kChunk) {
@@ -159,6 +161,7 @@ void write_synthetic_safetensors(const std::string& path, const std::vector<Synt
         for (int64_t i = 0; i < count; ++i) halves[i] = float_to_bf16(values[i]);
         stream.write(reinterpret_cast<const char*>(halves.data()), count * 2);
       }
+      progress.advance(count * static_cast<int64_t>(element_bytes));
     }
   }
   stream.close();

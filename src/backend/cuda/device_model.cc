@@ -11,6 +11,7 @@
 #include "backend/rope.h"
 #include "synthetic/synthetic_weights.h"
 #include "util/error.h"
+#include "util/progress.h"
 
 namespace loom::cuda {
 
@@ -139,6 +140,10 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
   PinnedBuffer staging;
   staging.reserve(kChunk * sizeof(float));
   DeviceBuffer chunk_device(kChunk * sizeof(float));
+  int64_t total = 0;
+  for (const auto& [name, destination] : map)
+    if (const auto found = tensors.find(name); found != tensors.end()) total += found->second.numel() * 4;
+  Progress progress("loading the weights onto the GPU", total);
   for (const auto& [name, destination] : map) {
     const auto found = tensors.find(name);
     if (found == tensors.end() || found->second.data == nullptr)
@@ -157,6 +162,7 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
                                         count * sizeof(float), cudaMemcpyHostToDevice, stream));
       }
       LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // staging is reused by the next chunk
+      progress.advance(count * 4);
     }
   }
   return model;
