@@ -291,6 +291,14 @@ int run_serve(const ServeOptions& options) {
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
   start_kv_link(options.kv_transfer, options.host, options.device, *engine, config.kv_transfer);
+  // The link asks the engine what it caches: it stops before the engine is destroyed, on every way out.
+  struct StopKvLinkFirst {
+    server::KvTransferSetup& setup;
+    ~StopKvLinkFirst() {
+      setup.link.reset();
+      setup.client.reset();
+    }
+  } stop_kv_link_first{config.kv_transfer};
   raise_open_file_limit(config.http.max_connections);
   server::HttpServer server(*engine, config);
   server.bind();

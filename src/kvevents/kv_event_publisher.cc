@@ -7,6 +7,7 @@
 #include <cerrno>
 #include <chrono>
 #include <deque>
+#include <memory>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -40,12 +41,13 @@ struct KvEventPublisher::Replay {
   std::thread thread;
   std::atomic<bool> stopping{false};
   std::mutex mutex;  // guards the buffer
-  std::deque<std::pair<uint64_t, std::string>> buffer;
+  std::deque<std::pair<uint64_t, std::shared_ptr<const std::string>>> buffer;
   size_t capacity = 0;
 
   void add(uint64_t sequence, const std::string& payload) {
+    auto shared = std::make_shared<const std::string>(payload);
     std::lock_guard lock(mutex);
-    buffer.emplace_back(sequence, payload);
+    buffer.emplace_back(sequence, std::move(shared));
     while (buffer.size() > capacity) buffer.pop_front();
   }
 
@@ -74,7 +76,7 @@ struct KvEventPublisher::Replay {
       }
       uint64_t start = 0;
       for (const char byte : frames[2]) start = (start << 8) | static_cast<unsigned char>(byte);
-      std::vector<std::pair<uint64_t, std::string>> found;
+      std::vector<std::pair<uint64_t, std::shared_ptr<const std::string>>> found;  // cheap to copy under the lock
       {
         std::lock_guard lock(mutex);
         for (const auto& entry : buffer)
@@ -89,7 +91,7 @@ struct KvEventPublisher::Replay {
       };
       for (const auto& [sequence, payload] : found) {
         const std::array<unsigned char, 8> bytes = big_endian(sequence);
-        reply(bytes.data(), bytes.size(), payload);
+        reply(bytes.data(), bytes.size(), *payload);
       }
       const std::array<unsigned char, 8> end = big_endian(~uint64_t{0});  // -1 as vLLM's END_SEQ
       reply(end.data(), end.size(), std::string());
@@ -137,8 +139,9 @@ KvEventPublisher::KvEventPublisher(const KvEventsConfig& config)
     replay_->router = zmq_socket(socket_->context, ZMQ_ROUTER);
     if (replay_->router == nullptr)
       fail(ErrorKind::kInternal, "KV events: zmq_socket failed: {}", zmq_strerror(zmq_errno()));
-    const int no_linger = 0;
+    const int no_linger = 0, no_send_limit = 0;  // a replay is never cut short by ZMQ's default HWM (1000)
     zmq_setsockopt(replay_->router, ZMQ_LINGER, &no_linger, sizeof(no_linger));
+    zmq_setsockopt(replay_->router, ZMQ_SNDHWM, &no_send_limit, sizeof(no_send_limit));
     if (zmq_bind(replay_->router, config.replay_endpoint.c_str()) != 0) {
       const std::string why = zmq_strerror(zmq_errno());
       zmq_close(replay_->router);

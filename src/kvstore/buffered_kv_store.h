@@ -123,7 +123,7 @@ class BufferedKvStore final : public DiskKvStore {
   std::condition_variable added_;
   std::map<KvBlockHash, Entry> entries_;
   // Every block that entered the buffer, the latest kMaxRemembered (for wait_for).
-  static constexpr size_t kMaxRemembered = 1 << 20;
+  static constexpr size_t kMaxRemembered = 1 << 18;  // ~20 MB of hashes; 512 GB of 2 MiB blocks
   std::set<KvBlockHash> remembered_;
   std::deque<KvBlockHash> remembered_order_;
   std::list<KvBlockHash> outgoing_lru_, transit_lru_;

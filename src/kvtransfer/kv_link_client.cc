@@ -11,6 +11,7 @@
 #include <vector>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 #include <xxhash.h>
 
 #include "kvtransfer/kv_link_protocol.h"
@@ -46,6 +47,28 @@ bool write_op(int fd, char op, uint32_t count) {
   return kvlink::write_all(fd, std::span(&code, 1)) && kvlink::write_u32(fd, count);
 }
 
+// Which blocks the peer lacks (in batches under the protocol's cap) into wanted / wanted_bytes; false when the link failed.
+bool ask_have(int fd, std::span<const KvBlockHash> hashes, std::span<const int64_t> payload_bytes,
+              std::vector<KvBlockHash>& wanted, std::vector<int64_t>& wanted_bytes, KvSendReport& report) {
+  errno = 0;
+  for (size_t first = 0; first < hashes.size(); first += kvlink::kMaxBlocksPerRequest) {
+    const size_t count = std::min<size_t>(kvlink::kMaxBlocksPerRequest, hashes.size() - first);
+    bool ok = write_op(fd, kvlink::kOpHave, static_cast<uint32_t>(count));
+    for (size_t i = 0; ok && i < count; ++i) ok = kvlink::write_hash(fd, hashes[first + i]);
+    std::vector<std::byte> has(count);
+    if (!ok || !kvlink::read_exact(fd, has)) return false;
+    for (size_t i = 0; i < count; ++i) {
+      if (has[i] != std::byte{0}) {
+        ++report.skipped_blocks;
+      } else {
+        wanted.push_back(hashes[first + i]);
+        wanted_bytes.push_back(payload_bytes[first + i]);
+      }
+    }
+  }
+  return true;
+}
+
 }  // namespace
 
 struct KvLinkClient::Connection {
@@ -53,6 +76,7 @@ struct KvLinkClient::Connection {
   std::unique_ptr<KvBulkChannel> channel;  // null: payloads inline
   std::chrono::steady_clock::time_point last_used;
   bool healthy = false;  // set once a send completed on it: only then is it pooled again
+  bool reused = false;   // taken from the pool (the peer may have closed it meanwhile)
   ~Connection() {
     channel.reset();  // before the socket: a plane may still talk over it while closing
     if (fd >= 0) ::close(fd);
@@ -74,7 +98,12 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& 
   const int fd = connection->fd;
   errno = 0;
   if (!kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic)))) link_failed(address, "the handshake");
-  if (plane_ != nullptr) {
+  bool use_plane = plane_ != nullptr;
+  if (use_plane) {
+    std::lock_guard lock(mutex_);
+    use_plane = planeless_peers_.count(address) == 0;
+  }
+  if (use_plane) {
     const std::string name = plane_->name();
     std::byte joins{};
     if (!write_op(fd, kvlink::kOpChannel, static_cast<uint32_t>(name.size())) ||
@@ -83,8 +112,18 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& 
     if (joins != std::byte{0}) {
       std::string failure;
       connection->channel = plane_->connect(fd, failure);
-      if (!connection->channel)
-        throw Error(ErrorKind::kUnavailable, fmt::format("KV link to {}: its {} channel failed: {}", address, name, failure));
+      if (!connection->channel) {
+        // The control connection is in an unknown state: a new one, with payloads inline from now on
+        // (two engines on one GPU, say, where NCCL makes no communicator).
+        spdlog::warn("KV link to {}: its {} channel failed ({}); payloads go inline on TCP to it", address, name,
+                     failure);
+        connection.reset();
+        {
+          std::lock_guard lock(mutex_);
+          planeless_peers_.insert(address);
+        }
+        return open(address, timeout_seconds);
+      }
     }
   }
   std::lock_guard lock(mutex_);
@@ -93,7 +132,9 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& 
   return connection;
 }
 
-std::unique_ptr<KvLinkClient::Connection> KvLinkClient::take(const std::string& address, double timeout_seconds) {
+std::unique_ptr<KvLinkClient::Connection> KvLinkClient::take(const std::string& address, double timeout_seconds,
+                                                             bool fresh) {
+  std::vector<std::unique_ptr<Connection>> stale;  // closed after the lock: a channel's teardown may wait on the GPU
   {
     std::unique_lock lock(mutex_);
     for (;;) {
@@ -102,11 +143,13 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::take(const std::string& 
       while (!idle.empty()) {
         std::unique_ptr<Connection> connection = std::move(idle.back());
         idle.pop_back();
-        if (std::chrono::duration<double>(now - connection->last_used).count() < options_.idle_seconds) {
+        if (!fresh && std::chrono::duration<double>(now - connection->last_used).count() < options_.idle_seconds) {
           connection->healthy = false;
+          connection->reused = true;
           return connection;
         }
-        --num_open_[address];  // stale: closed as it goes out of scope
+        --num_open_[address];
+        stale.push_back(std::move(connection));
       }
       if (num_open_[address] < options_.max_connections_per_peer) break;
       const bool freed = returned_.wait_for(lock, std::chrono::duration<double>(timeout_seconds), [&] {
@@ -123,20 +166,23 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::take(const std::string& 
   } catch (...) {
     std::lock_guard lock(mutex_);
     --num_open_[address];
-    returned_.notify_one();
+    returned_.notify_all();
     throw;
   }
 }
 
 void KvLinkClient::give_back(const std::string& address, std::unique_ptr<Connection> connection) {
-  std::lock_guard lock(mutex_);
-  if (connection->healthy) {
-    connection->last_used = std::chrono::steady_clock::now();
-    idle_[address].push_back(std::move(connection));
-  } else {
-    --num_open_[address];
+  {
+    std::lock_guard lock(mutex_);
+    if (connection->healthy) {
+      connection->last_used = std::chrono::steady_clock::now();
+      idle_[address].push_back(std::move(connection));
+    } else {
+      --num_open_[address];
+    }
+    returned_.notify_all();  // waiters for every peer share it
   }
-  returned_.notify_one();
+  connection.reset();  // a broken one closes here, outside the lock
 }
 
 KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBlockHash> hashes,
@@ -147,7 +193,23 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
   KvSendReport report;
   if (hashes.empty()) return report;
   kvlink::split_address(address);  // a malformed address is the caller's error, not the link's
-  std::unique_ptr<Connection> held = take(address, options.socket_timeout_seconds);
+  // A pooled connection the peer has closed since (it restarted, say) fails at the have query:
+  // that query is retried once on a fresh connection.
+  std::unique_ptr<Connection> held;
+  std::vector<KvBlockHash> wanted;
+  std::vector<int64_t> wanted_bytes;
+  for (int attempt = 0;; ++attempt) {
+    held = take(address, options.socket_timeout_seconds, /*fresh=*/attempt > 0);
+    report.skipped_blocks = 0;
+    wanted.clear();
+    wanted_bytes.clear();
+    if (ask_have(held->fd, hashes, payload_bytes, wanted, wanted_bytes, report)) break;
+    const bool retry = held->reused && attempt == 0;
+    const int error = errno;
+    give_back(address, std::move(held));  // not healthy: closed
+    errno = error;
+    if (!retry) link_failed(address, "the have query");
+  }
   // Back to the pool (or closed, when the send did not complete) however the send ends.
   struct Return {
     KvLinkClient* client;
@@ -157,25 +219,6 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
   } give_back_on_exit{this, address, held};
   Connection& connection = *held;
   const int fd = connection.fd;
-  errno = 0;
-  // Which blocks the peer lacks, in batches under the protocol's cap.
-  std::vector<KvBlockHash> wanted;
-  std::vector<int64_t> wanted_bytes;
-  for (size_t first = 0; first < hashes.size(); first += kvlink::kMaxBlocksPerRequest) {
-    const size_t count = std::min<size_t>(kvlink::kMaxBlocksPerRequest, hashes.size() - first);
-    bool ok = write_op(fd, kvlink::kOpHave, static_cast<uint32_t>(count));
-    for (size_t i = 0; ok && i < count; ++i) ok = kvlink::write_hash(fd, hashes[first + i]);
-    std::vector<std::byte> has(count);
-    if (!ok || !kvlink::read_exact(fd, has)) link_failed(address, "the have query");
-    for (size_t i = 0; i < count; ++i) {
-      if (has[i] != std::byte{0}) {
-        ++report.skipped_blocks;
-      } else {
-        wanted.push_back(hashes[first + i]);
-        wanted_bytes.push_back(payload_bytes[first + i]);
-      }
-    }
-  }
   if (options.read_storage) {
     const auto [num_read, num_bytes] = source.load_from_storage(wanted, wanted_bytes);
     report.read_blocks = num_read;

@@ -9,7 +9,10 @@
 // plane's channel (kv_data_plane.h: NCCL's communicator, costly to set up) is
 // made once per connection. With a plane, each new connection asks the peer
 // for a channel; a peer without the plane answers no and the connection
-// carries payloads inline.
+// carries payloads inline, and so does every later connection to a peer whose
+// channel failed to set up (two engines on one GPU: NCCL makes no
+// communicator there). A pooled connection that fails its first exchange is
+// replaced once by a fresh one (the peer restarted).
 //
 // Thread: any; a send holds one connection, blocking until the peer has
 // answered or failed.
@@ -21,6 +24,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -80,7 +84,8 @@ class KvLinkClient {
 
  private:
   struct Connection;
-  std::unique_ptr<Connection> take(const std::string& address, double timeout_seconds);
+  // An idle connection to `address` (none when `fresh`: idle ones are closed), else a new one.
+  std::unique_ptr<Connection> take(const std::string& address, double timeout_seconds, bool fresh = false);
   void give_back(const std::string& address, std::unique_ptr<Connection> connection);
   std::unique_ptr<Connection> open(const std::string& address, double timeout_seconds);
 
@@ -90,6 +95,7 @@ class KvLinkClient {
   std::condition_variable returned_;
   std::map<std::string, std::vector<std::unique_ptr<Connection>>> idle_;
   std::map<std::string, int> num_open_;  // per peer, idle or in use
+  std::set<std::string> planeless_peers_;  // peers whose channel failed once: payloads inline to them
   KvLinkClientStats stats_;
 };
 

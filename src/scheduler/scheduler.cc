@@ -340,7 +340,12 @@ int32_t Scheduler::start_disk_reads() {
   is_host_budget_spent_ = false;
   KvBlockCounts num_reserved;  // per member: host blocks reserved or being read for the requests walked so far
   int32_t num_reading = 0;
+  int32_t num_walked = 0;
   for (SchedulerRequestId id : sorted(waiting_)) {
+    if (++num_walked > kMaxDiskReadWalk) {  // bounded work per step: the rest are treated as past the budget
+      is_host_budget_spent_ = true;
+      break;
+    }
     RequestState& request = state(id);
     request.disk_walk_id = disk_walk_id_;
     request.is_reserved = false;

@@ -233,7 +233,9 @@ class Scheduler {
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<SchedulerRequestId> running_;
   std::vector<SchedulerRequestId> waiting_;
-  // Policy 7: the last start_disk_reads() walk, and whether it stopped for want of host budget.
+  // Policy 7: the last start_disk_reads() walk, and whether it stopped for want of host budget (or
+  // after kMaxDiskReadWalk waiting requests: a step's work stays bounded however long the queue).
+  static constexpr int32_t kMaxDiskReadWalk = 256;
   int64_t disk_walk_id_ = 0;
   bool is_host_budget_spent_ = false;
 };

@@ -81,6 +81,7 @@ class Subscriber:
         self.blocks = {}  # hash -> {"parent", "tokens", "lora_name", "extra_key"}
         self.held = {"GPU": set(), "CPU": set()}
         self.sequences = []
+        self.batches = {}  # sequence -> the decoded batch
         self.events = []  # every decoded event, raw
 
     def close(self):
@@ -103,6 +104,7 @@ class Subscriber:
     def apply(self, sequence, batch):
         assert not self.sequences or sequence == self.sequences[-1] + 1, (self.sequences[-1:], sequence)
         self.sequences.append(sequence)
+        self.batches[sequence] = batch
         # vLLM's KVEventBatch, array-encoded: [ts, events, data_parallel_rank].
         assert isinstance(batch, list) and len(batch) == 3, batch
         ts, events, data_parallel_rank = batch
@@ -283,13 +285,23 @@ class KvEventsReplayTest(loom_server.ServerTestCase):
     def test_a_late_subscriber_catches_up_through_the_replay_socket(self):
         endpoint = f"tcp://127.0.0.1:{self.REPLAY_PORT}"
         prompts = [[7 + i] + list(range(60, 67)) for i in range(6)]  # 2 full blocks each, one step's batch each
-        for prompt in prompts[:3]:
-            self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
-        # Nobody listened so far. From the start: the buffer keeps the last 4 batches only.
-        kept = replay(endpoint, 0)
-        self.assertEqual(len(kept), 4, [sequence for sequence, _ in kept])
-        sequences = [sequence for sequence, _ in kept]
-        self.assertEqual(sequences, list(range(sequences[0], sequences[0] + 4)))
+        full = Subscriber(f"tcp://127.0.0.1:{self.EVENTS_PORT}")  # hears the live batches of the first prompts
+        try:
+            for prompt in prompts[:3]:
+                self.client.completions.create(model="tiny", prompt=prompt, max_tokens=1, **GREEDY)
+                self.assertTrue(full.wait_for(lambda: len(full.chain(prompt)) == 2))
+            # From the start: the buffer keeps the last 4 batches only, each as it was published.
+            kept = replay(endpoint, 0)
+            self.assertEqual(len(kept), 4, [sequence for sequence, _ in kept])
+            sequences = [sequence for sequence, _ in kept]
+            self.assertEqual(sequences, list(range(sequences[0], sequences[0] + 4)))
+            self.assertEqual(sequences[-1], full.sequences[-1])
+            heard = [(sequence, batch) for sequence, batch in kept if sequence in full.batches]
+            self.assertGreaterEqual(len(heard), 3)
+            for sequence, batch in heard:
+                self.assertEqual(batch, full.batches[sequence])
+        finally:
+            full.close()
         # A late subscriber: replay from the first kept batch, then live batches, with no gap between them.
         late = Subscriber(f"tcp://127.0.0.1:{self.EVENTS_PORT}")
         try:

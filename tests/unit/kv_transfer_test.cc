@@ -300,6 +300,11 @@ class QueuePlane final : public KvDataPlane {
   explicit QueuePlane(std::string name = "queue") : name_(std::move(name)) {}
   std::string name() const override { return name_; }
   std::unique_ptr<KvBulkChannel> connect(int fd, std::string& failure) override {
+    ++num_connects;
+    if (fail_connect) {
+      failure = "refused on purpose";
+      return nullptr;
+    }
     std::byte hello{0x51}, answer{};
     if (!kvlink::write_all(fd, std::span(&hello, 1)) || !kvlink::read_exact(fd, std::span(&answer, 1)) ||
         answer != hello) {
@@ -316,7 +321,9 @@ class QueuePlane final : public KvDataPlane {
     }
     return std::make_unique<Channel>(*this);
   }
-  bool corrupt = false;  // flips the first byte of every send
+  bool corrupt = false;       // flips the first byte of every send
+  bool fail_connect = false;  // the client's end of the handshake fails (as NCCL on one GPU)
+  std::atomic<int> num_connects{0};
 
  private:
   struct Channel final : KvBulkChannel {
@@ -397,6 +404,25 @@ TEST(KvLinkChannelTest, APeerWithoutThePlaneGetsPayloadsInline) {
     EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server->port()), hashes, sizes, sender, {}).sent_blocks, 1);
     EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 500));
   }
+  EXPECT_EQ(client.stats().num_channels, 0);
+  EXPECT_EQ(client.stats().num_channel_bytes, 0);
+}
+
+TEST(KvLinkChannelTest, AChannelThatFailsFallsBackToInlinePayloadsForThatPeer) {
+  QueuePlane plane;
+  plane.fail_connect = true;
+  BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
+  KvLinkServer server(receiver, "127.0.0.1", 0, 2.0, &plane);
+  KvLinkClient client(&plane, {.max_connections_per_peer = 1, .idle_seconds = 0.0});  // a new connection each send
+  const std::string address = "127.0.0.1:" + std::to_string(server.port());
+  for (uint64_t n = 0; n < 3; ++n) {
+    sender.put(block_name(n), payload_of(n, 300));
+    const std::vector<KvBlockHash> hashes = {block_name(n)};
+    const std::vector<int64_t> sizes = {300};
+    EXPECT_EQ(client.send(address, hashes, sizes, sender, {}).sent_blocks, 1);
+    EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 300));
+  }
+  EXPECT_EQ(plane.num_connects.load(), 1);  // asked once; later connections to this peer go inline at once
   EXPECT_EQ(client.stats().num_channels, 0);
   EXPECT_EQ(client.stats().num_channel_bytes, 0);
 }
@@ -550,7 +576,8 @@ TEST_F(DisaggregatedEnginesTest, TheDecodeEngineContinuesFromTheBlocksItWasSentI
     // (as `loom serve` sets it up) has them all, so the next turn's send skips them.
     EXPECT_FALSE(decode.engine->caches_kv_block(hash_string("never stored")));
     for (const KvBlockHash& hash : hashes) EXPECT_TRUE(decode.engine->caches_kv_block(hash));
-    KvLinkServer asking(*decode.store, "127.0.0.1", 0, 30.0, nullptr,
+    BufferedKvStore empty(nullptr, 1 << 20);  // only the engine's caches can answer "have"
+    KvLinkServer asking(empty, "127.0.0.1", 0, 30.0, nullptr,
                         [&](const KvBlockHash& hash) { return decode.engine->caches_kv_block(hash); });
     const KvSendReport again =
         send_kv_blocks("127.0.0.1:" + std::to_string(asking.port()), hashes, sizes, *prefill.store, {});

@@ -67,12 +67,9 @@ int64_t CudaBackend::kv_bytes_per_token() const {
 }
 
 void CudaBackend::use_device() const {
-  // The engine calls from its own threads; a thread's current device is 0 until it is set.
-  thread_local int current = -1;
-  if (current != device_) {
-    LOOM_CUDA_CHECK(cudaSetDevice(device_));
-    current = device_;
-  }
+  // The engine calls from its own threads; a thread's current device is 0 until it is set. Cheap
+  // when already current, so set every time rather than trust a cache other code could outdate.
+  LOOM_CUDA_CHECK(cudaSetDevice(device_));
 }
 
 void CudaBackend::allocate_kv_cache(const KvCacheShape& shape) {
