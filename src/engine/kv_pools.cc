@@ -13,6 +13,7 @@ class KvPools::StoreDirectory : public KvBlockDirectory {
  public:
   explicit StoreDirectory(DiskKvStore& store) : store_(store) {}
   bool contains(const KvBlockHash& hash) override { return store_.contains(hash); }
+  bool is_persistent() const override { return store_.is_persistent(); }
 
  private:
   DiskKvStore& store_;
@@ -317,6 +318,10 @@ bool KvPools::has_transfers_in_flight() const {
 
 void KvPools::pump_transfers() {
   if (!transfers_) return;
+  if (disk_store_ && events_ != nullptr) {  // what the store trimmed: announced as gone from disk
+    const std::vector<KvBlockHash> removed = disk_store_->take_removed_blocks();
+    if (!removed.empty()) caches_->disk_blocks_removed(removed);
+  }
   for (const KvTransferWorker::Finished& finished : transfers_->take_finished())
     caches_->finish_transfer(finished.cache, finished.transfer_id, finished.succeeded);
   for (KvCacheGroup::MemberTransfer& planned : caches_->take_transfers()) {

@@ -221,6 +221,10 @@ std::vector<KvCacheGroup::MemberTransfer> KvCacheGroup::take_transfers() {
   return transfers;
 }
 
+void KvCacheGroup::disk_blocks_removed(std::span<const KvBlockHash> hashes) {
+  for_each([&](KvCacheId, KvCacheManager& member) { member.disk_blocks_removed(hashes); });
+}
+
 void KvCacheGroup::finish_transfer(KvCacheId cache, int64_t transfer_id, bool succeeded) {
   (*this)[cache].finish_transfer(transfer_id, succeeded);
 }

@@ -165,6 +165,8 @@ class KvCacheGroup {
   bool next_block_on_disk(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
   // Every member's clear_reservations() (kv_cache_manager.h "Reservations").
   void clear_reservations();
+  // KvCacheManager::disk_blocks_removed on every member.
+  void disk_blocks_removed(std::span<const KvBlockHash> hashes);
   // A transfer planned by a member, named by it.
   struct MemberTransfer {
     KvCacheId cache = KvCacheId::kMain;

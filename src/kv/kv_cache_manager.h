@@ -336,6 +336,10 @@ class KvCacheManager {
   //   as prefetch loads do.
   void enable_disk_tier(KvDiskTierConfig config);
   bool has_disk_tier() const { return disk_.directory != nullptr; }
+  // KV events (kv_event_sink.h, medium kDisk): an offload that finishes with a
+  // disk tier announces its blocks the directory now holds; these blocks left
+  // the directory (the store trimmed them), so those announced are removed.
+  void disk_blocks_removed(std::span<const KvBlockHash> hashes);
   // Returns the blocks now being read (0: nothing on disk after the tree's
   // part, a read already in the way, or no host block to be had).
   int32_t start_disk_read(const KvKey& kv_key, std::span<const KvTokenId> tokens, int32_t max_blocks,
@@ -407,6 +411,8 @@ class KvCacheManager {
   const RadixTree& tree() const { return tree_; }
 
  private:
+  // After an offload with a disk tier: announces (kDisk) the blocks it wrote through that the directory holds.
+  void announce_written_through(const Transfer& transfer);
   friend class KvLease;
   struct TransferInFlight {
     Transfer transfer;
@@ -460,6 +466,7 @@ class KvCacheManager {
   KvBlockNaming naming_;  // enable_block_hashes
   // Disk tier (directory null without one).
   KvDiskTierConfig disk_;
+  std::set<KvBlockHash> announced_on_disk_;  // blocks the sink was told are on disk (kDisk)
   std::map<KvBlockHash, int64_t> reading_;  // block -> the kDiskRead transfer reading it
   std::set<KvBlockHash> unreadable_;         // blocks of failed disk reads: never read again (bounded)
   static constexpr size_t kMaxUnreadableBlocks = 1 << 16;

@@ -9,6 +9,21 @@
 
 namespace loom {
 
+void KvCacheManager::announce_written_through(const Transfer& transfer) {
+  if (!tree_.has_event_sink() || !disk_.directory->is_persistent()) return;
+  for (size_t i = 0; i < transfer.block_hashes.size() && i < transfer.device_block_ids.size(); ++i) {
+    const KvBlockHash& hash = transfer.block_hashes[i];
+    if (hash.is_zero() || announced_on_disk_.count(hash) != 0 || !disk_.directory->contains(hash)) continue;
+    announced_on_disk_.insert(hash);
+    tree_.announce_on_disk(tree_.node_of_block(transfer.device_block_ids[i]));
+  }
+}
+
+void KvCacheManager::disk_blocks_removed(std::span<const KvBlockHash> hashes) {
+  for (const KvBlockHash& hash : hashes)
+    if (announced_on_disk_.erase(hash) != 0) tree_.announce_disk_removal(hash);
+}
+
 void KvCacheManager::enable_block_hashes(KvBlockNaming naming) {
   LOOM_CHECK(!has_block_hashes() && naming.namespace_salt);
   naming_ = std::move(naming);

@@ -203,6 +203,7 @@ void KvCacheManager::finish_transfer(int64_t transfer_id, bool succeeded) {
   if (!succeeded) ++num_failed_transfers_;
   if (transfer.kind == Transfer::Kind::kOffload) {
     for (int32_t id : transfer.device_block_ids) tree_.end_offload(tree_.node_of_block(id), succeeded);
+    if (succeeded && has_disk_tier()) announce_written_through(transfer);
     if (succeeded) num_offloaded_blocks_ += num_blocks;
     unpin(in_flight.pinned_block_ids);
   } else if (succeeded) {

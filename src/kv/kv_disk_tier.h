@@ -15,6 +15,9 @@ class KvBlockDirectory {
   virtual ~KvBlockDirectory() = default;
   // Engine thread; cheap (an index lookup, at most one stat).
   virtual bool contains(const KvBlockHash& hash) = 0;
+  // False when the "disk tier" is only a transfer buffer without storage
+  // below it (a disaggregated engine's): its blocks are not announced as on disk.
+  virtual bool is_persistent() const { return true; }
 };
 
 struct KvDiskTierConfig {

@@ -11,6 +11,13 @@
 //            node (adopted)                               load failed
 //   kHost    its backup finished (offload), or it was     evicted from the host (a host leaf), dropped,
 //            read back from the disk tier                 or removed with a device node without backup
+//   kDisk    its write-through to the disk tier landed    this server trimmed it from the directory to
+//            (an offload finished and the store has it)   hold the cap (KvCacheManager::disk_blocks_removed)
+//
+// Disk blocks outlive the tree: a block stays stored on kDisk after its
+// device and host copies are gone. What other servers sharing the directory
+// write or remove is not announced here (they announce their own), nor are
+// the files a warm start finds (their tokens are not known).
 //
 // so for each (cache, block) the events alternate stored / removed per medium,
 // starting with stored. Blocks being copied (offloading, loading) are not
@@ -36,7 +43,7 @@
 
 namespace loom {
 
-enum class KvMedium : uint8_t { kDevice, kHost };
+enum class KvMedium : uint8_t { kDevice, kHost, kDisk };
 
 struct KvStoredBlock {
   KvCacheId cache = KvCacheId::kMain;

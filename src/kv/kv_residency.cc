@@ -3,7 +3,7 @@
 namespace loom {
 
 void KvResidency::block_stored(const KvStoredBlock& block) {
-  {
+  if (block.medium != KvMedium::kDisk) {
     std::lock_guard lock(mutex_);
     media_[block.hash] |= bit(block.cache, block.medium);
   }
@@ -11,7 +11,7 @@ void KvResidency::block_stored(const KvStoredBlock& block) {
 }
 
 void KvResidency::block_removed(KvCacheId cache, KvMedium medium, const KvBlockHash& hash) {
-  {
+  if (medium != KvMedium::kDisk) {
     std::lock_guard lock(mutex_);
     if (auto it = media_.find(hash); it != media_.end()) {
       it->second &= static_cast<uint8_t>(~bit(cache, medium));

@@ -1,6 +1,7 @@
 // Which blocks an engine's caches hold right now, by content hash, readable
 // from any thread: a KvEventSink (kv_event_sink.h) that keeps the set of
-// blocks stored on the device or the host tier of any cache, and passes every
+// blocks stored on the device or the host tier of any cache (disk events are
+// not counted: the link's peer can read storage itself), and passes every
 // event on to the next sink (the KV-event publisher, when there is one).
 //
 // The KV link's "have" query reads it (kvtransfer/), so a prefill engine does

@@ -290,6 +290,12 @@ class RadixTree {
   // it must outlive the tree), as member `cache`. Precondition: a block hasher
   // (events name blocks by content hash) and no node yet (checked).
   void set_event_sink(KvEventSink* sink, KvCacheId cache);
+  // Tells the sink (if any) that `node`'s block is stored on the disk tier, or
+  // that block `hash` left it (disk blocks outlive nodes: the caller keeps
+  // track of what was announced).
+  void announce_on_disk(const RadixNode* node);
+  bool has_event_sink() const { return sink_ != nullptr; }
+  void announce_disk_removal(const KvBlockHash& hash);
   KvEventSink* event_sink() const { return sink_; }
 
   // "" when the tree is consistent, else what is wrong.

@@ -48,6 +48,17 @@ void RadixTree::announce_removal(RadixNode* node) {
   node->announced_on_device = node->announced_on_host = false;
 }
 
+void RadixTree::announce_on_disk(const RadixNode* node) {
+  if (sink_ == nullptr) return;
+  const KvBlockHash parent = node->parent->is_root() ? KvBlockHash{} : node->parent->content_hash;
+  sink_->block_stored(KvStoredBlock{sink_cache_, KvMedium::kDisk, node->content_hash, parent, node->kv_namespace,
+                                    node->tokens});
+}
+
+void RadixTree::announce_disk_removal(const KvBlockHash& hash) {
+  if (sink_ != nullptr) sink_->block_removed(sink_cache_, KvMedium::kDisk, hash);
+}
+
 std::string RadixTree::event_error(const RadixNode* node) const {
   if (sink_ == nullptr) return {};
   if (node->announced_on_device == usable_on_device(node) && node->announced_on_host == usable_on_host(node)) return {};

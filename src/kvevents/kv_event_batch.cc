@@ -23,7 +23,14 @@ void write_extra_key(MsgpackWriter& out, const KvEventExtraKey& key) {
 
 }  // namespace
 
-const char* kv_event_medium_name(KvMedium medium) { return medium == KvMedium::kDevice ? "GPU" : "CPU"; }
+const char* kv_event_medium_name(KvMedium medium) {
+  switch (medium) {
+    case KvMedium::kDevice: return "GPU";
+    case KvMedium::kHost: return "CPU";
+    case KvMedium::kDisk: return "DISK";
+  }
+  return "GPU";
+}
 
 KvEventOwner kv_event_owner(KvCacheId cache, std::string_view kv_namespace) {
   KvEventOwner owner;

@@ -99,6 +99,10 @@ class BufferedKvStore final : public DiskKvStore {
                                                 std::span<const int64_t> payload_bytes);
 
   bool has_storage() const { return storage_ != nullptr; }
+  bool is_persistent() const override { return storage_ != nullptr; }
+  std::vector<KvBlockHash> take_removed_blocks() override {
+    return storage_ != nullptr ? storage_->take_removed_blocks() : std::vector<KvBlockHash>{};
+  }
   const DiskKvStore* storage() const { return storage_.get(); }
   int64_t queued_read_bytes() const { return queued_read_bytes_.load(); }
   KvBufferStats buffer_stats() const;

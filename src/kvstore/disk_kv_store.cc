@@ -174,6 +174,13 @@ bool FileDiskKvStore::write_block(const KvBlockHash& hash, std::span<const std::
 
 // Removes the least recently used files until the directory is back under the cap (with
 // hysteresis). Scans the directory rather than the index, so other processes' files count too.
+std::vector<KvBlockHash> FileDiskKvStore::take_removed_blocks() {
+  std::lock_guard lock(mutex_);
+  std::vector<KvBlockHash> removed;
+  removed.swap(removed_);
+  return removed;
+}
+
 void FileDiskKvStore::trim_directory() {
   std::unique_lock trim_lock(trim_mutex_, std::try_to_lock);
   if (!trim_lock.owns_lock()) return;  // another thread is trimming now
@@ -209,6 +216,8 @@ void FileDiskKvStore::trim_directory() {
   }
   std::lock_guard lock(mutex_);
   for (const KvBlockHash& hash : removed) forget(hash);
+  for (const KvBlockHash& hash : removed)
+    if (removed_.size() < kMaxRemoved) removed_.push_back(hash);
   counters_.num_evicted_blocks += num_evicted;
   directory_bytes_ = total;
 }

@@ -117,6 +117,11 @@ class DiskKvStore {
   virtual std::vector<bool> read_blocks(std::span<const KvBlockHash> hashes,
                                         std::span<const std::span<std::byte>> destinations) = 0;
   virtual DiskKvStoreStats stats() const = 0;
+  // The blocks this store removed from the directory to hold its cap since
+  // the last call (the engine announces them as KV events). Any thread.
+  virtual std::vector<KvBlockHash> take_removed_blocks() { return {}; }
+  // False for a store that only buffers blocks in memory (BufferedKvStore without storage).
+  virtual bool is_persistent() const { return true; }
 
  protected:
   explicit DiskKvStore(DiskKvStoreConfig config) : config_(std::move(config)) {}

@@ -25,6 +25,7 @@ class FileDiskKvStore final : public DiskKvStore {
   void warm_start();
 
   bool contains(const KvBlockHash& hash) override;
+  std::vector<KvBlockHash> take_removed_blocks() override;
   bool write_block(const KvBlockHash& hash, std::span<const std::byte> payload) override;
   std::vector<bool> read_blocks(std::span<const KvBlockHash> hashes,
                                 std::span<const std::span<std::byte>> destinations) override;
@@ -41,6 +42,8 @@ class FileDiskKvStore final : public DiskKvStore {
 
   mutable std::mutex mutex_;                // guards the members up to trim_mutex_
   std::map<KvBlockHash, int64_t> index_;    // hash -> file bytes
+  std::vector<KvBlockHash> removed_;        // trimmed since take_removed_blocks (at most kMaxRemoved)
+  static constexpr size_t kMaxRemoved = 1 << 20;
   std::map<KvBlockHash, Clock::time_point> misses_;  // contains() said no at that time (see "Lookups")
   static constexpr size_t kMaxMisses = 1 << 16;      // then forgotten all at once
   int64_t index_bytes_ = 0;

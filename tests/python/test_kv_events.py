@@ -7,7 +7,9 @@ the cached_tokens of a second identical request. A second server connects to
 a subscriber that binds (llm-d's layout)."""
 import json
 import os
+import shutil
 import sys
+import tempfile
 import time
 import unittest
 
@@ -79,7 +81,7 @@ class Subscriber:
             monitor.close()
             time.sleep(0.3)
         self.blocks = {}  # hash -> {"parent", "tokens", "lora_name", "extra_key"}
-        self.held = {"GPU": set(), "CPU": set()}
+        self.held = {"GPU": set(), "CPU": set(), "DISK": set()}
         self.sequences = []
         self.batches = {}  # sequence -> the decoded batch
         self.events = []  # every decoded event, raw
@@ -133,7 +135,7 @@ class Subscriber:
                     self.held[medium].remove(block_hash)
             elif tag == "AllBlocksCleared":
                 assert event == ["AllBlocksCleared"], event
-                self.held = {"GPU": set(), "CPU": set()}
+                self.held = {"GPU": set(), "CPU": set(), "DISK": set()}
             else:
                 raise AssertionError(f"unknown event {event}")
 
@@ -272,6 +274,44 @@ class KvEventsHostTierTest(SubscribedServerTestCase):
         response = self.complete(first)  # loaded back from the host
         self.assertEqual(response.usage.prompt_tokens_details.cached_tokens, expected_cached_tokens(5, first))
         self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first)) == 5))
+
+
+DISK_DIRECTORY = os.path.join(tempfile.gettempdir(), f"loom-kv-events-disk-{os.getpid()}")
+
+
+class KvEventsDiskTest(SubscribedServerTestCase):
+    """With a disk tier: write-through blocks are stored on "DISK" once on disk, the server's trims to its cap
+    remove them there, and the subscriber's "DISK" view ends equal to the block files in the directory."""
+    EVENTS_PORT = loom_server.free_port()
+    # 4-token blocks of 2 KiB + a 4 KiB header: a 96K cap holds ~16 files.
+    SERVER_ARGS = ["--kv-events-config", events_config(f"tcp://*:{EVENTS_PORT}"), "--kv-cache-bytes", "64K",
+                   "--host-kv-memory", "512K", "--disk-kv-path", DISK_DIRECTORY, "--disk-kv-bytes", "96K"]
+    SERVER_KWARGS = {"num_adapters": 1}
+
+    @classmethod
+    def after_server_stopped(cls):
+        shutil.rmtree(DISK_DIRECTORY, ignore_errors=True)
+
+    def files_on_disk(self):
+        """The block files' hashes, as vLLM's int block hash (the low 64 bits: the file name's last 16 hex digits)."""
+        hashes = set()
+        for directory, _, names in os.walk(DISK_DIRECTORY):
+            if os.path.basename(directory) == "tmp":
+                continue
+            hashes.update(int(name[16:32], 16) for name in names if name.endswith(".kv") and len(name) == 35)
+        return hashes
+
+    def test_disk_blocks_are_announced_and_trimmed(self):
+        first = list(range(300, 322))
+        self.complete(first)
+        self.assertTrue(self.subscriber.wait_for(lambda: len(self.subscriber.chain(first, medium="DISK")) == 5))
+        for i in range(8):  # 8 x 5 more blocks through a ~16-file cap: the oldest files are trimmed
+            self.complete([1 + i] + list(range(450, 471)))
+        self.complete([7])  # one more step: the last trims are announced at the next step
+        self.subscriber.poll(0.5)
+        removed = [e for e in self.subscriber.events if e[0] == "BlockRemoved" and e[2] == "DISK"]
+        self.assertTrue(removed)
+        self.assertEqual(self.subscriber.held["DISK"], self.files_on_disk())
 
 
 class KvEventsReplayTest(loom_server.ServerTestCase):

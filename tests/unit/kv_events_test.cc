@@ -66,7 +66,9 @@ class RecordingSink : public KvEventSink {
   Events events;
 
  private:
-  static const char* medium(KvMedium medium) { return medium == KvMedium::kDevice ? "GPU" : "CPU"; }
+  static const char* medium(KvMedium medium) {
+    return medium == KvMedium::kDevice ? "GPU" : medium == KvMedium::kHost ? "CPU" : "DISK";
+  }
 };
 
 KvBlockNaming naming(const std::string& salt = "cache") {
@@ -208,12 +210,56 @@ TEST(KvEvents, ARecomputedHostBlockIsStoredOnTheDeviceAgain) {
   EXPECT_EQ(cache.sink.held.size(), 4u);  // both blocks on both tiers
 }
 
+class SetDirectory : public KvBlockDirectory {
+ public:
+  bool contains(const KvBlockHash& hash) override { return blocks.count(hash) != 0; }
+  bool is_persistent() const override { return persistent; }
+  std::set<KvBlockHash> blocks;
+  bool persistent = true;
+};
+
+TEST(KvEvents, WriteThroughStoresBlocksOnDiskUntilTheStoreTrimsThem) {
+  SetDirectory directory;
+  EventCache cache(8, 8);
+  cache.kv.enable_disk_tier({&directory});
+  const Tokens tokens = block_tokens(0, 3);
+  cache.run(tokens);
+  EXPECT_EQ(cache.sink.take(), (Events{"+GPU base@0<", "+GPU base@4<0", "+GPU base@8<4"}));
+  const auto path = cache.kv.tree().match_any_tier(KvKey::single("base"), tokens);
+  ASSERT_EQ(path.size(), 3u);
+  // The store holds the first two blocks once the write-through ends (the third write failed).
+  directory.blocks = {path[0]->content_hash, path[1]->content_hash};
+  cache.finish_all();
+  EXPECT_EQ(cache.sink.take(),
+            (Events{"+CPU base@0<", "+CPU base@4<0", "+CPU base@8<4", "+DISK base@0<", "+DISK base@4<0"}));
+  // Gone from the device and the host, the blocks stay on disk.
+  const KvBlockHash first = path[0]->content_hash;
+  EXPECT_EQ(cache.kv.evict_all_cached(), 3);
+  cache.sink.take();
+  EXPECT_EQ(cache.sink.held.count({KvMedium::kDisk, first}), 1u);
+  // The store trimmed block 0 and a block this cache never announced: only block 0 is removed.
+  const std::vector<KvBlockHash> trimmed = {first, hash_string("another server's block")};
+  cache.kv.disk_blocks_removed(trimmed);
+  EXPECT_EQ(cache.sink.take(), (Events{"-DISK base@0"}));
+  cache.kv.disk_blocks_removed(trimmed);  // told twice: removed once
+  EXPECT_EQ(cache.sink.take(), Events{});
+}
+
+TEST(KvEvents, ATransferBufferWithoutStorageIsNotADisk) {
+  SetDirectory directory;
+  directory.persistent = false;  // a disaggregated engine's buffer
+  EventCache cache(8, 8);
+  cache.kv.enable_disk_tier({&directory});
+  const Tokens tokens = block_tokens(0, 1);
+  cache.run(tokens);
+  for (const RadixNode* node : cache.kv.tree().match_any_tier(KvKey::single("base"), tokens))
+    directory.blocks.insert(node->content_hash);
+  cache.finish_all();
+  EXPECT_EQ(cache.sink.take(), (Events{"+GPU base@0<", "+CPU base@0<"}));
+}
+
 TEST(KvEvents, DiskReadsStoreBlocksOnTheHost) {
-  class SetDirectory : public KvBlockDirectory {
-   public:
-    bool contains(const KvBlockHash& hash) override { return blocks.count(hash) != 0; }
-    std::set<KvBlockHash> blocks;
-  } directory;
+  SetDirectory directory;
   const Tokens tokens = block_tokens(0, 3);
   {  // Another process wrote the blocks (their names are the same: same salts).
     KvCacheManager writer(8, kBlock);
