@@ -358,6 +358,14 @@ class QueuePlane final : public KvDataPlane {
   std::deque<std::vector<std::byte>> queue_;
 };
 
+// Puts block n (`size` bytes) in `sender` and sends it alone; the blocks sent.
+int64_t send_one(KvLinkClient& client, const std::string& address, BufferedKvStore& sender, uint64_t n, size_t size) {
+  sender.put(block_name(n), payload_of(n, size));
+  const std::vector<KvBlockHash> hashes = {block_name(n)};
+  const std::vector<int64_t> sizes = {static_cast<int64_t>(size)};
+  return client.send(address, hashes, sizes, sender, {}).sent_blocks;
+}
+
 TEST(KvLinkChannelTest, PayloadsCrossThroughTheDataPlaneOnOnePooledConnection) {
   QueuePlane plane;
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
@@ -398,10 +406,7 @@ TEST(KvLinkChannelTest, APeerWithoutThePlaneGetsPayloadsInline) {
   KvLinkClient client(&mine);
   for (const KvLinkServer* server : {&plain, &other}) {
     const uint64_t n = server == &plain ? 1 : 2;
-    sender.put(block_name(n), payload_of(n, 500));
-    const std::vector<KvBlockHash> hashes = {block_name(n)};
-    const std::vector<int64_t> sizes = {500};
-    EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server->port()), hashes, sizes, sender, {}).sent_blocks, 1);
+    EXPECT_EQ(send_one(client, "127.0.0.1:" + std::to_string(server->port()), sender, n, 500), 1);
     EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 500));
   }
   EXPECT_EQ(client.stats().num_channels, 0);
@@ -416,10 +421,7 @@ TEST(KvLinkChannelTest, AChannelThatFailsFallsBackToInlinePayloadsForThatPeer) {
   KvLinkClient client(&plane, {.max_connections_per_peer = 1, .idle_seconds = 0.0});  // a new connection each send
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   for (uint64_t n = 0; n < 3; ++n) {
-    sender.put(block_name(n), payload_of(n, 300));
-    const std::vector<KvBlockHash> hashes = {block_name(n)};
-    const std::vector<int64_t> sizes = {300};
-    EXPECT_EQ(client.send(address, hashes, sizes, sender, {}).sent_blocks, 1);
+    EXPECT_EQ(send_one(client, address, sender, n, 300), 1);
     EXPECT_EQ(bytes_of(receiver.get(block_name(n))), payload_of(n, 300));
   }
   EXPECT_EQ(plane.num_connects.load(), 1);  // asked once; later connections to this peer go inline at once
