@@ -84,8 +84,12 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 namespace {
 
 // Sequences with at least this many new tokens (prefill chunks) run their
-// attention as GEMMs over chunks of queries; shorter ones token by token.
-constexpr int32_t kMinQueriesForGemm = 16;
+// attention as GEMMs over chunks of queries, which read each kv head's entries
+// once for all the chunk's queries and the query heads sharing it; single
+// tokens (decode) run token by token. Token by token, a warm prefix's short
+// tail re-read the whole cached context once per token and query head: 10 new
+// tokens over a 2K cached prefix cost 0.16 s against 0.05 s cold (SmolLM2).
+constexpr int32_t kMinQueriesForGemm = 2;
 
 float dot(const float* a, const float* b, int count) {
   float sum = 0.0f;
