@@ -122,7 +122,8 @@ std::string kv_probe_body(const KvRouteContext& context, std::string_view body) 
 std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
   const Json send = parse_json_object_body(body);
   BufferedKvStore* store = context.setup->store.get();
-  if (store == nullptr)
+  KvLinkClient* client = context.setup->client.get();  // made with the link, beside the buffer
+  if (store == nullptr || client == nullptr)
     throw ApiError(400, "this engine has no KV buffer to send from", "invalid_request_error", "",
                    "kv_transfer_disabled");
   if (!send.contains("blocks") || !send["blocks"].is_array())
@@ -153,8 +154,7 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
   KvTransferCounters* counters = context.counters;
   try {
     const std::string to = send["to"].get<std::string>();
-    report = context.setup->client ? context.setup->client->send(to, hashes, sizes, *store, options)
-                                   : send_kv_blocks(to, hashes, sizes, *store, options);
+    report = client->send(to, hashes, sizes, *store, options);
   } catch (const Error& error) {
     if (error.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, error.what(), "invalid_request_error", "to");
     if (counters != nullptr) ++counters->failed_sends;

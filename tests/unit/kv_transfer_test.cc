@@ -435,10 +435,7 @@ TEST(KvLinkChannelTest, CorruptedChannelBytesAreDroppedByTheirChecksum) {
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
   KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, &plane);
   KvLinkClient client(&plane);
-  sender.put(block_name(3), payload_of(3, 256));
-  const std::vector<KvBlockHash> hashes = {block_name(3)};
-  const std::vector<int64_t> sizes = {256};
-  EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server.port()), hashes, sizes, sender, {}).sent_blocks, 0);
+  EXPECT_EQ(send_one(client, "127.0.0.1:" + std::to_string(server.port()), sender, 3, 256), 0);
   EXPECT_FALSE(receiver.in_buffer(block_name(3)));
   EXPECT_EQ(server.stats().num_rejected_blocks, 1);
 }
