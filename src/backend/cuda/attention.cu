@@ -39,7 +39,8 @@ template <int kHeadDim, int kRowWarps, int kRankPad>
 constexpr size_t attention_shared_bytes() {
   constexpr int kStride = kHeadDim + 8;
   constexpr size_t kResidual = kRankPad > 0 ? static_cast<size_t>(2 * kHeadDim + 4 * kTileKeys) * (kRankPad + 8) : 0;
-  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16);
+  constexpr size_t kRopeTable = kRankPad > 0 && kRowWarps == 1 ? (kHeadDim / 4) * (sizeof(float4) + sizeof(float2)) : 0;
+  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16) + kRopeTable;
 }
 
 // Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
@@ -94,6 +95,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   bf16* bv_shared = bk_shared + kHeadDim * kRankStride;    // [kHeadDim][kRankStride]
   bf16* rk_shared = bv_shared + kHeadDim * kRankStride;    // [2][kTileKeys][kRankStride]
   bf16* rv_shared = rk_shared + 2 * kTileKeys * kRankStride;
+  float4* rope_shared = reinterpret_cast<float4*>(rv_shared + 2 * kTileKeys * kRankStride);  // decode: [kHeadDim / 4]
+  float2* rope_sin_shared = reinterpret_cast<float2*>(rope_shared + kHeadDim / 4);
 
   const AttentionWorkItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // padding of a graph-captured step's list
@@ -129,52 +132,91 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     module_k = lora_module(p.lora_modules, sequence.forked_slot, p.num_layers, p.layer, kLoraTargetK);
     module_v = lora_module(p.lora_modules, sequence.forked_slot, p.num_layers, p.layer, kLoraTargetV);
     residual_table = p.residual_block_tables + sequence.residual_block_table_offset;
-    // This kv head's rows of B_k and B_v, zero past the rank.
-    for (int index = tid; index < kHeadDim * kRankPad; index += kThreads) {
-      const int d = index / kRankPad;
-      const int j = index % kRankPad;
-      const int64_t row = static_cast<int64_t>(kv_head) * kHeadDim + d;
-      bk_shared[d * kRankStride + j] = j < module_k.rank ? module_k.b[row * module_k.rank + j] : __float2bfloat16_rn(0.0f);
-      bv_shared[d * kRankStride + j] = j < module_v.rank ? module_v.b[row * module_v.rank + j] : __float2bfloat16_rn(0.0f);
+    // This kv head's rows of B_k and B_v, zero past the rank; 16-byte loads where the rows allow.
+    auto load_b = [&](const LoraModuleRef& module, bf16* destination) {
+      const int64_t first_row = static_cast<int64_t>(kv_head) * kHeadDim;
+      if (module.rank % 8 == 0 && (reinterpret_cast<uintptr_t>(module.b) & 15) == 0) {
+        constexpr int kChunks = kRankPad / 8;
+        for (int index = tid; index < kHeadDim * kChunks; index += kThreads) {
+          const int d = index / kChunks;
+          const int c = index % kChunks;
+          uint4 value = make_uint4(0, 0, 0, 0);
+          if (c * 8 < module.rank)
+            value = *reinterpret_cast<const uint4*>(module.b + (first_row + d) * module.rank + c * 8);
+          *reinterpret_cast<uint4*>(destination + d * kRankStride + c * 8) = value;
+        }
+      } else {
+        for (int index = tid; index < kHeadDim * kRankPad; index += kThreads) {
+          const int d = index / kRankPad;
+          const int j = index % kRankPad;
+          destination[d * kRankStride + j] =
+              j < module.rank ? module.b[(first_row + d) * module.rank + j] : __float2bfloat16_rn(0.0f);
+        }
+      }
+    };
+    load_b(module_k, bk_shared);
+    load_b(module_v, bv_shared);
+    if constexpr (kRowWarps == 1) {
+      // RoPE of the warp's keys (decode_residual_scores): inv_freq, and the rotation by
+      // 8 positions that takes a lane's key g to key g + 8.
+      for (int pair = tid; pair < kHeadDim / 4; pair += kThreads) {
+        const float f0 = p.inv_freq[2 * pair], f1 = p.inv_freq[2 * pair + 1];
+        float c0, s0, c1, s1;
+        sincosf(8.0f * f0, &s0, &c0);
+        sincosf(8.0f * f1, &s1, &c1);
+        rope_shared[pair] = make_float4(f0, f1, c0, c1);
+        rope_sin_shared[pair] = make_float2(s0, s1);
+      }
     }
   }
 
+  // Thread tid copies chunk tid % kChunksPerRow of K/V rows tid / kChunksPerRow + kLoadRows * i
+  // (rK / rV: the same with kRankChunks): one address computation per row, and all
+  // block-table reads of a tile in flight together.
+  constexpr int kLoadRows = kThreads / kChunksPerRow;
+  constexpr int kLoadPasses = kTileKeys / kLoadRows;
+  static_assert(kThreads % kChunksPerRow == 0 && kTileKeys % kLoadRows == 0, "whole rows per pass");
+  const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
+  const int load_row = tid / kChunksPerRow;
+  const int load_chunk = tid % kChunksPerRow;
+  constexpr int kRankChunks = kForked ? kRankPad / 8 : 1;
+  constexpr int kResidualLoadRows = kThreads / kRankChunks;
+  constexpr int kResidualLoadPasses = kForked ? (kTileKeys + kResidualLoadRows - 1) / kResidualLoadRows : 0;
+  const PagedGather residual_gather =
+      PagedGather::rows(residual_table, p.residual_block_size, 2 * static_cast<int64_t>(p.residual_rank_stride));
+  const int residual_load_row = tid / kRankChunks;
+  const int residual_load_chunk = tid % kRankChunks;
+
   auto load_tile = [&](int tile_start, int buffer) {
     if constexpr (kForked) {
-      constexpr int kRankChunks = kRankPad / 8;
-      for (int chunk = tid; chunk < kTileKeys * kRankChunks; chunk += kThreads) {
-        const int r = chunk / kRankChunks;
-        const int c = chunk % kRankChunks;
+#pragma unroll
+      for (int i = 0; i < kResidualLoadPasses; ++i) {
+        const int r = residual_load_row + i * kResidualLoadRows;
+        if (r >= kTileKeys) break;
         const int key = tile_start + r;
         const bool key_valid = key < item.kv_end;
         const bf16* source = p.residual_pool;
-        if (key_valid) {
-          const int64_t slot = static_cast<int64_t>(residual_table[key / p.residual_block_size]) *
-                                   p.residual_block_size + key % p.residual_block_size;
-          source += slot * 2 * p.residual_rank_stride + c * 8;
-        }
-        const int destination = (buffer * kTileKeys + r) * kRankStride + c * 8;
+        if (key_valid) source += residual_gather.index(key) + residual_load_chunk * 8;
+        const int destination = (buffer * kTileKeys + r) * kRankStride + residual_load_chunk * 8;
         // Zero-filled past the rank (the slot holds zeros there, but another adapter's rank may be smaller).
-        cp_async_16(rk_shared + destination, source, key_valid && c * 8 < module_k.rank);
-        cp_async_16(rv_shared + destination, source + p.residual_rank_stride, key_valid && c * 8 < module_v.rank);
+        cp_async_16(rk_shared + destination, source, key_valid && residual_load_chunk * 8 < module_k.rank);
+        cp_async_16(rv_shared + destination, source + p.residual_rank_stride,
+                    key_valid && residual_load_chunk * 8 < module_v.rank);
       }
     }
-    for (int chunk = tid; chunk < kTileKeys * kChunksPerRow; chunk += kThreads) {
-      const int r = chunk / kChunksPerRow;
-      const int c = chunk % kChunksPerRow;
-      const int key = tile_start + r;
-      const bool valid = key < item.kv_end;
-      const bf16* k_source = p.k_cache;
-      const bf16* v_source = p.v_cache;
-      if (valid) {
-        const int64_t offset =
-            paged_kv_element_index(block_table, key, kv_head, p.block_size, p.num_kv_heads, kHeadDim) + c * 8;
-        k_source += offset;
-        v_source += offset;
-      }
-      const int destination = (buffer * kTileKeys + r) * kStride + c * 8;
-      cp_async_16(k_shared + destination, k_source, valid);
-      cp_async_16(v_shared + destination, v_source, valid);
+    int64_t offset[kLoadPasses];
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int key = tile_start + load_row + i * kLoadRows;
+      offset[i] = key < item.kv_end ? kv_gather.index(key) + load_chunk * 8 : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int r = load_row + i * kLoadRows;
+      const bool valid = tile_start + r < item.kv_end;
+      const int destination = (buffer * kTileKeys + r) * kStride + load_chunk * 8;
+      cp_async_16(k_shared + destination, p.k_cache + offset[i], valid);
+      cp_async_16(v_shared + destination, p.v_cache + offset[i], valid);
     }
     cp_async_commit();
   };
@@ -251,8 +293,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         static_assert(kScoreTiles == 2, "decode warps own 16 keys");
         if (module_k.rank > 0)
           add_residual_scores<kHeadDim, kRankPad>(
-              p.inv_freq, score, q_fragments, rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride,
-              bk_shared, module_k.scale, first_key, lane);
+              p.inv_freq, rope_shared, rope_sin_shared, score, q_fragments,
+              rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride, bk_shared, module_k.scale,
+              first_key, lane);
       }
 
       float tile_max[2] = {-INFINITY, -INFINITY};

@@ -84,25 +84,30 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     if (valid) source += sequence.query_row(row / group) * q_size + (kv_head * group + row % group) * kHeadDim + c * 8;
     cp_async_16(base + swizzled_chunk_offset(r, c, kWideRows), source, valid);
   }
+  // Thread tid copies chunk tid % kChunks of rows tid / kChunks + kLoadRows * i: one
+  // address computation per row, all block-table reads of a tile in flight together.
+  constexpr int kLoadRows = kWideThreads / kChunks;
+  constexpr int kLoadPasses = kWideKeys / kLoadRows;
+  static_assert(kWideThreads % kChunks == 0 && kWideKeys % kLoadRows == 0, "whole rows per pass");
+  const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
+  const int load_row = tid / kChunks;
+  const int load_chunk = tid % kChunks;
   auto load_tile = [&](int tile_start, int stage) {
     unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
     unsigned char* v_stage = base + kQBytes + (2 + stage) * kTileBytes;
-    for (int chunk = tid; chunk < kWideKeys * kChunks; chunk += kWideThreads) {
-      const int r = chunk / kChunks;
-      const int c = chunk % kChunks;
-      const int key = tile_start + r;
-      const bool valid = key < item.kv_end;
-      const bf16* k_source = p.k_cache;
-      const bf16* v_source = p.v_cache;
-      if (valid) {
-        const int64_t offset =
-            paged_kv_element_index(block_table, key, kv_head, p.block_size, p.num_kv_heads, kHeadDim) + c * 8;
-        k_source += offset;
-        v_source += offset;
-      }
-      const uint32_t destination = swizzled_chunk_offset(r, c, kWideKeys);
-      cp_async_16(k_stage + destination, k_source, valid);
-      cp_async_16(v_stage + destination, v_source, valid);
+    int64_t offset[kLoadPasses];
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int key = tile_start + load_row + i * kLoadRows;
+      offset[i] = key < item.kv_end ? kv_gather.index(key) + load_chunk * 8 : 0;
+    }
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int r = load_row + i * kLoadRows;
+      const bool valid = tile_start + r < item.kv_end;
+      const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kWideKeys);
+      cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
+      cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
     }
     cp_async_commit();
   };

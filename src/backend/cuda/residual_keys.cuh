@@ -103,21 +103,90 @@ __device__ __forceinline__ void rebuild_keys(const float* inv_freq, __nv_bfloat1
 // score tiles. The rebuilt keys never touch shared memory: packed to bf16, the
 // C fragments of (keys x head_dim) are exactly the B fragments of S = Q K^T
 // (key = the n index, head_dim = k). Keys past kv_end have rK = 0.
+// Per pair of n-tiles (t, t + 1) the lane's low halves make score step t / 2 and
+// the high halves step t / 2 + kHeadDim / 32, consumed at once (few live
+// registers). s_k multiplies the residual scores, not the keys. RoPE: the SFU for
+// the lane's key g; key g + 8 rotates that by 8 positions (rope: per pair of
+// head dims {inv_freq d, d + 1, cos 8θ d, d + 1}, rope_sin: {sin 8θ d, d + 1}).
 template <int kHeadDim, int kRankPad>
-__device__ __forceinline__ void add_residual_scores(const float* inv_freq, float (&score)[2][4],
-                                                    const uint32_t (&q)[kHeadDim / 16][4],
+__device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* rope, const float2* rope_sin,
+                                                    float (&score)[2][4], const uint32_t (&q)[kHeadDim / 16][4],
                                                     const __nv_bfloat16* rk_rows, const __nv_bfloat16* b, float scale,
                                                     int first_key, int lane) {
-  uint32_t keys[kHeadDim / 8][2];  // [head_dim tile][key g | key g + 8], bf16 pairs (d, d + 1)
-  residual_keys<kHeadDim, kRankPad>(inv_freq, rk_rows, b, scale, first_key, lane,
-                                    [&](int t, int h, int, int, float2 low, float2 high) {
-                                      keys[t][h] = pack_bf16(low.x, low.y);
-                                      keys[t + kHeadDim / 16][h] = pack_bf16(high.x, high.y);
-                                    });
+  if constexpr (kHeadDim < 32) {  // one n-tile a half: the old per-key form
+    uint32_t keys[kHeadDim / 8][2];
+    residual_keys<kHeadDim, kRankPad>(inv_freq, rk_rows, b, scale, first_key, lane,
+                                      [&](int t, int h, int, int, float2 low, float2 high) {
+                                        keys[t][h] = pack_bf16(low.x, low.y);
+                                        keys[t + kHeadDim / 16][h] = pack_bf16(high.x, high.y);
+                                      });
 #pragma unroll
-  for (int step = 0; step < kHeadDim / 16; ++step) {
-    mma_bf16(score[0], q[step], keys[2 * step][0], keys[2 * step + 1][0]);
-    mma_bf16(score[1], q[step], keys[2 * step][1], keys[2 * step + 1][1]);
+    for (int step = 0; step < kHeadDim / 16; ++step) {
+      mma_bf16(score[0], q[step], keys[2 * step][0], keys[2 * step + 1][0]);
+      mma_bf16(score[1], q[step], keys[2 * step][1], keys[2 * step + 1][1]);
+    }
+  } else {
+    constexpr int kRankStride = kRankPad + 8;
+    constexpr int kHalf = kHeadDim / 2;
+    constexpr int kRankSteps = kRankPad / 16;
+    uint32_t a[kRankSteps][4];
+#pragma unroll
+    for (int step = 0; step < kRankSteps; ++step)
+      ldmatrix_x4(a[step], rk_rows + (lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
+    const int g = lane / 4;
+    const int quad = lane % 4;
+    const float position = static_cast<float>(first_key + g);
+    float residual[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
+#pragma unroll
+    for (int j = 0; j < kHalf / 16; ++j) {
+      uint32_t low[2][2], high[2][2];  // [t - 2 j][h]
+#pragma unroll
+      for (int u = 0; u < 2; ++u) {
+        const int t = 2 * j + u;
+        float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+        for (int step = 0; step < kRankSteps; ++step) {
+          uint32_t fragment[4];  // B rows d (matrices 0, 1) and d + kHalf (2, 3)
+          ldmatrix_x4(fragment,
+                      b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
+          mma_bf16(first, a[step], fragment[0], fragment[1]);
+          mma_bf16(second, a[step], fragment[2], fragment[3]);
+        }
+        const int pair = t * 4 + quad;  // head dims d = 2 pair, d + 1
+        const float4 table = rope[pair];
+        const float2 sin8 = rope_sin[pair];
+        float cosine[2][2], sine[2][2];  // [h][e]
+        const float angle[2] = {__fmul_rn(table.x, position), __fmul_rn(table.y, position)};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const float turns = rintf(angle[e] * 0.159154943091895336f);
+          float reduced = fmaf(-turns, 6.28318548202514648f, angle[e]);
+          reduced = fmaf(-turns, -1.74845553e-07f, reduced);
+          __sincosf(reduced, &sine[0][e], &cosine[0][e]);
+        }
+        const float cos8[2] = {table.z, table.w}, sin8v[2] = {sin8.x, sin8.y};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          cosine[1][e] = fmaf(cosine[0][e], cos8[e], -sine[0][e] * sin8v[e]);
+          sine[1][e] = fmaf(sine[0][e], cos8[e], cosine[0][e] * sin8v[e]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const float x0 = first[2 * h], x1 = first[2 * h + 1];
+          const float y0 = second[2 * h], y1 = second[2 * h + 1];
+          low[u][h] = pack_bf16(fmaf(x0, cosine[h][0], -y0 * sine[h][0]), fmaf(x1, cosine[h][1], -y1 * sine[h][1]));
+          high[u][h] = pack_bf16(fmaf(y0, cosine[h][0], x0 * sine[h][0]), fmaf(y1, cosine[h][1], x1 * sine[h][1]));
+        }
+      }
+      mma_bf16(residual[0], q[j], low[0][0], low[1][0]);
+      mma_bf16(residual[1], q[j], low[0][1], low[1][1]);
+      mma_bf16(residual[0], q[j + kHalf / 16], high[0][0], high[1][0]);
+      mma_bf16(residual[1], q[j + kHalf / 16], high[0][1], high[1][1]);
+    }
+#pragma unroll
+    for (int t = 0; t < 2; ++t)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) score[t][e] = fmaf(scale, residual[t][e], score[t][e]);
   }
 }
 
