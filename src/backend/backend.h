@@ -38,6 +38,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -81,6 +82,10 @@ struct DeviceSampling {
   float top_p = 1.0f;        // (0, 1]; 1: no nucleus cut
   uint64_t seed = 0;
   uint64_t step = 0;         // e.g. the number of tokens the request generated so far
+  // >= 0 (capabilities().device_token_masks only): before drawing, logits of the
+  // tokens whose bit is clear in row mask_row of Batch::fill_token_masks' masks
+  // become -inf (structured outputs). The logprob is then under the masked logits.
+  int32_t mask_row = -1;
 };
 
 struct Batch {
@@ -97,6 +102,15 @@ struct Batch {
   // Empty, or one entry per sequence (capabilities().device_sampling only).
   // A sequence sampled on the device must not ask for logits_for_all_tokens.
   std::vector<DeviceSampling> sampling;
+  // Token masks of DeviceSampling::mask_row (capabilities().device_token_masks):
+  // forward() calls fill_token_masks(masks, words_per_row) exactly once, after
+  // enqueuing the model's work and before drawing, with room for
+  // num_token_mask_rows rows of words_per_row = ceil(vocab_size / 32) words; bit
+  // (t % 32) of word t / 32 set = token t allowed. The caller fills every row
+  // (it may block meanwhile: its mask work overlaps the device's). The pointer
+  // is valid only during the call.
+  int32_t num_token_mask_rows = 0;
+  std::function<void(uint32_t* masks, int32_t words_per_row)> fill_token_masks;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };

@@ -36,6 +36,8 @@ struct BackendCapabilities {
   int32_t max_residual_rank = 0;
   // forward() honours Batch::sampling (backend.h DeviceSampling).
   bool device_sampling = false;
+  // ... and DeviceSampling::mask_row / Batch::fill_token_masks (structured outputs on the device).
+  bool device_token_masks = false;
   // allocate_host_kv_cache / copy_kv_blocks work for the main pool.
   bool host_kv_tier = false;
   // ... and for the rCache pool (KvPoolKind::kResidual) of forked sharing.

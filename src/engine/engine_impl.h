@@ -51,6 +51,7 @@
 #include "kv/kv_residency.h"
 #include "kvevents/kv_event_publisher.h"
 #include "scheduler/scheduler.h"
+#include "util/worker_pool.h"
 #include "workflow/workflow_registry.h"
 
 namespace loom {
@@ -122,8 +123,10 @@ class EngineImpl final : public Engine {
   // Backend::forward; on failure, ends the batch's requests with the error and returns nullopt.
   std::optional<ForwardResult> forward(const ScheduledBatch& scheduled);
   // Starts computing the structured-output masks of the rows that sample this
-  // step (PendingRequest::prepare_constraint_mask) on other threads.
-  std::vector<std::future<void>> start_constraint_masks(const ScheduledBatch& scheduled);
+  // step (PendingRequest::prepare_constraint_mask) on host_workers().
+  WorkerPool::Job start_constraint_masks(const ScheduledBatch& scheduled);
+  // The per-step host work's threads (masks, host sampling, grammar steps), made at first use.
+  WorkerPool& host_workers();
   void fail_batch(const ScheduledBatch& scheduled, const Error& error);
   // Samples (or takes the device-sampled token of) every row that samples, and emits the outputs.
   void sample_and_emit(const ScheduledBatch& scheduled, const ForwardResult& result);
@@ -158,6 +161,7 @@ class EngineImpl final : public Engine {
   WorkflowSync workflow_sync_;
   StepStats step_stats_;
   ActiveRequests active_;
+  std::unique_ptr<WorkerPool> host_workers_;
   std::vector<std::pair<std::shared_ptr<RequestChannel>, RequestOutput>> queued_outputs_;
   bool any_request_admitted_ = false;  // pools are fixed from then on
   bool idle_checked_ = false;

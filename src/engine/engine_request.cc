@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <limits>
+#include <utility>
 
 namespace loom {
 
@@ -75,10 +76,46 @@ RequestOutput PendingRequest::finish_without_token(FinishReason reason) {
   return output;
 }
 
-bool PendingRequest::can_sample_on_device() const {
+bool PendingRequest::can_sample_on_device(bool device_token_masks) const {
   // The device sampler has no penalties, bias or min_p.
   return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens &&
-         !request.sampling.modifies_logits() && !matcher;
+         !request.sampling.modifies_logits() && (!matcher || device_token_masks);
+}
+
+void PendingRequest::write_device_mask(uint32_t* words, int32_t num_words) {
+  std::fill_n(words, num_words, 0xFFFFFFFFu);
+  device_mask_ = DeviceMask::kFailed;
+  try {
+    if (!mask_prepared_) matcher->fill_next_token_bitmask(allowed_tokens_);
+  } catch (const Error& error) {
+    device_mask_error_ = error;
+    return;
+  } catch (const std::exception& error) {
+    device_mask_error_ = Error(ErrorKind::kInternal, fmt::format("structured output: {}", error.what()));
+    return;
+  }
+  mask_prepared_ = false;  // the sampled token moves the matcher on
+  const int64_t grammar_vocab = matcher->grammar().vocabulary().size();
+  bool any = false;
+  for (int32_t w = 0; w < num_words; ++w) {
+    uint32_t word = 0;
+    const int64_t first = static_cast<int64_t>(w) * 32;
+    if (first < grammar_vocab) {
+      word = static_cast<uint32_t>(allowed_tokens_[static_cast<size_t>(first >> 6)] >> (first & 63));
+      if (grammar_vocab - first < 32) word &= (1u << (grammar_vocab - first)) - 1u;
+    }
+    words[w] = word;
+    any = any || word != 0;
+  }
+  device_mask_ = any ? DeviceMask::kWritten : DeviceMask::kEmpty;
+  if (!any) std::fill_n(words, num_words, 0xFFFFFFFFu);
+}
+
+RequestOutput PendingRequest::on_device_token(SampledToken sampled, const std::vector<TokenId>& eos_ids) {
+  const DeviceMask mask = std::exchange(device_mask_, DeviceMask::kNone);
+  if (mask == DeviceMask::kFailed) return failed(*std::exchange(device_mask_error_, std::nullopt));
+  if (mask == DeviceMask::kEmpty) return finish_without_token(FinishReason::kStop);
+  return on_sampled_token(std::move(sampled), eos_ids);
 }
 
 RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids) {

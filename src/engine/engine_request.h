@@ -55,11 +55,23 @@ struct PendingRequest {
   RequestOutput on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids);
   // True when the backend may draw the next token itself (backend.h
   // DeviceSampling): no top logprobs asked for, no EOS / stop-token masking
-  // pending (min_new_tokens reached), no penalties, logit_bias or min_p, no
-  // structured-output constraint (its mask is applied on the host).
-  bool can_sample_on_device() const;
+  // pending (min_new_tokens reached), no penalties, logit_bias or min_p, and no
+  // structured-output constraint unless the backend takes token masks
+  // (`device_token_masks`: write_device_mask gives it this step's).
+  bool can_sample_on_device(bool device_token_masks) const;
   // on_logits' second half, for a token drawn on the device.
   RequestOutput on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);
+  // Structured outputs drawn on the device: writes the grammar's mask of allowed
+  // next tokens as num_words words of 32 bits (bit t % 32 of word t / 32 = token
+  // t; tokens past the grammar's vocabulary clear), from prepare_constraint_mask's
+  // result when it has one. A grammar that fails here, or allows no token, leaves
+  // that outcome to on_device_token (the mask then allows everything, so the draw
+  // stays defined).
+  void write_device_mask(uint32_t* words, int32_t num_words);
+  // on_sampled_token for a row drawn on the device: a constrained request whose
+  // write_device_mask found no allowed token stops, one whose grammar failed ends
+  // with that error (the drawn token is dropped in both cases).
+  RequestOutput on_device_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);
   // A finished output carrying `error`.
   RequestOutput failed(const Error& error) const;
   // Structured outputs: computes the grammar's mask of allowed next tokens
@@ -77,6 +89,10 @@ struct PendingRequest {
   std::vector<float> masked_logits_;
   std::vector<uint64_t> allowed_tokens_;  // the matcher's bitmask, reused across steps
   bool mask_prepared_ = false;            // allowed_tokens_ is the matcher's current state's
+  // write_device_mask's outcome, for on_device_token.
+  enum class DeviceMask { kNone, kWritten, kEmpty, kFailed };
+  DeviceMask device_mask_ = DeviceMask::kNone;
+  std::optional<Error> device_mask_error_;
 };
 
 // The engine thread's requests in flight, by id.

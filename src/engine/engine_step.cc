@@ -1,6 +1,5 @@
 // One engine step and its parts (EngineImpl's private half; see engine_impl.h).
 #include <algorithm>
-#include <future>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -74,46 +73,62 @@ Batch EngineImpl::build_step_batch(const ScheduledBatch& scheduled) const {
       build_batch(scheduled, *scheduler_, [&](SchedulerRequestId id) { return active_.at(id)->kv_plan.sharing; });
   // Device sampling where the backend has it: only token ids come back for the
   // requests that need nothing else (rows that sample nothing this step take a
-  // greedy id too, so that their logits stay on the device).
+  // greedy id too, so that their logits stay on the device). Structured outputs
+  // stay there too where the backend takes token masks: each gets a mask row,
+  // in row order (forward() fills them).
   if (capabilities_.device_sampling) {
     batch.sampling.resize(scheduled.requests.size());
     for (size_t i = 0; i < scheduled.requests.size(); ++i) {
       const PendingRequest& request = *active_.at(scheduled.requests[i].id);
-      if (scheduled.requests[i].samples_next_token && !request.can_sample_on_device()) continue;
+      const bool samples = scheduled.requests[i].samples_next_token;
+      if (samples && !request.can_sample_on_device(capabilities_.device_token_masks)) continue;
       const SamplingParams& params = request.request.sampling;
       batch.sampling[i] = {true, params.temperature, params.top_k, params.top_p, params.seed,
                            static_cast<uint64_t>(request.num_output_tokens)};
+      if (samples && request.matcher) batch.sampling[i].mask_row = batch.num_token_mask_rows++;
     }
   }
   return batch;
 }
 
-std::vector<std::future<void>> EngineImpl::start_constraint_masks(const ScheduledBatch& scheduled) {
+WorkerPool& EngineImpl::host_workers() {
+  // A few threads: on a GPU the cores are idle during the forward; on the CPU
+  // backend they compete with it, but the masks are needed right after anyway.
+  if (!host_workers_)
+    host_workers_ = std::make_unique<WorkerPool>(std::min<size_t>(8, std::max(1u, std::thread::hardware_concurrency())));
+  return *host_workers_;
+}
+
+WorkerPool::Job EngineImpl::start_constraint_masks(const ScheduledBatch& scheduled) {
   std::vector<PendingRequest*> constrained;
   for (const ScheduledRequest& entry : scheduled.requests) {
     PendingRequest& request = *active_.at(entry.id);
     if (entry.samples_next_token && request.matcher) constrained.push_back(&request);
   }
-  std::vector<std::future<void>> tasks;
-  if (constrained.empty()) return tasks;
-  // A few threads: on a GPU the cores are idle during the forward; on the CPU
-  // backend they compete with it, but the masks are needed right after anyway.
-  const size_t num_tasks = std::min<size_t>({constrained.size(), 8, std::max(1u, std::thread::hardware_concurrency())});
-  for (size_t t = 0; t < num_tasks; ++t)
-    tasks.push_back(std::async(std::launch::async, [constrained, t, num_tasks] {
-      for (size_t i = t; i < constrained.size(); i += num_tasks) constrained[i]->prepare_constraint_mask();
-    }));
-  return tasks;
+  if (constrained.empty()) return {};
+  return host_workers().start(constrained.size(),
+                              [constrained](size_t i) { constrained[i]->prepare_constraint_mask(); });
 }
 
 std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled) {
-  const Batch batch = build_step_batch(scheduled);
+  Batch batch = build_step_batch(scheduled);
   // Structured outputs' masks are computed while the forward runs; the tasks
   // end before this returns (so before any request they touch can end).
-  std::vector<std::future<void>> masks = start_constraint_masks(scheduled);
-  auto finish_masks = [&masks] {
-    for (std::future<void>& task : masks) task.wait();
-  };
+  WorkerPool::Job masks = start_constraint_masks(scheduled);
+  auto finish_masks = [&masks] { masks.wait(); };
+  if (batch.num_token_mask_rows > 0) {
+    // The backend asks for the masks of rows it draws once the model's work is
+    // enqueued: by then the tasks above have had the forward's time to run.
+    std::vector<PendingRequest*> masked(static_cast<size_t>(batch.num_token_mask_rows));
+    for (size_t i = 0; i < batch.sampling.size(); ++i)
+      if (batch.sampling[i].mask_row >= 0) masked[static_cast<size_t>(batch.sampling[i].mask_row)] =
+                                               active_.at(scheduled.requests[i].id).get();
+    batch.fill_token_masks = [masked = std::move(masked), &finish_masks](uint32_t* words, int32_t words_per_row) {
+      finish_masks();
+      for (size_t k = 0; k < masked.size(); ++k)
+        masked[k]->write_device_mask(words + k * static_cast<size_t>(words_per_row), words_per_row);
+    };
+  }
   try {
     ForwardResult result = backend_->forward(batch);
     finish_masks();
@@ -142,42 +157,43 @@ void EngineImpl::sample_and_emit(const ScheduledBatch& scheduled, const ForwardR
   // Rows that come back as logits are sampled here: each is one request's own
   // state (sampler, matcher, detokenizer), so on a device backend (whose host
   // cores are otherwise idle) several run in parallel (a structured-output row
-  // masks and reads its whole vocabulary row); what they produce is emitted in
-  // row order on this thread. The CPU backend keeps its cores for the forward.
+  // masks and reads its whole vocabulary row; one drawn on the device still
+  // moves its grammar on); what they produce is emitted in row order on this
+  // thread. The CPU backend keeps its cores for the forward.
   std::vector<std::optional<RequestOutput>> outputs(scheduled.requests.size());
-  std::vector<std::pair<size_t, size_t>> host_rows;  // (row, its logits row)
+  struct RowWork {
+    size_t row;
+    std::optional<size_t> logits_row;  // none: drawn on the device
+  };
+  std::vector<RowWork> work;
   size_t num_host_rows = 0;  // result.logits holds only the rows not sampled on the device
   for (size_t row = 0; row < scheduled.requests.size(); ++row) {
     const bool device_sampled = any_device_sampled && result.sampled_token_ids[row] >= 0;
     const size_t logits_row = device_sampled ? 0 : num_host_rows++;
-    if (scheduled.requests[row].samples_next_token && !device_sampled) host_rows.emplace_back(row, logits_row);
+    if (!scheduled.requests[row].samples_next_token) continue;
+    if (!device_sampled) work.push_back({row, logits_row});
+    else if (active_.at(scheduled.requests[row].id)->matcher) work.push_back({row, std::nullopt});
   }
-  auto sample_host_row = [&](const std::pair<size_t, size_t>& host_row) {
-    PendingRequest& request = *active_.at(scheduled.requests[host_row.first].id);
-    outputs[host_row.first] = request.on_logits(
-        result.logits.data() + host_row.second * static_cast<size_t>(result.vocab_size), result.vocab_size, eos_ids_);
+  auto run_row = [&](const RowWork& item) {
+    PendingRequest& request = *active_.at(scheduled.requests[item.row].id);
+    outputs[item.row] =
+        item.logits_row
+            ? request.on_logits(result.logits.data() + *item.logits_row * static_cast<size_t>(result.vocab_size),
+                                result.vocab_size, eos_ids_)
+            : request.on_device_token({result.sampled_token_ids[item.row], result.sampled_logprobs[item.row], {}},
+                                      eos_ids_);
   };
-  const size_t num_tasks =
-      capabilities_.device_sampling
-          ? std::min<size_t>({host_rows.size(), 8, std::max(1u, std::thread::hardware_concurrency())})
-          : 1;
-  if (num_tasks <= 1) {
-    for (const auto& host_row : host_rows) sample_host_row(host_row);
+  if (!capabilities_.device_sampling || work.size() <= 1) {
+    for (const RowWork& item : work) run_row(item);
   } else {
-    std::vector<std::future<void>> tasks;
-    for (size_t t = 0; t < num_tasks; ++t)
-      tasks.push_back(std::async(std::launch::async, [&, t] {
-        for (size_t i = t; i < host_rows.size(); i += num_tasks) sample_host_row(host_rows[i]);
-      }));
-    for (std::future<void>& task : tasks) task.wait();
-    for (std::future<void>& task : tasks) task.get();  // rethrows what a row threw
+    host_workers().start(work.size(), [&](size_t i) { run_row(work[i]); }).wait();  // rethrows what a row threw
   }
   for (size_t row = 0; row < scheduled.requests.size(); ++row) {
     const ScheduledRequest& entry = scheduled.requests[row];
     if (!entry.samples_next_token) continue;
     if (entry.num_new_tokens == 1) ++num_decodes;
     RequestOutput output = outputs[row] ? std::move(*outputs[row])
-                                        : active_.at(entry.id)->on_sampled_token(
+                                        : active_.at(entry.id)->on_device_token(
                                               {result.sampled_token_ids[row], result.sampled_logprobs[row], {}}, eos_ids_);
     on_token(entry.id, std::move(output), now);
   }

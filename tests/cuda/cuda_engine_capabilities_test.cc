@@ -28,6 +28,7 @@ TEST(CudaCapabilities, DeclaresWhatForwardRuns) {  // no GPU needed
   EXPECT_EQ(capabilities.max_lora_rank, kLoraMaxRank);
   EXPECT_EQ(capabilities.max_residual_rank, kResidualMaxRank);
   EXPECT_TRUE(capabilities.device_sampling);
+  EXPECT_TRUE(capabilities.device_token_masks);
   EXPECT_TRUE(capabilities.host_kv_tier);
   EXPECT_TRUE(capabilities.residual_host_kv_tier);
   EXPECT_TRUE(capabilities.capture_hidden_states);

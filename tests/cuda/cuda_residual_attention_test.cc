@@ -281,7 +281,7 @@ TEST(CudaResidualAttention, PrefillAndChunkedPrefillOverCache) {
 
 TEST(CudaResidualAttention, HeadDim64AndEachRankTier) {
   LOOM_REQUIRE_GPU();
-  for (int rank : {8, 16, 32, 64}) {
+  for (int rank : {4, 8, 16, 32, 64}) {  // 4: B rows too short for 16-byte loads
     ResidualCase c;
     c.head_dim = 64;
     c.num_heads = 9;

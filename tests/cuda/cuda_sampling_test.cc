@@ -280,5 +280,74 @@ TEST(CudaSampling, BackendReturnsTokensForDeviceRowsAndLogitsForTheRest) {
   EXPECT_THROW(backend->forward(bad), Error);
 }
 
+// Structured outputs on the device (Batch::fill_token_masks): the masks are
+// asked for once per forward; a masked greedy row draws the best allowed token
+// and its logprob is under the masked logits; rows without a mask, and steps
+// replayed from a CUDA graph, are unaffected; a sampled row draws only allowed
+// tokens.
+TEST(CudaSampling, TokenMasksRestrictTheDrawToAllowedTokens) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  auto backend = make_synthetic_cuda_backend(config, 2, false);
+  backend->allocate_kv_cache({16, 16});
+  const int vocab = config.vocab_size;
+  const int words = (vocab + 31) / 32;
+  Batch batch;
+  for (int s = 0; s < 3; ++s) {
+    BatchSequence sequence;
+    sequence.num_new_tokens = 1;
+    sequence.num_computed_tokens = 0;
+    sequence.token_offset = s;
+    sequence.block_table_offset = s;
+    sequence.num_blocks = 1;
+    batch.sequences.push_back(sequence);
+    batch.block_tables.push_back(2 * s + 1);
+    batch.token_ids.push_back(11 * s + 2);
+    batch.positions.push_back(0);
+    batch.adapter_slots.push_back(-1);
+  }
+  const ForwardResult plain = backend->forward(batch);
+  // Allowed: row 0 every third token below vocab / 2 except its argmax; row 1 (sampled) ids 5..12.
+  std::vector<uint32_t> allowed(2 * static_cast<size_t>(words), 0u);
+  const int best0 = argmax_lowest(plain.logits.data(), vocab);
+  for (int t = 0; t < vocab / 2; t += 3)
+    if (t != best0) allowed[t / 32] |= 1u << (t % 32);
+  for (int t = 5; t <= 12; ++t) allowed[words + t / 32] |= 1u << (t % 32);
+  int expected0 = -1;
+  for (int t = 0; t < vocab; ++t)
+    if ((allowed[t / 32] >> (t % 32)) & 1u)
+      if (expected0 < 0 || plain.logits[t] > plain.logits[expected0]) expected0 = t;
+
+  for (int round = 0; round < 4; ++round) {  // eager, then graph-captured decode shapes replay
+    Batch masked = batch;
+    masked.sampling.resize(3);
+    masked.sampling[0] = {true, 0.0f, 0, 1.0f, 1, 0, 0};
+    masked.sampling[1] = {true, 1.0f, 0, 1.0f, 7, static_cast<uint64_t>(round), 1};
+    masked.sampling[2] = {true, 0.0f, 0, 1.0f, 3, 0};
+    masked.num_token_mask_rows = 2;
+    int calls = 0;
+    masked.fill_token_masks = [&](uint32_t* masks, int32_t words_per_row) {
+      ++calls;
+      ASSERT_EQ(words_per_row, words);
+      std::copy(allowed.begin(), allowed.end(), masks);
+    };
+    const ForwardResult result = backend->forward(masked);
+    EXPECT_EQ(calls, 1);
+    ASSERT_EQ(result.sampled_token_ids.size(), 3u);
+    EXPECT_EQ(result.sampled_token_ids[0], expected0);
+    double sum = 0.0;  // logprob under the masked logits
+    for (int t = 0; t < vocab; ++t)
+      if ((allowed[t / 32] >> (t % 32)) & 1u) sum += std::exp(plain.logits[t] - plain.logits[expected0]);
+    EXPECT_NEAR(result.sampled_logprobs[0], -std::log(sum), 1e-3);
+    EXPECT_GE(result.sampled_token_ids[1], 5);
+    EXPECT_LE(result.sampled_token_ids[1], 12);
+    EXPECT_EQ(result.sampled_token_ids[2], argmax_lowest(plain.logits.data() + 2 * vocab, vocab)) << "no mask row";
+  }
+  Batch bad = batch;
+  bad.sampling.resize(3);
+  bad.sampling[0] = {true, 0.0f, 0, 1.0f, 1, 0, 0};
+  EXPECT_THROW(backend->forward(bad), Error) << "a mask row without masks";
+}
+
 }  // namespace
 }  // namespace loom::cuda

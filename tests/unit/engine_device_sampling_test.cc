@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
+#include "grammar/constraint_compiler.h"
 #include "engine_test_util.h"
 #include "model/loader.h"
 #include "oracles/generator.h"
@@ -25,23 +27,40 @@ namespace {
 
 class ArgmaxSamplingBackend final : public test::ForwardingBackend {
  public:
-  using ForwardingBackend::ForwardingBackend;
+  ArgmaxSamplingBackend(std::unique_ptr<Backend> inner, bool token_masks = false)
+      : ForwardingBackend(std::move(inner)), token_masks_(token_masks) {}
   BackendCapabilities capabilities() const override {
     BackendCapabilities capabilities = inner().capabilities();
     capabilities.device_sampling = true;
+    capabilities.device_token_masks = token_masks_;
     return capabilities;
   }
 
   ForwardResult forward(const Batch& batch) override {
     Batch plain = batch;
     plain.sampling.clear();
+    plain.num_token_mask_rows = 0;
+    plain.fill_token_masks = nullptr;
     ForwardResult result = inner().forward(plain);
     if (batch.sampling.empty()) return result;
     EXPECT_EQ(batch.sampling.size(), batch.sequences.size());
     const size_t vocab = static_cast<size_t>(result.vocab_size);
+    // As backend.h says: the masks are asked for once, after the model's work.
+    const int32_t words_per_row = (result.vocab_size + 31) / 32;
+    std::vector<uint32_t> masks(static_cast<size_t>(batch.num_token_mask_rows) * words_per_row, 0xA5A5A5A5u);
+    if (batch.num_token_mask_rows > 0) {
+      EXPECT_TRUE(token_masks_);
+      batch.fill_token_masks(masks.data(), words_per_row);
+    }
     std::vector<float> packed;
     for (size_t row = 0; row < batch.sequences.size(); ++row) {
-      const float* logits = result.logits.data() + row * vocab;
+      float* logits = result.logits.data() + row * vocab;
+      if (batch.sampling[row].on_device && batch.sampling[row].mask_row >= 0) {
+        ++num_masked_rows;
+        const uint32_t* mask = masks.data() + static_cast<size_t>(batch.sampling[row].mask_row) * words_per_row;
+        for (size_t t = 0; t < vocab; ++t)
+          if (!((mask[t / 32] >> (t % 32)) & 1u)) logits[t] = -std::numeric_limits<float>::infinity();
+      }
       if (!batch.sampling[row].on_device) {
         ++num_host_rows;
         packed.insert(packed.end(), logits, logits + vocab);
@@ -61,7 +80,10 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
     return result;
   }
 
-  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0};
+  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0}, num_masked_rows{0};
+
+ private:
+  bool token_masks_;
 };
 
 std::vector<int32_t> tokens_of(RequestStream& stream) {
@@ -124,6 +146,67 @@ TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
   }
   EXPECT_GT(backend->num_device_rows.load(), 0);
   EXPECT_GE(backend->num_host_rows.load(), 7 + 3 + 7) << "requests 1 and 3's rows and request 2's first three";
+}
+
+// Structured outputs drawn on the device (capabilities().device_token_masks):
+// each constrained row gets a mask row the engine fills from the grammar, and
+// greedy requests give what the host path (masks applied to logits rows on the
+// host) gives, ending where the grammar ends.
+TEST(EngineDeviceSampling, ConstrainedRowsDrawnOnTheDeviceMatchTheHostPath) {
+  test::TempDir directory;
+  SyntheticModelOptions options;
+  options.arch = Architecture::kLlama;
+  write_synthetic_model(directory.str(), options);
+  const LoadedModel model = load_model(directory.str());
+  grammar::ConstraintCompiler compiler(grammar::TokenVocabulary::from_tokenizer(*model.tokenizer));
+  const std::vector<std::shared_ptr<const grammar::CompiledGrammar>> constraints = {
+      compiler.regex("[a-e]{2,6}-(yes|no)"), compiler.choice({"alpha", "beta", "gamma delta"}),
+      compiler.json_schema(nlohmann::json::parse(
+          R"({"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"], "additionalProperties": false})"))};
+
+  auto run = [&](bool token_masks, int64_t* masked_rows) {
+    auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}), token_masks);
+    ArgmaxSamplingBackend* backend = owned.get();
+    EngineConfig config;
+    config.block_size = 4;
+    config.num_kv_blocks = 256;
+    config.max_batch_tokens = 32;
+    auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+    std::vector<EngineRequest> requests;
+    for (size_t i = 0; i < constraints.size() + 1; ++i) {
+      EngineRequest request;
+      request.prompt_tokens = model.tokenizer->encode("constrained request " + std::to_string(i), true);
+      request.max_new_tokens = 24;
+      if (i < constraints.size()) request.constraint = constraints[i];  // the last one is free
+      requests.push_back(request);
+    }
+    std::vector<std::vector<int32_t>> tokens(requests.size());
+    std::vector<std::string> text(requests.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < requests.size(); ++i)
+      clients.emplace_back([&, i] {
+        test::read_stream(*engine->submit(requests[i]), [&](const RequestOutput& output) {
+          EXPECT_FALSE(output.error.has_value()) << output.error->what();
+          text[i] += output.text_delta;
+          for (const auto& token : output.new_tokens) tokens[i].push_back(token.token_id);
+        });
+      });
+    for (auto& client : clients) client.join();
+    engine->shutdown(false);
+    *masked_rows = backend->num_masked_rows.load();
+    return std::make_pair(tokens, text);
+  };
+  int64_t device_masked = 0, host_masked = 0;
+  const auto [device_tokens, device_text] = run(true, &device_masked);
+  const auto [host_tokens, host_text] = run(false, &host_masked);
+  EXPECT_EQ(device_tokens, host_tokens);
+  EXPECT_EQ(device_text, host_text);
+  EXPECT_GT(device_masked, 0);
+  EXPECT_EQ(host_masked, 0);
+  for (size_t i = 0; i < constraints.size(); ++i) EXPECT_FALSE(device_tokens[i].empty()) << "request " << i;
+  std::printf("[ device masks ] %lld masked device rows; outputs: '%s' '%s' '%s'\n",
+              static_cast<long long>(device_masked), device_text[0].c_str(), device_text[1].c_str(),
+              device_text[2].c_str());
 }
 
 }  // namespace

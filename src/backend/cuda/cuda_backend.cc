@@ -440,10 +440,29 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   plan_step(batch, false);
   if (plan_.num_tokens() == 0) return;
   upload_plan();
-  enqueue_kernels();
+  const bool masked = batch.num_token_mask_rows > 0;
+  enqueue_kernels(!masked);
+  if (masked) enqueue_masked_sampling(batch);
 }
 
-void CudaBackend::enqueue_kernels() {
+void CudaBackend::enqueue_masked_sampling(const Batch& batch) {
+  if (plan_.sampling_rows().empty()) return;
+  const PlanSections& sections = plan_.sections();
+  const int32_t num_rows = plan_.num_logit_launch_rows();
+  const int32_t words = (config_.vocab_size + 31) / 32;
+  const size_t bytes = static_cast<size_t>(batch.num_token_mask_rows) * words * sizeof(uint32_t);
+  // The previous step's upload from token_masks_host_ ended with its finish_forward().
+  token_masks_host_.reserve(bytes);
+  token_masks_.reserve(bytes);
+  batch.fill_token_masks(token_masks_host_.as<uint32_t>(), words);
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(token_masks_.data(), token_masks_host_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+  launch_apply_token_masks(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
+                           token_masks_.as<uint32_t>(), words, stream_);
+  launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
+                  sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
+}
+
+void CudaBackend::enqueue_kernels(bool with_sampling) {
   const PlanSections& sections = plan_.sections();
   const int32_t n = plan_.num_rows();
   const int32_t hidden = config_.hidden_size;
@@ -462,7 +481,7 @@ void CudaBackend::enqueue_kernels() {
                       stream_, lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
   linear(normed_.as<__nv_bfloat16>(), num_rows, hidden, model_.lm_head(), config_.vocab_size, logits_.data(), false,
          config_.vocab_size);
-  if (!plan_.sampling_rows().empty())
+  if (with_sampling && !plan_.sampling_rows().empty())
     launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
                     sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
 }
@@ -479,14 +498,14 @@ void CudaBackend::clear_graphs() {
   graphs_.clear();
 }
 
-void CudaBackend::run_graph() {
+void CudaBackend::run_graph(bool with_sampling) {
   // A graph holds the buffers' addresses: when one has grown, none is valid.
   std::vector<const void*> buffers = graph_buffers();
   if (buffers != graph_buffers_) {
     clear_graphs();
     graph_buffers_ = std::move(buffers);
   }
-  const GraphKey key{plan_.launch_counts(), residual_rank_, lora_max_rank_};
+  const GraphKey key{plan_.launch_counts(), residual_rank_, lora_max_rank_, with_sampling};
   const int64_t now = graph_stats_.captures + graph_stats_.replays;
   if (auto it = graphs_.find(key); it != graphs_.end()) {
     LOOM_CUDA_CHECK(cudaGraphLaunch(it->second.exec, stream_));
@@ -496,7 +515,7 @@ void CudaBackend::run_graph() {
   }
   // First step of this shape: run it eagerly, then record the same launches
   // (capture runs nothing) for the next steps of the shape.
-  enqueue_kernels();
+  enqueue_kernels(with_sampling);
   if (graphs_.size() >= kMaxGraphs) {
     auto oldest = std::min_element(graphs_.begin(), graphs_.end(), [](const auto& a, const auto& b) {
       return a.second.last_used < b.second.last_used;
@@ -507,7 +526,7 @@ void CudaBackend::run_graph() {
   cudaGraph_t graph = nullptr;
   LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
   try {
-    enqueue_kernels();
+    enqueue_kernels(with_sampling);
   } catch (...) {
     cudaStreamEndCapture(stream_, &graph);
     if (graph != nullptr) cudaGraphDestroy(graph);
@@ -568,12 +587,14 @@ ForwardResult CudaBackend::forward(const Batch& batch) {
   plan_step(batch, graphs_enabled_);
   if (plan_.num_tokens() > 0) {
     upload_plan();
+    const bool masked = batch.num_token_mask_rows > 0;
     if (plan_.is_padded()) {
-      run_graph();
+      run_graph(!masked);
     } else {
-      enqueue_kernels();
+      enqueue_kernels(!masked);
       ++graph_stats_.eager_steps;
     }
+    if (masked) enqueue_masked_sampling(batch);
   }
   return finish_forward();
 }
@@ -656,6 +677,7 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.dimension_multiple = 8;  // the LoRA and skinny GEMM kernels' 16-byte loads
   capabilities.max_lora_rank = cuda::kLoraMaxRank;
   capabilities.device_sampling = true;
+  capabilities.device_token_masks = true;
   capabilities.host_kv_tier = true;
   capabilities.residual_host_kv_tier = true;
   capabilities.capture_hidden_states = true;

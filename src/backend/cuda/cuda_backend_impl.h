@@ -131,9 +131,13 @@ class CudaBackend : public Backend {
   // the step qualifies); grow the buffers and upload the plan; enqueue every kernel.
   void plan_step(const Batch& batch, bool for_graph);
   void upload_plan();
-  void enqueue_kernels();
+  // with_sampling false: everything up to the logits (the masked path draws after its masks).
+  void enqueue_kernels(bool with_sampling = true);
+  // Structured outputs (Batch::fill_token_masks): takes the caller's masks once the
+  // model's work is enqueued, uploads them, masks the logits and draws.
+  void enqueue_masked_sampling(const Batch& batch);
   // Replays (or runs eagerly and captures) the padded plan's graph.
-  void run_graph();
+  void run_graph(bool with_sampling);
   void clear_graphs();
   std::vector<const void*> graph_buffers() const;  // every address a captured step holds
   void grow_buffers();
@@ -195,6 +199,7 @@ class CudaBackend : public Backend {
   struct GraphKey {
     LaunchCounts counts;
     int32_t residual_rank = 0, lora_max_rank = 0;
+    bool with_sampling = true;
     auto operator<=>(const GraphKey&) const = default;
   };
   static constexpr size_t kMaxGraphs = 48;
@@ -234,6 +239,8 @@ class CudaBackend : public Backend {
   DeviceBuffer logits_;     // [rows, vocab] fp32
   DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)
   PinnedBuffer sampled_host_;
+  PinnedBuffer token_masks_host_;  // [Batch::num_token_mask_rows][words] uint32, filled by the caller
+  DeviceBuffer token_masks_;
   bool capture_hidden_states_ = false;  // the enqueued step's Batch::capture_hidden_states
   DeviceBuffer hidden_states_;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
   void capture_hidden_states(int index, const float* lora_delta);

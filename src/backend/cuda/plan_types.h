@@ -167,6 +167,7 @@ struct SamplingRow {
   int32_t top_k = 0;
   float top_p = 1.0f;
   uint32_t seed_lo = 0, seed_hi = 0, step_lo = 0, step_hi = 0;
+  int32_t mask_row = -1;  // >= 0: the token mask row applied before the draw (launch_apply_token_masks)
 };
 
 // ForkKV rCache on the device: per layer, slots of 2 * rank_stride bf16

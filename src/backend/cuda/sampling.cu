@@ -1,6 +1,7 @@
 // Device sampling kernel (sampling.h): one CTA of 1024 threads per logits row.
 #include "backend/cuda/sampling.h"
 
+#include <algorithm>
 #include <cfloat>
 #include <climits>
 #include <cmath>
@@ -298,7 +299,28 @@ __global__ void __launch_bounds__(kThreads) sampling_kernel(const float* logits,
   }
 }
 
+__global__ void apply_token_masks_kernel(float* logits, int32_t vocab_size, const SamplingRow* rows,
+                                         const uint32_t* masks, int32_t words_per_row) {
+  const SamplingRow& row = rows[blockIdx.x];
+  if (!row.on_device || row.mask_row < 0) return;
+  const uint32_t* mask = masks + static_cast<int64_t>(row.mask_row) * words_per_row;
+  float* row_logits = logits + static_cast<int64_t>(blockIdx.x) * vocab_size;
+  for (int id = blockIdx.y * blockDim.x + threadIdx.x; id < vocab_size; id += gridDim.y * blockDim.x)
+    if (!((__ldg(mask + id / 32) >> (id % 32)) & 1u)) row_logits[id] = -INFINITY;
+}
+
 }  // namespace
+
+void launch_apply_token_masks(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                              const uint32_t* masks, int32_t words_per_row, cudaStream_t stream) {
+  if (num_rows <= 0) return;
+  if (words_per_row * 32 < vocab_size) throw_unsupported("cuda token masks: words per row too few for the vocabulary", words_per_row);
+  constexpr int kMaskThreads = 256;
+  const int slices = std::min(16, (vocab_size + kMaskThreads - 1) / kMaskThreads);
+  apply_token_masks_kernel<<<dim3(num_rows, slices), kMaskThreads, 0, stream>>>(logits, vocab_size, rows, masks,
+                                                                                 words_per_row);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
 
 void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
                      int32_t* token_ids, float* logprobs, cudaStream_t stream) {

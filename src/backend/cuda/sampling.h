@@ -48,4 +48,11 @@ LOOM_HOST_DEVICE inline Philox4 philox4x32_10(Philox4 counter, uint32_t key_lo, 
 void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
                      int32_t* token_ids, float* logprobs, cudaStream_t stream);
 
+// Structured outputs: for each row r < num_rows whose SamplingRow is on_device
+// with mask_row >= 0, sets logits[r][t] = -inf where bit t % 32 of word t / 32
+// of mask row mask_row is clear (masks: device, [mask rows][words_per_row],
+// words_per_row * 32 >= vocab_size). Run before launch_sampling on the same rows.
+void launch_apply_token_masks(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                              const uint32_t* masks, int32_t words_per_row, cudaStream_t stream);
+
 }  // namespace loom::cuda

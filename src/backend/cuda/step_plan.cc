@@ -62,6 +62,9 @@ int32_t graph_capacity(int32_t n) {
 }
 
 void check_device_sampling(const Batch& batch) {
+  if (batch.num_token_mask_rows < 0 || (batch.num_token_mask_rows > 0 && (batch.sampling.empty() || !batch.fill_token_masks)))
+    fail(ErrorKind::kInvalidArgument, "batch: {} token mask rows need device sampling and fill_token_masks",
+         batch.num_token_mask_rows);
   if (batch.sampling.empty()) return;
   if (batch.sampling.size() != batch.sequences.size())
     fail(ErrorKind::kInvalidArgument, "batch: {} sampling entries for {} sequences", batch.sampling.size(),
@@ -76,6 +79,9 @@ void check_device_sampling(const Batch& batch) {
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: top_p must be in (0, 1], got {}", s, sampling.top_p);
     if (batch.sequences[s].logits_for_all_tokens)
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: device sampling with logits_for_all_tokens", s);
+    if (sampling.mask_row >= batch.num_token_mask_rows)
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: token mask row {} of {}", s, sampling.mask_row,
+           batch.num_token_mask_rows);
   }
 }
 
@@ -286,7 +292,8 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residua
                static_cast<uint32_t>(sampling.seed),
                static_cast<uint32_t>(sampling.seed >> 32),
                static_cast<uint32_t>(sampling.step),
-               static_cast<uint32_t>(sampling.step >> 32)};
+               static_cast<uint32_t>(sampling.step >> 32),
+               sampling.mask_row};
         ++num_device_sampled_rows_;
       }
       sampling_rows_.push_back(row);
