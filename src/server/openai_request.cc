@@ -309,6 +309,7 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
     parsed.logprobs.enabled = true;
     parsed.logprobs.num_top = static_cast<int32_t>(read_int(body, "logprobs", 0, 0, kMaxTopLogprobs));
   }
+  parsed.logprobs.as_token_ids = read_bool(body, "return_tokens_as_token_ids", false);
 
   SamplingParams& sampling = request.sampling;
   const SamplingDefaults& defaults = context.sampling_defaults;

@@ -28,6 +28,7 @@ enum class Endpoint { kCompletions, kChatCompletions };
 struct LogprobsRequest {
   bool enabled = false;
   int32_t num_top = 0;
+  bool as_token_ids = false;  // vLLM's return_tokens_as_token_ids: tokens named "token_id:<id>"
 };
 
 // Per-request bounds on what a client may ask for (memory and work a single

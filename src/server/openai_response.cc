@@ -27,20 +27,27 @@ Json token_bytes_json(const Tokenizer& tokenizer, TokenId id) {
   return bytes;
 }
 
-std::string token_string(const Tokenizer& tokenizer, TokenId id) { return tokenizer.decode({id}, false); }
+std::string token_text(const Tokenizer& tokenizer, TokenId id) { return tokenizer.decode({id}, false); }
+
+// How logprobs name a token: its text, or "token_id:<id>" (vLLM's return_tokens_as_token_ids).
+std::string token_string(const Tokenizer& tokenizer, TokenId id, bool as_id) {
+  return as_id ? fmt::format("token_id:{}", id) : token_text(tokenizer, id);
+}
 
 // Chat: {"content": [{"token", "logprob", "bytes", "top_logprobs": [...]}]}
-Json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& tokens, int32_t num_top) {
+Json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& tokens, const LogprobsRequest& request) {
+  const int32_t num_top = request.num_top;
+  const bool as_id = request.as_token_ids;
   Json content = Json::array();
   for (const auto& sampled : tokens) {
     Json top = Json::array();
     for (const auto& [id, logprob] : sampled.top_logprobs) {
       if (static_cast<int32_t>(top.size()) >= num_top) break;
-      top.push_back({{"token", token_string(tokenizer, id)},
+      top.push_back({{"token", token_string(tokenizer, id, as_id)},
                      {"logprob", finite_logprob(logprob)},
                      {"bytes", token_bytes_json(tokenizer, id)}});
     }
-    content.push_back({{"token", token_string(tokenizer, sampled.token_id)},
+    content.push_back({{"token", token_string(tokenizer, sampled.token_id, as_id)},
                        {"logprob", finite_logprob(sampled.logprob)},
                        {"bytes", token_bytes_json(tokenizer, sampled.token_id)},
                        {"top_logprobs", top}});
@@ -50,20 +57,22 @@ Json chat_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& 
 
 // Completions: {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"}.
 // The sampled token is among each position's alternatives, as vLLM reports it.
-Json completion_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& tokens, int32_t num_top,
-                         int64_t& text_offset) {
+Json completion_logprobs(const Tokenizer& tokenizer, const std::vector<SampledToken>& tokens,
+                         const LogprobsRequest& request, int64_t& text_offset) {
+  const int32_t num_top = request.num_top;
+  const bool as_id = request.as_token_ids;
   Json strings = Json::array(), logprobs = Json::array(), tops = Json::array(), offsets = Json::array();
   for (const auto& sampled : tokens) {
-    const std::string text = token_string(tokenizer, sampled.token_id);
+    const std::string text = token_string(tokenizer, sampled.token_id, as_id);
     strings.push_back(text);
     logprobs.push_back(finite_logprob(sampled.logprob));
     offsets.push_back(text_offset);
-    text_offset += static_cast<int64_t>(text.size());
+    text_offset += static_cast<int64_t>(token_text(tokenizer, sampled.token_id).size());
     Json top = Json::object();
     int32_t num_added = 0;
     for (const auto& [id, logprob] : sampled.top_logprobs) {
       if (num_added++ >= num_top) break;
-      top.emplace(token_string(tokenizer, id), finite_logprob(logprob));
+      top.emplace(token_string(tokenizer, id, as_id), finite_logprob(logprob));
     }
     top.emplace(text, finite_logprob(sampled.logprob));  // no-op when already present
     tops.push_back(num_top > 0 ? top : Json(nullptr));
@@ -163,7 +172,7 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
     Json logprobs = nullptr;
     Json item = {{"index", index}};
     if (is_chat) {
-      if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, choice.tokens, request_.logprobs.num_top);
+      if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, choice.tokens, request_.logprobs);
       item["message"] = {{"role", "assistant"}, {"content", choice.text}};
       if (request_.tool_choice.parses_output()) {
         // A fresh seed per call of full_body is fine: ids need only be unique.
@@ -177,7 +186,7 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
     } else {
       int64_t offset = 0;
       if (request_.logprobs.enabled)
-        logprobs = completion_logprobs(tokenizer_, choice.tokens, request_.logprobs.num_top, offset);
+        logprobs = completion_logprobs(tokenizer_, choice.tokens, request_.logprobs, offset);
       item["text"] = echo_text(static_cast<int32_t>(index)) + choice.text;
     }
     item["logprobs"] = logprobs;
@@ -226,17 +235,17 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
     if (output.finished)
       finish_reason = finish_reason_with_calls(output.finish_reason, sent_tool_calls_[static_cast<size_t>(index)],
                                                request_.tool_choice);
-    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top);
+    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs);
   } else if (is_chat) {
     choice["delta"] = output.text_delta.empty() && output.finished ? Json::object()
                                                                     : Json{{"content", output.text_delta}};
-    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top);
+    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs);
   } else {
     const size_t slot = static_cast<size_t>(index);
     choice["text"] = echoed_.at(slot) ? output.text_delta : echo_text(index) + output.text_delta;
     echoed_[slot] = true;
     if (request_.logprobs.enabled)
-      logprobs = completion_logprobs(tokenizer_, output.new_tokens, request_.logprobs.num_top,
+      logprobs = completion_logprobs(tokenizer_, output.new_tokens, request_.logprobs,
                                      text_offsets_.at(static_cast<size_t>(index)));
   }
   choice["logprobs"] = logprobs;

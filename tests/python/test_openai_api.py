@@ -120,6 +120,32 @@ class OpenAiApiTest(loom_server.ServerTestCase):
             "repetition_penalty": 1.3, "min_p": 0.05, "ignore_eos": True})
         self.assertEqual(both.usage.completion_tokens, 8)
 
+    def test_presence_and_frequency_penalties_follow_their_definition(self):
+        # Logprobs are the raw model's; greedy under penalties must take, at every
+        # step, the best of logprob - frequency * count - presence * (count > 0)
+        # over the output so far (vLLM's definition), and some step must differ
+        # from the raw argmax. Tokens come back as "token_id:<id>" to count them.
+        top, presence, frequency = 20, 1.5, 0.7
+        choice = self.complete(max_tokens=64, logprobs=top, presence_penalty=presence, frequency_penalty=frequency,
+                               extra_body={"ignore_eos": True, "return_tokens_as_token_ids": True}).choices[0]
+        logprobs = choice.logprobs
+        self.assertTrue(all(t.startswith("token_id:") for t in logprobs.tokens), logprobs.tokens[:3])
+        counts, changed = {}, False
+        for chosen, alternatives in zip(logprobs.tokens, logprobs.top_logprobs):
+            def penalised(token):
+                count = counts.get(token, 0)
+                return alternatives[token] - frequency * count - (presence if count else 0.0)
+            best = max(penalised(token) for token in alternatives)
+            self.assertGreaterEqual(penalised(chosen), best - 1e-4, (chosen, alternatives, counts))
+            # No token outside the top list can beat it: their raw logprobs are below all of these.
+            self.assertGreaterEqual(penalised(chosen), sorted(alternatives.values())[-top] - 1e-4)
+            changed = changed or chosen != max(alternatives, key=alternatives.get)
+            counts[chosen] = counts.get(chosen, 0) + 1
+        self.assertTrue(changed, ("the penalties never changed a choice", logprobs.tokens))
+        plain = self.complete(max_tokens=64, logprobs=1, extra_body={"ignore_eos": True,
+                                                                     "return_tokens_as_token_ids": True})
+        self.assertNotEqual(plain.choices[0].logprobs.tokens, logprobs.tokens)
+
     def test_echo_and_include_stop_str(self):
         full = self.complete(max_tokens=24).choices[0].text
         echoed = self.complete(max_tokens=24, echo=True).choices[0].text
