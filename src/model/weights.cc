@@ -24,7 +24,7 @@ class TensorPicker {
     if (tensor.shape != expected_shape)
       fail(ErrorKind::kFormat, "{}: tensor {} has shape [{}], expected [{}]", source_, name,
            fmt::join(tensor.shape, ", "), fmt::join(expected_shape, ", "));
-    if (tensor.data == nullptr && tensor.numel() > 0)
+    if (tensor.empty() && tensor.numel() > 0)
       fail(ErrorKind::kFormat, "{}: tensor {} has no data", source_, name);
     return tensor;
   }

@@ -1,4 +1,6 @@
-// Model weights in the Hugging Face layout, as fp32 host tensors.
+// Model weights in the Hugging Face layout, as fp32 host tensors (or, loaded
+// with LoadOptions::keep_quantized, 2-D ones in their GGUF block format:
+// Tensor::quantized, read only by the CPU backend).
 //
 // Ownership: a Tensor views `data`, which stays valid while `storage` lives;
 // storage is either a memory-mapped file (f32 safetensors, used in place) or an
