@@ -4,6 +4,7 @@
 // 4-way u8 x s8 dot product in one instruction instead of maddubs + madd.
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
