@@ -84,6 +84,15 @@ ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& ten
   return weights;
 }
 
+bool has_quantized_tensors(const ModelWeights& weights) {
+  if (weights.embed_tokens.is_quantized() || weights.lm_head.is_quantized()) return true;
+  for (const LayerWeights& layer : weights.layers)
+    for (const Tensor* tensor : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                 &layer.up_proj, &layer.down_proj})
+      if (tensor->is_quantized()) return true;
+  return false;
+}
+
 TensorMap model_weights_to_tensor_map(const ModelConfig& config, const ModelWeights& weights) {
   TensorMap tensors;
   auto put = [&](const std::string& name, const Tensor& tensor) {

@@ -46,6 +46,10 @@ struct ModelWeights {
 ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& tensors,
                                  const std::string& source);
 
+// Whether any tensor is kept in a block format (Tensor::quantized): such weights
+// are for the CPU backend only.
+bool has_quantized_tensors(const ModelWeights& weights);
+
 // The inverse, for writers (`loom convert`, `loom make-model`): HF names -> tensors.
 TensorMap model_weights_to_tensor_map(const ModelConfig& config, const ModelWeights& weights);
 
