@@ -55,7 +55,7 @@ void quantized_tile(const float* x, int64_t ldx, int64_t row_begin, int64_t row_
     quant::quantized_matmul(w, *activations, row_begin, row_end, begin, end, y, output.ldy, quant::best_simd_level());
     return;
   }
-  constexpr int64_t kDequantizedFloats = 64 * 1024;
+  constexpr int64_t kDequantizedFloats = 256 * 1024;
   thread_local std::vector<float> dequantized;
   const int64_t k = w.row_length;
   const int64_t slice = std::max<int64_t>(16, kDequantizedFloats / k);

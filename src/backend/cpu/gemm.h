@@ -39,7 +39,7 @@ struct GemmOutput {
 };
 
 // Rows of X up to which quantized weights use the int8 kernels (above: dequantize + sgemm).
-inline constexpr int64_t kMaxQuantizedKernelRows = 16;
+inline constexpr int64_t kMaxQuantizedKernelRows = 128;
 
 // The output of a model weight [out_features, k], fp32 or kept quantized.
 GemmOutput weight_output(const Tensor& weight, float* y, int64_t ldy, const float* bias = nullptr);
