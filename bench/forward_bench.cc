@@ -38,6 +38,7 @@ namespace loom::bench {
 namespace {
 
 struct Options {
+  std::string cpu_precision = "auto";
   std::string model_path;
   std::string batch_sizes_text = "1,8";
   int num_prompt_tokens = 128;
@@ -228,7 +229,9 @@ int run(const Options& options) {
   const std::vector<int> batch_sizes = parse_int_list(options.batch_sizes_text);
 
   auto load_start = std::chrono::steady_clock::now();
-  LoadedModel model = load_model(options.model_path);
+  LoadOptions load_options;
+  load_options.keep_quantized = options.cpu_precision == "auto";
+  LoadedModel model = load_model(options.model_path, load_options);
   const double load_s = seconds_since(load_start);
   CpuBackendConfig backend_config;
   backend_config.num_threads = options.num_threads;
@@ -308,6 +311,10 @@ int main(int argc, char** argv) {
       ->check(CLI::PositiveNumber);
   app.add_option("--decode-tokens", options.num_decode_tokens, "Decode steps per sequence")
       ->check(CLI::PositiveNumber);
+  app.add_option("--cpu-precision", options.cpu_precision,
+                 "auto: a GGUF's weights stay quantized (int8 kernels); fp32: expanded at load")
+      ->check(CLI::IsMember({"auto", "fp32"}))
+      ->capture_default_str();
   app.add_option("--threads", options.num_threads, "CPU backend threads (0 = all cores)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--repeats", options.num_repeats, "Timed repeats (median reported)")

@@ -210,7 +210,7 @@ namespace {
 
 void check_tensor(const Tensor& tensor, std::initializer_list<int64_t> expected_shape,
                   const std::string& name) {
-  if (tensor.data == nullptr)
+  if (tensor.empty())
     fail(ErrorKind::kFormat, "cpu backend: tensor {} is missing", name);
   const std::vector<int64_t> expected(expected_shape);
   // A 1-D tensor may come as [n] or [1, n]; only the element count matters for it.

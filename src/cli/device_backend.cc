@@ -61,6 +61,12 @@ int cuda_device_index(const std::string& device) {
   }
 }
 
+bool cpu_precision_keeps_quantized(const std::string& precision) {
+  if (precision != "auto" && precision != "fp32")
+    fail(ErrorKind::kInvalidArgument, "--cpu-precision {}: expected fp32 or auto", precision);
+  return precision == "auto";
+}
+
 bool is_cuda(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
 
 namespace {
@@ -97,6 +103,8 @@ std::shared_ptr<const Tokenizer> synthetic_tokenizer(const ModelConfig& config) 
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
   check_device_name(options.device);
   if (model.weights == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no host weights to put on a device", model.path);
+  if (options.device != "cpu" && has_quantized_tensors(*model.weights))
+    fail(ErrorKind::kInternal, "{}: weights kept quantized cannot go to --device {}", model.path, options.device);
   if (options.device == "cpu") {
     CpuBackendConfig config;
     config.num_threads = options.threads;
@@ -128,7 +136,9 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   check_device_name(options.device);
   ModelOnDevice result;
   if (model_flag.rfind(kRandomPrefix, 0) != 0) {
-    result.model = load_model(resolve_model_path(model_flag));
+    LoadOptions load_options;
+    load_options.keep_quantized = options.device == "cpu" && options.cpu_keep_quantized;
+    result.model = load_model(resolve_model_path(model_flag), load_options);
     result.backend = make_backend_for_device(result.model, options);
     return result;
   }

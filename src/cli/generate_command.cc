@@ -40,6 +40,7 @@ struct GenerateOptions {
   int block_size = 16;
   int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
+  std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
   std::vector<KvSharing> disabled_kv_sharing;
@@ -76,7 +77,8 @@ int run_generate(const GenerateOptions& options) {
 
   const auto load_start = std::chrono::steady_clock::now();
   ModelOnDevice loaded =
-      load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager});
+      load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
+                                                        cpu_precision_keeps_quantized(options.cpu_precision)});
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -230,6 +232,9 @@ CommandRunner register_generate(CLI::App& app) {
       ->transform(byte_size_transform())
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
+      ->check(CLI::IsMember({"auto", "fp32"}))
+      ->capture_default_str();
   app.add_flag("--enforce-eager", options->enforce_eager,
                "cuda: run every step eagerly (default: decode steps replay CUDA graphs captured per batch shape)");
   app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");

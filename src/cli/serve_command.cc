@@ -52,6 +52,7 @@ struct ServeOptions {
   std::string disk_kv_read_bandwidth = "0";
   std::string prefetch_max_bytes = "0";
   int threads = 0;
+  std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
   double shutdown_timeout_seconds = 30.0;
   double log_stats_interval_seconds = 10.0;
@@ -257,7 +258,7 @@ int run_serve(const ServeOptions& options) {
   check_model_names(base_names, specs);
 
   const DeviceOptions device_options{options.device, options.threads, options.engine.max_adapter_slots,
-                                     !options.enforce_eager};
+                                     !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision)};
   // --dry-run needs only the model's config: no backend, no engine.
   std::optional<ModelOnDevice> loaded;
   std::optional<LoadedModel> described;
@@ -501,6 +502,9 @@ CommandRunner register_serve(CLI::App& app) {
                  "Agents in one workflow graph (declared or named in `after`) and entries per progress list")
       ->check(CLI::PositiveNumber)->capture_default_str();
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
+      ->check(CLI::IsMember({"auto", "fp32"}))
+      ->capture_default_str();
   app.add_flag("--enforce-eager", options->enforce_eager,
                "cuda: run every step eagerly (default: decode steps replay CUDA graphs captured per batch shape)");
   app.add_option("--http-threads", http.num_handler_threads,

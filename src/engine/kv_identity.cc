@@ -18,6 +18,17 @@ void add_tensor(std::vector<KvBlockHash>& parts, const std::string& name, const 
   for (int64_t dim : tensor.shape) head += fmt::format(",{}", dim);
   parts.push_back(hash_string(head));
   if (tensor.empty()) return;
+  if (tensor.is_quantized()) {  // the file's bytes: another fingerprint than the fp32 model's, as its KV differs
+    const int64_t num_bytes = tensor.quantized.row_bytes * tensor.shape[0];
+    parts.push_back(hash_string(fmt::format("quantized type {}", tensor.quantized.ggml_type)));
+    for (const int64_t start : {int64_t{0}, std::max<int64_t>(0, num_bytes / 2 - kSampleFloats * 2),
+                                std::max<int64_t>(0, num_bytes - kSampleFloats * 4)}) {
+      const int64_t length = std::min(kSampleFloats * 4, num_bytes - start);
+      parts.push_back(hash_bytes(std::as_bytes(std::span<const uint8_t>(tensor.quantized.bytes + start,
+                                                                        static_cast<size_t>(length)))));
+    }
+    return;
+  }
   const int64_t count = tensor.numel();
   for (const int64_t start : {int64_t{0}, std::max<int64_t>(0, count / 2 - kSampleFloats / 2),
                               std::max<int64_t>(0, count - kSampleFloats)}) {

@@ -179,13 +179,14 @@ bool is_q_projection(const std::string& hf_name) {
 }
 
 Tensor load_tensor(const GgufFile& gguf, const TensorInfo& info, const uint8_t* data_section,
-                   uint64_t data_size, const std::string& hf_name, int64_t num_permuted_heads) {
+                   uint64_t data_size, const std::string& hf_name, int64_t num_permuted_heads,
+                   bool keep_quantized) {
   const std::string& path = gguf.path;
   if (!is_supported_ggml_type(info.type))
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("{}: tensor {}: type {} is not supported", path, info.name,
                             ggml_type_name(info.type)),
-                "Loom reads F32, F16, BF16, Q8_0, Q4_0 and Q4_1 GGUF tensors");
+                fmt::format("Loom reads {} GGUF tensors", supported_ggml_type_names()));
   const auto type = static_cast<GgmlType>(info.type);
   const GgmlBlockLayout layout = ggml_block_layout(type);
   if (info.dims.empty() || info.dims[0] % layout.elements_per_block != 0)
@@ -221,15 +222,30 @@ Tensor load_tensor(const GgufFile& gguf, const TensorInfo& info, const uint8_t* 
     tensor.storage = gguf.file;
     return tensor;
   }
+  const int64_t num_rows = tensor.shape[0];
+  // Two tests, not num_rows % (2 * heads): a hostile head count must not overflow.
+  if (permute && (num_rows % num_permuted_heads != 0 || (num_rows / num_permuted_heads) % 2 != 0))
+    fail(ErrorKind::kFormat, "{}: tensor {}: {} rows do not split into {} heads of even size", path, info.name,
+         num_rows, num_permuted_heads);
+  if (keep_quantized && type != GgmlType::kF32 && info.dims.size() == 2) {
+    tensor.quantized.ggml_type = info.type;
+    tensor.quantized.row_bytes = static_cast<int64_t>(num_bytes) / num_rows;
+    if (!permute) {
+      tensor.quantized.bytes = source;
+      tensor.storage = gguf.file;
+      return tensor;
+    }
+    auto bytes = std::make_shared<std::vector<uint8_t>>(source, source + num_bytes);
+    unpermute_rope_row_bytes(bytes->data(), num_permuted_heads, num_rows / num_permuted_heads,
+                             tensor.quantized.row_bytes);
+    tensor.quantized.bytes = bytes->data();
+    tensor.storage = std::move(bytes);
+    return tensor;
+  }
   auto values = std::make_shared<std::vector<float>>(num_elements);
   dequantize_ggml(type, source, static_cast<int64_t>(num_elements), values->data());
   if (permute) {
-    const int64_t num_rows = tensor.shape[0];
     const int64_t row_length = static_cast<int64_t>(num_elements) / std::max<int64_t>(num_rows, 1);
-    // Two tests, not num_rows % (2 * heads): a hostile head count must not overflow.
-    if (num_rows % num_permuted_heads != 0 || (num_rows / num_permuted_heads) % 2 != 0)
-      fail(ErrorKind::kFormat, "{}: tensor {}: {} rows do not split into {} heads of even size", path,
-           info.name, num_rows, num_permuted_heads);
     unpermute_rope_rows(values->data(), num_permuted_heads, num_rows / num_permuted_heads, row_length);
   }
   tensor.data = values->data();
@@ -274,7 +290,7 @@ const std::vector<std::string>& GgufFile::get_string_array(const std::string& ke
   fail(ErrorKind::kFormat, "{}: metadata {} is not an array of strings", path, key);
 }
 
-GgufFile read_gguf(const std::string& path) {
+GgufFile read_gguf(const std::string& path, const GgufReadOptions& options) {
   GgufFile gguf;
   gguf.path = path;
   gguf.file = MappedFile::open(path);
@@ -344,7 +360,8 @@ GgufFile read_gguf(const std::string& path) {
   for (const TensorInfo& info : infos) {
     const std::string hf_name = gguf_to_hf_tensor_name(info.name).value_or(info.name);
     const int64_t num_permuted_heads = is_q_projection(hf_name) ? num_heads : num_kv_heads;
-    Tensor tensor = load_tensor(gguf, info, data_section, data_size, hf_name, num_permuted_heads);
+    Tensor tensor =
+        load_tensor(gguf, info, data_section, data_size, hf_name, num_permuted_heads, options.keep_quantized);
     if (!gguf.tensors.emplace(hf_name, std::move(tensor)).second)
       fail(ErrorKind::kFormat, "{}: tensor {} appears twice", path, info.name);
   }

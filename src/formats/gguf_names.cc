@@ -58,18 +58,23 @@ std::optional<std::string> gguf_to_hf_tensor_name(const std::string& gguf_name) 
   return std::nullopt;
 }
 
-void unpermute_rope_rows(float* data, int64_t num_heads, int64_t head_dim, int64_t row_length) {
+void unpermute_rope_row_bytes(uint8_t* data, int64_t num_heads, int64_t head_dim, int64_t row_bytes) {
   LOOM_CHECK(head_dim % 2 == 0);
   const int64_t half = head_dim / 2;
-  const size_t row_bytes = static_cast<size_t>(row_length) * sizeof(float);
-  std::vector<float> head(static_cast<size_t>(head_dim * row_length));
+  std::vector<uint8_t> head(static_cast<size_t>(head_dim * row_bytes));
   for (int64_t h = 0; h < num_heads; ++h) {
-    float* rows = data + h * head_dim * row_length;
-    std::memcpy(head.data(), rows, head.size() * sizeof(float));
+    uint8_t* rows = data + h * head_dim * row_bytes;
+    std::memcpy(head.data(), rows, head.size());
     for (int64_t i = 0; i < half; ++i)
       for (int64_t j = 0; j < 2; ++j)
-        std::memcpy(rows + (j * half + i) * row_length, head.data() + (2 * i + j) * row_length, row_bytes);
+        std::memcpy(rows + (j * half + i) * row_bytes, head.data() + (2 * i + j) * row_bytes,
+                    static_cast<size_t>(row_bytes));
   }
+}
+
+void unpermute_rope_rows(float* data, int64_t num_heads, int64_t head_dim, int64_t row_length) {
+  unpermute_rope_row_bytes(reinterpret_cast<uint8_t*>(data), num_heads, head_dim,
+                           row_length * static_cast<int64_t>(sizeof(float)));
 }
 
 }  // namespace loom

@@ -1,6 +1,7 @@
 // GGUF tensor names -> Hugging Face names, and the Q/K row order fix-up.
 #pragma once
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
@@ -18,5 +19,7 @@ std::optional<std::string> gguf_to_hf_tensor_name(const std::string& gguf_name);
 //
 // This reverses it in place: `rows` = num_heads * head_dim rows of `row_length` floats.
 void unpermute_rope_rows(float* data, int64_t num_heads, int64_t head_dim, int64_t row_length);
+// The same over rows of `row_bytes` bytes (quantized rows: a row permutation moves whole blocks).
+void unpermute_rope_row_bytes(uint8_t* data, int64_t num_heads, int64_t head_dim, int64_t row_bytes);
 
 }  // namespace loom

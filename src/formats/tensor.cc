@@ -1,5 +1,6 @@
 #include "formats/tensor.h"
 
+#include "formats/gguf_dequant.h"
 #include "util/error.h"
 
 namespace loom {
@@ -12,6 +13,14 @@ Tensor Tensor::from_vector(std::vector<int64_t> shape, std::vector<float> values
   tensor.data = owned->data();
   tensor.storage = std::move(owned);
   return tensor;
+}
+
+Tensor to_fp32(const Tensor& tensor) {
+  if (!tensor.is_quantized()) return tensor;
+  std::vector<float> values(static_cast<size_t>(tensor.numel()));
+  dequantize_ggml(static_cast<GgmlType>(tensor.quantized.ggml_type), tensor.quantized.bytes, tensor.numel(),
+                  values.data());
+  return Tensor::from_vector(tensor.shape, std::move(values));
 }
 
 }  // namespace loom

@@ -28,8 +28,8 @@ LoadedModel load_hf_directory(const std::string& directory) {
   return model;
 }
 
-LoadedModel load_gguf(const std::string& path) {
-  GgufFile gguf = read_gguf(path);
+LoadedModel load_gguf(const std::string& path, const LoadOptions& options) {
+  GgufFile gguf = read_gguf(path, {.keep_quantized = options.keep_quantized});
   LoadedModel model;
   model.path = path;
   model.config = gguf_model_config(gguf);
@@ -40,14 +40,14 @@ LoadedModel load_gguf(const std::string& path) {
 
 }  // namespace
 
-LoadedModel load_model(const std::string& path) {
+LoadedModel load_model(const std::string& path, const LoadOptions& options) {
   namespace fs = std::filesystem;
   std::error_code error;
   if (fs::is_directory(path, error)) return load_hf_directory(path);
   if (!fs::exists(path, error))
     throw Error(ErrorKind::kNotFound, fmt::format("model {} does not exist", path),
                 "pass a Hugging Face model directory or a .gguf file");
-  if (fs::path(path).extension() == ".gguf") return load_gguf(path);
+  if (fs::path(path).extension() == ".gguf") return load_gguf(path, options);
   // Accept a GGUF with another extension too, by its magic.
   if (fs::is_regular_file(path, error) && fs::file_size(path, error) >= 4) {
     std::FILE* file = std::fopen(path.c_str(), "rb");
@@ -55,7 +55,7 @@ LoadedModel load_model(const std::string& path) {
     if (file != nullptr) {
       const size_t num_read = std::fread(magic, 1, 4, file);
       std::fclose(file);
-      if (num_read == 4 && std::string(magic, 4) == "GGUF") return load_gguf(path);
+      if (num_read == 4 && std::string(magic, 4) == "GGUF") return load_gguf(path, options);
     }
   }
   throw Error(ErrorKind::kUnsupported, fmt::format("{}: not a model directory or a .gguf file", path),

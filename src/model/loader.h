@@ -18,8 +18,15 @@ struct LoadedModel {
   std::shared_ptr<const Tokenizer> tokenizer;  // tokenizer.json(+tokenizer_config.json) or GGUF vocab
 };
 
+struct LoadOptions {
+  // A GGUF's quantized (and f16/bf16) 2-D weights stay in their file format
+  // (Tensor::quantized) instead of being expanded to fp32: for the CPU backend's
+  // quantized kernels only (--cpu-precision auto). No effect on safetensors.
+  bool keep_quantized = false;
+};
+
 // `path` is a Hugging Face directory (config.json + safetensors + tokenizer.json)
 // or a .gguf file. Throws loom::Error naming the file and tensor on any problem.
-LoadedModel load_model(const std::string& path);
+LoadedModel load_model(const std::string& path, const LoadOptions& options = {});
 
 }  // namespace loom

@@ -24,7 +24,7 @@ class TensorPicker {
     if (tensor.shape != expected_shape)
       fail(ErrorKind::kFormat, "{}: tensor {} has shape [{}], expected [{}]", source_, name,
            fmt::join(tensor.shape, ", "), fmt::join(expected_shape, ", "));
-    if (tensor.data == nullptr && tensor.numel() > 0)
+    if (tensor.empty() && tensor.numel() > 0)
       fail(ErrorKind::kFormat, "{}: tensor {} has no data", source_, name);
     return tensor;
   }
@@ -82,6 +82,15 @@ ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& ten
     out.down_proj = picker.require(prefix + "mlp.down_proj.weight", {hidden, intermediate});
   }
   return weights;
+}
+
+bool has_quantized_tensors(const ModelWeights& weights) {
+  if (weights.embed_tokens.is_quantized() || weights.lm_head.is_quantized()) return true;
+  for (const LayerWeights& layer : weights.layers)
+    for (const Tensor* tensor : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                 &layer.up_proj, &layer.down_proj})
+      if (tensor->is_quantized()) return true;
+  return false;
 }
 
 TensorMap model_weights_to_tensor_map(const ModelConfig& config, const ModelWeights& weights) {

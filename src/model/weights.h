@@ -1,4 +1,6 @@
-// Model weights in the Hugging Face layout, as fp32 host tensors.
+// Model weights in the Hugging Face layout, as fp32 host tensors (or, loaded
+// with LoadOptions::keep_quantized, 2-D ones in their GGUF block format:
+// Tensor::quantized, read only by the CPU backend).
 //
 // Ownership: a Tensor views `data`, which stays valid while `storage` lives;
 // storage is either a memory-mapped file (f32 safetensors, used in place) or an
@@ -43,6 +45,10 @@ struct ModelWeights {
 // mismatch, naming `source` (the file or directory) and the tensor.
 ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& tensors,
                                  const std::string& source);
+
+// Whether any tensor is kept in a block format (Tensor::quantized): such weights
+// are for the CPU backend only.
+bool has_quantized_tensors(const ModelWeights& weights);
 
 // The inverse, for writers (`loom convert`, `loom make-model`): HF names -> tensors.
 TensorMap model_weights_to_tensor_map(const ModelConfig& config, const ModelWeights& weights);

@@ -422,7 +422,7 @@ double frobenius_norm(const ModelConfig& config, const ModelWeights* weights, in
     const Tensor* tensors[kNumLoraTargets] = {&base.q_proj,    &base.k_proj,  &base.v_proj,   &base.o_proj,
                                               &base.gate_proj, &base.up_proj, &base.down_proj};
     double squares = 0.0;
-    const Tensor& w = *tensors[target];
+    const Tensor w = to_fp32(*tensors[target]);
     for (int64_t i = 0; i < w.numel(); ++i) squares += static_cast<double>(w.data[i]) * w.data[i];
     return std::sqrt(squares);
   }

@@ -23,7 +23,8 @@ namespace {
 
 using test::TempDir;
 
-constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ8_0 = 8, kQ4_K = 12, kBF16 = 30;
+constexpr uint32_t kF32 = 0, kF16 = 1, kQ4_0 = 2, kQ4_1 = 3, kQ5_0 = 6, kQ8_0 = 8, kQ3_K = 11, kQ4_K = 12, kQ5_K = 13,
+                   kQ6_K = 14, kBF16 = 30;
 
 using test::expect_error;
 
@@ -109,6 +110,77 @@ TEST(GgufTest, QuantizedBlocksDecodeAsTheLayoutSays) {
   EXPECT_EQ(values_of(gguf.tensors.at("f16")), (std::vector<float>{1.0f, -2.0f, 0x1p-24f, -0.0f}));
   EXPECT_TRUE(std::signbit(gguf.tensors.at("f16").data[3]));
   EXPECT_EQ(values_of(gguf.tensors.at("bf16")), (std::vector<float>{1.0f, -3.0f}));
+}
+
+// One block each of Q5_0 and the K-quants, a few elements worked out by hand
+// from the layouts in formats/gguf_dequant.h (all other quants zero).
+TEST(GgufTest, Q5AndKQuantBlocksDecodeAsTheLayoutSays) {
+  TempDir dir;
+  GgufWriter writer;
+  add_llama_metadata(writer, 32, 1, 1);
+  // Q5_0: d = 0.25, qh bit 20 set, qs[4] = 0x90: element 20 = (9 | 16) - 16 = 9, element 4 = 0 - 16.
+  std::string q5_0 = u16(0x3400) + std::string("\x00\x00\x10\x00", 4) + std::string(16, '\0');
+  q5_0[6 + 4] = static_cast<char>(0x90);
+  writer.add_tensor("q5_0", {32}, kQ5_0, q5_0);
+  // Q4_K / Q5_K: d = 1, dmin = 0.5; sub-block 0: scale 3, min 2; sub-block 5: scale 7 | (1 << 4) = 23
+  // (scales[9] low, scales[1] top bits), min 2 | (2 << 4) = 34 (scales[9] high, scales[5] top bits).
+  std::string scales(12, '\0');
+  scales[0] = 3;
+  scales[4] = 2;
+  scales[1] = 0x41;
+  scales[5] = static_cast<char>(0x84);
+  scales[9] = 0x27;
+  std::string q4_k_quants(128, '\0');
+  q4_k_quants[0] = 0x05;                     // element 0: low nibble of qs[0] = 5
+  q4_k_quants[64 + 3] = static_cast<char>(0xa0);  // element 163 (sub-block 5, l = 3): high nibble of qs[67] = 10
+  writer.add_tensor("q4_k", {256}, kQ4_K, u16(0x3c00) + u16(0x3800) + scales + q4_k_quants);
+  std::string high_bits(32, '\0');
+  high_bits[3] = 0x20;  // bit 5 of qh[3]: element 163 gets + 16
+  writer.add_tensor("q5_k", {256}, kQ5_K, u16(0x3c00) + u16(0x3800) + scales + high_bits + q4_k_quants);
+  // Q6_K: d = 0.5; element 200 (half 1, part 2, l = 8): high nibble of ql[64 + 8] = 7, bits 4-5 of
+  // qh[32 + 8] = 3, so q = 7 | 48 = 55, minus 32 = 23, scale[8 + 4] = -3; element 0: q = -32, scale[0] = 2.
+  std::string q6_k(210, '\0');
+  q6_k[72] = 0x70;
+  q6_k[128 + 40] = 0x30;
+  q6_k[192 + 0] = 2;
+  q6_k[192 + 12] = static_cast<char>(-3);
+  q6_k[208] = 0x00;
+  q6_k[209] = 0x38;
+  writer.add_tensor("q6_k", {256}, kQ6_K, q6_k);
+  writer.write(dir.str() + "/k.gguf");
+
+  GgufFile gguf = read_gguf(dir.str() + "/k.gguf");
+  const std::vector<float> q5 = values_of(gguf.tensors.at("q5_0"));
+  EXPECT_EQ(q5[20], 2.25f);
+  EXPECT_EQ(q5[4], -4.0f);
+  EXPECT_EQ(q5[5], -4.0f);
+  const std::vector<float> q4k = values_of(gguf.tensors.at("q4_k"));
+  EXPECT_EQ(q4k[0], 1.0f * 3 * 5 - 0.5f * 2);
+  EXPECT_EQ(q4k[1], -0.5f * 2);
+  EXPECT_EQ(q4k[163], 1.0f * 23 * 10 - 0.5f * 34);
+  EXPECT_EQ(q4k[160], -0.5f * 34);
+  const std::vector<float> q5k = values_of(gguf.tensors.at("q5_k"));
+  EXPECT_EQ(q5k[163], 1.0f * 23 * 26 - 0.5f * 34);
+  EXPECT_EQ(q5k[0], q4k[0]);
+  const std::vector<float> q6k = values_of(gguf.tensors.at("q6_k"));
+  EXPECT_EQ(q6k[200], 0.5f * -3 * 23);
+  EXPECT_EQ(q6k[0], 0.5f * 2 * -32);
+}
+
+TEST(GgufTest, KeepQuantizedLeavesMatricesInTheirBlocksAndQkRowsUnpermuted) {
+  const std::string model_path = test::smollm2_gguf_path();
+  if (model_path.empty()) GTEST_SKIP() << "SmolLM2 GGUF not present";
+  const GgufFile fp32 = read_gguf(model_path);
+  const GgufFile kept = read_gguf(model_path, {.keep_quantized = true});
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.layers.3.self_attn.k_proj.weight",
+                           "model.layers.0.mlp.down_proj.weight", "model.embed_tokens.weight"}) {
+    const Tensor& quantized = kept.tensors.at(name);
+    ASSERT_TRUE(quantized.is_quantized()) << name;
+    EXPECT_EQ(quantized.data, nullptr);
+    EXPECT_EQ(quantized.shape, fp32.tensors.at(name).shape);
+    EXPECT_EQ(values_of(to_fp32(quantized)), values_of(fp32.tensors.at(name))) << name;
+  }
+  EXPECT_FALSE(kept.tensors.at("model.norm.weight").is_quantized());  // F32 stays as it is
 }
 
 TEST(GgufTest, Q4_1ManyRandomBlocksMatchTheFormula) {
@@ -465,8 +537,10 @@ TEST(GgufTest, TensorOffsetBeyondFile) {
 
 TEST(GgufTest, UnsupportedTensorTypeNamesTensorAndType) {
   TempDir dir;
-  const std::string path = write_small_model(dir.str() + "/k.gguf", kQ4_K);
-  expect_error([&] { read_gguf(path); }, ErrorKind::kUnsupported, {path, "token_embd.weight", "Q4_K"});
+  const std::string path = write_small_model(dir.str() + "/k.gguf", kQ3_K);
+  expect_error([&] { read_gguf(path); }, ErrorKind::kUnsupported, {path, "token_embd.weight", "Q3_K"});
+  expect_error([&] { read_gguf(path, {.keep_quantized = true}); }, ErrorKind::kUnsupported,
+               {path, "token_embd.weight", "Q3_K"});
 }
 
 TEST(GgufTest, UnsupportedArchitecture) {

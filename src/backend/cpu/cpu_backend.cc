@@ -4,6 +4,7 @@
 #include <omp.h>
 
 #include <cstring>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -16,7 +17,9 @@
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
 #include "backend/cpu/residual_attention.h"
+#include "backend/cpu/quant/quantized_matmul.h"
 #include "backend/rope.h"
+#include "formats/gguf_dequant.h"
 #include "lora/adapter.h"
 #include "util/error.h"
 
@@ -37,6 +40,44 @@ void warn_if_openblas_kernels_are_generic() {
     spdlog::warn("OpenBLAS uses its generic '{}' kernels on this AVX2 CPU; set OPENBLAS_CORETYPE=Haswell "
                  "(or SkylakeX where AVX-512 is available) in the environment for 2-3x faster GEMMs",
                  core);
+}
+
+// Every weight kept quantized must be one the kernels take (and the norms,
+// which the backend reads as fp32, must not be); logs what the forward runs on.
+void check_quantized_weights(const ModelWeights& weights) {
+  std::map<std::string, int> num_tensors_of_type;
+  auto check = [&](const Tensor& tensor, const std::string& name, bool is_matrix) {
+    if (!tensor.is_quantized()) return;
+    if (!is_matrix)
+      fail(ErrorKind::kUnsupported, "cpu backend: tensor {} is {}; it must be fp32", name,
+           ggml_type_name(tensor.quantized.ggml_type));
+    cpu::quant::check_quantized_matmul_type(tensor.quantized.ggml_type, name);
+    ++num_tensors_of_type[ggml_type_name(tensor.quantized.ggml_type)];
+  };
+  check(weights.embed_tokens, "model.embed_tokens.weight", true);
+  check(weights.lm_head, "lm_head.weight", true);
+  check(weights.final_norm, "model.norm.weight", false);
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& layer = weights.layers[l];
+    const std::string prefix = fmt::format("model.layers.{}.", l);
+    for (const auto& [tensor, name] : {std::pair{&layer.q_proj, "q_proj"}, {&layer.k_proj, "k_proj"},
+                                       {&layer.v_proj, "v_proj"}, {&layer.o_proj, "o_proj"},
+                                       {&layer.gate_proj, "gate_proj"}, {&layer.up_proj, "up_proj"},
+                                       {&layer.down_proj, "down_proj"}})
+      check(*tensor, prefix + name + ".weight", true);
+    for (const auto& [tensor, name] : {std::pair{&layer.input_norm, "input_layernorm"},
+                                       {&layer.post_attention_norm, "post_attention_layernorm"},
+                                       {&layer.q_norm, "q_norm"}, {&layer.k_norm, "k_norm"},
+                                       {&layer.q_bias, "q_bias"}, {&layer.k_bias, "k_bias"},
+                                       {&layer.v_bias, "v_bias"}, {&layer.o_bias, "o_bias"}})
+      check(*tensor, prefix + name, false);
+  }
+  if (num_tensors_of_type.empty()) return;
+  std::string summary;
+  for (const auto& [type, count] : num_tensors_of_type)
+    summary += fmt::format("{}{} x{}", summary.empty() ? "" : ", ", type, count);
+  spdlog::info("cpu backend: weights kept quantized ({}), {} kernels", summary,
+               cpu::quant::simd_level_name(cpu::quant::best_simd_level()));
 }
 
 class CpuBackend final : public Backend {
@@ -147,6 +188,7 @@ CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWei
     fail(ErrorKind::kInvalidArgument, "cpu backend: max_adapter_slots is {}",
          backend_config.max_adapter_slots);
   validate_weights(*weights_, config_);
+  check_quantized_weights(*weights_);
   adapters_.resize(backend_config.max_adapter_slots);
   // The GEMMs are split across our OpenMP threads (cpu_kernels.cc); OpenBLAS's own
   // pthread pool would spin next to them and fight for the same cores.
@@ -333,8 +375,14 @@ void CpuBackend::embed_rows(const Batch& batch) {
   hidden_.resize(num_rows_ * hidden);
   for (int64_t row = 0; row < num_rows_; ++row) {
     const int64_t token = row < num_tokens_ ? row : placement_.token_of_decoder_row[row - num_tokens_];
-    std::memcpy(hidden_.data() + row * hidden, weights_->embed_tokens.data + batch.token_ids[token] * hidden,
-                hidden * sizeof(float));
+    const Tensor& embedding = weights_->embed_tokens;
+    const int64_t id = batch.token_ids[token];
+    if (embedding.is_quantized())
+      dequantize_ggml(static_cast<GgmlType>(embedding.quantized.ggml_type),
+                      embedding.quantized.bytes + id * embedding.quantized.row_bytes, hidden,
+                      hidden_.data() + row * hidden);
+    else
+      std::memcpy(hidden_.data() + row * hidden, embedding.data + id * hidden, hidden * sizeof(float));
   }
 }
 
@@ -386,9 +434,9 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   const float* q_bias = config_.qkv_bias ? optional_data(weights.q_bias) : nullptr;
   const float* k_bias = config_.qkv_bias ? optional_data(weights.k_bias) : nullptr;
   const float* v_bias = config_.qkv_bias ? optional_data(weights.v_bias) : nullptr;
-  const cpu::GemmOutput qkv[] = {{weights.q_proj.data, q_size, q_.data(), q_size, q_bias},
-                                 {weights.k_proj.data, kv_size, k_.data(), kv_size, k_bias},
-                                 {weights.v_proj.data, kv_size, v_.data(), kv_size, v_bias}};
+  const cpu::GemmOutput qkv[] = {cpu::weight_output(weights.q_proj, q_.data(), q_size, q_bias),
+                                 cpu::weight_output(weights.k_proj, k_.data(), kv_size, k_bias),
+                                 cpu::weight_output(weights.v_proj, v_.data(), kv_size, v_bias)};
   cpu::gemm(normed_.data(), hidden, n, hidden, qkv, 1.0f, 0.0f);
   apply_lora(LoraTarget::kQ, layer, normed_.data(), hidden, q_.data(), q_size);
   apply_lora(LoraTarget::kK, layer, normed_.data(), hidden, k_.data(), kv_size);
@@ -424,7 +472,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
                        placement_.has_forked_sequences ? &forked : nullptr);
 
   const float* o_bias = config_.o_bias ? optional_data(weights.o_bias) : nullptr;
-  cpu::linear(attention_out_.data(), n, q_size, weights.o_proj.data, o_bias, hidden, projected_.data());
+  cpu::linear(attention_out_.data(), n, q_size, weights.o_proj, o_bias, hidden, projected_.data());
   apply_lora(LoraTarget::kO, layer, attention_out_.data(), q_size, projected_.data(), hidden);
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
 }
@@ -439,13 +487,13 @@ void CpuBackend::mlp_block(int layer) {
 
   cpu::rms_norm_rows(hidden_.data(), n, hidden, weights.post_attention_norm.data, config_.rms_norm_eps,
                      normed_.data());
-  const cpu::GemmOutput gate_up[] = {{weights.gate_proj.data, intermediate, gate_.data(), intermediate},
-                                     {weights.up_proj.data, intermediate, up_.data(), intermediate}};
+  const cpu::GemmOutput gate_up[] = {cpu::weight_output(weights.gate_proj, gate_.data(), intermediate),
+                                     cpu::weight_output(weights.up_proj, up_.data(), intermediate)};
   cpu::gemm(normed_.data(), hidden, n, hidden, gate_up, 1.0f, 0.0f);
   apply_lora(LoraTarget::kGate, layer, normed_.data(), hidden, gate_.data(), intermediate);
   apply_lora(LoraTarget::kUp, layer, normed_.data(), hidden, up_.data(), intermediate);
   cpu::silu_multiply(gate_.data(), up_.data(), n * intermediate);
-  cpu::linear(gate_.data(), n, intermediate, weights.down_proj.data, nullptr, hidden, projected_.data());
+  cpu::linear(gate_.data(), n, intermediate, weights.down_proj, nullptr, hidden, projected_.data());
   apply_lora(LoraTarget::kDown, layer, gate_.data(), intermediate, projected_.data(), hidden);
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
 }
@@ -458,7 +506,7 @@ void CpuBackend::compute_logits(ForwardResult& result) {
   cpu::rms_norm_rows(normed_.data(), num_rows, hidden, weights_->final_norm.data, config_.rms_norm_eps,
                      normed_.data());
   result.logits.resize(num_rows * config_.vocab_size);
-  cpu::linear(normed_.data(), num_rows, hidden, weights_->lm_head.data, nullptr, config_.vocab_size,
+  cpu::linear(normed_.data(), num_rows, hidden, weights_->lm_head, nullptr, config_.vocab_size,
               result.logits.data());
   result.logit_token_index.assign(logit_tokens_.begin(), logit_tokens_.end());
 }

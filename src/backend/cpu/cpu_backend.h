@@ -1,6 +1,12 @@
 // The CPU backend: fp32 everywhere, OpenBLAS GEMMs, OpenMP across heads and
 // tokens. It is the numerical reference the CUDA backend is checked against.
 //
+// Quantized weights: a GGUF loaded with LoadOptions::keep_quantized keeps its
+// matrices (and the embedding) in their block format, multiplied by the int8
+// kernels of quant/quantized_matmul.h through gemm.h; an embedding row is
+// dequantized when a token looks it up. LoRA, norms, KV and activations stay fp32.
+// The fp32 reference is what a model loaded without keep_quantized runs.
+//
 // Threads: forward() runs OpenMP regions of num_threads threads on the calling
 // (engine) thread. GEMMs are split across those threads with one single-threaded
 // OpenBLAS call each, so make_cpu_backend sets OpenBLAS to one thread for the

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/gemm.h"
 #include "backend/cpu/vector_math.h"
+#include "util/error.h"
 
 namespace loom::cpu {
 
@@ -19,6 +20,13 @@ constexpr int64_t kMinFloatsForThreads = 64 * 1024;
 void linear(const float* x, int64_t num_rows, int64_t in_features, const float* weight,
             const float* bias, int64_t out_features, float* y) {
   const GemmOutput output{weight, out_features, y, out_features, bias};
+  gemm(x, in_features, num_rows, in_features, {&output, 1}, 1.0f, 0.0f);
+}
+
+void linear(const float* x, int64_t num_rows, int64_t in_features, const Tensor& weight, const float* bias,
+            int64_t out_features, float* y) {
+  LOOM_CHECK(weight.shape.size() == 2 && weight.shape[0] == out_features && weight.shape[1] == in_features);
+  const GemmOutput output = weight_output(weight, y, out_features, bias);
   gemm(x, in_features, num_rows, in_features, {&output, 1}, 1.0f, 0.0f);
 }
 

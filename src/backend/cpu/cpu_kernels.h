@@ -8,12 +8,18 @@
 
 #include <cstdint>
 
+#include "formats/tensor.h"
+
 namespace loom::cpu {
 
 // Y[m, out] = X[m, in] W[out, in]^T (+ bias[out] when bias != nullptr).
 // This is torch.nn.Linear; see gemm.h to run several weights on one input together.
 void linear(const float* x, int64_t num_rows, int64_t in_features, const float* weight,
             const float* bias, int64_t out_features, float* y);
+
+// The same for a model weight [out, in], fp32 or kept quantized (gemm.h).
+void linear(const float* x, int64_t num_rows, int64_t in_features, const Tensor& weight, const float* bias,
+            int64_t out_features, float* y);
 
 // Y[m, out] += alpha * X[m, in] W[out, in]^T, with X's rows `x_stride` apart
 // and Y's rows `y_stride` apart (to work on column slices or strided rows).
