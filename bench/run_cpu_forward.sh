@@ -6,6 +6,7 @@
 #                            [--repeats R] [--prompt-tokens P] [--decode-tokens N]
 #                            [--build-dir DIR] [--out-dir DIR] [--llama-f32-model GGUF]
 #                            [--wait-load L] [--loom-env 'VAR=VALUE ...']
+# LOOM_CPU_PRECISION=auto|fp32 (default auto: GGUF weights kept quantized) picks the Loom side's path.
 #
 # --llama-bin (or $LLAMA_CPP_BIN): folder holding llama-bench and
 # llama-batched-bench from a CPU build of llama.cpp. Without it the llama.cpp
@@ -62,6 +63,8 @@ done
 
 [[ -f $model ]] || { echo "run_cpu_forward.sh: model $model not found" >&2; exit 2; }
 loom_bench=$build_dir/bench/loom_bench_forward
+# auto: GGUF weights kept quantized (the default); fp32: the exact reference path.
+loom_precision=${LOOM_CPU_PRECISION:-auto}
 if [[ ! -x $loom_bench ]]; then
   echo "building loom_bench_forward in $build_dir"
   cmake -S "$repo_root" -B "$build_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
@@ -113,11 +116,11 @@ loom_round() {
   echo "== loom_bench_forward --batch 1 --decode-context empty (llama-bench's setting)"
   env $loom_env "$loom_bench" --model "$model" --batch 1 --prompt-tokens "$prompt_tokens" \
     --decode-tokens "$decode_tokens" --threads "$threads" --repeats 1 --warmup 1 \
-    --decode-context empty --seed "$round" --json-out "$raw/loom_empty.r$round.json"
+    --decode-context empty --seed "$round" --cpu-precision "$loom_precision" --json-out "$raw/loom_empty.r$round.json"
   echo "== loom_bench_forward --batch 1,8 --decode-context prompt (llama-batched-bench's setting)"
   env $loom_env "$loom_bench" --model "$model" --batch 1,8 --prompt-tokens "$prompt_tokens" \
     --decode-tokens "$decode_tokens" --threads "$threads" --repeats 1 --warmup 1 \
-    --decode-context prompt --seed "$round" --json-out "$raw/loom_prompt.r$round.json"
+    --decode-context prompt --seed "$round" --cpu-precision "$loom_precision" --json-out "$raw/loom_prompt.r$round.json"
 }
 
 # Waits (up to 30 minutes) for the 1-minute load average to drop below $wait_load.
