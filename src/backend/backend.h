@@ -86,6 +86,25 @@ struct DeviceSampling {
   // tokens whose bit is clear in row mask_row of Batch::fill_token_masks' masks
   // become -inf (structured outputs). The logprob is then under the masked logits.
   int32_t mask_row = -1;
+  // Logit processing (capabilities().device_logit_processing only), after the
+  // mask: Batch::logit_edits [edits_begin, edits_begin + num_edits) (penalties,
+  // logit_bias), then, when temperature > 0, min_p: tokens whose probability is
+  // below min_p times the most likely one's become -inf. The logprob stays under
+  // the logits before this processing (engine/sampler.h's raw logprob).
+  float repetition_penalty = 1.0f;  // > 0, for LogitEdit::repeated
+  float min_p = 0.0f;               // [0, 1]
+  int32_t edits_begin = 0, num_edits = 0;
+};
+
+// One token's logit processing (engine/sampler.h's order): logit' = rep(logit +
+// bias) - subtract, where rep divides a positive logit by the row's
+// repetition_penalty and multiplies a negative one, if `repeated`. At most one
+// edit per token per sequence.
+struct LogitEdit {
+  int32_t token = 0;
+  float bias = 0.0f;
+  float subtract = 0.0f;
+  int32_t repeated = 0;
 };
 
 struct Batch {
@@ -111,6 +130,8 @@ struct Batch {
   // is valid only during the call.
   int32_t num_token_mask_rows = 0;
   std::function<void(uint32_t* masks, int32_t words_per_row)> fill_token_masks;
+  // DeviceSampling::edits_begin / num_edits index this.
+  std::vector<LogitEdit> logit_edits;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };

@@ -38,6 +38,8 @@ struct BackendCapabilities {
   bool device_sampling = false;
   // ... and DeviceSampling::mask_row / Batch::fill_token_masks (structured outputs on the device).
   bool device_token_masks = false;
+  // ... and DeviceSampling's logit processing (penalties, logit_bias, min_p; Batch::logit_edits).
+  bool device_logit_processing = false;
   // allocate_host_kv_cache / copy_kv_blocks work for the main pool.
   bool host_kv_tier = false;
   // ... and for the rCache pool (KvPoolKind::kResidual) of forked sharing.

@@ -76,13 +76,12 @@ RequestOutput PendingRequest::finish_without_token(FinishReason reason) {
   return output;
 }
 
-bool PendingRequest::can_sample_on_device(bool device_token_masks) const {
-  // The device sampler has no penalties, bias or min_p.
+bool PendingRequest::can_sample_on_device(bool device_token_masks, bool device_logit_processing) const {
   return request.sampling.num_top_logprobs == 0 && num_output_tokens >= request.min_new_tokens &&
-         !request.sampling.modifies_logits() && (!matcher || device_token_masks);
+         (!request.sampling.modifies_logits() || device_logit_processing) && (!matcher || device_token_masks);
 }
 
-void PendingRequest::write_device_mask(uint32_t* words, int32_t num_words) {
+void PendingRequest::write_device_mask(uint32_t* words, int32_t num_words, int32_t vocab_size) {
   std::fill_n(words, num_words, 0xFFFFFFFFu);
   device_mask_ = DeviceMask::kFailed;
   try {
@@ -95,7 +94,7 @@ void PendingRequest::write_device_mask(uint32_t* words, int32_t num_words) {
     return;
   }
   mask_prepared_ = false;  // the sampled token moves the matcher on
-  const int64_t grammar_vocab = matcher->grammar().vocabulary().size();
+  const int64_t grammar_vocab = std::min<int64_t>(matcher->grammar().vocabulary().size(), vocab_size);
   bool any = false;
   for (int32_t w = 0; w < num_words; ++w) {
     uint32_t word = 0;
@@ -115,6 +114,7 @@ RequestOutput PendingRequest::on_device_token(SampledToken sampled, const std::v
   const DeviceMask mask = std::exchange(device_mask_, DeviceMask::kNone);
   if (mask == DeviceMask::kFailed) return failed(*std::exchange(device_mask_error_, std::nullopt));
   if (mask == DeviceMask::kEmpty) return finish_without_token(FinishReason::kStop);
+  sampler.note_output_token(sampled.token_id);
   return on_sampled_token(std::move(sampled), eos_ids);
 }
 

@@ -55,19 +55,21 @@ struct PendingRequest {
   RequestOutput on_logits(const float* logits, int32_t vocab_size, const std::vector<TokenId>& eos_ids);
   // True when the backend may draw the next token itself (backend.h
   // DeviceSampling): no top logprobs asked for, no EOS / stop-token masking
-  // pending (min_new_tokens reached), no penalties, logit_bias or min_p, and no
-  // structured-output constraint unless the backend takes token masks
-  // (`device_token_masks`: write_device_mask gives it this step's).
-  bool can_sample_on_device(bool device_token_masks) const;
+  // pending (min_new_tokens reached), no penalties, logit_bias or min_p unless
+  // the backend processes logits (`device_logit_processing`: sampler's
+  // append_logit_edits gives it this step's), and no structured-output
+  // constraint unless it takes token masks (`device_token_masks`:
+  // write_device_mask gives it this step's).
+  bool can_sample_on_device(bool device_token_masks, bool device_logit_processing) const;
   // on_logits' second half, for a token drawn on the device.
   RequestOutput on_sampled_token(SampledToken sampled, const std::vector<TokenId>& eos_ids);
   // Structured outputs drawn on the device: writes the grammar's mask of allowed
   // next tokens as num_words words of 32 bits (bit t % 32 of word t / 32 = token
-  // t; tokens past the grammar's vocabulary clear), from prepare_constraint_mask's
+  // t; tokens past the grammar's vocabulary or the model's vocab_size clear), from prepare_constraint_mask's
   // result when it has one. A grammar that fails here, or allows no token, leaves
   // that outcome to on_device_token (the mask then allows everything, so the draw
   // stays defined).
-  void write_device_mask(uint32_t* words, int32_t num_words);
+  void write_device_mask(uint32_t* words, int32_t num_words, int32_t vocab_size);
   // on_sampled_token for a row drawn on the device: a constrained request whose
   // write_device_mask found no allowed token stops, one whose grammar failed ends
   // with that error (the drawn token is dropped in both cases).

@@ -75,17 +75,29 @@ Batch EngineImpl::build_step_batch(const ScheduledBatch& scheduled) const {
   // requests that need nothing else (rows that sample nothing this step take a
   // greedy id too, so that their logits stay on the device). Structured outputs
   // stay there too where the backend takes token masks: each gets a mask row,
-  // in row order (forward() fills them).
+  // in row order (forward() fills them); so do penalties, logit_bias and min_p
+  // where it processes logits (the sampler's edits for this step).
   if (capabilities_.device_sampling) {
     batch.sampling.resize(scheduled.requests.size());
     for (size_t i = 0; i < scheduled.requests.size(); ++i) {
       const PendingRequest& request = *active_.at(scheduled.requests[i].id);
       const bool samples = scheduled.requests[i].samples_next_token;
-      if (samples && !request.can_sample_on_device(capabilities_.device_token_masks)) continue;
+      if (samples &&
+          !request.can_sample_on_device(capabilities_.device_token_masks, capabilities_.device_logit_processing))
+        continue;
       const SamplingParams& params = request.request.sampling;
-      batch.sampling[i] = {true, params.temperature, params.top_k, params.top_p, params.seed,
-                           static_cast<uint64_t>(request.num_output_tokens)};
-      if (samples && request.matcher) batch.sampling[i].mask_row = batch.num_token_mask_rows++;
+      DeviceSampling& sampling = batch.sampling[i];
+      sampling = {true, params.temperature, params.top_k, params.top_p, params.seed,
+                  static_cast<uint64_t>(request.num_output_tokens)};
+      if (!samples) continue;
+      if (request.matcher) sampling.mask_row = batch.num_token_mask_rows++;
+      if (params.modifies_logits()) {
+        sampling.repetition_penalty = params.repetition_penalty;
+        sampling.min_p = params.min_p;
+        sampling.edits_begin = static_cast<int32_t>(batch.logit_edits.size());
+        request.sampler.append_logit_edits(model_.config.vocab_size, batch.logit_edits);
+        sampling.num_edits = static_cast<int32_t>(batch.logit_edits.size()) - sampling.edits_begin;
+      }
     }
   }
   return batch;
@@ -123,10 +135,11 @@ std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled
     for (size_t i = 0; i < batch.sampling.size(); ++i)
       if (batch.sampling[i].mask_row >= 0) masked[static_cast<size_t>(batch.sampling[i].mask_row)] =
                                                active_.at(scheduled.requests[i].id).get();
-    batch.fill_token_masks = [masked = std::move(masked), &finish_masks](uint32_t* words, int32_t words_per_row) {
+    batch.fill_token_masks = [masked = std::move(masked), &finish_masks,
+                              vocab_size = model_.config.vocab_size](uint32_t* words, int32_t words_per_row) {
       finish_masks();
       for (size_t k = 0; k < masked.size(); ++k)
-        masked[k]->write_device_mask(words + k * static_cast<size_t>(words_per_row), words_per_row);
+        masked[k]->write_device_mask(words + k * static_cast<size_t>(words_per_row), words_per_row, vocab_size);
     };
   }
   try {

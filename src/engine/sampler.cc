@@ -26,29 +26,55 @@ Sampler::Sampler(const SamplingParams& params) : params_(params), prng_(params.s
   for (const auto& [id, bias] : params.logit_bias)
     if (id < 0 || !(bias >= -100.0f && bias <= 100.0f))
       fail(ErrorKind::kInvalidArgument, "logit_bias: token {} bias {} (ids >= 0, biases in [-100, 100])", id, bias);
+  for (const auto& [id, bias] : params.logit_bias) touched_[touch(id)].bias += bias;
 }
 
 void Sampler::set_prompt(std::span<const int32_t> prompt_tokens) {
-  if (params_.repetition_penalty != 1.0f) prompt_tokens_.insert(prompt_tokens.begin(), prompt_tokens.end());
+  if (params_.repetition_penalty == 1.0f) return;
+  for (int32_t id : prompt_tokens) touched_[touch(id)].repeated = true;
+}
+
+size_t Sampler::touch(int32_t token) {
+  auto [it, added] = touched_index_.try_emplace(token, touched_.size());
+  if (added) touched_.push_back({token, 0.0f, false, 0});
+  return it->second;
+}
+
+LogitEdit Sampler::edit_of(size_t i) const {
+  const Touched& entry = touched_[i];
+  const float subtract = entry.count > 0 ? params_.frequency_penalty * static_cast<float>(entry.count) +
+                                               params_.presence_penalty
+                                         : 0.0f;
+  return {entry.token, entry.bias, subtract, entry.repeated ? 1 : 0};
 }
 
 void Sampler::adjust(std::vector<float>& logits) const {
   const auto vocab_size = static_cast<int32_t>(logits.size());
-  for (const auto& [id, bias] : params_.logit_bias)
-    if (id < vocab_size) logits[static_cast<size_t>(id)] += bias;
-  if (params_.repetition_penalty != 1.0f) {
-    auto penalise = [&](int32_t id) {
-      if (id < 0 || id >= vocab_size) return;
-      float& logit = logits[static_cast<size_t>(id)];
-      logit = logit > 0.0f ? logit / params_.repetition_penalty : logit * params_.repetition_penalty;
-    };
-    for (int32_t id : prompt_tokens_) penalise(id);
-    for (const auto& [id, count] : output_counts_)
-      if (!prompt_tokens_.contains(id)) penalise(id);
+  for (size_t i = 0; i < touched_.size(); ++i) {
+    const LogitEdit edit = edit_of(i);
+    if (edit.token < 0 || edit.token >= vocab_size) continue;
+    float& logit = logits[static_cast<size_t>(edit.token)];
+    logit += edit.bias;
+    if (edit.repeated) logit = logit > 0.0f ? logit / params_.repetition_penalty : logit * params_.repetition_penalty;
+    logit -= edit.subtract;
   }
-  for (const auto& [id, count] : output_counts_)
-    if (id >= 0 && id < vocab_size)
-      logits[static_cast<size_t>(id)] -= params_.frequency_penalty * static_cast<float>(count) + params_.presence_penalty;
+}
+
+void Sampler::append_logit_edits(int32_t vocab_size, std::vector<LogitEdit>& edits) const {
+  if (!params_.modifies_logits()) return;
+  for (size_t i = 0; i < touched_.size(); ++i) {
+    const LogitEdit edit = edit_of(i);
+    if (edit.token < 0 || edit.token >= vocab_size) continue;
+    if (edit.bias == 0.0f && edit.subtract == 0.0f && !edit.repeated) continue;  // changes nothing
+    edits.push_back(edit);
+  }
+}
+
+void Sampler::note_output_token(int32_t token_id) {
+  if (!params_.modifies_logits()) return;
+  Touched& entry = touched_[touch(token_id)];
+  ++entry.count;
+  if (params_.repetition_penalty != 1.0f) entry.repeated = true;
 }
 
 SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
@@ -127,7 +153,7 @@ SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
     result.token_id = scratch_[chosen].second;
   }
   result.logprob = logprob_of(result.token_id);
-  if (params_.modifies_logits()) ++output_counts_[result.token_id];
+  note_output_token(result.token_id);
 
   if (params_.num_top_logprobs > 0) {
     const int32_t count = std::min(params_.num_top_logprobs, vocab_size);

@@ -15,10 +15,10 @@
 #include <cstdint>
 #include <span>
 #include <unordered_map>
-#include <unordered_set>
 #include <utility>
 #include <vector>
 
+#include "backend/backend.h"
 #include "util/prng.h"
 
 namespace loom {
@@ -57,16 +57,36 @@ class Sampler {
   // `logits` has vocab_size entries. Throws Error(kInvalidArgument) on bad params.
   // With modifies_logits(), the chosen token counts as output for the penalties.
   SampledToken sample(const float* logits, int32_t vocab_size);
+  // For a backend that draws itself (backend.h DeviceSampling): appends what
+  // sample() would do to the logits before its choice, one LogitEdit per token
+  // it touches (logit_bias, repetition over prompt and output, presence and
+  // frequency over the output so far).
+  void append_logit_edits(int32_t vocab_size, std::vector<LogitEdit>& edits) const;
+  // A token drawn elsewhere: counted as output for the penalties, as sample() does.
+  void note_output_token(int32_t token_id);
 
  private:
   void adjust(std::vector<float>& logits) const;
+  // The entry of `token` in touched_, added if new.
+  size_t touch(int32_t token);
+  // touched_[i]'s edit now (subtract from its output count).
+  LogitEdit edit_of(size_t i) const;
 
   SamplingParams params_;
   Prng prng_;
   std::vector<std::pair<float, int32_t>> scratch_;
   std::vector<float> adjusted_;
-  std::unordered_set<int32_t> prompt_tokens_;
-  std::unordered_map<int32_t, int32_t> output_counts_;
+  // Every token the processing touches (biased, in the prompt under a
+  // repetition penalty, or produced), once each, with its output count: kept
+  // up to date as tokens come, so a step's edits are a pass over it.
+  struct Touched {
+    int32_t token = 0;
+    float bias = 0.0f;
+    bool repeated = false;
+    int32_t count = 0;
+  };
+  std::vector<Touched> touched_;
+  std::unordered_map<int32_t, size_t> touched_index_;
 };
 
 }  // namespace loom

@@ -7,6 +7,10 @@
 
 #include <cstring>
 
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+
 #include "util/error.h"
 #include "util/half.h"
 
@@ -207,7 +211,11 @@ void dequantize_ggml(GgmlType type, const uint8_t* source, int64_t num_elements,
   const GgmlBlockLayout layout = ggml_block_layout(type);
   LOOM_CHECK(num_elements % layout.elements_per_block == 0);
   const int64_t num_blocks = num_elements / layout.elements_per_block;
-  const bool parallel = num_elements > (1 << 18);
+#ifdef _OPENMP
+  const bool parallel = num_elements > (1 << 18) && !omp_in_parallel();  // not nested in a caller's team
+#else
+  const bool parallel = false;
+#endif
   switch (type) {
     case GgmlType::kF32:
       std::memcpy(out, source, num_elements * sizeof(float));

@@ -1,15 +1,25 @@
 #include "util/worker_pool.h"
 
+#include <iterator>
+#include <stdexcept>
 #include <utility>
 
 namespace loom {
 
 WorkerPool::WorkerPool(size_t num_threads) {
+  if (num_threads == 0) throw std::invalid_argument("WorkerPool needs at least one thread");
   threads_.reserve(num_threads);
-  for (size_t i = 0; i < num_threads; ++i) threads_.emplace_back([this] { work(); });
+  try {
+    for (size_t i = 0; i < num_threads; ++i) threads_.emplace_back([this] { work(); });
+  } catch (...) {
+    stop();  // the threads already started
+    throw;
+  }
 }
 
-WorkerPool::~WorkerPool() {
+WorkerPool::~WorkerPool() { stop(); }
+
+void WorkerPool::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -23,9 +33,12 @@ WorkerPool::Job WorkerPool::start(size_t n, std::function<void(size_t)> fn) {
   state->fn = std::move(fn);
   state->remaining = n;
   if (n == 0) return Job(std::move(state));
+  // Entries are made before any is queued, so a failure queues nothing.
+  std::deque<std::pair<std::shared_ptr<JobState>, size_t>> entries;
+  for (size_t i = 0; i < n; ++i) entries.emplace_back(state, i);
   {
     std::lock_guard lock(mutex_);
-    for (size_t i = 0; i < n; ++i) queue_.emplace_back(state, i);
+    std::move(entries.begin(), entries.end(), std::back_inserter(queue_));
   }
   if (n == 1) ready_.notify_one();
   else ready_.notify_all();

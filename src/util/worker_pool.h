@@ -3,11 +3,13 @@
 // sampling): starting threads per step (std::async) costs tens of µs each,
 // a noticeable part of a decode step at 64 streams.
 //
-// start(n, fn) queues fn(0) .. fn(n - 1) and returns at once; the Job's wait()
-// blocks until all have run and rethrows the first exception one threw. Calls
-// of one job may run on any worker, in any order, concurrently. A Job must be
-// waited for before what fn refers to goes away (its destructor waits). Any
-// thread may start jobs; the pool must outlive its jobs.
+// start(n, fn) queues fn(0) .. fn(n - 1) and returns at once (or throws,
+// having queued nothing); the Job's wait() blocks until all have run and
+// rethrows the first exception one threw. Calls of one job may run on any
+// worker, in any order, concurrently. A Job must be waited for before what fn
+// refers to goes away (its destructor waits). Any thread but the pool's own
+// workers may start and wait for jobs (a worker waiting on a job could wait on
+// itself); the pool must outlive its jobs.
 #pragma once
 
 #include <condition_variable>
@@ -26,7 +28,7 @@ class WorkerPool {
   struct JobState;
 
  public:
-  explicit WorkerPool(size_t num_threads);
+  explicit WorkerPool(size_t num_threads);  // num_threads >= 1
   ~WorkerPool();
   WorkerPool(const WorkerPool&) = delete;
   WorkerPool& operator=(const WorkerPool&) = delete;
@@ -59,6 +61,7 @@ class WorkerPool {
     std::condition_variable done;
   };
   void work();
+  void stop();  // lets the workers drain the queue and joins them
 
   std::mutex mutex_;
   std::condition_variable ready_;

@@ -349,5 +349,74 @@ TEST(CudaSampling, TokenMasksRestrictTheDrawToAllowedTokens) {
   EXPECT_THROW(backend->forward(bad), Error) << "a mask row without masks";
 }
 
+// Logit processing on the device (Batch::logit_edits, repetition_penalty,
+// min_p): a greedy row takes the argmax of rep(logit + bias) - subtract with its
+// logprob under the raw row; a row drawn at a temperature with min_p only takes
+// tokens within min_p of the processed row's most likely one; rows without
+// processing are untouched.
+TEST(CudaSampling, LogitProcessingFollowsTheSamplerDefinitionAndKeepsRawLogprobs) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  auto backend = make_synthetic_cuda_backend(config, 2, false);
+  backend->allocate_kv_cache({16, 16});
+  const int vocab = config.vocab_size;
+  Batch batch;
+  for (int s = 0; s < 3; ++s) {
+    BatchSequence sequence;
+    sequence.num_new_tokens = 1;
+    sequence.token_offset = s;
+    sequence.block_table_offset = s;
+    sequence.num_blocks = 1;
+    batch.sequences.push_back(sequence);
+    batch.block_tables.push_back(2 * s + 1);
+    batch.token_ids.push_back(13 * s + 5);
+    batch.positions.push_back(0);
+    batch.adapter_slots.push_back(-1);
+  }
+  const ForwardResult plain = backend->forward(batch);
+  const float* raw0 = plain.logits.data();
+  // Row 0 (greedy): the raw argmax pushed down, a low token lifted by a bias, one repeated token.
+  const int best = argmax_lowest(raw0, vocab);
+  std::vector<int> order(vocab);
+  std::iota(order.begin(), order.end(), 0);
+  std::sort(order.begin(), order.end(), [&](int a, int b) { return raw0[a] > raw0[b]; });
+  const int second = order[1], low = order[vocab / 2];
+  const float repetition = 1.7f;
+  std::vector<LogitEdit> edits = {{best, 0.0f, 2.5f, 1}, {low, raw0[best] - raw0[low] + 0.25f, 0.0f, 0},
+                                  {second, 0.0f, 0.0f, 1}};
+  std::vector<float> adjusted(raw0, raw0 + vocab);
+  for (const LogitEdit& edit : edits) {
+    float value = adjusted[edit.token] + edit.bias;
+    if (edit.repeated) value = value > 0.0f ? value / repetition : value * repetition;
+    adjusted[edit.token] = value - edit.subtract;
+  }
+  const int expected0 = argmax_lowest(adjusted.data(), vocab);
+  ASSERT_NE(expected0, best) << "the edits must change the choice for this test to mean anything";
+  const float min_p = 0.3f, temperature = 0.8f;
+  const float* raw1 = plain.logits.data() + vocab;
+  const float max1 = *std::max_element(raw1, raw1 + vocab);
+  for (int round = 0; round < 6; ++round) {
+    Batch processed = batch;
+    processed.logit_edits = edits;
+    processed.sampling.resize(3);
+    processed.sampling[0] = {true, 0.0f, 0, 1.0f, 1, 0, -1, repetition, 0.0f, 0, 3};
+    processed.sampling[1] = {true, temperature, 0, 1.0f, 9, static_cast<uint64_t>(round), -1, 1.0f, min_p, 0, 0};
+    processed.sampling[2] = {true, 0.0f, 0, 1.0f, 3, 0};
+    const ForwardResult result = backend->forward(processed);
+    ASSERT_EQ(result.sampled_token_ids.size(), 3u);
+    EXPECT_EQ(result.sampled_token_ids[0], expected0);
+    EXPECT_NEAR(result.sampled_logprobs[0], log_softmax_at(raw0, vocab, expected0), 1e-4) << "raw logprob";
+    const int drawn = result.sampled_token_ids[1];
+    ASSERT_GE(drawn, 0);
+    EXPECT_GE((raw1[drawn] - max1) / temperature, std::log(min_p) - 1e-4f) << "round " << round << " drew " << drawn;
+    EXPECT_NEAR(result.sampled_logprobs[1], log_softmax_at(raw1, vocab, drawn), 1e-4);
+    EXPECT_EQ(result.sampled_token_ids[2], argmax_lowest(plain.logits.data() + 2 * vocab, vocab));
+  }
+  Batch bad = batch;
+  bad.sampling.resize(3);
+  bad.sampling[0] = {true, 0.0f, 0, 1.0f, 1, 0, -1, 1.0f, 0.0f, 0, 2};
+  EXPECT_THROW(backend->forward(bad), Error) << "edits outside Batch::logit_edits";
+}
+
 }  // namespace
 }  // namespace loom::cuda

@@ -27,12 +27,13 @@ namespace {
 
 class ArgmaxSamplingBackend final : public test::ForwardingBackend {
  public:
-  ArgmaxSamplingBackend(std::unique_ptr<Backend> inner, bool token_masks = false)
-      : ForwardingBackend(std::move(inner)), token_masks_(token_masks) {}
+  ArgmaxSamplingBackend(std::unique_ptr<Backend> inner, bool token_masks = false, bool logit_processing = false)
+      : ForwardingBackend(std::move(inner)), token_masks_(token_masks), logit_processing_(logit_processing) {}
   BackendCapabilities capabilities() const override {
     BackendCapabilities capabilities = inner().capabilities();
     capabilities.device_sampling = true;
     capabilities.device_token_masks = token_masks_;
+    capabilities.device_logit_processing = logit_processing_;
     return capabilities;
   }
 
@@ -61,6 +62,19 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
         for (size_t t = 0; t < vocab; ++t)
           if (!((mask[t / 32] >> (t % 32)) & 1u)) logits[t] = -std::numeric_limits<float>::infinity();
       }
+      // The logprob is under the row before processing (backend.h), so it is taken from a copy.
+      std::vector<float> raw(logits, logits + vocab);
+      const DeviceSampling& sampling = batch.sampling[row];
+      if (sampling.on_device && sampling.num_edits > 0) {
+        EXPECT_TRUE(logit_processing_);
+        ++num_processed_rows;
+        for (int32_t e = sampling.edits_begin; e < sampling.edits_begin + sampling.num_edits; ++e) {
+          const LogitEdit& edit = batch.logit_edits[static_cast<size_t>(e)];
+          float value = logits[edit.token] + edit.bias;
+          if (edit.repeated) value = value > 0.0f ? value / sampling.repetition_penalty : value * sampling.repetition_penalty;
+          logits[edit.token] = value - edit.subtract;
+        }
+      }
       if (!batch.sampling[row].on_device) {
         ++num_host_rows;
         packed.insert(packed.end(), logits, logits + vocab);
@@ -71,19 +85,20 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
       ++num_device_rows;
       EXPECT_EQ(batch.sampling[row].temperature, 0.0f);
       const auto best = static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+      const float max_raw = *std::max_element(raw.begin(), raw.end());
       double sum = 0.0;
-      for (size_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i] - logits[best]));
+      for (size_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(raw[i] - max_raw));
       result.sampled_token_ids.push_back(best);
-      result.sampled_logprobs.push_back(static_cast<float>(-std::log(sum)));
+      result.sampled_logprobs.push_back(static_cast<float>(raw[static_cast<size_t>(best)] - max_raw - std::log(sum)));
     }
     result.logits = std::move(packed);
     return result;
   }
 
-  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0}, num_masked_rows{0};
+  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0}, num_masked_rows{0}, num_processed_rows{0};
 
  private:
-  bool token_masks_;
+  bool token_masks_, logit_processing_;
 };
 
 std::vector<int32_t> tokens_of(RequestStream& stream) {
@@ -207,6 +222,65 @@ TEST(EngineDeviceSampling, ConstrainedRowsDrawnOnTheDeviceMatchTheHostPath) {
   std::printf("[ device masks ] %lld masked device rows; outputs: '%s' '%s' '%s'\n",
               static_cast<long long>(device_masked), device_text[0].c_str(), device_text[1].c_str(),
               device_text[2].c_str());
+}
+
+// Penalties and logit_bias processed by the backend (device_logit_processing):
+// greedy requests give the host path's tokens and raw logprobs, and the
+// penalties see the tokens drawn on the device.
+TEST(EngineDeviceSampling, PenaltiesAndBiasProcessedOnTheDeviceMatchTheHostPath) {
+  test::TempDir directory;
+  SyntheticModelOptions options;
+  options.arch = Architecture::kLlama;
+  write_synthetic_model(directory.str(), options);
+  const LoadedModel model = load_model(directory.str());
+  auto run = [&](bool processing, int64_t* processed_rows) {
+    auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}), false,
+                                                         processing);
+    ArgmaxSamplingBackend* backend = owned.get();
+    EngineConfig config;
+    config.block_size = 4;
+    config.num_kv_blocks = 256;
+    config.max_batch_tokens = 32;
+    auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+    std::vector<EngineRequest> requests(4);
+    for (size_t i = 0; i < requests.size(); ++i) {
+      requests[i].prompt_tokens = model.tokenizer->encode("penalised request " + std::to_string(i), true);
+      requests[i].max_new_tokens = 24;
+      requests[i].ignore_eos = true;
+    }
+    requests[0].sampling.presence_penalty = 1.5f;
+    requests[0].sampling.frequency_penalty = 0.7f;
+    requests[1].sampling.repetition_penalty = 1.4f;
+    requests[2].sampling.logit_bias = {{7, 3.0f}, {11, -2.0f}};
+    requests[2].sampling.frequency_penalty = 0.3f;
+    std::vector<std::vector<std::pair<int32_t, float>>> tokens(requests.size());
+    std::vector<std::thread> clients;
+    for (size_t i = 0; i < requests.size(); ++i)
+      clients.emplace_back([&, i] {
+        test::read_stream(*engine->submit(requests[i]), [&](const RequestOutput& output) {
+          EXPECT_FALSE(output.error.has_value());
+          for (const auto& token : output.new_tokens) tokens[i].emplace_back(token.token_id, token.logprob);
+        });
+      });
+    for (auto& client : clients) client.join();
+    engine->shutdown(false);
+    *processed_rows = backend->num_processed_rows.load();
+    return tokens;
+  };
+  int64_t device_processed = 0, host_processed = 0;
+  const auto device = run(true, &device_processed);
+  const auto host = run(false, &host_processed);
+  ASSERT_EQ(device.size(), host.size());
+  for (size_t i = 0; i < device.size(); ++i) {
+    ASSERT_EQ(device[i].size(), host[i].size()) << "request " << i;
+    for (size_t t = 0; t < device[i].size(); ++t) {
+      EXPECT_EQ(device[i][t].first, host[i][t].first) << "request " << i << " token " << t;
+      EXPECT_NEAR(device[i][t].second, host[i][t].second, 1e-4) << "request " << i << " token " << t;
+    }
+  }
+  EXPECT_GE(device_processed, 3 * 23) << "requests 0-2 from their second token (the first has no output to penalise "
+                                         "except request 2's bias)";
+  EXPECT_EQ(host_processed, 0);
 }
 
 }  // namespace

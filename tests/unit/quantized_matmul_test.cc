@@ -16,6 +16,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cpu/gemm.h"
 #include "backend/cpu/quant/quantized_matmul.h"
 #include "formats/gguf_dequant.h"
 #include "test_util.h"
@@ -200,6 +201,36 @@ TEST(QuantizedMatmulTest, UnsupportedTypesNameTheType) {
   test::expect_error([] { check_quantized_matmul_type(0, "output.weight"); }, ErrorKind::kUnsupported,
                      {"output.weight", "F32"});
   EXPECT_NO_THROW(check_quantized_matmul_type(static_cast<uint32_t>(GgmlType::kQ6_K), "x"));
+}
+
+// gemm() takes the int8 kernels up to kMaxQuantizedKernelRows rows of X and
+// dequantize + sgemm above, with X rounded as the kernels round it there: a
+// row's result must not depend on how many rows share its product (only on
+// fp32 summation order).
+TEST(QuantizedMatmulTest, GemmRowsDoNotDependOnTheNumberOfRowsInTheProduct) {
+  std::mt19937 rng(11);
+  const int64_t k = 256, num_columns = 48, tall = kMaxQuantizedKernelRows + 72;
+  for (GgmlType type : {GgmlType::kQ4_1, GgmlType::kQ6_K}) {
+    const std::vector<uint8_t> bytes = random_rows(type, num_columns, k, rng);
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<size_t>(tall * k));
+    for (float& value : x) value = normal(rng);
+    GemmOutput output;
+    output.out_features = num_columns;
+    output.quantized = {type, bytes.data(), ggml_row_bytes(type, k), num_columns, k};
+    std::vector<float> alone(static_cast<size_t>(3 * num_columns)), together(static_cast<size_t>(tall * num_columns));
+    output.y = alone.data();
+    output.ldy = num_columns;
+    gemm(x.data(), k, 3, k, std::span<const GemmOutput>(&output, 1), 1.0f, 0.0f);
+    output.y = together.data();
+    gemm(x.data(), k, tall, k, std::span<const GemmOutput>(&output, 1), 1.0f, 0.0f);
+    for (int64_t i = 0; i < 3 * num_columns; ++i) {
+      float scale = 0.0f;  // the row's terms' size, for the fp32 slack
+      for (int64_t j = 0; j < k; ++j) scale += std::fabs(x[static_cast<size_t>(i / num_columns * k + j)]);
+      EXPECT_NEAR(together[static_cast<size_t>(i)], alone[static_cast<size_t>(i)], 1e-5f * scale)
+          << ggml_type_name(type) << " row " << i / num_columns << " column " << i % num_columns;
+    }
+  }
 }
 
 }  // namespace

@@ -43,10 +43,14 @@ struct QuantizedInputs {
 };
 
 thread_local QuantizedInputs quantized_inputs;
+// X rounded as the int8 kernels see it, for block-type W on the sgemm path.
+thread_local std::vector<float> rounded_x;
 
 // y[rows, columns [begin, end)] = X W^T for quantized W over X rows
 // [row_begin, row_end): int8 kernels for short X, else W's rows dequantized a
 // slice at a time (a buffer of at most kDequantizedFloats per thread) and sgemm.
+// For block types on the sgemm path x is already rounded (rounded_x) as the int8 kernels
+// round it, so both paths compute the same function of the row.
 void quantized_tile(const float* x, int64_t ldx, int64_t row_begin, int64_t row_end, const GemmOutput& output,
                     const quant::QuantizedActivations* activations, int64_t begin, int64_t end) {
   const quant::QuantizedMatrix& w = output.quantized;
@@ -71,16 +75,19 @@ void quantized_tile(const float* x, int64_t ldx, int64_t row_begin, int64_t row_
 // Rows [row_begin, row_end) x concatenated columns [column_begin, column_end).
 void gemm_tile(const float* x, int64_t ldx, int64_t row_begin, int64_t row_end, int64_t k,
                std::span<const GemmOutput> outputs, int64_t column_begin, int64_t column_end, float alpha,
-               float beta, const QuantizedInputs* inputs) {
+               float beta, const QuantizedInputs* inputs, const float* rounded_x_of_call) {
   int64_t offset = 0;
   for (const GemmOutput& output : outputs) {
     const int64_t begin = std::max(column_begin, offset) - offset;
     const int64_t end = std::min(column_end, offset + output.out_features) - offset;
     offset += output.out_features;
     if (begin >= end) continue;
-    if (!output.quantized.empty())
-      quantized_tile(x, ldx, row_begin, row_end, output,
+    if (!output.quantized.empty()) {
+      const bool is_half = output.quantized.type == GgmlType::kF16 || output.quantized.type == GgmlType::kBF16;
+      const bool rounded = inputs == nullptr && !is_half;
+      quantized_tile(rounded ? rounded_x_of_call : x, rounded ? k : ldx, row_begin, row_end, output,
                      inputs != nullptr ? &inputs->for_type(output.quantized.type) : nullptr, begin, end);
+    }
     else
       gemm_on_this_thread(x + row_begin * ldx, ldx, row_end - row_begin, k, output.weight + begin * k,
                           end - begin, alpha, beta, output.y + row_begin * output.ldy + begin, output.ldy);
@@ -148,11 +155,17 @@ void gemm(const float* x, int64_t ldx, int64_t m, int64_t k, std::span<const Gem
     (is_half ? has_half : has_int8) = true;
   }
   const QuantizedInputs* inputs = m <= kMaxQuantizedKernelRows ? &quantized_inputs : nullptr;
-  if (inputs != nullptr && has_int8) quantized_inputs.int8.quantize(x, ldx, m, k, GgmlType::kQ8_0);
+  if (has_int8) quantized_inputs.int8.quantize(x, ldx, m, k, GgmlType::kQ8_0);
   if (inputs != nullptr && has_half) quantized_inputs.half.quantize(x, ldx, m, k, GgmlType::kF16);
+  const float* rounded = nullptr;  // the sgemm path's X for block-type W (the calling thread's buffer)
+  if (inputs == nullptr && has_int8) {
+    rounded_x.resize(static_cast<size_t>(m * k));
+    quantized_inputs.int8.dequantize(rounded_x.data());
+    rounded = rounded_x.data();
+  }
   const int num_threads = omp_in_parallel() ? 1 : omp_get_max_threads();
   if (num_threads == 1 || m * num_columns * k < kMinMultiplyAddsForThreads) {
-    gemm_tile(x, ldx, 0, m, k, outputs, 0, num_columns, alpha, beta, inputs);
+    gemm_tile(x, ldx, 0, m, k, outputs, 0, num_columns, alpha, beta, inputs, rounded);
     return;
   }
   const Grid grid = choose_grid(m, num_columns, num_threads);
@@ -166,7 +179,7 @@ void gemm(const float* x, int64_t ldx, int64_t m, int64_t k, std::span<const Gem
       const int64_t row_begin = (tile / grid.num_column_blocks) * grid.row_block;
       const int64_t column_begin = (tile % grid.num_column_blocks) * grid.column_block;
       gemm_tile(x, ldx, row_begin, std::min(m, row_begin + grid.row_block), k, outputs, column_begin,
-                std::min(num_columns, column_begin + grid.column_block), alpha, beta, inputs);
+                std::min(num_columns, column_begin + grid.column_block), alpha, beta, inputs, rounded);
     }
   }
 }

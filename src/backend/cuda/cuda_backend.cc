@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstddef>
 #include <cstring>
 
 #include <fmt/format.h>
@@ -38,6 +39,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   decode_ctas_per_sm_ = attention_decode_ctas_per_sm(config_.head_dim);
   gemm_ = std::make_unique<Gemm>(stream_);
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&plan_copied_, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&guided_copied_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
@@ -56,6 +58,7 @@ CudaBackend::~CudaBackend() {
   clear_graphs();
   gemm_.reset();
   if (plan_copied_ != nullptr) cudaEventDestroy(plan_copied_);
+  if (guided_copied_ != nullptr) cudaEventDestroy(guided_copied_);
   cudaEventDestroy(lora_fork_);
   cudaEventDestroy(lora_join_);
   cudaStreamDestroy(lora_stream_);
@@ -440,26 +443,60 @@ void CudaBackend::enqueue_forward(const Batch& batch) {
   plan_step(batch, false);
   if (plan_.num_tokens() == 0) return;
   upload_plan();
-  const bool masked = batch.num_token_mask_rows > 0;
-  enqueue_kernels(!masked);
-  if (masked) enqueue_masked_sampling(batch);
+  const bool guided = guided_sampling(batch);
+  enqueue_kernels(!guided);
+  if (guided) enqueue_guided_sampling(batch);
 }
 
-void CudaBackend::enqueue_masked_sampling(const Batch& batch) {
-  if (plan_.sampling_rows().empty()) return;
+static_assert(sizeof(LogitEdit) == sizeof(DeviceLogitEdit) && offsetof(LogitEdit, token) == offsetof(DeviceLogitEdit, token) &&
+                  offsetof(LogitEdit, bias) == offsetof(DeviceLogitEdit, bias) &&
+                  offsetof(LogitEdit, subtract) == offsetof(DeviceLogitEdit, subtract) &&
+                  offsetof(LogitEdit, repeated) == offsetof(DeviceLogitEdit, repeated),
+              "the edits are copied to the device as they are");
+
+bool CudaBackend::guided_sampling(const Batch& batch) const {
+  if (batch.num_token_mask_rows > 0) return true;
+  const std::vector<SamplingRow>& rows = plan_.sampling_rows();
+  return std::any_of(rows.begin(), rows.end(), [](const SamplingRow& row) { return processes_logits(row); });
+}
+
+void CudaBackend::enqueue_guided_sampling(const Batch& batch) {
+  LOOM_CHECK(!plan_.sampling_rows().empty());  // check_device_sampling: masks and edits come with sampling rows
   const PlanSections& sections = plan_.sections();
   const int32_t num_rows = plan_.num_logit_launch_rows();
-  const int32_t words = (config_.vocab_size + 31) / 32;
-  const size_t bytes = static_cast<size_t>(batch.num_token_mask_rows) * words * sizeof(uint32_t);
-  // The previous step's upload from token_masks_host_ ended with its finish_forward().
-  token_masks_host_.reserve(bytes);
-  token_masks_.reserve(bytes);
-  batch.fill_token_masks(token_masks_host_.as<uint32_t>(), words);
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(token_masks_.data(), token_masks_host_.data(), bytes, cudaMemcpyHostToDevice, stream_));
-  launch_apply_token_masks(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
-                           token_masks_.as<uint32_t>(), words, stream_);
-  launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
-                  sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
+  const SamplingRow* rows = plan_pointer<SamplingRow>(sections.sampling);
+  int32_t* token_ids = sampled_.as<int32_t>();
+  float* logprobs = reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows);
+  // Steps may be enqueued back to back (enqueue_forward): the previous uploads
+  // from the pinned buffers must be done before they are refilled.
+  LOOM_CUDA_CHECK(cudaEventSynchronize(guided_copied_));
+  if (batch.num_token_mask_rows > 0) {
+    const int32_t words = (config_.vocab_size + 31) / 32;
+    const size_t bytes = static_cast<size_t>(batch.num_token_mask_rows) * words * sizeof(uint32_t);
+    token_masks_host_.reserve(bytes);
+    token_masks_.reserve(bytes);
+    batch.fill_token_masks(token_masks_host_.as<uint32_t>(), words);
+    LOOM_CUDA_CHECK(
+        cudaMemcpyAsync(token_masks_.data(), token_masks_host_.data(), bytes, cudaMemcpyHostToDevice, stream_));
+    launch_apply_token_masks(logits_.as<float>(), num_rows, config_.vocab_size, rows, token_masks_.as<uint32_t>(), words,
+                             stream_);
+  }
+  const size_t num_edits = batch.logit_edits.size();
+  logit_edits_.reserve(std::max<size_t>(num_edits, 1) * sizeof(LogitEdit));
+  edit_originals_.reserve(std::max<size_t>(num_edits, 1) * sizeof(float));
+  raw_lse_.reserve(static_cast<size_t>(num_rows) * sizeof(float));
+  if (num_edits > 0) {
+    logit_edits_host_.reserve(num_edits * sizeof(LogitEdit));
+    std::memcpy(logit_edits_host_.data(), batch.logit_edits.data(), num_edits * sizeof(LogitEdit));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(logit_edits_.data(), logit_edits_host_.data(), num_edits * sizeof(LogitEdit),
+                                    cudaMemcpyHostToDevice, stream_));
+  }
+  LOOM_CUDA_CHECK(cudaEventRecord(guided_copied_, stream_));
+  launch_process_logits(logits_.as<float>(), num_rows, config_.vocab_size, rows, logit_edits_.as<DeviceLogitEdit>(),
+                        edit_originals_.as<float>(), raw_lse_.as<float>(), stream_);
+  launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, rows, token_ids, logprobs, stream_);
+  launch_raw_logprobs(logits_.as<float>(), num_rows, config_.vocab_size, rows, logit_edits_.as<DeviceLogitEdit>(),
+                      edit_originals_.as<float>(), raw_lse_.as<float>(), token_ids, logprobs, stream_);
 }
 
 void CudaBackend::enqueue_kernels(bool with_sampling) {
@@ -587,14 +624,14 @@ ForwardResult CudaBackend::forward(const Batch& batch) {
   plan_step(batch, graphs_enabled_);
   if (plan_.num_tokens() > 0) {
     upload_plan();
-    const bool masked = batch.num_token_mask_rows > 0;
+    const bool guided = guided_sampling(batch);
     if (plan_.is_padded()) {
-      run_graph(!masked);
+      run_graph(!guided);
     } else {
-      enqueue_kernels(!masked);
+      enqueue_kernels(!guided);
       ++graph_stats_.eager_steps;
     }
-    if (masked) enqueue_masked_sampling(batch);
+    if (guided) enqueue_guided_sampling(batch);
   }
   return finish_forward();
 }
@@ -630,6 +667,9 @@ cudaStream_t make_stream(int device) {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                            const CudaBackendConfig& backend_config) {
+  if (has_quantized_tensors(weights))
+    throw Error(ErrorKind::kUnsupported, "--device cuda: weights kept in a GGUF block format",
+                "load the model with fp32 weights (--cpu-precision fp32 keeps them so)");
   validate_weights(weights, config);
   cuda::check_model_supported(config);
   cudaStream_t stream = make_stream(backend_config.device);
@@ -678,6 +718,7 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.max_lora_rank = cuda::kLoraMaxRank;
   capabilities.device_sampling = true;
   capabilities.device_token_masks = true;
+  capabilities.device_logit_processing = true;
   capabilities.host_kv_tier = true;
   capabilities.residual_host_kv_tier = true;
   capabilities.capture_hidden_states = true;

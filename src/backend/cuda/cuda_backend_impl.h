@@ -133,9 +133,13 @@ class CudaBackend : public Backend {
   void upload_plan();
   // with_sampling false: everything up to the logits (the masked path draws after its masks).
   void enqueue_kernels(bool with_sampling = true);
-  // Structured outputs (Batch::fill_token_masks): takes the caller's masks once the
-  // model's work is enqueued, uploads them, masks the logits and draws.
-  void enqueue_masked_sampling(const Batch& batch);
+  // True when the step's draw needs the host's help after the model's work:
+  // token masks (Batch::fill_token_masks) or logit processing (Batch::logit_edits, min_p).
+  bool guided_sampling(const Batch& batch) const;
+  // Takes the caller's masks once the model's work is enqueued, uploads them and
+  // the logit edits, masks and processes the logits, draws, and puts the raw
+  // logprobs back where processing changed them.
+  void enqueue_guided_sampling(const Batch& batch);
   // Replays (or runs eagerly and captures) the padded plan's graph.
   void run_graph(bool with_sampling);
   void clear_graphs();
@@ -241,6 +245,11 @@ class CudaBackend : public Backend {
   PinnedBuffer sampled_host_;
   PinnedBuffer token_masks_host_;  // [Batch::num_token_mask_rows][words] uint32, filled by the caller
   DeviceBuffer token_masks_;
+  PinnedBuffer logit_edits_host_;  // Batch::logit_edits
+  DeviceBuffer logit_edits_;
+  DeviceBuffer edit_originals_;    // [edits] fp32: each edited logit before its edit
+  DeviceBuffer raw_lse_;           // [rows] fp32: log-sum-exp of each processed row before processing
+  cudaEvent_t guided_copied_ = nullptr;  // the last uploads from the two pinned buffers above are done
   bool capture_hidden_states_ = false;  // the enqueued step's Batch::capture_hidden_states
   DeviceBuffer hidden_states_;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
   void capture_hidden_states(int index, const float* lora_delta);

@@ -168,7 +168,22 @@ struct SamplingRow {
   float top_p = 1.0f;
   uint32_t seed_lo = 0, seed_hi = 0, step_lo = 0, step_hi = 0;
   int32_t mask_row = -1;  // >= 0: the token mask row applied before the draw (launch_apply_token_masks)
+  // Logit processing (launch_process_logits): backend.h DeviceSampling's fields of the same names.
+  float repetition_penalty = 1.0f, min_p = 0.0f;
+  int32_t edits_begin = 0, num_edits = 0;
 };
+// backend.h's LogitEdit as the kernels read it (backend.h needs C++20, the
+// kernels are C++17; cuda_backend.cc checks that the layouts agree).
+struct DeviceLogitEdit {
+  int32_t token = 0;
+  float bias = 0.0f;
+  float subtract = 0.0f;
+  int32_t repeated = 0;
+};
+// True when launch_process_logits changes the row (edits, or min_p while drawing at a temperature).
+LOOM_HOST_DEVICE inline bool processes_logits(const SamplingRow& row) {
+  return row.on_device && (row.num_edits > 0 || (row.min_p > 0.0f && row.temperature > 0.0f));
+}
 
 // ForkKV rCache on the device: per layer, slots of 2 * rank_stride bf16
 // values [rK: rank_stride][rV: rank_stride] (slot = backend.h's block * block_size

@@ -108,6 +108,9 @@ __device__ __forceinline__ void rebuild_keys(const float* inv_freq, __nv_bfloat1
 // registers). s_k multiplies the residual scores, not the keys. RoPE: the SFU for
 // the lane's key g; key g + 8 rotates that by 8 positions (rope: per pair of
 // head dims {inv_freq d, d + 1, cos 8θ d, d + 1}, rope_sin: {sin 8θ d, d + 1}).
+// Key g + 8's angle is then fl(θ p) + 8θ rather than qkv's fl(θ (p + 8)): they
+// differ by the product's rounding, up to ~2e-3 rad at 32K positions, below half
+// a bf16 ulp of the rebuilt key (the 32K decode test bounds the result).
 template <int kHeadDim, int kRankPad>
 __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* rope, const float2* rope_sin,
                                                     float (&score)[2][4], const uint32_t (&q)[kHeadDim / 16][4],

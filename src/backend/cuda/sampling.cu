@@ -309,7 +309,92 @@ __global__ void apply_token_masks_kernel(float* logits, int32_t vocab_size, cons
     if (!((__ldg(mask + id / 32) >> (id % 32)) & 1u)) row_logits[id] = -INFINITY;
 }
 
+__device__ float block_max(float value, Shared& shared) {
+#pragma unroll
+  for (int offset = 16; offset > 0; offset /= 2) value = fmaxf(value, __shfl_xor_sync(0xffffffffu, value, offset));
+  __syncthreads();
+  if (threadIdx.x % 32 == 0) shared.warp_float[threadIdx.x / 32] = value;
+  __syncthreads();
+  float result = -INFINITY;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) result = fmaxf(result, shared.warp_float[w]);
+  return result;
+}
+
+// One CTA per row: the raw row's log-sum-exp, then the edits (each edit's
+// original logit kept in `originals`), then min_p.
+__global__ void __launch_bounds__(kThreads) process_logits_kernel(float* logits, int32_t vocab_size,
+                                                                  const SamplingRow* rows, const DeviceLogitEdit* edits,
+                                                                  float* originals, float* raw_lse) {
+  __shared__ Shared shared;
+  const SamplingRow row = rows[blockIdx.x];
+  if (!processes_logits(row)) return;
+  float* values = logits + static_cast<int64_t>(blockIdx.x) * vocab_size;
+  float local_max = -INFINITY;
+  for (int i = threadIdx.x; i < vocab_size; i += kThreads) local_max = fmaxf(local_max, values[i]);
+  const float max_raw = block_max(local_max, shared);
+  float local_sum = 0.0f;
+  for (int i = threadIdx.x; i < vocab_size; i += kThreads) local_sum += __expf(values[i] - max_raw);
+  const float sum = block_sum(local_sum, shared);
+  if (threadIdx.x == 0) raw_lse[blockIdx.x] = max_raw + logf(sum);
+  __syncthreads();  // every read of the raw row is done
+  for (int e = threadIdx.x; e < row.num_edits; e += kThreads) {
+    const DeviceLogitEdit edit = edits[row.edits_begin + e];
+    if (edit.token < 0 || edit.token >= vocab_size) continue;
+    const float original = values[edit.token];
+    originals[row.edits_begin + e] = original;
+    float value = original + edit.bias;
+    if (edit.repeated) value = value > 0.0f ? value / row.repetition_penalty : value * row.repetition_penalty;
+    values[edit.token] = value - edit.subtract;
+  }
+  if (!(row.min_p > 0.0f && row.temperature > 0.0f)) return;
+  __syncthreads();
+  local_max = -INFINITY;
+  for (int i = threadIdx.x; i < vocab_size; i += kThreads) local_max = fmaxf(local_max, values[i]);
+  const float threshold = block_max(local_max, shared) + row.temperature * logf(row.min_p);
+  for (int i = threadIdx.x; i < vocab_size; i += kThreads)
+    if (values[i] < threshold) values[i] = -INFINITY;
+}
+
+// One warp per row: the drawn token's logprob under the raw logits.
+__global__ void raw_logprobs_kernel(const float* logits, int32_t vocab_size, const SamplingRow* rows,
+                                    const DeviceLogitEdit* edits, const float* originals, const float* raw_lse,
+                                    const int32_t* token_ids, float* logprobs) {
+  const SamplingRow row = rows[blockIdx.x];
+  if (!processes_logits(row)) return;
+  const int32_t token = token_ids[blockIdx.x];
+  if (token < 0 || token >= vocab_size) return;
+  float original = 0.0f;
+  bool found = false;  // at most one edit a token
+  for (int e = threadIdx.x; e < row.num_edits; e += 32) {
+    if (edits[row.edits_begin + e].token == token) {
+      original = originals[row.edits_begin + e];
+      found = true;
+    }
+  }
+  const unsigned holders = __ballot_sync(0xffffffffu, found);
+  original = __shfl_sync(0xffffffffu, original, holders ? __ffs(holders) - 1 : 0);
+  const float raw = holders ? original : logits[static_cast<int64_t>(blockIdx.x) * vocab_size + token];
+  if (threadIdx.x == 0) logprobs[blockIdx.x] = raw - raw_lse[blockIdx.x];
+}
+
 }  // namespace
+
+void launch_process_logits(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                           const DeviceLogitEdit* edits, float* originals, float* raw_lse, cudaStream_t stream) {
+  if (num_rows <= 0) return;
+  process_logits_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab_size, rows, edits, originals, raw_lse);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_raw_logprobs(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                         const DeviceLogitEdit* edits, const float* originals, const float* raw_lse,
+                         const int32_t* token_ids, float* logprobs, cudaStream_t stream) {
+  if (num_rows <= 0) return;
+  raw_logprobs_kernel<<<num_rows, 32, 0, stream>>>(logits, vocab_size, rows, edits, originals, raw_lse, token_ids,
+                                                   logprobs);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
 
 void launch_apply_token_masks(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
                               const uint32_t* masks, int32_t words_per_row, cudaStream_t stream) {

@@ -55,4 +55,16 @@ void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, 
 void launch_apply_token_masks(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
                               const uint32_t* masks, int32_t words_per_row, cudaStream_t stream);
 
+// Logit processing (backend.h DeviceSampling): for each row whose SamplingRow
+// processes_logits(), writes raw_lse[r] (the log-sum-exp of the row as it is,
+// after any mask), applies its edits (keeping each edited logit's previous value
+// in originals[edit index]) and then min_p. Run after the masks and before
+// launch_sampling; then launch_raw_logprobs puts the drawn tokens' logprobs back
+// under the unprocessed row. edits and originals: device, indexed by edits_begin.
+void launch_process_logits(float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                           const DeviceLogitEdit* edits, float* originals, float* raw_lse, cudaStream_t stream);
+void launch_raw_logprobs(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
+                         const DeviceLogitEdit* edits, const float* originals, const float* raw_lse,
+                         const int32_t* token_ids, float* logprobs, cudaStream_t stream);
+
 }  // namespace loom::cuda

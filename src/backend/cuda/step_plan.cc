@@ -79,6 +79,14 @@ void check_device_sampling(const Batch& batch) {
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: top_p must be in (0, 1], got {}", s, sampling.top_p);
     if (batch.sequences[s].logits_for_all_tokens)
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: device sampling with logits_for_all_tokens", s);
+    if (!(sampling.repetition_penalty > 0.0f) || !std::isfinite(sampling.repetition_penalty) ||
+        !(sampling.min_p >= 0.0f && sampling.min_p <= 1.0f))
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: repetition_penalty {} (> 0) or min_p {} ([0, 1])", s,
+           sampling.repetition_penalty, sampling.min_p);
+    if (sampling.edits_begin < 0 || sampling.num_edits < 0 ||
+        static_cast<size_t>(sampling.edits_begin) + static_cast<size_t>(sampling.num_edits) > batch.logit_edits.size())
+      fail(ErrorKind::kInvalidArgument, "batch sequence {}: logit edits [{}, +{}) outside the batch's {}", s,
+           sampling.edits_begin, sampling.num_edits, batch.logit_edits.size());
     if (sampling.mask_row >= batch.num_token_mask_rows)
       fail(ErrorKind::kInvalidArgument, "batch sequence {}: token mask row {} of {}", s, sampling.mask_row,
            batch.num_token_mask_rows);
@@ -293,7 +301,11 @@ void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residua
                static_cast<uint32_t>(sampling.seed >> 32),
                static_cast<uint32_t>(sampling.step),
                static_cast<uint32_t>(sampling.step >> 32),
-               sampling.mask_row};
+               sampling.mask_row,
+               sampling.repetition_penalty,
+               sampling.min_p,
+               sampling.edits_begin,
+               sampling.num_edits};
         ++num_device_sampled_rows_;
       }
       sampling_rows_.push_back(row);

@@ -254,12 +254,14 @@ void matmul_half_rows(const QuantizedMatrix& w, const QuantizedActivations& x, i
     for (int r = 0; r < kRows; ++r) {
       float total = horizontal_sum(acc[r]);
       for (int64_t i = vector_length; i < length; ++i) {
-        uint32_t word = kBf16 ? static_cast<uint32_t>(row[i]) << 16 : 0;
+        uint16_t half_bits;  // the file's alignment may leave row odd-aligned
+        std::memcpy(&half_bits, reinterpret_cast<const unsigned char*>(row) + 2 * i, sizeof(half_bits));
+        uint32_t word = kBf16 ? static_cast<uint32_t>(half_bits) << 16 : 0;
         float weight;
         if (kBf16) {
           std::memcpy(&weight, &word, sizeof(weight));
         } else {
-          weight = _cvtsh_ss(row[i]);
+          weight = _cvtsh_ss(half_bits);
         }
         total += weight * in[r][i];
       }

@@ -45,7 +45,7 @@ bool is_simd_level_supported(SimdLevel level) {
     case SimdLevel::kAvx512:
       return is_simd_level_supported(SimdLevel::kAvx2) && __builtin_cpu_supports("avx512f") &&
              __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-             __builtin_cpu_supports("avx512vnni");
+             __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vnni");  // kernels_avx512.cc's target
   }
   return false;
 }
@@ -110,6 +110,18 @@ void QuantizedActivations::quantize(const float* x, int64_t ldx, int64_t num_row
   for (int64_t row = 0; row < num_rows; ++row)
     quantize_row(x + row * ldx, row_length, values_.data() + row * row_length,
                  scales_.data() + row * num_blocks(), scaled_sums_.data() + row * num_blocks());
+}
+
+void QuantizedActivations::dequantize(float* out) const {
+  LOOM_CHECK(is_int8_);
+  const bool parallel = num_rows_ > 1 && num_rows_ * row_length_ >= 64 * 1024 && !omp_in_parallel();
+#pragma omp parallel for schedule(static) if (parallel)
+  for (int64_t row = 0; row < num_rows_; ++row) {
+    const int8_t* in = values(row);
+    const float* d = scales(row);
+    float* y = out + row * row_length_;
+    for (int64_t i = 0; i < row_length_; ++i) y[i] = d[i / kBlock] * static_cast<float>(in[i]);
+  }
 }
 
 void quantized_matmul(const QuantizedMatrix& w, const QuantizedActivations& x, int64_t row_begin,

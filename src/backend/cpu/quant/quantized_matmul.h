@@ -77,6 +77,10 @@ class QuantizedActivations {
   const float* scales(int64_t row) const { return scales_.data() + row * num_blocks(); }
   const float* scaled_sums(int64_t row) const { return scaled_sums_.data() + row * num_blocks(); }
   const float* fp32(int64_t row) const { return x_ + row * ldx_; }
+  // Block types: X as the int8 kernels see it, d * values, into out [num_rows][row_length]
+  // (the dequantize + sgemm path of tall products uses it, so that a row's result does
+  // not depend on how many rows share its product).
+  void dequantize(float* out) const;
 
  private:
   int64_t num_rows_ = 0;
