@@ -82,16 +82,6 @@ void dequantize_q5_1_block(const uint8_t* block, float* out) {
   for (int i = 0; i < kBlock; ++i) out[i] = static_cast<float>(values[i]) * d + m;
 }
 
-// Scale and min of sub-block j of a Q4_K/Q5_K super-block (ggml's get_scale_min_k4).
-void k_scale_min(int j, const uint8_t* scales, int& scale, int& min) {
-  if (j < 4) {
-    scale = scales[j] & 63;
-    min = scales[j + 4] & 63;
-  } else {
-    scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
-    min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-  }
-}
 
 // Q4_K when high_bits is null, else Q5_K.
 void dequantize_q45_k_block(const uint8_t* block, bool has_high_bits, float* out) {
@@ -102,7 +92,7 @@ void dequantize_q45_k_block(const uint8_t* block, bool has_high_bits, float* out
   const uint8_t* quants = block + (has_high_bits ? 48 : 16);
   for (int j = 0; j < 8; ++j) {
     int scale, min;
-    k_scale_min(j, scales, scale, min);
+    ggml_k_scale_min(j, scales, scale, min);
     const float d_j = d * static_cast<float>(scale);
     const float m_j = dmin * static_cast<float>(min);
     const uint8_t* q = quants + 32 * (j / 2);

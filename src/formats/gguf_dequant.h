@@ -65,4 +65,16 @@ int64_t ggml_row_bytes(GgmlType type, int64_t row_length);
 // into `out`. Pure function; parallel over blocks with OpenMP for big tensors.
 void dequantize_ggml(GgmlType type, const uint8_t* source, int64_t num_elements, float* out);
 
+// Scale and min (6 bits each) of sub-block j < 8 of a Q4_K / Q5_K super-block
+// from its 12 packed scale bytes (ggml's get_scale_min_k4); the CPU kernels use it too.
+inline void ggml_k_scale_min(int j, const uint8_t* scales, int& scale, int& min) {
+  if (j < 4) {
+    scale = scales[j] & 63;
+    min = scales[j + 4] & 63;
+  } else {
+    scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
+    min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
+  }
+}
+
 }  // namespace loom

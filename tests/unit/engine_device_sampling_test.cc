@@ -101,6 +101,15 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
   bool token_masks_, logit_processing_;
 };
 
+// The tests' engine: small blocks and steps over `backend`.
+std::unique_ptr<EngineImpl> make_engine(const LoadedModel& model, std::unique_ptr<Backend> backend) {
+  EngineConfig config;
+  config.block_size = 4;
+  config.num_kv_blocks = 256;
+  config.max_batch_tokens = 32;
+  return std::make_unique<EngineImpl>(model, std::move(backend), config);
+}
+
 std::vector<int32_t> tokens_of(RequestStream& stream) {
   std::vector<int32_t> tokens;
   test::read_stream(stream, [&](const RequestOutput& output) {
@@ -118,11 +127,7 @@ TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
   const LoadedModel model = load_model(directory.str());
   auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}));
   ArgmaxSamplingBackend* backend = owned.get();
-  EngineConfig config;
-  config.block_size = 4;
-  config.num_kv_blocks = 256;
-  config.max_batch_tokens = 32;
-  auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+  auto engine = make_engine(model, std::move(owned));
 
   std::vector<EngineRequest> requests;
   for (int i = 0; i < 6; ++i) {
@@ -182,11 +187,7 @@ TEST(EngineDeviceSampling, ConstrainedRowsDrawnOnTheDeviceMatchTheHostPath) {
   auto run = [&](bool token_masks, int64_t* masked_rows) {
     auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}), token_masks);
     ArgmaxSamplingBackend* backend = owned.get();
-    EngineConfig config;
-    config.block_size = 4;
-    config.num_kv_blocks = 256;
-    config.max_batch_tokens = 32;
-    auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+    auto engine = make_engine(model, std::move(owned));
     std::vector<EngineRequest> requests;
     for (size_t i = 0; i < constraints.size() + 1; ++i) {
       EngineRequest request;
@@ -237,11 +238,7 @@ TEST(EngineDeviceSampling, PenaltiesAndBiasProcessedOnTheDeviceMatchTheHostPath)
     auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}), false,
                                                          processing);
     ArgmaxSamplingBackend* backend = owned.get();
-    EngineConfig config;
-    config.block_size = 4;
-    config.num_kv_blocks = 256;
-    config.max_batch_tokens = 32;
-    auto engine = std::make_unique<EngineImpl>(model, std::move(owned), config);
+    auto engine = make_engine(model, std::move(owned));
     std::vector<EngineRequest> requests(4);
     for (size_t i = 0; i < requests.size(); ++i) {
       requests[i].prompt_tokens = model.tokenizer->encode("penalised request " + std::to_string(i), true);

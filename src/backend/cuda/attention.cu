@@ -205,11 +205,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       }
     }
     int64_t offset[kLoadPasses];
-#pragma unroll
-    for (int i = 0; i < kLoadPasses; ++i) {
-      const int key = tile_start + load_row + i * kLoadRows;
-      offset[i] = key < item.kv_end ? kv_gather.index(key) + load_chunk * 8 : 0;
-    }
+    kv_gather.tile_offsets(tile_start, load_row, kLoadRows, item.kv_end, load_chunk * 8, offset);
 #pragma unroll
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = load_row + i * kLoadRows;

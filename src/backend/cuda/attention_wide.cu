@@ -96,11 +96,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
     unsigned char* v_stage = base + kQBytes + (2 + stage) * kTileBytes;
     int64_t offset[kLoadPasses];
-#pragma unroll
-    for (int i = 0; i < kLoadPasses; ++i) {
-      const int key = tile_start + load_row + i * kLoadRows;
-      offset[i] = key < item.kv_end ? kv_gather.index(key) + load_chunk * 8 : 0;
-    }
+    kv_gather.tile_offsets(tile_start, load_row, kLoadRows, item.kv_end, load_chunk * 8, offset);
 #pragma unroll
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = load_row + i * kLoadRows;

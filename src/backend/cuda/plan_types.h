@@ -74,6 +74,21 @@ struct PagedGather {
     return block * block_stride + head_offset + offset * row_stride;
   }
 
+  // A tile gather's sources: offset[i] = index of key tile_start + first_row + i * stride,
+  // plus `column`; 0 for keys at or past kv_end (their copies zero-fill). N is small
+  // and unrolled, so a thread's block-table reads are all in flight together.
+  template <int N>
+  LOOM_HOST_DEVICE void tile_offsets(int32_t tile_start, int32_t first_row, int32_t stride, int32_t kv_end,
+                                     int64_t column, int64_t (&offset)[N]) const {
+#ifdef __CUDA_ARCH__
+#pragma unroll
+#endif
+    for (int i = 0; i < N; ++i) {
+      const int32_t key = tile_start + first_row + i * stride;
+      offset[i] = key < kv_end ? index(key) + column : 0;
+    }
+  }
+
   LOOM_HOST_DEVICE static int32_t log2_if_power_of_two(int32_t value) {
     if (value <= 0 || (value & (value - 1)) != 0) return -1;
     int32_t shift = 0;

@@ -14,24 +14,20 @@
 
 namespace loom::cuda {
 
-// cos / sin of RoPE at `position` for frequencies d and d + 1. The angle is
-// the qkv post-processing's fp32 product; it is reduced to [-pi, pi] exactly
-// enough (Cody-Waite, 2 pi in two parts) for the SFU's sin/cos (abs error
-// ~4e-7), far below the bf16 the rebuilt keys are packed to, and no table
-// traffic competes with the K/V tiles.
+// sin / cos of an fp32 angle on the SFU, the angle reduced to [-pi, pi] exactly
+// enough (Cody-Waite, 2 pi in two parts; abs error ~4e-7), far below the bf16
+// the rebuilt keys are packed to, and no table traffic competes with the K/V tiles.
+__device__ __forceinline__ void reduced_sincos(float angle, float& sine, float& cosine) {
+  const float turns = rintf(angle * 0.159154943091895336f);
+  float reduced = fmaf(-turns, 6.28318548202514648f, angle);
+  reduced = fmaf(-turns, -1.74845553e-07f, reduced);
+  __sincosf(reduced, &sine, &cosine);
+}
+// cos / sin of RoPE at `position` for frequencies d and d + 1, the angle being
+// the qkv post-processing's fp32 product.
 __device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int position, int d, float2& c, float2& s) {
-  float angle[2] = {__fmul_rn(__ldg(inv_freq + d), static_cast<float>(position)),
-                    __fmul_rn(__ldg(inv_freq + d + 1), static_cast<float>(position))};
-  float cosine[2], sine[2];
-#pragma unroll
-  for (int e = 0; e < 2; ++e) {
-    const float turns = rintf(angle[e] * 0.159154943091895336f);
-    float reduced = fmaf(-turns, 6.28318548202514648f, angle[e]);
-    reduced = fmaf(-turns, -1.74845553e-07f, reduced);
-    __sincosf(reduced, &sine[e], &cosine[e]);
-  }
-  c = make_float2(cosine[0], cosine[1]);
-  s = make_float2(sine[0], sine[1]);
+  reduced_sincos(__fmul_rn(__ldg(inv_freq + d), static_cast<float>(position)), s.x, c.x);
+  reduced_sincos(__fmul_rn(__ldg(inv_freq + d + 1), static_cast<float>(position)), s.y, c.y);
 }
 
 // The residual parts of 16 keys, first_key + r for r < 16, whose rK are rows r
@@ -159,14 +155,8 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
         const float4 table = rope[pair];
         const float2 sin8 = rope_sin[pair];
         float cosine[2][2], sine[2][2];  // [h][e]
-        const float angle[2] = {__fmul_rn(table.x, position), __fmul_rn(table.y, position)};
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const float turns = rintf(angle[e] * 0.159154943091895336f);
-          float reduced = fmaf(-turns, 6.28318548202514648f, angle[e]);
-          reduced = fmaf(-turns, -1.74845553e-07f, reduced);
-          __sincosf(reduced, &sine[0][e], &cosine[0][e]);
-        }
+        reduced_sincos(__fmul_rn(table.x, position), sine[0][0], cosine[0][0]);
+        reduced_sincos(__fmul_rn(table.y, position), sine[0][1], cosine[0][1]);
         const float cos8[2] = {table.z, table.w}, sin8v[2] = {sin8.x, sin8.y};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {

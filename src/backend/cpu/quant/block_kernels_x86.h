@@ -9,7 +9,10 @@
 // unsigned bytes with 32 signed bytes into 8 int32 lanes of 4 products each.
 // Signed types use the sign trick: |q| * (x with q's sign).
 //
-// Not a public header: include only from those two files.
+// Not a public header: include only from those two files. It must not include
+// anything the includer has not included before its pragma (an inline function
+// first seen under the AVX-512 target could be the one the linker keeps for AVX2
+// callers); ggml_k_scale_min comes from formats/gguf_dequant.h through kernels.h.
 #include <immintrin.h>
 
 #include <algorithm>
@@ -123,8 +126,8 @@ struct Q45_K {
     const float d = half_to_float(block), dmin = half_to_float(block + 2);
     const uint8_t* packed = block + 4;
     for (int j = 0; j < 8; ++j) {
-      const int scale = j < 4 ? packed[j] & 63 : (packed[j + 4] & 0x0f) | ((packed[j - 4] >> 6) << 4);
-      const int min = j < 4 ? packed[j + 4] & 63 : (packed[j + 4] >> 4) | ((packed[j] >> 6) << 4);
+      int scale, min;
+      ggml_k_scale_min(j, packed, scale, min);
       scales[j] = d * static_cast<float>(scale);
       mins[j] = -dmin * static_cast<float>(min);
     }

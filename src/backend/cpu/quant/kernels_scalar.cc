@@ -38,15 +38,6 @@ void add_fifth_bits(const uint8_t* high_bits, int* q) {
   for (int i = 0; i < 32; ++i) q[i] |= static_cast<int>((bits >> i) & 1u) << 4;
 }
 
-void k_scale_min(int j, const uint8_t* scales, int& scale, int& min) {
-  if (j < 4) {
-    scale = scales[j] & 63;
-    min = scales[j + 4] & 63;
-  } else {
-    scale = (scales[j + 4] & 0x0f) | ((scales[j - 4] >> 6) << 4);
-    min = (scales[j + 4] >> 4) | ((scales[j] >> 6) << 4);
-  }
-}
 
 int sub_blocks_per_block(GgmlType type) {
   return type == GgmlType::kQ4_K || type == GgmlType::kQ5_K || type == GgmlType::kQ6_K ? 8 : 1;
@@ -91,7 +82,7 @@ void decode(GgmlType type, const uint8_t* block, int j, SubBlock& sub) {
         if (has_high_bits) sub.q[l] |= ((block[16 + l] >> j) & 1) << 4;
       }
       int scale, min;
-      k_scale_min(j, block + 4, scale, min);
+      ggml_k_scale_min(j, block + 4, scale, min);
       set_scale(sub, load_half(block) * static_cast<float>(scale));
       sub.min = -load_half(block + 2) * static_cast<float>(min);
       return;

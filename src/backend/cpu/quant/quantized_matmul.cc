@@ -67,22 +67,8 @@ const char* simd_level_name(SimdLevel level) {
 }
 
 bool is_quantized_matmul_type(GgmlType type) {
-  switch (type) {
-    case GgmlType::kF16:
-    case GgmlType::kBF16:
-    case GgmlType::kQ8_0:
-    case GgmlType::kQ4_0:
-    case GgmlType::kQ4_1:
-    case GgmlType::kQ5_0:
-    case GgmlType::kQ5_1:
-    case GgmlType::kQ4_K:
-    case GgmlType::kQ5_K:
-    case GgmlType::kQ6_K:
-      return true;
-    case GgmlType::kF32:
-      return false;
-  }
-  return false;
+  // Every type the loader takes but F32 (which stays a plain fp32 tensor).
+  return type != GgmlType::kF32 && is_supported_ggml_type(static_cast<uint32_t>(type));
 }
 
 void check_quantized_matmul_type(uint32_t ggml_type, const std::string& what) {
