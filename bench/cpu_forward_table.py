@@ -115,6 +115,7 @@ def main():
     parser.add_argument("--threads", type=int, required=True)
     parser.add_argument("--model", required=True)
     parser.add_argument("--loom-env", default="", help="extra environment the Loom runs had")
+    parser.add_argument("--loom-precision", default="auto", help="the Loom runs' --cpu-precision")
     parser.add_argument("--json-out", required=True)
     parser.add_argument("--md-out", required=True)
     args = parser.parse_args()
@@ -194,7 +195,8 @@ def main():
         + (f", {args.loom_env}" if args.loom_env else " (nothing else)") + ".",
         "",
     ]
-    header = "| batch | phase | llama.cpp setting | Loom (fp32) tok/s | llama.cpp (model as given) tok/s | Loom / llama.cpp |"
+    loom_label = "Loom (quantized)" if args.loom_precision == "auto" else f"Loom ({args.loom_precision})"
+    header = f"| batch | phase | llama.cpp setting | {loom_label} tok/s | llama.cpp (model as given) tok/s | Loom / llama.cpp |"
     rule = "|------:|-------|-------------------|------------------:|------------------:|-----------------:|"
     if has_f32:
         header += " llama.cpp (F32 copy) tok/s | Loom / llama.cpp F32 |"

@@ -153,5 +153,6 @@ for (( round = 1; round <= repeats; round++ )); do
 done
 
 python3 bench/cpu_forward_table.py --raw "$raw" --threads "$threads" --model "$model" --loom-env "$loom_env" \
+  --loom-precision "$loom_precision" \
   --json-out "$out_dir/cpu_forward.json" --md-out "$out_dir/cpu_forward.md"
 cat "$out_dir/cpu_forward.md"

@@ -239,6 +239,9 @@ def run_server(name, command, url, args, log):
                                             args.prefix_max_tokens, log)
         result["concurrency"] = [bench_concurrency(client, args.seed, c, args.short_prompt_words,
                                                    args.output_tokens, log) for c in args.concurrency]
+        if proc is not None:
+            result["peak_rss_mib"] = peak_rss_mib(proc.pid)
+            log(f"[{name}] peak RSS {result['peak_rss_mib']} MiB")
         return result
     finally:
         if proc is not None and proc.poll() is None:
@@ -248,6 +251,18 @@ def run_server(name, command, url, args, log):
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
+
+
+def peak_rss_mib(pid):
+    """The process's peak resident set (VmHWM), read before it is stopped; None where /proc lacks it."""
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return round(int(line.split()[1]) / 1024, 1)
+    except OSError:
+        pass
+    return None
 
 
 def fmt_s(value):
@@ -276,6 +291,9 @@ def markdown(report):
                          f"{fmt_s(c['ttft_p50_s'])} | {fmt_s(c['ttft_p95_s'])} | "
                          f"{fmt_rate(c['per_request_tokens_per_s_median'])} | "
                          f"{len(c['errors'])} |")
+    if any(server.get("peak_rss_mib") is not None for server in report["servers"]):
+        lines += ["", "| server | peak RSS (MiB) |", "|---|---|"]
+        lines += [f"| {server['name']} | {server.get('peak_rss_mib')} |" for server in report["servers"]]
     if len(report["servers"]) >= 2:
         base, other = report["servers"][0], report["servers"][1]
         lines += ["", f"Ratios {base['name']} / {other['name']}:"]
