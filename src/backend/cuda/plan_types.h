@@ -188,7 +188,7 @@ struct SamplingRow {
   int32_t edits_begin = 0, num_edits = 0;
 };
 // backend.h's LogitEdit as the kernels read it (backend.h needs C++20, the
-// kernels are C++17; cuda_backend.cc checks that the layouts agree).
+// kernels are C++17; cuda_step.cc checks that the layouts agree).
 struct DeviceLogitEdit {
   int32_t token = 0;
   float bias = 0.0f;
