@@ -280,6 +280,24 @@ TEST(CudaSampling, BackendReturnsTokensForDeviceRowsAndLogitsForTheRest) {
   EXPECT_THROW(backend->forward(bad), Error);
 }
 
+// `count` fresh sequences of one token each (token stride * s + first), each in its own block.
+Batch one_token_sequences(int count, int stride, int first) {
+  Batch batch;
+  for (int s = 0; s < count; ++s) {
+    BatchSequence sequence;
+    sequence.num_new_tokens = 1;
+    sequence.token_offset = s;
+    sequence.block_table_offset = s;
+    sequence.num_blocks = 1;
+    batch.sequences.push_back(sequence);
+    batch.block_tables.push_back(2 * s + 1);
+    batch.token_ids.push_back(stride * s + first);
+    batch.positions.push_back(0);
+    batch.adapter_slots.push_back(-1);
+  }
+  return batch;
+}
+
 // Structured outputs on the device (Batch::fill_token_masks): the masks are
 // asked for once per forward; a masked greedy row draws the best allowed token
 // and its logprob is under the masked logits; rows without a mask, and steps
@@ -292,20 +310,7 @@ TEST(CudaSampling, TokenMasksRestrictTheDrawToAllowedTokens) {
   backend->allocate_kv_cache({16, 16});
   const int vocab = config.vocab_size;
   const int words = (vocab + 31) / 32;
-  Batch batch;
-  for (int s = 0; s < 3; ++s) {
-    BatchSequence sequence;
-    sequence.num_new_tokens = 1;
-    sequence.num_computed_tokens = 0;
-    sequence.token_offset = s;
-    sequence.block_table_offset = s;
-    sequence.num_blocks = 1;
-    batch.sequences.push_back(sequence);
-    batch.block_tables.push_back(2 * s + 1);
-    batch.token_ids.push_back(11 * s + 2);
-    batch.positions.push_back(0);
-    batch.adapter_slots.push_back(-1);
-  }
+  const Batch batch = one_token_sequences(3, 11, 2);
   const ForwardResult plain = backend->forward(batch);
   // Allowed: row 0 every third token below vocab / 2 except its argmax; row 1 (sampled) ids 5..12.
   std::vector<uint32_t> allowed(2 * static_cast<size_t>(words), 0u);
@@ -360,19 +365,7 @@ TEST(CudaSampling, LogitProcessingFollowsTheSamplerDefinitionAndKeepsRawLogprobs
   auto backend = make_synthetic_cuda_backend(config, 2, false);
   backend->allocate_kv_cache({16, 16});
   const int vocab = config.vocab_size;
-  Batch batch;
-  for (int s = 0; s < 3; ++s) {
-    BatchSequence sequence;
-    sequence.num_new_tokens = 1;
-    sequence.token_offset = s;
-    sequence.block_table_offset = s;
-    sequence.num_blocks = 1;
-    batch.sequences.push_back(sequence);
-    batch.block_tables.push_back(2 * s + 1);
-    batch.token_ids.push_back(13 * s + 5);
-    batch.positions.push_back(0);
-    batch.adapter_slots.push_back(-1);
-  }
+  const Batch batch = one_token_sequences(3, 13, 5);
   const ForwardResult plain = backend->forward(batch);
   const float* raw0 = plain.logits.data();
   // Row 0 (greedy): the raw argmax pushed down, a low token lifted by a bias, one repeated token.

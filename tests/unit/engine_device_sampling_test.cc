@@ -101,6 +101,15 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
   bool token_masks_, logit_processing_;
 };
 
+// A synthetic llama written to a temporary directory and loaded (the files can go once loaded).
+LoadedModel load_llama_model() {
+  test::TempDir directory;
+  SyntheticModelOptions options;
+  options.arch = Architecture::kLlama;
+  write_synthetic_model(directory.str(), options);
+  return load_model(directory.str());
+}
+
 // The tests' engine: small blocks and steps over `backend`.
 std::unique_ptr<EngineImpl> make_engine(const LoadedModel& model, std::unique_ptr<Backend> backend) {
   EngineConfig config;
@@ -120,11 +129,7 @@ std::vector<int32_t> tokens_of(RequestStream& stream) {
 }
 
 TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
-  test::TempDir directory;
-  SyntheticModelOptions options;
-  options.arch = Architecture::kLlama;
-  write_synthetic_model(directory.str(), options);
-  const LoadedModel model = load_model(directory.str());
+  const LoadedModel model = load_llama_model();
   auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}));
   ArgmaxSamplingBackend* backend = owned.get();
   auto engine = make_engine(model, std::move(owned));
@@ -173,11 +178,7 @@ TEST(EngineDeviceSampling, DeviceAndHostRowsMixInOneBatchAndMatchTheGenerator) {
 // greedy requests give what the host path (masks applied to logits rows on the
 // host) gives, ending where the grammar ends.
 TEST(EngineDeviceSampling, ConstrainedRowsDrawnOnTheDeviceMatchTheHostPath) {
-  test::TempDir directory;
-  SyntheticModelOptions options;
-  options.arch = Architecture::kLlama;
-  write_synthetic_model(directory.str(), options);
-  const LoadedModel model = load_model(directory.str());
+  const LoadedModel model = load_llama_model();
   grammar::ConstraintCompiler compiler(grammar::TokenVocabulary::from_tokenizer(*model.tokenizer));
   const std::vector<std::shared_ptr<const grammar::CompiledGrammar>> constraints = {
       compiler.regex("[a-e]{2,6}-(yes|no)"), compiler.choice({"alpha", "beta", "gamma delta"}),
@@ -229,11 +230,7 @@ TEST(EngineDeviceSampling, ConstrainedRowsDrawnOnTheDeviceMatchTheHostPath) {
 // greedy requests give the host path's tokens and raw logprobs, and the
 // penalties see the tokens drawn on the device.
 TEST(EngineDeviceSampling, PenaltiesAndBiasProcessedOnTheDeviceMatchTheHostPath) {
-  test::TempDir directory;
-  SyntheticModelOptions options;
-  options.arch = Architecture::kLlama;
-  write_synthetic_model(directory.str(), options);
-  const LoadedModel model = load_model(directory.str());
+  const LoadedModel model = load_llama_model();
   auto run = [&](bool processing, int64_t* processed_rows) {
     auto owned = std::make_unique<ArgmaxSamplingBackend>(make_cpu_backend(model.config, model.weights, {1, 8}), false,
                                                          processing);
