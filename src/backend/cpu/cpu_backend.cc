@@ -42,35 +42,18 @@ void warn_if_openblas_kernels_are_generic() {
                  core);
 }
 
-// Every weight kept quantized must be one the kernels take (and the norms,
-// which the backend reads as fp32, must not be); logs what the forward runs on.
-void check_quantized_weights(const ModelWeights& weights) {
+// Every weight kept quantized must be a matrix of a type the kernels take (norms
+// and biases, which the backend reads as fp32, must not be); logs what the
+// forward runs on.
+void check_quantized_weights(const ModelConfig& config, const ModelWeights& weights) {
   std::map<std::string, int> num_tensors_of_type;
-  auto check = [&](const Tensor& tensor, const std::string& name, bool is_matrix) {
-    if (!tensor.is_quantized()) return;
-    if (!is_matrix)
+  for (const auto& [name, tensor] : model_weights_to_tensor_map(config, weights)) {
+    if (!tensor.is_quantized()) continue;
+    if (tensor.shape.size() != 2)
       fail(ErrorKind::kUnsupported, "cpu backend: tensor {} is {}; it must be fp32", name,
            ggml_type_name(tensor.quantized.ggml_type));
     cpu::quant::check_quantized_matmul_type(tensor.quantized.ggml_type, name);
     ++num_tensors_of_type[ggml_type_name(tensor.quantized.ggml_type)];
-  };
-  check(weights.embed_tokens, "model.embed_tokens.weight", true);
-  check(weights.lm_head, "lm_head.weight", true);
-  check(weights.final_norm, "model.norm.weight", false);
-  for (size_t l = 0; l < weights.layers.size(); ++l) {
-    const LayerWeights& layer = weights.layers[l];
-    const std::string prefix = fmt::format("model.layers.{}.", l);
-    for (const auto& [tensor, name] : {std::pair{&layer.q_proj, "q_proj"}, {&layer.k_proj, "k_proj"},
-                                       {&layer.v_proj, "v_proj"}, {&layer.o_proj, "o_proj"},
-                                       {&layer.gate_proj, "gate_proj"}, {&layer.up_proj, "up_proj"},
-                                       {&layer.down_proj, "down_proj"}})
-      check(*tensor, prefix + name + ".weight", true);
-    for (const auto& [tensor, name] : {std::pair{&layer.input_norm, "input_layernorm"},
-                                       {&layer.post_attention_norm, "post_attention_layernorm"},
-                                       {&layer.q_norm, "q_norm"}, {&layer.k_norm, "k_norm"},
-                                       {&layer.q_bias, "q_bias"}, {&layer.k_bias, "k_bias"},
-                                       {&layer.v_bias, "v_bias"}, {&layer.o_bias, "o_bias"}})
-      check(*tensor, prefix + name, false);
   }
   if (num_tensors_of_type.empty()) return;
   std::string summary;
@@ -188,7 +171,7 @@ CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWei
     fail(ErrorKind::kInvalidArgument, "cpu backend: max_adapter_slots is {}",
          backend_config.max_adapter_slots);
   validate_weights(*weights_, config_);
-  check_quantized_weights(*weights_);
+  check_quantized_weights(config_, *weights_);
   adapters_.resize(backend_config.max_adapter_slots);
   // The GEMMs are split across our OpenMP threads (cpu_kernels.cc); OpenBLAS's own
   // pthread pool would spin next to them and fight for the same cores.
