@@ -30,6 +30,9 @@ struct ResidualCase {
   std::vector<std::pair<int, int>> sequences;  // (num_cached, num_new)
   std::vector<int> ranks = {16};               // adapter a has ranks[a]; sequence s uses adapter s % ranks.size()
   uint64_t seed = 1;
+  // > 0: prefills may take the wide kernel over rebuilt K/V (PlanShape::forked_wide_prefill_keys,
+  // with num_sms 1 so that any list fills "the GPU").
+  int wide_keys = 0;
 };
 
 std::string describe(const ResidualCase& c) {
@@ -169,11 +172,17 @@ void run_case(const ResidualCase& c) {
                        expected.data());
 
   StepPlan plan;
-  plan.build(batch,
-             {c.block_size, c.num_heads, c.num_kv_heads, 132, attention_decode_ctas_per_sm(c.head_dim),
-              attention_decode_ctas_per_sm(c.head_dim, max_rank)},
-             c.block_size);
+  PlanShape plan_shape{c.block_size, c.num_heads, c.num_kv_heads, c.wide_keys > 0 ? 1 : 132,
+                       attention_decode_ctas_per_sm(c.head_dim), attention_decode_ctas_per_sm(c.head_dim, max_rank)};
+  plan_shape.wide_prefill = c.wide_keys > 0;
+  plan_shape.forked_wide_prefill_keys = c.wide_keys;
+  plan.build(batch, plan_shape, c.block_size);
   ASSERT_EQ(plan.num_prefill_items() + plan.num_decode_items(), 0);
+  if (c.wide_keys > 0) {
+    ASSERT_GT(plan.num_forked_wide_items(), 0);
+  }
+  const size_t scratch_entries = static_cast<size_t>(plan.num_scratch_keys()) * kv_size;
+  DeviceBuffer scratch_kv(std::max<size_t>(2 * scratch_entries * 2, 16));
   auto device_layout = [&](const std::vector<float>& pool) {
     return test::kv_pool_device_layout(pool, num_slots, c.num_kv_heads, c.head_dim, c.block_size);
   };
@@ -217,6 +226,11 @@ void run_case(const ResidualCase& c) {
   launch_attention(params, AttentionVariant::kDecode,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_decode_items),
                    plan.num_forked_decode_items(), nullptr, max_rank);
+  launch_forked_wide_prefill(params, reinterpret_cast<const ResidualRebuildItem*>(words + plan.sections().rebuild_items),
+                             plan.num_rebuild_items(),
+                             reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_wide_items),
+                             plan.num_forked_wide_items(), scratch_kv.as<bf16>(),
+                             scratch_kv.as<bf16>() + scratch_entries, nullptr, max_rank);
   launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
                            plan.num_combine_items(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -277,6 +291,107 @@ TEST(CudaResidualAttention, PrefillAndChunkedPrefillOverCache) {
   c.sequences = {{8192, 128}};
   c.ranks = {16};
   run_case(c);
+}
+
+// Forked prefills on the wgmma kernel over K/V rebuilt into a scratch pool,
+// beside the ResidualAttention kernels (a scratch budget that leaves some
+// sequences narrow), against the same naive reconstruction.
+TEST(CudaResidualAttention, WidePrefillOverRebuiltKeyValues) {
+  LOOM_REQUIRE_GPU();
+  for (int block_size : {16, 32}) {
+    ResidualCase c;
+    c.block_size = block_size;
+    c.num_kv_heads = 4;  // GQA 8
+    c.ranks = {16, 8, 64};
+    c.sequences = {{0, 300}, {77, 129}, {500, 17}, {3, 5}, {0, 1}, {1000, 40}};
+    c.seed = 20 + block_size;
+    c.wide_keys = 1600;  // the longest contexts that fit (1040 and 517 entries, ...); the rest stay narrow
+    run_case(c);
+  }
+  ResidualCase chunk;  // a 1K chunk over an 8K cached context, GQA 4
+  chunk.sequences = {{8192, 1024}};
+  chunk.wide_keys = 65536;
+  run_case(chunk);
+  ResidualCase gqa1;  // GQA 1, rank 4, and head dim 64
+  gqa1.num_heads = gqa1.num_kv_heads = 6;
+  gqa1.head_dim = 64;
+  gqa1.ranks = {4};
+  gqa1.sequences = {{0, 700}, {2000, 300}};
+  gqa1.wide_keys = 65536;
+  run_case(gqa1);
+}
+
+TEST(CudaForkedWidePlan, ScratchTablesCopiesAndBudget) {  // no GPU needed
+  Batch batch;
+  const int32_t block_size = 16;
+  const std::vector<std::pair<int, int>> shapes = {{100, 200}, {0, 1000}, {30, 2}, {500, 700}};
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    BatchSequence sequence;
+    sequence.num_computed_tokens = shapes[s].first;
+    sequence.num_new_tokens = shapes[s].second;
+    sequence.token_offset = batch.num_tokens();
+    sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+    sequence.residual_block_table_offset = static_cast<int32_t>(batch.residual_block_tables.size());
+    sequence.num_blocks = sequence.num_residual_blocks = (shapes[s].first + shapes[s].second + 15) / 16;
+    sequence.forked_adapter_slot = static_cast<int32_t>(s);
+    for (int b = 0; b < sequence.num_blocks; ++b) {
+      batch.block_tables.push_back(1000 + b);
+      batch.residual_block_tables.push_back(2000 + b);
+    }
+    for (int i = 0; i < shapes[s].second; ++i) {
+      batch.token_ids.push_back(0);
+      batch.positions.push_back(shapes[s].first + i);
+      batch.adapter_slots.push_back(static_cast<int32_t>(s));
+    }
+    batch.sequences.push_back(sequence);
+  }
+  PlanShape shape{block_size, 32, 8, 16, 3, 2};
+  shape.wide_prefill = true;
+  shape.forked_wide_prefill_keys = 1300;  // holds the 1200- or the 1008-entry context, not both
+  StepPlan plan;
+  plan.build(batch, shape, block_size);
+  // Longest first: sequence 3 (1200 entries = 75 blocks) goes wide; 1, 0 and 2 do not fit beside it.
+  ASSERT_EQ(plan.sequences().size(), 5u);
+  const AttentionSequence& copy = plan.sequences()[4];
+  EXPECT_EQ(copy.forked_slot, -1);
+  EXPECT_EQ(copy.num_computed_tokens, 500);
+  EXPECT_EQ(copy.num_new_tokens, 700);
+  EXPECT_EQ(plan.num_scratch_keys(), 1200);
+  const int32_t* table = plan.words().data() + plan.sections().block_tables + copy.block_table_offset;
+  for (int b = 0; b < 75; ++b) EXPECT_EQ(table[b], b);
+  ASSERT_EQ(plan.num_rebuild_items(), (1200 + 63) / 64);
+  for (int i = 0; i < plan.num_rebuild_items(); ++i) {
+    const ResidualRebuildItem& item = plan.rebuild_items()[i];
+    EXPECT_EQ(item.sequence, 3);
+    EXPECT_EQ(item.scratch_sequence, 4);
+    EXPECT_EQ(item.key_begin, 64 * i);
+    EXPECT_EQ(item.key_end, std::min(1200, 64 * (i + 1)));
+  }
+  EXPECT_EQ(plan.num_forked_wide_items(), (700 * 4 + 127) / 128);  // group 4: 2800 rows
+  for (const AttentionWorkItem& item : plan.forked_wide_items()) {
+    EXPECT_EQ(item.sequence, 4);
+    EXPECT_EQ(item.partial_index, -1);
+  }
+  for (const AttentionWorkItem& item : plan.forked_prefill_items()) EXPECT_NE(item.sequence, 3);
+  // The narrow list still covers sequences 0 and 1; sequence 2 (8 rows) is a decode.
+  std::vector<bool> narrow(4, false);
+  for (const AttentionWorkItem& item : plan.forked_prefill_items()) narrow[item.sequence] = true;
+  EXPECT_TRUE(narrow[0] && narrow[1] && !narrow[2]);
+  ASSERT_FALSE(plan.forked_decode_items().empty());
+  for (const AttentionWorkItem& item : plan.forked_decode_items()) EXPECT_EQ(item.sequence, 2);
+
+  // Too few wide items to fill the GPU unsplit: everything stays on ResidualAttention.
+  shape.num_sms = 4096;
+  plan.build(batch, shape, block_size);
+  EXPECT_EQ(plan.num_forked_wide_items(), 0);
+  EXPECT_EQ(plan.num_rebuild_items(), 0);
+  EXPECT_EQ(plan.num_scratch_keys(), 0);
+  EXPECT_EQ(plan.sequences().size(), 4u);
+  // And none without the budget.
+  shape.num_sms = 16;
+  shape.forked_wide_prefill_keys = 0;
+  plan.build(batch, shape, block_size);
+  EXPECT_EQ(plan.num_forked_wide_items(), 0);
 }
 
 TEST(CudaResidualAttention, HeadDim64AndEachRankTier) {

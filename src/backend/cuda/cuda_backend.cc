@@ -45,6 +45,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   graphs_enabled_ = backend_config.cuda_graphs;
   max_graph_rows_ = backend_config.max_graph_rows;
   wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
+  forked_wide_prefill_keys_ = wide_prefill_ ? std::max(backend_config.forked_wide_prefill_keys, 0) : 0;
   adapters_.resize(backend_config.max_adapter_slots);
   kv_rank_of_slot_.assign(backend_config.max_adapter_slots, 0);
   lora_table_ = std::make_unique<DeviceLoraTable>(backend_config.max_adapter_slots, config_);
@@ -193,6 +194,8 @@ void CudaBackend::grow_buffers() {
     partial_out_.reserve(partial_rows * config_.head_dim * sizeof(float));
     partial_lse_.reserve(partial_rows * sizeof(float));
   }
+  const size_t scratch_entries = static_cast<size_t>(plan_.num_scratch_keys()) * config_.kv_size();
+  if (scratch_entries > 0) scratch_kv_.reserve(2 * scratch_entries * sizeof(__nv_bfloat16));
   const size_t logit_rows = static_cast<size_t>(plan_.num_logit_launch_rows());
   logits_.reserve(logit_rows * static_cast<size_t>(config_.vocab_size) * sizeof(float));
   sampled_.reserve(logit_rows * 2 * sizeof(int32_t));
@@ -364,6 +367,12 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
                      stream_, residual_rank_);
     launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.forked_decode_items),
                      plan_.num_forked_decode_items(), stream_, residual_rank_);
+    bf16* scratch_k = scratch_kv_.as<bf16>();
+    launch_forked_wide_prefill(attention, plan_pointer<ResidualRebuildItem>(sections.rebuild_items),
+                               plan_.num_rebuild_items(), plan_pointer<AttentionWorkItem>(sections.forked_wide_items),
+                               plan_.num_forked_wide_items(), scratch_k,
+                               scratch_k + static_cast<size_t>(plan_.num_scratch_keys()) * config_.kv_size(), stream_,
+                               residual_rank_);
   }
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                            plan_.num_combine_items(), stream_);

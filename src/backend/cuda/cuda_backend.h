@@ -34,6 +34,11 @@ struct CudaBackendConfig {
   // Large non-forked prefills on the wgmma kernel (attention_wide.cu, 1.6x the
   // mma.sync one on the H100: bench/README.md "GPU speed"); false: mma.sync.
   bool wgmma_prefill = true;
+  // Forked (ForkKV) prefills that fill the GPU run on the wgmma kernel too, over
+  // keys and values rebuilt into a scratch buffer of up to this many KV entries
+  // (8B shape: 4 KiB each, 256 MiB at the default); larger ones and 0 keep the
+  // ResidualAttention kernel.
+  int32_t forked_wide_prefill_keys = 65536;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The

@@ -210,6 +210,7 @@ class CudaBackend : public Backend {
   bool graphs_enabled_ = true;
   int32_t max_graph_rows_ = 256;
   bool wide_prefill_ = false;  // PlanShape::wide_prefill (CudaBackendConfig::wgmma_prefill)
+  int32_t forked_wide_prefill_keys_ = 0;  // PlanShape::forked_wide_prefill_keys (0 without wide_prefill_)
   struct CapturedGraph {
     cudaGraphExec_t exec = nullptr;
     int64_t last_used = 0;  // graph_stats_ captures + replays at its last use
@@ -240,6 +241,7 @@ class CudaBackend : public Backend {
   DeviceBuffer lora_v_;     // [3, lora rows, max rank] fp32
   DeviceBuffer lora_out_;   // [lora rows, widest group] fp32 (gate/up: bf16): the LoRA delta of one projection group
   DeviceBuffer partial_out_, partial_lse_;
+  DeviceBuffer scratch_kv_;  // forked prefills on the wide kernel: [2][num_scratch_keys * kv_size] bf16 (K, V)
   DeviceBuffer logits_;     // [rows, vocab] fp32
   DeviceBuffer sampled_;    // [rows] int32 token ids, then [rows] fp32 logprobs (device sampling)
   PinnedBuffer sampled_host_;

@@ -114,6 +114,19 @@ inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
   return variant == AttentionVariant::kPrefill ? 64 : variant == AttentionVariant::kDecode ? 16 : kAttentionWideRows;
 }
 
+// Forked prefills on the wide kernel: per layer, a forked sequence's K and V
+// are first rebuilt into a scratch pool (kv_element_index's layout), K_j = bK_j +
+// RoPE_j(s_k rK_j B_k^T) and V_j = bV_j + s_v rV_j B_v^T in bf16, and the wide
+// kernel then runs over them as over a plain sequence: `scratch_sequence` is the
+// sequence's copy whose block table numbers scratch blocks (forked_slot -1).
+// An item rebuilds entries [key_begin, key_end) for one kv head (blockIdx.y).
+struct ResidualRebuildItem {
+  int32_t sequence = 0;          // the forked sequence: main and rCache tables, adapter slot
+  int32_t scratch_sequence = 0;  // its scratch copy
+  int32_t key_begin = 0;
+  int32_t key_end = 0;
+};
+
 // A sequence's queries: its new tokens i < num_new_tokens (activation row
 // token_offset + i, KV index num_computed_tokens + i), then its decoder rows
 // (base sharing, ICaRus) k < num_decoder_rows: activation row

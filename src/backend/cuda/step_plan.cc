@@ -159,10 +159,14 @@ void StepPlan::plan_attention(const PlanShape& shape) {
   for (auto& by_variant : items_)
     for (auto& items : by_variant) items.clear();
   combine_items_.clear();
+  rebuild_items_.clear();
+  forked_wide_items_.clear();
+  num_scratch_keys_ = 0;
   num_partials_ = 0;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   std::vector<TileCandidate> candidates[2][2];  // [forked][AttentionVariant]
   std::vector<TileCandidate> wide;              // the non-forked prefill list in kAttentionWideRows rows
+  std::vector<int32_t> forked_prefill;          // forked sequences in the prefill variant
   auto add_candidates = [&](std::vector<TileCandidate>& list, int32_t s, int32_t rows_per_tile) {
     const AttentionSequence& sequence = sequences_[s];
     const int32_t total_rows = sequence.num_queries() * group;
@@ -183,10 +187,18 @@ void StepPlan::plan_attention(const PlanShape& shape) {
                                          ? AttentionVariant::kDecode
                                          : AttentionVariant::kPrefill;
     const bool forked = sequence.forked_slot >= 0;
+    if (forked && variant == AttentionVariant::kPrefill) {
+      forked_prefill.push_back(s);
+      continue;
+    }
     add_candidates(candidates[forked ? 1 : 0][static_cast<int>(variant)], s, attention_variant_rows(variant));
     if (shape.wide_prefill && !forked && variant == AttentionVariant::kPrefill)
       add_candidates(wide, s, kAttentionWideRows);
   }
+  plan_forked_wide(shape, forked_prefill);
+  for (int32_t s : forked_prefill)
+    add_candidates(candidates[1][static_cast<int>(AttentionVariant::kPrefill)], s,
+                   attention_variant_rows(AttentionVariant::kPrefill));
   // Wide items are never split, so they serve only a list that fills every SM unsplit.
   prefill_variant_ = AttentionVariant::kPrefill;
   if (!wide.empty() && static_cast<int64_t>(wide.size()) * shape.num_kv_heads >= shape.num_sms) {
@@ -249,6 +261,55 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       }
     }
   }
+}
+
+void StepPlan::plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& forked_prefill) {
+  if (!shape.wide_prefill || shape.forked_wide_prefill_keys <= 0 || forked_prefill.empty()) return;
+  const int32_t group = shape.num_heads / shape.num_kv_heads;
+  // Longest contexts first while the scratch holds them; the rest stay narrow.
+  std::vector<int32_t> order = forked_prefill;
+  auto context = [&](int32_t s) { return sequences_[s].num_computed_tokens + sequences_[s].num_new_tokens; };
+  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return context(a) > context(b); });
+  std::vector<int32_t> chosen;
+  int64_t scratch_keys = 0, num_items = 0;
+  for (int32_t s : order) {
+    const int64_t keys = (context(s) + shape.block_size - 1) / shape.block_size * int64_t{shape.block_size};
+    if (scratch_keys + keys > shape.forked_wide_prefill_keys) continue;
+    scratch_keys += keys;
+    num_items += (sequences_[s].num_queries() * group + kAttentionWideRows - 1) / kAttentionWideRows;
+    chosen.push_back(s);
+  }
+  // As for the plain list: wide items are never split, so they must fill the GPU unsplit.
+  if (chosen.empty() || num_items * shape.num_kv_heads < shape.num_sms) return;
+  std::vector<TileCandidate> wide;
+  int32_t next_block = 0;
+  for (int32_t s : chosen) {
+    AttentionSequence copy = sequences_[s];
+    copy.forked_slot = -1;
+    copy.block_table_offset = static_cast<int32_t>(tables_.size());
+    const int32_t num_keys = context(s);
+    const int32_t num_blocks = (num_keys + shape.block_size - 1) / shape.block_size;
+    for (int32_t b = 0; b < num_blocks; ++b) tables_.push_back(next_block++);
+    const int32_t scratch_sequence = static_cast<int32_t>(sequences_.size());
+    sequences_.push_back(copy);
+    for (int32_t key = 0; key < num_keys; key += kAttentionTileKeys)
+      rebuild_items_.push_back({s, scratch_sequence, key, std::min(num_keys, key + kAttentionTileKeys)});
+    const int32_t total_rows = copy.num_queries() * group;
+    for (int32_t row = 0; row < total_rows; row += kAttentionWideRows) {
+      const int32_t last_token = std::min(total_rows, row + kAttentionWideRows) - 1;
+      const int32_t kv_end = copy.num_computed_tokens + copy.query_token(last_token / group) + 1;
+      wide.push_back({scratch_sequence, row, std::min(kAttentionWideRows, total_rows - row), kv_end,
+                      (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
+    }
+  }
+  std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
+    return a.num_key_tiles > b.num_key_tiles;
+  });
+  for (const TileCandidate& c : wide) forked_wide_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
+  num_scratch_keys_ = next_block * shape.block_size;
+  forked_prefill.erase(std::remove_if(forked_prefill.begin(), forked_prefill.end(),
+                                      [&](int32_t s) { return std::find(chosen.begin(), chosen.end(), s) != chosen.end(); }),
+                       forked_prefill.end());
 }
 
 void StepPlan::plan_lora() {
@@ -329,6 +390,8 @@ void StepPlan::assemble_words() {
   append(sections_.forked_prefill_items, items_[1][0]);
   append(sections_.forked_decode_items, items_[1][1]);
   append(sections_.combine_items, combine_items_);
+  append(sections_.rebuild_items, rebuild_items_);
+  append(sections_.forked_wide_items, forked_wide_items_);
   append(sections_.lora_tokens, lora_tokens_);
   append(sections_.lora_tiles, lora_tiles_);
   append(sections_.logit_rows, launch_logit_rows_);
@@ -349,6 +412,8 @@ LaunchCounts StepPlan::launch_counts() const {
   counts.forked_prefill_items = num_forked_prefill_items();
   counts.forked_decode_items = num_forked_decode_items();
   counts.combine_items = num_combine_items();
+  counts.rebuild_items = num_rebuild_items();
+  counts.forked_wide_items = num_forked_wide_items();
   counts.lora_rows = num_lora_rows();
   counts.lora_tiles = num_lora_tiles();
   counts.logit_rows = num_logit_launch_rows();
@@ -359,7 +424,8 @@ LaunchCounts StepPlan::launch_counts() const {
 }
 
 bool StepPlan::pad_for_graph(int32_t max_rows) {
-  if (padded_ || num_rows() == 0 || num_rows() > max_rows || !items_[0][0].empty() || !items_[1][0].empty())
+  if (padded_ || num_rows() == 0 || num_rows() > max_rows || !items_[0][0].empty() || !items_[1][0].empty() ||
+      !forked_wide_items_.empty())
     return false;
   padded_ = true;
   const int32_t real_rows = num_rows();

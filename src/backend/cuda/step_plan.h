@@ -34,6 +34,11 @@ struct PlanShape {
   // The wide (wgmma) prefill kernel serves this head size: non-forked prefill
   // lists with enough work to fill the GPU unsplit run as kPrefillWide items.
   bool wide_prefill = false;
+  // Forked prefills run on the wide kernel too (over keys and values rebuilt
+  // into a scratch pool, plan_types.h ResidualRebuildItem) when their lists
+  // fill the GPU the same way and their contexts fit this many scratch KV
+  // entries together; 0: they stay on the ResidualAttention kernel.
+  int32_t forked_wide_prefill_keys = 0;
 };
 
 // Offsets in int32 words into StepPlan::words(). The rCache block tables follow
@@ -43,7 +48,7 @@ struct PlanSections {
   size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, residual_block_tables = 0, sequences = 0,
          prefill_items = 0, decode_items = 0, forked_prefill_items = 0, forked_decode_items = 0, combine_items = 0,
          lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0, lora_row_of_token = 0, residual_slots = 0,
-         row_adapter_slots = 0;
+         row_adapter_slots = 0, rebuild_items = 0, forked_wide_items = 0;
 };
 
 // How many of each list the step's kernels are launched over: the plan's own
@@ -53,7 +58,7 @@ struct PlanSections {
 struct LaunchCounts {
   int32_t rows = 0, sequences = 0, prefill_items = 0, decode_items = 0, forked_prefill_items = 0,
           forked_decode_items = 0, combine_items = 0, lora_rows = 0, lora_tiles = 0, logit_rows = 0,
-          sampling_rows = 0;
+          sampling_rows = 0, rebuild_items = 0, forked_wide_items = 0;
   bool has_forked_sequences = false, has_residual_writes = false;
   auto operator<=>(const LaunchCounts&) const = default;
 };
@@ -109,6 +114,12 @@ class StepPlan {
   int32_t num_forked_prefill_items() const { return static_cast<int32_t>(items_[1][0].size()); }
   int32_t num_forked_decode_items() const { return static_cast<int32_t>(items_[1][1].size()); }
   int32_t num_combine_items() const { return static_cast<int32_t>(combine_items_.size()); }
+  // Forked prefills on the wide kernel: the rebuild items, the kPrefillWide
+  // items over the scratch copies, and the scratch KV entries they need (a
+  // multiple of the block size).
+  int32_t num_rebuild_items() const { return static_cast<int32_t>(rebuild_items_.size()); }
+  int32_t num_forked_wide_items() const { return static_cast<int32_t>(forked_wide_items_.size()); }
+  int32_t num_scratch_keys() const { return num_scratch_keys_; }
   int32_t num_partials() const { return num_partials_; }
   int32_t num_lora_rows() const { return static_cast<int32_t>(lora_tokens_.size()); }
   int32_t num_lora_tiles() const { return static_cast<int32_t>(lora_tiles_.size()); }
@@ -132,11 +143,16 @@ class StepPlan {
   const std::vector<AttentionWorkItem>& decode_items() const { return items_[0][1]; }
   const std::vector<AttentionWorkItem>& forked_prefill_items() const { return items_[1][0]; }
   const std::vector<AttentionWorkItem>& forked_decode_items() const { return items_[1][1]; }
+  const std::vector<AttentionWorkItem>& forked_wide_items() const { return forked_wide_items_; }
+  const std::vector<ResidualRebuildItem>& rebuild_items() const { return rebuild_items_; }
   const std::vector<AttentionSequence>& sequences() const { return sequences_; }
 
  private:
   void place_rows(const Batch& batch, const PlanShape& shape, int32_t residual_block_size);
   void plan_attention(const PlanShape& shape);
+  // Moves the forked prefills that qualify (PlanShape::forked_wide_prefill_keys)
+  // out of `forked_prefill` into scratch copies, rebuild items and wide items.
+  void plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& forked_prefill);
   void plan_lora();
   // words_ from the members: fixed-size sections first, the block tables (main,
   // then rCache) last, so a padded plan's offsets depend on its capacities only.
@@ -155,6 +171,9 @@ class StepPlan {
   std::vector<AttentionSequence> sequences_;
   std::vector<AttentionWorkItem> items_[2][2];  // [forked][AttentionVariant]
   std::vector<AttentionCombineItem> combine_items_;
+  std::vector<ResidualRebuildItem> rebuild_items_;
+  std::vector<AttentionWorkItem> forked_wide_items_;
+  int32_t num_scratch_keys_ = 0;
   std::vector<int32_t> lora_tokens_;
   std::vector<int32_t> lora_row_of_token_;  // [rows]: index into lora_tokens_, -1 without adapter
   std::vector<LoraTile> lora_tiles_;
