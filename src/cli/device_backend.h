@@ -24,16 +24,19 @@ struct DeviceOptions {
   int threads = 0;              // CPU backend threads (0: all cores)
   int max_adapter_slots = 64;
   bool cuda_graphs = true;      // cuda: decode steps as CUDA graphs (--enforce-eager: false)
-  // cpu: a GGUF's matrices stay in their block format (quantized kernels) instead of fp32.
+  // cpu: a GGUF's matrices stay in their block format (quantized kernels), a safetensors
+  // checkpoint's f16/bf16 ones in 16 bits, instead of fp32.
   bool cpu_keep_quantized = false;
 };
 
 // --cpu-precision fp32|auto (serve, generate): auto keeps a GGUF's weights
-// quantized on the CPU (the default), fp32 expands them at load (the exact
-// reference path the golden tests use).
+// quantized on the CPU, and a safetensors checkpoint's f16/bf16 matrices in
+// 16 bits (the default); fp32 expands them at load (the exact reference path
+// the golden tests use).
 inline constexpr const char* kCpuPrecisionHelp =
-    "cpu: auto keeps a GGUF's quantized weights in their format and runs int8 kernels (less memory, faster "
-    "decode); fp32 expands them to fp32 at load (the reference path)";
+    "cpu: auto keeps a GGUF's quantized weights in their format and runs int8 kernels, and a safetensors "
+    "checkpoint's f16/bf16 matrices in 16 bits (less memory, faster decode); fp32 expands them to fp32 at load "
+    "(the reference path)";
 // True for "auto"; throws Error(kInvalidArgument) for anything but auto and fp32.
 bool cpu_precision_keeps_quantized(const std::string& precision);
 

@@ -12,6 +12,7 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include "formats/gguf_dequant.h"
 #include "util/error.h"
 #include "util/half.h"
 #include "util/json_nesting.h"
@@ -130,11 +131,25 @@ std::shared_ptr<std::vector<float>> convert_16bit(const uint8_t* source, size_t 
 }
 
 Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint8_t* data_section,
-                   const std::shared_ptr<const MappedFile>& file) {
+                   const std::shared_ptr<const MappedFile>& file, const SafetensorsReadOptions& options) {
   const uint8_t* source = data_section + entry.begin;
   const uint64_t num_bytes = entry.end - entry.begin;
   Tensor tensor;
   tensor.shape = entry.shape;
+  const bool is_16bit = entry.dtype == "F16" || entry.dtype == "BF16";
+  if (options.keep_16bit && is_16bit && entry.shape.size() == 2 && entry.shape[0] > 0 && entry.shape[1] > 0) {
+    tensor.quantized.ggml_type = static_cast<uint32_t>(entry.dtype == "F16" ? GgmlType::kF16 : GgmlType::kBF16);
+    tensor.quantized.row_bytes = entry.shape[1] * 2;
+    if (reinterpret_cast<uintptr_t>(source) % 2 == 0) {
+      tensor.quantized.bytes = source;
+      tensor.storage = file;
+    } else {  // an odd header length: copy rather than misalign the 16-bit values
+      auto bytes = std::make_shared<std::vector<uint8_t>>(source, source + num_bytes);
+      tensor.quantized.bytes = bytes->data();
+      tensor.storage = std::move(bytes);
+    }
+    return tensor;
+  }
   if (entry.dtype == "F32") {
     if (reinterpret_cast<uintptr_t>(source) % alignof(float) == 0) {
       tensor.data = reinterpret_cast<const float*>(source);
@@ -145,7 +160,7 @@ Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint
       tensor.data = values->data();
       tensor.storage = std::move(values);
     }
-  } else if (entry.dtype == "F16" || entry.dtype == "BF16") {
+  } else if (is_16bit) {
     auto values = entry.dtype == "F16" ? convert_16bit(source, num_bytes / 2, fp16_to_float)
                                        : convert_16bit(source, num_bytes / 2, bf16_to_float);
     tensor.data = values->data();
@@ -166,7 +181,7 @@ void add_all(TensorMap& into, TensorMap&& from, const std::string& path) {
 
 }  // namespace
 
-TensorMap read_safetensors(const std::string& path) {
+TensorMap read_safetensors(const std::string& path, const SafetensorsReadOptions& options) {
   std::shared_ptr<const MappedFile> file = MappedFile::open(path);
   const uint64_t file_size = file->size();
   if (file_size < 8)
@@ -211,15 +226,15 @@ TensorMap read_safetensors(const std::string& path) {
            by_offset[i - 1]->begin, by_offset[i - 1]->end);
 
   TensorMap tensors;
-  for (const auto& entry : entries) tensors[entry.name] = make_tensor(path, entry, data_section, file);
+  for (const auto& entry : entries) tensors[entry.name] = make_tensor(path, entry, data_section, file, options);
   return tensors;
 }
 
-TensorMap read_safetensors_checkpoint(const std::string& directory) {
+TensorMap read_safetensors_checkpoint(const std::string& directory, const SafetensorsReadOptions& options) {
   namespace fs = std::filesystem;
   const fs::path single = fs::path(directory) / "model.safetensors";
   const fs::path index_path = fs::path(directory) / "model.safetensors.index.json";
-  if (fs::exists(single)) return read_safetensors(single.string());
+  if (fs::exists(single)) return read_safetensors(single.string(), options);
   if (!fs::exists(index_path))
     throw Error(ErrorKind::kNotFound,
                 fmt::format("{}: neither model.safetensors nor model.safetensors.index.json exists",
@@ -261,7 +276,7 @@ TensorMap read_safetensors_checkpoint(const std::string& directory) {
     if (!fs::exists(shard_path))
       fail(ErrorKind::kNotFound, "{}: shard {} named by {} does not exist", shard_path.string(),
            shard_name, index_name);
-    add_all(tensors, read_safetensors(shard_path.string()), shard_path.string());
+    add_all(tensors, read_safetensors(shard_path.string(), options), shard_path.string());
   }
   for (const auto& [name, shard] : weight_map->items())
     if (tensors.count(name) == 0)

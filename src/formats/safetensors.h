@@ -13,17 +13,24 @@
 
 namespace loom {
 
+struct SafetensorsReadOptions {
+  // 2-D F16/BF16 tensors stay in the file's 16-bit format, viewed in place as
+  // Tensor::quantized rows (GgmlType kF16 / kBF16), for the CPU backend's
+  // kernels (--cpu-precision auto); others are read as below.
+  bool keep_16bit = false;
+};
+
 // Reads every tensor of one file as fp32. F32 tensors point into the mapping
 // (no copy); F16/BF16 are converted into owned buffers. Throws Error(kFormat)
 // naming the file (and tensor) for a truncated file, bad header, offsets out
 // of range or overlapping, size that does not match dtype x shape; Error(kUnsupported)
 // for a dtype other than F32/F16/BF16.
-TensorMap read_safetensors(const std::string& path);
+TensorMap read_safetensors(const std::string& path, const SafetensorsReadOptions& options = {});
 
 // Reads a checkpoint directory: model.safetensors, or the shards listed in
 // model.safetensors.index.json ("weight_map": name -> file). Throws Error(kNotFound)
 // when neither exists or a shard named by the index is missing.
-TensorMap read_safetensors_checkpoint(const std::string& directory);
+TensorMap read_safetensors_checkpoint(const std::string& directory, const SafetensorsReadOptions& options = {});
 
 enum class StoredDtype { kF32, kF16, kBF16 };
 

@@ -13,7 +13,7 @@ namespace loom {
 
 namespace {
 
-LoadedModel load_hf_directory(const std::string& directory) {
+LoadedModel load_hf_directory(const std::string& directory, const LoadOptions& options) {
   namespace fs = std::filesystem;
   const std::string config_path = (fs::path(directory) / "config.json").string();
   if (!fs::exists(config_path))
@@ -22,7 +22,7 @@ LoadedModel load_hf_directory(const std::string& directory) {
   LoadedModel model;
   model.path = directory;
   model.config = read_hf_config(config_path);
-  TensorMap tensors = read_safetensors_checkpoint(directory);
+  TensorMap tensors = read_safetensors_checkpoint(directory, {.keep_16bit = options.keep_quantized});
   model.weights = std::make_shared<const ModelWeights>(build_model_weights(model.config, tensors, directory));
   model.tokenizer = Tokenizer::from_hf_directory(directory);
   return model;
@@ -43,7 +43,7 @@ LoadedModel load_gguf(const std::string& path, const LoadOptions& options) {
 LoadedModel load_model(const std::string& path, const LoadOptions& options) {
   namespace fs = std::filesystem;
   std::error_code error;
-  if (fs::is_directory(path, error)) return load_hf_directory(path);
+  if (fs::is_directory(path, error)) return load_hf_directory(path, options);
   if (!fs::exists(path, error))
     throw Error(ErrorKind::kNotFound, fmt::format("model {} does not exist", path),
                 "pass a Hugging Face model directory or a .gguf file");

@@ -19,9 +19,10 @@ struct LoadedModel {
 };
 
 struct LoadOptions {
-  // A GGUF's quantized (and f16/bf16) 2-D weights stay in their file format
-  // (Tensor::quantized) instead of being expanded to fp32: for the CPU backend's
-  // quantized kernels only (--cpu-precision auto). No effect on safetensors.
+  // A GGUF's quantized (and f16/bf16) 2-D weights, and a safetensors
+  // checkpoint's f16/bf16 ones, stay in their file format (Tensor::quantized)
+  // instead of being expanded to fp32: for the CPU backend's quantized kernels
+  // only (--cpu-precision auto). F32 tensors are read as always.
   bool keep_quantized = false;
 };
 

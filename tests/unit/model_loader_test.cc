@@ -2,6 +2,8 @@
 // Hugging Face directories and GGUF files.
 #include "model/loader.h"
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -10,6 +12,7 @@
 
 #include <gtest/gtest.h>
 
+#include "backend/cpu/cpu_backend.h"
 #include "formats/gguf.h"
 #include "formats/safetensors.h"
 #include "model/gguf_config.h"
@@ -195,6 +198,49 @@ TEST(LoadModelTest, HfDirectoryAndGgufGiveTheSameModel) {
   EXPECT_EQ(std::memcmp(a.data, b.data, a.numel() * 4), 0);
   EXPECT_EQ(std::memcmp(from_gguf.weights->lm_head.data, from_hf.weights->lm_head.data,
                         from_hf.weights->lm_head.numel() * 4), 0);
+}
+
+// --cpu-precision auto on a bf16 checkpoint: the matrices stay in 16 bits and
+// the CPU backend's kernels give the fp32 path's logits (the same products,
+// another summation order).
+TEST(LoadModelTest, Bf16CheckpointKeptIn16BitsRunsLikeItsFp32Expansion) {
+  const LoadedModel from_gguf = load_model(test::fixture_path("formats/tiny_llama.gguf"));
+  TempDir dir;
+  write_hf_directory(dir.str(), from_gguf.config,
+                     model_weights_to_tensor_map(from_gguf.config, *from_gguf.weights), StoredDtype::kBF16);
+  const LoadedModel expanded = load_model(dir.str());
+  const LoadedModel kept = load_model(dir.str(), {.keep_quantized = true});
+  ASSERT_TRUE(kept.weights->layers[0].q_proj.is_quantized());
+  EXPECT_EQ(kept.weights->layers[0].q_proj.quantized.ggml_type, 30u);  // GgmlType::kBF16
+  EXPECT_FALSE(expanded.weights->layers[0].q_proj.is_quantized());
+  EXPECT_FALSE(kept.weights->final_norm.is_quantized());
+  auto logits_of = [](const LoadedModel& model) {
+    auto backend = make_cpu_backend(model.config, model.weights);
+    backend->allocate_kv_cache({4, 16});
+    Batch batch;
+    batch.token_ids = {1, 5, 9, 17, 3, 30, 2};
+    for (int32_t i = 0; i < 7; ++i) {
+      batch.positions.push_back(i);
+      batch.adapter_slots.push_back(-1);
+    }
+    BatchSequence sequence;
+    sequence.num_new_tokens = 7;
+    sequence.num_blocks = 1;
+    sequence.logits_for_all_tokens = true;
+    batch.sequences.push_back(sequence);
+    batch.block_tables = {0};
+    return backend->forward(batch).logits;
+  };
+  const std::vector<float> want = logits_of(expanded), got = logits_of(kept);
+  ASSERT_EQ(got.size(), want.size());
+  ASSERT_EQ(want.size(), 7u * 32u);
+  float max_diff = 0.0f, max_abs = 0.0f;
+  for (size_t i = 0; i < want.size(); ++i) {
+    max_diff = std::max(max_diff, std::fabs(got[i] - want[i]));
+    max_abs = std::max(max_abs, std::fabs(want[i]));
+  }
+  EXPECT_GT(max_abs, 0.1f);
+  EXPECT_LE(max_diff, 1e-5f * max_abs + 1e-6f);
 }
 
 TEST(LoadModelTest, BadPaths) {

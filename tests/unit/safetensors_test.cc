@@ -123,6 +123,31 @@ TEST(SafetensorsTest, Bf16RoundTripRoundsToNearestEven) {
   EXPECT_NE(read_bytes(path).find("\"dtype\":\"BF16\""), std::string::npos);
 }
 
+TEST(SafetensorsTest, Keep16BitViewsMatricesInTheMappingAndReadsTheRestAsFp32) {
+  TempDir dir;
+  TensorMap tensors;
+  tensors["m"] = Tensor::from_vector({2, 3}, {1.0f, -2.5f, 0.125f, 3.0f, 1e-3f, -7.0f});
+  tensors["v"] = Tensor::from_vector({3}, {0.5f, 1.5f, -1.0f});
+  for (StoredDtype dtype : {StoredDtype::kBF16, StoredDtype::kF16}) {
+    const std::string path = dir.str() + (dtype == StoredDtype::kBF16 ? "/b.safetensors" : "/h.safetensors");
+    write_safetensors(path, tensors, dtype);
+    const TensorMap expanded = read_safetensors(path);
+    const TensorMap kept = read_safetensors(path, {.keep_16bit = true});
+    const Tensor& matrix = kept.at("m");
+    ASSERT_TRUE(matrix.is_quantized());
+    EXPECT_EQ(matrix.data, nullptr);
+    EXPECT_EQ(matrix.shape, (std::vector<int64_t>{2, 3}));
+    EXPECT_EQ(matrix.quantized.ggml_type, dtype == StoredDtype::kBF16 ? 30u : 1u);  // GgmlType kBF16 / kF16
+    EXPECT_EQ(matrix.quantized.row_bytes, 6);
+    EXPECT_EQ(values_of(to_fp32(matrix)), values_of(expanded.at("m")));
+    EXPECT_FALSE(kept.at("v").is_quantized());  // 1-D: fp32 as before
+    EXPECT_EQ(values_of(kept.at("v")), values_of(expanded.at("v")));
+  }
+  // F32 files are read as always.
+  write_safetensors(dir.str() + "/f.safetensors", tensors, StoredDtype::kF32);
+  EXPECT_FALSE(read_safetensors(dir.str() + "/f.safetensors", {.keep_16bit = true}).at("m").is_quantized());
+}
+
 TEST(SafetensorsTest, ReadsFileWrittenByPythonSafetensors) {
   // tools/formats/make_format_fixtures.py: torch tensors saved by safetensors.torch.
   TensorMap loaded = read_safetensors(test::fixture_path("formats/python_written.safetensors"));
