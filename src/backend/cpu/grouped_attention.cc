@@ -4,6 +4,7 @@
 #include <bit>
 #include <cmath>
 #include <limits>
+#include <vector>
 
 #include "backend/cpu/vector_math.h"
 
@@ -37,15 +38,20 @@ Vec8 exp8(Vec8 x) {
 
 int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
 
-// Offset of entry j's slot in a pool (add kv_head * head_dim for its head).
-int64_t entry_offset(const int32_t* block_table, const AttentionShape& shape, int32_t j) {
-  return (static_cast<int64_t>(block_table[j / shape.block_size]) * shape.block_size + j % shape.block_size) *
-         shape.slot_floats();
+// The offsets of entries [0, count) in a pool (add kv_head * head_dim for a
+// head), walking the block table (no division per entry: small blocks cost
+// the same as large ones).
+void entry_offsets(const int32_t* block_table, const AttentionShape& shape, int32_t count, int64_t* offsets) {
+  for (int32_t start = 0, block = 0; start < count; start += shape.block_size, ++block) {
+    const int64_t first = static_cast<int64_t>(block_table[block]) * shape.block_size * shape.slot_floats();
+    const int32_t end = std::min(count, start + shape.block_size);
+    for (int32_t j = start; j < end; ++j) offsets[j] = first + (j - start) * shape.slot_floats();
+  }
 }
 
-// One pass: rows.size() <= kMaxGroupedRows.
-void attend_pass(std::span<const QueryRow> rows, const int32_t* block_table, const AttentionShape& shape,
-                 int kv_head, const float* k_pool, const float* v_pool, float* scratch) {
+// One pass: rows.size() <= kMaxGroupedRows; offsets[j] for every entry a row sees.
+void attend_pass(std::span<const QueryRow> rows, const int64_t* offsets, const AttentionShape& shape, int kv_head,
+                 const float* k_pool, const float* v_pool, float* scratch) {
   const int head_dim = shape.head_dim;
   const float* keys = k_pool + static_cast<int64_t>(kv_head) * head_dim;
   const float* values = v_pool + static_cast<int64_t>(kv_head) * head_dim;
@@ -74,7 +80,7 @@ void attend_pass(std::span<const QueryRow> rows, const int32_t* block_table, con
   for (int32_t first = 0; first < max_visible; first += kKeysPerTile) {
     const float* key[kKeysPerTile];
     for (int32_t k = 0; k < kKeysPerTile; ++k)
-      key[k] = keys + entry_offset(block_table, shape, std::min(first + k, max_visible - 1));
+      key[k] = keys + offsets[std::min(first + k, max_visible - 1)];
     for (int32_t v = 0; v < num_vectors; ++v) {
       if (vector_visible[v] <= first) continue;
       Vec8 sum[kKeysPerTile] = {};
@@ -118,7 +124,7 @@ void attend_pass(std::span<const QueryRow> rows, const int32_t* block_table, con
   const float* value[kEntriesPerChunk];
   for (int32_t first = 0; first < max_visible; first += kEntriesPerChunk) {
     const int32_t count = std::min(kEntriesPerChunk, max_visible - first);
-    for (int32_t j = 0; j < count; ++j) value[j] = values + entry_offset(block_table, shape, first + j);
+    for (int32_t j = 0; j < count; ++j) value[j] = values + offsets[first + j];
     for (int32_t v = 0; v < num_vectors; ++v) {
       const int32_t num_entries = std::min(count, vector_visible[v] - first);
       const float* weights = scores_t + int64_t{first} * width + v * kLanes;
@@ -154,8 +160,14 @@ int64_t grouped_attention_scratch_floats(const AttentionShape& shape, int32_t ma
 
 void attend_grouped_rows(std::span<const QueryRow> rows, const int32_t* block_table, const AttentionShape& shape,
                          int kv_head, const float* k_pool, const float* v_pool, float* scratch) {
+  int32_t max_visible = 0;
+  for (const QueryRow& row : rows) max_visible = std::max(max_visible, row.num_visible);
+  // Per thread, grown on demand (paged_attention's threads persist).
+  thread_local std::vector<int64_t> offsets;
+  if (offsets.size() < static_cast<size_t>(max_visible)) offsets.resize(static_cast<size_t>(max_visible));
+  entry_offsets(block_table, shape, max_visible, offsets.data());
   for (size_t first = 0; first < rows.size(); first += kMaxGroupedRows)
-    attend_pass(rows.subspan(first, std::min<size_t>(kMaxGroupedRows, rows.size() - first)), block_table, shape,
+    attend_pass(rows.subspan(first, std::min<size_t>(kMaxGroupedRows, rows.size() - first)), offsets.data(), shape,
                 kv_head, k_pool, v_pool, scratch);
 }
 

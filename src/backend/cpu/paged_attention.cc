@@ -3,13 +3,10 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cmath>
 #include <cstring>
-#include <limits>
 
 #include "backend/cpu/grouped_attention.h"
 #include "backend/cpu/residual_attention.h"
-#include "backend/cpu/vector_math.h"
 
 namespace loom::cpu {
 
@@ -83,75 +80,8 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 
 namespace {
 
-// Sequences with at least this many new tokens (prefill chunks) run their
-// attention over chunks of queries (grouped_attention.h), which read each kv
-// head's entries once for all the chunk's queries and the query heads sharing
-// it; single tokens (decode) run token by token. Token by token, a warm
-// prefix's short tail re-read the whole cached context once per token and
-// query head: 10 new tokens over a 2K cached prefix cost 0.16 s against 0.05 s
-// cold (SmolLM2).
-constexpr int32_t kMinQueriesForGemm = 2;
 // Queries per chunk at most (the forked path's chunks are at least 16).
 constexpr int32_t kMaxChunkQueries = 64;
-
-float dot(const float* a, const float* b, int count) {
-  float sum = 0.0f;
-#pragma omp simd reduction(+ : sum)
-  for (int i = 0; i < count; ++i) sum += a[i] * b[i];
-  return sum;
-}
-
-// scores[0, length) -> softmax in place (max-shifted, fp32 sum).
-void softmax_in_place(float* scores, int64_t length) {
-  float max_score = -std::numeric_limits<float>::infinity();
-  for (int64_t j = 0; j < length; ++j) max_score = std::max(max_score, scores[j]);
-  const float inverse_sum = 1.0f / exp_shifted_in_place(scores, length, max_score);
-#pragma omp simd
-  for (int64_t j = 0; j < length; ++j) scores[j] *= inverse_sum;
-}
-
-// kRows query heads that read the same kv head over the same first
-// `context_length` KV entries: one token's head (kRows 1), or a token's head and
-// its decoder row's (kRows 2: one pass over K and V serves both rows).
-// scores: kRows * context_length floats.
-template <int kRows>
-void attend_rows(const float* const (&queries)[kRows], const int32_t* block_table, int32_t context_length,
-                 const AttentionShape& shape, int kv_head, const float* k_pool, const float* v_pool,
-                 float* scores, float* const (&outs)[kRows]) {
-  const int head_dim = shape.head_dim;
-  const int block_size = shape.block_size;
-  const int64_t slot_floats = shape.slot_floats();
-  const int64_t head_offset = static_cast<int64_t>(kv_head) * head_dim;
-  const float scale = 1.0f / std::sqrt(static_cast<float>(head_dim));
-
-  for (int32_t start = 0, block = 0; start < context_length; start += block_size, ++block) {
-    const int32_t count = std::min(block_size, context_length - start);
-    const float* keys = k_pool + static_cast<int64_t>(block_table[block]) * block_size * slot_floats +
-                        head_offset;
-    for (int32_t j = 0; j < count; ++j)
-      for (int r = 0; r < kRows; ++r)
-        scores[r * context_length + start + j] = dot(queries[r], keys + j * slot_floats, head_dim) * scale;
-  }
-  for (int r = 0; r < kRows; ++r) {
-    softmax_in_place(scores + r * context_length, context_length);
-    std::fill(outs[r], outs[r] + head_dim, 0.0f);
-  }
-
-  for (int32_t start = 0, block = 0; start < context_length; start += block_size, ++block) {
-    const int32_t count = std::min(block_size, context_length - start);
-    const float* values = v_pool + static_cast<int64_t>(block_table[block]) * block_size * slot_floats +
-                          head_offset;
-    for (int32_t j = 0; j < count; ++j) {
-      const float* value = values + j * slot_floats;
-      for (int r = 0; r < kRows; ++r) {
-        const float weight = scores[r * context_length + start + j];
-        float* out = outs[r];
-#pragma omp simd
-        for (int d = 0; d < head_dim; ++d) out[d] += weight * value[d];
-      }
-    }
-  }
-}
 
 // Queries [first_query, first_query + num_queries) of one sequence, and the
 // decoder rows paired with them, all query heads sharing `kv_head`, in one
@@ -189,17 +119,15 @@ void attend_chunk(const float* q, const BatchSequence& sequence, const int32_t* 
     attend_grouped_rows({rows, static_cast<size_t>(num_rows)}, block_table, shape, kv_head, k_pool, v_pool, scratch);
 }
 
-enum class WorkKind : uint8_t { kToken, kChunk, kForked };
-
-// A unit of parallel work: one token and query head (kToken; head is a query
-// head), or a chunk of queries of one kv head's group (kChunk, kForked; head is
-// a kv head).
+// A unit of parallel work: a chunk of queries of one sequence and all the
+// query heads of one kv head (and their decoder rows), or the same through
+// ResidualAttention for a forked sequence.
 struct WorkItem {
   int32_t sequence = 0;
-  int32_t head = 0;
+  int32_t kv_head = 0;
   int32_t first_query = 0;
   int32_t num_queries = 0;
-  WorkKind kind = WorkKind::kToken;
+  bool forked = false;
 };
 
 }  // namespace
@@ -207,18 +135,13 @@ struct WorkItem {
 void paged_attention(const float* q, const Batch& batch, const TokenPlacement& placement,
                      const AttentionShape& shape, const float* k_pool, const float* v_pool,
                      int num_threads, std::vector<float>& scratch, float* out, const ForkedAttention* forked) {
-  const int64_t q_size = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
-  const int heads_per_kv_head = shape.num_heads / shape.num_kv_heads;
-
   // Query chunks: at most kMaxChunkQueries, small enough for about two work
   // items per thread (a 14-token tail, 3 kv heads, 2 threads: 6 items of 7
   // queries). A sequence's chunks are of equal size (give or take one), so
   // that items of one sequence take about equally long.
-  int64_t num_chunked_queries = 0;
-  for (const BatchSequence& sequence : batch.sequences)
-    if (sequence.num_new_tokens >= kMinQueriesForGemm) num_chunked_queries += sequence.num_new_tokens;
+  const int64_t num_queries = batch.num_tokens();
   const int64_t num_wanted_items = 2 * std::max(num_threads, 1);
-  const int64_t wanted_chunk = (num_chunked_queries * shape.num_kv_heads + num_wanted_items - 1) / num_wanted_items;
+  const int64_t wanted_chunk = (num_queries * shape.num_kv_heads + num_wanted_items - 1) / num_wanted_items;
   const int32_t chunk = static_cast<int32_t>(std::clamp<int64_t>(wanted_chunk, 1, kMaxChunkQueries));
   // ForkKV rebuilds K per kv head and tile: its chunks stay at 16 or more.
   const int32_t forked_min_chunk = static_cast<int32_t>(std::clamp<int64_t>((wanted_chunk + 7) / 8 * 8, 16, 64));
@@ -231,16 +154,11 @@ void paged_attention(const float* q, const Batch& batch, const TokenPlacement& p
     const int32_t num_new = sequence.num_new_tokens;
     if (sequence.forked_adapter_slot >= 0) {
       // Rebuilding K costs per kv head and tile: serve all of a group's query heads at once.
-      const int32_t forked_chunk = num_new < kMinQueriesForGemm ? num_new : forked_min_chunk;
+      const int32_t forked_chunk = num_new == 1 ? 1 : forked_min_chunk;
       max_forked_queries = std::max(max_forked_queries, forked_chunk);
       for (int32_t first = (num_new - 1) / forked_chunk * forked_chunk; first >= 0; first -= forked_chunk)
         for (int32_t kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
-          items.push_back({s, kv_head, first, std::min(forked_chunk, num_new - first), WorkKind::kForked});
-      continue;
-    }
-    if (num_new < kMinQueriesForGemm) {
-      for (int32_t i = 0; i < num_new; ++i)
-        for (int32_t head = 0; head < shape.num_heads; ++head) items.push_back({s, head, i, 1, WorkKind::kToken});
+          items.push_back({s, kv_head, first, std::min(forked_chunk, num_new - first), true});
       continue;
     }
     has_chunks = true;
@@ -250,15 +168,12 @@ void paged_attention(const float* q, const Batch& batch, const TokenPlacement& p
       const int32_t first = static_cast<int32_t>(int64_t{num_new} * c / num_chunks);
       const int32_t end = static_cast<int32_t>(int64_t{num_new} * (c + 1) / num_chunks);
       for (int32_t kv_head = 0; kv_head < shape.num_kv_heads; ++kv_head)
-        items.push_back({s, kv_head, first, end - first, WorkKind::kChunk});
+        items.push_back({s, kv_head, first, end - first, false});
     }
   }
 
-  const int64_t max_context = std::max<int32_t>(placement.max_context_length, 1);
-  const int64_t rows_per_token = placement.num_decoder_rows() > 0 ? 2 : 1;
-  int64_t scratch_per_thread = rows_per_token * max_context;
-  if (has_chunks)
-    scratch_per_thread = std::max(scratch_per_thread, grouped_attention_scratch_floats(shape, placement.max_context_length));
+  int64_t scratch_per_thread = 0;
+  if (has_chunks) scratch_per_thread = grouped_attention_scratch_floats(shape, placement.max_context_length);
   if (max_forked_queries > 0)
     scratch_per_thread = std::max(
         scratch_per_thread, residual_attention_scratch_floats(shape, max_forked_queries, forked->max_rank));
@@ -273,35 +188,13 @@ void paged_attention(const float* q, const Batch& batch, const TokenPlacement& p
   for (int64_t index = 0; index < num_items; ++index) {
     const WorkItem& item = items[index];
     const BatchSequence& sequence = batch.sequences[item.sequence];
-    const int32_t* block_table = batch.block_tables.data() + sequence.block_table_offset;
     float* thread_scratch = scratch.data() + omp_get_thread_num() * scratch_per_thread;
-    switch (item.kind) {
-      case WorkKind::kForked:
-        residual_attend(q, batch, sequence, item.first_query, item.num_queries, shape, item.head, k_pool, v_pool,
-                        *forked, thread_scratch, out);
-        break;
-      case WorkKind::kChunk:
-        attend_chunk(q, sequence, block_table, placement, item.first_query, item.num_queries, shape, item.head,
-                     k_pool, v_pool, thread_scratch, out);
-        break;
-      case WorkKind::kToken: {
-        const int64_t token = sequence.token_offset + item.first_query;
-        const int64_t head_offset = static_cast<int64_t>(item.head) * shape.head_dim;
-        const int32_t context_length = sequence.num_computed_tokens + item.first_query + 1;
-        const int kv_head = item.head / heads_per_kv_head;
-        const int64_t decoder_row =
-            placement.decoder_row_of_token.empty() ? -1 : placement.decoder_row_of_token[token];
-        if (decoder_row < 0) {
-          const float* const queries[1] = {q + token * q_size + head_offset};
-          float* const outs[1] = {out + token * q_size + head_offset};
-          attend_rows<1>(queries, block_table, context_length, shape, kv_head, k_pool, v_pool, thread_scratch, outs);
-        } else {
-          const float* const queries[2] = {q + token * q_size + head_offset, q + decoder_row * q_size + head_offset};
-          float* const outs[2] = {out + token * q_size + head_offset, out + decoder_row * q_size + head_offset};
-          attend_rows<2>(queries, block_table, context_length, shape, kv_head, k_pool, v_pool, thread_scratch, outs);
-        }
-        break;
-      }
+    if (item.forked) {
+      residual_attend(q, batch, sequence, item.first_query, item.num_queries, shape, item.kv_head, k_pool, v_pool,
+                      *forked, thread_scratch, out);
+    } else {
+      attend_chunk(q, sequence, batch.block_tables.data() + sequence.block_table_offset, placement, item.first_query,
+                   item.num_queries, shape, item.kv_head, k_pool, v_pool, thread_scratch, out);
     }
   }
 }
