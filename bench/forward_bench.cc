@@ -13,6 +13,10 @@
 //            rows). --decode-context prompt: the sequences continue after the
 //            prefill (KV depth P .. P+N-1, as llama-batched-bench);
 //            --decode-context empty: they start at depth 0 (as llama-bench's tg).
+//   tail:    with --tail-tokens T, after the prefill: one forward call of the
+//            last T prompt tokens again over the P - T before them (a warm
+//            prompt whose prefix is cached recomputes such a tail).
+//            time per call (and per tail token)
 //            tokens/s = B * N / time
 //
 // After --warmup untimed repeats, --repeats timed ones; medians are reported.
@@ -47,6 +51,7 @@ struct Options {
   int num_repeats = 5;
   int num_warmup = 1;
   int prefill_chunk = 0;  // tokens per sequence per prefill call; 0 = whole prompt
+  int tail_tokens = 0;    // > 0: also time a call of the prompt's last tail_tokens over the rest
   int block_size = 16;
   std::string decode_context = "prompt";  // "prompt" or "empty"
   unsigned seed = 1234;
@@ -127,6 +132,7 @@ Batch make_batch(const SequenceSet& sequences, int32_t num_cached, int32_t num_n
 
 struct RepeatTimes {
   double prefill_s = 0;
+  double tail_s = 0;
   double decode_s = 0;
 };
 
@@ -149,6 +155,15 @@ RepeatTimes run_once(Backend& backend, const SequenceSet& sequences, const Optio
     LOOM_CHECK(result.logit_token_index.size() == sequences.block_tables.size());
   }
   times.prefill_s = seconds_since(start);
+
+  if (options.tail_tokens > 0) {
+    const Batch tail = make_batch(sequences, num_prompt - options.tail_tokens, options.tail_tokens, false, rng,
+                                  vocab_size);
+    start = std::chrono::steady_clock::now();
+    ForwardResult result = backend.forward(tail);
+    times.tail_s = seconds_since(start);
+    LOOM_CHECK(result.logit_token_index.size() == sequences.block_tables.size());
+  }
 
   const int32_t decode_start = options.decode_context == "prompt" ? num_prompt : 0;
   double decode_s = 0;
@@ -188,11 +203,16 @@ nlohmann::json breakdown_json(const LoadedModel& model, Backend& backend, const 
     int num_logit_rows;
     double measured_s;
   };
-  const Call calls[] = {
+  std::vector<Call> calls = {
       {"prefill_call", make_batch(sequences, 0, chunk, false, rng, vocab_size), num_sequences,
        entry["prefill"]["median_s"].get<double>() / num_prefill_calls},
       {"decode_step", make_batch(sequences, decode_depth, 1, true, rng, vocab_size), num_sequences,
        entry["decode"]["median_s"].get<double>() / options.num_decode_tokens}};
+  if (options.tail_tokens > 0)
+    calls.push_back({"tail_call",
+                     make_batch(sequences, num_prompt - options.tail_tokens, options.tail_tokens, false, rng,
+                                vocab_size),
+                     num_sequences, entry["tail"]["median_s"].get<double>()});
   nlohmann::json out;
   for (const Call& call : calls) {
     // Fills the KV up to the decode depth so attention reads what it would.
@@ -227,6 +247,9 @@ int run(const Options& options) {
     fail(ErrorKind::kInvalidArgument, "--decode-context must be 'prompt' or 'empty', not '{}'",
          options.decode_context);
   const std::vector<int> batch_sizes = parse_int_list(options.batch_sizes_text);
+  if (options.tail_tokens > options.num_prompt_tokens)
+    fail(ErrorKind::kInvalidArgument, "--tail-tokens {} exceeds --prompt-tokens {}", options.tail_tokens,
+         options.num_prompt_tokens);
 
   auto load_start = std::chrono::steady_clock::now();
   LoadOptions load_options;
@@ -258,10 +281,11 @@ int run(const Options& options) {
         allocate_sequences(allocator, num_sequences, num_tokens_each, options.block_size);
 
     for (int i = 0; i < options.num_warmup; ++i) run_once(*backend, sequences, options, rng, vocab_size);
-    std::vector<double> prefill_samples, decode_samples;
+    std::vector<double> prefill_samples, tail_samples, decode_samples;
     for (int i = 0; i < options.num_repeats; ++i) {
       RepeatTimes times = run_once(*backend, sequences, options, rng, vocab_size);
       prefill_samples.push_back(times.prefill_s);
+      tail_samples.push_back(times.tail_s);
       decode_samples.push_back(times.decode_s);
     }
     const int64_t num_prefill_tokens = int64_t{num_sequences} * options.num_prompt_tokens;
@@ -272,6 +296,13 @@ int run(const Options& options) {
     std::printf("%6d %12.4f %14.2f %12.4f %14.2f\n", num_sequences,
                 entry["prefill"]["median_s"].get<double>(), entry["prefill"]["tokens_per_s"].get<double>(),
                 entry["decode"]["median_s"].get<double>(), entry["decode"]["tokens_per_s"].get<double>());
+    if (options.tail_tokens > 0) {
+      entry["tail"] = phase_json(int64_t{num_sequences} * options.tail_tokens, tail_samples);
+      const double tail_s = entry["tail"]["median_s"].get<double>();
+      std::printf("%6s tail of %d tokens after %d: %.2f ms per call, %.2f ms per tail token\n", "",
+                  options.tail_tokens, options.num_prompt_tokens - options.tail_tokens, tail_s * 1e3,
+                  tail_s * 1e3 / options.tail_tokens);
+    }
     std::fflush(stdout);
     if (options.breakdown)
       entry["breakdown"] = breakdown_json(model, *backend, sequences, options, entry, rng, vocab_size);
@@ -287,6 +318,7 @@ int run(const Options& options) {
                              {"decode_tokens", options.num_decode_tokens},
                              {"decode_context", options.decode_context},
                              {"prefill_chunk", options.prefill_chunk},
+                             {"tail_tokens", options.tail_tokens},
                              {"block_size", options.block_size},
                              {"warmup", options.num_warmup},
                              {"repeats", options.num_repeats},
@@ -322,6 +354,9 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", options.num_warmup, "Untimed repeats first")->check(CLI::NonNegativeNumber);
   app.add_option("--prefill-chunk", options.prefill_chunk,
                  "Prompt tokens per sequence per prefill call (0 = all in one call)")
+      ->check(CLI::NonNegativeNumber);
+  app.add_option("--tail-tokens", options.tail_tokens,
+                 "Also time one call of the prompt's last T tokens over the rest (a warm prefix's tail)")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--block-size", options.block_size, "KV block size")->check(CLI::PositiveNumber);
   app.add_option("--decode-context", options.decode_context,

@@ -67,27 +67,27 @@ std::vector<BreakdownSection> measure_forward_breakdown(const LoadedModel& model
   };
   add("qkv_proj", [&] {
     for (const LayerWeights& layer : weights.layers) {
-      cpu::linear(x.data(), n, hidden, layer.q_proj.data, nullptr, q_size, q.data());
-      cpu::linear(x.data(), n, hidden, layer.k_proj.data, nullptr, kv_size, k.data());
-      cpu::linear(x.data(), n, hidden, layer.v_proj.data, nullptr, kv_size, v.data());
+      cpu::linear(x.data(), n, hidden, layer.q_proj, nullptr, q_size, q.data());
+      cpu::linear(x.data(), n, hidden, layer.k_proj, nullptr, kv_size, k.data());
+      cpu::linear(x.data(), n, hidden, layer.v_proj, nullptr, kv_size, v.data());
     }
   });
   add("o_proj", [&] {
     for (const LayerWeights& layer : weights.layers)
-      cpu::linear(x.data(), n, q_size, layer.o_proj.data, nullptr, hidden, projected.data());
+      cpu::linear(x.data(), n, q_size, layer.o_proj, nullptr, hidden, projected.data());
   });
   add("gate_up_proj", [&] {
     for (const LayerWeights& layer : weights.layers) {
-      cpu::linear(x.data(), n, hidden, layer.gate_proj.data, nullptr, intermediate, gate.data());
-      cpu::linear(x.data(), n, hidden, layer.up_proj.data, nullptr, intermediate, up.data());
+      cpu::linear(x.data(), n, hidden, layer.gate_proj, nullptr, intermediate, gate.data());
+      cpu::linear(x.data(), n, hidden, layer.up_proj, nullptr, intermediate, up.data());
     }
   });
   add("down_proj", [&] {
     for (const LayerWeights& layer : weights.layers)
-      cpu::linear(x.data(), n, intermediate, layer.down_proj.data, nullptr, hidden, projected.data());
+      cpu::linear(x.data(), n, intermediate, layer.down_proj, nullptr, hidden, projected.data());
   });
   add("lm_head", [&] {
-    cpu::linear(x.data(), num_logit_rows, hidden, weights.lm_head.data, nullptr, config.vocab_size,
+    cpu::linear(x.data(), num_logit_rows, hidden, weights.lm_head, nullptr, config.vocab_size,
                 logits.data());
   });
 

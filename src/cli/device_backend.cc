@@ -69,6 +69,8 @@ bool cpu_precision_keeps_quantized(const std::string& precision) {
 
 bool is_cuda(const std::string& device) { return device == "cuda" || device.rfind("cuda:", 0) == 0; }
 
+int32_t default_block_size(const std::string& device) { return is_cuda(device) ? 16 : 4; }
+
 namespace {
 
 void check_device_name(const std::string& device) {

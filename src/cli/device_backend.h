@@ -45,6 +45,13 @@ struct ModelOnDevice {
   std::unique_ptr<Backend> backend;
 };
 
+// `loom serve`'s KV block size when --block-size is not given: 16 on cuda, 4 on
+// cpu. A warm prompt recomputes the tokens after its last whole cached block
+// (1 .. block_size of them), each attending to the whole cached context; on
+// the CPU that tail was most of a warm 2K prompt's time to first token (14
+// tokens at block size 16: ~60 ms of 65, SmolLM2-135M, 2 threads; bench/README.md).
+int32_t default_block_size(const std::string& device);
+
 // Loads `model_flag` (after resolve_model_path for plain paths) and makes the
 // backend for `options.device`. Throws Error(kUnsupported) for cuda in a build
 // without it or on a machine without a GPU, Error(kInvalidArgument) for an

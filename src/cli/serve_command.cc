@@ -64,6 +64,7 @@ struct ServeOptions {
   server::ServerConfig server;  // transport limits and flags bound directly
   server::RequestLimits request_limits;
   EngineConfig engine;
+  std::optional<int32_t> block_size;  // --block-size; default_block_size(device) when not given
 };
 
 // The base model's name in requests: --served-model-name, else the file or
@@ -171,6 +172,7 @@ int run_serve(const ServeOptions& options) {
   check_vllm_flags(options.vllm, options.device);
 
   EngineConfig engine_config = options.engine;
+  engine_config.block_size = options.block_size.value_or(default_block_size(options.device));
   const std::optional<KvSharing> default_sharing = parse_kv_sharing(options.default_sharing);
   if (!default_sharing)
     throw Error(ErrorKind::kInvalidArgument, "--default-sharing " + options.default_sharing,
@@ -427,7 +429,8 @@ CommandRunner register_serve(CLI::App& app) {
       ->check(CLI::PositiveNumber);
   app.add_option("--max-context-tokens", engine.max_context_tokens, "Prompt + output limit (0 = the model's)")
       ->check(CLI::NonNegativeNumber);
-  app.add_option("--block-size", engine.block_size, "KV block size in tokens")->check(CLI::PositiveNumber);
+  app.add_option("--block-size", options->block_size, "KV block size in tokens (default: 4 on cpu, 16 on cuda)")
+      ->check(CLI::PositiveNumber);
   app.add_option("--kv-cache-bytes", options->kv_cache_bytes,
                  "KV cache pool size: BYTES (suffix K, M, G allowed; rCache included; default 1G)");
   app.add_option("--default-sharing", options->default_sharing,

@@ -132,6 +132,13 @@ nlohmann::json dry_run(const std::string& model, const std::string& flags) {
   return result.exit_code == 0 ? parse_json_output(result.output) : nlohmann::json();
 }
 
+TEST_F(CliTest, ServeBlockSizeIsFourOnTheCpuUnlessGiven) {
+  // Small blocks keep a warm prompt's recomputed tail short (device_backend.h).
+  EXPECT_EQ(dry_run(model(), "")["block_size"], 4);
+  EXPECT_EQ(dry_run(model(), "--block-size 16")["block_size"], 16);
+  EXPECT_NE(run("serve --model " + model() + " --dry-run --block-size 0").exit_code, 0);
+}
+
 TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
   const std::string adapter = model() + "/adapters/adapter0";
   const nlohmann::json loom = dry_run(model(), "--max-running-requests 7 --max-batch-tokens 512 --max-context-tokens 1024 "

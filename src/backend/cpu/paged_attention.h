@@ -73,10 +73,11 @@ void write_kv(const float* k, const float* v, const TokenPlacement& placement, i
 // or the decoder row paired with it). q and out have one row per token and
 // decoder row (num_heads * head_dim floats each). Query head h reads kv head
 // h / (num_heads / num_kv_heads).
-// Decode-like sequences (few new tokens) go token by token and head by head
-// (a decoder row rides along with its token); prefill chunks go as sgemms over
-// chunks of queries per kv head (gathering that head's K and V into dense
-// scratch first). Forked sequences need `forked` (else nullptr) and go through
+// Each sequence's new tokens (one in decode, a warm prefix's short tail, a
+// prefill chunk) go in chunks of queries per kv head, every query head of it
+// and the decoder rows paired with them at once, reading K and V in place
+// (grouped_attention.h): one walk over a kv head's entries per chunk.
+// Forked sequences need `forked` (else nullptr) and go through
 // ResidualAttention. `scratch` is kept by the caller between calls. Runs an
 // OpenMP parallel region with `num_threads` threads when there is enough work
 // to pay for it. OpenBLAS must be single-threaded (see gemm.h).
