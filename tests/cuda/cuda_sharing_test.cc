@@ -231,8 +231,9 @@ TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
 // Forked prefills that fill the GPU run on the wgmma kernel over K/V rebuilt
 // into a scratch pool (CudaBackendConfig::forked_wide_prefill_keys): the same
 // logits as on the ResidualAttention kernel (scratch off) for a 4K prompt beside
-// a plain 4K prefill, a 2.3K chunk over it and the decodes after (head dim 64,
-// GQA 2, so that the lists fill the H100's 132 SMs as wide items).
+// a plain 4K prefill and two 2K forked prompts whose adapters lack a k half (1:
+// q and v) or k/v on odd layers (3), a 2.3K chunk and the decodes after (head
+// dim 64, GQA 2, so that the lists fill the H100's 132 SMs as wide items).
 TEST(CudaSharing, ForkedWidePrefillEqualsResidualAttention) {
   LOOM_REQUIRE_GPU();
   ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
@@ -243,15 +244,15 @@ TEST(CudaSharing, ForkedWidePrefillEqualsResidualAttention) {
   config.head_dim = 64;
   config.max_position_embeddings = 8192;
   const std::shared_ptr<ModelWeights> weights = tiny_weights(config, 5, false);
-  const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 1, 5);
-  constexpr int kBlocks = 1024;
+  const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 4, 5);
+  constexpr int kBlocks = 2048;
   auto new_backend = [&](int32_t wide_keys) {
     CudaBackendConfig backend_config;
     backend_config.forked_wide_prefill_keys = wide_keys;
     auto backend = make_cuda_backend(config, *weights, backend_config);
     backend->allocate_kv_cache({kBlocks, kBlockSize});
     backend->allocate_residual_cache({kBlocks, kBlockSize, kResidualMaxRank});
-    backend->set_adapter(0, adapters[0]);
+    for (int slot = 0; slot < 4; ++slot) backend->set_adapter(slot, adapters[slot]);
     return backend;
   };
   auto wide = new_backend(65536);
@@ -259,6 +260,8 @@ TEST(CudaSharing, ForkedWidePrefillEqualsResidualAttention) {
   Driver driver(kBlocks, kBlockSize, 17, /*with_residual_pool=*/true);
   const int forked = driver.add_sequence(Mode::kForked, 0);
   const int plain = driver.add_sequence();
+  const int forked_qv = driver.add_sequence(Mode::kForked, 1);
+  const int forked_even = driver.add_sequence(Mode::kForked, 3);
   const int vocab = config.vocab_size;
   auto part = [&](int sequence, std::vector<int32_t> tokens, bool all_logits) {
     const std::vector<int32_t> slots(tokens.size(), -1);
@@ -266,10 +269,13 @@ TEST(CudaSharing, ForkedWidePrefillEqualsResidualAttention) {
   };
   std::vector<Batch> steps;
   steps.push_back(driver.make_batch({part(forked, driver.random_tokens(4096, vocab), false),
-                                     part(plain, driver.random_tokens(4096, vocab), false)}));
+                                     part(plain, driver.random_tokens(4096, vocab), false),
+                                     part(forked_qv, driver.random_tokens(2048, vocab), false),
+                                     part(forked_even, driver.random_tokens(2048, vocab), false)}));
   steps.push_back(driver.make_batch({part(forked, driver.random_tokens(2304, vocab), true)}));
   for (int32_t token = 1; token <= 3; ++token)
-    steps.push_back(driver.make_batch({part(forked, {token}, false), part(plain, {token}, false)}));
+    steps.push_back(driver.make_batch({part(forked, {token}, false), part(plain, {token}, false),
+                                       part(forked_qv, {token}, false), part(forked_even, {token}, false)}));
   for (size_t i = 0; i < steps.size(); ++i) {
     const ForwardResult got = wide->forward(steps[i]);
     const ForwardResult want = narrow->forward(steps[i]);

@@ -138,6 +138,21 @@ void CudaBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream_));
   residual_shape_ = shape;
   residual_rank_stride_ = residual_rank_stride(shape.max_rank);
+  // Forked prefills on the wide kernel rebuild K/V into scratch (CudaBackendConfig::
+  // forked_wide_prefill_keys): taken here, beside the rCache, so that a step never
+  // allocates it when the KV pools have filled the GPU.
+  const size_t scratch_bytes =
+      2 * static_cast<size_t>(forked_wide_prefill_keys_) * config_.kv_size() * sizeof(__nv_bfloat16);
+  if (scratch_kv_.size() < scratch_bytes) {
+    try {
+      scratch_kv_.allocate(scratch_bytes);
+    } catch (const Error& error) {
+      throw Error(ErrorKind::kCapacity,
+                  fmt::format("cuda backend: cannot allocate {} bytes of forked prefill scratch: {}", scratch_bytes,
+                              error.message()),
+                  "lower --residual-kv-cache-memory or the KV cache's share of GPU memory");
+    }
+  }
 }
 
 __nv_bfloat16* CudaBackend::residual_pool(int layer) const {

@@ -36,8 +36,8 @@ struct CudaBackendConfig {
   bool wgmma_prefill = true;
   // Forked (ForkKV) prefills that fill the GPU run on the wgmma kernel too, over
   // keys and values rebuilt into a scratch buffer of up to this many KV entries
-  // (8B shape: 4 KiB each, 256 MiB at the default); larger ones and 0 keep the
-  // ResidualAttention kernel.
+  // (8B shape: 4 KiB each, 256 MiB at the default, allocated with the rCache);
+  // larger ones and 0 keep the ResidualAttention kernel.
   int32_t forked_wide_prefill_keys = 65536;
 };
 

@@ -26,7 +26,9 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
       residual_rank_ = std::max(residual_rank_, kv_rank_of_slot_[sequence.forked_adapter_slot]);
   PlanShape shape{kv_shape_.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_};
   shape.wide_prefill = wide_prefill_;
-  shape.forked_wide_prefill_keys = forked_wide_prefill_keys_;
+  // The rebuild serves k/v ranks 1..64; a batch whose forked adapters carry no
+  // k/v LoRA has nothing to rebuild (its main-cache K/V is whole) and stays narrow.
+  shape.forked_wide_prefill_keys = residual_rank_ > 0 ? forked_wide_prefill_keys_ : 0;
   if (residual_rank_ > 0) {
     int32_t& ctas = forked_decode_ctas_per_sm_[residual_rank_];
     if (ctas == 0) ctas = attention_decode_ctas_per_sm(config_.head_dim, residual_rank_);

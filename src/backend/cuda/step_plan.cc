@@ -296,10 +296,12 @@ void StepPlan::plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& fo
       rebuild_items_.push_back({s, scratch_sequence, key, std::min(num_keys, key + kAttentionTileKeys)});
     const int32_t total_rows = copy.num_queries() * group;
     for (int32_t row = 0; row < total_rows; row += kAttentionWideRows) {
-      const int32_t last_token = std::min(total_rows, row + kAttentionWideRows) - 1;
-      const int32_t kv_end = copy.num_computed_tokens + copy.query_token(last_token / group) + 1;
-      wide.push_back({scratch_sequence, row, std::min(kAttentionWideRows, total_rows - row), kv_end,
-                      (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
+      const int32_t num_rows = std::min(kAttentionWideRows, total_rows - row);
+      int32_t last_token = 0;  // as add_candidates: the tile's furthest query
+      for (int32_t q = row / group; q <= (row + num_rows - 1) / group; ++q)
+        last_token = std::max(last_token, copy.query_token(q));
+      const int32_t kv_end = copy.num_computed_tokens + last_token + 1;
+      wide.push_back({scratch_sequence, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
     }
   }
   std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
