@@ -209,8 +209,9 @@ void CudaBackend::grow_buffers() {
     partial_out_.reserve(partial_rows * config_.head_dim * sizeof(float));
     partial_lse_.reserve(partial_rows * sizeof(float));
   }
-  const size_t scratch_entries = static_cast<size_t>(plan_.num_scratch_keys()) * config_.kv_size();
-  if (scratch_entries > 0) scratch_kv_.reserve(2 * scratch_entries * sizeof(__nv_bfloat16));
+  // The scratch was taken with the rCache for the plan's whole budget (allocate_residual_cache).
+  LOOM_CHECK(2 * static_cast<size_t>(plan_.num_scratch_keys()) * config_.kv_size() * sizeof(__nv_bfloat16) <=
+             scratch_kv_.size());
   const size_t logit_rows = static_cast<size_t>(plan_.num_logit_launch_rows());
   logits_.reserve(logit_rows * static_cast<size_t>(config_.vocab_size) * sizeof(float));
   sampled_.reserve(logit_rows * 2 * sizeof(int32_t));

@@ -30,6 +30,15 @@ __device__ __forceinline__ void rope_cos_sin(const float* inv_freq, int position
   reduced_sincos(__fmul_rn(__ldg(inv_freq + d + 1), static_cast<float>(position)), s.y, c.y);
 }
 
+// A fragments of 16 rK rows ([16][kRankPad + 8] bf16) for the rank-r up-projection's MMAs.
+template <int kRankPad>
+__device__ __forceinline__ void load_rank_fragments(const __nv_bfloat16* rk_rows, int lane,
+                                                    uint32_t (&a)[kRankPad / 16][4]) {
+#pragma unroll
+  for (int step = 0; step < kRankPad / 16; ++step)
+    ldmatrix_x4(a[step], rk_rows + (lane % 16) * (kRankPad + 8) + step * 16 + (lane / 16) * 8);
+}
+
 // The residual parts of 16 keys, first_key + r for r < 16, whose rK are rows r
 // of rk_rows ([16][kRankPad + 8] bf16, zero past the rank); b is [kHeadDim][kRankPad + 8]
 // (zero past the rank). For each value this lane holds, visit(t, h, r, d, low,
@@ -44,9 +53,7 @@ __device__ __forceinline__ void residual_keys(const float* inv_freq, const __nv_
   constexpr int kHalf = kHeadDim / 2;
   constexpr int kRankSteps = kRankPad / 16;
   uint32_t a[kRankSteps][4];
-#pragma unroll
-  for (int step = 0; step < kRankSteps; ++step)
-    ldmatrix_x4(a[step], rk_rows + (lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
+  load_rank_fragments<kRankPad>(rk_rows, lane, a);
   const int g = lane / 4;
   const int quad = lane % 4;
 #pragma unroll
@@ -129,9 +136,7 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
     constexpr int kHalf = kHeadDim / 2;
     constexpr int kRankSteps = kRankPad / 16;
     uint32_t a[kRankSteps][4];
-#pragma unroll
-    for (int step = 0; step < kRankSteps; ++step)
-      ldmatrix_x4(a[step], rk_rows + (lane % 16) * kRankStride + step * 16 + (lane / 16) * 8);
+    load_rank_fragments<kRankPad>(rk_rows, lane, a);
     const int g = lane / 4;
     const int quad = lane % 4;
     const float position = static_cast<float>(first_key + g);
