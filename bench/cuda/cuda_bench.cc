@@ -337,7 +337,9 @@ int run(int argc, char** argv) {
 
   Prng prng(1);
   auto wanted = [&](const char* part) { return std::find(parts.begin(), parts.end(), part) != parts.end(); };
-  if (wanted("decode")) std::printf("\n%-28s %10s %10s %10s %8s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms", "x floor");
+  if (wanted("decode"))
+    std::printf("\n%-28s %10s %10s %10s %8s %12s %12s %8s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms",
+                "x floor", "pdl eager", "pdl graph", "x floor");
   for (int batch_size : batch_sizes) {
     if (!wanted("decode")) break;
     const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
@@ -350,14 +352,22 @@ int run(int argc, char** argv) {
       cublas_graph_ms = time_step(backend, batch, iterations, true).graph_ms;
       backend.set_decode_gemm(CudaBackend::DecodeGemm::kAuto);
     }
+    // The same step with programmatic dependent launches (CudaBackendConfig::programmatic_launches).
+    backend.set_programmatic_launches(true);
+    const StepTimes programmatic = time_step(backend, batch, iterations, true);
+    backend.set_programmatic_launches(false);
     results["decode"].push_back({{"batch", batch_size}, {"context", kContext}, {"eager_ms", times.eager_ms},
                                  {"cublas_gemm_graph_ms", cublas_graph_ms},
                                  {"graph_ms", times.graph_ms}, {"floor_ms", floor_ms},
                                  {"graph_over_floor", times.graph_ms / floor_ms},
                                  {"eager_over_floor", times.eager_ms / floor_ms},
+                                 {"programmatic_eager_ms", programmatic.eager_ms},
+                                 {"programmatic_graph_ms", programmatic.graph_ms},
+                                 {"programmatic_graph_over_floor", programmatic.graph_ms / floor_ms},
                                  {"kv_shared_pairwise", batch_size > kContextGroups}});
-    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f\n", ("batch " + std::to_string(batch_size)).c_str(), times.eager_ms,
-                times.graph_ms, floor_ms, times.graph_ms / floor_ms);
+    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f %12.3f %12.3f %8.2f\n", ("batch " + std::to_string(batch_size)).c_str(),
+                times.eager_ms, times.graph_ms, floor_ms, times.graph_ms / floor_ms, programmatic.eager_ms,
+                programmatic.graph_ms, programmatic.graph_ms / floor_ms);
   }
 
   if (wanted("lora")) {

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/residual_keys.cuh"
 
@@ -74,6 +75,8 @@ struct RowWriter {
 
 template <int kHeadDim, int kRowWarps, int kRankPad>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
+  pdl_wait();
+  pdl_trigger();
   constexpr int kKeyWarps = 4 / kRowWarps;
   constexpr int kRows = 16 * kRowWarps;
   constexpr int kKeysPerWarp = kTileKeys / kKeyWarps;  // 64 or 16
@@ -461,6 +464,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
 }
 
 __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombineItem* items) {
+  pdl_wait();
+  pdl_trigger();
   const AttentionCombineItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // padding of a graph-captured step's list
   const int kv_head = blockIdx.y;
@@ -526,38 +531,37 @@ int32_t decode_ctas_per_sm_for_rank(int32_t residual_rank) {
 }
 
 template <int kHeadDim, int kRowWarps, int kRankPad>
-void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, cudaStream_t stream) {
+void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, Launch launch) {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
   static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
                 "the decode merge must fit in the K/V buffers");
   ensure_shared_attribute<kHeadDim, kRowWarps, kRankPad>();
   const dim3 grid(num_items, params.num_kv_heads);
-  attention_kernel<kHeadDim, kRowWarps, kRankPad><<<grid, kThreads, kShared, stream>>>(params, items);
-  LOOM_CUDA_CHECK_LAUNCH();
+  launch_kernel(launch, grid, kThreads, kShared, attention_kernel<kHeadDim, kRowWarps, kRankPad>, params, items);
 }
 
 template <int kRowWarps, int kRankPad>
 void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
-                       cudaStream_t stream) {
+                       Launch launch) {
   switch (params.head_dim) {
-    case 16: return launch_for<16, kRowWarps, kRankPad>(params, items, num_items, stream);
-    case 32: return launch_for<32, kRowWarps, kRankPad>(params, items, num_items, stream);
-    case 64: return launch_for<64, kRowWarps, kRankPad>(params, items, num_items, stream);
-    case 128: return launch_for<128, kRowWarps, kRankPad>(params, items, num_items, stream);
+    case 16: return launch_for<16, kRowWarps, kRankPad>(params, items, num_items, launch);
+    case 32: return launch_for<32, kRowWarps, kRankPad>(params, items, num_items, launch);
+    case 64: return launch_for<64, kRowWarps, kRankPad>(params, items, num_items, launch);
+    case 128: return launch_for<128, kRowWarps, kRankPad>(params, items, num_items, launch);
     default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", params.head_dim);
   }
 }
 
 template <int kRowWarps>
 void dispatch_rank(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
-                   cudaStream_t stream, int32_t residual_rank) {
-  if (residual_rank <= 0) return dispatch_head_dim<kRowWarps, 0>(params, items, num_items, stream);
+                   Launch launch, int32_t residual_rank) {
+  if (residual_rank <= 0) return dispatch_head_dim<kRowWarps, 0>(params, items, num_items, launch);
   if (residual_rank > kResidualMaxRank)
     throw_unsupported("cuda residual attention: k/v LoRA rank (supported: up to 64)", residual_rank);
   switch (residual_rank_pad(residual_rank)) {
-    case 16: return dispatch_head_dim<kRowWarps, 16>(params, items, num_items, stream);
-    case 32: return dispatch_head_dim<kRowWarps, 32>(params, items, num_items, stream);
-    default: return dispatch_head_dim<kRowWarps, 64>(params, items, num_items, stream);
+    case 16: return dispatch_head_dim<kRowWarps, 16>(params, items, num_items, launch);
+    case 32: return dispatch_head_dim<kRowWarps, 32>(params, items, num_items, launch);
+    default: return dispatch_head_dim<kRowWarps, 64>(params, items, num_items, launch);
   }
 }
 
@@ -591,16 +595,16 @@ int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank) {
 }
 
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
-                      int32_t num_items, cudaStream_t stream, int32_t residual_rank) {
+                      int32_t num_items, Launch launch, int32_t residual_rank) {
   if (num_items == 0) return;
   if (variant == AttentionVariant::kPrefillWide) {
     if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
-    return launch_attention_wide(params, items, num_items, stream);
+    return launch_attention_wide(params, items, num_items, launch.stream);  // waits for nothing: a plain launch
   }
   if (variant == AttentionVariant::kPrefill) {
-    dispatch_rank<4>(params, items, num_items, stream, residual_rank);
+    dispatch_rank<4>(params, items, num_items, launch, residual_rank);
   } else {
-    dispatch_rank<1>(params, items, num_items, stream, residual_rank);
+    dispatch_rank<1>(params, items, num_items, launch, residual_rank);
   }
 }
 
@@ -617,11 +621,10 @@ size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_
 }
 
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items, int32_t num_items,
-                              cudaStream_t stream) {
+                              Launch launch) {
   if (num_items == 0) return;
   const dim3 grid(num_items, params.num_kv_heads);
-  attention_combine_kernel<<<grid, 256, 0, stream>>>(params, items);
-  LOOM_CUDA_CHECK_LAUNCH();
+  launch_kernel(launch, grid, 256, 0, attention_combine_kernel, params, items);
 }
 
 }  // namespace loom::cuda

@@ -43,6 +43,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   graphs_enabled_ = backend_config.cuda_graphs;
+  programmatic_launches_ = backend_config.programmatic_launches;
   max_graph_rows_ = backend_config.max_graph_rows;
   wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
   forked_wide_prefill_keys_ = wide_prefill_ ? std::max(backend_config.forked_wide_prefill_keys, 0) : 0;
@@ -224,7 +225,7 @@ void CudaBackend::grow_buffers() {
 void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y,
                          bool y_is_bf16, int32_t y_stride) {
   if (decode_gemm_ == DecodeGemm::kAuto && m == 1) {
-    launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, stream_);
+    launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, chain());
     return;
   }
   gemm_->linear(x, m, k, w, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
@@ -311,7 +312,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   // Input norm; from layer 1 on it first adds the previous MLP's output.
   const int32_t* lora_rows = plan_pointer<int32_t>(sections.lora_row_of_token);
   launch_add_rms_norm(residual_.as<float>(), layer == 0 ? nullptr : delta_.as<float>(), nullptr, weights.input_norm,
-                      config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), stream_, previous_lora_delta,
+                      config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(), chain(), previous_lora_delta,
                       lora_rows);
   int lora = begin_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv);
   linear(normed_.as<bf16>(), n, hidden, weights.qkv_proj, qkv, qkv_.data(), false, qkv);
@@ -349,7 +350,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
     post.num_layers = config_.num_layers;
     post.layer = layer;
   }
-  launch_qkv_postprocess(post, stream_);
+  launch_qkv_postprocess(post, chain());
 
   AttentionParams attention;
   attention.q = q_.as<bf16>();
@@ -366,9 +367,9 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   attention.block_size = kv_shape_.block_size;
   attention.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
   launch_attention(attention, plan_.prefill_variant(), plan_pointer<AttentionWorkItem>(sections.prefill_items),
-                   plan_.num_prefill_items(), stream_);
+                   plan_.num_prefill_items(), chain());
   launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
-                   plan_.num_decode_items(), stream_);
+                   plan_.num_decode_items(), chain());
   if (plan_.has_forked_sequences()) {
     attention.residual_pool = residual_pool(layer);
     attention.residual_block_tables = plan_pointer<int32_t>(sections.residual_block_tables);
@@ -391,24 +392,24 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
                                residual_rank_);
   }
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
-                           plan_.num_combine_items(), stream_);
+                           plan_.num_combine_items(), chain());
 
   lora = begin_lora(layer, {LoraTarget::kO}, attention_out_.as<bf16>(), q_size, hidden);
   linear(attention_out_.as<bf16>(), n, q_size, weights.o_proj, hidden, delta_.data(), false, hidden);
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), config_.o_bias ? weights.o_bias : nullptr,
                       weights.post_attention_norm, config_.rms_norm_eps, hidden, nullptr, n, normed_.as<bf16>(),
-                      stream_, end_lora(lora), lora_rows);
+                      chain(), end_lora(lora), lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, decode steps use one fused kernel.
   const bool no_lora = plan_.num_lora_tiles() == 0;
   if (no_lora && decode_gemm_ == DecodeGemm::kAuto && n == 1) {
     launch_skinny_gate_up_swiglu(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
-                                 activation_.as<bf16>(), stream_);
+                                 activation_.as<bf16>(), chain());
   } else {
     lora = begin_lora(layer, {LoraTarget::kGate, LoraTarget::kUp}, normed_.as<bf16>(), hidden, 2 * intermediate);
     linear(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, gate_up_.data(), true,
            2 * intermediate);
-    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), stream_, end_lora(lora), lora_rows,
+    launch_swiglu(gate_up_.as<bf16>(), n, intermediate, activation_.as<bf16>(), chain(), end_lora(lora), lora_rows,
                   lora_bf16_gate_up_);
   }
   lora = begin_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, hidden);
@@ -423,7 +424,7 @@ void CudaBackend::capture_hidden_states(int index, const float* lora_delta) {
                        plan_pointer<int32_t>(sections.lora_row_of_token), plan_pointer<int32_t>(sections.logit_rows),
                        num_rows, config_.hidden_size,
                        hidden_states_.as<float>() + static_cast<int64_t>(index) * num_rows * config_.hidden_size,
-                       stream_);
+                       chain());
 }
 
 }  // namespace cuda

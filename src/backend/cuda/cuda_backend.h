@@ -39,6 +39,11 @@ struct CudaBackendConfig {
   // (8B shape: 4 KiB each, 256 MiB at the default, allocated with the rCache);
   // larger ones and 0 keep the ResidualAttention kernel.
   int32_t forked_wide_prefill_keys = 65536;
+  // Steps without LoRA launch their kernels as programmatic dependent launches
+  // (launch.cuh: each kernel's launch, and the skinny GEMMs' first weight loads,
+  // overlap the previous kernel's tail; cuBLAS GEMMs stay plain launches).
+  // Off by default until measured on the H100 (bench/README.md "GPU speed").
+  bool programmatic_launches = false;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The

@@ -93,6 +93,8 @@ class CudaBackend : public Backend {
   // memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
+  // CudaBackendConfig::programmatic_launches.
+  void set_programmatic_launches(bool enabled) { programmatic_launches_ = enabled; clear_graphs(); }
   // Where the batched LoRA kernels run:
   //   kSideStream     on a second stream beside the base GEMM (default)
   //   kSideStreamPdl  the same, the expand a programmatic dependent launch of the shrink
@@ -145,6 +147,8 @@ class CudaBackend : public Backend {
   void clear_graphs();
   std::vector<const void*> graph_buffers() const;  // every address a captured step holds
   void grow_buffers();
+  // Where this step's own kernels launch: stream_, programmatically when step_programmatic_.
+  Launch chain() const { return Launch(stream_, step_programmatic_); }
   // y = x W^T through the kernel decode_gemm_ picks for m rows.
   void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
               int32_t y_stride);
@@ -208,6 +212,8 @@ class CudaBackend : public Backend {
   };
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
+  bool programmatic_launches_ = false;  // CudaBackendConfig::programmatic_launches
+  bool step_programmatic_ = false;      // this step's kernels launch programmatically (plan_step)
   int32_t max_graph_rows_ = 256;
   bool wide_prefill_ = false;  // PlanShape::wide_prefill (CudaBackendConfig::wgmma_prefill)
   int32_t forked_wide_prefill_keys_ = 0;  // PlanShape::forked_wide_prefill_keys (0 without wide_prefill_)

@@ -37,6 +37,8 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   plan_.build(batch, shape, residual_shape_.block_size);
   capture_hidden_states_ = batch.capture_hidden_states;
   if (for_graph && !capture_hidden_states_) plan_.pad_for_graph(max_graph_rows_);
+  // LoRA groups fork to and join from lora_stream_ through events; those steps keep plain launches.
+  step_programmatic_ = programmatic_launches_ && plan_.num_lora_tiles() == 0;
 }
 
 void CudaBackend::upload_plan() {
@@ -130,12 +132,12 @@ void CudaBackend::enqueue_kernels(bool with_sampling) {
   const int32_t num_rows = plan_.num_logit_launch_rows();
   launch_add_rms_norm(residual_.as<float>(), delta_.as<float>(), nullptr, model_.final_norm(), config_.rms_norm_eps,
                       hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows, normed_.as<__nv_bfloat16>(),
-                      stream_, lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
+                      chain(), lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
   linear(normed_.as<__nv_bfloat16>(), num_rows, hidden, model_.lm_head(), config_.vocab_size, logits_.data(), false,
          config_.vocab_size);
   if (with_sampling && !plan_.sampling_rows().empty())
     launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
-                    sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), stream_);
+                    sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), chain());
 }
 
 std::vector<const void*> CudaBackend::graph_buffers() const {

@@ -3,6 +3,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace loom::cuda {
 
@@ -31,6 +32,8 @@ __device__ float block_sum(float value, float* scratch /* [33] */) {
 }
 
 __global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, int32_t hidden, float* out) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t token = blockIdx.x;
   const bf16* row = table + static_cast<int64_t>(token_ids[token]) * hidden;
   float* out_row = out + token * hidden;
@@ -52,6 +55,8 @@ __global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, in
 __global__ void add_rms_norm_kernel(float* residual, const float* delta, const float* delta_bias,
                                     const float* weight, float eps, int32_t hidden, const int32_t* row_index,
                                     bf16* out, const float* lora_delta, const int32_t* lora_rows) {
+  pdl_wait();
+  pdl_trigger();
   __shared__ float scratch[33];
   const int64_t row = blockIdx.x;
   const int64_t token = row_index != nullptr ? row_index[row] : row;
@@ -105,6 +110,8 @@ __global__ void add_rms_norm_kernel(float* residual, const float* delta, const f
 constexpr int kQkvThreads = 256;
 
 __global__ void qkv_postprocess_kernel(QkvParams p) {
+  pdl_wait();
+  pdl_trigger();
   extern __shared__ float rope_table[];  // [half] cos, then [half] sin
   const int head_dim = p.head_dim;
   const int half = head_dim / 2;
@@ -223,6 +230,8 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
 
 __global__ void gather_hidden_kernel(const float* residual, const float* delta, const float* lora_delta,
                                      const int32_t* lora_rows, const int32_t* rows, int32_t hidden, float* out) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t row = rows[blockIdx.x];
   const int64_t lora_row = lora_delta != nullptr ? lora_rows[row] : -1;
   for (int i = threadIdx.x; i < hidden; i += blockDim.x) {
@@ -245,6 +254,8 @@ __device__ __forceinline__ void unpack_bf16x8(const uint4& packed, float* out) {
 
 __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t intermediate, bf16* out,
                               const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
+  pdl_wait();
+  pdl_trigger();
   const int64_t vectors_per_row = intermediate / 8;
   const int64_t total = num_tokens * vectors_per_row;
   for (int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; index < total;
@@ -302,46 +313,46 @@ int grid_for(int64_t count, int threads) {
 }  // namespace
 
 void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
-                      float* out, cudaStream_t stream) {
+                      float* out, Launch launch) {
   if (num_tokens == 0) return;
   const int threads = hidden / 8 >= 256 ? 256 : ((hidden / 8 + 31) / 32) * 32;
-  embedding_kernel<<<num_tokens, threads, 0, stream>>>(token_ids, table, hidden, out);
+  launch_kernel(launch, num_tokens, threads, 0, embedding_kernel, token_ids, table, hidden, out);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         cudaStream_t stream, const float* lora_delta, const int32_t* lora_rows) {
+                         Launch launch, const float* lora_delta, const int32_t* lora_rows) {
   if (num_rows == 0) return;
   int threads = ((hidden / 4 + 31) / 32) * 32;
   if (threads > 1024) threads = 1024;
-  add_rms_norm_kernel<<<num_rows, threads, 0, stream>>>(residual, delta, delta_bias, weight, eps, hidden,
-                                                        row_index, out, lora_delta, lora_rows);
+  launch_kernel(launch, num_rows, threads, 0, add_rms_norm_kernel, residual, delta, delta_bias, weight, eps, hidden,
+                row_index, out, lora_delta, lora_rows);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream) {
+void launch_qkv_postprocess(const QkvParams& params, Launch launch) {
   if (params.num_tokens == 0) return;
   const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
-  qkv_postprocess_kernel<<<dim3(params.num_tokens, head_groups), kQkvThreads, shared, stream>>>(params);
+  launch_kernel(launch, dim3(params.num_tokens, head_groups), kQkvThreads, shared, qkv_postprocess_kernel, params);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
                           const int32_t* lora_rows, const int32_t* rows, int32_t num_rows, int32_t hidden, float* out,
-                          cudaStream_t stream) {
+                          Launch launch) {
   if (num_rows == 0) return;
-  gather_hidden_kernel<<<num_rows, 256, 0, stream>>>(residual, delta, lora_delta, lora_rows, rows, hidden, out);
+  launch_kernel(launch, num_rows, 256, 0, gather_hidden_kernel, residual, delta, lora_delta, lora_rows, rows, hidden, out);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
                    const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
   if (num_tokens == 0) return;
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
-  swiglu_kernel<<<grid_for(total, 256), 256, 0, stream>>>(gate_up, num_tokens, intermediate, out, lora, lora_rows,
-                                                          lora_is_bf16);
+  launch_kernel(launch, grid_for(total, 256), 256, 0, swiglu_kernel, gate_up, num_tokens, intermediate, out, lora,
+                lora_rows, lora_is_bf16);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

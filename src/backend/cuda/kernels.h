@@ -19,9 +19,19 @@ namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
 
+// Where a launcher enqueues: `stream`, and whether as a programmatic dependent
+// launch of the stream's previous kernel (launch.cuh; the launchers that take a
+// Launch run kernels that wait for their predecessor first). A plain stream
+// converts to a plain launch.
+struct Launch {
+  Launch(cudaStream_t stream_in, bool programmatic_in = false) : stream(stream_in), programmatic(programmatic_in) {}
+  cudaStream_t stream;
+  bool programmatic;
+};
+
 // out[t, :] = float(table[token_ids[t], :]) for t < num_tokens. hidden % 8 == 0.
 void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
-                      float* out, cudaStream_t stream);
+                      float* out, Launch launch);
 
 // For each output row r (token t = row_index ? row_index[r] : r):
 //   if delta: residual[t] += delta[t] (+ delta_bias), written back;
@@ -31,7 +41,7 @@ void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* 
 // added with delta for tokens t whose lora_rows[t] >= 0.
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         cudaStream_t stream, const float* lora_delta = nullptr, const int32_t* lora_rows = nullptr);
+                         Launch launch, const float* lora_delta = nullptr, const int32_t* lora_rows = nullptr);
 
 struct QkvParams {
   const float* qkv = nullptr;      // [num_tokens, q_size + 2 kv_size]: GEMM (+ LoRA) output
@@ -66,13 +76,13 @@ struct QkvParams {
   int32_t num_layers = 0, layer = 0;
 };
 // Bias, q/k norm, RoPE (rotate-half) on q and k; q -> q_out, k/v -> their slots.
-void launch_qkv_postprocess(const QkvParams& params, cudaStream_t stream);
+void launch_qkv_postprocess(const QkvParams& params, Launch launch);
 
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate + i]. intermediate % 8 == 0.
 // With lora ([LoRA rows, 2 intermediate] fp32, or bf16 with lora_is_bf16), tokens with lora_rows[t] >= 0
 // first add their row to gate_up's.
 // lora_is_bf16: the LoRA delta rows are bf16 rather than fp32.
-void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, cudaStream_t stream,
+void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
                    const float* lora = nullptr, const int32_t* lora_rows = nullptr, bool lora_is_bf16 = false);
 
 struct AttentionParams {
@@ -109,14 +119,14 @@ bool attention_wide_supports_head_dim(int32_t head_dim);
 // no adapter among them has a k or v rank above it (<= kResidualMaxRank).
 // kPrefillWide: items of unsplit, non-forked sequences, a wide-supported head size.
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
-                      int32_t num_items, cudaStream_t stream, int32_t residual_rank = 0);
+                      int32_t num_items, Launch launch, int32_t residual_rank = 0);
 // Shared memory one CTA of the variant takes (ResidualAttention with residual_rank > 0).
 size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank);
 // Divergence tooling: out[r] = residual[rows[r]] (+ delta[rows[r]] + lora_delta[lora_rows[rows[r]]]
 // where given and >= 0), the residual stream after a layer whose last add is still pending.
 void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
                           const int32_t* lora_rows, const int32_t* rows, int32_t num_rows, int32_t hidden, float* out,
-                          cudaStream_t stream);
+                          Launch launch);
 // The kPrefillWide kernel (attention_wide.cu), which launch_attention calls.
 void launch_attention_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                            cudaStream_t stream);
@@ -133,7 +143,7 @@ void launch_forked_wide_prefill(const AttentionParams& params, const ResidualReb
                                 int32_t residual_rank);
 // Merges split-KV partial results into params.out.
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items,
-                              int32_t num_items, cudaStream_t stream);
+                              int32_t num_items, Launch launch);
 
 // One LoRA-targeted projection in a launch: module `target` (LoraTarget index)
 // reads `in_features` columns and adds into `out_features` columns of y starting
@@ -192,9 +202,9 @@ void launch_lora_skipping(const LoraParams& params, cudaStream_t stream, int32_t
 // both halves of a fused [2 intermediate, k] weight and writes SwiGLU's output.
 inline constexpr int32_t kSkinnyGemmMaxRows = 4;
 void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t n, int32_t k, void* y,
-                        bool y_is_bf16, int32_t y_stride, cudaStream_t stream);
+                        bool y_is_bf16, int32_t y_stride, Launch launch);
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
-                                  int32_t k, bf16* out, cudaStream_t stream);
+                                  int32_t k, bf16* out, Launch launch);
 
 // Synthetic weights (synthetic/synthetic_weights.h), value i of a tensor from
 // SplitMix64 at state tensor_seed + (i + 1) * golden: value-for-value what

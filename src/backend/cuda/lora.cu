@@ -6,6 +6,7 @@
 // and modules (the module table gives each one's rank; 0 = not targeted).
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 #include <algorithm>
 
@@ -55,7 +56,7 @@ __device__ __forceinline__ const LoraModuleRef& module_of(const LoraParams& p, i
 __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams p) {
   // The expand is launched programmatically dependent (PDL): let its CTAs
   // start their prologue now; they wait for this grid before reading v.
-  asm volatile("griddepcontrol.launch_dependents;\n" ::);
+  pdl_trigger();
   const LoraTile tile = p.tiles[blockIdx.x];
   if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
   const LoraTargetArgs target = p.targets[blockIdx.y];
@@ -195,7 +196,7 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
 
   // 2. v rows: the sum over the shrink's chunks, once the shrink grid is done
   // (everything above reads only what was written before the shrink began).
-  asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  pdl_wait();
   const int num_splits = (target.in_features + kLoraShrinkChunk - 1) / kLoraShrinkChunk;
   for (int index = threadIdx.x; index < tile.num_rows * rank; index += kThreads) {
     const int r = index / rank;
@@ -436,27 +437,17 @@ void launch_lora_kernels(const LoraParams& params, cudaStream_t stream, int32_t 
   const dim3 expand_grid(params.num_tiles, (max_out + outputs_per_cta - 1) / outputs_per_cta, params.num_targets);
   const size_t shared = static_cast<size_t>(kLoraTileRows) * params.max_rank * sizeof(float);
   // Optionally a programmatic dependent launch: the expand's launch and prologue
-  // overlap the shrink (griddepcontrol.wait is a no-op without it).
-  cudaLaunchConfig_t config = {};
-  config.gridDim = expand_grid;
-  config.blockDim = dim3(threads);
-  config.dynamicSmemBytes = shared;
-  config.stream = stream;
-  cudaLaunchAttribute attribute = {};
-  attribute.id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute.val.programmaticStreamSerializationAllowed = params.programmatic_expand ? 1 : 0;
-  config.attrs = &attribute;
-  config.numAttrs = 1;
+  // overlap the shrink (its pdl_wait is a no-op without it).
+  const Launch launch(stream, params.programmatic_expand);
   if (threads != kExpandThreads) {
-    LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel<1, kExpandThreads / 2>, params));
+    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads / 2>, params);
   } else if (columns == 4) {
-    LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel<4, kExpandThreads>, params));
+    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<4, kExpandThreads>, params);
   } else if (columns == 2) {
-    LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel<2, kExpandThreads>, params));
+    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<2, kExpandThreads>, params);
   } else {
-    LOOM_CUDA_CHECK(cudaLaunchKernelEx(&config, lora_expand_kernel<1, kExpandThreads>, params));
+    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads>, params);
   }
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace

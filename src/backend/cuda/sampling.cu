@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 
 namespace loom::cuda {
 
@@ -211,6 +212,8 @@ __device__ uint64_t select_threshold(const RowContext& row, uint64_t lower, bool
 __global__ void __launch_bounds__(kThreads) sampling_kernel(const float* logits, int32_t vocab_size,
                                                             const SamplingRow* rows, int32_t* token_ids,
                                                             float* logprobs) {
+  pdl_wait();
+  pdl_trigger();
   const SamplingRow params = rows[blockIdx.x];
   if (!params.on_device) {
     if (threadIdx.x == 0) {
@@ -408,11 +411,10 @@ void launch_apply_token_masks(float* logits, int32_t num_rows, int32_t vocab_siz
 }
 
 void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
-                     int32_t* token_ids, float* logprobs, cudaStream_t stream) {
+                     int32_t* token_ids, float* logprobs, Launch launch) {
   if (num_rows <= 0) return;
   if (vocab_size <= 0) throw_unsupported("cuda sampling: vocab size must be positive", vocab_size);
-  sampling_kernel<<<num_rows, kThreads, 0, stream>>>(logits, vocab_size, rows, token_ids, logprobs);
-  LOOM_CUDA_CHECK_LAUNCH();
+  launch_kernel(launch, num_rows, kThreads, 0, sampling_kernel, logits, vocab_size, rows, token_ids, logprobs);
 }
 
 }  // namespace loom::cuda

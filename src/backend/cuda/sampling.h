@@ -20,6 +20,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/plan_types.h"
 
 namespace loom::cuda {
@@ -46,7 +47,7 @@ LOOM_HOST_DEVICE inline Philox4 philox4x32_10(Philox4 counter, uint32_t key_lo, 
 // on_device) and logprobs[r] (log-softmax of the raw logits at that token).
 // vocab_size >= 1. Rows are independent; enqueued on `stream`.
 void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
-                     int32_t* token_ids, float* logprobs, cudaStream_t stream);
+                     int32_t* token_ids, float* logprobs, Launch launch);
 
 // Structured outputs: for each row r < num_rows whose SamplingRow is on_device
 // with mask_row >= 0, sets logits[r][t] = -inf where bit t % 32 of word t / 32

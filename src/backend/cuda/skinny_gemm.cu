@@ -3,9 +3,12 @@
 // four in flight per lane, x read through the L1 cache, fp32 accumulation and
 // a warp reduction. At these sizes the step only streams the weights, and one
 // kernel per projection (with SwiGLU folded into the gate/up one) leaves fewer
-// launches and gaps than a general GEMM.
+// launches and gaps than a general GEMM. Each warp loads its row's first chunks
+// before waiting for the previous kernel (launch.cuh), so under a programmatic
+// launch the weight stream starts while that kernel drains.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/launch.cuh"
 
 namespace loom::cuda {
 
@@ -41,20 +44,43 @@ __device__ __forceinline__ float warp_sum(float value) {
   return value;
 }
 
-// Accumulates x[m] . w_row over k for m < M (k % 8 == 0).
+// The lane's first kUnroll 16-byte chunks of a W row (when the row is long
+// enough: head_fits), loaded before the kernel waits for its predecessor
+// (launch.cuh): weights are nobody's output, so under a programmatic launch
+// they stream in while the previous kernel finishes.
+__device__ __forceinline__ bool head_fits(int k, int lane) { return lane * 8 + (kUnroll - 1) * 256 < k; }
+
+__device__ __forceinline__ void load_row_head(const bf16* w_row, int k, int lane, uint4 (&head)[kUnroll]) {
+  const bool fits = head_fits(k, lane);
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u) head[u] = fits ? load_streaming(w_row + lane * 8 + u * 256) : make_uint4(0, 0, 0, 0);
+}
+
+template <int M>
+__device__ __forceinline__ void accumulate(const bf16* x, int x_stride, int column, const uint4 (&w)[kUnroll],
+                                           float (&acc)[M]) {
+#pragma unroll
+  for (int u = 0; u < kUnroll; ++u)
+#pragma unroll
+    for (int m = 0; m < M; ++m)
+      acc[m] += dot8(w[u], __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + column + u * 256)));
+}
+
+// Accumulates x[m] . w_row over k for m < M (k % 8 == 0), starting with the
+// chunks load_row_head put in `head`.
 template <int M>
 __device__ __forceinline__ void row_dots(const bf16* x, int x_stride, const bf16* w_row, int k, int lane,
-                                         float (&acc)[M]) {
+                                         const uint4 (&head)[kUnroll], float (&acc)[M]) {
   int column = lane * 8;
+  if (head_fits(k, lane)) {
+    accumulate<M>(x, x_stride, column, head, acc);
+    column += kUnroll * 256;
+  }
   for (; column + (kUnroll - 1) * 256 < k; column += kUnroll * 256) {
     uint4 w[kUnroll];
 #pragma unroll
     for (int u = 0; u < kUnroll; ++u) w[u] = load_streaming(w_row + column + u * 256);
-#pragma unroll
-    for (int u = 0; u < kUnroll; ++u)
-#pragma unroll
-      for (int m = 0; m < M; ++m)
-        acc[m] += dot8(w[u], __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + column + u * 256)));
+    accumulate<M>(x, x_stride, column, w, acc);
   }
   for (; column < k; column += 256) {
     const uint4 w = load_streaming(w_row + column);
@@ -68,11 +94,16 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     skinny_gemm_kernel(const bf16* x, int x_stride, const bf16* w, int n, int k, void* y, int y_stride, bool y_is_bf16) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerCta + threadIdx.x / 32;
+  const bf16* w_row = w + static_cast<int64_t>(row < n ? row : 0) * k;
+  uint4 head[kUnroll];
+  load_row_head(w_row, row < n ? k : 0, lane, head);
+  pdl_wait();
+  pdl_trigger();
   if (row >= n) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  row_dots<M>(x, x_stride, w + static_cast<int64_t>(row) * k, k, lane, acc);
+  row_dots<M>(x, x_stride, w_row, k, lane, head, acc);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const float value = warp_sum(acc[m]);
@@ -92,12 +123,20 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     skinny_gate_up_kernel(const bf16* x, int x_stride, const bf16* w, int intermediate, int k, bf16* out) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * kWarpsPerCta + threadIdx.x / 32;
+  const int valid_k = row < intermediate ? k : 0;
+  const bf16* gate_row = w + static_cast<int64_t>(row < intermediate ? row : 0) * k;
+  const bf16* up_row = gate_row + static_cast<int64_t>(intermediate) * k;
+  uint4 gate_head[kUnroll], up_head[kUnroll];
+  load_row_head(gate_row, valid_k, lane, gate_head);
+  load_row_head(up_row, valid_k, lane, up_head);
+  pdl_wait();
+  pdl_trigger();
   if (row >= intermediate) return;
   float gate[M], up[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) gate[m] = up[m] = 0.0f;
-  row_dots<M>(x, x_stride, w + static_cast<int64_t>(row) * k, k, lane, gate);
-  row_dots<M>(x, x_stride, w + static_cast<int64_t>(intermediate + row) * k, k, lane, up);
+  row_dots<M>(x, x_stride, gate_row, k, lane, gate_head, gate);
+  row_dots<M>(x, x_stride, up_row, k, lane, up_head, up);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const float g = warp_sum(gate[m]);
@@ -117,31 +156,29 @@ void check_aligned(const void* x, int x_stride, int k) {
 }  // namespace
 
 void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t n, int32_t k, void* y,
-                        bool y_is_bf16, int32_t y_stride, cudaStream_t stream) {
+                        bool y_is_bf16, int32_t y_stride, Launch launch) {
   check_aligned(x, x_stride, k);
   const int blocks = (n + kWarpsPerCta - 1) / kWarpsPerCta;
   switch (m) {
-    case 1: skinny_gemm_kernel<1><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
-    case 2: skinny_gemm_kernel<2><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
-    case 3: skinny_gemm_kernel<3><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
-    case 4: skinny_gemm_kernel<4><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
+    case 1: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<1>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
+    case 2: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<2>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
+    case 3: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<3>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
+    case 4: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<4>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
     default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
   }
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
-                                  int32_t k, bf16* out, cudaStream_t stream) {
+                                  int32_t k, bf16* out, Launch launch) {
   check_aligned(x, x_stride, k);
   const int blocks = (intermediate + kWarpsPerCta - 1) / kWarpsPerCta;
   switch (m) {
-    case 1: skinny_gate_up_kernel<1><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, intermediate, k, out); break;
-    case 2: skinny_gate_up_kernel<2><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, intermediate, k, out); break;
-    case 3: skinny_gate_up_kernel<3><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, intermediate, k, out); break;
-    case 4: skinny_gate_up_kernel<4><<<blocks, kWarpsPerCta * 32, 0, stream>>>(x, x_stride, w, intermediate, k, out); break;
+    case 1: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gate_up_kernel<1>, x, x_stride, w, intermediate, k, out); break;
+    case 2: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gate_up_kernel<2>, x, x_stride, w, intermediate, k, out); break;
+    case 3: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gate_up_kernel<3>, x, x_stride, w, intermediate, k, out); break;
+    case 4: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gate_up_kernel<4>, x, x_stride, w, intermediate, k, out); break;
     default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
   }
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace loom::cuda
