@@ -208,8 +208,9 @@ void make_base(Batch& batch) {
 // The attention kernels alone on layer 0's pools, for the batch's plan
 // (forked sequences: ResidualAttention over layer 0's rCache, residual_rank > 0).
 // wide: the backend's choice of prefill kernel (the wgmma one where it applies); false: the mma.sync one.
+// pingpong: wide items on the warp-specialized kernel (attention_pingpong.cu).
 double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0,
-                      bool wide = true) {
+                      bool wide = true, bool pingpong = false) {
   const ModelConfig& config = backend.config();
   StepPlan plan;
   PlanShape shape{kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim),
@@ -251,8 +252,10 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     params.layer = 0;
     params.inv_freq = backend.model().inverse_frequencies();
   }
+  AttentionVariant prefill = plan.prefill_variant();
+  if (pingpong && prefill == AttentionVariant::kPrefillWide) prefill = AttentionVariant::kPrefillWidePingPong;
   auto run = [&] {
-    launch_attention(params, plan.prefill_variant(),
+    launch_attention(params, prefill,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                      plan.num_prefill_items(), backend.stream());
     launch_attention(params, AttentionVariant::kDecode,
@@ -527,6 +530,13 @@ int run(int argc, char** argv) {
                           {"tflops", flops / (times.eager_ms * 1e-3) / 1e12}};
     std::printf("\nprefill %d tokens: %.1f ms, %.1f TFLOP/s, MFU %.1f%%\n", prefill_tokens, times.eager_ms,
                 flops / (times.eager_ms * 1e-3) / 1e12, 100 * mfu);
+    backend.set_pingpong_prefill(true);  // the same prefill with attention_pingpong.cu's kernel
+    const double pingpong_ms = time_step(backend, batch, std::max(3, iterations / 4), false).eager_ms;
+    backend.set_pingpong_prefill(false);
+    results["prefill"]["pingpong_ms"] = pingpong_ms;
+    results["prefill"]["pingpong_mfu"] = flops / (pingpong_ms * 1e-3) / kPeakBf16;
+    std::printf("prefill %d tokens, ping-pong attention: %.1f ms, MFU %.1f%%\n", prefill_tokens, pingpong_ms,
+                100 * flops / (pingpong_ms * 1e-3) / kPeakBf16);
   }
 
   if (wanted("attention")) {
@@ -554,12 +564,16 @@ int run(int argc, char** argv) {
       const int prefill_iterations = std::max(3, iterations / 2);
       const double wide_ms = time_attention(backend, prefill, prefill_iterations, 0, true);
       const double mma_sync_ms = time_attention(backend, prefill, prefill_iterations, 0, false);
+      const double pingpong_ms = time_attention(backend, prefill, prefill_iterations, 0, true, true);
       prefill_runs.push_back({{"tokens", tokens}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
                               {"head_dim", config.head_dim}, {"causal", true}, {"flops", flop}, {"ms", wide_ms},
                               {"tflops", flop / (wide_ms * 1e-3) / 1e12}, {"mma_sync_ms", mma_sync_ms},
-                              {"mma_sync_tflops", flop / (mma_sync_ms * 1e-3) / 1e12}});
-      std::printf("attention alone, one layer: prefill %d causal %.3f ms (%.0f TFLOP/s); mma.sync kernel %.3f ms (%.0f TFLOP/s)\n",
-                  tokens, wide_ms, flop / (wide_ms * 1e-3) / 1e12, mma_sync_ms, flop / (mma_sync_ms * 1e-3) / 1e12);
+                              {"mma_sync_tflops", flop / (mma_sync_ms * 1e-3) / 1e12}, {"pingpong_ms", pingpong_ms},
+                              {"pingpong_tflops", flop / (pingpong_ms * 1e-3) / 1e12}});
+      std::printf("attention alone, one layer: prefill %d causal %.3f ms (%.0f TFLOP/s); mma.sync kernel %.3f ms (%.0f TFLOP/s); "
+                  "ping-pong %.3f ms (%.0f TFLOP/s)\n",
+                  tokens, wide_ms, flop / (wide_ms * 1e-3) / 1e12, mma_sync_ms, flop / (mma_sync_ms * 1e-3) / 1e12,
+                  pingpong_ms, flop / (pingpong_ms * 1e-3) / 1e12);
     }
     results["attention"]["prefill"] = prefill_runs[0];
     results["attention"]["prefill_runs"] = prefill_runs;

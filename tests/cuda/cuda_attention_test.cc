@@ -1,7 +1,8 @@
 // Paged attention (prefill + decode kernels, split-KV combine) against the CPU
 // backend's paged_attention on the same bf16 values: random block tables,
 // block sizes 16 and 32, contexts 1..16K, batches 1..128, GQA ratios 1/4/8;
-// the wide (wgmma) prefill for head dims 64/128 up to 64K contexts.
+// the wide (wgmma) prefill, plain and warp-specialized, for head dims 64/128 up
+// to 64K contexts.
 #include <algorithm>
 #include <cmath>
 #include <numeric>
@@ -28,6 +29,7 @@ struct AttentionCase {
   uint64_t seed = 1;
   bool wide = true;   // PlanShape::wide_prefill where the head size has the wide kernel
   int num_sms = 132;  // 1: any prefill list is wide enough to run wide
+  bool pingpong = false;  // wide items on the warp-specialized kernel (kPrefillWidePingPong)
 };
 
 std::string describe(const AttentionCase& c) {
@@ -98,8 +100,9 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
-  launch_attention(params, plan.prefill_variant(),
-                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+  AttentionVariant prefill = plan.prefill_variant();
+  if (c.pingpong && prefill == AttentionVariant::kPrefillWide) prefill = AttentionVariant::kPrefillWidePingPong;
+  launch_attention(params, prefill, reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                    plan.num_prefill_items(), nullptr);
   launch_attention(params, AttentionVariant::kDecode,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
@@ -110,7 +113,8 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
   const bool long_reduction = placement.max_context_length > 256;
   EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
-      << plan.num_prefill_items() << (plan.prefill_variant() == AttentionVariant::kPrefillWide ? " wide" : "")
+      << plan.num_prefill_items() << (prefill == AttentionVariant::kPrefillWide ? " wide"
+                                      : prefill == AttentionVariant::kPrefillWidePingPong ? " ping-pong" : "")
       << " prefill items, " << plan.num_decode_items() << " decode items, " << plan.num_combine_items()
       << " combined";
   return plan.prefill_variant();
@@ -208,6 +212,8 @@ TEST(CudaAttention, WidePrefillHeadDims64And128GqaAndBlockSizes) {
         // Cached prefixes 0 to 3000, rows not a multiple of 128, tiles cut by the end.
         c.sequences = {{0, 1000}, {77, 129}, {3000, 300}, {500, 17}, {3, 5}, {0, 1}, {128, 128}};
         EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+        c.pingpong = true;
+        EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
       }
     }
   }
@@ -222,6 +228,12 @@ TEST(CudaAttention, WidePrefillLongContexts) {
   c.num_sms = 1;
   c.seed = 5;
   EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+  c.pingpong = true;
+  EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+  c.sequences = {{0, 4096}};
+  EXPECT_EQ(run_case(c), AttentionVariant::kPrefillWide);
+  c.pingpong = false;
+  c.sequences = {{65536 - 256, 256}, {32768 - 640, 640}};
   c.wide = false;  // the mma.sync kernel, split over the same chunks
   EXPECT_EQ(run_case(c), AttentionVariant::kPrefill);
 }

@@ -601,6 +601,10 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
     if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
     return launch_attention_wide(params, items, num_items, launch.stream);  // waits for nothing: a plain launch
   }
+  if (variant == AttentionVariant::kPrefillWidePingPong) {
+    if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
+    return launch_attention_pingpong(params, items, num_items, launch.stream);  // a plain launch too
+  }
   if (variant == AttentionVariant::kPrefill) {
     dispatch_rank<4>(params, items, num_items, launch, residual_rank);
   } else {
@@ -610,6 +614,7 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
 
 size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank) {
   if (variant == AttentionVariant::kPrefillWide) return attention_wide_shared_bytes(head_dim);
+  if (variant == AttentionVariant::kPrefillWidePingPong) return attention_pingpong_shared_bytes(head_dim);
   switch (head_dim) {
     case 16: return shared_bytes_for<16>(variant, residual_rank);
     case 32: return shared_bytes_for<32>(variant, residual_rank);

@@ -44,6 +44,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
   graphs_enabled_ = backend_config.cuda_graphs;
   programmatic_launches_ = backend_config.programmatic_launches;
+  pingpong_prefill_ = backend_config.pingpong_prefill;
   max_graph_rows_ = backend_config.max_graph_rows;
   wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
   forked_wide_prefill_keys_ = wide_prefill_ ? std::max(backend_config.forked_wide_prefill_keys, 0) : 0;
@@ -366,7 +367,9 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   attention.head_dim = config_.head_dim;
   attention.block_size = kv_shape_.block_size;
   attention.scale = 1.0f / std::sqrt(static_cast<float>(config_.head_dim));
-  launch_attention(attention, plan_.prefill_variant(), plan_pointer<AttentionWorkItem>(sections.prefill_items),
+  AttentionVariant prefill = plan_.prefill_variant();
+  if (prefill == AttentionVariant::kPrefillWide && pingpong_prefill_) prefill = AttentionVariant::kPrefillWidePingPong;
+  launch_attention(attention, prefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
                    plan_.num_prefill_items(), chain());
   launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
                    plan_.num_decode_items(), chain());

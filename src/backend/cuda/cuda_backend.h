@@ -44,6 +44,10 @@ struct CudaBackendConfig {
   // overlap the previous kernel's tail; cuBLAS GEMMs stay plain launches).
   // Off by default until measured on the H100 (bench/README.md "GPU speed").
   bool programmatic_launches = false;
+  // Wide prefills on the warp-specialized kernel (attention_pingpong.cu: a
+  // producer warp and two consumer warpgroups taking turns at the tensor cores)
+  // instead of attention_wide.cu's. Off by default until measured.
+  bool pingpong_prefill = false;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The

@@ -95,6 +95,8 @@ class CudaBackend : public Backend {
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
   // CudaBackendConfig::programmatic_launches.
   void set_programmatic_launches(bool enabled) { programmatic_launches_ = enabled; clear_graphs(); }
+  // CudaBackendConfig::pingpong_prefill.
+  void set_pingpong_prefill(bool enabled) { pingpong_prefill_ = enabled; }
   // Where the batched LoRA kernels run:
   //   kSideStream     on a second stream beside the base GEMM (default)
   //   kSideStreamPdl  the same, the expand a programmatic dependent launch of the shrink
@@ -213,6 +215,7 @@ class CudaBackend : public Backend {
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
   bool programmatic_launches_ = false;  // CudaBackendConfig::programmatic_launches
+  bool pingpong_prefill_ = false;       // CudaBackendConfig::pingpong_prefill
   bool step_programmatic_ = false;      // this step's kernels launch programmatically (plan_step)
   int32_t max_graph_rows_ = 256;
   bool wide_prefill_ = false;  // PlanShape::wide_prefill (CudaBackendConfig::wgmma_prefill)

@@ -117,7 +117,8 @@ bool attention_wide_supports_head_dim(int32_t head_dim);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
 // residual_rank > 0: the items are forked sequences' (ResidualAttention) and
 // no adapter among them has a k or v rank above it (<= kResidualMaxRank).
-// kPrefillWide: items of unsplit, non-forked sequences, a wide-supported head size.
+// kPrefillWide (and kPrefillWidePingPong): items of unsplit, non-forked
+// sequences, a wide-supported head size.
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
                       int32_t num_items, Launch launch, int32_t residual_rank = 0);
 // Shared memory one CTA of the variant takes (ResidualAttention with residual_rank > 0).
@@ -131,6 +132,11 @@ void launch_gather_hidden(const float* residual, const float* delta, const float
 void launch_attention_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                            cudaStream_t stream);
 size_t attention_wide_shared_bytes(int32_t head_dim);
+// The kPrefillWidePingPong kernel (attention_pingpong.cu): kPrefillWide's items,
+// warp-specialized; launch_attention calls it.
+void launch_attention_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                               cudaStream_t stream);
+size_t attention_pingpong_shared_bytes(int32_t head_dim);
 // Forked prefills on the wide kernel (plan_types.h ResidualRebuildItem): rebuilds
 // the items' keys and values into scratch_k / scratch_v (kv_element_index's
 // layout, params.block_size, the scratch copies' block tables), then runs the

@@ -109,6 +109,9 @@ enum class AttentionVariant : int32_t {
   kPrefill = 0,      // 64 rows, 4 warps x 16 rows, each warp over all keys of a tile
   kDecode = 1,       // 16 rows, 4 warps over a quarter of each tile's keys, merged at the end
   kPrefillWide = 2,  // 128 rows, 2 warpgroups x 64 rows on wgmma (attention_wide.cu); never split
+  // kPrefillWide's items on the warp-specialized kernel (attention_pingpong.cu);
+  // plans never pick it: CudaBackendConfig::pingpong_prefill maps kPrefillWide to it.
+  kPrefillWidePingPong = 3,
 };
 inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {
   return variant == AttentionVariant::kPrefill ? 64 : variant == AttentionVariant::kDecode ? 16 : kAttentionWideRows;

@@ -1,0 +1,403 @@
+// Wide prefill attention, warp-specialized (FlashAttention-3's ping-pong), for
+// sm_90a: the kPrefillWide items and numerics of attention_wide.cu, with the
+// tensor cores kept busy while softmax runs.
+//
+// attention_wide.cu's two warpgroups load each K/V tile together and meet at
+// two CTA barriers per tile, so both issue their GEMMs, then both run softmax
+// with the tensor cores idle: ~3.1 us a tile where the GEMMs alone take ~2 (its
+// 346 TFLOP/s at 32K against SDPA's 615). Here:
+//   - one producer warp (the first of a third warpgroup, which gives its
+//     registers to the consumers through setmaxnreg: 40 against 232 a thread)
+//     gathers the K/V tiles through the block table with cp.async into kStages
+//     stages; a stage's `full` mbarrier
+//     says it landed (the producer waits for its copies, fences them to the async
+//     proxy, then arrives), its `empty` mbarrier that all 256 consumer threads
+//     are done reading it;
+//   - the two consumer warpgroups take turns at the tensor cores (named
+//     barriers kTurnBarrier + w): in phase j a warpgroup issues S_j = Q K_j^T and
+//     O += P_{j-1} V_{j-1} back to back, hands the turn over, then runs softmax
+//     on S_j while the other warpgroup's GEMMs run; its own PV GEMM overlaps its
+//     softmax too (P_j is packed only once PV_{j-1} has read P_{j-1}).
+// Both warpgroups run every phase, computing or not (causal rows end early), so
+// the turns pair up. Shared memory: Q + 3 stages of K and V (225 KiB at head
+// dim 128). Off by default (CudaBackendConfig::pingpong_prefill) until measured.
+#include <cfloat>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/wgmma.cuh"
+
+namespace loom::cuda {
+
+namespace {
+
+constexpr int kConsumerThreads = 256;  // two warpgroups of 64 rows
+constexpr int kProducerThreads = 32;   // one warp of the third warpgroup loads; its other three leave
+constexpr int kPingPongThreads = kConsumerThreads + 128;
+// Registers a thread after the split (setmaxnreg): 128 x 40 + 256 x 232 <= 64K.
+constexpr int kProducerRegisters = 40;
+constexpr int kConsumerRegisters = 232;
+constexpr int kRows = kAttentionWideRows;
+constexpr int kKeys = 128;  // keys per tile: S is m64n128 per warpgroup
+constexpr int kStages = 3;
+constexpr int kQBarrier = 1;     // named barrier: the consumers, once Q has landed
+constexpr int kTurnBarrier = 2;  // + w: warpgroup w's turn at the tensor cores
+
+template <int kHeadDim>
+constexpr size_t pingpong_shared_bytes() {
+  // Q [128][d], kStages stages of K and V [128][d], the mbarriers, + slack to align to 1024 bytes.
+  return static_cast<size_t>(kRows + 2 * kStages * kKeys) * kHeadDim * sizeof(bf16) + 2 * kStages * sizeof(uint64_t) +
+         1024;
+}
+
+__device__ __forceinline__ void mbarrier_init(uint32_t barrier, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
+  asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(barrier) : "memory");
+}
+// Returns once the barrier's phase with this parity has completed.
+__device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\nWAIT:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT;\n}\n" ::"r"(barrier),
+      "r"(parity)
+      : "memory");
+}
+template <int kRegisters>
+__device__ __forceinline__ void registers_decrease() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+template <int kRegisters>
+__device__ __forceinline__ void registers_increase() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kRegisters));
+}
+__device__ __forceinline__ void named_sync(int barrier, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void named_arrive(int barrier, int threads) {
+  asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
+}
+
+template <int kHeadDim>
+__device__ __forceinline__ void wgmma_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[4], uint64_t desc_b) {
+  if constexpr (kHeadDim == 128) {
+    wgmma_m64n128k16_rs_mn(o, a, desc_b);
+  } else {
+    wgmma_m64n64k16_rs_mn(o, a, desc_b);
+  }
+}
+
+template <int kHeadDim>
+__global__ void __launch_bounds__(kPingPongThreads, 1)
+    attention_pingpong_kernel(AttentionParams p, const AttentionWorkItem* items) {
+  constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
+  constexpr uint32_t kQBytes = kRows * kHeadDim * sizeof(bf16);
+  constexpr uint32_t kTileBytes = kKeys * kHeadDim * sizeof(bf16);
+  constexpr int kOut = kHeadDim / 2;  // O accumulators a thread
+
+  extern __shared__ __align__(16) unsigned char shared_raw[];
+  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
+  const uint32_t base_address = (raw_address + 1023u) & ~1023u;
+  unsigned char* base = shared_raw + (base_address - raw_address);
+  const uint32_t q_address = base_address;
+  const uint32_t k_address = base_address + kQBytes;                   // [kStages]
+  const uint32_t v_address = k_address + kStages * kTileBytes;         // [kStages]
+  const uint32_t full_barriers = v_address + kStages * kTileBytes;     // [kStages] x 8 bytes
+  const uint32_t empty_barriers = full_barriers + kStages * 8;         // [kStages] x 8 bytes
+
+  const AttentionWorkItem item = items[blockIdx.x];
+  if (item.sequence < 0) return;  // the whole CTA, before any barrier
+  const int kv_head = blockIdx.y;
+  const AttentionSequence sequence = p.sequences[item.sequence];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int total_rows = sequence.num_queries() * group;
+  const int q_size = p.num_heads * kHeadDim;
+  const int tid = threadIdx.x;
+  const int32_t* block_table = p.block_tables + sequence.block_table_offset;
+  const int num_tiles = (item.kv_end + kKeys - 1) / kKeys;
+
+  if (tid == 0) {
+    for (int stage = 0; stage < kStages; ++stage) {
+      mbarrier_init(full_barriers + 8 * stage, kProducerThreads);
+      mbarrier_init(empty_barriers + 8 * stage, kConsumerThreads);
+    }
+  }
+  __syncthreads();  // the last CTA-wide barrier: the roles part here
+
+  if (tid >= kConsumerThreads) {
+    // Producer: tile t into stage t % kStages once every consumer is done with
+    // tile t - kStages; lane l copies chunk l % kChunks of rows l / kChunks + kLoadRows * i.
+    registers_decrease<kProducerRegisters>();
+    if (tid >= kConsumerThreads + kProducerThreads) return;
+    const int lane = tid - kConsumerThreads;
+    constexpr int kLoadRows = kProducerThreads / kChunks;
+    constexpr int kPasses = kKeys / kLoadRows;
+    constexpr int kBatch = 8;  // block-table reads in flight together
+    static_assert(kProducerThreads % kChunks == 0 && kPasses % kBatch == 0, "whole rows per pass");
+    const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
+    const int load_row = lane / kChunks;
+    const int load_chunk = lane % kChunks;
+    for (int t = 0; t < num_tiles; ++t) {
+      const int stage = t % kStages;
+      if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
+      unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
+      unsigned char* v_stage = base + kQBytes + (kStages + stage) * kTileBytes;
+      const int tile_start = t * kKeys;
+      for (int pass = 0; pass < kPasses; pass += kBatch) {
+        int64_t offset[kBatch];
+        kv_gather.tile_offsets(tile_start, load_row + pass * kLoadRows, kLoadRows, item.kv_end, load_chunk * 8, offset);
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int r = load_row + (pass + i) * kLoadRows;
+          const bool valid = tile_start + r < item.kv_end;
+          const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
+          cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
+          cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
+        }
+      }
+      cp_async_commit();
+      cp_async_wait<0>();
+      fence_proxy_async_shared();
+      mbarrier_arrive(full_barriers + 8 * stage);
+    }
+    return;
+  }
+
+  registers_increase<kConsumerRegisters>();
+  const int warpgroup = tid / 128;
+  const int warp = (tid / 32) % 4;
+  const int lane = tid % 32;
+  const int g = lane / 4;
+  const int quad = lane % 4;
+
+  for (int chunk = tid; chunk < kRows * kChunks; chunk += kConsumerThreads) {
+    const int r = chunk / kChunks;
+    const int c = chunk % kChunks;
+    const int row = item.row_begin + r;
+    const bool valid = row < total_rows;
+    const bf16* source = p.q;
+    if (valid) source += sequence.query_row(row / group) * q_size + (kv_head * group + row % group) * kHeadDim + c * 8;
+    cp_async_16(base + swizzled_chunk_offset(r, c, kRows), source, valid);
+  }
+  cp_async_commit();
+  cp_async_wait<0>();
+  fence_proxy_async_shared();
+  named_sync(kQBarrier, kConsumerThreads);
+
+  // Exclusive key limit of each owned row (0 for padding rows), and the
+  // furthest of the warpgroup's rows: tiles at or past it are skipped.
+  int row_limit[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
+    const int causal = row < total_rows ? sequence.num_computed_tokens + sequence.query_token(row / group) + 1 : 0;
+    row_limit[h] = min(causal, item.kv_end);
+  }
+  int warpgroup_limit = 0;
+  {
+    const int first_row = item.row_begin + warpgroup * 64;
+    const int last_row = min(first_row + 63, total_rows - 1);
+    for (int q = first_row / group; first_row <= last_row && q <= last_row / group; ++q)
+      warpgroup_limit = max(warpgroup_limit, sequence.num_computed_tokens + sequence.query_token(q) + 1);
+    warpgroup_limit = min(warpgroup_limit, item.kv_end);
+  }
+  const int active_tiles = (warpgroup_limit + kKeys - 1) / kKeys;  // tiles starting before the limit
+  const int min_row_limit = min(row_limit[0], row_limit[1]);
+  const float scale_log2 = p.scale * 1.4426950408889634f;
+
+  float o[kOut];
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) o[i] = 0.0f;
+  float row_max[2] = {-INFINITY, -INFINITY};
+  float row_sum[2] = {0.0f, 0.0f};
+  float s[64];
+  uint32_t a[kKeys / 16][4];  // P of the previous tile, bf16 pairs: PV's A fragments
+
+  // Phase j issues S_j and PV_{j-1}. The phases are peeled so that every wgmma
+  // sits on a path the whole warpgroup takes (ptxas serializes wgmma on paths
+  // it cannot prove uniform): phase 0 (S only), phases 1..active-1 (both), phase
+  // `active` (PV only), then phases that only pass the turn on and release tiles.
+  auto wait_full = [&](int j) {
+    mbarrier_wait(full_barriers + 8 * (j % kStages), (j / kStages) & 1);
+    fence_proxy_async_shared();
+  };
+  // Warpgroup 0 takes the first turn; each passes the turn on after issuing its
+  // GEMMs, warpgroup 1 not after its last phase (so the arrivals pair up).
+  auto begin_turn = [&] { named_sync(kTurnBarrier + warpgroup, kConsumerThreads); };
+  auto end_turn = [&](int j) {
+    if (warpgroup == 0 || j < num_tiles) named_arrive(kTurnBarrier + (warpgroup ^ 1), kConsumerThreads);
+  };
+  // Tile j - 1's K (read in phase j - 1) and V (read in phase j) are done with.
+  auto release = [&](int j) {
+    if (j >= 1) mbarrier_arrive(empty_barriers + 8 * ((j - 1) % kStages));
+  };
+  auto issue_s = [&](int j) {
+    const int stage = j % kStages;
+    fence_accumulators(s);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kHeadDim / 16; ++k) {
+      const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
+      const uint64_t desc_q = smem_descriptor(q_address + (k / 4) * kRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
+      const uint64_t desc_k = smem_descriptor(k_address + stage * kTileBytes + (k / 4) * kKeys * 128 + column, 16, 1024);
+      wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
+    }
+    wgmma_commit();
+  };
+  auto issue_pv = [&](int j) {  // O += P_{j-1} V_{j-1}
+    const int stage = (j - 1) % kStages;
+    fence_accumulators(o);
+    wgmma_fence();
+#pragma unroll
+    for (int k = 0; k < kKeys / 16; ++k) {
+      const uint64_t desc_v = smem_descriptor(v_address + stage * kTileBytes + k * 2048, kKeys * 128, 1024);
+      wgmma_pv<kHeadDim>(o, a[k], desc_v);
+    }
+    wgmma_commit();
+  };
+  // Softmax of S_j in place (s becomes exp2 of the shifted scores), once S_j is done.
+  float rescale[2], tile_sum[2];
+  auto softmax = [&](int j) {
+    fence_accumulators(s);
+    const int tile_start = j * kKeys;
+    float tile_max[2] = {-INFINITY, -INFINITY};
+    if (tile_start + kKeys > min_row_limit) {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int h = (i % 4) / 2;
+        const int key = tile_start + (i / 4) * 8 + 2 * quad + (i % 2);
+        s[i] = key < row_limit[h] ? s[i] * scale_log2 : -INFINITY;
+        tile_max[h] = fmaxf(tile_max[h], s[i]);
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 64; ++i) {
+        const int h = (i % 4) / 2;
+        s[i] *= scale_log2;
+        tile_max[h] = fmaxf(tile_max[h], s[i]);
+      }
+    }
+    float shift[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+      const float new_max = fmaxf(row_max[h], tile_max[h]);
+      shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
+      rescale[h] = exp2f(row_max[h] - shift[h]);
+      row_max[h] = new_max;
+      tile_sum[h] = 0.0f;
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      const int h = (i % 4) / 2;
+      s[i] = exp2f(s[i] - shift[h]);
+      tile_sum[h] += s[i];
+    }
+  };
+  // Once PV_{j-1} is done with o and a: rescale o, add the tile's sum, pack P_j.
+  auto finish_softmax = [&] {
+    fence_accumulators(o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+#pragma unroll
+    for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+#pragma unroll
+    for (int k = 0; k < kKeys / 16; ++k) {
+      a[k][0] = pack_bf16(s[8 * k + 0], s[8 * k + 1]);
+      a[k][1] = pack_bf16(s[8 * k + 2], s[8 * k + 3]);
+      a[k][2] = pack_bf16(s[8 * k + 4], s[8 * k + 5]);
+      a[k][3] = pack_bf16(s[8 * k + 6], s[8 * k + 7]);
+    }
+  };
+
+  if (warpgroup == 1) named_arrive(kTurnBarrier, kConsumerThreads);
+  int j = 0;
+  if (active_tiles > 0) {
+    wait_full(0);
+    begin_turn();
+    issue_s(0);
+    end_turn(0);
+    wgmma_wait<0>();
+    softmax(0);
+    finish_softmax();
+    for (j = 1; j < active_tiles; ++j) {
+      wait_full(j);
+      begin_turn();
+      issue_s(j);
+      issue_pv(j);
+      end_turn(j);
+      wgmma_wait<1>();  // S_j (committed first) is done; PV_{j-1} may still run
+      softmax(j);
+      wgmma_wait<0>();  // PV_{j-1} has read a and V_{j-1}, and written o
+      release(j);
+      finish_softmax();
+    }
+    begin_turn();
+    issue_pv(j);
+    end_turn(j);
+    wgmma_wait<0>();
+    fence_accumulators(o);
+    release(j);
+    ++j;
+  }
+  for (; j <= num_tiles; ++j) {
+    begin_turn();
+    end_turn(j);
+    release(j);
+  }
+
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
+    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
+  }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
+    if (row >= total_rows) continue;
+    const float inverse = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
+    const int64_t token = sequence.query_row(row / group);
+    bf16* out = p.out + token * q_size + (kv_head * group + row % group) * kHeadDim;
+#pragma unroll
+    for (int c = 0; c < kHeadDim / 8; ++c)
+      *reinterpret_cast<__nv_bfloat162*>(out + c * 8 + 2 * quad) =
+          __floats2bfloat162_rn(o[4 * c + 2 * h] * inverse, o[4 * c + 2 * h + 1] * inverse);
+  }
+}
+
+template <int kHeadDim>
+void launch_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                     cudaStream_t stream) {
+  constexpr size_t kShared = pingpong_shared_bytes<kHeadDim>();
+  static const bool attribute_set = [] {
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_pingpong_kernel<kHeadDim>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
+    return true;
+  }();
+  (void)attribute_set;
+  const dim3 grid(num_items, params.num_kv_heads);
+  attention_pingpong_kernel<kHeadDim><<<grid, kPingPongThreads, kShared, stream>>>(params, items);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+size_t attention_pingpong_shared_bytes(int32_t head_dim) {
+  return head_dim == 128 ? pingpong_shared_bytes<128>() : pingpong_shared_bytes<64>();
+}
+
+void launch_attention_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                               cudaStream_t stream) {
+  if (num_items == 0) return;
+  switch (params.head_dim) {
+    case 64: return launch_pingpong<64>(params, items, num_items, stream);
+    case 128: return launch_pingpong<128>(params, items, num_items, stream);
+    default: throw_unsupported("cuda ping-pong prefill attention: head_dim (supported: 64, 128)", params.head_dim);
+  }
+}
+
+}  // namespace loom::cuda
