@@ -6,8 +6,9 @@
 # The SmolLM2 GGUF (98 MB) is over one call's carry limit: .carry/smol_a/part
 # (first 50 MB) travels with `tests` and is kept in /tmp/loom, .carry/smol_b/part
 # with `smol`, which must follow while the machine is still warm.
-#   bench/cuda/run_device.sh tests | smol | bench | wide | all-after-tests
+#   bench/cuda/run_device.sh tests | smol | bench | wide | next | all-after-tests
 # wide: the wgmma prefill's tests, then its timing against the mma.sync kernel and torch SDPA at 8K and 32K.
+# next: CudaBackendConfig::programmatic_launches and ::pingpong_prefill, tested, then timed against the defaults.
 set -u
 MODE=${1:-tests}
 . "$(dirname "$0")/device_env.sh"
@@ -40,6 +41,15 @@ case "$MODE" in
   wide)
     run_suite 'CudaAttention.*' 300
     timeout 200 /tmp/loom/bin/loom_cuda_bench --what attention --out "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log" | tail -4
+    for tokens in 8192 32768; do
+      timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
+      grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
+    done
+    ;;
+  next)  # programmatic launches and the ping-pong prefill: their tests, then each timed both ways, and SDPA
+    run_suite 'CudaProgrammaticLaunch.*:CudaAttention.Wide*:CudaGraph*' 300
+    timeout 300 /tmp/loom/bin/loom_cuda_bench --what decode prefill attention --batch-sizes 1 16 64 \
+      --out "$OUT/next_bench.json" 2>&1 | tee "$OUT/next_bench.log" | grep -E "batch|prefill|attention"
     for tokens in 8192 32768; do
       timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
       grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
