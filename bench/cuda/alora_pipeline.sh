@@ -12,17 +12,7 @@
 # Off the GPU (a check of the arguments): LOOM=build/loom DEVICE=cpu
 # MODEL=random:tiny PROMPTS=256 bench/cuda/alora_pipeline.sh --threads 2
 set -u
-DEVICE=${DEVICE:-cuda}
-MODEL=${MODEL:-random:llama-8b}
-if [ "$DEVICE" = cuda ]; then
-  . "$(dirname "$0")/device_env.sh"
-  mkdir -p /tmp/loom/py
-  tar xJf .carry/py/pylibs.tar.xz -C /tmp/loom/py
-  export PYTHONPATH=/tmp/loom/py
-fi
-export LOOM_SOURCE_DIR=$PWD
-OUT=${OUT:-/tmp/loom-out}
-LOOM=${LOOM:-/tmp/loom/bin/loom}
+. "$(dirname "$0")/harness_env.sh"
 INVOCATION="Evaluation of the answer above:"
 ADAPTER_DIR=${ADAPTER_DIR:-/tmp/loom/alora_adapters}
 [ -d "$ADAPTER_DIR/adapter4" ] ||

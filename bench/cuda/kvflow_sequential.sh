@@ -13,17 +13,7 @@
 # Off the GPU (a check of the arguments): LOOM=build/loom DEVICE=cpu MODEL=random:tiny
 # FIXED=256 KV_BYTES=2000000 bench/cuda/kvflow_sequential.sh --threads 2
 set -u
-DEVICE=${DEVICE:-cuda}
-MODEL=${MODEL:-random:llama-8b}
-if [ "$DEVICE" = cuda ]; then
-  . "$(dirname "$0")/device_env.sh"
-  mkdir -p /tmp/loom/py
-  tar xJf .carry/py/pylibs.tar.xz -C /tmp/loom/py
-  export PYTHONPATH=/tmp/loom/py
-fi
-export LOOM_SOURCE_DIR=$PWD
-OUT=${OUT:-/tmp/loom-out}
-LOOM=${LOOM:-/tmp/loom/bin/loom}
+. "$(dirname "$0")/harness_env.sh"
 FIXED=${FIXED:-1024}
 WORKFLOWS=${WORKFLOWS:-8}
 # 8B shape: 128 KiB of KV per token (32 layers x 8 kv heads x 128 x 2 x bf16).

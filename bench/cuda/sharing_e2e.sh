@@ -12,11 +12,7 @@
 set -u
 WORKLOAD=${1:-react}
 shift
-. "$(dirname "$0")/device_env.sh"
-mkdir -p /tmp/loom/py
-tar xJf .carry/py/pylibs.tar.xz -C /tmp/loom/py
-export PYTHONPATH=/tmp/loom/py LOOM_SOURCE_DIR=$PWD
-LOOM=/tmp/loom/bin/loom
+. "$(dirname "$0")/harness_env.sh"
 ADAPTERS=${ADAPTERS:-8}
 [ -d "/tmp/loom/adapters/adapter$((ADAPTERS - 1))" ] ||
   "$LOOM" make-adapters --model random:llama-8b --adapters "$ADAPTERS" --rank 16 --out /tmp/loom/adapters \
