@@ -111,6 +111,30 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
                            plan.num_combine_items(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
+  if (prefill == AttentionVariant::kPrefillWidePingPong) {
+    // The same arithmetic in the same order as the wgmma kernel: equal bit for bit
+    // (a stage read before it landed or after it was refilled would show here).
+    DeviceBuffer wide_d(out_d.size());
+    AttentionParams wide = params;
+    wide.out = wide_d.as<bf16>();
+    launch_attention(wide, AttentionVariant::kPrefillWide,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+                     plan.num_prefill_items(), nullptr);
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+    std::vector<uint16_t> pingpong_bits(out_d.size() / 2), wide_bits(out_d.size() / 2);
+    LOOM_CUDA_CHECK(cudaMemcpy(pingpong_bits.data(), out_d.data(), out_d.size(), cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(wide_bits.data(), wide_d.data(), wide_d.size(), cudaMemcpyDeviceToHost));
+    // Sequences of decode-sized rows went to the decode kernels (in `out` only): compare the prefill list's.
+    size_t differing = 0;
+    const int group = c.num_heads / c.num_kv_heads;
+    for (const BatchSequence& sequence : batch.sequences) {
+      if (sequence.num_new_tokens * group <= attention_variant_rows(AttentionVariant::kDecode)) continue;
+      const size_t begin = static_cast<size_t>(sequence.token_offset) * q_size;
+      const size_t end = begin + static_cast<size_t>(sequence.num_new_tokens) * q_size;
+      for (size_t i = begin; i < end; ++i) differing += pingpong_bits[i] != wide_bits[i];
+    }
+    EXPECT_EQ(differing, 0u) << "ping-pong output values differing from the wgmma kernel's";
+  }
   const bool long_reduction = placement.max_context_length > 256;
   EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
       << plan.num_prefill_items() << (prefill == AttentionVariant::kPrefillWide ? " wide"

@@ -60,9 +60,9 @@ __device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
 // Returns once the barrier's phase with this parity has completed.
 __device__ __forceinline__ void mbarrier_wait(uint32_t barrier, uint32_t parity) {
   asm volatile(
-      "{\n.reg .pred done;\nWAIT:\n"
+      "{\n.reg .pred done;\nWAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT;\n}\n" ::"r"(barrier),
+      "@!done bra WAIT_%=;\n}\n" ::"r"(barrier),
       "r"(parity)
       : "memory");
 }
@@ -347,6 +347,9 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   for (; j <= num_tiles; ++j) {
     begin_turn();
     end_turn(j);
+    // Tile j - 1 is not read here, but waiting for it keeps this warpgroup from
+    // releasing a stage's next use before the producer has filled the current one.
+    if (j >= 1) wait_full(j - 1);
     release(j);
   }
 

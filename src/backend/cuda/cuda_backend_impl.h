@@ -96,7 +96,7 @@ class CudaBackend : public Backend {
   // CudaBackendConfig::programmatic_launches.
   void set_programmatic_launches(bool enabled) { programmatic_launches_ = enabled; clear_graphs(); }
   // CudaBackendConfig::pingpong_prefill.
-  void set_pingpong_prefill(bool enabled) { pingpong_prefill_ = enabled; }
+  void set_pingpong_prefill(bool enabled) { pingpong_prefill_ = enabled; clear_graphs(); }
   // Where the batched LoRA kernels run:
   //   kSideStream     on a second stream beside the base GEMM (default)
   //   kSideStreamPdl  the same, the expand a programmatic dependent launch of the shrink

@@ -317,7 +317,6 @@ void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* 
   if (num_tokens == 0) return;
   const int threads = hidden / 8 >= 256 ? 256 : ((hidden / 8 + 31) / 32) * 32;
   launch_kernel(launch, num_tokens, threads, 0, embedding_kernel, token_ids, table, hidden, out);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
@@ -328,7 +327,6 @@ void launch_add_rms_norm(float* residual, const float* delta, const float* delta
   if (threads > 1024) threads = 1024;
   launch_kernel(launch, num_rows, threads, 0, add_rms_norm_kernel, residual, delta, delta_bias, weight, eps, hidden,
                 row_index, out, lora_delta, lora_rows);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_qkv_postprocess(const QkvParams& params, Launch launch) {
@@ -336,7 +334,6 @@ void launch_qkv_postprocess(const QkvParams& params, Launch launch) {
   const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
   launch_kernel(launch, dim3(params.num_tokens, head_groups), kQkvThreads, shared, qkv_postprocess_kernel, params);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_gather_hidden(const float* residual, const float* delta, const float* lora_delta,
@@ -344,7 +341,6 @@ void launch_gather_hidden(const float* residual, const float* delta, const float
                           Launch launch) {
   if (num_rows == 0) return;
   launch_kernel(launch, num_rows, 256, 0, gather_hidden_kernel, residual, delta, lora_delta, lora_rows, rows, hidden, out);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
@@ -353,7 +349,6 @@ void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
   launch_kernel(launch, grid_for(total, 256), 256, 0, swiglu_kernel, gate_up, num_tokens, intermediate, out, lora,
                 lora_rows, lora_is_bf16);
-  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream) {

@@ -45,7 +45,7 @@ LOOM_HOST_DEVICE inline Philox4 philox4x32_10(Philox4 counter, uint32_t key_lo, 
 // Samples rows [0, num_rows) of `logits` ([num_rows, vocab_size] fp32) by
 // `rows` (device, one SamplingRow each): token_ids[r] (-1 where the row is not
 // on_device) and logprobs[r] (log-softmax of the raw logits at that token).
-// vocab_size >= 1. Rows are independent; enqueued on `stream`.
+// vocab_size >= 1. Rows are independent; enqueued as `launch` says (kernels.h).
 void launch_sampling(const float* logits, int32_t num_rows, int32_t vocab_size, const SamplingRow* rows,
                      int32_t* token_ids, float* logprobs, Launch launch);
 
