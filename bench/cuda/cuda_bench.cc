@@ -119,12 +119,12 @@ class LaunchSkippingCudaBackend final : public CudaBackend {
   void set_lora_skip(uint32_t mask) { lora_skip_ = mask; }
 
  protected:
-  void launch_lora_group(int group, const LoraParams& params, cudaStream_t stream) override {
+  void launch_lora_group(int group, const LoraParams& params, Launch launch) override {
     const int32_t skip = static_cast<int32_t>(lora_skip_ >> (2 * group) & 3);
     if (skip == 0) {
-      launch_lora(params, stream);
+      launch_lora(params, launch);
     } else {
-      launch_lora_skipping(params, stream, skip);
+      launch_lora_skipping(params, launch, skip);
     }
   }
 
@@ -386,6 +386,18 @@ int run(int argc, char** argv) {
     const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
     backend.set_lora_overlap(Overlap::kInline);
     const StepTimes inline_times = time_step(backend, mixed, iterations, true);
+    // Inline, every launch of the step programmatic (CudaBackendConfig::programmatic_launches).
+    backend.set_programmatic_launches(true);
+    const StepTimes inline_programmatic_times = time_step(backend, mixed, iterations, true);
+    const StepTimes base_programmatic_times = time_step(backend, base, iterations, true);
+    backend.set_programmatic_launches(false);
+    std::printf("LoRA inline with programmatic launches (graph ms): %.3f (eager %.3f); base model %.3f (eager %.3f)\n",
+                inline_programmatic_times.graph_ms, inline_programmatic_times.eager_ms,
+                base_programmatic_times.graph_ms, base_programmatic_times.eager_ms);
+    results["lora_inline_programmatic"] = {{"graph_ms", inline_programmatic_times.graph_ms},
+                                           {"eager_ms", inline_programmatic_times.eager_ms},
+                                           {"base_graph_ms", base_programmatic_times.graph_ms},
+                                           {"base_eager_ms", base_programmatic_times.eager_ms}};
     backend.set_lora_kernel(Kernel::kFused);
     const StepTimes fused_inline_times = time_step(backend, mixed, iterations, true);
     backend.set_lora_overlap(Overlap::kSideStream);

@@ -7,7 +7,8 @@
 // (two layers) make the GEMMs run several waves of CTAs, as in serving. The
 // ping-pong prefill kernel (CudaBackendConfig::pingpong_prefill) computes what
 // the wgmma one does, bit for bit, so a backend with it joins the comparison:
-// the 1.5K-token and joint prefills run wide.
+// the 1.5K-token and joint prefills run wide. Last, two LoRA sequences join,
+// with LoRA inline (LoraOverlap::kInline), where LoRA steps launch programmatically.
 #include <memory>
 #include <string>
 #include <vector>
@@ -122,6 +123,30 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   for (int s = 0; s < 6; ++s)
     next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{0, 2} : std::vector<int>{},
                 "4 rows, step " + std::to_string(s));
+
+  // LoRA inline on the main stream (no side-stream events): those steps launch
+  // programmatically too, the shrink and expand kernels included.
+  const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 2, 9);
+  for (auto& backend : backends) {
+    backend->set_lora_overlap(CudaBackend::LoraOverlap::kInline);
+    for (int a = 0; a < 2; ++a) backend->set_adapter(a, adapters[a]);
+  }
+  std::vector<Driver::Part> lora_joint = decode_parts(ids, next);
+  std::vector<int32_t> slots(ids.size(), -1);
+  for (int32_t slot : {0, 1}) {
+    int id = -1;
+    for (Driver& driver : drivers) id = driver.add_sequence();
+    ids.push_back(id);
+    slots.push_back(slot);
+    std::vector<int32_t> tokens = prompt_source.random_tokens(200, vocab);
+    lora_joint.push_back({id, tokens, std::vector<int32_t>(tokens.size(), slot), false});
+  }
+  next = step(lora_joint, {}, "LoRA prefill 2 + decode 4");
+  for (int s = 0; s < 4; ++s) {
+    std::vector<Driver::Part> parts;
+    for (size_t i = 0; i < ids.size(); ++i) parts.push_back({ids[i], {next[i]}, {slots[i]}, false});
+    next = step(parts, s % 2 == 1 ? std::vector<int>{1, 4} : std::vector<int>{}, "6 rows, 2 with LoRA, step " + std::to_string(s));
+  }
 
   EXPECT_GE(backends[1]->graph_stats().replays, 4) << "the programmatic steps were replayed from graphs";
   EXPECT_EQ(backends[3]->graph_stats().replays, 0);

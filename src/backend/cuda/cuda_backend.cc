@@ -282,7 +282,7 @@ int CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets
   // The rCache writes read the split path's shrink sums (QkvParams::lora_v).
   if (group == 0 && plan_.has_residual_writes()) params.fused = false;
   if (lora_overlap_ == LoraOverlap::kInline || (lora_side_groups_ >> group & 1) == 0) {
-    launch_lora_group(group, params, stream_);
+    launch_lora_group(group, params, chain());
     return kLoraInline;
   }
   // The shrink and expand read x and write only lora_out_: they overlap the base GEMM.

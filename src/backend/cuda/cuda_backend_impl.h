@@ -126,8 +126,8 @@ class CudaBackend : public Backend {
   // Enqueues projection group `group`'s LoRA kernels (0 q/k/v, 1 o, 2 gate/up,
   // 3 down) on `stream`: launch_lora. The only override is the benchmark's
   // (bench/cuda), which leaves launches out to time them; serving never does.
-  virtual void launch_lora_group(int group, const LoraParams& params, cudaStream_t stream) {
-    launch_lora(params, stream);
+  virtual void launch_lora_group(int group, const LoraParams& params, Launch launch) {
+    launch_lora(params, launch);
   }
 
  private:

@@ -37,8 +37,9 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   plan_.build(batch, shape, residual_shape_.block_size);
   capture_hidden_states_ = batch.capture_hidden_states;
   if (for_graph && !capture_hidden_states_) plan_.pad_for_graph(max_graph_rows_);
-  // LoRA groups fork to and join from lora_stream_ through events; those steps keep plain launches.
-  step_programmatic_ = programmatic_launches_ && plan_.num_lora_tiles() == 0;
+  // LoRA groups on the side stream fork and join through events; those steps keep plain launches.
+  const bool side_stream = plan_.num_lora_tiles() > 0 && lora_overlap_ != LoraOverlap::kInline && lora_side_groups_ != 0;
+  step_programmatic_ = programmatic_launches_ && !side_stream;
 }
 
 void CudaBackend::upload_plan() {

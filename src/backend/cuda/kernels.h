@@ -197,11 +197,11 @@ int32_t lora_splits(int32_t in_features);
 // v = x A^T (shrink), then y += scale * v B^T (expand), per adapter group of rows.
 // Rows whose adapter does not target the module are skipped. Requires
 // in_features % 8 == 0 and max_rank <= kLoraMaxRank.
-void launch_lora(const LoraParams& params, cudaStream_t stream);
+void launch_lora(const LoraParams& params, Launch launch);
 // Benchmarks only (bench/cuda's subclass of CudaBackend; results wrong):
 // launch_lora leaving out launches of the split path, to time what each costs a
 // step: `skip` bit 1 = no shrink launch, bit 2 = no expand launch.
-void launch_lora_skipping(const LoraParams& params, cudaStream_t stream, int32_t skip);
+void launch_lora_skipping(const LoraParams& params, Launch launch, int32_t skip);
 
 // Decode-sized GEMMs (skinny_gemm.cu), m in 1..4: y[r * y_stride + c] = x[r] . w[c]
 // for c < n (k % 8 == 0, x rows 16-byte aligned). The gate/up variant computes

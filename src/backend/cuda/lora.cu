@@ -54,8 +54,10 @@ __device__ __forceinline__ const LoraModuleRef& module_of(const LoraParams& p, i
 // chunk go to v[target][chunk]; the expand kernel adds the chunks (no atomics:
 // deterministic).
 __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams p) {
-  // The expand is launched programmatically dependent (PDL): let its CTAs
+  // Launched programmatically (inline in a programmatic step), x is the previous
+  // kernel's output. The expand may be a programmatic launch too: let its CTAs
   // start their prologue now; they wait for this grid before reading v.
+  pdl_wait();
   pdl_trigger();
   const LoraTile tile = p.tiles[blockIdx.x];
   if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
@@ -129,7 +131,10 @@ __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams 
 template <int kColumns, int kThreads>
 __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
   const LoraTile tile = p.tiles[blockIdx.x];
-  if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
+  if (tile.num_rows == 0) {  // padding of a graph-captured step's list
+    pdl_wait();  // every CTA waits (launch.cuh), so later kernels' waits cover the shrink
+    return;
+  }
   const LoraTargetArgs target = p.targets[blockIdx.z];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int first_output = blockIdx.y * kThreads * kColumns;
@@ -259,6 +264,8 @@ size_t fused_shared_bytes(int max_rank) {
 }
 
 __global__ void __launch_bounds__(kFusedThreads) lora_fused_kernel(LoraParams p, int outputs_per_cta) {
+  pdl_wait();
+  pdl_trigger();
   const LoraTile tile = p.tiles[blockIdx.x];
   if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
   const LoraTargetArgs target = p.targets[blockIdx.z];
@@ -401,7 +408,7 @@ namespace {
 // kSkippable is false for launch_lora (serving): the skip tests below fold away
 // at compile time, so the production path has no measurement branch.
 template <bool kSkippable>
-void launch_lora_kernels(const LoraParams& params, cudaStream_t stream, int32_t skip) {
+void launch_lora_kernels(const LoraParams& params, Launch launch, int32_t skip) {
   if (params.num_tiles == 0 || params.num_targets == 0) return;
   if (params.max_rank > kLoraMaxRank) throw_unsupported("cuda LoRA: rank above 256", params.max_rank);
   int max_out = 0, max_in = 0;
@@ -418,16 +425,14 @@ void launch_lora_kernels(const LoraParams& params, cudaStream_t stream, int32_t 
     const size_t shared = fused_shared_bytes(params.max_rank);
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(lora_fused_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                          static_cast<int>(shared)));
-    lora_fused_kernel<<<grid, kFusedThreads, shared, stream>>>(params, outputs_per_cta);
-    LOOM_CUDA_CHECK_LAUNCH();
+    launch_kernel(launch, grid, kFusedThreads, shared, lora_fused_kernel, params, outputs_per_cta);
     return;
   }
   if (lora_splits(max_in) > params.max_splits)
     throw_unsupported("cuda LoRA: v scratch has too few splits for in_features", max_in);
   if (!kSkippable || (skip & 1) == 0)
-    lora_shrink_kernel<<<dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0, stream>>>(
-        params);
-  LOOM_CUDA_CHECK_LAUNCH();
+    launch_kernel(launch, dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0,
+                  lora_shrink_kernel, params);
   if (kSkippable && (skip & 2) != 0) return;
   // expand_columns: 4 or 2 columns per thread of 256; 1: one of 256; 0 (or
   // anything else): one column per thread of 128, the most CTAs.
@@ -438,26 +443,26 @@ void launch_lora_kernels(const LoraParams& params, cudaStream_t stream, int32_t 
   const size_t shared = static_cast<size_t>(kLoraTileRows) * params.max_rank * sizeof(float);
   // Optionally a programmatic dependent launch: the expand's launch and prologue
   // overlap the shrink (its pdl_wait is a no-op without it).
-  const Launch launch(stream, params.programmatic_expand);
+  const Launch expand(launch.stream, launch.programmatic || params.programmatic_expand);
   if (threads != kExpandThreads) {
-    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads / 2>, params);
+    launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads / 2>, params);
   } else if (columns == 4) {
-    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<4, kExpandThreads>, params);
+    launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<4, kExpandThreads>, params);
   } else if (columns == 2) {
-    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<2, kExpandThreads>, params);
+    launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<2, kExpandThreads>, params);
   } else {
-    launch_kernel(launch, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads>, params);
+    launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads>, params);
   }
 }
 
 }  // namespace
 
-void launch_lora(const LoraParams& params, cudaStream_t stream) {
-  launch_lora_kernels</*kSkippable=*/false>(params, stream, 0);
+void launch_lora(const LoraParams& params, Launch launch) {
+  launch_lora_kernels</*kSkippable=*/false>(params, launch, 0);
 }
 
-void launch_lora_skipping(const LoraParams& params, cudaStream_t stream, int32_t skip) {
-  launch_lora_kernels</*kSkippable=*/true>(params, stream, skip);
+void launch_lora_skipping(const LoraParams& params, Launch launch, int32_t skip) {
+  launch_lora_kernels</*kSkippable=*/true>(params, launch, skip);
 }
 
 }  // namespace loom::cuda
