@@ -49,7 +49,7 @@ case "$MODE" in
   next)  # programmatic launches and the ping-pong prefill: their tests, then each timed both ways, and SDPA
     run_suite 'CudaProgrammaticLaunch.*:CudaAttention.Wide*:CudaGraph*' 300
     timeout 360 /tmp/loom/bin/loom_cuda_bench --what decode lora prefill attention --batch-sizes 1 16 64 \
-      --out "$OUT/next_bench.json" 2>&1 | tee "$OUT/next_bench.log" | grep -E "batch|prefill|attention"
+      --out "$OUT/next_bench.json" 2>&1 | tee "$OUT/next_bench.log" | grep -E "batch|prefill|attention|LoRA|lora"
     for tokens in 8192 32768; do
       timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
       grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
