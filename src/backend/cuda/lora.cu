@@ -138,7 +138,10 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
   const LoraTargetArgs target = p.targets[blockIdx.z];
   const LoraModuleRef module = module_of(p, tile.slot, target.target);
   const int first_output = blockIdx.y * kThreads * kColumns;
-  if (first_output >= target.out_features) return;
+  if (first_output >= target.out_features) {
+    pdl_wait();
+    return;
+  }
   int output[kColumns];
   bool has_output[kColumns];
 #pragma unroll
@@ -147,6 +150,7 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
     has_output[c] = output[c] < target.out_features;
   }
   if (module.rank == 0) {
+    pdl_wait();
     if (p.write_by_lora_row)  // every LoRA row's columns get written
 #pragma unroll
       for (int c = 0; c < kColumns; ++c)
