@@ -6,9 +6,9 @@
 // two CTA barriers per tile, so both issue their GEMMs, then both run softmax
 // with the tensor cores idle: ~3.1 us a tile where the GEMMs alone take ~2 (its
 // 346 TFLOP/s at 32K against SDPA's 615). Here:
-//   - one producer warp (the first of a third warpgroup, which gives its
-//     registers to the consumers through setmaxnreg: 40 against 232 a thread)
-//     gathers the K/V tiles through the block table with cp.async into kStages
+//   - two producer warps (of a third warpgroup, which gives its registers to
+//     the consumers through setmaxnreg: 40 against 232 a thread) gather
+//     alternate K/V tiles through the block table with cp.async into kStages
 //     stages; a stage's `full` mbarrier
 //     says it landed (the producer waits for its copies, fences them to the async
 //     proxy, then arrives), its `empty` mbarrier that all 256 consumer threads
@@ -33,7 +33,8 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kConsumerThreads = 256;  // two warpgroups of 64 rows
-constexpr int kProducerThreads = 32;   // one warp of the third warpgroup loads; its other three leave
+constexpr int kProducerWarps = 2;      // of the third warpgroup: they load alternate tiles; the other two leave
+constexpr int kProducerThreads = 32;   // a tile's loaders (one warp)
 constexpr int kPingPongThreads = kConsumerThreads + 128;
 // Registers a thread after the split (setmaxnreg): 128 x 40 + 256 x 232 <= 64K.
 constexpr int kProducerRegisters = 40;
@@ -131,16 +132,18 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
     // Producer: tile t into stage t % kStages once every consumer is done with
     // tile t - kStages; lane l copies chunk l % kChunks of rows l / kChunks + kLoadRows * i.
     registers_decrease<kProducerRegisters>();
-    if (tid >= kConsumerThreads + kProducerThreads) return;
-    const int lane = tid - kConsumerThreads;
+    if (tid >= kConsumerThreads + kProducerWarps * 32) return;
+    const int producer_warp = (tid - kConsumerThreads) / 32;
+    const int lane = tid % 32;
     constexpr int kLoadRows = kProducerThreads / kChunks;
     constexpr int kPasses = kKeys / kLoadRows;
-    constexpr int kBatch = 8;  // block-table reads in flight together
+    constexpr int kBatch = 4;  // block-table reads in flight together (the producer has 40 registers)
     static_assert(kProducerThreads % kChunks == 0 && kPasses % kBatch == 0, "whole rows per pass");
     const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
     const int load_row = lane / kChunks;
     const int load_chunk = lane % kChunks;
-    for (int t = 0; t < num_tiles; ++t) {
+    // Two warps, two tiles in flight: each waits for its own tile's copies before publishing it.
+    for (int t = producer_warp; t < num_tiles; t += kProducerWarps) {
       const int stage = t % kStages;
       if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
       unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
