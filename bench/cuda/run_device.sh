@@ -26,6 +26,13 @@ run_suite() {  # one process per suite: a sticky CUDA error stays in its suite
   fi
 }
 
+sdpa_prefill() {  # torch SDPA on the prefill shapes the bench times, 8K and 32K
+  for tokens in 8192 32768; do
+    timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
+    grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
+  done
+}
+
 case "$MODE" in
   hosttier)
     run_suite 'CudaHostKvTier.*'
@@ -41,19 +48,13 @@ case "$MODE" in
   wide)
     run_suite 'CudaAttention.*' 300
     timeout 200 /tmp/loom/bin/loom_cuda_bench --what attention --out "$OUT/attention_bench.json" 2>&1 | tee "$OUT/attention_bench.log" | tail -4
-    for tokens in 8192 32768; do
-      timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
-      grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
-    done
+    sdpa_prefill
     ;;
   next)  # programmatic launches and the ping-pong prefill: their tests, then each timed both ways, and SDPA
     run_suite 'CudaProgrammaticLaunch.*:CudaAttention.Wide*:CudaGraph*' 300
     timeout 360 /tmp/loom/bin/loom_cuda_bench --what decode lora prefill attention --batch-sizes 1 16 64 \
       --out "$OUT/next_bench.json" 2>&1 | tee "$OUT/next_bench.log" | grep -E "batch|prefill|attention|LoRA|lora"
-    for tokens in 8192 32768; do
-      timeout 100 python3 bench/cuda/sdpa_reference.py $tokens > "$OUT/sdpa_$tokens.json" 2>> "$OUT/sdpa.err"
-      grep -A3 '"prefill"' "$OUT/sdpa_$tokens.json"
-    done
+    sdpa_prefill
     ;;
   bench)
     timeout 420 /tmp/loom/bin/loom_cuda_bench --out "$OUT/cuda_bench.json" 2>&1 | tee "$OUT/bench.log"

@@ -310,15 +310,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         }
       }
       float rescale[2], shift[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(row_max[h], tile_max[h]);
-        shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
-        rescale[h] = exp2f(row_max[h] - shift[h]);
-        row_max[h] = new_max;
-      }
+      online_max_update(tile_max, row_max, shift, rescale);
       float tile_sum[2] = {0.0f, 0.0f};
 #pragma unroll
       for (int t = 0; t < kScoreTiles; ++t) {

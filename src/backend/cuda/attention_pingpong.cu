@@ -23,10 +23,8 @@
 // dim 128). Off by default (CudaBackendConfig::pingpong_prefill) until measured.
 #include <cfloat>
 
+#include "backend/cuda/attention_wide.cuh"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
-#include "backend/cuda/wgmma.cuh"
 
 namespace loom::cuda {
 
@@ -40,7 +38,7 @@ constexpr int kPingPongThreads = kConsumerThreads + 128;
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kRows = kAttentionWideRows;
-constexpr int kKeys = 128;  // keys per tile: S is m64n128 per warpgroup
+constexpr int kKeys = kWideTileKeys;
 constexpr int kStages = 3;
 constexpr int kQBarrier = 1;     // named barrier: the consumers, once Q has landed
 constexpr int kTurnBarrier = 2;  // + w: warpgroup w's turn at the tensor cores
@@ -83,15 +81,6 @@ __device__ __forceinline__ void named_arrive(int barrier, int threads) {
 }
 
 template <int kHeadDim>
-__device__ __forceinline__ void wgmma_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (kHeadDim == 128) {
-    wgmma_m64n128k16_rs_mn(o, a, desc_b);
-  } else {
-    wgmma_m64n64k16_rs_mn(o, a, desc_b);
-  }
-}
-
-template <int kHeadDim>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
     attention_pingpong_kernel(AttentionParams p, const AttentionWorkItem* items) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
@@ -115,7 +104,6 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   const AttentionSequence sequence = p.sequences[item.sequence];
   const int group = p.num_heads / p.num_kv_heads;
   const int total_rows = sequence.num_queries() * group;
-  const int q_size = p.num_heads * kHeadDim;
   const int tid = threadIdx.x;
   const int32_t* block_table = p.block_tables + sequence.block_table_offset;
   const int num_tiles = (item.kv_end + kKeys - 1) / kKeys;
@@ -176,37 +164,15 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   const int g = lane / 4;
   const int quad = lane % 4;
 
-  for (int chunk = tid; chunk < kRows * kChunks; chunk += kConsumerThreads) {
-    const int r = chunk / kChunks;
-    const int c = chunk % kChunks;
-    const int row = item.row_begin + r;
-    const bool valid = row < total_rows;
-    const bf16* source = p.q;
-    if (valid) source += sequence.query_row(row / group) * q_size + (kv_head * group + row % group) * kHeadDim + c * 8;
-    cp_async_16(base + swizzled_chunk_offset(r, c, kRows), source, valid);
-  }
+  wide_load_q<kHeadDim>(p, item, sequence, kv_head, group, total_rows, tid, kConsumerThreads, base);
   cp_async_commit();
   cp_async_wait<0>();
   fence_proxy_async_shared();
   named_sync(kQBarrier, kConsumerThreads);
 
-  // Exclusive key limit of each owned row (0 for padding rows), and the
-  // furthest of the warpgroup's rows: tiles at or past it are skipped.
-  int row_limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
-    const int causal = row < total_rows ? sequence.num_computed_tokens + sequence.query_token(row / group) + 1 : 0;
-    row_limit[h] = min(causal, item.kv_end);
-  }
-  int warpgroup_limit = 0;
-  {
-    const int first_row = item.row_begin + warpgroup * 64;
-    const int last_row = min(first_row + 63, total_rows - 1);
-    for (int q = first_row / group; first_row <= last_row && q <= last_row / group; ++q)
-      warpgroup_limit = max(warpgroup_limit, sequence.num_computed_tokens + sequence.query_token(q) + 1);
-    warpgroup_limit = min(warpgroup_limit, item.kv_end);
-  }
+  const WideRowLimits limits = wide_row_limits(sequence, item, group, total_rows, warpgroup, warp, g);
+  const int(&row_limit)[2] = limits.row;
+  const int warpgroup_limit = limits.warpgroup;
   const int active_tiles = (warpgroup_limit + kKeys - 1) / kKeys;  // tiles starting before the limit
   const int min_row_limit = min(row_limit[0], row_limit[1]);
   const float scale_log2 = p.scale * 1.4426950408889634f;
@@ -265,41 +231,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   float rescale[2], tile_sum[2];
   auto softmax = [&](int j) {
     fence_accumulators(s);
-    const int tile_start = j * kKeys;
-    float tile_max[2] = {-INFINITY, -INFINITY};
-    if (tile_start + kKeys > min_row_limit) {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int h = (i % 4) / 2;
-        const int key = tile_start + (i / 4) * 8 + 2 * quad + (i % 2);
-        s[i] = key < row_limit[h] ? s[i] * scale_log2 : -INFINITY;
-        tile_max[h] = fmaxf(tile_max[h], s[i]);
-      }
-    } else {
-#pragma unroll
-      for (int i = 0; i < 64; ++i) {
-        const int h = (i % 4) / 2;
-        s[i] *= scale_log2;
-        tile_max[h] = fmaxf(tile_max[h], s[i]);
-      }
-    }
-    float shift[2];
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-      tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-      const float new_max = fmaxf(row_max[h], tile_max[h]);
-      shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
-      rescale[h] = exp2f(row_max[h] - shift[h]);
-      row_max[h] = new_max;
-      tile_sum[h] = 0.0f;
-    }
-#pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i % 4) / 2;
-      s[i] = exp2f(s[i] - shift[h]);
-      tile_sum[h] += s[i];
-    }
+    wide_softmax_tile(s, j * kKeys, row_limit, min_row_limit, scale_log2, quad, row_max, rescale, tile_sum);
   };
   // Once PV_{j-1} is done with o and a: rescale o, add the tile's sum, pack P_j.
   auto finish_softmax = [&] {
@@ -308,13 +240,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
     for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
 #pragma unroll
     for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
-#pragma unroll
-    for (int k = 0; k < kKeys / 16; ++k) {
-      a[k][0] = pack_bf16(s[8 * k + 0], s[8 * k + 1]);
-      a[k][1] = pack_bf16(s[8 * k + 2], s[8 * k + 3]);
-      a[k][2] = pack_bf16(s[8 * k + 4], s[8 * k + 5]);
-      a[k][3] = pack_bf16(s[8 * k + 6], s[8 * k + 7]);
-    }
+    pack_probabilities(s, a);
   };
 
   if (warpgroup == 1) named_arrive(kTurnBarrier, kConsumerThreads);
@@ -356,23 +282,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
     release(j);
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
-    if (row >= total_rows) continue;
-    const float inverse = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
-    const int64_t token = sequence.query_row(row / group);
-    bf16* out = p.out + token * q_size + (kv_head * group + row % group) * kHeadDim;
-#pragma unroll
-    for (int c = 0; c < kHeadDim / 8; ++c)
-      *reinterpret_cast<__nv_bfloat162*>(out + c * 8 + 2 * quad) =
-          __floats2bfloat162_rn(o[4 * c + 2 * h] * inverse, o[4 * c + 2 * h + 1] * inverse);
-  }
+  wide_store_rows<kHeadDim>(p, item, sequence, kv_head, group, total_rows, warpgroup, warp, g, quad, o, row_sum);
 }
 
 template <int kHeadDim>

@@ -17,10 +17,8 @@
 // (CudaBackendConfig::wgmma_prefill); CudaAttention.WidePrefill* test it.
 #include <cfloat>
 
+#include "backend/cuda/attention_wide.cuh"
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels.h"
-#include "backend/cuda/mma.cuh"
-#include "backend/cuda/wgmma.cuh"
 
 namespace loom::cuda {
 
@@ -28,21 +26,12 @@ namespace {
 
 constexpr int kWideThreads = 256;
 constexpr int kWideRows = kAttentionWideRows;
-constexpr int kWideKeys = 128;  // keys per tile: S is m64n128 per warpgroup
+constexpr int kWideKeys = kWideTileKeys;
 
 template <int kHeadDim>
 constexpr size_t wide_shared_bytes() {
   // Q [128][d], two stages of K and V [128][d], + slack to align to 1024 bytes.
   return static_cast<size_t>(kWideRows + 4 * kWideKeys) * kHeadDim * sizeof(bf16) + 1024;
-}
-
-template <int kHeadDim>
-__device__ __forceinline__ void wgmma_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[4], uint64_t desc_b) {
-  if constexpr (kHeadDim == 128) {
-    wgmma_m64n128k16_rs_mn(o, a, desc_b);
-  } else {
-    wgmma_m64n64k16_rs_mn(o, a, desc_b);
-  }
 }
 
 template <int kHeadDim>
@@ -66,7 +55,6 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
   const AttentionSequence sequence = p.sequences[item.sequence];
   const int group = p.num_heads / p.num_kv_heads;
   const int total_rows = sequence.num_queries() * group;
-  const int q_size = p.num_heads * kHeadDim;
   const int tid = threadIdx.x;
   const int warpgroup = tid / 128;
   const int warp = (tid / 32) % 4;
@@ -75,15 +63,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
   const int quad = lane % 4;
   const int32_t* block_table = p.block_tables + sequence.block_table_offset;
 
-  for (int chunk = tid; chunk < kWideRows * kChunks; chunk += kWideThreads) {
-    const int r = chunk / kChunks;
-    const int c = chunk % kChunks;
-    const int row = item.row_begin + r;
-    const bool valid = row < total_rows;
-    const bf16* source = p.q;
-    if (valid) source += sequence.query_row(row / group) * q_size + (kv_head * group + row % group) * kHeadDim + c * 8;
-    cp_async_16(base + swizzled_chunk_offset(r, c, kWideRows), source, valid);
-  }
+  wide_load_q<kHeadDim>(p, item, sequence, kv_head, group, total_rows, tid, kWideThreads, base);
   // Thread tid copies chunk tid % kChunks of rows tid / kChunks + kLoadRows * i: one
   // address computation per row, all block-table reads of a tile in flight together.
   constexpr int kLoadRows = kWideThreads / kChunks;
@@ -108,23 +88,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     cp_async_commit();
   };
 
-  // Exclusive key limit of each owned row (0 for padding rows), and the
-  // furthest of the warpgroup's rows: tiles at or past it are skipped.
-  int row_limit[2];
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
-    const int causal = row < total_rows ? sequence.num_computed_tokens + sequence.query_token(row / group) + 1 : 0;
-    row_limit[h] = min(causal, item.kv_end);
-  }
-  int warpgroup_limit = 0;
-  {
-    const int first_row = item.row_begin + warpgroup * 64;
-    const int last_row = min(first_row + 63, total_rows - 1);
-    for (int q = first_row / group; first_row <= last_row && q <= last_row / group; ++q)
-      warpgroup_limit = max(warpgroup_limit, sequence.num_computed_tokens + sequence.query_token(q) + 1);
-    warpgroup_limit = min(warpgroup_limit, item.kv_end);
-  }
+  const WideRowLimits limits = wide_row_limits(sequence, item, group, total_rows, warpgroup, warp, g);
+  const int(&row_limit)[2] = limits.row;
+  const int warpgroup_limit = limits.warpgroup;
   const int min_row_limit = min(row_limit[0], row_limit[1]);
   const float scale_log2 = p.scale * 1.4426950408889634f;
 
@@ -164,48 +130,10 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
       wgmma_wait<0>();
       fence_accumulators(s);
 
-      float tile_max[2] = {-INFINITY, -INFINITY};
-      if (tile_start + kWideKeys > min_row_limit) {
-#pragma unroll
-        for (int j = 0; j < 64; ++j) {
-          const int h = (j % 4) / 2;
-          const int key = tile_start + (j / 4) * 8 + 2 * quad + (j % 2);
-          s[j] = key < row_limit[h] ? s[j] * scale_log2 : -INFINITY;
-          tile_max[h] = fmaxf(tile_max[h], s[j]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < 64; ++j) {
-          const int h = (j % 4) / 2;
-          s[j] *= scale_log2;
-          tile_max[h] = fmaxf(tile_max[h], s[j]);
-        }
-      }
-      float rescale[2], shift[2];
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
-        tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
-        const float new_max = fmaxf(row_max[h], tile_max[h]);
-        shift[h] = new_max == -INFINITY ? 0.0f : new_max;  // a fully masked row stays all zero
-        rescale[h] = exp2f(row_max[h] - shift[h]);
-        row_max[h] = new_max;
-      }
-      float tile_sum[2] = {0.0f, 0.0f};
+      float rescale[2], tile_sum[2];
+      wide_softmax_tile(s, tile_start, row_limit, min_row_limit, scale_log2, quad, row_max, rescale, tile_sum);
       uint32_t a[kWideKeys / 16][4];
-#pragma unroll
-      for (int j = 0; j < 64; ++j) {
-        const int h = (j % 4) / 2;
-        s[j] = exp2f(s[j] - shift[h]);
-        tile_sum[h] += s[j];
-      }
-#pragma unroll
-      for (int k = 0; k < kWideKeys / 16; ++k) {
-        a[k][0] = pack_bf16(s[8 * k + 0], s[8 * k + 1]);
-        a[k][1] = pack_bf16(s[8 * k + 2], s[8 * k + 3]);
-        a[k][2] = pack_bf16(s[8 * k + 4], s[8 * k + 5]);
-        a[k][3] = pack_bf16(s[8 * k + 6], s[8 * k + 7]);
-      }
+      pack_probabilities(s, a);
 #pragma unroll
       for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
 #pragma unroll
@@ -225,23 +153,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     __syncthreads();  // both warpgroups are done with `stage` before it is refilled
   }
 
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 1);
-    row_sum[h] += __shfl_xor_sync(0xffffffffu, row_sum[h], 2);
-  }
-#pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = item.row_begin + warpgroup * 64 + warp * 16 + g + 8 * h;
-    if (row >= total_rows) continue;
-    const float inverse = row_sum[h] > 0.0f ? 1.0f / row_sum[h] : 0.0f;
-    const int64_t token = sequence.query_row(row / group);
-    bf16* out = p.out + token * q_size + (kv_head * group + row % group) * kHeadDim;
-#pragma unroll
-    for (int c = 0; c < kHeadDim / 8; ++c)
-      *reinterpret_cast<__nv_bfloat162*>(out + c * 8 + 2 * quad) =
-          __floats2bfloat162_rn(o[4 * c + 2 * h] * inverse, o[4 * c + 2 * h + 1] * inverse);
-  }
+  wide_store_rows<kHeadDim>(p, item, sequence, kv_head, group, total_rows, warpgroup, warp, g, quad, o, row_sum);
 }
 
 template <int kHeadDim>

@@ -1,10 +1,12 @@
 // Device-side building blocks of the tensor-core kernels (attention.cu,
 // residual_keys.cuh): cp.async copies into shared memory, ldmatrix fragment
-// loads and the m16n8k16 bf16 MMA (fp32 accumulate). Fragment layouts are
+// loads, the m16n8k16 bf16 MMA (fp32 accumulate) and the online softmax's
+// running-max step. Fragment layouts are
 // PTX's for mma.sync.aligned.m16n8k16.row.col: lane = 4 g + quad holds rows g
 // and g + 8, columns 2 quad and 2 quad + 1 of each 8-column C tile.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -45,6 +47,23 @@ __device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], 
 __device__ __forceinline__ uint32_t pack_bf16(float low, float high) {
   const __nv_bfloat162 pair = __floats2bfloat162_rn(low, high);
   return *reinterpret_cast<const uint32_t*>(&pair);
+}
+
+// Online softmax, per thread's two rows h (g and g + 8): reduces tile_max over
+// the row's quad, advances row_max, and gives the shift for this tile's
+// exponents (log2 domain) and the rescale of what was accumulated before it.
+// A row with every score so far masked keeps shift 0, so it stays all zero.
+__device__ __forceinline__ void online_max_update(float (&tile_max)[2], float (&row_max)[2], float (&shift)[2],
+                                                  float (&rescale)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 1));
+    tile_max[h] = fmaxf(tile_max[h], __shfl_xor_sync(0xffffffffu, tile_max[h], 2));
+    const float new_max = fmaxf(row_max[h], tile_max[h]);
+    shift[h] = new_max == -INFINITY ? 0.0f : new_max;
+    rescale[h] = exp2f(row_max[h] - shift[h]);
+    row_max[h] = new_max;
+  }
 }
 
 }  // namespace loom::cuda
