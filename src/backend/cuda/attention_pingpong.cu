@@ -189,10 +189,9 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   // sits on a path the whole warpgroup takes (ptxas serializes wgmma on paths
   // it cannot prove uniform): phase 0 (S only), phases 1..active-1 (both), phase
   // `active` (PV only), then phases that only pass the turn on and release tiles.
-  auto wait_full = [&](int j) {
-    mbarrier_wait(full_barriers + 8 * (j % kStages), (j / kStages) & 1);
-    fence_proxy_async_shared();
-  };
+  // The producer fenced its copies to the async proxy before arriving (release);
+  // the wait acquires them, as attention_wide.cu's fence and barrier do.
+  auto wait_full = [&](int j) { mbarrier_wait(full_barriers + 8 * (j % kStages), (j / kStages) & 1); };
   // Warpgroup 0 takes the first turn; each passes the turn on after issuing its
   // GEMMs, warpgroup 1 not after its last phase (so the arrivals pair up).
   auto begin_turn = [&] { named_sync(kTurnBarrier + warpgroup, kConsumerThreads); };
