@@ -225,7 +225,9 @@ TEST(CudaAttention, WidePrefillHeadDims64And128GqaAndBlockSizes) {
   struct Heads { int heads, kv_heads; };
   for (int head_dim : {64, 128}) {
     for (Heads h : {Heads{8, 8}, Heads{32, 8}, Heads{32, 4}}) {
-      for (int block_size : {16, 32}) {
+      // 16 and 32 are the engine's; 8 and 256 the ping-pong producer's other
+      // block-table shapes (16 and 1 entries a tile), 24 its fallback.
+      for (int block_size : {8, 16, 24, 32, 256}) {
         AttentionCase c;
         c.head_dim = head_dim;
         c.num_heads = h.heads;

@@ -6,13 +6,12 @@
 // two CTA barriers per tile, so both issue their GEMMs, then both run softmax
 // with the tensor cores idle: ~3.1 us a tile where the GEMMs alone take ~2 (its
 // 346 TFLOP/s at 32K against SDPA's 615). Here:
-//   - two producer warps (of a third warpgroup, which gives its registers to
-//     the consumers through setmaxnreg: 40 against 232 a thread) gather
-//     alternate K/V tiles through the block table with cp.async into kStages
-//     stages; a stage's `full` mbarrier
-//     says it landed (the producer waits for its copies, fences them to the async
-//     proxy, then arrives), its `empty` mbarrier that all 256 consumer threads
-//     are done reading it;
+//   - a producer warpgroup (which gives its registers to the consumers
+//     through setmaxnreg: 40 against 232 a thread) gathers K/V tiles through
+//     the block table with cp.async into kStages stages, two tiles in flight;
+//     a stage's `full` mbarrier says it landed (each producer thread waits for
+//     its copies, fences them to the async proxy, then arrives), its `empty`
+//     mbarrier that all 256 consumer threads are done reading it;
 //   - the two consumer warpgroups take turns at the tensor cores (named
 //     barriers kTurnBarrier + w): in phase j a warpgroup issues S_j = Q K_j^T and
 //     O += P_{j-1} V_{j-1} back to back, hands the turn over, then runs softmax
@@ -31,9 +30,8 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kConsumerThreads = 256;  // two warpgroups of 64 rows
-constexpr int kProducerWarps = 2;      // of the third warpgroup: they load alternate tiles; the other two leave
-constexpr int kProducerThreads = 32;   // a tile's loaders (one warp)
-constexpr int kPingPongThreads = kConsumerThreads + 128;
+constexpr int kProducerThreads = 128;  // the third warpgroup: each tile's loaders
+constexpr int kPingPongThreads = kConsumerThreads + kProducerThreads;
 // Registers a thread after the split (setmaxnreg): 128 x 40 + 256 x 232 <= 64K.
 constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
@@ -118,41 +116,58 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 
   if (tid >= kConsumerThreads) {
     // Producer: tile t into stage t % kStages once every consumer is done with
-    // tile t - kStages; lane l copies chunk l % kChunks of rows l / kChunks + kLoadRows * i.
+    // tile t - kStages; thread i copies chunk i % kChunks of rows i / kChunks + kLoadRows * pass.
     registers_decrease<kProducerRegisters>();
-    if (tid >= kConsumerThreads + kProducerWarps * 32) return;
-    const int producer_warp = (tid - kConsumerThreads) / 32;
+    const int producer_tid = tid - kConsumerThreads;
     const int lane = tid % 32;
     constexpr int kLoadRows = kProducerThreads / kChunks;
     constexpr int kPasses = kKeys / kLoadRows;
-    constexpr int kBatch = 4;  // block-table reads in flight together (the producer has 40 registers)
-    static_assert(kProducerThreads % kChunks == 0 && kPasses % kBatch == 0, "whole rows per pass");
+    static_assert(kProducerThreads % kChunks == 0 && kPasses % 4 == 0, "whole rows per pass");
     const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
-    const int load_row = lane / kChunks;
-    const int load_chunk = lane % kChunks;
-    // Two warps, two tiles in flight: each waits for its own tile's copies before publishing it.
-    for (int t = producer_warp; t < num_tiles; t += kProducerWarps) {
+    const int shift = kv_gather.block_shift;  // launch_attention_pingpong sends only power-of-two sizes >= 4
+    const int load_row = producer_tid / kChunks;
+    const int load_chunk = producer_tid % kChunks;
+    // A tile spans at most 32 blocks: lane b of each warp reads the tile's b-th
+    // block-table entry once, and every copy takes its block from a shuffle.
+    // (Reading the table per few copies put a dependent L2 round trip in front
+    // of them; one warp issuing a whole tile could not keep up with the GEMMs.)
+    const int table_entries = max(kKeys >> shift, 1);
+    auto tile_blocks = [&](int t) -> int32_t {
+      const int entry = ((t * kKeys) >> shift) + lane;
+      return lane < table_entries && (entry << shift) < item.kv_end ? __ldg(block_table + entry) : 0;
+    };
+    auto publish = [&](int t) {  // once this thread's copies of tile t have landed
+      fence_proxy_async_shared();
+      mbarrier_arrive(full_barriers + 8 * (t % kStages));
+    };
+    int32_t blocks = tile_blocks(0);
+    // Two tiles in flight: tile t - 1 is published once tile t's copies are issued.
+    for (int t = 0; t < num_tiles; ++t) {
       const int stage = t % kStages;
       if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
       unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
       unsigned char* v_stage = base + kQBytes + (kStages + stage) * kTileBytes;
       const int tile_start = t * kKeys;
-      for (int pass = 0; pass < kPasses; pass += kBatch) {
-        int64_t offset[kBatch];
-        kv_gather.tile_offsets(tile_start, load_row + pass * kLoadRows, kLoadRows, item.kv_end, load_chunk * 8, offset);
-#pragma unroll
-        for (int i = 0; i < kBatch; ++i) {
-          const int r = load_row + (pass + i) * kLoadRows;
-          const bool valid = tile_start + r < item.kv_end;
-          const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
-          cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
-          cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
-        }
+#pragma unroll 4
+      for (int pass = 0; pass < kPasses; ++pass) {
+        const int r = load_row + pass * kLoadRows;
+        const int32_t block = __shfl_sync(0xffffffffu, blocks, r >> shift);
+        const bool valid = tile_start + r < item.kv_end;
+        const int64_t offset = valid ? kv_gather.index_in_block(block, tile_start + r) + load_chunk * 8 : 0;
+        const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
+        cp_async_16(k_stage + destination, p.k_cache + offset, valid);
+        cp_async_16(v_stage + destination, p.v_cache + offset, valid);
       }
       cp_async_commit();
+      blocks = tile_blocks(t + 1);  // in flight while the copies land
+      if (t >= 1) {
+        cp_async_wait<1>();
+        publish(t - 1);
+      }
+    }
+    if (num_tiles > 0) {
       cp_async_wait<0>();
-      fence_proxy_async_shared();
-      mbarrier_arrive(full_barriers + 8 * stage);
+      publish(num_tiles - 1);
     }
     return;
   }
@@ -308,6 +323,11 @@ size_t attention_pingpong_shared_bytes(int32_t head_dim) {
 void launch_attention_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                                cudaStream_t stream) {
   if (num_items == 0) return;
+  // The producer reads a tile's block table with one warp's shuffle: block
+  // sizes that are powers of two from 4 (all the engine uses). Others take
+  // the kPrefillWide kernel, which computes the same.
+  if (params.block_size < 4 || (params.block_size & (params.block_size - 1)) != 0)
+    return launch_attention_wide(params, items, num_items, stream);
   switch (params.head_dim) {
     case 64: return launch_pingpong<64>(params, items, num_items, stream);
     case 128: return launch_pingpong<128>(params, items, num_items, stream);

@@ -74,6 +74,11 @@ struct PagedGather {
     return block * block_stride + head_offset + offset * row_stride;
   }
 
+  // index(key) for a key known to live in `block` (power-of-two block sizes only).
+  LOOM_HOST_DEVICE int64_t index_in_block(int32_t block, int32_t key) const {
+    return block * block_stride + head_offset + (key & (block_size - 1)) * row_stride;
+  }
+
   // A tile gather's sources: offset[i] = index of key tile_start + first_row + i * stride,
   // plus `column`; 0 for keys at or past kv_end (their copies zero-fill). N is small
   // and unrolled, so a thread's block-table reads are all in flight together.
