@@ -66,9 +66,12 @@ __device__ __forceinline__ WideRowLimits wide_row_limits(const AttentionSequence
 }
 
 // One S tile (the warpgroup's 64 rows x 128 keys from tile_start, wgmma's D
-// layout) in place: masked past each row's limit, scaled to the log2 domain,
-// exponentiated against the running max. rescale multiplies what was
-// accumulated before the tile, tile_sum is the tile's share of the row sums.
+// layout) in place: masked past each row's limit, exponentiated in the log2
+// domain against the running max. rescale multiplies what was accumulated
+// before the tile, tile_sum is the tile's share of the row sums. The max is
+// taken on the raw scores (scale > 0) so that scaling and shifting are one
+// FFMA an element: the softmax's instructions, not the GEMMs, bound the
+// ping-pong kernel (ncu, H100).
 __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start, const int (&row_limit)[2],
                                                   int min_row_limit, float scale_log2, int quad, float (&row_max)[2],
                                                   float (&rescale)[2], float (&tile_sum)[2]) {
@@ -78,24 +81,22 @@ __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start
     for (int i = 0; i < 64; ++i) {
       const int h = (i % 4) / 2;
       const int key = tile_start + (i / 4) * 8 + 2 * quad + (i % 2);
-      s[i] = key < row_limit[h] ? s[i] * scale_log2 : -INFINITY;
+      if (key >= row_limit[h]) s[i] = -INFINITY;
       tile_max[h] = fmaxf(tile_max[h], s[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      const int h = (i % 4) / 2;
-      s[i] *= scale_log2;
-      tile_max[h] = fmaxf(tile_max[h], s[i]);
-    }
+    for (int i = 0; i < 64; ++i) tile_max[(i % 4) / 2] = fmaxf(tile_max[(i % 4) / 2], s[i]);
   }
+  tile_max[0] *= scale_log2;
+  tile_max[1] *= scale_log2;
   float shift[2];
   online_max_update(tile_max, row_max, shift, rescale);
   tile_sum[0] = tile_sum[1] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i % 4) / 2;
-    s[i] = exp2f(s[i] - shift[h]);
+    s[i] = exp2f(fmaf(s[i], scale_log2, -shift[h]));
     tile_sum[h] += s[i];
   }
 }
