@@ -392,7 +392,8 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
                                plan_.num_rebuild_items(), plan_pointer<AttentionWorkItem>(sections.forked_wide_items),
                                plan_.num_forked_wide_items(), scratch_k,
                                scratch_k + static_cast<size_t>(plan_.num_scratch_keys()) * config_.kv_size(), stream_,
-                               residual_rank_);
+                               residual_rank_, pingpong_prefill_ ? AttentionVariant::kPrefillWidePingPong
+                                                                 : AttentionVariant::kPrefillWide);
   }
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                            plan_.num_combine_items(), chain());

@@ -215,7 +215,7 @@ class CudaBackend : public Backend {
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
   bool programmatic_launches_ = false;  // CudaBackendConfig::programmatic_launches
-  bool pingpong_prefill_ = false;       // CudaBackendConfig::pingpong_prefill
+  bool pingpong_prefill_ = true;        // CudaBackendConfig::pingpong_prefill
   bool step_programmatic_ = false;      // this step's kernels launch programmatically (plan_step)
   int32_t max_graph_rows_ = 256;
   bool wide_prefill_ = false;  // PlanShape::wide_prefill (CudaBackendConfig::wgmma_prefill)

@@ -123,7 +123,7 @@ void launch_rebuild(const AttentionParams& params, const ResidualRebuildItem* it
 void launch_forked_wide_prefill(const AttentionParams& params, const ResidualRebuildItem* rebuild_items,
                                 int32_t num_rebuild_items, const AttentionWorkItem* wide_items,
                                 int32_t num_wide_items, bf16* scratch_k, bf16* scratch_v, cudaStream_t stream,
-                                int32_t residual_rank) {
+                                int32_t residual_rank, AttentionVariant variant) {
   if (num_rebuild_items <= 0 || num_wide_items <= 0) return;
   if (residual_rank <= 0 || residual_rank > kResidualMaxRank)
     throw_unsupported("cuda forked wide prefill: k/v LoRA rank (supported: 1 to 64)", residual_rank);
@@ -140,7 +140,7 @@ void launch_forked_wide_prefill(const AttentionParams& params, const ResidualReb
   AttentionParams wide = params;
   wide.k_cache = scratch_k;
   wide.v_cache = scratch_v;
-  launch_attention(wide, AttentionVariant::kPrefillWide, wide_items, num_wide_items, stream);
+  launch_attention(wide, variant, wide_items, num_wide_items, stream);
 }
 
 }  // namespace loom::cuda
