@@ -6,7 +6,9 @@
 # The SmolLM2 GGUF (98 MB) is over one call's carry limit: .carry/smol_a/part
 # (first 50 MB) travels with `tests` and is kept in /tmp/loom, .carry/smol_b/part
 # with `smol`, which must follow while the machine is still warm.
-#   bench/cuda/run_device.sh tests | smol | bench | wide | next | all-after-tests
+#   bench/cuda/run_device.sh tests | all | smol | bench | wide | next | all-after-tests
+# all: every GPU test but the SmolLM2 ones in one process (~3 min; CudaAttention.MatchesTorchSdpaToLongContexts
+# needs the device's torch and reads bench/cuda/sdpa_check.py from the working directory).
 # wide: the wgmma prefill's tests, then its timing against the mma.sync kernel and torch SDPA at 8K and 32K.
 # next: CudaBackendConfig::programmatic_launches and ::pingpong_prefill, tested, then timed against the defaults.
 set -u
@@ -38,7 +40,11 @@ case "$MODE" in
     run_suite 'CudaHostKvTier.*'
     ;;
   tests)
-    for suite in 'CudaHostKvTier.*' 'CudaSampling.*' 'CudaKernels.*' 'CudaLora.*' 'CudaAttention.*' 'AllArchs/*' 'CudaBackend.*'; do run_suite "$suite"; done
+    for suite in 'CudaHostKvTier.*' 'CudaSampling.*' 'CudaKernels.*' 'CudaLora.*' 'CudaAttention.*' 'AllArchs/*' 'CudaBackend.*'; do run_suite "$suite" 300; done
+    ;;
+  all)
+    run_suite '-CudaSmolLM2.*' 500
+    grep -E '"pass"' "$OUT/tests.log" | head -12
     ;;
   smol)
     cat /tmp/loom/smol_a .carry/smol_b/part > /tmp/loom/smol.gguf

@@ -2,14 +2,22 @@
 // backend's paged_attention on the same bf16 values: random block tables,
 // block sizes 16 and 32, contexts 1..16K, batches 1..128, GQA ratios 1/4/8;
 // the wide (wgmma) prefill, plain and warp-specialized, for head dims 64/128 up
-// to 64K contexts.
+// to 64K contexts; and the default kernels against torch's SDPA on the device
+// (bench/cuda/sdpa_check.py) for contexts 1 to 128K.
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <numeric>
+#include <unistd.h>
 
 #include <gtest/gtest.h>
 
 #include "backend/cpu/paged_attention.h"
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_plan.h"
@@ -30,7 +38,23 @@ struct AttentionCase {
   bool wide = true;   // PlanShape::wide_prefill where the head size has the wide kernel
   int num_sms = 132;  // 1: any prefill list is wide enough to run wide
   bool pingpong = false;  // wide items on the warp-specialized kernel (kPrefillWidePingPong)
+  bool cpu_reference = true;  // false: no CPU reference (the SDPA check's long contexts)
+  // Non-empty (one sequence only): Q, the sequence's K and V in position order
+  // and the output, as raw bf16, to dump_prefix + {q,k,v,out}.bin.
+  std::string dump_prefix;
 };
+
+void write_bf16(const std::string& path, const std::vector<float>& values) {  // values are bf16 already
+  std::vector<uint16_t> bits(values.size());
+  for (size_t i = 0; i < values.size(); ++i) {
+    uint32_t word;
+    std::memcpy(&word, &values[i], 4);
+    bits[i] = static_cast<uint16_t>(word >> 16);
+  }
+  std::ofstream file(path, std::ios::binary);
+  file.write(reinterpret_cast<const char*>(bits.data()), static_cast<std::streamsize>(bits.size() * 2));
+  ASSERT_TRUE(file.good()) << "cannot write " << path;
+}
 
 std::string describe(const AttentionCase& c) {
   int64_t max_context = 0;
@@ -78,7 +102,8 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   cpu::place_tokens(batch, c.block_size, placement);
   std::vector<float> expected(static_cast<size_t>(n) * q_size), scratch;
   const cpu::AttentionShape shape{c.num_heads, c.num_kv_heads, c.head_dim, c.block_size};
-  cpu::paged_attention(q.data(), batch, placement, shape, k_pool.data(), v_pool.data(), 16, scratch, expected.data());
+  if (c.cpu_reference)
+    cpu::paged_attention(q.data(), batch, placement, shape, k_pool.data(), v_pool.data(), 16, scratch, expected.data());
 
   StepPlan plan;
   PlanShape plan_shape{c.block_size, c.num_heads, c.num_kv_heads, c.num_sms, attention_decode_ctas_per_sm(c.head_dim)};
@@ -135,6 +160,22 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
     }
     EXPECT_EQ(differing, 0u) << "ping-pong output values differing from the wgmma kernel's";
   }
+  if (!c.dump_prefix.empty()) {
+    const BatchSequence& sequence = batch.sequences.at(0);
+    const int64_t context = sequence.num_computed_tokens + sequence.num_new_tokens;
+    std::vector<float> k(static_cast<size_t>(context) * kv_size), v(k.size());
+    for (int64_t position = 0; position < context; ++position) {
+      const int64_t slot = static_cast<int64_t>(batch.block_tables[sequence.block_table_offset + position / c.block_size]) *
+                               c.block_size + position % c.block_size;
+      std::copy_n(k_pool.begin() + slot * kv_size, kv_size, k.begin() + position * kv_size);
+      std::copy_n(v_pool.begin() + slot * kv_size, kv_size, v.begin() + position * kv_size);
+    }
+    write_bf16(c.dump_prefix + "q.bin", q);
+    write_bf16(c.dump_prefix + "k.bin", k);
+    write_bf16(c.dump_prefix + "v.bin", v);
+    write_bf16(c.dump_prefix + "out.bin", out);
+  }
+  if (!c.cpu_reference) return plan.prefill_variant();
   const bool long_reduction = placement.max_context_length > 256;
   EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
       << plan.num_prefill_items() << (prefill == AttentionVariant::kPrefillWide ? " wide"
@@ -262,6 +303,51 @@ TEST(CudaAttention, WidePrefillLongContexts) {
   c.sequences = {{65536 - 256, 256}, {32768 - 640, 640}};
   c.wide = false;  // the mma.sync kernel, split over the same chunks
   EXPECT_EQ(run_case(c), AttentionVariant::kPrefill);
+}
+
+// The script that compares dumped cases with torch SDPA: $LOOM_SOURCE_DIR's,
+// the working directory's (the device runs from the repository root), or the
+// source tree this binary was built from.
+std::string sdpa_check_script() {
+  const char* relative = "bench/cuda/sdpa_check.py";
+  if (const char* root = std::getenv("LOOM_SOURCE_DIR")) return std::string(root) + "/" + relative;
+  if (std::filesystem::exists(relative)) return relative;
+  return std::string(LOOM_TEST_SOURCE_DIR) + "/" + relative;
+}
+
+// The backend's default kernels (decode, the ping-pong prefill) against torch's
+// scaled_dot_product_attention in fp32 on the device, with SDPA's own bf16
+// error as the yardstick: contexts 1 to 128K, cached prefixes 0 to 127K.
+TEST(CudaAttention, MatchesTorchSdpaToLongContexts) {
+  LOOM_REQUIRE_GPU();
+  if (std::system("python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1") != 0)
+    GTEST_SKIP() << "no python3 with CUDA torch";
+  const std::string script = sdpa_check_script();
+  ASSERT_TRUE(std::filesystem::exists(script)) << script;
+  const std::filesystem::path dir =
+      std::filesystem::temp_directory_path() / ("loom_sdpa_check_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  struct Context { int cached, fresh; };
+  const Context contexts[] = {{0, 1},    {0, 130},   {1000, 1},    {0, 1000},          {0, 8192},
+                              {0, 32768}, {4096, 600}, {65536 - 512, 512}, {131072 - 1024, 1024}};
+  std::ofstream cases(dir / "cases.txt");
+  int index = 0;
+  for (const Context& context : contexts) {
+    AttentionCase c;  // 8B shape: 32 / 8 heads, d 128, block size 16
+    c.sequences = {{context.cached, context.fresh}};
+    c.cpu_reference = false;
+    c.pingpong = CudaBackendConfig{}.pingpong_prefill;
+    c.seed = 100 + index;
+    c.dump_prefix = (dir / ("case" + std::to_string(index) + "_")).string();
+    run_case(c);
+    cases << c.dump_prefix << ' ' << context.cached << ' ' << context.fresh << ' ' << c.num_heads << ' '
+          << c.num_kv_heads << ' ' << c.head_dim << '\n';
+    ++index;
+  }
+  cases.close();
+  const int status = std::system(("python3 " + script + " " + (dir / "cases.txt").string()).c_str());
+  std::filesystem::remove_all(dir);
+  EXPECT_EQ(status, 0) << "sdpa_check.py: a case is further from fp32 SDPA than SDPA's own bf16 (see its output)";
 }
 
 }  // namespace
