@@ -70,8 +70,7 @@ __device__ __forceinline__ WideRowLimits wide_row_limits(const AttentionSequence
 // domain against the running max. rescale multiplies what was accumulated
 // before the tile, tile_sum is the tile's share of the row sums. The max is
 // taken on the raw scores (scale > 0) so that scaling and shifting are one
-// FFMA an element: the softmax's instructions, not the GEMMs, bound the
-// ping-pong kernel (ncu, H100).
+// FFMA an element: the ping-pong kernel is issue-bound (ncu, H100).
 __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start, const int (&row_limit)[2],
                                                   int min_row_limit, float scale_log2, int quad, float (&row_max)[2],
                                                   float (&rescale)[2], float (&tile_sum)[2]) {

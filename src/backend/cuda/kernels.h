@@ -140,9 +140,9 @@ size_t attention_pingpong_shared_bytes(int32_t head_dim);
 // Forked prefills on the wide kernel (plan_types.h ResidualRebuildItem): rebuilds
 // the items' keys and values into scratch_k / scratch_v (kv_element_index's
 // layout, params.block_size, the scratch copies' block tables), then runs the
-// `variant` (kPrefillWide or kPrefillWidePingPong) items over them. params carries the forked fields (rCache,
-// modules, inv_freq); no adapter of the items has a k or v rank above
-// residual_rank (<= kResidualMaxRank).
+// items over them on `variant` (kPrefillWide or kPrefillWidePingPong). params
+// carries the forked fields (rCache, modules, inv_freq); no adapter of the
+// items has a k or v rank above residual_rank (<= kResidualMaxRank).
 void launch_forked_wide_prefill(const AttentionParams& params, const ResidualRebuildItem* rebuild_items,
                                 int32_t num_rebuild_items, const AttentionWorkItem* wide_items,
                                 int32_t num_wide_items, bf16* scratch_k, bf16* scratch_v, cudaStream_t stream,
