@@ -8,7 +8,7 @@
 #   PROMPTS=8192,32768 TASKS=2 bench/cuda/alora_pipeline.sh [extra loom bench args]
 # Env: PROMPTS (x lengths, comma-separated), TASKS (per configuration),
 # CONCURRENCY (default 1), GEN (256), EVAL (16), KV_BYTES (default: the
-# server's --gpu-memory-fraction), SHARING (isolated,activated), LIMIT (s).
+# server's, 0.9 of the GPU), SHARING (isolated,activated), LIMIT (s).
 # Off the GPU (a check of the arguments): LOOM=build/loom DEVICE=cpu
 # MODEL=random:tiny PROMPTS=256 bench/cuda/alora_pipeline.sh --threads 2
 set -u

@@ -31,6 +31,9 @@
 namespace loom::cli {
 namespace {
 
+// The GPU memory share the KV pool sizes itself to when no size is given (vLLM's).
+constexpr double kDefaultGpuMemoryFraction = 0.9;
+
 struct ServeOptions {
   std::string model;
   std::vector<std::string> served_model_names;  // the first is canonical
@@ -209,13 +212,17 @@ int run_serve(const ServeOptions& options) {
   if (vllm.max_model_len > 0) engine_config.max_context_tokens = vllm.max_model_len;
   if (vllm.max_loras > 0) engine_config.max_loras_per_batch = vllm.max_loras;
   if (!vllm.kv_events_config.empty()) engine_config.kv_events = parse_kv_events_config(vllm.kv_events_config);
-  const double gpu_fraction = options.gpu_memory_fraction > 0.0 ? options.gpu_memory_fraction
-                                                                : vllm.gpu_memory_utilization;
-  if (gpu_fraction > 0.0 && options.device.rfind("cuda", 0) != 0)
+  double gpu_fraction = options.gpu_memory_fraction > 0.0 ? options.gpu_memory_fraction
+                                                          : vllm.gpu_memory_utilization;
+  const bool on_gpu = options.device.rfind("cuda", 0) == 0;
+  if (gpu_fraction > 0.0 && !on_gpu)
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("--gpu-memory-fraction / --gpu-memory-utilization {} on --device {}", gpu_fraction,
                             options.device),
                 "they size the KV pool from GPU memory; on the CPU give --kv-cache-bytes (e.g. 4G)");
+  // vLLM's default on a GPU: the pool takes what 90% of the card leaves after
+  // the weights, unless a size is given (1 GiB held 8K tokens of an 8B model).
+  if (gpu_fraction == 0.0 && on_gpu && options.kv_cache_bytes.empty()) gpu_fraction = kDefaultGpuMemoryFraction;
   std::vector<LoraSpec> specs;
   for (const auto& spec_text : options.loras) specs.push_back(parse_lora_spec(spec_text));  // bad flags fail early
   for (const auto& spec_text : lora_specs_from_modules(vllm.lora_modules)) specs.push_back(parse_lora_spec(spec_text));
@@ -432,7 +439,8 @@ CommandRunner register_serve(CLI::App& app) {
   app.add_option("--block-size", options->block_size, "KV block size in tokens (default: 4 on cpu, 16 on cuda)")
       ->check(CLI::PositiveNumber);
   app.add_option("--kv-cache-bytes", options->kv_cache_bytes,
-                 "KV cache pool size: BYTES (suffix K, M, G allowed; rCache included; default 1G)");
+                 "KV cache pool size: BYTES (suffix K, M, G allowed; rCache included; default 1G on the CPU, "
+                 "--gpu-memory-fraction 0.9 on a GPU)");
   app.add_option("--default-sharing", options->default_sharing,
                  "KV sharing of adapters that choose none: isolated (default), base, forked (activated only for "
                  "aLoRA adapters, which get it anyway)")

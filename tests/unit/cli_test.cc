@@ -166,6 +166,13 @@ TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
   EXPECT_EQ(disk["disk_kv_warm_start"], true);
   EXPECT_EQ(disk["disk_kv_read_bandwidth"], 100 << 20);
   EXPECT_EQ(names["disk_kv_path"], nullptr);
+  // The KV pool's size: 1 GiB on the CPU; on a GPU vLLM's 0.9 of the card unless a size is given.
+  EXPECT_EQ(names["gpu_memory_fraction"], 0.0);
+  EXPECT_EQ(dry_run(model(), "--device cuda")["gpu_memory_fraction"], 0.9);
+  EXPECT_EQ(dry_run(model(), "--device cuda --gpu-memory-utilization 0.5")["gpu_memory_fraction"], 0.5);
+  const nlohmann::json sized = dry_run(model(), "--device cuda --kv-cache-bytes 2G");
+  EXPECT_EQ(sized["gpu_memory_fraction"], 0.0);
+  EXPECT_EQ(sized["kv_cache_bytes"], int64_t{2} << 30);
   // --generation-config: auto (the model directory's file, if any), vllm (OpenAI's), or a directory.
   test::TempDir generation;
   std::ofstream(generation.path() / "generation_config.json") << R"({"temperature": 0.25, "top_k": 7})";
