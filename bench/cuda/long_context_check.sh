@@ -3,11 +3,12 @@
 # shape (random:llama-8b), up to the model's 131072-token context (issue 14:
 # chunked prefill with bounded workspace). Each prompt (random token ids) gets
 # 16 greedy tokens; the time, the GPU memory in use, and /health after each.
+# The KV pool is the server's default (0.9 of the GPU); SERVE_EXTRA adds flags.
 #   bench/cuda/long_context_check.sh [TOKENS...]   (default 32768 65536 131000)
 set -u
 . "$(dirname "$0")/device_env.sh"
 LOG="$OUT/serve_long.log"
-/tmp/loom/bin/loom serve --device cuda --model random:llama-8b --port 8124 --gpu-memory-fraction 0.85 \
+/tmp/loom/bin/loom serve --device cuda --model random:llama-8b --port 8124 \
   ${SERVE_EXTRA:-} > "$LOG" 2>&1 &
 PID=$!
 for i in $(seq 1 240); do curl -sf localhost:8124/health > /dev/null && break; sleep 0.5; done
