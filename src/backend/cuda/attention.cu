@@ -589,13 +589,12 @@ int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank) {
 void launch_attention(const AttentionParams& params, AttentionVariant variant, const AttentionWorkItem* items,
                       int32_t num_items, Launch launch, int32_t residual_rank) {
   if (num_items == 0) return;
-  if (variant == AttentionVariant::kPrefillWide) {
+  if (variant == AttentionVariant::kPrefillWide || variant == AttentionVariant::kPrefillWidePingPong) {
     if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
-    return launch_attention_wide(params, items, num_items, launch.stream);  // waits for nothing: a plain launch
-  }
-  if (variant == AttentionVariant::kPrefillWidePingPong) {
-    if (residual_rank > 0) throw_unsupported("cuda wide prefill attention: forked sequences (rank)", residual_rank);
-    return launch_attention_pingpong(params, items, num_items, launch.stream);  // a plain launch too
+    // Plain launches: the wide kernels wait for nothing in-kernel.
+    if (variant == AttentionVariant::kPrefillWide)
+      return launch_attention_wide(params, items, num_items, launch.stream);
+    return launch_attention_pingpong(params, items, num_items, launch.stream);
   }
   if (variant == AttentionVariant::kPrefill) {
     dispatch_rank<4>(params, items, num_items, launch, residual_rank);

@@ -88,11 +88,10 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   constexpr int kOut = kHeadDim / 2;  // O accumulators a thread
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t base_address = (raw_address + 1023u) & ~1023u;
-  unsigned char* base = shared_raw + (base_address - raw_address);
-  const uint32_t q_address = base_address;
-  const uint32_t k_address = base_address + kQBytes;                   // [kStages]
+  const WideShared shared = wide_shared_base(shared_raw);
+  unsigned char* base = shared.pointer;
+  const uint32_t q_address = shared.address;
+  const uint32_t k_address = q_address + kQBytes;                      // [kStages]
   const uint32_t v_address = k_address + kStages * kTileBytes;         // [kStages]
   const uint32_t full_barriers = v_address + kStages * kTileBytes;     // [kStages] x 8 bytes
   const uint32_t empty_barriers = full_barriers + kStages * 8;         // [kStages] x 8 bytes
@@ -218,29 +217,11 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   auto release = [&](int j) {
     if (j >= 1) mbarrier_arrive(empty_barriers + 8 * ((j - 1) % kStages));
   };
-  auto issue_s = [&](int j) {
-    const int stage = j % kStages;
-    fence_accumulators(s);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kHeadDim / 16; ++k) {
-      const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
-      const uint64_t desc_q = smem_descriptor(q_address + (k / 4) * kRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
-      const uint64_t desc_k = smem_descriptor(k_address + stage * kTileBytes + (k / 4) * kKeys * 128 + column, 16, 1024);
-      wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
-    }
-    wgmma_commit();
+  auto issue_s = [&](int j) {  // S_j = Q K_j^T
+    wide_issue_qk<kHeadDim>(s, q_address, k_address + (j % kStages) * kTileBytes, warpgroup);
   };
   auto issue_pv = [&](int j) {  // O += P_{j-1} V_{j-1}
-    const int stage = (j - 1) % kStages;
-    fence_accumulators(o);
-    wgmma_fence();
-#pragma unroll
-    for (int k = 0; k < kKeys / 16; ++k) {
-      const uint64_t desc_v = smem_descriptor(v_address + stage * kTileBytes + k * 2048, kKeys * 128, 1024);
-      wgmma_pv<kHeadDim>(o, a[k], desc_v);
-    }
-    wgmma_commit();
+    wide_issue_pv<kHeadDim>(o, a, v_address + ((j - 1) % kStages) * kTileBytes);
   };
   // Softmax of S_j in place (s becomes exp2 of the shifted scores), once S_j is done.
   float rescale[2], tile_sum[2];
@@ -251,10 +232,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   // Once PV_{j-1} is done with o and a: rescale o, add the tile's sum, pack P_j.
   auto finish_softmax = [&] {
     fence_accumulators(o);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
-#pragma unroll
-    for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+    wide_rescale(o, row_sum, rescale, tile_sum);
     pack_probabilities(s, a);
   };
 

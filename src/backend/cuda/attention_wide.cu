@@ -13,8 +13,10 @@
 // Masking and row numbering are attention.cu's: row (token i) sees key j iff
 // j < kv_end and j <= num_computed + i; decoder rows (base sharing) are queries
 // after the new tokens. Wide items are never split (no partials).
-// 193 / 161 registers for head dims 128 / 64, no spills. On by default
-// (CudaBackendConfig::wgmma_prefill); CudaAttention.WidePrefill* test it.
+// 193 / 161 registers for head dims 128 / 64, no spills. Wide prefills run on
+// attention_pingpong.cu's kernel by default (CudaBackendConfig::pingpong_prefill);
+// this one where that is off or the block size is not a power of two from 4,
+// and as its bit-for-bit reference in CudaAttention.WidePrefill*.
 #include <cfloat>
 
 #include "backend/cuda/attention_wide.cuh"
@@ -42,12 +44,11 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
   constexpr int kOut = kHeadDim / 2;  // O accumulators a thread
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
-  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(shared_raw));
-  const uint32_t base_address = (raw_address + 1023u) & ~1023u;
-  unsigned char* base = shared_raw + (base_address - raw_address);
-  const uint32_t q_address = base_address;
-  const uint32_t k_address = base_address + kQBytes;                   // [2 stages]
-  const uint32_t v_address = base_address + kQBytes + 2 * kTileBytes;  // [2 stages]
+  const WideShared shared = wide_shared_base(shared_raw);
+  unsigned char* base = shared.pointer;
+  const uint32_t q_address = shared.address;
+  const uint32_t k_address = q_address + kQBytes;                   // [2 stages]
+  const uint32_t v_address = q_address + kQBytes + 2 * kTileBytes;  // [2 stages]
 
   const AttentionWorkItem item = items[blockIdx.x];
   if (item.sequence < 0) return;
@@ -115,18 +116,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     fence_proxy_async_shared();
     __syncthreads();
     if (tile_start < warpgroup_limit) {  // uniform over the warpgroup, as wgmma needs
-      fence_accumulators(s);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kHeadDim / 16; ++k) {
-        const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
-        const uint64_t desc_q = smem_descriptor(
-            q_address + (k / 4) * kWideRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
-        const uint64_t desc_k =
-            smem_descriptor(k_address + stage * kTileBytes + (k / 4) * kWideKeys * 128 + column, 16, 1024);
-        wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
-      }
-      wgmma_commit();
+      wide_issue_qk<kHeadDim>(s, q_address, k_address + stage * kTileBytes, warpgroup);
       wgmma_wait<0>();
       fence_accumulators(s);
 
@@ -134,19 +124,8 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
       wide_softmax_tile(s, tile_start, row_limit, min_row_limit, scale_log2, quad, row_max, rescale, tile_sum);
       uint32_t a[kWideKeys / 16][4];
       pack_probabilities(s, a);
-#pragma unroll
-      for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
-#pragma unroll
-      for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
-
-      fence_accumulators(o);
-      wgmma_fence();
-#pragma unroll
-      for (int k = 0; k < kWideKeys / 16; ++k) {
-        const uint64_t desc_v = smem_descriptor(v_address + stage * kTileBytes + k * 2048, kWideKeys * 128, 1024);
-        wgmma_pv<kHeadDim>(o, a[k], desc_v);
-      }
-      wgmma_commit();
+      wide_rescale(o, row_sum, rescale, tile_sum);
+      wide_issue_pv<kHeadDim>(o, a, v_address + stage * kTileBytes);
       wgmma_wait<0>();
       fence_accumulators(o);
     }

@@ -19,6 +19,19 @@ namespace loom::cuda {
 
 inline constexpr int kWideTileKeys = 128;  // keys per tile: S is m64n128 per warpgroup
 
+// The dynamic shared memory from its first 1024-byte boundary (the 128-byte
+// swizzle's atoms start there): shared-space address and generic pointer.
+struct WideShared {
+  uint32_t address;
+  unsigned char* pointer;
+};
+
+__device__ __forceinline__ WideShared wide_shared_base(unsigned char* raw) {
+  const uint32_t raw_address = static_cast<uint32_t>(__cvta_generic_to_shared(raw));
+  const uint32_t address = (raw_address + 1023u) & ~1023u;
+  return {address, raw + (address - raw_address)};
+}
+
 // Issues (does not commit) the cp.async copies of the item's Q rows into
 // 128-byte-swizzled shared memory at `q_shared`; `threads` threads from `tid`.
 template <int kHeadDim>
@@ -100,6 +113,35 @@ __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start
   }
 }
 
+// S = Q K^T for the warpgroup's 64 rows of Q (at q_address) against the
+// 128-key K tile at k_tile, both swizzled in shared memory: issued and
+// committed, not waited for.
+template <int kHeadDim>
+__device__ __forceinline__ void wide_issue_qk(float (&s)[64], uint32_t q_address, uint32_t k_tile, int warpgroup) {
+  fence_accumulators(s);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kHeadDim / 16; ++k) {
+    const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
+    const uint64_t desc_q =
+        smem_descriptor(q_address + (k / 4) * kAttentionWideRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
+    const uint64_t desc_k = smem_descriptor(k_tile + (k / 4) * kWideTileKeys * 128 + column, 16, 1024);
+    wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
+  }
+  wgmma_commit();
+}
+
+// After a tile's softmax: the row sums and what O accumulated before the tile
+// rescaled to the new max, plus the tile's sums.
+template <int kOut>
+__device__ __forceinline__ void wide_rescale(float (&o)[kOut], float (&row_sum)[2], const float (&rescale)[2],
+                                             const float (&tile_sum)[2]) {
+#pragma unroll
+  for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+#pragma unroll
+  for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+}
+
 // P (the exponentiated S accumulators) packed to bf16: exactly PV's A fragments.
 __device__ __forceinline__ void pack_probabilities(const float (&s)[64], uint32_t (&a)[kWideTileKeys / 16][4]) {
 #pragma unroll
@@ -119,6 +161,19 @@ __device__ __forceinline__ void wgmma_pv(float (&o)[kHeadDim / 2], const uint32_
   } else {
     wgmma_m64n64k16_rs_mn(o, a, desc_b);
   }
+}
+
+// O += P V over the 128-key V tile at v_tile (MN-major in shared memory), P
+// from pack_probabilities: issued and committed, not waited for.
+template <int kHeadDim>
+__device__ __forceinline__ void wide_issue_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[kWideTileKeys / 16][4],
+                                              uint32_t v_tile) {
+  fence_accumulators(o);
+  wgmma_fence();
+#pragma unroll
+  for (int k = 0; k < kWideTileKeys / 16; ++k)
+    wgmma_pv<kHeadDim>(o, a[k], smem_descriptor(v_tile + k * 2048, kWideTileKeys * 128, 1024));
+  wgmma_commit();
 }
 
 // The epilogue: each row's O over its quad-reduced sum, to p.out as bf16.
