@@ -19,7 +19,7 @@ for binary in "$stage"/bin/*; do
 done | sort -u | xargs -r cp -L -t "$stage/lib"
 tar cJf .carry/cuda/loom_cuda_pkg.tar.xz -C "$stage" bin lib
 ls -la .carry/cuda/loom_cuda_pkg.tar.xz
-site_packages=$(ls -d .venv/lib/python3*/site-packages 2>/dev/null | head -1)
+site_packages=$(ls -d .venv/lib/python3*/site-packages 2>/dev/null | head -1 || true)
 if [ -n "$site_packages" ] && [ -d "$site_packages/httpx" ]; then
   mkdir -p .carry/py
   tar cJf .carry/py/pylibs.tar.xz -C "$site_packages" httpx httpcore h11 anyio sniffio certifi idna typing_extensions.py

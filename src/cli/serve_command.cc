@@ -139,7 +139,8 @@ nlohmann::json effective_config(const ServeOptions& options, const EngineConfig&
           {"max_waiting_requests", engine.max_waiting_requests},
           {"max_loras_per_batch", engine.max_loras_per_batch},
           {"block_size", engine.block_size},
-          {"kv_cache_bytes", engine.kv_cache_bytes},
+          // null: sized at start from gpu_memory_fraction (the resolved size is logged then)
+          {"kv_cache_bytes", gpu_fraction > 0.0 ? nlohmann::json(nullptr) : nlohmann::json(engine.kv_cache_bytes)},
           {"gpu_memory_fraction", gpu_fraction},
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
           {"disk_kv_path", engine.disk_kv_path.empty() ? nlohmann::json(nullptr) : nlohmann::json(engine.disk_kv_path)},
@@ -292,7 +293,13 @@ int run_serve(const ServeOptions& options) {
     return 0;
   }
   spdlog::info("config: {}", effective.dump());
-  if (gpu_fraction > 0.0) engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, gpu_fraction);
+  if (gpu_fraction > 0.0) {
+    engine_config.kv_cache_bytes = kv_cache_bytes_for_gpu_fraction(device_options, gpu_fraction);
+    const int64_t per_token = loaded->backend->kv_bytes_per_token();
+    spdlog::info("KV pool: {:.2f} GiB, {} tokens ({} of the GPU less the weights)",
+                 static_cast<double>(engine_config.kv_cache_bytes) / (1 << 30),
+                 per_token > 0 ? engine_config.kv_cache_bytes / per_token : 0, gpu_fraction);
+  }
   config.kv_transfer = prepare_kv_transfer(options.kv_transfer, engine_config, loaded->backend->kv_bytes_per_token());
   std::unique_ptr<Engine> engine = make_engine(std::move(loaded->model), std::move(loaded->backend), engine_config);
   // Loaded before any request: forked adapters here size the rCache pool.

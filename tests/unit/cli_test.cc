@@ -168,7 +168,9 @@ TEST_F(CliTest, VllmServeFlagsMapToTheSameConfigAsLoomsSpellings) {
   EXPECT_EQ(names["disk_kv_path"], nullptr);
   // The KV pool's size: 1 GiB on the CPU; on a GPU vLLM's 0.9 of the card unless a size is given.
   EXPECT_EQ(names["gpu_memory_fraction"], 0.0);
-  EXPECT_EQ(dry_run(model(), "--device cuda")["gpu_memory_fraction"], 0.9);
+  const nlohmann::json on_gpu = dry_run(model(), "--device cuda");
+  EXPECT_EQ(on_gpu["gpu_memory_fraction"], 0.9);
+  EXPECT_TRUE(on_gpu["kv_cache_bytes"].is_null());  // sized from the fraction at start
   EXPECT_EQ(dry_run(model(), "--device cuda --gpu-memory-utilization 0.5")["gpu_memory_fraction"], 0.5);
   const nlohmann::json sized = dry_run(model(), "--device cuda --kv-cache-bytes 2G");
   EXPECT_EQ(sized["gpu_memory_fraction"], 0.0);
