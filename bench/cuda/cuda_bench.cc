@@ -17,6 +17,7 @@
 // Writes one JSON object (--out) and prints a short table. Times are medians of
 // CUDA-event timings after warm-up; the logits' copy to the host is not timed.
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -25,6 +26,7 @@
 
 #include <CLI/CLI.hpp>
 #include <cuda_profiler_api.h>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend_impl.h"
@@ -306,7 +308,7 @@ int run(int argc, char** argv) {
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
   std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
-  app.add_option("--what", parts, "Figures to measure (decode lora sampling prefill attention sharing)");
+  app.add_option("--what", parts, "Figures to measure (decode prefetch lora sampling prefill attention sharing)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -371,6 +373,29 @@ int run(int argc, char** argv) {
     std::printf("%-28s %10.3f %10.3f %10.3f %8.2f %12.3f %12.3f %8.2f\n", ("batch " + std::to_string(batch_size)).c_str(),
                 times.eager_ms, times.graph_ms, floor_ms, times.graph_ms / floor_ms, programmatic.eager_ms,
                 programmatic.graph_ms, programmatic.graph_ms / floor_ms);
+  }
+
+  // L2 read-ahead of the next weights beside the latency-bound kernels (CudaBackend::L2Prefetch), graph steps at every
+  // batch size: caps in MiB at its three points (o_proj, gate_up head, next q/k/v head).
+  if (wanted("prefetch")) {
+    const std::vector<std::array<int, 3>> settings = {{0, 0, 0}, {32, 0, 0}, {16, 0, 0}, {24, 8, 0}, {24, 8, 8},
+                                                      {16, 8, 8}, {0, 0, 8},  {32, 8, 8}, {16, 16, 16}};
+    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
+    std::printf("\n%-28s %10s %10s %8s\n", "L2 prefetch MiB o/gu/qkv", "batch", "graph ms", "x floor");
+    for (int batch_size : batch_sizes) {
+      const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+      const double floor_ms = decode_floor_ms(backend, batch_size);
+      for (const auto& [o_proj, gate_up, qkv] : settings) {
+        const int64_t mib = int64_t{1} << 20;
+        backend.set_l2_prefetch({o_proj * mib, gate_up * mib, qkv * mib, batch_size});
+        const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+        results["prefetch"].push_back({{"batch", batch_size}, {"o_proj_mib", o_proj}, {"gate_up_mib", gate_up},
+                                       {"qkv_mib", qkv}, {"graph_ms", graph_ms}, {"graph_over_floor", graph_ms / floor_ms}});
+        std::printf("%-28s %10d %10.3f %8.3f\n", fmt::format("{}/{}/{}", o_proj, gate_up, qkv).c_str(), batch_size,
+                    graph_ms, graph_ms / floor_ms);
+      }
+    }
+    backend.set_l2_prefetch(default_prefetch);
   }
 
   if (wanted("lora")) {

@@ -7,7 +7,8 @@
 // (two layers) make the GEMMs run several waves of CTAs, as in serving. The
 // ping-pong prefill kernel (CudaBackendConfig::pingpong_prefill) computes what
 // the wgmma one does, bit for bit, so a backend with it joins the comparison:
-// the 1.5K-token and joint prefills run wide. Last, two LoRA sequences join,
+// the 1.5K-token and joint prefills run wide. Reading weights ahead into L2
+// (CudaBackend::set_l2_prefetch) in captured steps changes nothing either. Last, two LoRA sequences join,
 // with LoRA inline (LoraOverlap::kInline), where LoRA steps launch programmatically.
 #include <memory>
 #include <string>
@@ -45,12 +46,18 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   const int vocab = config.vocab_size;
   // Each variant is checked against the plain launches of its own kind (graphs
   // pad decode plans, which may move a reduction's order against eager steps).
-  struct Variant { const char* name; bool programmatic, graphs, pingpong; int baseline; };
+  struct Variant {
+    const char* name;
+    bool programmatic, graphs, pingpong;
+    int baseline;
+    bool l2_prefetch = false;  // the read-ahead at every step size (by default it runs at 1 row only)
+  };
   const Variant variants[] = {{"plain, graphs", false, true, false, 0},
                               {"programmatic, graphs", true, true, false, 0},
                               {"plain, eager", false, false, false, 2},
                               {"programmatic, eager", true, false, false, 2},
-                              {"programmatic, graphs, ping-pong prefill", true, true, true, 0}};
+                              {"programmatic, graphs, ping-pong prefill", true, true, true, 0},
+                              {"plain, graphs, L2 prefetch", false, true, false, 0, true}};
   std::vector<std::unique_ptr<CudaBackend>> backends;
   std::vector<Driver> drivers;
   for (const Variant& variant : variants) {
@@ -64,6 +71,8 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
           return std::make_unique<CudaBackend>(c, std::move(model), stream, device, b);
         }));
     backends.back()->allocate_kv_cache({kNumBlocks, kBlockSize});
+    backends.back()->set_l2_prefetch(variant.l2_prefetch ? CudaBackend::L2Prefetch{32 << 20, 8 << 20, 8 << 20, 1 << 20}
+                                                         : CudaBackend::L2Prefetch{});
     drivers.emplace_back(kNumBlocks, kBlockSize, 17);
   }
   Driver prompt_source(kNumBlocks, kBlockSize, 5);
@@ -150,6 +159,7 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
 
   EXPECT_GE(backends[1]->graph_stats().replays, 4) << "the programmatic steps were replayed from graphs";
   EXPECT_EQ(backends[3]->graph_stats().replays, 0);
+  EXPECT_GE(backends[5]->graph_stats().replays, 4) << "the prefetching steps were replayed from graphs";
 }
 
 }  // namespace

@@ -42,9 +42,13 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&lora_stream_, cudaStreamNonBlocking));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&lora_join_, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&prefetch_stream_, cudaStreamNonBlocking));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
+  LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
   graphs_enabled_ = backend_config.cuda_graphs;
   programmatic_launches_ = backend_config.programmatic_launches;
   pingpong_prefill_ = backend_config.pingpong_prefill;
+  if (backend_config.l2_prefetch) l2_prefetch_ = {16 << 20, 8 << 20, 8 << 20, 1};
   max_graph_rows_ = backend_config.max_graph_rows;
   wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
   forked_wide_prefill_keys_ = wide_prefill_ ? std::max(backend_config.forked_wide_prefill_keys, 0) : 0;
@@ -64,6 +68,9 @@ CudaBackend::~CudaBackend() {
   cudaEventDestroy(lora_fork_);
   cudaEventDestroy(lora_join_);
   cudaStreamDestroy(lora_stream_);
+  cudaEventDestroy(prefetch_fork_);
+  cudaEventDestroy(prefetch_join_);
+  cudaStreamDestroy(prefetch_stream_);
   cudaStreamDestroy(stream_);
 }
 
@@ -293,6 +300,13 @@ int CudaBackend::begin_lora(int layer, std::initializer_list<LoraTarget> targets
   return kLoraSide;
 }
 
+void CudaBackend::prefetch_l2(const L2PrefetchRanges& ranges) {
+  LOOM_CUDA_CHECK(cudaEventRecord(prefetch_fork_, stream_));
+  LOOM_CUDA_CHECK(cudaStreamWaitEvent(prefetch_stream_, prefetch_fork_, 0));
+  launch_prefetch_l2(ranges, prefetch_stream_);
+  prefetch_forked_ = true;
+}
+
 const float* CudaBackend::end_lora(int active) {
   if (active == kLoraNone) return nullptr;
   if (active == kLoraSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, lora_join_, 0));
@@ -317,6 +331,13 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
                       lora_rows);
   int lora = begin_lora(layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV}, normed_.as<bf16>(), hidden, qkv);
   linear(normed_.as<bf16>(), n, hidden, weights.qkv_proj, qkv, qkv_.data(), false, qkv);
+  if (step_prefetch_) {
+    const int64_t half = l2_prefetch_.gate_up / 2;
+    const int64_t gate_bytes = static_cast<int64_t>(intermediate) * hidden * sizeof(bf16);
+    prefetch_l2({{{weights.o_proj, std::min<int64_t>(l2_prefetch_.o_proj, int64_t{hidden} * q_size * sizeof(bf16))},
+                  {weights.gate_up_proj, std::min(half, gate_bytes)},
+                  {weights.gate_up_proj + static_cast<int64_t>(intermediate) * hidden, std::min(half, gate_bytes)}}});
+  }
 
   QkvParams post;
   post.qkv = qkv_.as<float>();
@@ -418,6 +439,12 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
   }
   lora = begin_lora(layer, {LoraTarget::kDown}, activation_.as<bf16>(), intermediate, hidden);
   linear(activation_.as<bf16>(), n, intermediate, weights.down_proj, hidden, delta_.data(), false, hidden);
+  if (step_prefetch_ && l2_prefetch_.qkv > 0) {
+    const bool last = layer + 1 == config_.num_layers;
+    const bf16* next = last ? model_.lm_head() : model_.layers()[layer + 1].qkv_proj;
+    const int64_t rows = last ? config_.vocab_size : qkv;
+    prefetch_l2({{{next, std::min<int64_t>(l2_prefetch_.qkv, rows * hidden * static_cast<int64_t>(sizeof(bf16)))}}});
+  }
   return end_lora(lora);  // added by the next norm, with delta_
 }
 

@@ -49,6 +49,9 @@ struct CudaBackendConfig {
   // cores; H100, one layer at 8K / 32K: 397 / 418 TFLOP/s) instead of
   // attention_wide.cu's (297 / 357). false: attention_wide.cu's.
   bool pingpong_prefill = true;
+  // Captured 1-row decode steps read the next weights into L2 beside the
+  // latency-bound kernels (attention, norms): CudaBackend::L2Prefetch.
+  bool l2_prefetch = true;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The

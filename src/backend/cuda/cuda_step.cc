@@ -121,6 +121,11 @@ void CudaBackend::enqueue_kernels(bool with_sampling) {
   const PlanSections& sections = plan_.sections();
   const int32_t n = plan_.num_rows();
   const int32_t hidden = config_.hidden_size;
+  // Eager steps leave it out: two more API calls a layer cost more host time than the overlap saves.
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  LOOM_CUDA_CHECK(cudaStreamIsCapturing(stream_, &capture));
+  step_prefetch_ = capture != cudaStreamCaptureStatusNone && n <= l2_prefetch_.max_rows &&
+                   (l2_prefetch_.o_proj > 0 || l2_prefetch_.gate_up > 0 || l2_prefetch_.qkv > 0);
   launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, model_.embed_tokens(), hidden, residual_.as<float>(),
                    stream_);
   if (capture_hidden_states_) capture_hidden_states(0, nullptr);
@@ -139,6 +144,11 @@ void CudaBackend::enqueue_kernels(bool with_sampling) {
   if (with_sampling && !plan_.sampling_rows().empty())
     launch_sampling(logits_.as<float>(), num_rows, config_.vocab_size, plan_pointer<SamplingRow>(sections.sampling),
                     sampled_.as<int32_t>(), reinterpret_cast<float*>(sampled_.as<int32_t>() + num_rows), chain());
+  if (prefetch_forked_) {  // a captured step must join every stream it forked
+    LOOM_CUDA_CHECK(cudaEventRecord(prefetch_join_, prefetch_stream_));
+    LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, prefetch_join_, 0));
+    prefetch_forked_ = false;
+  }
 }
 
 std::vector<const void*> CudaBackend::graph_buffers() const {

@@ -1,4 +1,5 @@
 // Element-wise and row-wise kernels of the CUDA backend (see kernels.h).
+#include <algorithm>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -354,6 +355,37 @@ void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate
 void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream) {
   if (count == 0) return;
   f32_to_bf16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(in, count, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+constexpr int64_t kPrefetchChunk = 16 << 10;  // bytes per bulk prefetch
+
+__global__ void prefetch_l2_kernel(L2PrefetchRanges ranges) {
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x * kPrefetchChunk;
+  const int64_t start = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * kPrefetchChunk;
+#pragma unroll 1
+  for (const L2PrefetchRange& range : ranges.range) {
+    const char* begin = static_cast<const char*>(range.begin);
+    const int64_t bytes = range.bytes & ~int64_t{15};
+    for (int64_t offset = start; offset < bytes; offset += stride) {
+      const uint32_t size = static_cast<uint32_t>(min(kPrefetchChunk, bytes - offset));
+      asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;\n" ::"l"(begin + offset), "r"(size) : "memory");
+    }
+  }
+}
+
+}  // namespace
+
+void launch_prefetch_l2(const L2PrefetchRanges& ranges, cudaStream_t stream) {
+  int64_t bytes = 0;
+  for (const L2PrefetchRange& range : ranges.range) bytes += std::max<int64_t>(range.bytes, 0);
+  if (bytes < 16) return;
+  const int64_t chunks = bytes / kPrefetchChunk + 3;
+  // One thread per chunk up to 528 CTAs of 32: every SM's copy engine issues a share.
+  const int blocks = static_cast<int>(std::min<int64_t>((chunks + 31) / 32, 528));
+  prefetch_l2_kernel<<<blocks, 32, 0, stream>>>(ranges);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

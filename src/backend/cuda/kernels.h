@@ -212,6 +212,19 @@ void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* 
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
                                   int32_t k, bf16* out, Launch launch);
 
+// Fire-and-forget reads of up to three byte ranges into L2 (cp.async.bulk.prefetch:
+// the CTAs leave at once, the memory system fills L2 behind the next kernels).
+// Results never change; a later kernel reading the ranges may find them in L2.
+// Ranges start 16-byte aligned; their lengths are rounded down to 16 bytes.
+struct L2PrefetchRange {
+  const void* begin = nullptr;
+  int64_t bytes = 0;
+};
+struct L2PrefetchRanges {
+  L2PrefetchRange range[3];
+};
+void launch_prefetch_l2(const L2PrefetchRanges& ranges, cudaStream_t stream);
+
 // Synthetic weights (synthetic/synthetic_weights.h), value i of a tensor from
 // SplitMix64 at state tensor_seed + (i + 1) * golden: value-for-value what
 // SyntheticValueStream draws. bf16 output rounds to nearest even as make-model's
