@@ -308,7 +308,7 @@ int run(int argc, char** argv) {
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
   std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
-  app.add_option("--what", parts, "Figures to measure (decode prefetch lora sampling prefill attention sharing)");
+  app.add_option("--what", parts, "Figures to measure (decode prefetch skinny lora sampling prefill attention sharing)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -343,8 +343,8 @@ int run(int argc, char** argv) {
   Prng prng(1);
   auto wanted = [&](const char* part) { return std::find(parts.begin(), parts.end(), part) != parts.end(); };
   if (wanted("decode"))
-    std::printf("\n%-28s %10s %10s %10s %8s %12s %12s %8s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms",
-                "x floor", "pdl eager", "pdl graph", "x floor");
+    std::printf("\n%-28s %10s %10s %10s %8s %12s %12s %8s %12s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms",
+                "x floor", "pdl eager", "pdl graph", "x floor", "no pdl graph");
   for (int batch_size : batch_sizes) {
     if (!wanted("decode")) break;
     const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
@@ -357,10 +357,13 @@ int run(int argc, char** argv) {
       cublas_graph_ms = time_step(backend, batch, iterations, true).graph_ms;
       backend.set_decode_gemm(CudaBackend::DecodeGemm::kAuto);
     }
-    // The same step with programmatic dependent launches (CudaBackendConfig::programmatic_launches).
-    backend.set_programmatic_launches(true);
+    // The same step with programmatic dependent launches at every size (CudaBackendConfig::programmatic_max_rows;
+    // by default 1-row steps only) and with none.
+    backend.set_programmatic_max_rows(1 << 30);
     const StepTimes programmatic = time_step(backend, batch, iterations, true);
-    backend.set_programmatic_launches(false);
+    backend.set_programmatic_max_rows(0);
+    const StepTimes plain = time_step(backend, batch, iterations, true);
+    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
     results["decode"].push_back({{"batch", batch_size}, {"context", kContext}, {"eager_ms", times.eager_ms},
                                  {"cublas_gemm_graph_ms", cublas_graph_ms},
                                  {"graph_ms", times.graph_ms}, {"floor_ms", floor_ms},
@@ -369,10 +372,11 @@ int run(int argc, char** argv) {
                                  {"programmatic_eager_ms", programmatic.eager_ms},
                                  {"programmatic_graph_ms", programmatic.graph_ms},
                                  {"programmatic_graph_over_floor", programmatic.graph_ms / floor_ms},
+                                 {"plain_graph_ms", plain.graph_ms}, {"plain_eager_ms", plain.eager_ms},
                                  {"kv_shared_pairwise", batch_size > kContextGroups}});
-    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f %12.3f %12.3f %8.2f\n", ("batch " + std::to_string(batch_size)).c_str(),
+    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f %12.3f %12.3f %8.2f %12.3f\n", ("batch " + std::to_string(batch_size)).c_str(),
                 times.eager_ms, times.graph_ms, floor_ms, times.graph_ms / floor_ms, programmatic.eager_ms,
-                programmatic.graph_ms, programmatic.graph_ms / floor_ms);
+                programmatic.graph_ms, programmatic.graph_ms / floor_ms, plain.graph_ms);
   }
 
   // L2 read-ahead of the next weights beside the latency-bound kernels (CudaBackend::L2Prefetch), graph steps at every
@@ -398,6 +402,47 @@ int run(int argc, char** argv) {
     backend.set_l2_prefetch(default_prefetch);
   }
 
+  // The 1-row skinny GEMM's variants (loads in flight, warps a CTA, L2 fetch hint) alone on the 8B shape's
+  // projections, each launch on its own slice of a 2 GiB pool (no L2 reuse), and a plain streaming read.
+  if (wanted("skinny")) {
+    const int64_t pool_bytes = int64_t{2} << 30;
+    DeviceBuffer pool(static_cast<size_t>(pool_bytes)), x_d(64 << 10), y_d(128256 * sizeof(float)), sink(64);
+    launch_synthetic_fill_bf16(pool.as<bf16>(), pool_bytes / 2, 99, false, 1.0f, backend.stream());
+    launch_synthetic_fill_bf16(x_d.as<bf16>(), 16384, 98, false, 1.0f, backend.stream());
+    Timer timer(backend.stream());
+    constexpr int kLaunches = 20;
+    std::printf("\n%-28s", "read probe GB/s:");
+    for (const auto& [blocks, threads] : std::vector<std::pair<int, int>>{{132 * 8, 256}, {132 * 16, 256}, {132 * 32, 128}}) {
+      const double ms = timer.median_ms([&] {
+        launch_read_probe(pool.data(), pool_bytes, sink.as<uint32_t>(), blocks, threads, backend.stream());
+      }, 5);
+      results["read_probe"].push_back({{"blocks", blocks}, {"threads", threads}, {"bytes_per_s", pool_bytes / (ms * 1e-3)}});
+      std::printf(" %dx%d %.0f", blocks, threads, pool_bytes / (ms * 1e6));
+    }
+    std::printf("\n%-28s %8s %8s %8s %8s %8s   (GB/s, 20 launches back to back)\n", "unroll/warps/hint", "qkv", "o",
+                "gate_up", "down", "lm_head");
+    const std::vector<std::pair<int, int>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    for (const std::array<int, 3>& v : std::vector<std::array<int, 3>>{{4, 4, 0}, {4, 4, 1}, {4, 4, 2}, {8, 4, 0}, {8, 4, 2},
+                                                                       {4, 8, 0}, {4, 8, 2}, {8, 8, 0}, {8, 8, 2}, {2, 4, 0},
+                                                                       {4, 2, 0}, {16, 4, 0}}) {
+      std::printf("%-28s", fmt::format("{}/{}/{}", v[0], v[1], v[2]).c_str());
+      nlohmann::json row = {{"unroll", v[0]}, {"warps", v[1]}, {"hint", v[2]}};
+      for (const auto& [n, k] : shapes) {
+        const int64_t bytes = int64_t{n} * k * 2;
+        const int64_t slices = pool_bytes / bytes;
+        const double ms = timer.median_ms([&] {
+          for (int i = 0; i < kLaunches; ++i)
+            launch_skinny_gemm_variant(x_d.as<bf16>(), k, pool.as<bf16>() + (i % slices) * (bytes / 2), n,
+                                       y_d.as<float>(), v[0], v[1], v[2], backend.stream());
+        }, 5) / kLaunches;
+        row["bytes_per_s"].push_back(bytes / (ms * 1e-3));
+        std::printf(" %8.0f", bytes / (ms * 1e6));
+      }
+      results["skinny"].push_back(row);
+      std::printf("\n");
+    }
+  }
+
   if (wanted("lora")) {
     const std::vector<int32_t> slots = bind_rank16_adapters(backend);
     const Batch base = decode_batch(64, {}, prng, config.vocab_size);
@@ -411,11 +456,11 @@ int run(int argc, char** argv) {
     const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
     backend.set_lora_overlap(Overlap::kInline);
     const StepTimes inline_times = time_step(backend, mixed, iterations, true);
-    // Inline, every launch of the step programmatic (CudaBackendConfig::programmatic_launches).
-    backend.set_programmatic_launches(true);
+    // Inline, every launch of the step programmatic (CudaBackendConfig::programmatic_max_rows).
+    backend.set_programmatic_max_rows(1 << 30);
     const StepTimes inline_programmatic_times = time_step(backend, mixed, iterations, true);
     const StepTimes base_programmatic_times = time_step(backend, base, iterations, true);
-    backend.set_programmatic_launches(false);
+    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
     std::printf("LoRA inline with programmatic launches (graph ms): %.3f (eager %.3f); base model %.3f (eager %.3f)\n",
                 inline_programmatic_times.graph_ms, inline_programmatic_times.eager_ms,
                 base_programmatic_times.graph_ms, base_programmatic_times.eager_ms);

@@ -1,5 +1,5 @@
 // Programmatic dependent launches (launch.cuh, CudaBackendConfig::
-// programmatic_launches) change when kernels start, never what they compute:
+// programmatic_max_rows) change when kernels start, never what they compute:
 // LoRA-free steps give bit-identical logits and device draws with them on and
 // off, eager and replayed from CUDA graphs, at one row (the skinny GEMMs, whose
 // first weight loads run before the wait) and at several (cuBLAS), over contexts
@@ -62,7 +62,7 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   std::vector<Driver> drivers;
   for (const Variant& variant : variants) {
     CudaBackendConfig backend_config;
-    backend_config.programmatic_launches = variant.programmatic;
+    backend_config.programmatic_max_rows = variant.programmatic ? 1 << 30 : 0;
     backend_config.cuda_graphs = variant.graphs;
     backend_config.pingpong_prefill = variant.pingpong;
     backends.push_back(make_synthetic_cuda_backend_as(

@@ -46,7 +46,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_fork_, cudaEventDisableTiming));
   LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&prefetch_join_, cudaEventDisableTiming));
   graphs_enabled_ = backend_config.cuda_graphs;
-  programmatic_launches_ = backend_config.programmatic_launches;
+  programmatic_max_rows_ = backend_config.programmatic_max_rows;
   pingpong_prefill_ = backend_config.pingpong_prefill;
   if (backend_config.l2_prefetch) l2_prefetch_ = {16 << 20, 8 << 20, 8 << 20, 1};
   max_graph_rows_ = backend_config.max_graph_rows;

@@ -39,11 +39,12 @@ struct CudaBackendConfig {
   // (8B shape: 4 KiB each, 256 MiB at the default, allocated with the rCache);
   // larger ones and 0 keep the ResidualAttention kernel.
   int32_t forked_wide_prefill_keys = 65536;
-  // Steps without LoRA launch their kernels as programmatic dependent launches
-  // (launch.cuh: each kernel's launch, and the skinny GEMMs' first weight loads,
-  // overlap the previous kernel's tail; cuBLAS GEMMs stay plain launches).
-  // Off by default until measured on the H100 (bench/README.md "GPU speed").
-  bool programmatic_launches = false;
+  // Steps without LoRA of up to this many rows launch their kernels as
+  // programmatic dependent launches (launch.cuh: each kernel's launch, and the
+  // skinny GEMMs' first weight loads, overlap the previous kernel's tail; cuBLAS
+  // GEMMs stay plain launches). H100, 8B shape, graph steps (bench/README.md
+  // "GPU speed"): 1 row 1.6-1.9% faster, 16 rows 1.3% slower, 64 rows a wash.
+  int32_t programmatic_max_rows = 1;
   // Wide prefills on the warp-specialized kernel (attention_pingpong.cu: a
   // producer warpgroup and two consumer warpgroups taking turns at the tensor
   // cores; H100, one layer at 8K / 32K: 397 / 418 TFLOP/s) instead of

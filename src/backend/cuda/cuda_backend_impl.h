@@ -93,8 +93,8 @@ class CudaBackend : public Backend {
   // memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
-  // CudaBackendConfig::programmatic_launches.
-  void set_programmatic_launches(bool enabled) { programmatic_launches_ = enabled; clear_graphs(); }
+  // CudaBackendConfig::programmatic_max_rows.
+  void set_programmatic_max_rows(int32_t rows) { programmatic_max_rows_ = rows; clear_graphs(); }
   // CudaBackendConfig::pingpong_prefill.
   void set_pingpong_prefill(bool enabled) { pingpong_prefill_ = enabled; clear_graphs(); }
   // Where the batched LoRA kernels run:
@@ -228,7 +228,7 @@ class CudaBackend : public Backend {
   };
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
-  bool programmatic_launches_ = false;  // CudaBackendConfig::programmatic_launches
+  int32_t programmatic_max_rows_ = 1;  // CudaBackendConfig::programmatic_max_rows
   bool pingpong_prefill_ = true;        // CudaBackendConfig::pingpong_prefill
   bool step_programmatic_ = false;      // this step's kernels launch programmatically (plan_step)
   int32_t max_graph_rows_ = 256;

@@ -39,7 +39,7 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   if (for_graph && !capture_hidden_states_) plan_.pad_for_graph(max_graph_rows_);
   // LoRA groups on the side stream fork and join through events; those steps keep plain launches.
   const bool side_stream = plan_.num_lora_tiles() > 0 && lora_overlap_ != LoraOverlap::kInline && lora_side_groups_ != 0;
-  step_programmatic_ = programmatic_launches_ && !side_stream;
+  step_programmatic_ = plan_.num_rows() <= programmatic_max_rows_ && !side_stream;
 }
 
 void CudaBackend::upload_plan() {
