@@ -308,7 +308,7 @@ int run(int argc, char** argv) {
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
   std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
-  app.add_option("--what", parts, "Figures to measure (decode prefetch skinny lora sampling prefill attention sharing)");
+  app.add_option("--what", parts, "Figures to measure (decode prefetch skinny rows lora sampling prefill attention sharing)");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -441,6 +441,35 @@ int run(int argc, char** argv) {
       results["skinny"].push_back(row);
       std::printf("\n");
     }
+  }
+
+  // Steps of 1-4 rows on cuBLAS or the skinny GEMMs, with or without programmatic launches and the L2 read-ahead
+  // (the defaults: all three up to 2 rows).
+  if (wanted("rows")) {
+    std::printf("\n%-44s %8s %10s %8s\n", "2-4 rows", "batch", "graph ms", "x floor");
+    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
+    const int32_t default_skinny = backend.skinny_max_rows();
+    for (int batch_size : batch_sizes) {
+      const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+      const double floor_ms = decode_floor_ms(backend, batch_size);
+      struct Setting { const char* name; int skinny, programmatic, prefetch; };
+      for (const Setting& setting : {Setting{"cuBLAS from 2 rows", 1, 1, 1}, Setting{"skinny", 4, 1, 1},
+                                     Setting{"skinny + pdl", 4, 4, 1}, Setting{"skinny + pdl + prefetch", 4, 4, 4},
+                                     Setting{"skinny + prefetch", 4, 1, 4}}) {
+        backend.set_skinny_max_rows(setting.skinny);
+        backend.set_programmatic_max_rows(setting.programmatic);
+        CudaBackend::L2Prefetch prefetch = default_prefetch;
+        prefetch.max_rows = setting.prefetch;
+        backend.set_l2_prefetch(prefetch);
+        const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+        results["rows"].push_back({{"batch", batch_size}, {"setting", setting.name}, {"graph_ms", graph_ms},
+                                   {"graph_over_floor", graph_ms / floor_ms}});
+        std::printf("%-44s %8d %10.3f %8.3f\n", setting.name, batch_size, graph_ms, graph_ms / floor_ms);
+      }
+    }
+    backend.set_skinny_max_rows(default_skinny);
+    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
+    backend.set_l2_prefetch(default_prefetch);
   }
 
   if (wanted("lora")) {

@@ -48,7 +48,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
   graphs_enabled_ = backend_config.cuda_graphs;
   programmatic_max_rows_ = backend_config.programmatic_max_rows;
   pingpong_prefill_ = backend_config.pingpong_prefill;
-  if (backend_config.l2_prefetch) l2_prefetch_ = {16 << 20, 8 << 20, 8 << 20, 1};
+  if (backend_config.l2_prefetch) l2_prefetch_ = {16 << 20, 8 << 20, 8 << 20, 2};
   max_graph_rows_ = backend_config.max_graph_rows;
   wide_prefill_ = backend_config.wgmma_prefill && attention_wide_supports_head_dim(config_.head_dim);
   forked_wide_prefill_keys_ = wide_prefill_ ? std::max(backend_config.forked_wide_prefill_keys, 0) : 0;
@@ -232,7 +232,7 @@ void CudaBackend::grow_buffers() {
 
 void CudaBackend::linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y,
                          bool y_is_bf16, int32_t y_stride) {
-  if (decode_gemm_ == DecodeGemm::kAuto && m == 1) {
+  if (decode_gemm_ == DecodeGemm::kAuto && m <= skinny_max_rows_) {
     launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, chain());
     return;
   }
@@ -427,7 +427,7 @@ const float* CudaBackend::run_layer(int layer, const float* previous_lora_delta)
 
   // With no LoRA to add between the projection and SwiGLU, decode steps use one fused kernel.
   const bool no_lora = plan_.num_lora_tiles() == 0;
-  if (no_lora && decode_gemm_ == DecodeGemm::kAuto && n == 1) {
+  if (no_lora && decode_gemm_ == DecodeGemm::kAuto && n <= skinny_max_rows_) {
     launch_skinny_gate_up_swiglu(normed_.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
                                  activation_.as<bf16>(), chain());
   } else {

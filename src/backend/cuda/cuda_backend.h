@@ -43,14 +43,15 @@ struct CudaBackendConfig {
   // programmatic dependent launches (launch.cuh: each kernel's launch, and the
   // skinny GEMMs' first weight loads, overlap the previous kernel's tail; cuBLAS
   // GEMMs stay plain launches). H100, 8B shape, graph steps (bench/README.md
-  // "GPU speed"): 1 row 1.6-1.9% faster, 16 rows 1.3% slower, 64 rows a wash.
-  int32_t programmatic_max_rows = 1;
+  // "GPU speed"): 1 and 2 rows (skinny GEMMs) 1-2% faster, 4 rows 1% slower,
+  // 16 rows 1.3% slower, 64 rows a wash.
+  int32_t programmatic_max_rows = 2;
   // Wide prefills on the warp-specialized kernel (attention_pingpong.cu: a
   // producer warpgroup and two consumer warpgroups taking turns at the tensor
   // cores; H100, one layer at 8K / 32K: 397 / 418 TFLOP/s) instead of
   // attention_wide.cu's (297 / 357). false: attention_wide.cu's.
   bool pingpong_prefill = true;
-  // Captured 1-row decode steps read the next weights into L2 beside the
+  // Captured decode steps of 1-2 rows read the next weights into L2 beside the
   // latency-bound kernels (attention, norms): CudaBackend::L2Prefetch.
   bool l2_prefetch = true;
 };

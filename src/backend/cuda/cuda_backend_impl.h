@@ -84,15 +84,19 @@ class CudaBackend : public Backend {
   // [rows] token ids (-1: not sampled on the device), then [rows] logprobs.
   const int32_t* device_sampled_tokens() const { return sampled_.as<int32_t>(); }
   // Which kernels run the dense GEMMs of small (decode) steps:
-  //   kAuto    skinny_gemm.cu for 1-row steps (SwiGLU folded into gate/up when
-  //            no LoRA applies), cuBLAS otherwise (default)
+  //   kAuto    skinny_gemm.cu for steps of up to skinny_max_rows rows (SwiGLU
+  //            folded into gate/up when no LoRA applies), cuBLAS otherwise (default)
   //   kCublas  cuBLAS always
   // Measured on the H100 (8B shape, decode at 2K context, CUDA graph): 1 row
-  // 6.32 ms vs cuBLAS 6.62 ms; 2 rows 6.65 vs 6.67 (a wash); from 4 rows on
-  // cuBLAS wins. A tensor-core variant (weights as the MMA's M side, no shared
+  // 6.32 ms vs cuBLAS 6.62 ms; 2 rows a wash with 4 loads a lane, 6.434 vs
+  // 6.576 with 8; from 3 rows on cuBLAS wins. A tensor-core variant (weights as the MMA's M side, no shared
   // memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
+  // kAuto's skinny kernels serve steps of up to this many rows (1..kSkinnyGemmMaxRows;
+  // default 2: H100, graph step, 2 rows 6.576 -> 6.434 ms, 3 rows 6.672 -> 6.887, 4 rows 6.744 -> 8.334).
+  void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; clear_graphs(); }
+  int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // CudaBackendConfig::programmatic_max_rows.
   void set_programmatic_max_rows(int32_t rows) { programmatic_max_rows_ = rows; clear_graphs(); }
   // CudaBackendConfig::pingpong_prefill.
@@ -121,12 +125,13 @@ class CudaBackend : public Backend {
   // o_proj's weight and the first gate_up bytes (half gate rows, half up rows);
   // after down's GEMM, the next q/k/v weight's first bytes (the lm_head's after
   // the last layer). Each figure caps the bytes at its point; 0 turns it off.
-  // Default (CudaBackendConfig::l2_prefetch): 16 / 8 / 8 MiB at 1 row. H100,
-  // 8B shape, 2K context, graph step: 1 row 6.007 -> 5.837 ms; at 4, 16 and 64
-  // rows (cuBLAS) it cost 0.7-2% and stays off.
+  // Default (CudaBackendConfig::l2_prefetch): 16 / 8 / 8 MiB at up to 2 rows
+  // (the skinny GEMMs'). H100, 8B shape, 2K context, graph step: 1 row 6.007 ->
+  // 5.837 ms, 2 rows 6.373 -> 6.274; at 4, 16 and 64 rows (cuBLAS) it cost
+  // 0.5-2% and stays off.
   struct L2Prefetch {
     int64_t o_proj = 0, gate_up = 0, qkv = 0;
-    int32_t max_rows = 1;
+    int32_t max_rows = 2;
   };
   void set_l2_prefetch(L2Prefetch prefetch) { l2_prefetch_ = prefetch; clear_graphs(); }
   L2Prefetch l2_prefetch() const { return l2_prefetch_; }
@@ -192,6 +197,7 @@ class CudaBackend : public Backend {
   int32_t num_sms_ = 132;
   int32_t decode_ctas_per_sm_ = 0;  // attention_decode_ctas_per_sm(head_dim)
   DecodeGemm decode_gemm_ = DecodeGemm::kAuto;
+  int32_t skinny_max_rows_ = 2;
   LoraOverlap lora_overlap_ = LoraOverlap::kSideStream;
   LoraKernel lora_kernel_ = LoraKernel::kSplit;
   uint32_t lora_side_groups_ = 0xF;
