@@ -1,15 +1,17 @@
 // Programmatic dependent launches (launch.cuh, CudaBackendConfig::
 // programmatic_max_rows) change when kernels start, never what they compute:
 // LoRA-free steps give bit-identical logits and device draws with them on and
-// off, eager and replayed from CUDA graphs, at one row (the skinny GEMMs, whose
-// first weight loads run before the wait) and at several (cuBLAS), over contexts
-// long enough for split-KV attention and its combine. The 8B shape's widths
-// (two layers) make the GEMMs run several waves of CTAs, as in serving. The
-// ping-pong prefill kernel (CudaBackendConfig::pingpong_prefill) computes what
-// the wgmma one does, bit for bit, so a backend with it joins the comparison:
-// the 1.5K-token and joint prefills run wide. Reading weights ahead into L2
-// (CudaBackend::set_l2_prefetch) in captured steps changes nothing either. Last, two LoRA sequences join,
-// with LoRA inline (LoraOverlap::kInline), where LoRA steps launch programmatically.
+// off, eager and replayed from CUDA graphs, at one and two rows (the skinny
+// GEMMs, whose first weight loads run before the wait) and at five (cuBLAS),
+// over contexts long enough for split-KV attention and its combine. The 8B
+// shape's widths (two layers) make the GEMMs run several waves of CTAs, as in
+// serving. The ping-pong prefill kernel (CudaBackendConfig::pingpong_prefill)
+// computes what the wgmma one does, bit for bit, so a backend with it joins the
+// comparison: the 1.5K-token and joint prefills run wide. Reading weights ahead
+// into L2 (CudaBackend::set_l2_prefetch) in captured steps changes nothing
+// either, nor do the defaults (both on up to two rows). Last, two LoRA sequences
+// join, with LoRA inline (LoraOverlap::kInline), where LoRA steps launch
+// programmatically.
 #include <memory>
 #include <string>
 #include <vector>
@@ -50,19 +52,21 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     const char* name;
     bool programmatic, graphs, pingpong;
     int baseline;
-    bool l2_prefetch = false;  // the read-ahead at every step size (by default it runs at 1 row only)
+    bool l2_prefetch = false;  // the read-ahead at every step size
+    bool defaults = false;     // CudaBackendConfig's and the read-ahead's defaults (both on at 1-2 rows)
   };
   const Variant variants[] = {{"plain, graphs", false, true, false, 0},
                               {"programmatic, graphs", true, true, false, 0},
                               {"plain, eager", false, false, false, 2},
                               {"programmatic, eager", true, false, false, 2},
                               {"programmatic, graphs, ping-pong prefill", true, true, true, 0},
-                              {"plain, graphs, L2 prefetch", false, true, false, 0, true}};
+                              {"plain, graphs, L2 prefetch", false, true, false, 0, true},
+                              {"defaults, graphs", true, true, true, 0, false, true}};
   std::vector<std::unique_ptr<CudaBackend>> backends;
   std::vector<Driver> drivers;
   for (const Variant& variant : variants) {
     CudaBackendConfig backend_config;
-    backend_config.programmatic_max_rows = variant.programmatic ? 1 << 30 : 0;
+    if (!variant.defaults) backend_config.programmatic_max_rows = variant.programmatic ? 1 << 30 : 0;
     backend_config.cuda_graphs = variant.graphs;
     backend_config.pingpong_prefill = variant.pingpong;
     backends.push_back(make_synthetic_cuda_backend_as(
@@ -71,8 +75,9 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
           return std::make_unique<CudaBackend>(c, std::move(model), stream, device, b);
         }));
     backends.back()->allocate_kv_cache({kNumBlocks, kBlockSize});
-    backends.back()->set_l2_prefetch(variant.l2_prefetch ? CudaBackend::L2Prefetch{32 << 20, 8 << 20, 8 << 20, 1 << 20}
-                                                         : CudaBackend::L2Prefetch{});
+    if (!variant.defaults)
+      backends.back()->set_l2_prefetch(variant.l2_prefetch ? CudaBackend::L2Prefetch{32 << 20, 8 << 20, 8 << 20, 1 << 20}
+                                                           : CudaBackend::L2Prefetch{});
     drivers.emplace_back(kNumBlocks, kBlockSize, 17);
   }
   Driver prompt_source(kNumBlocks, kBlockSize, 5);
@@ -119,7 +124,20 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   for (int s = 0; s < 6; ++s)
     next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{0} : std::vector<int>{}, "1 row, step " + std::to_string(s));
 
-  // Three more sequences join (a prefill step beside the first one's decode), then four-row decode steps.
+  // A second sequence joins (a prefill beside the first one's decode), then two-row decode steps.
+  std::vector<Driver::Part> pair = decode_parts(ids, next);
+  {
+    int id = -1;
+    for (Driver& driver : drivers) id = driver.add_sequence();
+    ids.push_back(id);
+    std::vector<int32_t> tokens = prompt_source.random_tokens(70, vocab);
+    pair.push_back({id, tokens, std::vector<int32_t>(tokens.size(), -1), false});
+  }
+  next = step(pair, {}, "prefill 1 + decode 1");
+  for (int s = 0; s < 4; ++s)
+    next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{1} : std::vector<int>{}, "2 rows, step " + std::to_string(s));
+
+  // Three more sequences join (a prefill step beside the others' decode), then five-row decode steps.
   std::vector<Driver::Part> joint = decode_parts(ids, next);
   for (int length : {300, 900, 40}) {
     int id = -1;
@@ -128,10 +146,10 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     std::vector<int32_t> tokens = prompt_source.random_tokens(length, vocab);
     joint.push_back({id, tokens, std::vector<int32_t>(tokens.size(), -1), false});
   }
-  next = step(joint, {}, "prefill 3 + decode 1");
+  next = step(joint, {}, "prefill 3 + decode 2");
   for (int s = 0; s < 6; ++s)
     next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{0, 2} : std::vector<int>{},
-                "4 rows, step " + std::to_string(s));
+                "5 rows, step " + std::to_string(s));
 
   // LoRA inline on the main stream (no side-stream events): those steps launch
   // programmatically too, the shrink and expand kernels included.
@@ -150,16 +168,17 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     std::vector<int32_t> tokens = prompt_source.random_tokens(200, vocab);
     lora_joint.push_back({id, tokens, std::vector<int32_t>(tokens.size(), slot), false});
   }
-  next = step(lora_joint, {}, "LoRA prefill 2 + decode 4");
+  next = step(lora_joint, {}, "LoRA prefill 2 + decode 5");
   for (int s = 0; s < 4; ++s) {
     std::vector<Driver::Part> parts;
     for (size_t i = 0; i < ids.size(); ++i) parts.push_back({ids[i], {next[i]}, {slots[i]}, false});
-    next = step(parts, s % 2 == 1 ? std::vector<int>{1, 4} : std::vector<int>{}, "6 rows, 2 with LoRA, step " + std::to_string(s));
+    next = step(parts, s % 2 == 1 ? std::vector<int>{1, 4} : std::vector<int>{}, "7 rows, 2 with LoRA, step " + std::to_string(s));
   }
 
   EXPECT_GE(backends[1]->graph_stats().replays, 4) << "the programmatic steps were replayed from graphs";
   EXPECT_EQ(backends[3]->graph_stats().replays, 0);
   EXPECT_GE(backends[5]->graph_stats().replays, 4) << "the prefetching steps were replayed from graphs";
+  EXPECT_GE(backends[6]->graph_stats().replays, 4);
 }
 
 }  // namespace

@@ -89,12 +89,13 @@ class CudaBackend : public Backend {
   //   kCublas  cuBLAS always
   // Measured on the H100 (8B shape, decode at 2K context, CUDA graph): 1 row
   // 6.32 ms vs cuBLAS 6.62 ms; 2 rows a wash with 4 loads a lane, 6.434 vs
-  // 6.576 with 8; from 3 rows on cuBLAS wins. A tensor-core variant (weights as the MMA's M side, no shared
-  // memory) ran 7.9 ms at 1-16 rows and was dropped.
+  // 6.576 with 8; from 3 rows on cuBLAS wins. A tensor-core variant (weights
+  // as the MMA's M side, no shared memory) ran 7.9 ms at 1-16 rows and was dropped.
   enum class DecodeGemm { kAuto, kCublas };
   void set_decode_gemm(DecodeGemm path) { decode_gemm_ = path; clear_graphs(); }
   // kAuto's skinny kernels serve steps of up to this many rows (1..kSkinnyGemmMaxRows;
-  // default 2: H100, graph step, 2 rows 6.576 -> 6.434 ms, 3 rows 6.672 -> 6.887, 4 rows 6.744 -> 8.334).
+  // default 2: H100, graph step, 2 rows 6.576 -> 6.434 ms, 3 rows 6.672 -> 6.887,
+  // 4 rows 6.744 -> 8.334).
   void set_skinny_max_rows(int32_t rows) { skinny_max_rows_ = rows; clear_graphs(); }
   int32_t skinny_max_rows() const { return skinny_max_rows_; }
   // CudaBackendConfig::programmatic_max_rows.
@@ -234,7 +235,7 @@ class CudaBackend : public Backend {
   };
   static constexpr size_t kMaxGraphs = 48;
   bool graphs_enabled_ = true;
-  int32_t programmatic_max_rows_ = 1;  // CudaBackendConfig::programmatic_max_rows
+  int32_t programmatic_max_rows_ = 2;  // CudaBackendConfig::programmatic_max_rows
   bool pingpong_prefill_ = true;        // CudaBackendConfig::pingpong_prefill
   bool step_programmatic_ = false;      // this step's kernels launch programmatically (plan_step)
   int32_t max_graph_rows_ = 256;
