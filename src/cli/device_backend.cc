@@ -178,8 +178,16 @@ int64_t kv_cache_bytes_for_gpu_fraction(const DeviceOptions& options, double fra
   const int device = cuda_device_index(options.device);
   // Free memory now (weights loaded) minus the share of the card to leave free.
   const int64_t free_bytes = cuda_free_memory_bytes(device);
-  const int64_t keep_free = static_cast<int64_t>((1.0 - fraction) * static_cast<double>(cuda_total_memory_bytes(device)));
-  return std::max<int64_t>(free_bytes - keep_free, 0);
+  const int64_t total_bytes = cuda_total_memory_bytes(device);
+  const int64_t keep_free = static_cast<int64_t>((1.0 - fraction) * static_cast<double>(total_bytes));
+  if (free_bytes <= keep_free)
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("--gpu-memory-fraction {}: {:.2f} of the GPU's {:.2f} GiB are free after the weights, "
+                            "and {:.2f} GiB must stay free: no room for the KV cache",
+                            fraction, static_cast<double>(free_bytes) / (1 << 30),
+                            static_cast<double>(total_bytes) / (1 << 30), static_cast<double>(keep_free) / (1 << 30)),
+                "raise --gpu-memory-fraction (--gpu-memory-utilization), give --kv-cache-bytes, or free the GPU");
+  return free_bytes - keep_free;
 #else
   return 0;
 #endif

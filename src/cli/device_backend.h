@@ -72,6 +72,7 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
 
 // For --gpu-memory-fraction F: the KV pool bytes that leave (1 - F) of the
 // GPU's memory free after the weights (already loaded) and the pool. 0 on cpu.
+// Throws Error(kCapacity) when less than that share is free (no room for a pool).
 int64_t kv_cache_bytes_for_gpu_fraction(const DeviceOptions& options, double fraction);
 
 }  // namespace loom::cli
