@@ -135,7 +135,8 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   }
   next = step(pair, {}, "prefill 1 + decode 1");
   for (int s = 0; s < 4; ++s)
-    next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{1} : std::vector<int>{}, "2 rows, step " + std::to_string(s));
+    next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{1} : std::vector<int>{},
+                "2 rows, step " + std::to_string(s));
 
   // Three more sequences join (a prefill step beside the others' decode), then five-row decode steps.
   std::vector<Driver::Part> joint = decode_parts(ids, next);

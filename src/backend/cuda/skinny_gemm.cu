@@ -1,11 +1,12 @@
 // Weight-streaming GEMM for decode steps of 1 to 4 rows: one warp per output
 // row (two rows, gate and up, for the fused SwiGLU), 16-byte loads of W with
 // eight in flight per lane (four per row for gate/up), x read through the L1
-// cache, fp32 accumulation and a warp reduction. At these sizes the step only streams the weights, and one
-// kernel per projection (with SwiGLU folded into the gate/up one) leaves fewer
-// launches and gaps than a general GEMM. Each warp loads its row's first chunks
-// before waiting for the previous kernel (launch.cuh), so under a programmatic
-// launch the weight stream starts while that kernel drains.
+// cache, fp32 accumulation and a warp reduction. At these sizes the step only
+// streams the weights, and one kernel per projection (with SwiGLU folded into
+// the gate/up one) leaves fewer launches and gaps than a general GEMM. Each
+// warp loads its row's first chunks before waiting for the previous kernel
+// (launch.cuh), so under a programmatic launch the weight stream starts while
+// that kernel drains.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
