@@ -1,0 +1,150 @@
+// The decode-step figures of loom_cuda_bench (bench_common.h, decode_figures).
+#include <array>
+#include <cstdio>
+
+#include <fmt/format.h>
+
+#include "bench_common.h"
+
+namespace loom::cuda::bench {
+
+void decode_figures(BenchContext& context) {
+  LaunchSkippingCudaBackend& backend = context.backend;
+  const ModelConfig& config = context.config;
+  nlohmann::json& results = context.results;
+  Prng& prng = context.prng;
+  const int iterations = context.iterations;
+  const std::vector<int>& batch_sizes = context.batch_sizes;
+  auto wanted = [&](const char* part) { return context.wanted(part); };
+  if (wanted("decode"))
+    std::printf("\n%-28s %10s %10s %10s %8s %12s %12s %8s %12s\n", "decode (2K context)", "eager ms", "graph ms", "floor ms",
+                "x floor", "pdl eager", "pdl graph", "x floor", "no pdl graph");
+  for (int batch_size : batch_sizes) {
+    if (!wanted("decode")) break;
+    const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+    const StepTimes times = time_step(backend, batch, iterations, true);
+    const double floor_ms = decode_floor_ms(backend, batch_size);
+    // The same step with cuBLAS for every GEMM (the default takes the skinny kernels at 1 row).
+    double cublas_graph_ms = 0;
+    if (batch_size <= 2) {
+      backend.set_decode_gemm(CudaBackend::DecodeGemm::kCublas);
+      cublas_graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+      backend.set_decode_gemm(CudaBackend::DecodeGemm::kAuto);
+    }
+    // The same step with programmatic dependent launches at every size (CudaBackendConfig::programmatic_max_rows;
+    // by default 1-row steps only) and with none.
+    backend.set_programmatic_max_rows(1 << 30);
+    const StepTimes programmatic = time_step(backend, batch, iterations, true);
+    backend.set_programmatic_max_rows(0);
+    const StepTimes plain = time_step(backend, batch, iterations, true);
+    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
+    results["decode"].push_back({{"batch", batch_size}, {"context", kContext}, {"eager_ms", times.eager_ms},
+                                 {"cublas_gemm_graph_ms", cublas_graph_ms},
+                                 {"graph_ms", times.graph_ms}, {"floor_ms", floor_ms},
+                                 {"graph_over_floor", times.graph_ms / floor_ms},
+                                 {"eager_over_floor", times.eager_ms / floor_ms},
+                                 {"programmatic_eager_ms", programmatic.eager_ms},
+                                 {"programmatic_graph_ms", programmatic.graph_ms},
+                                 {"programmatic_graph_over_floor", programmatic.graph_ms / floor_ms},
+                                 {"plain_graph_ms", plain.graph_ms}, {"plain_eager_ms", plain.eager_ms},
+                                 {"kv_shared_pairwise", batch_size > kContextGroups}});
+    std::printf("%-28s %10.3f %10.3f %10.3f %8.2f %12.3f %12.3f %8.2f %12.3f\n", ("batch " + std::to_string(batch_size)).c_str(),
+                times.eager_ms, times.graph_ms, floor_ms, times.graph_ms / floor_ms, programmatic.eager_ms,
+                programmatic.graph_ms, programmatic.graph_ms / floor_ms, plain.graph_ms);
+  }
+
+  // L2 read-ahead of the next weights beside the latency-bound kernels (CudaBackend::L2Prefetch), graph steps at every
+  // batch size: caps in MiB at its three points (o_proj, gate_up head, next q/k/v head).
+  if (wanted("prefetch")) {
+    const std::vector<std::array<int, 3>> settings = {{0, 0, 0}, {32, 0, 0}, {16, 0, 0}, {24, 8, 0}, {24, 8, 8},
+                                                      {16, 8, 8}, {0, 0, 8},  {32, 8, 8}, {16, 16, 16}};
+    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
+    std::printf("\n%-28s %10s %10s %8s\n", "L2 prefetch MiB o/gu/qkv", "batch", "graph ms", "x floor");
+    for (int batch_size : batch_sizes) {
+      const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+      const double floor_ms = decode_floor_ms(backend, batch_size);
+      for (const auto& [o_proj, gate_up, qkv] : settings) {
+        const int64_t mib = int64_t{1} << 20;
+        backend.set_l2_prefetch({o_proj * mib, gate_up * mib, qkv * mib, batch_size});
+        const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+        results["prefetch"].push_back({{"batch", batch_size}, {"o_proj_mib", o_proj}, {"gate_up_mib", gate_up},
+                                       {"qkv_mib", qkv}, {"graph_ms", graph_ms}, {"graph_over_floor", graph_ms / floor_ms}});
+        std::printf("%-28s %10d %10.3f %8.3f\n", fmt::format("{}/{}/{}", o_proj, gate_up, qkv).c_str(), batch_size,
+                    graph_ms, graph_ms / floor_ms);
+      }
+    }
+    backend.set_l2_prefetch(default_prefetch);
+  }
+
+  // The 1-row skinny GEMM's variants (loads in flight, warps a CTA, L2 fetch hint) alone on the 8B shape's
+  // projections, each launch on its own slice of a 2 GiB pool (no L2 reuse), and a plain streaming read.
+  if (wanted("skinny")) {
+    const int64_t pool_bytes = int64_t{2} << 30;
+    DeviceBuffer pool(static_cast<size_t>(pool_bytes)), x_d(64 << 10), y_d(128256 * sizeof(float)), sink(64);
+    launch_synthetic_fill_bf16(pool.as<bf16>(), pool_bytes / 2, 99, false, 1.0f, backend.stream());
+    launch_synthetic_fill_bf16(x_d.as<bf16>(), 16384, 98, false, 1.0f, backend.stream());
+    Timer timer(backend.stream());
+    constexpr int kLaunches = 20;
+    std::printf("\n%-28s", "read probe GB/s:");
+    for (const auto& [blocks, threads] : std::vector<std::pair<int, int>>{{132 * 8, 256}, {132 * 16, 256}, {132 * 32, 128}}) {
+      const double ms = timer.median_ms([&] {
+        launch_read_probe(pool.data(), pool_bytes, sink.as<uint32_t>(), blocks, threads, backend.stream());
+      }, 5);
+      results["read_probe"].push_back({{"blocks", blocks}, {"threads", threads}, {"bytes_per_s", pool_bytes / (ms * 1e-3)}});
+      std::printf(" %dx%d %.0f", blocks, threads, pool_bytes / (ms * 1e6));
+    }
+    std::printf("\n%-28s %8s %8s %8s %8s %8s   (GB/s, 20 launches back to back)\n", "unroll/warps/hint", "qkv", "o",
+                "gate_up", "down", "lm_head");
+    const std::vector<std::pair<int, int>> shapes = {{6144, 4096}, {4096, 4096}, {28672, 4096}, {4096, 14336}, {128256, 4096}};
+    for (const std::array<int, 3>& v : std::vector<std::array<int, 3>>{{4, 4, 0}, {4, 4, 1}, {4, 4, 2}, {8, 4, 0}, {8, 4, 2},
+                                                                       {4, 8, 0}, {4, 8, 2}, {8, 8, 0}, {8, 8, 2}, {2, 4, 0},
+                                                                       {4, 2, 0}, {16, 4, 0}}) {
+      std::printf("%-28s", fmt::format("{}/{}/{}", v[0], v[1], v[2]).c_str());
+      nlohmann::json row = {{"unroll", v[0]}, {"warps", v[1]}, {"hint", v[2]}};
+      for (const auto& [n, k] : shapes) {
+        const int64_t bytes = int64_t{n} * k * 2;
+        const int64_t slices = pool_bytes / bytes;
+        const double ms = timer.median_ms([&] {
+          for (int i = 0; i < kLaunches; ++i)
+            launch_skinny_gemm_variant(x_d.as<bf16>(), k, pool.as<bf16>() + (i % slices) * (bytes / 2), n,
+                                       y_d.as<float>(), v[0], v[1], v[2], backend.stream());
+        }, 5) / kLaunches;
+        row["bytes_per_s"].push_back(bytes / (ms * 1e-3));
+        std::printf(" %8.0f", bytes / (ms * 1e6));
+      }
+      results["skinny"].push_back(row);
+      std::printf("\n");
+    }
+  }
+
+  // Steps of 1-4 rows on cuBLAS or the skinny GEMMs, with or without programmatic launches and the L2 read-ahead
+  // (the defaults: all three up to 2 rows).
+  if (wanted("rows")) {
+    std::printf("\n%-44s %8s %10s %8s\n", "2-4 rows", "batch", "graph ms", "x floor");
+    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
+    const int32_t default_skinny = backend.skinny_max_rows();
+    for (int batch_size : batch_sizes) {
+      const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+      const double floor_ms = decode_floor_ms(backend, batch_size);
+      struct Setting { const char* name; int skinny, programmatic, prefetch; };
+      for (const Setting& setting : {Setting{"cuBLAS from 2 rows", 1, 1, 1}, Setting{"skinny", 4, 1, 1},
+                                     Setting{"skinny + pdl", 4, 4, 1}, Setting{"skinny + pdl + prefetch", 4, 4, 4},
+                                     Setting{"skinny + prefetch", 4, 1, 4}}) {
+        backend.set_skinny_max_rows(setting.skinny);
+        backend.set_programmatic_max_rows(setting.programmatic);
+        CudaBackend::L2Prefetch prefetch = default_prefetch;
+        prefetch.max_rows = setting.prefetch;
+        backend.set_l2_prefetch(prefetch);
+        const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
+        results["rows"].push_back({{"batch", batch_size}, {"setting", setting.name}, {"graph_ms", graph_ms},
+                                   {"graph_over_floor", graph_ms / floor_ms}});
+        std::printf("%-44s %8d %10.3f %8.3f\n", setting.name, batch_size, graph_ms, graph_ms / floor_ms);
+      }
+    }
+    backend.set_skinny_max_rows(default_skinny);
+    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
+    backend.set_l2_prefetch(default_prefetch);
+  }
+}
+
+}  // namespace loom::cuda::bench
