@@ -210,11 +210,11 @@ inline constexpr int32_t kSkinnyGemmMaxRows = 4;
 void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t n, int32_t k, void* y,
                         bool y_is_bf16, int32_t y_stride, Launch launch);
 // Benchmarks only: the 1-row skinny GEMM (fp32 y) with `unroll` 16-byte loads in
-// flight per lane, `warps` a CTA and L2 fetch hint `hint` (0, 1: 128 B, 2: 256 B),
-// for the combinations skinny_gemm.cu instantiates; and a streaming read of
-// `bytes` (a grid of blocks x threads) for the read bandwidth it can reach.
+// flight per lane and `warps` a CTA, for the combinations skinny_gemm.cu
+// instantiates; and a streaming read of `bytes` (a grid of blocks x threads) for
+// the read bandwidth it can reach.
 void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t n, float* y, int32_t unroll,
-                                int32_t warps, int32_t hint, cudaStream_t stream);
+                                int32_t warps, cudaStream_t stream);
 void launch_read_probe(const void* data, int64_t bytes, uint32_t* sink, int32_t blocks, int32_t threads,
                        cudaStream_t stream);
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,

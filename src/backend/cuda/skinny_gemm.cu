@@ -22,23 +22,11 @@ constexpr int kWarpsPerCta = 4;
 constexpr int kUnroll = 4;
 constexpr int kGemmUnroll = 8;
 
-// kHint: 0 plain, 1 L2::128B, 2 L2::256B (the L2 fetches that many bytes around the access).
-template <int kHint = 0>
 __device__ __forceinline__ uint4 load_streaming(const bf16* pointer) {
   uint4 value;
-  if constexpr (kHint == 2) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
-                 : "l"(pointer));
-  } else if constexpr (kHint == 1) {
-    asm volatile("ld.global.nc.L1::no_allocate.L2::128B.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
-                 : "l"(pointer));
-  } else {
-    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-                 : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
-                 : "l"(pointer));
-  }
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(value.x), "=r"(value.y), "=r"(value.z), "=r"(value.w)
+               : "l"(pointer));
   return value;
 }
 
@@ -68,11 +56,11 @@ __device__ __forceinline__ float warp_sum(float value) {
 template <int U = kUnroll>
 __device__ __forceinline__ bool head_fits(int k, int lane) { return lane * 8 + (U - 1) * 256 < k; }
 
-template <int U = kUnroll, int H = 0>
+template <int U = kUnroll>
 __device__ __forceinline__ void load_row_head(const bf16* w_row, int k, int lane, uint4 (&head)[U]) {
   const bool fits = head_fits<U>(k, lane);
 #pragma unroll
-  for (int u = 0; u < U; ++u) head[u] = fits ? load_streaming<H>(w_row + lane * 8 + u * 256) : make_uint4(0, 0, 0, 0);
+  for (int u = 0; u < U; ++u) head[u] = fits ? load_streaming(w_row + lane * 8 + u * 256) : make_uint4(0, 0, 0, 0);
 }
 
 template <int M, int U = kUnroll>
@@ -87,7 +75,7 @@ __device__ __forceinline__ void accumulate(const bf16* x, int x_stride, int colu
 
 // Accumulates x[m] . w_row over k for m < M (k % 8 == 0), starting with the
 // chunks load_row_head put in `head`.
-template <int M, int U = kUnroll, int H = 0>
+template <int M, int U = kUnroll>
 __device__ __forceinline__ void row_dots(const bf16* x, int x_stride, const bf16* w_row, int k, int lane,
                                          const uint4 (&head)[U], float (&acc)[M]) {
   int column = lane * 8;
@@ -98,32 +86,32 @@ __device__ __forceinline__ void row_dots(const bf16* x, int x_stride, const bf16
   for (; column + (U - 1) * 256 < k; column += U * 256) {
     uint4 w[U];
 #pragma unroll
-    for (int u = 0; u < U; ++u) w[u] = load_streaming<H>(w_row + column + u * 256);
+    for (int u = 0; u < U; ++u) w[u] = load_streaming(w_row + column + u * 256);
     accumulate<M, U>(x, x_stride, column, w, acc);
   }
   for (; column < k; column += 256) {
-    const uint4 w = load_streaming<H>(w_row + column);
+    const uint4 w = load_streaming(w_row + column);
 #pragma unroll
     for (int m = 0; m < M; ++m) acc[m] += dot8(w, __ldg(reinterpret_cast<const uint4*>(x + m * x_stride + column)));
   }
 }
 
-// U 16-byte loads in flight per lane, W warps a CTA, H the L2 fetch hint (load_streaming).
-template <int M, int U = kGemmUnroll, int W = kWarpsPerCta, int H = 0>
+// U 16-byte loads in flight per lane, W warps a CTA.
+template <int M, int U = kGemmUnroll, int W = kWarpsPerCta>
 __global__ void __launch_bounds__(W * 32)
     skinny_gemm_kernel(const bf16* x, int x_stride, const bf16* w, int n, int k, void* y, int y_stride, bool y_is_bf16) {
   const int lane = threadIdx.x % 32;
   const int row = blockIdx.x * W + threadIdx.x / 32;
   const bf16* w_row = w + static_cast<int64_t>(row < n ? row : 0) * k;
   uint4 head[U];
-  load_row_head<U, H>(w_row, row < n ? k : 0, lane, head);
+  load_row_head<U>(w_row, row < n ? k : 0, lane, head);
   pdl_wait();
   pdl_trigger();
   if (row >= n) return;
   float acc[M];
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  row_dots<M, U, H>(x, x_stride, w_row, k, lane, head, acc);
+  row_dots<M, U>(x, x_stride, w_row, k, lane, head, acc);
 #pragma unroll
   for (int m = 0; m < M; ++m) {
     const float value = warp_sum(acc[m]);
@@ -202,27 +190,21 @@ void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, co
 }
 
 void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t n, float* y, int32_t unroll,
-                                int32_t warps, int32_t hint, cudaStream_t stream) {
+                                int32_t warps, cudaStream_t stream) {
   check_aligned(x, k, k);
   auto go = [&](auto kernel, int w_per_cta) {
     launch_kernel(Launch(stream), (n + w_per_cta - 1) / w_per_cta, w_per_cta * 32, 0, kernel, x, k, w, n, k,
                   static_cast<void*>(y), n, false);
   };
-  const int key = unroll * 10000 + warps * 10 + hint;
-  switch (key) {
-    case 40040: go(skinny_gemm_kernel<1, 4, 4, 0>, 4); break;
-    case 40042: go(skinny_gemm_kernel<1, 4, 4, 2>, 4); break;
-    case 40041: go(skinny_gemm_kernel<1, 4, 4, 1>, 4); break;
-    case 80040: go(skinny_gemm_kernel<1, 8, 4, 0>, 4); break;
-    case 80042: go(skinny_gemm_kernel<1, 8, 4, 2>, 4); break;
-    case 40080: go(skinny_gemm_kernel<1, 4, 8, 0>, 8); break;
-    case 40082: go(skinny_gemm_kernel<1, 4, 8, 2>, 8); break;
-    case 80080: go(skinny_gemm_kernel<1, 8, 8, 0>, 8); break;
-    case 80082: go(skinny_gemm_kernel<1, 8, 8, 2>, 8); break;
-    case 20040: go(skinny_gemm_kernel<1, 2, 4, 0>, 4); break;
-    case 40020: go(skinny_gemm_kernel<1, 4, 2, 0>, 2); break;
-    case 160040: go(skinny_gemm_kernel<1, 16, 4, 0>, 4); break;
-    default: throw_unsupported("skinny GEMM variant (unroll * 10000 + warps * 10 + hint)", key);
+  switch (unroll * 100 + warps) {
+    case 204: go(skinny_gemm_kernel<1, 2, 4>, 4); break;
+    case 402: go(skinny_gemm_kernel<1, 4, 2>, 2); break;
+    case 404: go(skinny_gemm_kernel<1, 4, 4>, 4); break;
+    case 408: go(skinny_gemm_kernel<1, 4, 8>, 8); break;
+    case 804: go(skinny_gemm_kernel<1, 8, 4>, 4); break;
+    case 808: go(skinny_gemm_kernel<1, 8, 8>, 8); break;
+    case 1604: go(skinny_gemm_kernel<1, 16, 4>, 4); break;
+    default: throw_unsupported("skinny GEMM variant (unroll * 100 + warps)", unroll * 100 + warps);
   }
 }
 
@@ -232,7 +214,7 @@ __global__ void read_probe_kernel(const uint4* data, int64_t count, uint32_t* si
   uint32_t acc = 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const uint4 v = load_streaming<0>(reinterpret_cast<const bf16*>(data + i));
+    const uint4 v = load_streaming(reinterpret_cast<const bf16*>(data + i));
     acc ^= v.x ^ v.y ^ v.z ^ v.w;
   }
   if (acc == 0x9e3779b9u) *sink = acc;  // keeps the loads
