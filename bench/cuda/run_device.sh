@@ -10,7 +10,7 @@
 # all: every GPU test but the SmolLM2 ones in one process (~3 min; CudaAttention.MatchesTorchSdpaToLongContexts
 # needs the device's torch and reads bench/cuda/sdpa_check.py from the working directory).
 # wide: the wgmma prefill's tests, then its timing against the mma.sync kernel and torch SDPA at 8K and 32K.
-# next: CudaBackendConfig::programmatic_launches and ::pingpong_prefill, tested, then timed against the defaults.
+# next: programmatic launches at every step size and CudaBackendConfig::pingpong_prefill, tested, then timed against the defaults.
 set -u
 MODE=${1:-tests}
 . "$(dirname "$0")/device_env.sh"
