@@ -4,7 +4,13 @@
 # LD_LIBRARY_PATH at the package and at the device's cuBLAS.
 OUT=${OUT:-/tmp/loom-out}
 mkdir -p /tmp/loom "$OUT"
-if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom; fi
+# Unpacked once per package: a second script sourcing this beside a running one leaves its binaries alone.
+if [ -f .carry/cuda/loom_cuda_pkg.tar.xz ]; then
+  sum=$(md5sum < .carry/cuda/loom_cuda_pkg.tar.xz)
+  if [ "$(cat /tmp/loom/.unpacked 2>/dev/null)" != "$sum" ]; then
+    tar xJf .carry/cuda/loom_cuda_pkg.tar.xz -C /tmp/loom && echo "$sum" > /tmp/loom/.unpacked
+  fi
+fi
 [ -f .carry/smol_a/part ] && cp .carry/smol_a/part /tmp/loom/smol_a
 CUBLAS=$(ldconfig -p | awk '/libcublas.so.13 /{print $NF; exit}')
 [ -z "$CUBLAS" ] && CUBLAS=$(ls /usr/local/cuda/lib64/libcublas.so.13 /usr/local/cuda/targets/x86_64-linux/lib/libcublas.so.13 2>/dev/null | head -1)

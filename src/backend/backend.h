@@ -17,7 +17,7 @@
 //
 // New token i of sequence s attends to KV entries 0 .. num_computed_tokens + i (causal).
 //
-// KV sharing modes (DESIGN §1) show up in the batch as:
+// KV sharing modes (docs/design.md §1) show up in the batch as:
 //   activated  per-token adapter_slots: -1 before the invocation start, the
 //              adapter's slot from it on. Nothing else.
 //   base       decoder_adapter_slot >= 0: the sequence's tokens run as base rows
@@ -44,6 +44,7 @@
 #include <vector>
 
 #include "backend/backend_capabilities.h"
+#include "util/cache_gauge.h"
 
 namespace loom {
 
@@ -232,6 +233,11 @@ class Backend {
   // declared here; forward() still checks as a defence. Any thread; constant
   // for the backend's lifetime.
   virtual BackendCapabilities capabilities() const = 0;
+
+  // The backend's own host-side caches (e.g. captured CUDA graphs, GEMM
+  // algorithms by shape), each within its documented limit, for /metrics.
+  // Engine thread, between forward() calls.
+  virtual std::vector<CacheGauge> cache_gauges() const { return {}; }
 
   // capabilities().device_sampling: forward() honours Batch::sampling
   // (DeviceSampling above); other backends ignore it and return logits.

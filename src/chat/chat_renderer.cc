@@ -170,8 +170,19 @@ std::shared_ptr<const ParsedChatTemplate> ChatRenderer::request_template(const s
   auto parsed = std::make_shared<const ParsedChatTemplate>(source);  // outside the lock: parsing takes a while
   std::lock_guard<std::mutex> lock(cache_mutex_);
   cache_.emplace_front(source, parsed);
-  if (cache_.size() > kMaxCachedRequestTemplates) cache_.pop_back();
+  if (cache_.size() > kMaxCachedRequestTemplates) {
+    cache_.pop_back();
+    ++evictions_;
+  }
   return parsed;
+}
+
+CacheGauge ChatRenderer::cache_gauge() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  int64_t bytes = 0;
+  for (const auto& [source, parsed] : cache_) bytes += static_cast<int64_t>(source.size());
+  return {"chat_templates", static_cast<int64_t>(cache_.size()), static_cast<int64_t>(kMaxCachedRequestTemplates),
+          bytes, evictions_};
 }
 
 std::string ChatRenderer::render(const ChatRequest& request, const std::string& request_template_source) const {

@@ -27,6 +27,7 @@
 
 #include "template/jinja.h"
 #include "tokenizer/chat_template.h"
+#include "util/cache_gauge.h"
 
 namespace loom {
 
@@ -87,6 +88,10 @@ class ChatRenderer {
   // when the built-in ChatML template stands in.
   bool has_model_template() const { return has_model_template_; }
 
+  // The per-request templates parsed and kept ("chat_templates"): at most
+  // kMaxCachedRequestTemplates, least recently used evicted; bytes count their sources.
+  CacheGauge cache_gauge() const;
+
  private:
   std::shared_ptr<const ParsedChatTemplate> request_template(const std::string& source) const;
 
@@ -98,6 +103,7 @@ class ChatRenderer {
   static constexpr size_t kMaxCachedRequestTemplates = 8;
   mutable std::mutex cache_mutex_;
   mutable std::list<std::pair<std::string, std::shared_ptr<const ParsedChatTemplate>>> cache_;  // most recent first
+  mutable int64_t evictions_ = 0;
 };
 
 // transformers' continue_final_message cut: `rendered` up to the end of the

@@ -139,7 +139,7 @@ struct EngineRequest {
   bool include_stop_str_in_output = false;  // a matched stop string ends the text instead of being cut
   bool skip_special_tokens = true;          // special tokens' text left out of the output text
   int32_t priority = 0;                // lower runs first (vLLM convention); FCFS within a priority
-  // Workflow hints (KVFlow, DESIGN §2): agent names are scoped by workflow. Empty = none.
+  // Workflow hints (KVFlow, docs/design.md §2): agent names are scoped by workflow. Empty = none.
   std::string workflow;
   std::string agent;
   std::optional<int32_t> fixed_prefix_tokens;  // explicit end of the agent's fixed prompt part
@@ -237,6 +237,8 @@ struct EngineMetrics {
   // within the TTL), and the eviction policy ("lru" or "workflow").
   int32_t num_workflows_active = 0;
   std::string eviction_policy = "lru";
+  // The backend's bounded host caches (Backend::cache_gauges), as of the last step.
+  std::vector<CacheGauge> backend_caches;
   // Latency samples (seconds) taken since the previous call; the caller
   // accumulates them into histograms.
   std::vector<double> time_to_first_token, inter_token, end_to_end, queue_time, prefill_time, decode_time;

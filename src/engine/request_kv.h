@@ -1,5 +1,5 @@
 // How one request's KV is keyed and how its tokens run, from its adapter's
-// KV sharing mode (DESIGN §1, lora/kv_sharing.h). Pure host code, built once
+// KV sharing mode (docs/design.md §1, lora/kv_sharing.h). Pure host code, built once
 // per request at submit().
 //
 //   adapter mode   RequestKvKeys                       tokens in the batch

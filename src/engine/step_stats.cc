@@ -67,6 +67,7 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   const int64_t main_bytes_per_block = kv_bytes_per_block[KvCacheId::kMain];
   const int64_t residual_bytes_per_block = kv_bytes_per_block[KvCacheId::kResidual];
   metrics.kv_bytes_by_adapter = kv_bytes_by_adapter;
+  metrics.backend_caches = backend_caches;
   metrics.num_running = num_running;
   metrics.num_waiting = num_waiting;
   metrics.kv_blocks_total = main.num_total_blocks;

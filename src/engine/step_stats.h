@@ -70,6 +70,7 @@ struct EngineGauges {
   int64_t num_preemptions = 0;
   std::optional<DiskKvStoreStats> disk;  // the disk tier's store, when there is one
   int64_t disk_capacity_bytes = 0;
+  std::vector<CacheGauge> backend_caches;
 
   // Overwrites the gauges of `metrics` (its samples and counters stay).
   void apply_to(EngineMetrics& metrics) const;

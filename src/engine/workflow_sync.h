@@ -1,4 +1,4 @@
-// The engine's half of the workflow-aware KV cache (KVFlow; DESIGN §2): keeps
+// The engine's half of the workflow-aware KV cache (KVFlow; docs/design.md §2): keeps
 // the KvCacheGroup's agent state in step with the WorkflowRegistry.
 //   - sync(): the registry's steps-to-execution -> KvCacheGroup::set_agent_steps,
 //     ended workflows' agents forgotten (KvCacheGroup::forget_agents);

@@ -6,6 +6,15 @@
 #include "util/error.h"
 
 namespace loom::grammar {
+
+int64_t CompiledGrammar::mask_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& [key, mask] : masks_)
+    bytes += static_cast<int64_t>(sizeof(key) + sizeof(mask) + mask.accepted.capacity() * sizeof(int32_t) +
+                                  mask.accepted_bits.capacity() * sizeof(uint64_t) +
+                                  mask.uncertain.capacity() * sizeof(int32_t));
+  return bytes;
+}
 namespace {
 
 uint64_t pair_key(int32_t position, int32_t parent_position) {

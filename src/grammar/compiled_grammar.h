@@ -51,6 +51,8 @@ class CompiledGrammar {
   // `parent_position` (kNoParent: the top's rule is the root's frame); null if none.
   const PositionMask* position_mask(int32_t position, int32_t parent_position) const;
   int32_t num_cached_pairs() const { return static_cast<int32_t>(masks_.size()); }
+  // Bytes of the precomputed masks (the bulk of a compiled grammar's memory).
+  int64_t mask_bytes() const;
 
  private:
   void precompute();

@@ -31,11 +31,20 @@ std::shared_ptr<const CompiledGrammar> ConstraintCompiler::cached(const std::str
   if (by_key_.contains(key) || cache_entries_ == 0) return compiled;
   recent_.emplace_front(key, compiled);
   by_key_[key] = recent_.begin();
+  bytes_ += static_cast<int64_t>(key.size()) + compiled->mask_bytes();
   if (recent_.size() > cache_entries_) {
-    by_key_.erase(recent_.back().first);
+    const auto& [oldest_key, oldest] = recent_.back();
+    bytes_ -= static_cast<int64_t>(oldest_key.size()) + oldest->mask_bytes();
+    by_key_.erase(oldest_key);
     recent_.pop_back();
+    ++evictions_;
   }
   return compiled;
+}
+
+CacheGauge ConstraintCompiler::cache_gauge() {
+  std::lock_guard lock(mutex_);
+  return {"grammars", static_cast<int64_t>(recent_.size()), static_cast<int64_t>(cache_entries_), bytes_, evictions_};
 }
 
 std::shared_ptr<const CompiledGrammar> ConstraintCompiler::json_schema(const nlohmann::json& schema) {

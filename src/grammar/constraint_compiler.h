@@ -24,6 +24,7 @@
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar.h"
 #include "grammar/token_vocabulary.h"
+#include "util/cache_gauge.h"
 
 namespace loom::grammar {
 
@@ -41,6 +42,8 @@ class ConstraintCompiler {
   std::shared_ptr<const CompiledGrammar> compile(Grammar grammar) const;
 
   const std::shared_ptr<const TokenVocabulary>& vocabulary() const { return vocabulary_; }
+  // The cache of compiled constraints ("grammars"): at most cache_entries, least recently used evicted.
+  CacheGauge cache_gauge();
 
  private:
   template <typename Build>
@@ -53,6 +56,8 @@ class ConstraintCompiler {
   std::mutex mutex_;
   std::list<std::pair<std::string, std::shared_ptr<const CompiledGrammar>>> recent_;  // most recent first
   std::unordered_map<std::string, decltype(recent_)::iterator> by_key_;
+  int64_t evictions_ = 0;
+  int64_t bytes_ = 0;  // keys plus mask_bytes() of what recent_ holds
 };
 
 }  // namespace loom::grammar

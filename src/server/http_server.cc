@@ -133,6 +133,12 @@ struct HttpServer::Impl {
     const ModelChatTemplates& templates = completion.tokenizer->model_chat_templates();
     chat_renderer = std::make_unique<ChatRenderer>(templates, config.chat_template);
     completion.parse.chat_renderer = chat_renderer.get();
+    metrics.set_server_caches([this] {
+      std::vector<CacheGauge> caches = completion.tokenizer->cache_gauges();
+      caches.push_back(completion.parse.constraints->cache_gauge());
+      caches.push_back(chat_renderer->cache_gauge());
+      return caches;
+    });
     // The parser follows the served template (--chat-template, else the model's
     // tool_use one, else its default); a per-request chat_template does not change it.
     const std::string& template_source = !config.chat_template.empty() ? config.chat_template

@@ -92,6 +92,24 @@ class Exposition {
   std::string out_;
 };
 
+// The bounded caches: loom_cache_{entries,capacity,bytes,evictions_total}{cache=NAME}
+// (bytes only where the cache knows them).
+void render_caches(Exposition& out, const std::vector<CacheGauge>& backend, const std::vector<CacheGauge>& server) {
+  std::vector<CacheGauge> caches = backend;
+  caches.insert(caches.end(), server.begin(), server.end());
+  if (caches.empty()) return;
+  auto label = [](const CacheGauge& cache) { return fmt::format("cache=\"{}\"", escape_label_value(cache.name)); };
+  out.family("loom_cache_entries", "gauge", "Entries a bounded host-side cache holds now");
+  for (const CacheGauge& cache : caches) out.sample("loom_cache_entries", label(cache), cache.entries);
+  out.family("loom_cache_capacity", "gauge", "The most entries a bounded cache keeps (its limit)");
+  for (const CacheGauge& cache : caches) out.sample("loom_cache_capacity", label(cache), cache.capacity);
+  out.family("loom_cache_bytes", "gauge", "Host bytes a bounded cache holds now (caches that know them)");
+  for (const CacheGauge& cache : caches)
+    if (cache.bytes >= 0) out.sample("loom_cache_bytes", label(cache), cache.bytes);
+  out.family("loom_cache_evictions_total", "counter", "Entries a bounded cache dropped to stay within its limit");
+  for (const CacheGauge& cache : caches) out.sample("loom_cache_evictions_total", label(cache), cache.evictions);
+}
+
 // Prefix-cache counters: the total without a mode (kept for existing
 // dashboards) plus one sample per request mode.
 void by_mode(Exposition& out, const std::string& name, const std::string& help, int64_t total,
@@ -325,6 +343,8 @@ std::string MetricsExporter::render_locked() const {
   for (const auto& [reason, num_requests] : finished)
     out.sample("loom_request_success_total", fmt::format("finished_reason=\"{}\"", escape_label_value(reason)),
                num_requests);
+
+  render_caches(out, m.backend_caches, server_caches_ ? server_caches_() : std::vector<CacheGauge>{});
 
   const std::string labels = out.with_model("");
   time_to_first_token_.render("loom_time_to_first_token_seconds", "Time to first token", labels, out.text());

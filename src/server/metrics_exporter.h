@@ -1,4 +1,4 @@
-// Prometheus text exposition of the engine's numbers (DESIGN §4, prefix loom_).
+// Prometheus text exposition of the engine's numbers (docs/design.md §4, prefix loom_).
 // Latency samples drained from Engine::take_metrics() accumulate into
 // histograms here; totals and gauges are copied from the latest snapshot.
 // Every sample carries vLLM's model_name label (the served model's name) first;
@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <string>
@@ -56,12 +57,17 @@ class MetricsExporter {
   std::optional<std::string> stats_line(const EngineMetrics& snapshot, double elapsed_seconds);
   // The model_name="..." pair every sample starts its labels with (escaped).
   const std::string& model_label() const { return model_label_; }
+  // The server's own bounded caches (compiled grammars, chat templates, the
+  // tokenizer's), asked at each render beside the engine's backend caches.
+  // Set before the first scrape; `source` must be thread-safe.
+  void set_server_caches(std::function<std::vector<CacheGauge>()> source) { server_caches_ = std::move(source); }
 
  private:
   void absorb_locked(const EngineMetrics& metrics);
   std::string render_locked() const;
 
   const std::string model_label_;  // model_name="...", escaped
+  std::function<std::vector<CacheGauge>()> server_caches_;
   mutable std::mutex mutex_;
   EngineMetrics latest_;  // sample vectors unused
   Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;

@@ -217,9 +217,20 @@ void BpeModel::encode_word(std::string_view word, std::vector<TokenId>& out) con
   out.insert(out.end(), ids.begin(), ids.end());
   if (can_cache) {
     std::lock_guard<std::mutex> lock(cache_mutex_);
-    if (cache_.size() >= kMaxCachedWords) cache_.clear();
-    cache_.emplace(std::string(word), std::move(ids));
+    if (cache_.size() >= kMaxCachedWords) {
+      cache_evictions_ += static_cast<int64_t>(cache_.size());
+      cache_bytes_ = 0;
+      cache_.clear();
+    }
+    const auto bytes = static_cast<int64_t>(word.size() + ids.size() * sizeof(TokenId));
+    if (cache_.emplace(std::string(word), std::move(ids)).second) cache_bytes_ += bytes;
   }
+}
+
+CacheGauge BpeModel::cache_gauge() const {
+  std::lock_guard<std::mutex> lock(cache_mutex_);
+  return {"bpe_words", static_cast<int64_t>(cache_.size()), static_cast<int64_t>(kMaxCachedWords), cache_bytes_,
+          cache_evictions_};
 }
 
 nlohmann::json BpeModel::to_json() const {

@@ -20,6 +20,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "util/cache_gauge.h"
+
 namespace loom {
 
 using TokenId = int32_t;
@@ -55,6 +57,9 @@ class BpeModel {
 
   // Appends the ids of one pre-tokenized word.
   void encode_word(std::string_view word, std::vector<TokenId>& out) const;
+  // The word cache ("bpe_words"): at most kMaxCachedWords words of up to
+  // kMaxCachedWordBytes; full, it starts over.
+  CacheGauge cache_gauge() const;
 
   std::optional<TokenId> token_to_id(std::string_view token) const;
   // Empty for an id outside the vocabulary.
@@ -87,6 +92,7 @@ class BpeModel {
   static constexpr size_t kMaxCachedWordBytes = 256;
   mutable std::mutex cache_mutex_;
   mutable std::unordered_map<std::string, std::vector<TokenId>, StringViewHash, std::equal_to<>> cache_;
+  mutable int64_t cache_bytes_ = 0, cache_evictions_ = 0;
 };
 
 }  // namespace loom

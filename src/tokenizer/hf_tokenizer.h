@@ -44,6 +44,7 @@ class HfTokenizer final : public Tokenizer {
   const ModelChatTemplates& model_chat_templates() const override { return model_chat_templates_; }
   std::string to_hf_tokenizer_json() const override;
   std::string to_hf_tokenizer_config_json() const override;
+  std::vector<CacheGauge> cache_gauges() const override { return {model_->cache_gauge()}; }
 
  private:
   void load_config(const std::string& context);

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "tokenizer/chat_template.h"
+#include "util/cache_gauge.h"
 
 namespace loom {
 
@@ -65,6 +66,9 @@ class Tokenizer {
   virtual std::string to_hf_tokenizer_json() const = 0;
   // Matching tokenizer_config.json (chat_template, bos/eos, add_bos_token).
   virtual std::string to_hf_tokenizer_config_json() const = 0;
+
+  // Its caches of encodings (thread-safe; bounded), for /metrics.
+  virtual std::vector<CacheGauge> cache_gauges() const { return {}; }
 };
 
 // Streams text from ids without ever splitting a UTF-8 character: bytes of an

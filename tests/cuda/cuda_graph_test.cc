@@ -97,9 +97,35 @@ TEST(CudaGraphPlan, PaddedPlansOfOneShapeShareEveryOffset) {  // no GPU needed
   EXPECT_EQ(lora_rows, 3) << "sequences 0, 2, 4 carry an adapter (slot 0 of sequence 0 included)";
 }
 
+// Issue 35: with adapters and varied contexts nearly every decode step had a
+// launch shape of its own (a soak captured a new graph per step and evicted
+// one). The floors of pad_for_graph make steps of one row capacity agree.
+TEST(CudaGraphPlan, DecodeStepsOfOneRowCapacityShareOneLaunchShape) {  // no GPU needed
+  const PlanShape shape{kBlockSize, 8, 2, 132, 3};
+  const std::vector<std::vector<int32_t>> contexts = {
+      {400, 300, 1700, 900, 1000}, {2000, 320, 330, 340, 350}, {700, 700, 700, 700, 700, 700}, {5000, 300, 310, 320, 330}};
+  std::vector<LaunchCounts> counts;
+  for (size_t i = 0; i < contexts.size(); ++i) {
+    Batch batch = decode_batch(contexts[i]);
+    for (size_t s = 0; s < batch.adapter_slots.size(); ++s)  // a different adapter pattern each time
+      batch.adapter_slots[s] = (s + i) % 3 == 0 ? -1 : static_cast<int32_t>((s * (i + 1)) % 4);
+    StepPlan plan;
+    plan.build(batch, shape);
+    ASSERT_TRUE(plan.pad_for_graph(256));
+    counts.push_back(plan.launch_counts());
+    EXPECT_EQ(counts.back().rows, 6);
+    EXPECT_EQ(counts.back().logit_rows, 6);
+  }
+  for (size_t i = 1; i < counts.size(); ++i) EXPECT_EQ(counts[i], counts[0]) << "batch " << i;
+  const GraphListFloors floors = graph_list_floors(6, shape);
+  EXPECT_EQ(floors.decode_items, (132 * 3 + 1) / 2) << "one wave of split-KV items";
+  EXPECT_GE(counts[0].decode_items, floors.decode_items);
+  EXPECT_EQ(graph_list_floors(256, shape).decode_items, 256) << "rows alone fill the GPU: no split floor";
+}
+
 TEST(CudaGraphPlan, PaddingLogitsRowsAvoidEveryRowThatGivesLogits) {  // no GPU needed
   // Base sharing: 3 token rows, then 3 decoder rows that give the logits; 6
-  // rows need no padding, the 3 logits rows are padded to 4 with a token row.
+  // rows need no padding, the 3 logits rows are padded to the 6 rows with the token rows.
   Batch batch = decode_batch({20, 30, 40});
   for (BatchSequence& sequence : batch.sequences) sequence.decoder_adapter_slot = 1;
   StepPlan plan;
@@ -107,9 +133,9 @@ TEST(CudaGraphPlan, PaddingLogitsRowsAvoidEveryRowThatGivesLogits) {  // no GPU 
   ASSERT_EQ(plan.num_rows(), 6);
   ASSERT_EQ(plan.logit_rows(), (std::vector<int32_t>{3, 4, 5}));
   ASSERT_TRUE(plan.pad_for_graph(256));
-  ASSERT_EQ(plan.num_logit_launch_rows(), 4);
+  ASSERT_EQ(plan.num_logit_launch_rows(), 6);
   const int32_t* rows = plan.words().data() + plan.sections().logit_rows;
-  EXPECT_EQ(std::vector<int32_t>(rows, rows + 4), (std::vector<int32_t>{3, 4, 5, 0}));
+  EXPECT_EQ(std::vector<int32_t>(rows, rows + 6), (std::vector<int32_t>{3, 4, 5, 0, 1, 2}));
 }
 
 TEST(CudaGraphPlan, PrefillStepsAndLargeBatchesStayEager) {  // no GPU needed

@@ -63,11 +63,15 @@ TEST(CudaHostKvTier, RandomBlocksRoundTripBitExact) {
   for (uint16_t& bits : original) bits = static_cast<uint16_t>(prng.next_below(1 << 16));
   LOOM_CUDA_CHECK(cudaMemcpy(backend.k_pool(0), original.data(), pool_elements * sizeof(uint16_t),
                              cudaMemcpyHostToDevice));
+  // A pageable upload may return before it lands, and the tier copies on a non-blocking stream that
+  // does not wait for the legacy one: the engine's forward ends synchronised, so must this.
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
 
   const std::vector<int32_t> from = {3, 7, 10}, host = {4, 0, 2}, to = {1, 5, 11};
   copy_on_thread(backend, KvCopyDirection::kDeviceToHost, from, host);
   // Scribble over the source blocks: the way back must come from the host copy.
   LOOM_CUDA_CHECK(cudaMemset(backend.k_pool(0), 0, pool_elements * sizeof(uint16_t)));
+  LOOM_CUDA_CHECK(cudaDeviceSynchronize());  // cudaMemset is asynchronous to the host
   std::vector<uint16_t> expected(pool_elements, 0);
   copy_on_thread(backend, KvCopyDirection::kHostToDevice, to, host);
 

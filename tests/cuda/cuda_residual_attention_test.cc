@@ -1,4 +1,4 @@
-// ResidualAttention (ForkKV's forked sharing, forkkv.txt §5.3) on the GPU
+// ResidualAttention (ForkKV's forked sharing, arXiv:2604.06370 §5.3) on the GPU
 // against a naive reconstruction: every forked sequence's K and V are
 // materialised on the host (K_j = bK_j + RoPE_j(s_k rK_j B_k^T), V_j = bV_j +
 // s_v rV_j B_v^T, in fp32) and the CPU backend's plain paged attention runs

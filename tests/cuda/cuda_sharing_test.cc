@@ -1,4 +1,4 @@
-// The KV sharing modes on the CUDA backend (backend.h, DESIGN §1): base
+// The KV sharing modes on the CUDA backend (backend.h, docs/design.md §1): base
 // (ICaRus decoder rows) and forked (ForkKV rCache + ResidualAttention) against
 // the CPU backend on the tiny models of every architecture, mixed with
 // isolated, activated and the base model in one batch (forked refused for q/k

@@ -112,6 +112,21 @@ class MetricsTest(loom_server.ServerTestCase):
         self.assertEqual([name for name in samples if 'tier="host"' in name or 'tier="disk"' in name], [])
         self.assertNotIn('loom_kv_cache_usage_perc{tier="device",kind="residual"}', samples)  # no rCache pool
 
+    def test_server_caches_are_reported_with_their_limits(self):
+        schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+        before = self.server.metrics()
+        self.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4,
+            response_format={"type": "json_schema", "json_schema": {"name": "n", "schema": schema}}, **GREEDY)
+        after = self.server.metrics()
+        for cache in ["grammars", "chat_templates", "bpe_words"]:
+            self.assertLessEqual(after[f'loom_cache_entries{{cache="{cache}"}}'],
+                                 after[f'loom_cache_capacity{{cache="{cache}"}}'], cache)
+            self.assertIn(f'loom_cache_evictions_total{{cache="{cache}"}}', after)
+        self.assertEqual(after['loom_cache_entries{cache="grammars"}'],
+                         before['loom_cache_entries{cache="grammars"}'] + 1)
+        self.assertGreater(after['loom_cache_bytes{cache="grammars"}'], before['loom_cache_bytes{cache="grammars"}'])
+
 
 class HostTierMetricsTest(loom_server.ServerTestCase):
     SERVER_ARGS = ["--host-kv-memory", "4M", "--log-stats-interval", "0.2"]

@@ -69,6 +69,22 @@ std::string error_of(const ChatRenderer& renderer, const ChatRequest& request, c
 
 Json user(const std::string& text) { return {{"role", "user"}, {"content", text}}; }
 
+TEST(ChatRendererTest, PerRequestTemplateCacheStaysWithinItsLimit) {
+  ChatRenderer renderer(model_templates("{{ messages[0]['content'] }}"), "");
+  ChatRequest request;
+  request.messages = Json::array({user("hi")});
+  for (int i = 0; i < 50; ++i) {
+    EXPECT_EQ(renderer.render(request, "{{ messages[0]['content'] }}" + std::to_string(i)), "hi" + std::to_string(i));
+    const CacheGauge gauge = renderer.cache_gauge();
+    EXPECT_EQ(gauge.name, "chat_templates");
+    EXPECT_LE(gauge.entries, gauge.capacity);
+    EXPECT_EQ(gauge.entries, std::min<int64_t>(i + 1, gauge.capacity));
+  }
+  const CacheGauge gauge = renderer.cache_gauge();
+  EXPECT_EQ(gauge.evictions, 50 - gauge.capacity);
+  EXPECT_GT(gauge.bytes, 0);
+}
+
 TEST(ChatRendererTest, RendersTheCorpusAsJinja2AndVllmDo) {
   const Json fixture = Json::parse(read_text(test::fixture_path("chat/chat_cases.json")));
   int num_rendered = 0, num_errors = 0;

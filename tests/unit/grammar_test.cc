@@ -355,5 +355,25 @@ TEST(ConstraintCompiler, CachesBySchema) {
   EXPECT_NE(a.get(), compiler.json_schema(Json::parse(R"({"type":"number"})")).get());
 }
 
+TEST(ConstraintCompiler, CacheStaysWithinItsLimitUnderAFloodOfDistinctSchemas) {
+  ConstraintCompiler compiler(small_vocabulary(), /*cache_entries=*/16);
+  const auto first = compiler.regex("a{1}");
+  int64_t bytes_at_limit = 0;
+  for (int i = 1; i < 200; ++i) {
+    compiler.regex("a{" + std::to_string(i % 50 + 1) + "}b{" + std::to_string(i) + "}");
+    const CacheGauge gauge = compiler.cache_gauge();
+    EXPECT_EQ(gauge.name, "grammars");
+    EXPECT_EQ(gauge.capacity, 16);
+    EXPECT_LE(gauge.entries, 16);
+    EXPECT_GT(gauge.bytes, 0);
+    if (i == 16) bytes_at_limit = gauge.bytes;
+  }
+  const CacheGauge gauge = compiler.cache_gauge();
+  EXPECT_EQ(gauge.entries, 16);
+  EXPECT_EQ(gauge.evictions, 200 - 16);
+  EXPECT_LT(gauge.bytes, 4 * bytes_at_limit);  // bytes follow the entries held, not all ever compiled
+  EXPECT_NE(compiler.regex("a{1}").get(), first.get());  // the oldest went
+}
+
 }  // namespace
 }  // namespace loom::grammar

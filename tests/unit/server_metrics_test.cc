@@ -139,6 +139,25 @@ TEST(ServerMetricsTest, KvUsageFractionOnlyForTiersThatExist) {
   EXPECT_EQ(text.find("tier=\"disk\""), std::string::npos);
 }
 
+TEST(ServerMetricsTest, CachesOfTheBackendAndTheServerWithTheirLimits) {
+  MetricsExporter exporter("tiny");
+  exporter.absorb(EngineMetrics{});
+  EXPECT_EQ(exporter.render().find("loom_cache_entries"), std::string::npos);  // no cache: no family
+  EngineMetrics metrics;
+  metrics.backend_caches = {{"cuda_graphs", 12, 48, -1, 3}};
+  exporter.absorb(metrics);
+  exporter.set_server_caches([] { return std::vector<CacheGauge>{{"grammars", 2, 64, 5000, 0}}; });
+  const std::string text = exporter.render();
+  EXPECT_NE(text.find("# TYPE loom_cache_entries gauge\n"), std::string::npos);
+  EXPECT_TRUE(has_sample(text, "loom_cache_entries", "cache=\"cuda_graphs\"", "12")) << text;
+  EXPECT_TRUE(has_sample(text, "loom_cache_capacity", "cache=\"cuda_graphs\"", "48"));
+  EXPECT_TRUE(has_sample(text, "loom_cache_evictions_total", "cache=\"cuda_graphs\"", "3"));
+  EXPECT_EQ(text.find("loom_cache_bytes{model_name=\"tiny\",cache=\"cuda_graphs\"}"), std::string::npos);  // unknown
+  EXPECT_TRUE(has_sample(text, "loom_cache_entries", "cache=\"grammars\"", "2"));
+  EXPECT_TRUE(has_sample(text, "loom_cache_bytes", "cache=\"grammars\"", "5000"));
+  EXPECT_TRUE(has_sample(text, "loom_cache_capacity", "cache=\"grammars\"", "64"));
+}
+
 TEST(ServerMetricsTest, RequestsByFinishedReason) {
   MetricsExporter exporter("tiny");
   EngineMetrics metrics;

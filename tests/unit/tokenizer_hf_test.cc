@@ -47,6 +47,29 @@ std::shared_ptr<const Tokenizer> load(const std::string& name) {
   return Tokenizer::from_hf_json_file(test::fixture_path("tokenizer/" + name + "/tokenizer.json"));
 }
 
+TEST(TokenizerHfTest, WordCacheStaysWithinItsLimitUnderAFloodOfDistinctWords) {
+  const auto tokenizer = load("llama3_pattern");
+  std::string text;
+  int64_t capacity = 0;
+  for (int batch = 0; batch < 30; ++batch) {
+    text.clear();
+    for (int i = 0; i < 1000; ++i) {
+      text += " q";  // a distinct word of letters (digits would split into groups of three)
+      for (int n = batch * 1000 + i; n > 0; n /= 26) text += static_cast<char>('a' + n % 26);
+    }
+    tokenizer->encode(text);
+    const std::vector<CacheGauge> gauges = tokenizer->cache_gauges();
+    ASSERT_EQ(gauges.size(), 1u);
+    EXPECT_EQ(gauges[0].name, "bpe_words");
+    capacity = gauges[0].capacity;
+    EXPECT_GT(gauges[0].entries, 0);
+    EXPECT_LE(gauges[0].entries, capacity);
+    EXPECT_GT(gauges[0].bytes, 0);
+  }
+  EXPECT_LT(capacity, 30000);  // the flood was larger than the limit, so it must have evicted
+  EXPECT_GT(tokenizer->cache_gauges()[0].evictions, 0);
+}
+
 TEST(TokenizerHfTest, Llama3PatternMatchesHf) { expect_matches_hf(*load("llama3_pattern"), "llama3_pattern"); }
 
 TEST(TokenizerHfTest, Qwen2PatternWithNfcMatchesHf) { expect_matches_hf(*load("qwen2_pattern"), "qwen2_pattern"); }

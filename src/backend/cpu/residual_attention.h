@@ -1,4 +1,4 @@
-// ForkKV's disaggregated KV on the CPU (forkkv.txt §5; DESIGN §1 "forked"):
+// ForkKV's disaggregated KV on the CPU (arXiv:2604.06370 §5; docs/design.md §1 "forked"):
 // the rCache writes of forked sequences and ResidualAttention.
 //
 // A forked sequence with adapter (A_k, B_k, s_k), (A_v, B_v, s_v) keeps, per KV

@@ -52,6 +52,8 @@ class CudaBackend : public Backend {
   // dims the attention kernels are built for, LoRA ranks up to kLoraMaxRank,
   // device sampling, host tiers, hidden-state capture.
   BackendCapabilities capabilities() const override { return cuda_backend_capabilities(); }
+  // "cuda_graphs" (captured decode graphs, kMaxGraphs) and "cublas_algos" (Gemm's heuristic choices by shape).
+  std::vector<CacheGauge> cache_gauges() const override;
 
   // forward() runs decode steps (no prefill tiles, at most max_graph_rows rows,
   // no hidden-state capture) as CUDA graphs when CudaBackendConfig::cuda_graphs:
@@ -59,7 +61,7 @@ class CudaBackend : public Backend {
   // LaunchCounts runs eagerly and is captured, later ones replay the graph
   // after uploading their plan. Other steps run eagerly.
   struct GraphStats {
-    int64_t captures = 0, replays = 0, eager_steps = 0;
+    int64_t captures = 0, replays = 0, eager_steps = 0, evictions = 0;
   };
   GraphStats graph_stats() const { return graph_stats_; }
   int32_t num_graphs() const { return static_cast<int32_t>(graphs_.size()); }
@@ -233,7 +235,7 @@ class CudaBackend : public Backend {
     bool with_sampling = true;
     auto operator<=>(const GraphKey&) const = default;
   };
-  static constexpr size_t kMaxGraphs = 48;
+  static constexpr size_t kMaxGraphs = 64;
   bool graphs_enabled_ = true;
   int32_t programmatic_max_rows_ = 2;  // CudaBackendConfig::programmatic_max_rows
   bool pingpong_prefill_ = true;        // CudaBackendConfig::pingpong_prefill

@@ -187,6 +187,7 @@ void CudaBackend::run_graph(bool with_sampling) {
     });
     cudaGraphExecDestroy(oldest->second.exec);
     graphs_.erase(oldest);
+    ++graph_stats_.evictions;
   }
   cudaGraph_t graph = nullptr;
   LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeThreadLocal));
@@ -204,6 +205,12 @@ void CudaBackend::run_graph(bool with_sampling) {
   LOOM_CUDA_CHECK(status);
   graphs_.emplace(key, CapturedGraph{exec, now});
   ++graph_stats_.captures;
+}
+
+std::vector<CacheGauge> CudaBackend::cache_gauges() const {
+  CacheGauge graphs{"cuda_graphs", static_cast<int64_t>(graphs_.size()), static_cast<int64_t>(kMaxGraphs), -1,
+                    graph_stats_.evictions};
+  return {graphs, gemm_->cache_gauge()};
 }
 
 ForwardResult CudaBackend::finish_forward() {

@@ -47,7 +47,18 @@ const cublasLtMatmulAlgo_t& Gemm::choose_algo(const ShapeKey& key, cublasLtMatmu
   cublasLtMatmulPreferenceDestroy(preference);
   LOOM_CUBLAS_CHECK(status);
   if (returned == 0) LOOM_CUBLAS_CHECK(CUBLAS_STATUS_NOT_SUPPORTED);
+  if (algos_.size() >= kMaxAlgos) {
+    evictions_ += static_cast<int64_t>(algos_.size());
+    algos_.clear();
+  }
   return algos_.emplace(key, result.algo).first->second;
+}
+
+CacheGauge Gemm::cache_gauge() const {
+  // A std::map node: the key, the algorithm and about four pointers of bookkeeping.
+  constexpr int64_t kEntryBytes = sizeof(ShapeKey) + sizeof(cublasLtMatmulAlgo_t) + 4 * sizeof(void*);
+  const auto entries = static_cast<int64_t>(algos_.size());
+  return {"cublas_algos", entries, static_cast<int64_t>(kMaxAlgos), entries * kEntryBytes, evictions_};
 }
 
 void Gemm::linear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n, void* y,

@@ -1,7 +1,9 @@
 // Dense bf16 GEMMs through cuBLASLt: Y[m, n] = X[m, k] W[n, k]^T, torch.nn.Linear
 // on row-major tensors, fp32 accumulation, fp32 or bf16 output.
 //
-// Algorithm: cuBLASLt's top heuristic for the shape, looked up once per shape.
+// Algorithm: cuBLASLt's top heuristic for the shape, looked up once per shape
+// and kept in a cache of at most kMaxAlgos shapes (full: it starts over; the
+// shapes a server meets are a few per row count, so that is rare).
 // (Timing the top 12 candidates per decode shape and keeping the fastest was
 // tried: within 0.4% of the heuristic's step times on the H100, so not kept.)
 // Owns its handle and a fixed workspace (graph capture never allocates).
@@ -17,6 +19,7 @@
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/device_buffer.h"
+#include "util/cache_gauge.h"
 
 namespace loom::cuda {
 
@@ -34,6 +37,9 @@ class Gemm {
   void linear(const __nv_bfloat16* x, int64_t m, int64_t k, const __nv_bfloat16* w, int64_t n, void* y,
               Output output, int64_t y_stride, int64_t x_stride = 0);
 
+  static constexpr size_t kMaxAlgos = 4096;
+  CacheGauge cache_gauge() const;  // "cublas_algos"
+
  private:
   using ShapeKey = std::tuple<int64_t, int64_t, int64_t, int, int64_t, int64_t>;  // m n k output x_stride y_stride
   const cublasLtMatmulAlgo_t& choose_algo(const ShapeKey& key, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
@@ -43,6 +49,7 @@ class Gemm {
   cublasLtHandle_t handle_ = nullptr;
   DeviceBuffer workspace_;
   std::map<ShapeKey, cublasLtMatmulAlgo_t> algos_;
+  int64_t evictions_ = 0;
 };
 
 }  // namespace loom::cuda

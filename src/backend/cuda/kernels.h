@@ -96,7 +96,7 @@ struct AttentionParams {
   float* partial_lse = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows] (log2 domain)
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float scale = 1.0f;                // softmax scale, 1 / sqrt(head_dim)
-  // Forked sequences only (ResidualAttention, forkkv.txt §5.3), per kv head h of
+  // Forked sequences only (ResidualAttention, ForkKV, arXiv:2604.06370 §5.3), per kv head h of
   // the sequence's adapter (B_k, s_k, B_v, s_v of this layer, rank 0: none):
   //   K_j = bK_j + RoPE_j(s_k · rK_j · B_k[h]^T)   rebuilt per key tile in shared memory
   //   out = (P·bV + (P·rV) · s_v B_v[h]^T) / l     V's up-projection once, after the loop

@@ -1,4 +1,4 @@
-// ResidualAttention's key rebuild (forkkv.txt §5.3), for attention.cu's
+// ResidualAttention's key rebuild (ForkKV, arXiv:2604.06370 §5.3), for attention.cu's
 // forked kernels: the residual part of a key, RoPE_j(s_k · rK_j · B_k^T), from
 // the rCache row rK_j and this kv head's rows of B_k in shared memory, on
 // tensor cores. A C fragment's head dim d and its rotate-half partner

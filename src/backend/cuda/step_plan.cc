@@ -61,6 +61,23 @@ int32_t graph_capacity(int32_t n) {
   }
 }
 
+GraphListFloors graph_list_floors(int32_t rows, const PlanShape& shape) {
+  // Split-KV decode (plan_attention) aims at one wave of items when the rows alone leave SMs idle.
+  auto decode_floor = [&](int32_t ctas_per_sm) {
+    if (static_cast<int64_t>(rows) * shape.num_kv_heads >= 8LL * shape.num_sms) return rows;
+    const int64_t slots = static_cast<int64_t>(shape.num_sms) * (ctas_per_sm > 0 ? ctas_per_sm : 32);
+    return static_cast<int32_t>(std::max<int64_t>(rows, (slots + shape.num_kv_heads - 1) / shape.num_kv_heads));
+  };
+  GraphListFloors floors;
+  floors.decode_items = decode_floor(shape.decode_ctas_per_sm);
+  floors.forked_decode_items =
+      decode_floor(shape.forked_decode_ctas_per_sm > 0 ? shape.forked_decode_ctas_per_sm : shape.decode_ctas_per_sm);
+  floors.combine_items = rows;
+  floors.lora_tiles = (rows + kLoraTileRows - 1) / kLoraTileRows + std::min(rows, 8);
+  floors.logit_rows = rows;
+  return floors;
+}
+
 void check_device_sampling(const Batch& batch) {
   if (batch.num_token_mask_rows < 0 || (batch.num_token_mask_rows > 0 && (batch.sampling.empty() || !batch.fill_token_masks)))
     fail(ErrorKind::kInvalidArgument, "batch: {} token mask rows need device sampling and fill_token_masks",
@@ -336,6 +353,7 @@ void StepPlan::plan_lora() {
 
 void StepPlan::build(const Batch& batch, const PlanShape& shape, int32_t residual_block_size) {
   padded_ = false;
+  shape_ = shape;
   place_rows(batch, shape, residual_block_size);
   tables_.assign(batch.block_tables.begin(), batch.block_tables.end());
   tables_.insert(tables_.end(), batch.residual_block_tables.begin(), batch.residual_block_tables.end());
@@ -439,23 +457,28 @@ bool StepPlan::pad_for_graph(int32_t max_rows) {
   residual_slots_.resize(rows, -1);
   lora_row_of_token_.resize(rows, -1);
   sequences_.resize(rows);  // never referenced by a work item
-  for (auto& by_variant : items_)
-    for (auto& items : by_variant) {
+  const GraphListFloors floors = graph_list_floors(rows, shape_);
+  // An empty list stays empty (its kernel is not launched); a non-empty one pads to at least its floor.
+  auto capacity = [](size_t n, int32_t floor) {
+    return n == 0 ? 0 : graph_capacity(std::max(static_cast<int32_t>(n), floor));
+  };
+  for (int forked = 0; forked < 2; ++forked)
+    for (auto& items : items_[forked]) {
       AttentionWorkItem none;
       none.sequence = -1;
-      items.resize(graph_capacity(static_cast<int32_t>(items.size())), none);
+      items.resize(capacity(items.size(), forked ? floors.forked_decode_items : floors.decode_items), none);
     }
   AttentionCombineItem no_combine;
   no_combine.sequence = -1;
-  combine_items_.resize(graph_capacity(num_combine_items()), no_combine);
+  combine_items_.resize(capacity(combine_items_.size(), floors.combine_items), no_combine);
   if (!lora_tokens_.empty()) {
     lora_tokens_.resize(rows, 0);
-    lora_tiles_.resize(graph_capacity(num_lora_tiles()), LoraTile{0, 0, 0, 0});
+    lora_tiles_.resize(capacity(lora_tiles_.size(), floors.lora_tiles), LoraTile{0, 0, 0, 0});
   }
   // Padding logits rows take rows that give no logits, each a different one:
   // the final norm adds the last delta into its row in place, and two CTAs on
-  // one row would race. There are enough, as graph_capacity never shrinks.
-  const size_t logit_capacity = graph_capacity(num_logit_launch_rows());
+  // one row would race. There are enough: the capacity is at most the rows'.
+  const size_t logit_capacity = std::min(capacity(launch_logit_rows_.size(), floors.logit_rows), rows);
   std::vector<bool> gives_logits(rows, false);
   for (int32_t row : logit_rows_) gives_logits[row] = true;
   for (int32_t k = 0; launch_logit_rows_.size() < logit_capacity; ++k) {

@@ -68,6 +68,12 @@ struct LaunchCounts {
 // ...), so a step's lists grow into a few captured shapes.
 int32_t graph_capacity(int32_t n);
 
+// pad_for_graph's floors for a step of `rows` padded rows.
+struct GraphListFloors {
+  int32_t decode_items = 0, forked_decode_items = 0, combine_items = 0, lora_tiles = 0, logit_rows = 0;
+};
+GraphListFloors graph_list_floors(int32_t rows, const PlanShape& shape);
+
 // Throws Error(kInvalidArgument) unless batch.sampling is empty or one valid
 // DeviceSampling per sequence (temperature >= 0 and finite, top_k >= 0, top_p
 // in (0, 1], no logits_for_all_tokens on a sequence sampled on the device, a
@@ -91,7 +97,13 @@ class StepPlan {
 
   // Pads the plan of a step without prefill tiles and with at most max_rows
   // rows to graph_capacity of each list, so that launch_counts() and every
-  // section's offset depend only on those capacities. Padding rows have token 0,
+  // section's offset depend only on those capacities. Lists whose length
+  // follows the contexts or the adapters rather than the rows start from a
+  // floor set by the row capacity (graph_list_floors), so decode steps of one
+  // row capacity share one launch shape whatever their contexts and adapters:
+  // the logits rows pad to the row capacity, the combine items too, non-empty
+  // decode item lists to one wave of split-KV items, LoRA tiles to one tile
+  // per kLoraTileRows rows plus one per possible adapter group. Padding rows have token 0,
   // position 0, write no K/V or rCache entry and carry no adapter; padding work
   // items and combine items have sequence -1, LoRA tiles zero rows, padding
   // logits rows are distinct rows that give no logits (sampled on the host
@@ -160,6 +172,7 @@ class StepPlan {
   template <typename T>
   void append(size_t& offset, const std::vector<T>& values);
 
+  PlanShape shape_;  // build()'s
   int32_t num_tokens_ = 0;
   int32_t num_partials_ = 0;
   AttentionVariant prefill_variant_ = AttentionVariant::kPrefill;
