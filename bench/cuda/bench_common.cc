@@ -69,7 +69,50 @@ double decode_floor_ms(const CudaBackend& backend, int batch_size) {
   const double embedding = static_cast<double>(config.vocab_size) * config.hidden_size * 2;
   const double weights = static_cast<double>(backend.model().weight_bytes()) - embedding;
   const double kv = static_cast<double>(batch_size) * kContext * backend.kv_bytes_per_token();
-  return (weights + kv) / kPeakBandwidth * 1e3;
+  return (weights + kv) / peaks().bandwidth * 1e3;
+}
+
+DevicePeaks device_peaks(int device) {
+  cudaDeviceProp properties{};
+  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+  DevicePeaks result;
+  result.name = properties.name;
+  struct Known {
+    const char* name_part;
+    const char* excluded_part;  // "" = none
+    double bandwidth, bf16;
+  };
+  // NVIDIA datasheets (dense bf16, no sparsity). The H100 PCIe and NVL names say so; a bare H100 is the SXM part.
+  static const Known kKnown[] = {
+      {"H200", "", 4.8e12, 989e12},       {"H100 PCIe", "", 2.0e12, 756e12}, {"H100 NVL", "", 3.9e12, 835e12},
+      {"H100", "", 3.35e12, 989e12},      {"H800", "", 3.35e12, 989e12},     {"A100-SXM4-80GB", "", 2.039e12, 312e12},
+      {"A100 80GB PCIe", "", 1.935e12, 312e12}, {"A100", "80GB", 1.555e12, 312e12}, {"L40S", "", 0.864e12, 362e12},
+  };
+  for (const Known& known : kKnown) {
+    if (result.name.find(known.name_part) == std::string::npos) continue;
+    if (*known.excluded_part != '\0' && result.name.find(known.excluded_part) != std::string::npos) continue;
+    result.bandwidth = known.bandwidth;
+    result.bf16 = known.bf16;
+    result.source = std::string("NVIDIA datasheet for ") + known.name_part;
+    break;
+  }
+  if (result.source.empty()) {
+    int memory_khz = 0, bus_bits = 0, sm_khz = 0;
+    cudaDeviceGetAttribute(&memory_khz, cudaDevAttrMemoryClockRate, device);
+    cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device);
+    cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device);
+    result.bandwidth = 2.0 * memory_khz * 1e3 * bus_bits / 8;  // double data rate
+    result.bf16 = 4096.0 * properties.multiProcessorCount * sm_khz * 1e3;
+    result.source = "derived from the device's clocks, bus width and SM count";
+  }
+  std::printf("peaks: %.2f TB/s, %.0f TFLOP/s dense bf16 (%s: %s)\n", result.bandwidth / 1e12, result.bf16 / 1e12,
+              result.name.c_str(), result.source.c_str());
+  return result;
+}
+
+const DevicePeaks& peaks() {
+  static const DevicePeaks device_zero = device_peaks(0);
+  return device_zero;
 }
 
 double prefill_flops(const ModelConfig& config, int64_t tokens) {

@@ -16,8 +16,19 @@
 
 namespace loom::cuda::bench {
 
-inline constexpr double kPeakBandwidth = 3.35e12;  // H100 SXM HBM3, bytes/s
-inline constexpr double kPeakBf16 = 989e12;        // H100 SXM dense bf16, FLOP/s
+// The GPU's datasheet peaks, which the floors and MFU figures divide by.
+struct DevicePeaks {
+  std::string name;               // the device's name (cudaDeviceProp::name)
+  double bandwidth = 0;           // DRAM bytes/s
+  double bf16 = 0;                // dense bf16 tensor-core FLOP/s
+  std::string source;             // where the two numbers come from
+};
+// By name from a table of NVIDIA datasheet figures (H100 SXM / PCIe / NVL, H200, A100, L40S); for another GPU
+// the bandwidth from the device's memory clock and bus width and the bf16 peak from its SMs and clock at
+// Hopper's 4096 dense bf16 FLOP per clock per SM (source says "derived"). Prints what it chose.
+DevicePeaks device_peaks(int device = 0);
+// device_peaks(0), looked up once (the floors below use it).
+const DevicePeaks& peaks();
 inline constexpr int kBlockSize = 16;
 inline constexpr int kContext = 2048;
 inline constexpr int kContextGroups = 128;  // distinct 2K contexts; batch 256 shares them pairwise
@@ -98,7 +109,7 @@ Batch decode_batch(int batch_size, const std::vector<int32_t>& slots, Prng& prng
 Batch prefill_batch(int num_tokens, Prng& prng, int vocab);
 // Median eager step and (with_graph) median replay of the same step captured as a CUDA graph.
 StepTimes time_step(CudaBackend& backend, const Batch& batch, int iterations, bool with_graph);
-// Bytes every decode step must read over kPeakBandwidth: all weights except the
+// Bytes every decode step must read over peaks().bandwidth: all weights except the
 // embedding table (only the batch's rows), plus every attended KV entry.
 double decode_floor_ms(const CudaBackend& backend, int batch_size);
 double prefill_flops(const ModelConfig& config, int64_t tokens);

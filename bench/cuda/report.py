@@ -12,7 +12,11 @@ def main():
     sdpa = json.load(open(sys.argv[2])) if len(sys.argv) > 2 else None
     print(f"Device: {bench['device']}; measured device-to-device copy "
           f"{bench['measured_copy_bandwidth_bytes_per_s'] / 1e12:.2f} TB/s (read + write).\n")
-    print("| decode, 2K context | step (CUDA graph) | eager | floor at 3.35 TB/s | step / floor | target |")
+    peaks = bench.get("peaks", {"bandwidth_bytes_per_s": 3.35e12, "bf16_flops": 989e12, "source": "H100 (older JSON)"})
+    print(f"Peaks: {peaks['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s, {peaks['bf16_flops'] / 1e12:.0f} TFLOP/s dense "
+          f"bf16 ({peaks['source']}).\n")
+    print(f"| decode, 2K context | step (CUDA graph) | eager | floor at {peaks['bandwidth_bytes_per_s'] / 1e12:.2f} TB/s "
+          "| step / floor | target |")
     print("|---:|---:|---:|---:|---:|---|")
     for row in bench.get("decode", []):
         note = " (KV blocks shared pairwise)" if row.get("kv_shared_pairwise") else ""
@@ -26,7 +30,7 @@ def main():
     if "prefill" in bench:
         p = bench["prefill"]
         print(f"\nPrefill of {p['tokens']} tokens: {p['ms']:.1f} ms, {p['tflops']:.0f} TFLOP/s of matmul + attention "
-              f"FLOPs, MFU {100 * p['mfu']:.1f}% of 989 TFLOP/s (target >= 40%).")
+              f"FLOPs, MFU {100 * p['mfu']:.1f}% of {peaks['bf16_flops'] / 1e12:.0f} TFLOP/s (target >= 40%).")
     if "lora" in bench:
         l = bench["lora"]
         print(f"\nMulti-LoRA: decode batch {l['batch']}, {l['adapters']} distinct adapters (r={l['rank']}, all seven "

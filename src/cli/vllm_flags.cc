@@ -11,7 +11,7 @@
 namespace loom::cli {
 namespace {
 
-constexpr const char* kGroup = "vLLM compatibility (vLLM's spellings; see `Switching from vLLM` in the README)";
+constexpr const char* kGroup = "vLLM compatibility (vLLM's spellings; see docs/vllm-migration.md)";
 
 // vLLM flags Loom has no equivalent of, with what to do instead.
 const std::map<std::string, std::string>& refused_flags() {

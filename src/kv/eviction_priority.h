@@ -1,5 +1,5 @@
 // The order in which the radix tree evicts its evictable leaves (KVFlow;
-// DESIGN §2).
+// docs/design.md §2).
 //
 // Every node carries `fixed_steps`: kDynamicNodeSteps when it lies on no
 // agent's fixed prefix (a "dynamic suffix"), else the smallest

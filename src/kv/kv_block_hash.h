@@ -1,5 +1,5 @@
 // Content identity of a KV block: what lets a block mean the same thing in any
-// process, on any machine, after any restart (DESIGN §2, the disk tier).
+// process, on any machine, after any restart (docs/design.md §2, the disk tier).
 //
 // A block's hash chains over everything its K/V depends on:
 //

@@ -168,7 +168,7 @@ class KvCacheManager {
   // Drops every cached block whose namespace `matches` (with its descendants,
   // e.g. all "alora/NAME@S" branches under base nodes). Same preconditions.
   int32_t drop_namespaces(const std::function<bool(const std::string&)>& matches);
-  // ---- Workflow-aware eviction (KVFlow; DESIGN §2) ----
+  // ---- Workflow-aware eviction (KVFlow; docs/design.md §2) ----
   //
   // With EvictionPolicy::kWorkflow, allocate() evicts among unreferenced leaves:
   //   1. nodes on no agent's fixed prefix ("dynamic suffixes"), LRU first;
@@ -201,7 +201,7 @@ class KvCacheManager {
   // are gone). Tests and debugging; O(n log n).
   std::vector<int32_t> eviction_order() const;
 
-  // ---- Host tier (KVFlow's / HiCache's host memory; DESIGN §2) ----
+  // ---- Host tier (KVFlow's / HiCache's host memory; docs/design.md §2) ----
   //
   // With enable_host_tier(), a tree node keeps its K/V on the device (block_id),
   // in a host block (host_block_id), or both:
@@ -308,7 +308,7 @@ class KvCacheManager {
   // is committed (checked). nullptr: no events (the default; costs nothing).
   void set_event_sink(KvEventSink* sink, KvCacheId cache);
 
-  // ---- Disk tier (below the host tier; DESIGN §2, kv_disk_tier.h) ----
+  // ---- Disk tier (below the host tier; docs/design.md §2, kv_disk_tier.h) ----
   //
   // With enable_disk_tier() (after enable_host_tier(n > 0) and
   // enable_block_hashes(), before any block is committed):

@@ -24,7 +24,7 @@
 // kept here (radix_tree_host.cc); match() returns device-tier nodes only. A
 // node is "device-resident" when it holds a device block (block_id >= 0):
 // device-tier nodes and loading nodes. A second instance over its own
-// BlockPool serves as ForkKV's residual tree (DESIGN §1).
+// BlockPool serves as ForkKV's residual tree (docs/design.md §1).
 //
 // Reference counts live in the BlockPool. Invariant (kept by KvCacheManager):
 // a referenced node's ancestors are referenced too, because a request holds

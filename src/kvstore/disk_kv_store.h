@@ -1,4 +1,4 @@
-// The disk / shared-storage tier of the KV cache (DESIGN §2): content-addressed
+// The disk / shared-storage tier of the KV cache (docs/design.md §2): content-addressed
 // block files in one directory, which several Loom processes (on one machine,
 // or on many over NFS, CephFS or a 3FS mount) may use at once.
 //

@@ -1,5 +1,5 @@
 // How an adapter's requests share KV with the base model and other adapters
-// (DESIGN §1). The mode is per adapter, fixed when it is loaded.
+// (docs/design.md §1). The mode is per adapter, fixed when it is loaded.
 //
 //   isolated   K/V from the adapted model, cached under the adapter's own key.
 //   activated  aLoRA: the adapter applies from the invocation start on; K/V
@@ -30,7 +30,7 @@ const char* kv_sharing_name(KvSharing sharing);
 // nullopt for anything else (callers turn that into an error with the allowed names).
 std::optional<KvSharing> parse_kv_sharing(std::string_view text);
 
-// The mode an adapter gets (DESIGN §1), first that applies:
+// The mode an adapter gets (docs/design.md §1), first that applies:
 //   `requested` (CLI `NAME=PATH:MODE`, load body "kv_sharing"),
 //   adapter_config.json "loom_kv_sharing",
 //   activated when the config has alora_invocation_tokens,

@@ -1,4 +1,4 @@
-// The router's decisions for one request (DualPath, dualpath.txt §4 and §6.1,
+// The router's decisions for one request (DualPath, arXiv:2602.21548 §4 and §6.1,
 // simplified): which prefill engine (PE) and decode engine (DE) serve it, and
 // on which side the prompt's blocks found only in storage are read.
 //

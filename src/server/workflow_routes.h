@@ -1,4 +1,4 @@
-// The workflow API's routes (KVFlow; DESIGN §2) on top of the
+// The workflow API's routes (KVFlow; docs/design.md §2) on top of the
 // engine's WorkflowRegistry. http_server.cc maps them:
 //
 //   PUT    /v1/workflows/{id}           put_workflow       declare or replace the step graph

@@ -1,5 +1,5 @@
 // The workflows the server knows, and every agent's steps-to-execution
-// (KVFlow §3.1, §3.3; DESIGN §2).
+// (KVFlow §3.1, §3.3; docs/design.md §2).
 //
 //   HTTP threads                                     engine thread
 //   ─────────────                                    ─────────────

@@ -1,4 +1,4 @@
-// Native types for the workflow API (KVFlow; DESIGN §2). The server
+// Native types for the workflow API (KVFlow; docs/design.md §2). The server
 // fills them from JSON (server/workflow_request.h); nothing here knows JSON.
 //
 //   PUT  /v1/workflows/{id}           -> WorkflowSpec

@@ -1,7 +1,7 @@
 """Smoke runs of `loom bench` (the C++ subcommand running bench/harness) for
 every workload against a tiny random model, each in seconds: the run ends
 well, every call is made and counted, and report.json / report.md / plots
-have the shape DESIGN §4 fixes."""
+have the shape docs/design.md §4 fixes."""
 import json
 import os
 import shutil

@@ -16,8 +16,8 @@ sizes 16 and 4), 21 (inside a block; the prompt also holds an earlier
 occurrence at 6, which must lose to the last one), 38 (inside a block, the
 invocation as the prompt's last two tokens), 0, and nowhere.
 
-base (--base DIR): the ICaRus logical encoder / decoder (icarus.txt §3.2-3.3,
-appendix B; Loom DESIGN §1 `base`), built on the HF modules of one PeftModel:
+base (--base DIR): the ICaRus logical encoder / decoder (arXiv:2603.13281 §3.2-3.3,
+appendix B; docs/design.md §1 `base`), built on the HF modules of one PeftModel:
 
   * Logical encoder = the base model (PeftModel.disable_adapter()). One
     forward over the whole sequence s[0..n) records, at every layer l, the

@@ -1,9 +1,9 @@
-"""report.json (DESIGN §4's shape plus more keys) and report.md."""
+"""report.json (docs/design.md §4's shape plus more keys) and report.md."""
 import json
 import os
 from typing import List, Optional
 
-# The keys DESIGN §4 fixes for every configuration's metrics.
+# The keys docs/design.md §4 fixes for every configuration's metrics.
 REQUIRED_METRICS = ("tasks_per_s", "output_tokens_per_s", "ttft_p50_s", "ttft_p95_s", "e2e_p95_s",
                     "prefix_hit_rate", "kv_bytes_per_agent")
 
