@@ -30,6 +30,8 @@ import threading
 import time
 
 MODES = ["activated", "base", "forked", "isolated"]
+WORDS = ("the agent reads a file then calls a tool and writes the answer to the plan with care "
+         "context shared cache block memory request model adapter token step graph").split()
 SERVED_NAME = "soak-base"
 
 
@@ -107,9 +109,10 @@ class Server:
 class Load:
     """The clients: each loops over randomly drawn requests until stop; counts outcomes by kind."""
 
-    def __init__(self, server, models, invocation, vocab_size, max_context, seed, simple=False, distinct=False):
+    def __init__(self, server, models, invocation, vocab_size, max_context, seed, simple=False, distinct=False,
+                 wide=False, new_connections=False):
         self.server, self.models, self.invocation = server, models, invocation
-        self.simple, self.distinct = simple, distinct
+        self.simple, self.distinct, self.wide, self.new_connections = simple, distinct, wide, new_connections
         self.vocab_size, self.max_context = vocab_size, max_context
         self.seed = seed
         self.stop = threading.Event()
@@ -138,7 +141,7 @@ class Load:
             except (OSError, http.client.HTTPException) as error:
                 self.count("transport_error", f"{type(error).__name__}: {error}")
                 keep = False
-            if not keep:
+            if not keep or self.new_connections:
                 connection.close()
                 connection = None
         if connection is not None:
@@ -162,9 +165,23 @@ class Load:
         drop = stream and rng.random() < 0.1
         body = {"model": model, "max_tokens": rng.randrange(2, 24), "stream": stream,
                 "temperature": 0.0 if self.simple else rng.choice([0.0, 0.0, 0.8]), "seed": rng.randrange(1 << 30)}
+        if self.wide:  # the other sampling fields agents send, longer answers, text prompts
+            body["max_tokens"] = rng.randrange(2, 128)
+            if rng.random() < 0.3:
+                body.update(presence_penalty=0.5, frequency_penalty=0.3, repetition_penalty=1.1, min_p=0.05,
+                            logit_bias={str(rng.randrange(10, 200)): 2.0})
+            if rng.random() < 0.2:
+                body["stop"] = ["\n\n", "END"]
+            if rng.random() < 0.1:
+                body["n"] = 2
         if self.simple or rng.random() < 0.6 or mode == "activated":
             path = "/v1/completions"
-            body["prompt"] = self.prompt_tokens(rng, mode)
+            if self.wide and mode != "activated" and rng.random() < 0.5:
+                body["prompt"] = " ".join(rng.choice(WORDS) for _ in range(rng.randrange(4, 120)))
+            else:
+                body["prompt"] = self.prompt_tokens(rng, mode)
+            if self.wide and rng.random() < 0.2:
+                body["logprobs"] = 3
         else:
             path = "/v1/chat/completions"
             body["messages"] = [{"role": "system", "content": "You are agent %d." % rng.randrange(4)},
@@ -268,8 +285,11 @@ def main():
     parser.add_argument("--start-timeout", type=float, default=300)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--modes", default=",".join(MODES), help="the sharing modes to serve adapters in")
-    parser.add_argument("--mix", choices=["full", "simple"], default="full",
-                        help="simple: greedy whole completions only (no streams, drops, bad requests or chats)")
+    parser.add_argument("--mix", choices=["full", "simple", "wide"], default="full",
+                        help="simple: greedy whole completions only (no streams, drops, bad requests or chats); "
+                             "wide: full plus penalties, logit_bias, stop strings, n=2, logprobs, text prompts and "
+                             "answers up to 128 tokens")
+    parser.add_argument("--new-connections", action="store_true", help="one connection per request (no keep-alive)")
     parser.add_argument("--prompts", choices=["shared", "distinct"], default="shared",
                         help="shared: prompts over 8 common prefixes; distinct: every prompt new")
     parser.add_argument("--out", default="")
@@ -285,7 +305,8 @@ def main():
     status, body = server.get("/v1/models")
     max_context = json.loads(body)["data"][0].get("max_model_len") or config.get("max_position_embeddings", 2048)
     load = Load(server, models, invocation, config["vocab_size"], int(max_context), args.seed,
-                simple=args.mix == "simple", distinct=args.prompts == "distinct")
+                simple=args.mix == "simple", distinct=args.prompts == "distinct", wide=args.mix == "wide",
+                new_connections=args.new_connections)
     threads = [threading.Thread(target=load.run_client, args=(i,), daemon=True) for i in range(args.clients)]
     start = time.time()
     for thread in threads:
