@@ -112,6 +112,8 @@ class KvCacheGroup {
   // lock_prefix), at most max_blocks[id] blocks of it in member id when given.
   RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                             std::optional<KvBlockCounts> max_blocks = std::nullopt);
+  // Marks the cached prefix of `tokens` used now (the LRU clock), holding nothing.
+  void touch_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) { lock_prefix(keys, tokens); }
   // The same through KvCacheManager::hold_prefix (never marks blocks used).
   RequestLeases hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                             std::optional<KvBlockCounts> max_blocks = std::nullopt);
@@ -150,6 +152,9 @@ class KvCacheGroup {
   // Where the cached prefix of `tokens` lives in each member `keys` uses
   // (KvCacheManager::prefix_status; counts late prefetches).
   PerKvCache<KvCacheManager::PrefixStatus> prefix_status(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // A request that waits on a load looked at its prefix: prefetched blocks it
+  // found still loading count as late (prefix_status, for that count alone).
+  void count_late_prefetch(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) { prefix_status(keys, tokens); }
   // KvCacheManager::start_load in each member `keys` uses with max_blocks[id] > 0;
   // returns the blocks now loading in each.
   KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,

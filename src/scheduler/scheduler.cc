@@ -120,7 +120,7 @@ class Scheduler::Planner {
       new_blocks_[id] = num_blocks;
       new_tokens_[id] = num_new;
       budget_ -= num_new;
-      decision_.actions.push_back({SchedulerAction::Kind::kRun, id, num_new, 0, num_blocks, {}, {}});
+      decision_.actions.push_back(SchedulerAction::run(id, num_new, num_blocks));
     }
   }
 
@@ -155,7 +155,7 @@ class Scheduler::Planner {
       budget_ += new_tokens_.at(id);
     }
     preempted_.insert(id);
-    decision_.actions.push_back({SchedulerAction::Kind::kPreempt, id, 0, 0, {}, {}, {}});
+    decision_.actions.push_back(SchedulerAction::preempt(id));
   }
 
   // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
@@ -172,7 +172,7 @@ class Scheduler::Planner {
         continue;
       if (kv_caches_.has_any_host_tier() && waits_on_load(request)) continue;
       if (!admit(request)) {
-        decision_.actions.push_back({SchedulerAction::Kind::kNoRoom, id, 0, 0, {}, {}, {}});
+        decision_.actions.push_back(SchedulerAction::no_room(id));
         break;
       }
       ++num_running;
@@ -191,7 +191,7 @@ class Scheduler::Planner {
       size_t& next = first_off_device[member];
       while (next < paths[member].size() && paths[member][next]->tier == KvTier::kDevice) ++next;
       if (next < paths[member].size() && ledger_.is_loading(paths[member][next])) {
-        decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, {}});
+        decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
         return true;
       }
     }
@@ -231,10 +231,10 @@ class Scheduler::Planner {
       const bool waits = kv_caches_.disk_read_pending(request.kv, request.lookup_tokens()) ||
                          waits_for_disk_read(request) || (any_host && is_reserved(request) && room_will_come());
       if (!waits) return false;
-      decision_.actions.push_back({SchedulerAction::Kind::kWaitOnLoad, request.id, 0, 0, {}, {}, {}});
+      decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
       return true;
     }
-    decision_.actions.push_back({SchedulerAction::Kind::kStartLoad, request.id, 0, 0, {}, num_pinned, num_load});
+    decision_.actions.push_back(SchedulerAction::start_load(request.id, num_pinned, num_load));
     return true;
   }
 
@@ -276,7 +276,7 @@ class Scheduler::Planner {
         ledger_.take(num_blocks);
         budget_ -= num_new;
         decision_.actions.push_back(
-            {SchedulerAction::Kind::kAdmit, request.id, num_new, num_computed, num_blocks, num_found_blocks, {}});
+            SchedulerAction::admit(request.id, num_new, num_computed, num_blocks, num_found_blocks));
         return true;
       }
       // A member that had to give up part of the prefix may give up more: a
@@ -421,11 +421,11 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
         break;
       }
       case SchedulerAction::Kind::kWaitOnLoad:
-        kv_caches_.prefix_status(request.kv, request.lookup_tokens());  // counts late prefetches
+        kv_caches_.count_late_prefetch(request.kv, request.lookup_tokens());
         batch.waiting_on_load.push_back(action.id);
         break;
       case SchedulerAction::Kind::kNoRoom:
-        kv_caches_.lock_prefix(request.kv, request.lookup_tokens());  // used now; released at once
+        kv_caches_.touch_prefix(request.kv, request.lookup_tokens());
         break;
     }
   }

@@ -5,8 +5,11 @@
 // Schedule, then apply:
 //   SchedulerDecision decision = schedule();   // const: a pure function of the queues and
 //                                              // the KvCacheGroup (counted on a KvCapacityLedger)
-//   ScheduledBatch batch = apply(decision);    // the one call that locks, allocates,
-//                                              // preempts and starts loads, in decision order
+//   ScheduledBatch batch = apply(decision);    // locks, allocates, preempts and starts
+//                                              // demand loads, in decision order
+// Two other calls change the caches, outside that pair: start_disk_reads()
+// (policy 7: reservations and disk reads, before schedule()) and the engine's
+// prefetch of the next agents' prefixes (KvPools, after apply()).
 // plan() does both. apply() first holds the cached prefixes the decision
 // admits requests onto (or loads after), so that the step's own allocations
 // never evict them; otherwise it does what schedule() counted, in order.
@@ -162,6 +165,26 @@ struct SchedulerAction {
                                     // kStartLoad: device blocks each loading member's load pins
   KvBlockCounts num_load_blocks;    // kStartLoad: host blocks to load per member (0: none; else at
                                     // least one can be had)
+
+  static SchedulerAction preempt(SchedulerRequestId id) { return {.kind = Kind::kPreempt, .id = id}; }
+  static SchedulerAction run(SchedulerRequestId id, int32_t num_new_tokens, const KvBlockCounts& num_new_blocks) {
+    return {.kind = Kind::kRun, .id = id, .num_new_tokens = num_new_tokens, .num_new_blocks = num_new_blocks};
+  }
+  static SchedulerAction admit(SchedulerRequestId id, int32_t num_new_tokens, int32_t num_computed_tokens,
+                               const KvBlockCounts& num_new_blocks, const KvBlockCounts& num_found_blocks) {
+    return {.kind = Kind::kAdmit,
+            .id = id,
+            .num_new_tokens = num_new_tokens,
+            .num_computed_tokens = num_computed_tokens,
+            .num_new_blocks = num_new_blocks,
+            .num_found_blocks = num_found_blocks};
+  }
+  static SchedulerAction start_load(SchedulerRequestId id, const KvBlockCounts& num_pinned_blocks,
+                                    const KvBlockCounts& num_load_blocks) {
+    return {.kind = Kind::kStartLoad, .id = id, .num_found_blocks = num_pinned_blocks, .num_load_blocks = num_load_blocks};
+  }
+  static SchedulerAction wait_on_load(SchedulerRequestId id) { return {.kind = Kind::kWaitOnLoad, .id = id}; }
+  static SchedulerAction no_room(SchedulerRequestId id) { return {.kind = Kind::kNoRoom, .id = id}; }
 };
 
 struct SchedulerDecision {
