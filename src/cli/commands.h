@@ -45,6 +45,12 @@ void add_disable_kv_sharing_option(CLI::App& app, std::vector<KvSharing>& modes)
 int64_t parse_byte_size(const std::string& text, const std::string& flag);
 // The same syntax as a CLI11 transform, for options bound to integers.
 CLI::Validator byte_size_transform();
+// The same for `loom serve`'s sizes, naming `flag` in a bad size's error as
+// parse_byte_size does: that error is an Error(kInvalidArgument) thrown out of
+// CLI11's parse (main.cc reports it, exit status 2, as the command's own errors).
+CLI::Validator byte_size_transform(const std::string& flag);
+// The same where "auto" is also accepted: it becomes -1.
+CLI::Validator byte_size_or_auto_transform(const std::string& flag);
 
 // The built-in default model: $LOOM_HOME/models/SmolLM2-135M-Instruct.Q4_1.gguf,
 // LOOM_HOME defaulting to ~/.cache/loom. Throws Error(kNotFound) with a hint to

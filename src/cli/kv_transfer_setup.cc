@@ -2,7 +2,6 @@
 
 #include <spdlog/spdlog.h>
 
-#include "cli/commands.h"
 #include "cli/device_backend.h"
 #include "engine/kv_pools.h"
 #include "util/error.h"
@@ -21,10 +20,10 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
   setup.block_size = engine.block_size;
   setup.bytes_per_block = kv_bytes_per_token * engine.block_size;
   setup.read_bandwidth = engine.disk_kv_read_bandwidth;
-  if (options.role == "both" && options.port < 0) return setup;
-  const int64_t buffer_bytes = parse_byte_size(options.buffer_bytes, "--kv-buffer-bytes");
+  if (!options.has_buffer()) return setup;
+  const int64_t buffer_bytes = options.buffer_bytes;
   if (buffer_bytes < setup.bytes_per_block)
-    throw Error(ErrorKind::kInvalidArgument, "--kv-buffer-bytes " + options.buffer_bytes + " holds no KV block",
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("--kv-buffer-bytes {} holds no KV block", buffer_bytes),
                 fmt::format("give at least {} bytes (one block)", setup.bytes_per_block));
   if (engine.host_kv_cache_bytes <= 0 && engine.num_host_kv_blocks <= 0) {
     engine.host_kv_cache_bytes = buffer_bytes;

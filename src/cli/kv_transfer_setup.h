@@ -22,8 +22,11 @@ struct KvTransferOptions {
   std::string role = "both";
   std::string host;             // the link's address ("" = the server's --host)
   int port = -1;                // -1: none for role both, a free port otherwise
-  std::string buffer_bytes = "1G";
+  int64_t buffer_bytes = int64_t{1} << 30;  // --kv-buffer-bytes (1G)
   std::string backend = "auto";  // the link's data plane: auto, tcp or nccl
+
+  // Whether this engine gets a KV buffer and a link: role prefill / decode, or a --kv-transfer-port.
+  bool has_buffer() const { return role != "both" || port >= 0; }
 };
 
 // Before the engine is made: the buffer (as engine.kv_store) and a default

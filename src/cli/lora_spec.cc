@@ -71,4 +71,21 @@ CLI::Validator byte_size_transform() {
       "BYTES");
 }
 
+namespace {
+
+CLI::Validator throwing_byte_size_transform(const std::string& flag, bool accept_auto) {
+  return CLI::Validator(
+      [flag, accept_auto](std::string& text) -> std::string {
+        text = accept_auto && text == "auto" ? "-1" : std::to_string(parse_byte_size(text, flag));
+        return {};
+      },
+      accept_auto ? "BYTES|auto" : "BYTES");
+}
+
+}  // namespace
+
+CLI::Validator byte_size_transform(const std::string& flag) { return throwing_byte_size_transform(flag, false); }
+
+CLI::Validator byte_size_or_auto_transform(const std::string& flag) { return throwing_byte_size_transform(flag, true); }
+
 }  // namespace loom::cli

@@ -51,12 +51,14 @@ int main(int argc, char** argv) {
     argument = loom::cli::long_vllm_spelling(argument);
     rewritten.push_back(argument.data());
   }
-  CLI11_PARSE(app, argc, rewritten.data());
-  // Logs go to stderr, so stdout holds only a command's output (`loom generate --json | jq`).
-  spdlog::set_default_logger(spdlog::stderr_color_mt("loom"));
-  spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
-  spdlog::set_level(verbose ? spdlog::level::debug : spdlog::level::from_str(log_level == "warning" ? "warn" : log_level));
   try {
+    // A value parse_byte_size refuses is an Error out of the parse (commands.h's byte_size_transform(flag)).
+    CLI11_PARSE(app, argc, rewritten.data());
+    // Logs go to stderr, so stdout holds only a command's output (`loom generate --json | jq`).
+    spdlog::set_default_logger(spdlog::stderr_color_mt("loom"));
+    spdlog::set_pattern("[%Y-%m-%d %H:%M:%S.%e] [%^%l%$] %v");
+    spdlog::set_level(verbose ? spdlog::level::debug
+                              : spdlog::level::from_str(log_level == "warning" ? "warn" : log_level));
     for (auto& [sub, runner] : runners)
       if (sub->parsed()) return runner();
   } catch (const loom::Error& error) {

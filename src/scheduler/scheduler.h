@@ -166,25 +166,38 @@ struct SchedulerAction {
   KvBlockCounts num_load_blocks;    // kStartLoad: host blocks to load per member (0: none; else at
                                     // least one can be had)
 
-  static SchedulerAction preempt(SchedulerRequestId id) { return {.kind = Kind::kPreempt, .id = id}; }
+  static SchedulerAction preempt(SchedulerRequestId id) { return of(Kind::kPreempt, id); }
   static SchedulerAction run(SchedulerRequestId id, int32_t num_new_tokens, const KvBlockCounts& num_new_blocks) {
-    return {.kind = Kind::kRun, .id = id, .num_new_tokens = num_new_tokens, .num_new_blocks = num_new_blocks};
+    SchedulerAction action = of(Kind::kRun, id);
+    action.num_new_tokens = num_new_tokens;
+    action.num_new_blocks = num_new_blocks;
+    return action;
   }
   static SchedulerAction admit(SchedulerRequestId id, int32_t num_new_tokens, int32_t num_computed_tokens,
                                const KvBlockCounts& num_new_blocks, const KvBlockCounts& num_found_blocks) {
-    return {.kind = Kind::kAdmit,
-            .id = id,
-            .num_new_tokens = num_new_tokens,
-            .num_computed_tokens = num_computed_tokens,
-            .num_new_blocks = num_new_blocks,
-            .num_found_blocks = num_found_blocks};
+    SchedulerAction action = run(id, num_new_tokens, num_new_blocks);
+    action.kind = Kind::kAdmit;
+    action.num_computed_tokens = num_computed_tokens;
+    action.num_found_blocks = num_found_blocks;
+    return action;
   }
   static SchedulerAction start_load(SchedulerRequestId id, const KvBlockCounts& num_pinned_blocks,
                                     const KvBlockCounts& num_load_blocks) {
-    return {.kind = Kind::kStartLoad, .id = id, .num_found_blocks = num_pinned_blocks, .num_load_blocks = num_load_blocks};
+    SchedulerAction action = of(Kind::kStartLoad, id);
+    action.num_found_blocks = num_pinned_blocks;
+    action.num_load_blocks = num_load_blocks;
+    return action;
   }
-  static SchedulerAction wait_on_load(SchedulerRequestId id) { return {.kind = Kind::kWaitOnLoad, .id = id}; }
-  static SchedulerAction no_room(SchedulerRequestId id) { return {.kind = Kind::kNoRoom, .id = id}; }
+  static SchedulerAction wait_on_load(SchedulerRequestId id) { return of(Kind::kWaitOnLoad, id); }
+  static SchedulerAction no_room(SchedulerRequestId id) { return of(Kind::kNoRoom, id); }
+
+ private:
+  static SchedulerAction of(Kind kind, SchedulerRequestId id) {
+    SchedulerAction action;
+    action.kind = kind;
+    action.id = id;
+    return action;
+  }
 };
 
 struct SchedulerDecision {

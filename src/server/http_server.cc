@@ -77,7 +77,7 @@ constexpr std::string_view kModelsPrefix = "/v1/models/";
 // (build, model, served names, context length), hashed (FNV-1a).
 std::string system_fingerprint(const ServerConfig& config, int32_t max_context_tokens) {
   uint64_t hash = 1469598103934665603ULL;
-  for (const std::string& part : {std::string(kLoomVersion), config.model_path, config.served_model_name,
+  for (const std::string& part : {std::string(kLoomVersion), config.model_path, config.served_model_name(),
                                   std::to_string(max_context_tokens)})
     for (char c : part + '\0') hash = (hash ^ static_cast<unsigned char>(c)) * 1099511628211ULL;
   return fmt::format("fp_{:012x}", hash & 0xFFFFFFFFFFFFULL);
@@ -103,14 +103,13 @@ struct HttpServer::Impl {
   Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping_flag,
        const std::atomic<bool>& ending_requests)
       : engine(engine_ref), config(std::move(server_config)), stopping(stopping_flag),
-        metrics(config.served_model_name) {
+        metrics(config.served_model_name()) {
     completion.engine = &engine;
     completion.tokenizer = engine.model().tokenizer.get();
     completion.ending_requests = &ending_requests;
     completion.parse.tokenizer = completion.tokenizer;
-    completion.parse.base_model_names = {config.served_model_name};
-    for (const std::string& alias : config.served_model_aliases) completion.parse.base_model_names.push_back(alias);
-    if (!config.model_path.empty() && config.model_path != config.served_model_name)
+    completion.parse.base_model_names = config.served_model_names;
+    if (!config.model_path.empty() && config.model_path != config.served_model_name())
       completion.parse.base_model_names.push_back(config.model_path);
     if (config.seed) {
       // The n-th request without a seed gets the same seed in every run: SplitMix64's n-th output, from a
@@ -306,9 +305,7 @@ HttpResponse HttpServer::Impl::handle_models(const std::string* only) {
   const int64_t created = started_unix;
   const int32_t max_model_len = engine.max_context_tokens();
   Json data = Json::array();
-  std::vector<std::string> base_names = {config.served_model_name};
-  base_names.insert(base_names.end(), config.served_model_aliases.begin(), config.served_model_aliases.end());
-  for (const std::string& name : base_names)  // as vLLM lists every --served-model-name
+  for (const std::string& name : config.served_model_names)  // as vLLM lists every --served-model-name
     data.push_back({{"id", name},
                     {"object", "model"},
                     {"created", created},
@@ -322,7 +319,7 @@ HttpResponse HttpServer::Impl::handle_models(const std::string* only) {
                     {"created", created},
                     {"owned_by", "loom"},
                     {"root", adapter.path},
-                    {"parent", config.served_model_name},
+                    {"parent", config.served_model_name()},
                     {"max_model_len", max_model_len},
                     {"kv_sharing", kv_sharing_name(adapter.sharing)}});
   if (!only) return json_response(dump_json(Json{{"object", "list"}, {"data", data}}));

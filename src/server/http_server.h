@@ -42,8 +42,9 @@ struct ServerConfig {
   TransportConfig http;
   std::string api_key;               // "" = no authentication
   bool metrics_require_api_key = false;  // also guard /metrics with api_key
-  std::string served_model_name;     // the base model's name in `model` and /v1/models
-  std::vector<std::string> served_model_aliases;  // more names of the base model (vLLM's extra --served-model-name)
+  // The base model's names in `model` and /v1/models (vLLM's --served-model-name, one or more): the first is
+  // the one responses carry and metrics label.
+  std::vector<std::string> served_model_names;
   std::optional<uint64_t> seed;      // --seed: requests without one get seeds drawn from it (reproducible runs)
   bool log_requests = true;          // a log line per finished completion and per refused request
   SamplingDefaults sampling_defaults;  // --generation-config: what requests that omit a sampling field get
@@ -61,6 +62,12 @@ struct ServerConfig {
   // Prefill/decode disaggregation (--role, --kv-transfer-port): the engine's
   // KV buffer and link, for the /loom/kv/ routes (server/kv_routes.h).
   KvTransferSetup kv_transfer;
+
+  // The first served name ("" when there is none).
+  const std::string& served_model_name() const {
+    static const std::string none;
+    return served_model_names.empty() ? none : served_model_names.front();
+  }
 };
 
 class HttpServer {

@@ -22,7 +22,7 @@ class ServerHttpTest : public ::testing::Test {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     engine_->load_adapter("agent0", "/adapters/agent0");
     config.http.port = 0;
-    config.served_model_name = "tiny";
+    config.served_model_names = {"tiny"};
     config.model_path = "/models/tiny";
     config.http.num_handler_threads = 8;
     server_ = std::make_unique<HttpServer>(*engine_, config);

@@ -170,7 +170,7 @@ class ToolCallServerTest : public ::testing::Test {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     ServerConfig config;
     config.http.port = 0;
-    config.served_model_name = "tiny";
+    config.served_model_names = {"tiny"};
     config.http.num_handler_threads = 4;
     config.tool_call_parser = tool_call_parser;
     server_ = std::make_unique<HttpServer>(*engine_, config);

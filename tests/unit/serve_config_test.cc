@@ -1,0 +1,290 @@
+// `loom serve`'s configuration without a process (cli/serve_config.h): the
+// flags parsed as the binary parses them, resolve() (defaults per device,
+// vLLM's spellings, sizes with suffixes) and validate() (each rule broken once,
+// the error naming the flags).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <fstream>
+#include <memory>
+
+#include "cli/serve_config.h"
+#include "test_util.h"
+
+namespace loom::cli {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kModel = "random:llama-tiny";  // resolve() reads nothing for it
+
+class ServeConfigTest : public ::testing::Test {
+ protected:
+  // `loom serve --model random:llama-tiny ARGS` as the binary parses it (vLLM's -tp spelled out).
+  ServeOptions& parse(std::vector<std::string> args) {
+    app_ = std::make_unique<CLI::App>();
+    options_ = std::make_unique<ServeOptions>();
+    add_serve_flags(*app_, *options_);
+    args.insert(args.begin(), {"--model", kModel});
+    std::reverse(args.begin(), args.end());  // CLI11 takes the vector last argument first
+    app_->parse(args);
+    return *options_;
+  }
+  ResolvedServe resolved(const std::vector<std::string>& args) { return resolve(parse(args)); }
+  // resolve() then validate(), as run_serve does.
+  ResolvedServe checked(const std::vector<std::string>& args) {
+    ResolvedServe serve = resolved(args);
+    validate(*options_, serve);
+    return serve;
+  }
+  json effective(const std::vector<std::string>& args, int32_t max_context_tokens = 4096) {
+    return effective_config(checked(args), max_context_tokens);
+  }
+  void expect_invalid(const std::vector<std::string>& args, std::initializer_list<std::string> needles) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    test::expect_error([&] { checked(args); }, ErrorKind::kInvalidArgument, needles);
+  }
+
+  std::unique_ptr<CLI::App> app_;
+  std::unique_ptr<ServeOptions> options_;
+};
+
+TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
+  const ResolvedServe serve = checked({});
+  EXPECT_EQ(serve.model_path, kModel);
+  EXPECT_EQ(serve.engine.block_size, 4);
+  EXPECT_EQ(serve.engine.kv_cache_bytes, int64_t{1} << 30);
+  EXPECT_EQ(serve.gpu_memory_fraction, 0.0);
+  EXPECT_EQ(serve.engine.residual_kv_cache_bytes, -1);       // auto
+  EXPECT_EQ(serve.engine.host_residual_kv_cache_bytes, -1);  // auto
+  EXPECT_EQ(serve.engine.host_kv_cache_bytes, 0);
+  EXPECT_EQ(serve.engine.default_sharing, KvSharing::kIsolated);
+  EXPECT_FALSE(serve.engine.workflow_aware_eviction);
+  EXPECT_FALSE(serve.engine.kv_events.enabled);
+  EXPECT_EQ(serve.server.served_model_names, std::vector<std::string>{kModel});
+  EXPECT_EQ(serve.server.served_model_name(), kModel);
+  EXPECT_EQ(serve.server.model_path, kModel);
+  EXPECT_EQ(serve.server.http.host, "127.0.0.1");
+  EXPECT_EQ(serve.server.http.port, 8000);
+  EXPECT_FALSE(serve.server.seed);
+  EXPECT_TRUE(serve.server.log_requests);
+  EXPECT_TRUE(serve.server.chat_template.empty());
+  EXPECT_TRUE(serve.adapters.empty());
+  EXPECT_FALSE(serve.kv_transfer.has_buffer());
+  EXPECT_EQ(serve.device.device, "cpu");
+  EXPECT_TRUE(serve.device.cuda_graphs);
+  EXPECT_TRUE(serve.device.cpu_keep_quantized);
+  EXPECT_FALSE(serve.dry_run);
+  EXPECT_EQ(serve.shutdown_timeout_seconds, 30.0);
+  EXPECT_EQ(serve.log_stats_interval_seconds, 10.0);
+
+  const json config = effective_config(serve, 2048);
+  EXPECT_EQ(config["max_context_tokens"], 2048);
+  EXPECT_EQ(config["kv_cache_bytes"], int64_t{1} << 30);
+  EXPECT_EQ(config["kv_buffer_bytes"], nullptr);  // no buffer for role both without a port
+  EXPECT_EQ(config["disk_kv_path"], nullptr);
+  EXPECT_EQ(config["generation_config"], nullptr);
+  EXPECT_EQ(config["chat_template"], "model");
+  EXPECT_EQ(config["eviction_policy"], "lru");
+  EXPECT_EQ(config["default_sharing"], "isolated");
+  EXPECT_EQ(config["cuda_graphs"], true);
+  EXPECT_EQ(config["api_key"], false);
+  EXPECT_EQ(config["seed"], nullptr);
+  EXPECT_EQ(config["kv_events"], nullptr);
+  EXPECT_EQ(config.size(), 34u) << config.dump(2);  // the keys --dry-run prints, no more
+}
+
+TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
+  const ResolvedServe on_gpu = checked({"--device", "cuda"});
+  EXPECT_EQ(on_gpu.engine.block_size, 16);
+  EXPECT_EQ(on_gpu.gpu_memory_fraction, kDefaultGpuMemoryFraction);
+  EXPECT_TRUE(effective_config(on_gpu, 4096)["kv_cache_bytes"].is_null());  // sized at start
+
+  const ResolvedServe sized = checked({"--device", "cuda:1", "--kv-cache-bytes", "2G"});
+  EXPECT_EQ(sized.gpu_memory_fraction, 0.0);
+  EXPECT_EQ(sized.engine.kv_cache_bytes, int64_t{2} << 30);
+  EXPECT_EQ(sized.engine.block_size, 16);
+
+  EXPECT_EQ(checked({"--device", "cuda", "--gpu-memory-utilization", "0.5"}).gpu_memory_fraction, 0.5);
+  // A share given wins over a size (--gpu-memory-fraction's help says so).
+  const ResolvedServe both = checked({"--device", "cuda", "--gpu-memory-fraction", "0.7", "--kv-cache-bytes", "2G"});
+  EXPECT_EQ(both.gpu_memory_fraction, 0.7);
+  EXPECT_TRUE(effective_config(both, 4096)["kv_cache_bytes"].is_null());
+  EXPECT_EQ(checked({"--device", "cuda", "--block-size", "8"}).engine.block_size, 8);
+  EXPECT_FALSE(checked({"--device", "cuda", "--enforce-eager"}).device.cuda_graphs);
+}
+
+TEST_F(ServeConfigTest, VllmSpellingsSetTheSameFieldsAsLooms) {
+  const json loom = effective({"--max-running-requests", "7", "--max-batch-tokens", "512", "--max-context-tokens",
+                               "1024", "--max-loras-per-batch", "3", "--lora", "a=/adapters/a", "--lora",
+                               "b=/adapters/b", "--gpu-memory-fraction", "0.5", "--device", "cuda"});
+  const json vllm = effective({"--max-num-seqs", "7", "--max-num-batched-tokens", "512", "--max-model-len", "1024",
+                               "--max-loras", "3", "--lora-modules", "a=/adapters/a",
+                               R"({"name": "b", "path": "/adapters/b"})", "--gpu-memory-utilization", "0.5",
+                               "--device", "cuda", "--enable-prefix-caching", "--enable-lora", "--trust-remote-code",
+                               "--dtype", "bfloat16", "--tensor-parallel-size", "1", "--kv-cache-dtype", "auto"});
+  EXPECT_EQ(loom, vllm);
+  const ResolvedServe serve = resolved({"--max-num-seqs", "7", "--max-model-len", "1024", "--max-loras", "3"});
+  EXPECT_EQ(serve.engine.max_running_requests, 7);
+  EXPECT_EQ(serve.engine.max_context_tokens, 1024);
+  EXPECT_EQ(serve.engine.max_loras_per_batch, 3);
+
+  const ResolvedServe quiet = checked({"--seed", "9", "--disable-log-requests", "--disable-log-stats",
+                                       "--kv-events-config", R"({"enable_kv_cache_events": true})"});
+  EXPECT_EQ(quiet.server.seed, 9u);
+  EXPECT_FALSE(quiet.server.log_requests);
+  EXPECT_EQ(quiet.log_stats_interval_seconds, 0.0);
+  EXPECT_TRUE(quiet.engine.kv_events.enabled);
+  EXPECT_EQ(quiet.engine.kv_events.endpoint, "tcp://*:5557");
+  EXPECT_EQ(checked({"--log-stats-interval", "3"}).log_stats_interval_seconds, 3.0);
+}
+
+TEST_F(ServeConfigTest, EveryByteSizeFlagTakesSuffixes) {
+  const ResolvedServe serve = checked(
+      {"--kv-cache-bytes", "64M", "--host-kv-memory", "4M", "--host-residual-kv-memory", "1M",
+       "--residual-kv-cache-memory", "2MiB", "--disk-kv-path", "/tmp/loom-serve-config-disk", "--disk-kv-bytes", "2G",
+       "--disk-kv-read-bandwidth", "100M", "--prefetch-max-bytes", "512K", "--role", "decode", "--kv-buffer-bytes",
+       "8M", "--max-request-bytes", "1M"});
+  EXPECT_EQ(serve.engine.kv_cache_bytes, 64 << 20);
+  EXPECT_EQ(serve.engine.host_kv_cache_bytes, 4 << 20);
+  EXPECT_EQ(serve.engine.host_residual_kv_cache_bytes, 1 << 20);
+  EXPECT_EQ(serve.engine.residual_kv_cache_bytes, 2 << 20);
+  EXPECT_EQ(serve.engine.disk_kv_bytes, int64_t{2} << 30);
+  EXPECT_EQ(serve.engine.disk_kv_read_bandwidth, 100 << 20);
+  EXPECT_EQ(serve.engine.prefetch_max_bytes, 512 << 10);
+  EXPECT_EQ(serve.kv_transfer.buffer_bytes, 8 << 20);
+  EXPECT_EQ(serve.server.http.max_request_bytes, 1u << 20);
+  EXPECT_EQ(effective_config(serve, 4096)["kv_buffer_bytes"], 8 << 20);
+  EXPECT_EQ(checked({"--kv-transfer-port", "0"}).kv_transfer.buffer_bytes, int64_t{1} << 30);  // 1G by default
+  EXPECT_EQ(checked({"--kv-cache-bytes", "4096"}).engine.kv_cache_bytes, 4096);
+
+  // auto (the default) is -1 where a flag takes it; 0 stays 0.
+  const ResolvedServe automatic = checked({"--residual-kv-cache-memory", "auto", "--host-residual-kv-memory", "0"});
+  EXPECT_EQ(automatic.engine.residual_kv_cache_bytes, -1);
+  EXPECT_EQ(automatic.engine.host_residual_kv_cache_bytes, 0);
+
+  // A bad size fails the parse naming its flag (exit status 2, as every serve error).
+  for (const std::string flag : {"--kv-cache-bytes", "--host-kv-memory", "--host-residual-kv-memory",
+                                 "--residual-kv-cache-memory", "--disk-kv-bytes", "--disk-kv-read-bandwidth",
+                                 "--prefetch-max-bytes", "--kv-buffer-bytes"}) {
+    SCOPED_TRACE(flag);
+    test::expect_error([&] { parse({flag, "1Q"}); }, ErrorKind::kInvalidArgument, {"bad " + flag + " '1Q'", "512K"});
+  }
+  for (const std::string flag : {"--kv-cache-bytes", "--host-kv-memory", "--disk-kv-bytes", "--kv-buffer-bytes"})
+    test::expect_error([&] { parse({flag, "auto"}); }, ErrorKind::kInvalidArgument, {"bad " + flag + " 'auto'"});
+}
+
+TEST_F(ServeConfigTest, ServedNamesAreOneListDefaultingToTheFileName) {
+  EXPECT_EQ(checked({"--served-model-name", "one", "two"}).server.served_model_names,
+            (std::vector<std::string>{"one", "two"}));
+  EXPECT_EQ(effective({"--served-model-name", "one", "two"})["served_model_names"], json({"one", "two"}));
+  // A file's stem, a directory's name (no file is read for either here).
+  ServeOptions& file = parse({});
+  file.model = "/nonexistent/SmolLM2-135M-Instruct.Q4_1.gguf";
+  EXPECT_EQ(resolve(file).server.served_model_names, std::vector<std::string>{"SmolLM2-135M-Instruct.Q4_1"});
+  ServeOptions& directory = parse({});
+  directory.model = "/nonexistent/models/tiny/";
+  EXPECT_EQ(resolve(directory).server.served_model_names, std::vector<std::string>{"tiny"});
+  EXPECT_EQ(resolve(directory).server.model_path, "/nonexistent/models/tiny/");
+}
+
+TEST_F(ServeConfigTest, AdaptersKeepTheirOrderAndModes) {
+  const ResolvedServe serve = checked({"--lora", "a=/adapters/a:forked", "--lora-modules", "b=/adapters/b",
+                                       "--lora", "c=/adapters/c"});
+  ASSERT_EQ(serve.adapters.size(), 3u);
+  EXPECT_EQ(serve.adapters[0].name, "a");
+  EXPECT_EQ(serve.adapters[0].sharing, KvSharing::kForked);
+  EXPECT_EQ(serve.adapters[1].name, "c");  // --lora first, then --lora-modules
+  EXPECT_EQ(serve.adapters[2].name, "b");
+  const json config = effective_config(serve, 4096);
+  EXPECT_EQ(config["adapters"][0], json({{"name", "a"}, {"path", "/adapters/a"}, {"mode", "forked"}}));
+  EXPECT_EQ(config["adapters"][1]["mode"], nullptr);
+}
+
+TEST_F(ServeConfigTest, ResolveRefusesValuesItCannotRead) {
+  const auto expect_resolve_error = [&](const std::vector<std::string>& args,
+                                        std::initializer_list<std::string> needles) {
+    SCOPED_TRACE(::testing::PrintToString(args));
+    test::expect_error([&] { resolved(args); }, ErrorKind::kInvalidArgument, needles);
+  };
+  expect_resolve_error({"--lora", "nameonly"}, {"--lora", "NAME=PATH"});
+  expect_resolve_error({"--lora", "x=/adapters/x:sometimes"}, {"sometimes", "MODE"});
+  expect_resolve_error({"--lora-modules", R"({"name": "x"})"}, {"--lora-modules"});
+  expect_resolve_error({"--kv-events-config", "not json"}, {"--kv-events-config"});
+  expect_resolve_error({"--generation-config", "/nonexistent-loom-dir"}, {"--generation-config", "not a directory"});
+  ServeOptions& options = parse({});
+  options.default_sharing = "sometimes";  // CLI11 refuses it first; resolve() too
+  test::expect_error([&] { resolve(options); }, ErrorKind::kInvalidArgument, {"--default-sharing sometimes"});
+  test::expect_error([&] { resolved({"--chat-template", "/nonexistent/template.jinja"}); }, ErrorKind::kNotFound,
+                     {"--chat-template"});
+}
+
+TEST_F(ServeConfigTest, GenerationConfigGivesTheSamplingDefaults) {
+  test::TempDir directory;
+  std::ofstream(directory.path() / "generation_config.json") << R"({"temperature": 0.25, "top_k": 7})";
+  const json from_dir = effective({"--generation-config", directory.str()});
+  EXPECT_EQ(from_dir["sampling_defaults"]["temperature"], 0.25);
+  EXPECT_EQ(from_dir["sampling_defaults"]["top_k"], 7);
+  EXPECT_FALSE(from_dir["generation_config"].is_null());
+  const json openai = effective({"--generation-config", "vllm"});
+  EXPECT_EQ(openai["generation_config"], nullptr);
+  EXPECT_EQ(openai["sampling_defaults"]["temperature"], 1.0);
+}
+
+TEST_F(ServeConfigTest, ValidateChecksEveryRuleNamingTheFlags) {
+  // vLLM flags (check_vllm_flags).
+  expect_invalid({"--swap-space", "4"}, {"--swap-space", "--host-kv-memory"});
+  expect_invalid({"--tensor-parallel-size", "2"}, {"one device per server"});
+  expect_invalid({"--pipeline-parallel-size", "2"}, {"one device per server"});
+  expect_invalid({"--dtype", "float16"}, {"--dtype float16"});
+  expect_invalid({"--device", "cuda", "--dtype", "float32"}, {"--dtype float32", "bfloat16"});
+  expect_invalid({"--kv-cache-dtype", "fp8"}, {"--kv-cache-dtype"});
+  expect_invalid({"--no-enable-prefix-caching"}, {"--no-enable-prefix-caching"});
+  // The pool's size.
+  expect_invalid({"--kv-cache-bytes", "0"}, {"--kv-cache-bytes 0", "above 0"});
+  // The disk tier: a host tier to stage its blocks, and a size cap.
+  expect_invalid({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--disk-kv-bytes", "1G"},
+                 {"--disk-kv-path", "host KV tier", "--host-kv-memory"});
+  expect_invalid({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--host-kv-memory", "1M"},
+                 {"--disk-kv-path", "size cap", "--disk-kv-bytes"});
+  expect_invalid({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--role", "prefill"}, {"--disk-kv-bytes"});
+  // GPU memory shares only on a GPU.
+  expect_invalid({"--gpu-memory-fraction", "0.5"}, {"--gpu-memory-fraction", "--device cpu", "--kv-cache-bytes"});
+  expect_invalid({"--gpu-memory-utilization", "0.9"}, {"--gpu-memory-utilization 0.9", "--device cpu"});
+  // Names: served names and adapter names all distinct (the default served name too).
+  expect_invalid({"--served-model-name", "base", "--lora", "base=/adapters/a"},
+                 {"'base' is given twice", "--served-model-name base", "--lora base=/adapters/a"});
+  expect_invalid({"--lora", "x=/adapters/a", "--lora-modules", "x=/adapters/b"},
+                 {"'x' is given twice", "--lora x=/adapters/a", "--lora x=/adapters/b"});
+  expect_invalid({"--served-model-name", "a", "b", "a"}, {"'a' is given twice"});
+  expect_invalid({"--lora", std::string(kModel) + "=/adapters/a"}, {"given twice", "--served-model-name"});
+  // A chat template that does not parse.
+  expect_invalid({"--chat-template", "{% if %}"}, {"--chat-template"});
+
+  // Their good sides pass.
+  EXPECT_NO_THROW(checked({"--kv-cache-bytes", "1"}));
+  EXPECT_NO_THROW(checked({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--host-kv-memory", "1M",
+                           "--disk-kv-bytes", "1G"}));
+  // A KV buffer brings its own host tier (kv_transfer_setup.h).
+  EXPECT_NO_THROW(checked({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--role", "prefill", "--disk-kv-bytes",
+                           "1G"}));
+  EXPECT_NO_THROW(checked({"--disk-kv-path", "/tmp/loom-serve-config-disk", "--kv-transfer-port", "0",
+                           "--disk-kv-bytes", "1G"}));
+  EXPECT_NO_THROW(checked({"--device", "cuda", "--gpu-memory-fraction", "0.5", "--dtype", "bf16"}));
+  EXPECT_NO_THROW(checked({"--served-model-name", "base", "alias", "--lora", "a=/adapters/a"}));
+  EXPECT_NO_THROW(checked({"--chat-template", "{{ messages[0]['content'] }}"}));
+  EXPECT_EQ(effective({"--chat-template", "{{ messages[0]['content'] }}"})["chat_template"], "--chat-template");
+}
+
+TEST_F(ServeConfigTest, ContextLimitIsTheModelsUnlessASmallerOneIsGiven) {
+  ModelConfig model;
+  model.max_position_embeddings = 4096;
+  EXPECT_EQ(check_context_limit(resolved({}).engine, model), 4096);
+  EXPECT_EQ(check_context_limit(resolved({"--max-context-tokens", "1024"}).engine, model), 1024);
+  EXPECT_EQ(check_context_limit(resolved({"--max-model-len", "4096"}).engine, model), 4096);
+  test::expect_error([&] { check_context_limit(resolved({"--max-model-len", "100000"}).engine, model); },
+                     ErrorKind::kInvalidArgument, {"100000", "--max-context-tokens / --max-model-len", "4096"});
+}
+
+}  // namespace
+}  // namespace loom::cli
