@@ -121,6 +121,15 @@ TEST(CudaGraphPlan, DecodeStepsOfOneRowCapacityShareOneLaunchShape) {  // no GPU
   EXPECT_EQ(floors.decode_items, (132 * 3 + 1) / 2) << "one wave of split-KV items";
   EXPECT_GE(counts[0].decode_items, floors.decode_items);
   EXPECT_EQ(graph_list_floors(256, shape).decode_items, 256) << "rows alone fill the GPU: no split floor";
+  // Base-model steps keep their own counts (the batch-1 step launches no no-op items).
+  Batch base = decode_batch({2000});
+  base.adapter_slots.assign(1, -1);
+  StepPlan plan;
+  plan.build(base, shape);
+  const int32_t own_items = plan.num_decode_items();
+  ASSERT_TRUE(plan.pad_for_graph(256));
+  EXPECT_EQ(plan.launch_counts().decode_items, graph_capacity(own_items));
+  EXPECT_LT(plan.launch_counts().decode_items, floors.decode_items);
 }
 
 TEST(CudaGraphPlan, PaddingLogitsRowsAvoidEveryRowThatGivesLogits) {  // no GPU needed

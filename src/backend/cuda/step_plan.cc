@@ -457,7 +457,10 @@ bool StepPlan::pad_for_graph(int32_t max_rows) {
   residual_slots_.resize(rows, -1);
   lora_row_of_token_.resize(rows, -1);
   sequences_.resize(rows);  // never referenced by a work item
-  const GraphListFloors floors = graph_list_floors(rows, shape_);
+  // Steps with adapters pad to the floors: their mix of modes, adapters and contexts gave nearly every step a
+  // shape of its own. Base-model steps keep their own counts (few shapes; no no-op items in the batch-1 step).
+  const bool with_adapters = !lora_tokens_.empty() || has_forked_sequences();
+  const GraphListFloors floors = with_adapters ? graph_list_floors(rows, shape_) : GraphListFloors{};
   // An empty list stays empty (its kernel is not launched); a non-empty one pads to at least its floor.
   auto capacity = [](size_t n, int32_t floor) {
     return n == 0 ? 0 : graph_capacity(std::max(static_cast<int32_t>(n), floor));

@@ -97,10 +97,11 @@ class StepPlan {
 
   // Pads the plan of a step without prefill tiles and with at most max_rows
   // rows to graph_capacity of each list, so that launch_counts() and every
-  // section's offset depend only on those capacities. Lists whose length
-  // follows the contexts or the adapters rather than the rows start from a
-  // floor set by the row capacity (graph_list_floors), so decode steps of one
-  // row capacity share one launch shape whatever their contexts and adapters:
+  // section's offset depend only on those capacities. In steps with adapters
+  // (LoRA rows or forked sequences), lists whose length follows the contexts
+  // or the adapters rather than the rows start from a floor set by the row
+  // capacity (graph_list_floors), so such decode steps of one row capacity
+  // share one launch shape whatever their contexts and adapters:
   // the logits rows pad to the row capacity, the combine items too, non-empty
   // decode item lists to one wave of split-KV items, LoRA tiles to one tile
   // per kLoraTileRows rows plus one per possible adapter group. Padding rows have token 0,
