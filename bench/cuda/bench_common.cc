@@ -79,18 +79,18 @@ DevicePeaks device_peaks(int device) {
   result.name = properties.name;
   struct Known {
     const char* name_part;
-    const char* excluded_part;  // "" = none
     double bandwidth, bf16;
   };
-  // NVIDIA datasheets (dense bf16, no sparsity). The H100 PCIe and NVL names say so; a bare H100 is the SXM part.
+  // NVIDIA datasheets (dense bf16, no sparsity). The first name part the device's name contains wins, so the
+  // PCIe, NVL and 80GB parts come before their family's base entry (a bare H100 is the SXM part, a bare A100
+  // the 40GB one).
   static const Known kKnown[] = {
-      {"H200", "", 4.8e12, 989e12},       {"H100 PCIe", "", 2.0e12, 756e12}, {"H100 NVL", "", 3.9e12, 835e12},
-      {"H100", "", 3.35e12, 989e12},      {"H800", "", 3.35e12, 989e12},     {"A100-SXM4-80GB", "", 2.039e12, 312e12},
-      {"A100 80GB PCIe", "", 1.935e12, 312e12}, {"A100", "80GB", 1.555e12, 312e12}, {"L40S", "", 0.864e12, 362e12},
+      {"H200", 4.8e12, 989e12},          {"H100 PCIe", 2.0e12, 756e12},     {"H100 NVL", 3.9e12, 835e12},
+      {"H100", 3.35e12, 989e12},         {"H800", 3.35e12, 989e12},         {"A100-SXM4-80GB", 2.039e12, 312e12},
+      {"A100 80GB PCIe", 1.935e12, 312e12}, {"A100", 1.555e12, 312e12},     {"L40S", 0.864e12, 362e12},
   };
   for (const Known& known : kKnown) {
     if (result.name.find(known.name_part) == std::string::npos) continue;
-    if (*known.excluded_part != '\0' && result.name.find(known.excluded_part) != std::string::npos) continue;
     result.bandwidth = known.bandwidth;
     result.bf16 = known.bf16;
     result.source = std::string("NVIDIA datasheet for ") + known.name_part;
