@@ -45,15 +45,15 @@ Batch prefill_batch(int num_tokens, Prng& prng, int vocab) {
 
 StepTimes time_step(CudaBackend& backend, const Batch& batch, int iterations, bool with_graph) {
   Timer timer(backend.stream());
-  for (int i = 0; i < 3; ++i) backend.enqueue_forward(batch);  // grow buffers, load modules
+  for (int i = 0; i < 3; ++i) backend.enqueue_step(batch);  // grow buffers, load modules
   LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
   StepTimes times;
-  times.eager_ms = timer.median_ms([&] { backend.enqueue_forward(batch); }, iterations);
+  times.eager_ms = timer.median_ms([&] { backend.enqueue_step(batch); }, iterations);
   if (with_graph) {
     cudaGraph_t graph = nullptr;
     cudaGraphExec_t exec = nullptr;
     LOOM_CUDA_CHECK(cudaStreamBeginCapture(backend.stream(), cudaStreamCaptureModeThreadLocal));
-    backend.enqueue_forward(batch);
+    backend.enqueue_step(batch);
     LOOM_CUDA_CHECK(cudaStreamEndCapture(backend.stream(), &graph));
     LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     for (int i = 0; i < 3; ++i) LOOM_CUDA_CHECK(cudaGraphLaunch(exec, backend.stream()));
@@ -157,7 +157,7 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
   PlanShape shape{kBlockSize, config.num_heads, config.num_kv_heads, 132, attention_decode_ctas_per_sm(config.head_dim),
                   residual_rank > 0 ? attention_decode_ctas_per_sm(config.head_dim, residual_rank) : 0};
   shape.wide_prefill = wide && attention_wide_supports_head_dim(config.head_dim);
-  shape.forked_wide_prefill_keys = shape.wide_prefill ? CudaBackendConfig{}.forked_wide_prefill_keys : 0;
+  shape.forked_wide_prefill_keys = shape.wide_prefill ? CudaTuning{}.forked_wide_prefill_keys : 0;
   plan.build(batch, shape, kBlockSize);
   const size_t scratch_entries = static_cast<size_t>(plan.num_scratch_keys()) * config.kv_size();
   DeviceBuffer scratch(std::max<size_t>(2 * scratch_entries * 2, 16));

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -61,28 +62,13 @@ struct Timer {
   }
 };
 
-// The backend with its LoRA launches left out on request, to time what each
-// costs a step (results wrong while any is skipped). Only this benchmark builds it.
-class LaunchSkippingCudaBackend final : public CudaBackend {
- public:
-  using CudaBackend::CudaBackend;
-  // Per projection group g (0 q/k/v, 1 o, 2 gate/up, 3 down), bit 2g skips its
-  // shrink launch and bit 2g+1 its expand launch; 0 runs everything.
-  void set_lora_skip(uint32_t mask) { lora_skip_ = mask; }
-
- protected:
-  void launch_lora_group(int group, const LoraParams& params, Launch launch) override {
-    const int32_t skip = static_cast<int32_t>(lora_skip_ >> (2 * group) & 3);
-    if (skip == 0) {
-      launch_lora(params, launch);
-    } else {
-      launch_lora_skipping(params, launch, skip);
-    }
-  }
-
- private:
-  uint32_t lora_skip_ = 0;
-};
+// Changes the backend's tuning for the figures that follow (the benchmark's
+// build: CudaBackend::set_tuning drops the captured graphs).
+inline void tune(CudaBackend& backend, const std::function<void(CudaTuning&)>& change) {
+  CudaTuning tuning = backend.tuning();
+  change(tuning);
+  backend.set_tuning(tuning);
+}
 
 struct StepTimes {
   double eager_ms = 0, graph_ms = 0;
@@ -92,7 +78,7 @@ struct StepTimes {
 // its model's config, the JSON being written, the shared draw of token ids, and
 // the command line's repetitions, decode batch sizes and parts.
 struct BenchContext {
-  LaunchSkippingCudaBackend& backend;
+  CudaBackend& backend;
   const ModelConfig& config;
   nlohmann::json& results;
   Prng& prng;

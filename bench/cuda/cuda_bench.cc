@@ -59,14 +59,8 @@ int run(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   CudaBackendConfig backend_config;
   backend_config.max_adapter_slots = 8;
-  auto owner = make_synthetic_cuda_backend_as(
-      config, 0, true, backend_config,
-      [](const ModelConfig& model_config, DeviceModel model, cudaStream_t stream, int device,
-         const CudaBackendConfig& config_of_backend) -> std::unique_ptr<CudaBackend> {
-        return std::make_unique<LaunchSkippingCudaBackend>(model_config, std::move(model), stream, device,
-                                                           config_of_backend);
-      });
-  auto& backend = static_cast<LaunchSkippingCudaBackend&>(*owner);
+  auto owner = make_synthetic_cuda_backend_impl(config, 0, true, backend_config);
+  CudaBackend& backend = *owner;
   results["model"] = {{"name", "random:llama-8b"},
                       {"weight_bytes", backend.model().weight_bytes()},
                       {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()}};
@@ -93,18 +87,19 @@ int run(int argc, char** argv) {
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
     const StepTimes lora_times = time_step(backend, mixed, iterations, true);
-    // The other placements and kernels (the default: split kernels on the side stream).
-    using Overlap = CudaBackend::LoraOverlap;
-    using Kernel = CudaBackend::LoraKernel;
-    backend.set_lora_overlap(Overlap::kSideStreamPdl);
+    // The other placements and kernels (serving's: split kernels on the side
+    // stream). Inline placement is lora_side_groups 0 (the side stream unused).
+    using Kernel = CudaMeasureSwitches::LoraKernel;
+    backend.measure().lora_pdl_expand = true;
     const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_overlap(Overlap::kInline);
+    backend.measure().lora_pdl_expand = false;
+    backend.measure().lora_side_groups = 0;
     const StepTimes inline_times = time_step(backend, mixed, iterations, true);
-    // Inline, every launch of the step programmatic (CudaBackendConfig::programmatic_max_rows).
-    backend.set_programmatic_max_rows(1 << 30);
+    // Inline, every launch of the step programmatic (CudaTuning::programmatic_max_rows).
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = 1 << 30; });
     const StepTimes inline_programmatic_times = time_step(backend, mixed, iterations, true);
     const StepTimes base_programmatic_times = time_step(backend, base, iterations, true);
-    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = CudaTuning{}.programmatic_max_rows; });
     std::printf("LoRA inline with programmatic launches (graph ms): %.3f (eager %.3f); base model %.3f (eager %.3f)\n",
                 inline_programmatic_times.graph_ms, inline_programmatic_times.eager_ms,
                 base_programmatic_times.graph_ms, base_programmatic_times.eager_ms);
@@ -112,16 +107,16 @@ int run(int argc, char** argv) {
                                            {"eager_ms", inline_programmatic_times.eager_ms},
                                            {"base_graph_ms", base_programmatic_times.graph_ms},
                                            {"base_eager_ms", base_programmatic_times.eager_ms}};
-    backend.set_lora_kernel(Kernel::kFused);
+    backend.measure().lora_kernel = Kernel::kFused;
     const StepTimes fused_inline_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_overlap(Overlap::kSideStream);
+    backend.measure().lora_side_groups = 0xF;
     const StepTimes fused_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_kernel(Kernel::kFusedAttention);
+    backend.measure().lora_kernel = Kernel::kFusedAttention;
     const StepTimes fused_attention_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_overlap(Overlap::kInline);
+    backend.measure().lora_side_groups = 0;
     const StepTimes fused_attention_inline_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_overlap(Overlap::kSideStream);
-    backend.set_lora_kernel(Kernel::kSplit);
+    backend.measure().lora_side_groups = 0xF;
+    backend.measure().lora_kernel = Kernel::kSplit;
     std::printf("LoRA fused for q/k/v and o only (graph ms): side stream %.3f (eager %.3f), inline %.3f\n",
                 fused_attention_times.graph_ms, fused_attention_times.eager_ms, fused_attention_inline_times.graph_ms);
     results["lora_fused_attention"] = {{"side_stream_graph_ms", fused_attention_times.graph_ms},
@@ -130,23 +125,23 @@ int run(int argc, char** argv) {
     // Which groups gain from the side stream: each mask puts the groups of its clear bits inline.
     std::printf("LoRA side-stream groups (bit 0 q/k/v, 1 o, 2 gate/up, 3 down; graph ms):");
     for (const uint32_t mask : {0xFu, 0xEu, 0xDu, 0xBu, 0x7u, 0xCu, 0x3u}) {
-      backend.set_lora_side_groups(mask);
+      backend.measure().lora_side_groups = mask;
       const StepTimes mask_times = time_step(backend, mixed, iterations, true);
       results["lora_side_groups"].push_back({{"mask", mask}, {"graph_ms", mask_times.graph_ms}});
       std::printf(" 0x%X %.3f", mask, mask_times.graph_ms);
     }
     std::printf("\n");
-    backend.set_lora_side_groups(0xF);
-    backend.set_lora_bf16_gate_up(false);
+    backend.measure().lora_side_groups = 0xF;
+    backend.measure().lora_f32_gate_up = true;
     const StepTimes f32_delta_times = time_step(backend, mixed, iterations, true);
-    backend.set_lora_bf16_gate_up(true);
+    backend.measure().lora_f32_gate_up = false;
     const StepTimes bf16_delta_times = time_step(backend, mixed, iterations, true);
     results["lora_gate_up_delta"] = {{"f32_graph_ms", f32_delta_times.graph_ms}, {"bf16_graph_ms", bf16_delta_times.graph_ms}};
     std::printf("LoRA gate/up delta (graph ms): fp32 %.3f, bf16 %.3f (default)\n", f32_delta_times.graph_ms,
                 bf16_delta_times.graph_ms);
     std::printf("LoRA expand columns per thread (0: 1 column, 128 threads; graph ms):");
     for (const int columns : {2, 1}) {
-      backend.set_lora_expand_columns(columns);
+      backend.measure().lora_expand_columns = columns;
       const StepTimes column_times = time_step(backend, mixed, iterations, true);
       results["lora_expand_columns"].push_back(
           {{"columns", columns}, {"graph_ms", column_times.graph_ms}, {"eager_ms", column_times.eager_ms}});
@@ -156,13 +151,13 @@ int run(int argc, char** argv) {
     // What each launch costs the step (results wrong while skipped): bits 2g / 2g+1 skip group g's shrink / expand.
     std::printf("LoRA launches skipped (graph ms):");
     for (const uint32_t mask : {0x10u, 0x20u, 0x40u, 0x80u, 0xFFu}) {
-      backend.set_lora_skip(mask);
+      backend.measure().lora_skip = mask;
       const StepTimes skip_times = time_step(backend, mixed, iterations, true);
       results["lora_skip"].push_back({{"mask", mask}, {"graph_ms", skip_times.graph_ms}});
       std::printf(" 0x%02X %.3f", mask, skip_times.graph_ms);
     }
     std::printf("\n");
-    backend.set_lora_skip(0);
+    backend.measure().lora_skip = 0;
     results["lora_placements"] = {{"side_stream_graph_ms", lora_times.graph_ms},
                                   {"side_stream_pdl_graph_ms", pdl_times.graph_ms},
                                   {"inline_graph_ms", inline_times.graph_ms},
@@ -180,15 +175,15 @@ int run(int argc, char** argv) {
                 base_times.graph_ms, lora_times.graph_ms, lora_times.graph_ms / base_times.graph_ms);
     if (wanted("loraprof")) {  // one eager step per kernel choice between cudaProfilerStart/Stop (ncu --profile-from-start off)
       for (const auto kernel : {Kernel::kFused, Kernel::kSplit}) {
-        backend.set_lora_kernel(kernel);
-        backend.enqueue_forward(mixed);
+        backend.measure().lora_kernel = kernel;
+        backend.enqueue_step(mixed);
         LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
         LOOM_CUDA_CHECK(cudaProfilerStart());
-        backend.enqueue_forward(mixed);
+        backend.enqueue_step(mixed);
         LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
         LOOM_CUDA_CHECK(cudaProfilerStop());
       }
-      backend.set_lora_kernel(Kernel::kSplit);
+      backend.measure().lora_kernel = Kernel::kSplit;
     }
     for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
   }
@@ -256,9 +251,9 @@ int run(int argc, char** argv) {
                           {"tflops", flops / (times.eager_ms * 1e-3) / 1e12}};
     std::printf("\nprefill %d tokens: %.1f ms, %.1f TFLOP/s, MFU %.1f%%\n", prefill_tokens, times.eager_ms,
                 flops / (times.eager_ms * 1e-3) / 1e12, 100 * mfu);
-    backend.set_pingpong_prefill(false);  // the same prefill with attention_wide.cu's kernel
+    tune(backend, [](CudaTuning& t) { t.pingpong_prefill = false; });  // the same prefill with attention_wide.cu's kernel
     const double wgmma_ms = time_step(backend, batch, std::max(3, iterations / 4), false).eager_ms;
-    backend.set_pingpong_prefill(true);
+    tune(backend, [](CudaTuning& t) { t.pingpong_prefill = true; });
     results["prefill"]["wgmma_ms"] = wgmma_ms;
     results["prefill"]["wgmma_mfu"] = flops / (wgmma_ms * 1e-3) / peaks().bf16;
     std::printf("prefill %d tokens, wgmma attention (attention_wide.cu): %.1f ms, MFU %.1f%%\n", prefill_tokens,

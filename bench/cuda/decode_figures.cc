@@ -9,7 +9,7 @@
 namespace loom::cuda::bench {
 
 void decode_figures(BenchContext& context) {
-  LaunchSkippingCudaBackend& backend = context.backend;
+  CudaBackend& backend = context.backend;
   const ModelConfig& config = context.config;
   nlohmann::json& results = context.results;
   Prng& prng = context.prng;
@@ -27,17 +27,17 @@ void decode_figures(BenchContext& context) {
     // The same step with cuBLAS for every GEMM (the default takes the skinny kernels at 1 row).
     double cublas_graph_ms = 0;
     if (batch_size <= 2) {
-      backend.set_decode_gemm(CudaBackend::DecodeGemm::kCublas);
+      tune(backend, [](CudaTuning& t) { t.skinny_max_rows = 0; });
       cublas_graph_ms = time_step(backend, batch, iterations, true).graph_ms;
-      backend.set_decode_gemm(CudaBackend::DecodeGemm::kAuto);
+      tune(backend, [](CudaTuning& t) { t.skinny_max_rows = CudaTuning{}.skinny_max_rows; });
     }
-    // The same step with programmatic dependent launches at every size (CudaBackendConfig::programmatic_max_rows;
+    // The same step with programmatic dependent launches at every size (CudaTuning::programmatic_max_rows;
     // by default 1-row steps only) and with none.
-    backend.set_programmatic_max_rows(1 << 30);
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = 1 << 30; });
     const StepTimes programmatic = time_step(backend, batch, iterations, true);
-    backend.set_programmatic_max_rows(0);
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = 0; });
     const StepTimes plain = time_step(backend, batch, iterations, true);
-    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = CudaTuning{}.programmatic_max_rows; });
     results["decode"].push_back({{"batch", batch_size}, {"context", kContext}, {"eager_ms", times.eager_ms},
                                  {"cublas_gemm_graph_ms", cublas_graph_ms},
                                  {"graph_ms", times.graph_ms}, {"floor_ms", floor_ms},
@@ -53,19 +53,19 @@ void decode_figures(BenchContext& context) {
                 programmatic.graph_ms, programmatic.graph_ms / floor_ms, plain.graph_ms);
   }
 
-  // L2 read-ahead of the next weights beside the latency-bound kernels (CudaBackend::L2Prefetch), graph steps at every
+  // L2 read-ahead of the next weights beside the latency-bound kernels (CudaTuning::l2_prefetch), graph steps at every
   // batch size: caps in MiB at its three points (o_proj, gate_up head, next q/k/v head).
   if (wanted("prefetch")) {
     const std::vector<std::array<int, 3>> settings = {{0, 0, 0}, {32, 0, 0}, {16, 0, 0}, {24, 8, 0}, {24, 8, 8},
                                                       {16, 8, 8}, {0, 0, 8},  {32, 8, 8}, {16, 16, 16}};
-    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
+    const CudaTuning::L2Prefetch default_prefetch = backend.tuning().l2_prefetch;
     std::printf("\n%-28s %10s %10s %8s\n", "L2 prefetch MiB o/gu/qkv", "batch", "graph ms", "x floor");
     for (int batch_size : batch_sizes) {
       const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
       const double floor_ms = decode_floor_ms(backend, batch_size);
       for (const auto& [o_proj, gate_up, qkv] : settings) {
         const int64_t mib = int64_t{1} << 20;
-        backend.set_l2_prefetch({o_proj * mib, gate_up * mib, qkv * mib, batch_size});
+        tune(backend, [&](CudaTuning& t) { t.l2_prefetch = {o_proj * mib, gate_up * mib, qkv * mib, batch_size}; });
         const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
         results["prefetch"].push_back({{"batch", batch_size}, {"o_proj_mib", o_proj}, {"gate_up_mib", gate_up},
                                        {"qkv_mib", qkv}, {"graph_ms", graph_ms}, {"graph_over_floor", graph_ms / floor_ms}});
@@ -73,7 +73,7 @@ void decode_figures(BenchContext& context) {
                     graph_ms, graph_ms / floor_ms);
       }
     }
-    backend.set_l2_prefetch(default_prefetch);
+    tune(backend, [&](CudaTuning& t) { t.l2_prefetch = default_prefetch; });
   }
 
   // The 1-row skinny GEMM's variants (loads in flight, warps a CTA) alone on the 8B shape's
@@ -119,8 +119,8 @@ void decode_figures(BenchContext& context) {
   // (the defaults: all three up to 2 rows).
   if (wanted("rows")) {
     std::printf("\n%-44s %8s %10s %8s\n", "2-4 rows", "batch", "graph ms", "x floor");
-    const CudaBackend::L2Prefetch default_prefetch = backend.l2_prefetch();
-    const int32_t default_skinny = backend.skinny_max_rows();
+    const CudaTuning::L2Prefetch default_prefetch = backend.tuning().l2_prefetch;
+    const int32_t default_skinny = backend.tuning().skinny_max_rows;
     for (int batch_size : batch_sizes) {
       const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
       const double floor_ms = decode_floor_ms(backend, batch_size);
@@ -128,20 +128,21 @@ void decode_figures(BenchContext& context) {
       for (const Setting& setting : {Setting{"cuBLAS from 2 rows", 1, 1, 1}, Setting{"skinny", 4, 1, 1},
                                      Setting{"skinny + pdl", 4, 4, 1}, Setting{"skinny + pdl + prefetch", 4, 4, 4},
                                      Setting{"skinny + prefetch", 4, 1, 4}}) {
-        backend.set_skinny_max_rows(setting.skinny);
-        backend.set_programmatic_max_rows(setting.programmatic);
-        CudaBackend::L2Prefetch prefetch = default_prefetch;
-        prefetch.max_rows = setting.prefetch;
-        backend.set_l2_prefetch(prefetch);
+        tune(backend, [&](CudaTuning& t) {
+          t.skinny_max_rows = setting.skinny;
+          t.programmatic_max_rows = setting.programmatic;
+          t.l2_prefetch = default_prefetch;
+          t.l2_prefetch.max_rows = setting.prefetch;
+        });
         const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
         results["rows"].push_back({{"batch", batch_size}, {"setting", setting.name}, {"graph_ms", graph_ms},
                                    {"graph_over_floor", graph_ms / floor_ms}});
         std::printf("%-44s %8d %10.3f %8.3f\n", setting.name, batch_size, graph_ms, graph_ms / floor_ms);
       }
     }
-    backend.set_skinny_max_rows(default_skinny);
-    backend.set_programmatic_max_rows(CudaBackendConfig{}.programmatic_max_rows);
-    backend.set_l2_prefetch(default_prefetch);
+    tune(backend, [&](CudaTuning& t) { t.skinny_max_rows = default_skinny; });
+    tune(backend, [](CudaTuning& t) { t.programmatic_max_rows = CudaTuning{}.programmatic_max_rows; });
+    tune(backend, [&](CudaTuning& t) { t.l2_prefetch = default_prefetch; });
   }
 }
 

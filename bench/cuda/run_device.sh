@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs the CUDA backend's tests or benchmarks on the GPU machine (the `run`
 # tool's device), from binaries built here and carried in .carry/cuda:
-#   .carry/cuda/loom_cuda_pkg.tar.xz  bin/{cuda_backend_test,loom_cuda_bench,loom} + lib/*.so
+#   .carry/cuda/loom_cuda_pkg.tar.xz  bin/{cuda_backend_test,cuda_measure_test,loom_cuda_bench,loom} + lib/*.so
 #                                      (the Debian shared libraries the device image lacks)
 # The SmolLM2 GGUF (98 MB) is over one call's carry limit: .carry/smol_a/part
 # (first 50 MB) travels with `tests` and is kept in /tmp/loom, .carry/smol_b/part
@@ -10,7 +10,7 @@
 # all: every GPU test but the SmolLM2 ones in one process (~3 min; CudaAttention.MatchesTorchSdpaToLongContexts
 # needs the device's torch and reads bench/cuda/sdpa_check.py from the working directory).
 # wide: the wgmma prefill's tests, then its timing against the mma.sync kernel and torch SDPA at 8K and 32K.
-# next: programmatic launches at every step size and CudaBackendConfig::pingpong_prefill, tested, then timed against the defaults.
+# next: programmatic launches at every step size and CudaTuning::pingpong_prefill, tested, then timed against the defaults.
 set -u
 MODE=${1:-tests}
 . "$(dirname "$0")/device_env.sh"
@@ -44,6 +44,10 @@ case "$MODE" in
     ;;
   all)
     run_suite '-CudaSmolLM2.*' 500
+    # The benchmark's build of the backend: its measurement-only LoRA kernels.
+    if [ -x /tmp/loom/bin/cuda_measure_test ]; then
+      timeout 120 /tmp/loom/bin/cuda_measure_test 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED) " | head
+    fi
     grep -E '"pass"' "$OUT/tests.log" | head -12
     ;;
   smol)

@@ -23,4 +23,15 @@ void Backend::copy_kv_blocks(KvPoolKind, KvCopyDirection, std::span<const int32_
   throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "");
 }
 
+void Backend::enqueue_forward(const Batch& batch) { enqueued_ = &batch; }
+
+ForwardResult Backend::finish_forward(std::span<const uint32_t> token_masks) {
+  if (enqueued_ == nullptr) fail(ErrorKind::kInternal, "finish_forward without enqueue_forward");
+  const Batch& batch = *enqueued_;
+  enqueued_ = nullptr;
+  if (!token_masks.empty() || batch.num_token_mask_rows > 0)
+    fail(ErrorKind::kInvalidArgument, "this backend takes no token masks ({} rows asked for)", batch.num_token_mask_rows);
+  return forward(batch);
+}
+
 }  // namespace loom

@@ -38,7 +38,6 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -84,7 +83,7 @@ struct DeviceSampling {
   uint64_t seed = 0;
   uint64_t step = 0;         // e.g. the number of tokens the request generated so far
   // >= 0 (capabilities().device_token_masks only): before drawing, logits of the
-  // tokens whose bit is clear in row mask_row of Batch::fill_token_masks' masks
+  // tokens whose bit is clear in row mask_row of finish_forward's token masks
   // become -inf (structured outputs). The logprob is then under the masked logits.
   int32_t mask_row = -1;
   // Logit processing (capabilities().device_logit_processing only), after the
@@ -122,15 +121,9 @@ struct Batch {
   // Empty, or one entry per sequence (capabilities().device_sampling only).
   // A sequence sampled on the device must not ask for logits_for_all_tokens.
   std::vector<DeviceSampling> sampling;
-  // Token masks of DeviceSampling::mask_row (capabilities().device_token_masks):
-  // forward() calls fill_token_masks(masks, words_per_row) exactly once, after
-  // enqueuing the model's work and before drawing, with room for
-  // num_token_mask_rows rows of words_per_row = ceil(vocab_size / 32) words; bit
-  // (t % 32) of word t / 32 set = token t allowed. The caller fills every row
-  // (it may block meanwhile: its mask work overlaps the device's). The pointer
-  // is valid only during the call.
+  // Rows of token masks the step's DeviceSampling::mask_row index
+  // (capabilities().device_token_masks): finish_forward's argument.
   int32_t num_token_mask_rows = 0;
-  std::function<void(uint32_t* masks, int32_t words_per_row)> fill_token_masks;
   // DeviceSampling::edits_begin / num_edits index this.
   std::vector<LogitEdit> logit_edits;
 
@@ -225,8 +218,22 @@ class Backend {
   virtual int32_t max_adapter_slots() const = 0;
 
   // Runs the model over the batch, writing K/V of the new tokens into their
-  // slots. Preconditions: every block id < num_blocks; adapter slots bound.
+  // slots. Preconditions: every block id < num_blocks; adapter slots bound; no
+  // token mask rows (those need the two phases below).
   virtual ForwardResult forward(const Batch& batch) = 0;
+
+  // The same step in two phases, so that the caller's host work overlaps the
+  // device's. enqueue_forward starts the model's work and may return before it
+  // ends; finish_forward then takes the step's token masks (Batch::
+  // num_token_mask_rows rows of ceil(vocab_size / 32) words, row-major; bit
+  // t % 32 of word t / 32 set = token t allowed; read during the call only),
+  // draws and returns what forward() would. One finish per enqueue, on the
+  // engine thread; the batch must stay alive and unchanged until the finish
+  // returns. An enqueue with no finish after it (its caller failed) is
+  // abandoned by the next enqueue. The defaults (for backends without device token masks) run
+  // forward() in the finish.
+  virtual void enqueue_forward(const Batch& batch);
+  virtual ForwardResult finish_forward(std::span<const uint32_t> token_masks);
 
   // What forward() and the host tier run (backend_capabilities.h). The engine
   // refuses, when the engine is built or an adapter is loaded, whatever is not
@@ -242,6 +249,9 @@ class Backend {
   // capabilities().device_sampling: forward() honours Batch::sampling
   // (DeviceSampling above); other backends ignore it and return logits.
   bool supports_device_sampling() const { return capabilities().device_sampling; }
+
+ private:
+  const Batch* enqueued_ = nullptr;  // the default enqueue_forward's batch, until its finish
 };
 
 }  // namespace loom

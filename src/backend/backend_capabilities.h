@@ -36,7 +36,7 @@ struct BackendCapabilities {
   int32_t max_residual_rank = 0;
   // forward() honours Batch::sampling (backend.h DeviceSampling).
   bool device_sampling = false;
-  // ... and DeviceSampling::mask_row / Batch::fill_token_masks (structured outputs on the device).
+  // ... and DeviceSampling::mask_row / Backend::finish_forward's token masks (structured outputs on the device).
   bool device_token_masks = false;
   // ... and DeviceSampling's logit processing (penalties, logit_bias, min_p; Batch::logit_edits).
   bool device_logit_processing = false;

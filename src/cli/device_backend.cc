@@ -117,7 +117,7 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
   CudaBackendConfig config;
   config.device = cuda_device_index(options.device);
   config.max_adapter_slots = options.max_adapter_slots;
-  config.cuda_graphs = options.cuda_graphs;
+  config.tuning.cuda_graphs = options.cuda_graphs;
   return make_cuda_backend(model.config, *model.weights, config);
 #else
   fail(ErrorKind::kInternal, "unreachable");
@@ -162,7 +162,7 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   CudaBackendConfig config;
   config.device = cuda_device_index(options.device);
   config.max_adapter_slots = options.max_adapter_slots;
-  config.cuda_graphs = options.cuda_graphs;
+  config.tuning.cuda_graphs = options.cuda_graphs;
   // make-model stores the 8b preset in bf16 (norms included) and tiny in f32.
   result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset == SyntheticPreset::k8b, config);
 #endif

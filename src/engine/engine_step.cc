@@ -124,35 +124,34 @@ WorkerPool::Job EngineImpl::start_constraint_masks(const ScheduledBatch& schedul
 
 std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled) {
   Batch batch = build_step_batch(scheduled);
-  // Structured outputs' masks are computed while the forward runs; the tasks
-  // end before this returns (so before any request they touch can end).
+  // Structured outputs' masks are computed while the model's work runs; the
+  // tasks end before this returns (so before any request they touch can end).
   WorkerPool::Job masks = start_constraint_masks(scheduled);
-  auto finish_masks = [&masks] { masks.wait(); };
-  if (batch.num_token_mask_rows > 0) {
-    // The backend asks for the masks of rows it draws once the model's work is
-    // enqueued: by then the tasks above have had the forward's time to run.
-    std::vector<PendingRequest*> masked(static_cast<size_t>(batch.num_token_mask_rows));
-    for (size_t i = 0; i < batch.sampling.size(); ++i)
-      if (batch.sampling[i].mask_row >= 0) masked[static_cast<size_t>(batch.sampling[i].mask_row)] =
-                                               active_.at(scheduled.requests[i].id).get();
-    batch.fill_token_masks = [masked = std::move(masked), &finish_masks,
-                              vocab_size = model_.config.vocab_size](uint32_t* words, int32_t words_per_row) {
-      finish_masks();
-      for (size_t k = 0; k < masked.size(); ++k)
-        masked[k]->write_device_mask(words + k * static_cast<size_t>(words_per_row), words_per_row, vocab_size);
-    };
-  }
   try {
-    ForwardResult result = backend_->forward(batch);
-    finish_masks();
+    backend_->enqueue_forward(batch);
+    masks.wait();
+    std::vector<uint32_t> mask_words;
+    if (batch.num_token_mask_rows > 0) {
+      const int32_t vocab_size = model_.config.vocab_size;
+      const size_t words_per_row = static_cast<size_t>(vocab_size + 31) / 32;
+      mask_words.resize(static_cast<size_t>(batch.num_token_mask_rows) * words_per_row);
+      for (size_t i = 0; i < batch.sampling.size(); ++i) {
+        const int32_t row = batch.sampling[i].mask_row;
+        if (row >= 0)
+          active_.at(scheduled.requests[i].id)
+              ->write_device_mask(mask_words.data() + static_cast<size_t>(row) * words_per_row,
+                                  static_cast<int32_t>(words_per_row), vocab_size);
+      }
+    }
+    ForwardResult result = backend_->finish_forward(mask_words);
     LOOM_CHECK(result.logit_token_index.size() == scheduled.requests.size());
     return result;
   } catch (const Error& error) {
-    finish_masks();
+    masks.wait();
     spdlog::error("forward pass failed: {}", error.what());
     fail_batch(scheduled, error);
   } catch (const std::exception& error) {
-    finish_masks();
+    masks.wait();
     spdlog::error("forward pass failed: {}", error.what());
     fail_batch(scheduled, Error(ErrorKind::kInternal, fmt::format("forward pass failed: {}", error.what())));
   }

@@ -336,7 +336,7 @@ TEST(CudaAttention, MatchesTorchSdpaToLongContexts) {
     AttentionCase c;  // 8B shape: 32 / 8 heads, d 128, block size 16
     c.sequences = {{context.cached, context.fresh}};
     c.cpu_reference = false;
-    c.pingpong = CudaBackendConfig{}.pingpong_prefill;
+    c.pingpong = CudaTuning{}.pingpong_prefill;
     c.seed = 100 + index;
     c.dump_prefix = (dir / ("case" + std::to_string(index) + "_")).string();
     run_case(c);

@@ -137,12 +137,12 @@ TEST(CudaBackend, DecodeGemmPathsAgree) {
   options.num_adapters = 1;
   const auto specs = synthetic_adapter_specs(options, config);
   auto adapter = std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[0], config, 4));
-  using Path = CudaBackend::DecodeGemm;
   std::vector<std::unique_ptr<Backend>> backends;
   std::vector<Driver> drivers;
-  for (Path path : {Path::kAuto, Path::kCublas}) {
-    backends.push_back(make_synthetic_cuda_backend(config, 4, false));
-    static_cast<CudaBackend&>(*backends.back()).set_decode_gemm(path);
+  for (const int32_t skinny_max_rows : {CudaTuning{}.skinny_max_rows, 0}) {  // serving's, then cuBLAS only
+    CudaBackendConfig backend_config;
+    backend_config.tuning.skinny_max_rows = skinny_max_rows;
+    backends.push_back(make_synthetic_cuda_backend(config, 4, false, backend_config));
     backends.back()->allocate_kv_cache({64, 16});
     backends.back()->set_adapter(0, adapter);
     drivers.emplace_back(64, 16, 2);

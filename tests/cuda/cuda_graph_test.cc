@@ -175,12 +175,8 @@ TEST(CudaGraph, ReplayedDecodeStepsEqualEagerOnesInEveryMode) {
   const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 3, 5);
   auto new_backend = [&](bool graphs) {
     CudaBackendConfig backend_config;
-    backend_config.cuda_graphs = graphs;
-    auto backend = make_synthetic_cuda_backend_as(
-        config, 5, false, backend_config,
-        [](const ModelConfig& c, DeviceModel model, cudaStream_t stream, int device, const CudaBackendConfig& b) {
-          return std::make_unique<CudaBackend>(c, std::move(model), stream, device, b);
-        });
+    backend_config.tuning.cuda_graphs = graphs;
+    auto backend = make_synthetic_cuda_backend_impl(config, 5, false, backend_config);
     backend->allocate_kv_cache({kNumBlocks, kBlockSize});
     backend->allocate_residual_cache({kNumBlocks, kBlockSize, 8});
     for (int a = 0; a < 3; ++a) backend->set_adapter(a, adapters[a]);
@@ -234,7 +230,7 @@ TEST(CudaGraph, ReplayedDecodeStepsEqualEagerOnesInEveryMode) {
     graph = backend_graph->forward(driver_graph.make_batch(decode));
   }
   EXPECT_LE(near_ties, 1);
-  const CudaBackend::GraphStats stats = backend_graph->graph_stats();
+  const GraphCache::Stats stats = backend_graph->graph_stats();
   EXPECT_EQ(stats.eager_steps, 1) << "the prefill";
   EXPECT_GE(stats.captures, 2) << "one per batch shape";
   EXPECT_LE(stats.captures, 4);
@@ -252,7 +248,7 @@ TEST(CudaGraph, DeviceSamplingInReplayedSteps) {
   const int vocab = config.vocab_size;
   auto make = [&](bool graphs) {
     CudaBackendConfig backend_config;
-    backend_config.cuda_graphs = graphs;
+    backend_config.tuning.cuda_graphs = graphs;
     auto backend = make_synthetic_cuda_backend(config, 6, false, backend_config);
     backend->allocate_kv_cache({kNumBlocks, kBlockSize});
     return backend;

@@ -125,9 +125,20 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
         column += out;
       }
 
-      for (const int variant : {-1, 0, 1, 2, 4}) {  // -1: fused kernel, else split kernels, expand_columns
+#ifdef LOOM_CUDA_MEASURE
+      // The benchmark's build (cuda_measure_test): its variants too. -1: fused kernel, else split kernels, expand columns.
+      for (const int variant : {-1, 0, 1, 2, 4}) {
+#else
+      for (const int variant : {1}) {  // serving's split kernels
+#endif
       const bool fused = variant < 0;
       SCOPED_TRACE(fused ? "fused kernel" : "split kernels, expand columns " + std::to_string(variant));
+#ifdef LOOM_CUDA_MEASURE
+      const LoraVariant lora_variant{fused, fused ? 1 : variant};
+      auto launch = [&](const LoraParams& p) { launch_lora_variant(p, nullptr, lora_variant); };
+#else
+      auto launch = [&](const LoraParams& p) { launch_lora(p, nullptr); };
+#endif
       DeviceBuffer x_d = test::upload_bf16(x);
       DeviceBuffer y_d = c.y_bf16 ? test::upload_bf16(y) : test::upload_f32(y);
       LoraParams params;
@@ -146,8 +157,6 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       params.y = y_d.data();
       params.y_is_bf16 = c.y_bf16;
       params.y_stride = c.out_width;
-      params.fused = fused;
-      params.expand_columns = fused ? 1 : variant;
       int y_column = 0;
       for (LoraTarget target : c.targets) {
         const int out = target == LoraTarget::kK || target == LoraTarget::kV ? kv_size
@@ -156,7 +165,7 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
         params.targets[params.num_targets++] = {static_cast<int32_t>(target), c.in_features, out, y_column};
         y_column += out;
       }
-      launch_lora(params, nullptr);
+      launch(params);
       const std::vector<float> out = c.y_bf16 ? test::download_bf16(y_d.data(), n * c.out_width)
                                               : test::download_f32(y_d.data(), n * c.out_width);
       const std::vector<float> reference = c.y_bf16 ? test::round_to_bf16(expected) : expected;
@@ -174,7 +183,7 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       params.y = delta_d.data();
       params.y_is_bf16 = c.y_bf16;  // the backend's gate/up delta is bf16
       params.write_by_lora_row = true;
-      launch_lora(params, nullptr);
+      launch(params);
       const size_t delta_count = static_cast<size_t>(num_lora_rows) * c.out_width;
       const std::vector<float> delta = c.y_bf16 ? test::download_bf16(delta_d.data(), delta_count)
                                                 : test::download_f32(delta_d.data(), delta_count);

@@ -1,16 +1,16 @@
-// Programmatic dependent launches (launch.cuh, CudaBackendConfig::
+// Programmatic dependent launches (launch.cuh, CudaTuning::
 // programmatic_max_rows) change when kernels start, never what they compute:
 // LoRA-free steps give bit-identical logits and device draws with them on and
 // off, eager and replayed from CUDA graphs, at one and two rows (the skinny
 // GEMMs, whose first weight loads run before the wait) and at five (cuBLAS),
 // over contexts long enough for split-KV attention and its combine. The 8B
 // shape's widths (two layers) make the GEMMs run several waves of CTAs, as in
-// serving. The ping-pong prefill kernel (CudaBackendConfig::pingpong_prefill)
+// serving. The ping-pong prefill kernel (CudaTuning::pingpong_prefill)
 // computes what the wgmma one does, bit for bit, so a backend with it joins the
 // comparison: the 1.5K-token and joint prefills run wide. Reading weights ahead
-// into L2 (CudaBackend::set_l2_prefetch) in captured steps changes nothing
+// into L2 (CudaTuning::l2_prefetch) in captured steps changes nothing
 // either, nor do the defaults (both on up to two rows). Last, two LoRA sequences
-// join, with LoRA inline (LoraOverlap::kInline), where LoRA steps launch
+// join, with LoRA inline (CudaTuning::lora_side_stream off), where LoRA steps launch
 // programmatically.
 #include <memory>
 #include <string>
@@ -53,7 +53,7 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     bool programmatic, graphs, pingpong;
     int baseline;
     bool l2_prefetch = false;  // the read-ahead at every step size
-    bool defaults = false;     // CudaBackendConfig's and the read-ahead's defaults (both on at 1-2 rows)
+    bool defaults = false;     // CudaTuning's defaults (both on at 1-2 rows)
   };
   const Variant variants[] = {{"plain, graphs", false, true, false, 0},
                               {"programmatic, graphs", true, true, false, 0},
@@ -66,18 +66,19 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   std::vector<Driver> drivers;
   for (const Variant& variant : variants) {
     CudaBackendConfig backend_config;
-    if (!variant.defaults) backend_config.programmatic_max_rows = variant.programmatic ? 1 << 30 : 0;
-    backend_config.cuda_graphs = variant.graphs;
-    backend_config.pingpong_prefill = variant.pingpong;
-    backends.push_back(make_synthetic_cuda_backend_as(
-        config, 3, true, backend_config,
-        [](const ModelConfig& c, DeviceModel model, cudaStream_t stream, int device, const CudaBackendConfig& b) {
-          return std::make_unique<CudaBackend>(c, std::move(model), stream, device, b);
-        }));
+    CudaTuning& tuning = backend_config.tuning;
+    if (!variant.defaults) {
+      tuning.programmatic_max_rows = variant.programmatic ? 1 << 30 : 0;
+      tuning.l2_prefetch = variant.l2_prefetch ? CudaTuning::L2Prefetch{32 << 20, 8 << 20, 8 << 20, 1 << 20}
+                                               : CudaTuning::L2Prefetch{0, 0, 0, 0};
+    }
+    tuning.cuda_graphs = variant.graphs;
+    tuning.pingpong_prefill = variant.pingpong;
+    // LoRA steps below run inline on the main stream (no side-stream events),
+    // so that they launch programmatically too.
+    tuning.lora_side_stream = false;
+    backends.push_back(make_synthetic_cuda_backend_impl(config, 3, true, backend_config));
     backends.back()->allocate_kv_cache({kNumBlocks, kBlockSize});
-    if (!variant.defaults)
-      backends.back()->set_l2_prefetch(variant.l2_prefetch ? CudaBackend::L2Prefetch{32 << 20, 8 << 20, 8 << 20, 1 << 20}
-                                                           : CudaBackend::L2Prefetch{});
     drivers.emplace_back(kNumBlocks, kBlockSize, 17);
   }
   Driver prompt_source(kNumBlocks, kBlockSize, 5);
@@ -155,10 +156,8 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   // LoRA inline on the main stream (no side-stream events): those steps launch
   // programmatically too, the shrink and expand kernels included.
   const std::vector<std::shared_ptr<const LoraAdapter>> adapters = test::synthetic_adapters(config, 2, 9);
-  for (auto& backend : backends) {
-    backend->set_lora_overlap(CudaBackend::LoraOverlap::kInline);
+  for (auto& backend : backends)
     for (int a = 0; a < 2; ++a) backend->set_adapter(a, adapters[a]);
-  }
   std::vector<Driver::Part> lora_joint = decode_parts(ids, next);
   std::vector<int32_t> slots(ids.size(), -1);
   for (int32_t slot : {0, 1}) {

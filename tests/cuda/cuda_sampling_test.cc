@@ -7,6 +7,7 @@
 #include <cstring>
 #include <map>
 #include <numeric>
+#include <span>
 
 #include <gtest/gtest.h>
 
@@ -298,8 +299,8 @@ Batch one_token_sequences(int count, int stride, int first) {
   return batch;
 }
 
-// Structured outputs on the device (Batch::fill_token_masks): the masks are
-// asked for once per forward; a masked greedy row draws the best allowed token
+// Structured outputs on the device (Backend::finish_forward's token masks): a
+// wrong number of mask words is refused; a masked greedy row draws the best allowed token
 // and its logprob is under the masked logits; rows without a mask, and steps
 // replayed from a CUDA graph, are unaffected; a sampled row draws only allowed
 // tokens.
@@ -330,14 +331,14 @@ TEST(CudaSampling, TokenMasksRestrictTheDrawToAllowedTokens) {
     masked.sampling[1] = {true, 1.0f, 0, 1.0f, 7, static_cast<uint64_t>(round), 1};
     masked.sampling[2] = {true, 0.0f, 0, 1.0f, 3, 0};
     masked.num_token_mask_rows = 2;
-    int calls = 0;
-    masked.fill_token_masks = [&](uint32_t* masks, int32_t words_per_row) {
-      ++calls;
-      ASSERT_EQ(words_per_row, words);
-      std::copy(allowed.begin(), allowed.end(), masks);
-    };
-    const ForwardResult result = backend->forward(masked);
-    EXPECT_EQ(calls, 1);
+    if (round == 0) {
+      EXPECT_THROW(backend->forward(masked), Error) << "mask rows need the two phases";
+      backend->enqueue_forward(masked);
+      EXPECT_THROW(backend->finish_forward(std::span<const uint32_t>(allowed).first(words)), Error)
+          << "one row of masks for two";
+    }
+    backend->enqueue_forward(masked);
+    const ForwardResult result = backend->finish_forward(allowed);
     ASSERT_EQ(result.sampled_token_ids.size(), 3u);
     EXPECT_EQ(result.sampled_token_ids[0], expected0);
     double sum = 0.0;  // logprob under the masked logits

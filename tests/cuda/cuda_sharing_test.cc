@@ -229,7 +229,7 @@ TEST(CudaSharing, MixedBatchEqualsEachSequenceAlone) {
 }
 
 // Forked prefills that fill the GPU run on the wgmma kernel over K/V rebuilt
-// into a scratch pool (CudaBackendConfig::forked_wide_prefill_keys): the same
+// into a scratch pool (CudaTuning::forked_wide_prefill_keys): the same
 // logits as on the ResidualAttention kernel (scratch off) for a 4K prompt beside
 // a plain 4K prefill and two 2K forked prompts whose adapters lack a k half (1:
 // q and v) or k/v on odd layers (3), a 2.3K chunk and the decodes after (head
@@ -248,7 +248,7 @@ TEST(CudaSharing, ForkedWidePrefillEqualsResidualAttention) {
   constexpr int kBlocks = 2048;
   auto new_backend = [&](int32_t wide_keys) {
     CudaBackendConfig backend_config;
-    backend_config.forked_wide_prefill_keys = wide_keys;
+    backend_config.tuning.forked_wide_prefill_keys = wide_keys;
     auto backend = make_cuda_backend(config, *weights, backend_config);
     backend->allocate_kv_cache({kBlocks, kBlockSize});
     backend->allocate_residual_cache({kBlocks, kBlockSize, kResidualMaxRank});

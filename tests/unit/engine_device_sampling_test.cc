@@ -10,6 +10,7 @@
 #include <atomic>
 #include <cmath>
 #include <limits>
+#include <span>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -38,21 +39,32 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
   }
 
   ForwardResult forward(const Batch& batch) override {
+    EXPECT_EQ(batch.num_token_mask_rows, 0) << "masks come through finish_forward";
+    return run(batch, {});
+  }
+  void enqueue_forward(const Batch& batch) override { enqueued_ = &batch; }
+  ForwardResult finish_forward(std::span<const uint32_t> token_masks) override {
+    const Batch* batch = enqueued_;
+    enqueued_ = nullptr;
+    EXPECT_NE(batch, nullptr);
+    return run(*batch, token_masks);
+  }
+
+  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0}, num_masked_rows{0}, num_processed_rows{0};
+
+ private:
+  ForwardResult run(const Batch& batch, std::span<const uint32_t> masks) {
     Batch plain = batch;
     plain.sampling.clear();
     plain.num_token_mask_rows = 0;
-    plain.fill_token_masks = nullptr;
     ForwardResult result = inner().forward(plain);
     if (batch.sampling.empty()) return result;
     EXPECT_EQ(batch.sampling.size(), batch.sequences.size());
     const size_t vocab = static_cast<size_t>(result.vocab_size);
-    // As backend.h says: the masks are asked for once, after the model's work.
+    // As backend.h says: one row of ceil(vocab / 32) words per mask row, every row filled.
     const int32_t words_per_row = (result.vocab_size + 31) / 32;
-    std::vector<uint32_t> masks(static_cast<size_t>(batch.num_token_mask_rows) * words_per_row, 0xA5A5A5A5u);
-    if (batch.num_token_mask_rows > 0) {
-      EXPECT_TRUE(token_masks_);
-      batch.fill_token_masks(masks.data(), words_per_row);
-    }
+    EXPECT_EQ(masks.size(), static_cast<size_t>(batch.num_token_mask_rows) * words_per_row);
+    if (batch.num_token_mask_rows > 0) EXPECT_TRUE(token_masks_);
     std::vector<float> packed;
     for (size_t row = 0; row < batch.sequences.size(); ++row) {
       float* logits = result.logits.data() + row * vocab;
@@ -95,9 +107,7 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
     return result;
   }
 
-  std::atomic<int64_t> num_device_rows{0}, num_host_rows{0}, num_masked_rows{0}, num_processed_rows{0};
-
- private:
+  const Batch* enqueued_ = nullptr;
   bool token_masks_, logit_processing_;
 };
 

@@ -1,6 +1,7 @@
 // config.json parsing for Llama / Qwen2 / Qwen3 / Mistral in transformers 4 and 5
 // spellings, errors, and the writer's round trip.
 #include "model/hf_config.h"
+#include "model/layer_spec.h"
 
 #include <filesystem>
 #include <fstream>
@@ -112,6 +113,11 @@ TEST(HfConfigTest, LlamaWithAttentionBiasAndExplicitHeadDim) {
   EXPECT_EQ(config.head_dim, 64);
   EXPECT_EQ(config.q_size(), 32 * 64);
   EXPECT_EQ(config.rope_scaling.type, RopeScaling::Type::kNone);
+  const LayerSpec layer = layer_spec(config);
+  EXPECT_TRUE(layer.qkv_bias && layer.o_bias);
+  EXPECT_FALSE(layer.qk_norm);
+  EXPECT_EQ(layer.head_dim, 64);
+  EXPECT_EQ(layer.intermediate_size, config.intermediate_size);
 }
 
 TEST(HfConfigTest, Qwen2HasQkvBiasButNoOutputBias) {
@@ -157,6 +163,12 @@ TEST(HfConfigTest, Qwen3HeadDimAndQkNorm) {
   EXPECT_FALSE(config.o_bias);
   EXPECT_EQ(config.rope_theta, 1e6f);  // an integer in JSON
   EXPECT_EQ(config.max_position_embeddings, 40960);
+  // The layer the backends run: the explicit head_dim, q/k norms, no biases.
+  const LayerSpec layer = layer_spec(config);
+  EXPECT_EQ(layer.q_size(), 2048);
+  EXPECT_EQ(layer.kv_size(), 1024);
+  EXPECT_TRUE(layer.qk_norm);
+  EXPECT_FALSE(layer.qkv_bias || layer.o_bias);
 }
 
 TEST(HfConfigTest, MistralSlidingWindowMayBeNull) {

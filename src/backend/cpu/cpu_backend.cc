@@ -21,6 +21,7 @@
 #include "backend/rope.h"
 #include "formats/gguf_dequant.h"
 #include "lora/adapter.h"
+#include "model/layer_spec.h"
 #include "util/error.h"
 
 namespace loom {
@@ -119,6 +120,7 @@ class CpuBackend final : public Backend {
   void compute_logits(ForwardResult& result);
 
   const ModelConfig config_;
+  const LayerSpec layer_;  // layer_spec(config_): what attention_block and mlp_block run
   const std::shared_ptr<const ModelWeights> weights_;
   const int num_threads_;
   const Rope rope_;
@@ -163,6 +165,7 @@ class CpuBackend final : public Backend {
 CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWeights> weights,
                        const CpuBackendConfig& backend_config)
     : config_(config),
+      layer_(layer_spec(config)),
       weights_(std::move(weights)),
       num_threads_(backend_config.num_threads > 0 ? backend_config.num_threads : omp_get_max_threads()),
       rope_(config) {
@@ -400,10 +403,10 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   const LayerWeights& weights = weights_->layers[layer];
   const int64_t n = num_rows_;  // k/v rows past num_tokens_ (decoder rows) are computed, never used
   const int64_t num_tokens = num_tokens_;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t q_size = config_.q_size();
-  const int64_t kv_size = config_.kv_size();
-  const int head_dim = config_.head_dim;
+  const int64_t hidden = layer_.hidden_size;
+  const int64_t q_size = layer_.q_size();
+  const int64_t kv_size = layer_.kv_size();
+  const int head_dim = layer_.head_dim;
 
   normed_.resize(n * hidden);
   q_.resize(n * q_size);
@@ -412,11 +415,11 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   attention_out_.resize(n * q_size);
   projected_.resize(n * hidden);
 
-  cpu::rms_norm_rows(hidden_.data(), n, hidden, weights.input_norm.data, config_.rms_norm_eps,
+  cpu::rms_norm_rows(hidden_.data(), n, hidden, weights.input_norm.data, layer_.rms_norm_eps,
                      normed_.data());
-  const float* q_bias = config_.qkv_bias ? optional_data(weights.q_bias) : nullptr;
-  const float* k_bias = config_.qkv_bias ? optional_data(weights.k_bias) : nullptr;
-  const float* v_bias = config_.qkv_bias ? optional_data(weights.v_bias) : nullptr;
+  const float* q_bias = layer_.qkv_bias ? optional_data(weights.q_bias) : nullptr;
+  const float* k_bias = layer_.qkv_bias ? optional_data(weights.k_bias) : nullptr;
+  const float* v_bias = layer_.qkv_bias ? optional_data(weights.v_bias) : nullptr;
   const cpu::GemmOutput qkv[] = {cpu::weight_output(weights.q_proj, q_.data(), q_size, q_bias),
                                  cpu::weight_output(weights.k_proj, k_.data(), kv_size, k_bias),
                                  cpu::weight_output(weights.v_proj, v_.data(), kv_size, v_bias)};
@@ -425,24 +428,24 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   apply_lora(LoraTarget::kK, layer, normed_.data(), hidden, k_.data(), kv_size);
   apply_lora(LoraTarget::kV, layer, normed_.data(), hidden, v_.data(), kv_size);
 
-  if (config_.qk_norm) {
-    cpu::rms_norm_rows(q_.data(), n * config_.num_heads, head_dim, weights.q_norm.data,
-                       config_.rms_norm_eps, q_.data());
-    cpu::rms_norm_rows(k_.data(), num_tokens * config_.num_kv_heads, head_dim, weights.k_norm.data,
-                       config_.rms_norm_eps, k_.data());
+  if (layer_.qk_norm) {
+    cpu::rms_norm_rows(q_.data(), n * layer_.num_heads, head_dim, weights.q_norm.data,
+                       layer_.rms_norm_eps, q_.data());
+    cpu::rms_norm_rows(k_.data(), num_tokens * layer_.num_kv_heads, head_dim, weights.k_norm.data,
+                       layer_.rms_norm_eps, k_.data());
   }
   const int64_t half = head_dim / 2;
 #pragma omp parallel for if (n * (q_size + kv_size) >= 64 * 1024)
   for (int64_t t = 0; t < n; ++t) {
-    rope_.rotate(q_.data() + t * q_size, config_.num_heads, rope_cos_.data() + t * half,
+    rope_.rotate(q_.data() + t * q_size, layer_.num_heads, rope_cos_.data() + t * half,
                  rope_sin_.data() + t * half);
     if (t < num_tokens)
-      rope_.rotate(k_.data() + t * kv_size, config_.num_kv_heads, rope_cos_.data() + t * half,
+      rope_.rotate(k_.data() + t * kv_size, layer_.num_kv_heads, rope_cos_.data() + t * half,
                    rope_sin_.data() + t * half);
   }
 
   cpu::write_kv(k_.data(), v_.data(), placement_, kv_size, k_pools_[layer].data(), v_pools_[layer].data());
-  const cpu::AttentionShape shape{config_.num_heads, config_.num_kv_heads, head_dim, kv_shape_.block_size};
+  const cpu::AttentionShape shape{layer_.num_heads, layer_.num_kv_heads, head_dim, kv_shape_.block_size};
   cpu::ForkedAttention forked;
   if (placement_.has_forked_sequences) {
     cpu::write_residuals(normed_.data(), hidden, batch, placement_, layer, adapters_, residual_shape_.max_rank,
@@ -454,7 +457,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
                        num_threads_, attention_scratch_, attention_out_.data(),
                        placement_.has_forked_sequences ? &forked : nullptr);
 
-  const float* o_bias = config_.o_bias ? optional_data(weights.o_bias) : nullptr;
+  const float* o_bias = layer_.o_bias ? optional_data(weights.o_bias) : nullptr;
   cpu::linear(attention_out_.data(), n, q_size, weights.o_proj, o_bias, hidden, projected_.data());
   apply_lora(LoraTarget::kO, layer, attention_out_.data(), q_size, projected_.data(), hidden);
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
@@ -463,12 +466,12 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
 void CpuBackend::mlp_block(int layer) {
   const LayerWeights& weights = weights_->layers[layer];
   const int64_t n = num_rows_;
-  const int64_t hidden = config_.hidden_size;
-  const int64_t intermediate = config_.intermediate_size;
+  const int64_t hidden = layer_.hidden_size;
+  const int64_t intermediate = layer_.intermediate_size;
   gate_.resize(n * intermediate);
   up_.resize(n * intermediate);
 
-  cpu::rms_norm_rows(hidden_.data(), n, hidden, weights.post_attention_norm.data, config_.rms_norm_eps,
+  cpu::rms_norm_rows(hidden_.data(), n, hidden, weights.post_attention_norm.data, layer_.rms_norm_eps,
                      normed_.data());
   const cpu::GemmOutput gate_up[] = {cpu::weight_output(weights.gate_proj, gate_.data(), intermediate),
                                      cpu::weight_output(weights.up_proj, up_.data(), intermediate)};

@@ -19,8 +19,8 @@
 //     softmax too (P_j is packed only once PV_{j-1} has read P_{j-1}).
 // Both warpgroups run every phase, computing or not (causal rows end early), so
 // the turns pair up. Shared memory: Q + 3 stages of K and V (225 KiB at head
-// dim 128). The default (CudaBackendConfig::pingpong_prefill): 396 / 415 TFLOP/s
-// at 8K / 32K on the H100 against the wgmma kernel's 274 / 355 (bench/README.md).
+// dim 128). The default (CudaTuning::pingpong_prefill; its figures against the
+// wgmma kernel: bench/README.md, "The measurements behind the CUDA defaults").
 #include <cfloat>
 
 #include "backend/cuda/attention_wide.cuh"

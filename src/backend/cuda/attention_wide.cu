@@ -14,7 +14,7 @@
 // j < kv_end and j <= num_computed + i; decoder rows (base sharing) are queries
 // after the new tokens. Wide items are never split (no partials).
 // 193 / 161 registers for head dims 128 / 64, no spills. Wide prefills run on
-// attention_pingpong.cu's kernel by default (CudaBackendConfig::pingpong_prefill);
+// attention_pingpong.cu's kernel by default (CudaTuning::pingpong_prefill);
 // this one where that is off or the block size is not a power of two from 4,
 // and as its bit-for-bit reference in CudaAttention.WidePrefill*.
 #include <cfloat>

@@ -9,7 +9,7 @@
 // allocated by allocate_kv_cache in one cudaMalloc. KV sharing: num_kv_present_tokens is
 // honoured (those entries are read, never written); every sharing mode runs
 // (base: ICaRus decoder rows; forked: the rCache pool and ResidualAttention).
-// Decode steps replay CUDA graphs unless CudaBackendConfig::cuda_graphs is false.
+// Decode steps replay CUDA graphs unless CudaTuning::cuda_graphs is false.
 //
 // Thread: the engine thread only. forward() blocks until the logits are on the host.
 #pragma once
@@ -24,16 +24,20 @@
 
 namespace loom {
 
-struct CudaBackendConfig {
-  int device = 0;
-  int max_adapter_slots = 64;
+// The switches serving uses, fixed at construction (the measured effect of each
+// is in bench/README.md, "GPU speed").
+struct CudaTuning {
   // Decode steps of up to max_graph_rows rows (tokens + ICaRus decoder rows)
   // replay CUDA graphs captured per launch shape; false: every step eager.
   bool cuda_graphs = true;
   int max_graph_rows = 256;
-  // Large non-forked prefills on the wgmma kernel (attention_wide.cu, 1.6x the
-  // mma.sync one on the H100: bench/README.md "GPU speed"); false: mma.sync.
+  // Large non-forked prefills on the wgmma kernels (attention_wide.cu,
+  // attention_pingpong.cu); false: the mma.sync kernel.
   bool wgmma_prefill = true;
+  // Wide prefills on the warp-specialized kernel (attention_pingpong.cu: a
+  // producer warpgroup and two consumer warpgroups taking turns at the tensor
+  // cores) instead of attention_wide.cu's.
+  bool pingpong_prefill = true;
   // Forked (ForkKV) prefills that fill the GPU run on the wgmma kernel too, over
   // keys and values rebuilt into a scratch buffer of up to this many KV entries
   // (8B shape: 4 KiB each, 256 MiB at the default, allocated with the rCache);
@@ -42,18 +46,32 @@ struct CudaBackendConfig {
   // Steps without LoRA of up to this many rows launch their kernels as
   // programmatic dependent launches (launch.cuh: each kernel's launch, and the
   // skinny GEMMs' first weight loads, overlap the previous kernel's tail; cuBLAS
-  // GEMMs stay plain launches). H100, 8B shape, graph steps (bench/README.md
-  // "GPU speed"): 1 and 2 rows (skinny GEMMs) 1-2% faster, 4 rows 1% slower,
-  // 16 rows 1.3% slower, 64 rows a wash.
+  // GEMMs stay plain launches).
   int32_t programmatic_max_rows = 2;
-  // Wide prefills on the warp-specialized kernel (attention_pingpong.cu: a
-  // producer warpgroup and two consumer warpgroups taking turns at the tensor
-  // cores; H100, one layer at 8K / 32K: 397 / 418 TFLOP/s) instead of
-  // attention_wide.cu's (297 / 357). false: attention_wide.cu's.
-  bool pingpong_prefill = true;
-  // Captured decode steps of 1-2 rows read the next weights into L2 beside the
-  // latency-bound kernels (attention, norms): CudaBackend::L2Prefetch.
-  bool l2_prefetch = true;
+  // Dense GEMMs of steps of up to this many rows (0..kSkinnyGemmMaxRows) run
+  // skinny_gemm.cu's kernels (SwiGLU folded into gate/up when no LoRA applies);
+  // larger steps and 0 use cuBLAS.
+  int32_t skinny_max_rows = 2;
+  // Batched LoRA of each projection group on a second stream beside its base
+  // GEMM (same input, own output, joined before the consumer); false: after the
+  // GEMM on the main stream.
+  bool lora_side_stream = true;
+  // Captured (decode) steps of up to max_rows rows read weights ahead into L2
+  // on a side stream while the latency-bound kernels run: after q/k/v's GEMM,
+  // o_proj's weight and the first gate_up bytes (half gate rows, half up rows);
+  // after down's GEMM, the next q/k/v weight's first bytes (the lm_head's after
+  // the last layer). Each figure caps the bytes at its point; 0 turns it off.
+  struct L2Prefetch {
+    int64_t o_proj = 16 << 20, gate_up = 8 << 20, qkv = 8 << 20;
+    int32_t max_rows = 2;
+  };
+  L2Prefetch l2_prefetch;
+};
+
+struct CudaBackendConfig {
+  int device = 0;
+  int max_adapter_slots = 64;
+  CudaTuning tuning;
 };
 
 // Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The

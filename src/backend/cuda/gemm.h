@@ -4,8 +4,8 @@
 // Algorithm: cuBLASLt's top heuristic for the shape, looked up once per shape
 // and kept in a cache of at most kMaxAlgos shapes (full: it starts over; the
 // shapes a server meets are a few per row count, so that is rare).
-// (Timing the top 12 candidates per decode shape and keeping the fastest was
-// tried: within 0.4% of the heuristic's step times on the H100, so not kept.)
+// (Timing the top candidates per decode shape instead gained nothing: bench/README.md,
+// "The measurements behind the CUDA defaults".)
 // Owns its handle and a fixed workspace (graph capture never allocates).
 // Thread: the owning backend's thread.
 #pragma once

@@ -2,7 +2,6 @@
 
 #include <fmt/format.h>
 
-#include "backend/cuda/cuda_backend_impl.h"
 #include "backend/cuda/cuda_check.h"
 #include "util/error.h"
 
@@ -93,61 +92,6 @@ std::span<std::byte> HostKvTier::block_bytes(int32_t block) const {
     fail(ErrorKind::kInvalidArgument, "cuda backend: host block {} out of range [0, {})", block, num_blocks_);
   const size_t bytes = static_cast<size_t>(num_arrays_) * bytes_per_block_;
   return {static_cast<std::byte*>(host_) + static_cast<size_t>(block) * bytes, bytes};
-}
-
-// ---- CudaBackend's host-tier overrides (backend.h) ----
-
-void CudaBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
-  const bool is_main = pool == KvPoolKind::kMain;
-  if ((is_main ? kv_shape_.num_blocks : residual_shape_.num_blocks) <= 0)
-    fail(ErrorKind::kInvalidArgument, "cuda backend: host {} pool before its device pool was allocated",
-         is_main ? "KV" : "residual");
-  std::unique_ptr<HostKvTier>& tier = host_kv_tiers_[static_cast<int>(pool)];
-  if (tier == nullptr) tier = std::make_unique<HostKvTier>(device_);
-  // Arrays: per layer K then V (main), or per layer the rCache.
-  tier->allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_bytes_per_block(pool));
-}
-
-std::span<std::byte> CudaBackend::host_kv_block(KvPoolKind pool, int32_t host_block_id) {
-  HostKvTier* tier = host_kv_tiers_[static_cast<int>(pool)].get();
-  if (tier == nullptr) fail(ErrorKind::kInvalidArgument, "cuda backend: no host {} pool allocated", pool == KvPoolKind::kMain ? "KV" : "residual");
-  return tier->block_bytes(host_block_id);
-}
-
-int32_t CudaBackend::num_host_kv_blocks(KvPoolKind pool) const {
-  const std::unique_ptr<HostKvTier>& tier = host_kv_tiers_[static_cast<int>(pool)];
-  return tier != nullptr ? tier->num_blocks() : 0;
-}
-
-size_t CudaBackend::device_bytes_per_block(KvPoolKind pool) const {
-  if (pool == KvPoolKind::kMain)
-    return static_cast<size_t>(kv_shape_.block_size) * config_.kv_size() * sizeof(__nv_bfloat16);
-  return static_cast<size_t>(residual_shape_.block_size) * 2 * residual_rank_stride_ * sizeof(__nv_bfloat16);
-}
-
-HostKvTier::DevicePool CudaBackend::device_pool(KvPoolKind pool) const {
-  if (pool == KvPoolKind::kMain)
-    return {k_pool(0), kv_shape_.num_blocks, static_cast<size_t>(kv_shape_.num_blocks) * device_bytes_per_block(pool)};
-  return {residual_pool(0), residual_shape_.num_blocks,
-          static_cast<size_t>(residual_shape_.num_blocks) * device_bytes_per_block(pool)};
-}
-
-void CudaBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
-                                 std::span<const int32_t> host_block_ids) {
-  const char* name = pool == KvPoolKind::kMain ? "KV" : "residual";
-  HostKvTier* tier = host_kv_tiers_[static_cast<int>(pool)].get();
-  if (tier == nullptr || tier->num_blocks() == 0)
-    fail(ErrorKind::kInvalidArgument, "cuda backend: copy of {} blocks with no host {} pool allocated",
-         device_block_ids.size(), name);
-  // The device pool may have been reallocated with another block size (or rank) since.
-  if (tier->bytes_per_block() != device_bytes_per_block(pool))
-    fail(ErrorKind::kInvalidArgument,
-         "cuda backend: host {} pool has blocks of {} bytes per array, the device pool {}; reallocate it", name,
-         tier->bytes_per_block(), device_bytes_per_block(pool));
-  // Reads forward()'s blocks without ordering against stream_: forward()
-  // synchronises before returning, so what an offload reads has landed, and a
-  // load's blocks are not read until it has finished (KvCacheManager states).
-  tier->copy(direction, device_pool(pool), device_block_ids, host_block_ids);
 }
 
 }  // namespace loom::cuda

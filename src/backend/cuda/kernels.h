@@ -182,14 +182,6 @@ struct LoraParams {
   // y_is_bf16) has a row per LoRA row (sorted_tokens' order) and is written,
   // not added: scale v B^T, zeros where the row's adapter does not target the module.
   bool write_by_lora_row = false;
-  // Launch the expand as a programmatic dependent launch of the shrink (PDL).
-  bool programmatic_expand = false;
-  // One fused shrink + expand launch (each CTA recomputes its tile's v; no v
-  // scratch needed) instead of the split shrink / expand pair.
-  bool fused = false;
-  // Split path: output columns per expand thread, 256 threads per CTA (1, 2 or
-  // 4); 0: one column per thread, 128 threads per CTA.
-  int32_t expand_columns = 1;
 };
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.
@@ -198,10 +190,21 @@ int32_t lora_splits(int32_t in_features);
 // Rows whose adapter does not target the module are skipped. Requires
 // in_features % 8 == 0 and max_rank <= kLoraMaxRank.
 void launch_lora(const LoraParams& params, Launch launch);
-// Benchmarks only (bench/cuda's subclass of CudaBackend; results wrong):
-// launch_lora leaving out launches of the split path, to time what each costs a
-// step: `skip` bit 1 = no shrink launch, bit 2 = no expand launch.
-void launch_lora_skipping(const LoraParams& params, Launch launch, int32_t skip);
+#ifdef LOOM_CUDA_MEASURE
+// The benchmark's build only (measure_switches.h): launch_lora with the
+// measurement variants: one fused shrink + expand launch (each CTA recomputes
+// its tile's v; no v scratch), the split expand with 2 or 4 output columns per
+// thread (0: 1 column, 128 threads), the expand as a programmatic dependent
+// launch of the shrink, and launches left out (skip bit 1: shrink, bit 2:
+// expand; results wrong).
+struct LoraVariant {
+  bool fused = false;
+  int32_t expand_columns = 1;
+  bool programmatic_expand = false;
+  int32_t skip = 0;
+};
+void launch_lora_variant(const LoraParams& params, Launch launch, const LoraVariant& variant);
+#endif
 
 // Decode-sized GEMMs (skinny_gemm.cu), m in 1..4: y[r * y_stride + c] = x[r] . w[c]
 // for c < n (k % 8 == 0, x rows 16-byte aligned). The gate/up variant computes
@@ -209,16 +212,18 @@ void launch_lora_skipping(const LoraParams& params, Launch launch, int32_t skip)
 inline constexpr int32_t kSkinnyGemmMaxRows = 4;
 void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t n, int32_t k, void* y,
                         bool y_is_bf16, int32_t y_stride, Launch launch);
-// Benchmarks only: the 1-row skinny GEMM (fp32 y) with `unroll` 16-byte loads in
-// flight per lane and `warps` a CTA, for the combinations skinny_gemm.cu
-// instantiates; and a streaming read of `bytes` (a grid of blocks x threads) for
-// the read bandwidth it can reach.
+void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
+                                  int32_t k, bf16* out, Launch launch);
+#ifdef LOOM_CUDA_MEASURE
+// The benchmark's build only: the 1-row skinny GEMM (fp32 y) with `unroll`
+// 16-byte loads in flight per lane and `warps` a CTA, for the combinations
+// skinny_gemm.cu instantiates; and a streaming read of `bytes` (a grid of
+// blocks x threads) for the read bandwidth it can reach.
 void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t n, float* y, int32_t unroll,
                                 int32_t warps, cudaStream_t stream);
 void launch_read_probe(const void* data, int64_t bytes, uint32_t* sink, int32_t blocks, int32_t threads,
                        cudaStream_t stream);
-void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
-                                  int32_t k, bf16* out, Launch launch);
+#endif
 
 // Fire-and-forget reads of up to three byte ranges into L2 (cp.async.bulk.prefetch:
 // the CTAs leave at once, the memory system fills L2 behind the next kernels).

@@ -126,8 +126,8 @@ __global__ void __launch_bounds__(kShrinkThreads) lora_shrink_kernel(LoraParams 
 // first, then the chunk sums of v are gathered into shared memory, then each
 // row gets scale * v . B[o]. More columns per thread: fewer CTAs, more loads in
 // flight per CTA, which matters on the side stream, where the expand gets only
-// the SMs the base GEMM leaves. (Inline, before the side stream, two columns
-// per thread measured slower: 1.38x instead of 1.27x.)
+// the SMs the base GEMM leaves. Serving runs one column per thread (bench/README.md,
+// "The measurements behind the CUDA defaults").
 template <int kColumns, int kThreads>
 __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
   const LoraTile tile = p.tiles[blockIdx.x];
@@ -244,6 +244,7 @@ __global__ void __launch_bounds__(kThreads) lora_expand_kernel(LoraParams p) {
   }
 }
 
+#ifdef LOOM_CUDA_MEASURE
 // Fused shrink + expand for decode-sized tiles, one launch per projection
 // group: one CTA per (tile, block of outputs, target), few CTAs in all. Each CTA
 // computes the tile's whole v = scale * x A^T itself, keeps it in shared memory
@@ -403,26 +404,51 @@ __global__ void __launch_bounds__(kFusedThreads) lora_fused_kernel(LoraParams p,
   }
 }
 
+#endif  // LOOM_CUDA_MEASURE
+
 }  // namespace
 
 int32_t lora_splits(int32_t in_features) { return (in_features + kLoraShrinkChunk - 1) / kLoraShrinkChunk; }
 
 namespace {
 
-// kSkippable is false for launch_lora (serving): the skip tests below fold away
-// at compile time, so the production path has no measurement branch.
-template <bool kSkippable>
-void launch_lora_kernels(const LoraParams& params, Launch launch, int32_t skip) {
-  if (params.num_tiles == 0 || params.num_targets == 0) return;
+void check_lora_params(const LoraParams& params, int* max_in, int* max_out) {
   if (params.max_rank > kLoraMaxRank) throw_unsupported("cuda LoRA: rank above 256", params.max_rank);
-  int max_out = 0, max_in = 0;
+  *max_in = 0;
+  *max_out = 0;
   for (int t = 0; t < params.num_targets; ++t) {
-    max_in = max_in > params.targets[t].in_features ? max_in : params.targets[t].in_features;
+    *max_in = std::max(*max_in, params.targets[t].in_features);
     if (params.targets[t].in_features % 8 != 0)
       throw_unsupported("cuda LoRA: in_features must be a multiple of 8", params.targets[t].in_features);
-    max_out = max_out > params.targets[t].out_features ? max_out : params.targets[t].out_features;
+    *max_out = std::max(*max_out, params.targets[t].out_features);
   }
-  if (params.fused) {
+  if (lora_splits(*max_in) > params.max_splits)
+    throw_unsupported("cuda LoRA: v scratch has too few splits for in_features", *max_in);
+}
+
+size_t expand_shared_bytes(const LoraParams& params) {
+  return static_cast<size_t>(kLoraTileRows) * params.max_rank * sizeof(float);
+}
+
+}  // namespace
+
+void launch_lora(const LoraParams& params, Launch launch) {
+  if (params.num_tiles == 0 || params.num_targets == 0) return;
+  int max_in = 0, max_out = 0;
+  check_lora_params(params, &max_in, &max_out);
+  launch_kernel(launch, dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0,
+                lora_shrink_kernel, params);
+  const dim3 expand_grid(params.num_tiles, (max_out + kExpandThreads - 1) / kExpandThreads, params.num_targets);
+  launch_kernel(launch, expand_grid, kExpandThreads, expand_shared_bytes(params), lora_expand_kernel<1, kExpandThreads>,
+                params);
+}
+
+#ifdef LOOM_CUDA_MEASURE
+void launch_lora_variant(const LoraParams& params, Launch launch, const LoraVariant& variant) {
+  if (params.num_tiles == 0 || params.num_targets == 0) return;
+  int max_in = 0, max_out = 0;
+  check_lora_params(params, &max_in, &max_out);
+  if (variant.fused) {
     // Up to 4096 outputs per CTA (each CTA recomputes its tile's shrink).
     const int outputs_per_cta = std::min(max_out, 4096);
     const dim3 grid(params.num_tiles, (max_out + outputs_per_cta - 1) / outputs_per_cta, params.num_targets);
@@ -432,22 +458,19 @@ void launch_lora_kernels(const LoraParams& params, Launch launch, int32_t skip) 
     launch_kernel(launch, grid, kFusedThreads, shared, lora_fused_kernel, params, outputs_per_cta);
     return;
   }
-  if (lora_splits(max_in) > params.max_splits)
-    throw_unsupported("cuda LoRA: v scratch has too few splits for in_features", max_in);
-  if (!kSkippable || (skip & 1) == 0)
+  if ((variant.skip & 1) == 0)
     launch_kernel(launch, dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0,
                   lora_shrink_kernel, params);
-  if (kSkippable && (skip & 2) != 0) return;
-  // expand_columns: 4 or 2 columns per thread of 256; 1: one of 256; 0 (or
-  // anything else): one column per thread of 128, the most CTAs.
-  const int columns = params.expand_columns == 4 ? 4 : params.expand_columns == 2 ? 2 : 1;
-  const int threads = params.expand_columns >= 1 && params.expand_columns <= 4 ? kExpandThreads : kExpandThreads / 2;
+  if ((variant.skip & 2) != 0) return;
+  // 4 or 2 columns per thread of 256; 1: one of 256; 0 (or anything else): one
+  // column per thread of 128, the most CTAs.
+  const int columns = variant.expand_columns == 4 ? 4 : variant.expand_columns == 2 ? 2 : 1;
+  const int threads = variant.expand_columns >= 1 && variant.expand_columns <= 4 ? kExpandThreads : kExpandThreads / 2;
   const int outputs_per_cta = threads * columns;
   const dim3 expand_grid(params.num_tiles, (max_out + outputs_per_cta - 1) / outputs_per_cta, params.num_targets);
-  const size_t shared = static_cast<size_t>(kLoraTileRows) * params.max_rank * sizeof(float);
-  // Optionally a programmatic dependent launch: the expand's launch and prologue
-  // overlap the shrink (its pdl_wait is a no-op without it).
-  const Launch expand(launch.stream, launch.programmatic || params.programmatic_expand);
+  const size_t shared = expand_shared_bytes(params);
+  // The expand's launch and prologue overlap the shrink (its pdl_wait is a no-op without it).
+  const Launch expand(launch.stream, launch.programmatic || variant.programmatic_expand);
   if (threads != kExpandThreads) {
     launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads / 2>, params);
   } else if (columns == 4) {
@@ -458,15 +481,6 @@ void launch_lora_kernels(const LoraParams& params, Launch launch, int32_t skip) 
     launch_kernel(expand, expand_grid, threads, shared, lora_expand_kernel<1, kExpandThreads>, params);
   }
 }
-
-}  // namespace
-
-void launch_lora(const LoraParams& params, Launch launch) {
-  launch_lora_kernels</*kSkippable=*/false>(params, launch, 0);
-}
-
-void launch_lora_skipping(const LoraParams& params, Launch launch, int32_t skip) {
-  launch_lora_kernels</*kSkippable=*/true>(params, launch, skip);
-}
+#endif  // LOOM_CUDA_MEASURE
 
 }  // namespace loom::cuda

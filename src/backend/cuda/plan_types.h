@@ -115,7 +115,7 @@ enum class AttentionVariant : int32_t {
   kDecode = 1,       // 16 rows, 4 warps over a quarter of each tile's keys, merged at the end
   kPrefillWide = 2,  // 128 rows, 2 warpgroups x 64 rows on wgmma (attention_wide.cu); never split
   // kPrefillWide's items on the warp-specialized kernel (attention_pingpong.cu);
-  // plans never pick it: CudaBackendConfig::pingpong_prefill maps kPrefillWide to it.
+  // plans never pick it: CudaTuning::pingpong_prefill maps kPrefillWide to it.
   kPrefillWidePingPong = 3,
 };
 inline constexpr int32_t attention_variant_rows(AttentionVariant variant) {

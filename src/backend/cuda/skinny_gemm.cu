@@ -16,9 +16,8 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kWarpsPerCta = 4;
-// 16-byte loads in flight per lane: 8 for one row, 4 per row for gate/up's two.
-// H100, 1 row, each projection alone (bench --what skinny): q/k/v 2438 -> 2580
-// GB/s, o 2386 -> 2431, down 2803 -> 2844 from 4 to 8; a plain read peaks at ~3100.
+// 16-byte loads in flight per lane: 8 for one row, 4 per row for gate/up's two
+// (bench/README.md, "The measurements behind the CUDA defaults").
 constexpr int kUnroll = 4;
 constexpr int kGemmUnroll = 8;
 
@@ -189,6 +188,7 @@ void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, co
   }
 }
 
+#ifdef LOOM_CUDA_MEASURE
 void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t n, float* y, int32_t unroll,
                                 int32_t warps, cudaStream_t stream) {
   check_aligned(x, k, k);
@@ -227,5 +227,7 @@ void launch_read_probe(const void* data, int64_t bytes, uint32_t* sink, int32_t 
   read_probe_kernel<<<blocks, threads, 0, stream>>>(static_cast<const uint4*>(data), bytes / 16, sink);
   LOOM_CUDA_CHECK_LAUNCH();
 }
+
+#endif  // LOOM_CUDA_MEASURE
 
 }  // namespace loom::cuda

@@ -25,9 +25,8 @@ constexpr int32_t kMinDecodeTilesPerChunk = 4;
 // Decode chunk length by wave quantisation: a chunk of c tiles costs about
 // c + 1 tile-times (the prologue), and the grid runs in ceil(CTAs / slots)
 // waves. Of the lengths from the minimum up to the longest item, the one with
-// the fewest wave-tile-times wins (ties: the longer, fewer partials). H100,
-// 8B shape, 2K contexts, 3 CTAs per SM: batch 16 and 64 pick 11 tiles (one
-// and four nearly full waves) where the minimum, 4, gave 2.6 and 10.3 waves.
+// the fewest wave-tile-times wins (ties: the longer, fewer partials; figures:
+// bench/README.md, "The measurements behind the CUDA defaults").
 int32_t wave_aware_chunk(const std::vector<TileCandidate>& list, int64_t slots, int32_t num_kv_heads) {
   int32_t longest = 0;
   for (const TileCandidate& c : list) longest = std::max(longest, c.num_key_tiles);
@@ -79,8 +78,8 @@ GraphListFloors graph_list_floors(int32_t rows, const PlanShape& shape) {
 }
 
 void check_device_sampling(const Batch& batch) {
-  if (batch.num_token_mask_rows < 0 || (batch.num_token_mask_rows > 0 && (batch.sampling.empty() || !batch.fill_token_masks)))
-    fail(ErrorKind::kInvalidArgument, "batch: {} token mask rows need device sampling and fill_token_masks",
+  if (batch.num_token_mask_rows < 0 || (batch.num_token_mask_rows > 0 && batch.sampling.empty()))
+    fail(ErrorKind::kInvalidArgument, "batch: {} token mask rows need device sampling",
          batch.num_token_mask_rows);
   if (batch.sampling.empty()) return;
   if (batch.sampling.size() != batch.sequences.size())
@@ -242,9 +241,8 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       if (v == static_cast<int>(AttentionVariant::kDecode)) {
         // Bandwidth-bound: below ~8 CTAs per SM the last wave leaves SMs idle, so
         // the KV ranges are cut into many short chunks (about 32 CTAs per SM), but
-        // no shorter than 4 tiles (each CTA pays a prologue and a partial write).
-        // Measured on the H100 (2K contexts): batch 64 0.259 -> 0.231 ms per
-        // layer; batch 256 (2048 CTAs unsplit) was faster unsplit.
+        // no shorter than 4 tiles (each CTA pays a prologue and a partial write;
+        // figures: bench/README.md, "The measurements behind the CUDA defaults").
         if (!list.empty() && num_ctas < 8LL * shape.num_sms) {
           const int64_t wanted_items = (32LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
           tiles_per_chunk = static_cast<int32_t>(

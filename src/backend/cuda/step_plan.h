@@ -77,7 +77,7 @@ GraphListFloors graph_list_floors(int32_t rows, const PlanShape& shape);
 // Throws Error(kInvalidArgument) unless batch.sampling is empty or one valid
 // DeviceSampling per sequence (temperature >= 0 and finite, top_k >= 0, top_p
 // in (0, 1], no logits_for_all_tokens on a sequence sampled on the device, a
-// mask_row below num_token_mask_rows, and fill_token_masks where rows are masked).
+// mask_row below num_token_mask_rows).
 void check_device_sampling(const Batch& batch);
 
 // Rows. The step's activations have one row per batch token, then one

@@ -1,0 +1,166 @@
+#include "backend/cuda/device_kv_pools.h"
+
+#include <algorithm>
+
+#include <fmt/format.h>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/plan_types.h"
+#include "util/error.h"
+
+namespace loom::cuda {
+
+DeviceKvPools::DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys)
+    : config_(config), device_(device), forked_wide_prefill_keys_(std::max(forked_wide_prefill_keys, 0)) {}
+
+int64_t DeviceKvPools::main_bytes_per_token() const {
+  return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
+int64_t DeviceKvPools::residual_bytes_per_token(int32_t max_rank) const {
+  return static_cast<int64_t>(config_.num_layers) * 2 * cuda::residual_rank_stride(max_rank) *
+         static_cast<int64_t>(sizeof(__nv_bfloat16));
+}
+
+void DeviceKvPools::allocate_main(const KvCacheShape& shape, cudaStream_t stream) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: KV cache of {} blocks of {} tokens", shape.num_blocks,
+         shape.block_size);
+  main_.release();
+  main_shape_ = {0, 0};
+  const int64_t bytes = static_cast<int64_t>(shape.num_blocks) * shape.block_size * main_bytes_per_token();
+  try {
+    main_.allocate(static_cast<size_t>(bytes));
+  } catch (const Error& error) {
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot allocate a KV cache of {} bytes ({} blocks): {}", bytes,
+                            shape.num_blocks, error.message()),
+                "lower --kv-cache-bytes");
+  }
+  LOOM_CUDA_CHECK(cudaMemsetAsync(main_.data(), 0, main_.size(), stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  main_shape_ = shape;
+}
+
+void DeviceKvPools::allocate_residual(const ResidualCacheShape& shape, cudaStream_t stream) {
+  if (shape.num_blocks <= 0 || shape.block_size <= 0 || shape.max_rank <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: residual cache of {} blocks of {} tokens, max rank {}",
+         shape.num_blocks, shape.block_size, shape.max_rank);
+  if (shape.max_rank > kResidualMaxRank)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("cuda backend: residual cache of max rank {} (ResidualAttention runs k/v ranks up to {})",
+                            shape.max_rank, kResidualMaxRank),
+                fmt::format("serve forked adapters of k/v rank <= {}, or use --device cpu", kResidualMaxRank));
+  residual_.release();
+  residual_shape_ = {0, 0, 0};
+  residual_rank_stride_ = 0;
+  const int64_t bytes =
+      static_cast<int64_t>(shape.num_blocks) * shape.block_size * residual_bytes_per_token(shape.max_rank);
+  try {
+    residual_.allocate(static_cast<size_t>(bytes));
+  } catch (const Error& error) {
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot allocate a residual cache of {} bytes ({} blocks): {}", bytes,
+                            shape.num_blocks, error.message()),
+                "lower --residual-kv-cache-memory");
+  }
+  LOOM_CUDA_CHECK(cudaMemsetAsync(residual_.data(), 0, residual_.size(), stream));
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  residual_shape_ = shape;
+  residual_rank_stride_ = cuda::residual_rank_stride(shape.max_rank);
+  // Taken here, beside the rCache, so that a step never allocates it when the
+  // KV pools have filled the GPU.
+  const size_t scratch_bytes =
+      2 * static_cast<size_t>(forked_wide_prefill_keys_) * config_.kv_size() * sizeof(__nv_bfloat16);
+  if (scratch_.size() < scratch_bytes) {
+    try {
+      scratch_.allocate(scratch_bytes);
+    } catch (const Error& error) {
+      throw Error(ErrorKind::kCapacity,
+                  fmt::format("cuda backend: cannot allocate {} bytes of forked prefill scratch: {}", scratch_bytes,
+                              error.message()),
+                  "lower --residual-kv-cache-memory or the KV cache's share of GPU memory");
+    }
+  }
+}
+
+int64_t DeviceKvPools::scratch_keys() const {
+  return static_cast<int64_t>(scratch_.size() / (2 * config_.kv_size() * sizeof(__nv_bfloat16)));
+}
+
+__nv_bfloat16* DeviceKvPools::k_pool(int layer) const {
+  if (main_.data() == nullptr) return nullptr;
+  const int64_t elements = static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size * config_.kv_size();
+  return main_.as<__nv_bfloat16>() + (2LL * layer) * elements;
+}
+
+__nv_bfloat16* DeviceKvPools::v_pool(int layer) const {
+  if (main_.data() == nullptr) return nullptr;
+  const int64_t elements = static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size * config_.kv_size();
+  return main_.as<__nv_bfloat16>() + (2LL * layer + 1) * elements;
+}
+
+__nv_bfloat16* DeviceKvPools::residual_pool(int layer) const {
+  if (residual_.data() == nullptr) return nullptr;
+  const int64_t elements =
+      static_cast<int64_t>(residual_shape_.num_blocks) * residual_shape_.block_size * 2 * residual_rank_stride_;
+  return residual_.as<__nv_bfloat16>() + layer * elements;
+}
+
+void DeviceKvPools::allocate_host(KvPoolKind pool, int32_t num_blocks) {
+  const bool is_main = pool == KvPoolKind::kMain;
+  if ((is_main ? main_shape_.num_blocks : residual_shape_.num_blocks) <= 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: host {} pool before its device pool was allocated",
+         is_main ? "KV" : "residual");
+  std::unique_ptr<HostKvTier>& tier = host_tiers_[static_cast<int>(pool)];
+  if (tier == nullptr) tier = std::make_unique<HostKvTier>(device_);
+  // Arrays: per layer K then V (main), or per layer the rCache.
+  tier->allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_bytes_per_block(pool));
+}
+
+std::span<std::byte> DeviceKvPools::host_block(KvPoolKind pool, int32_t host_block_id) {
+  HostKvTier* tier = host_tiers_[static_cast<int>(pool)].get();
+  if (tier == nullptr)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: no host {} pool allocated", pool == KvPoolKind::kMain ? "KV" : "residual");
+  return tier->block_bytes(host_block_id);
+}
+
+int32_t DeviceKvPools::num_host_blocks(KvPoolKind pool) const {
+  const std::unique_ptr<HostKvTier>& tier = host_tiers_[static_cast<int>(pool)];
+  return tier != nullptr ? tier->num_blocks() : 0;
+}
+
+size_t DeviceKvPools::device_bytes_per_block(KvPoolKind pool) const {
+  if (pool == KvPoolKind::kMain)
+    return static_cast<size_t>(main_shape_.block_size) * config_.kv_size() * sizeof(__nv_bfloat16);
+  return static_cast<size_t>(residual_shape_.block_size) * 2 * residual_rank_stride_ * sizeof(__nv_bfloat16);
+}
+
+HostKvTier::DevicePool DeviceKvPools::device_pool(KvPoolKind pool) const {
+  if (pool == KvPoolKind::kMain)
+    return {k_pool(0), main_shape_.num_blocks,
+            static_cast<size_t>(main_shape_.num_blocks) * device_bytes_per_block(pool)};
+  return {residual_pool(0), residual_shape_.num_blocks,
+          static_cast<size_t>(residual_shape_.num_blocks) * device_bytes_per_block(pool)};
+}
+
+void DeviceKvPools::copy_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                                std::span<const int32_t> host_block_ids) {
+  const char* name = pool == KvPoolKind::kMain ? "KV" : "residual";
+  HostKvTier* tier = host_tiers_[static_cast<int>(pool)].get();
+  if (tier == nullptr || tier->num_blocks() == 0)
+    fail(ErrorKind::kInvalidArgument, "cuda backend: copy of {} blocks with no host {} pool allocated",
+         device_block_ids.size(), name);
+  // The device pool may have been reallocated with another block size (or rank) since.
+  if (tier->bytes_per_block() != device_bytes_per_block(pool))
+    fail(ErrorKind::kInvalidArgument,
+         "cuda backend: host {} pool has blocks of {} bytes per array, the device pool {}; reallocate it", name,
+         tier->bytes_per_block(), device_bytes_per_block(pool));
+  // Reads the step's blocks without ordering against the compute stream: a
+  // step synchronises before it returns, so what an offload reads has landed,
+  // and a load's blocks are not read until it has finished (the KV cache
+  // manager's states).
+  tier->copy(direction, device_pool(pool), device_block_ids, host_block_ids);
+}
+
+}  // namespace loom::cuda

@@ -1,0 +1,76 @@
+// The CUDA backend's KV memory: the main K/V pool, ForkKV's rCache with the
+// scratch the forked wide prefill rebuilds keys into, and the host tier of each
+// pool (host_kv_tier.h). Owns all of it; an address it hands out is valid until
+// the next allocate of that pool.
+//
+// Layouts: main pool [layer][K|V][num_blocks * block_size][kv_size] bf16 (slots
+// head-major within a block, plan_types.h); rCache [layer][num_blocks *
+// block_size][2 * residual_rank_stride] bf16; scratch [K|V][keys][kv_size] bf16.
+//
+// Thread: the engine thread, except copy_blocks (host_kv_tier.h's rules).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+#include "backend/backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/host_kv_tier.h"
+#include "model/config.h"
+
+namespace loom::cuda {
+
+class DeviceKvPools {
+ public:
+  // forked_wide_prefill_keys: the scratch's KV entries, taken with the rCache (CudaTuning).
+  DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys);
+
+  // (Re)allocate a pool, zeroed (a slot read before it is written gives no NaN),
+  // on `stream`, synchronously; previous contents are lost. Error(kCapacity)
+  // when the memory cannot be had, Error(kUnsupported) for an rCache rank above
+  // kResidualMaxRank, Error(kInvalidArgument) for an empty shape.
+  void allocate_main(const KvCacheShape& shape, cudaStream_t stream);
+  void allocate_residual(const ResidualCacheShape& shape, cudaStream_t stream);
+  KvCacheShape main_shape() const { return main_shape_; }
+  ResidualCacheShape residual_shape() const { return residual_shape_; }
+  int32_t residual_rank_stride() const { return residual_rank_stride_; }
+  int64_t main_bytes_per_token() const;
+  int64_t residual_bytes_per_token(int32_t max_rank) const;
+
+  // This layer's K / V pool or rCache (nullptr before its allocate).
+  __nv_bfloat16* k_pool(int layer) const;
+  __nv_bfloat16* v_pool(int layer) const;
+  __nv_bfloat16* residual_pool(int layer) const;
+  // The scratch's K half (V follows after scratch_keys() entries), and its size in entries.
+  __nv_bfloat16* scratch_k() const { return scratch_.as<__nv_bfloat16>(); }
+  int64_t scratch_keys() const;
+
+  // Host tiers (backend.h "Host tier"): allocate_host needs the device pool first.
+  void allocate_host(KvPoolKind pool, int32_t num_blocks);
+  int32_t num_host_blocks(KvPoolKind pool) const;
+  std::span<std::byte> host_block(KvPoolKind pool, int32_t host_block_id);
+  void copy_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
+                   std::span<const int32_t> host_block_ids);
+
+ private:
+  size_t device_bytes_per_block(KvPoolKind pool) const;  // one layer's K (or V) block, or its rCache block
+  HostKvTier::DevicePool device_pool(KvPoolKind pool) const;
+
+  const ModelConfig config_;
+  const int device_;
+  const int32_t forked_wide_prefill_keys_;
+  KvCacheShape main_shape_{0, 0};
+  DeviceBuffer main_;
+  ResidualCacheShape residual_shape_{0, 0, 0};
+  int32_t residual_rank_stride_ = 0;  // residual_rank_stride(residual_shape_.max_rank)
+  DeviceBuffer residual_;
+  DeviceBuffer scratch_;
+  std::unique_ptr<HostKvTier> host_tiers_[2];  // [KvPoolKind], created by allocate_host
+};
+
+}  // namespace loom::cuda

@@ -1,0 +1,199 @@
+#include "backend/cuda/layer_runner.h"
+
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+
+namespace loom::cuda {
+
+using bf16 = __nv_bfloat16;
+
+void LayerRunner::linear(const bf16* x, int32_t m, int32_t k, const bf16* w, int32_t n, void* y, bool y_is_bf16,
+                         int32_t y_stride) {
+  if (m <= parts_.tuning.skinny_max_rows) {
+    launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, chain());
+    return;
+  }
+  parts_.gemm.linear(x, m, k, w, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
+}
+
+void LayerRunner::enqueue(const StepLaunch& step) {
+  step_ = step;
+  const StepPlan& plan = parts_.plan.plan();
+  const PlanSections& sections = plan.sections();
+  const ModelConfig& config = parts_.config;
+  StepBuffers& buffers = parts_.buffers;
+  const int32_t n = plan.num_rows();
+  const int32_t hidden = config.hidden_size;
+  parts_.prefetcher.begin_step(step_.stream, n);
+  launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, parts_.model.embed_tokens(), hidden,
+                   buffers.residual.as<float>(), step_.stream);
+  if (step_.capture_hidden_states) capture_hidden_states(0, nullptr);
+  const float* lora_delta = nullptr;
+  for (int layer = 0; layer < config.num_layers; ++layer) {
+    lora_delta = run_layer(layer, lora_delta);
+    if (step_.capture_hidden_states) capture_hidden_states(layer + 1, lora_delta);
+  }
+  const int32_t num_rows = plan.num_logit_launch_rows();
+  launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), nullptr, parts_.model.final_norm(),
+                      config.rms_norm_eps, hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows,
+                      buffers.normed.as<bf16>(), chain(), lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
+  linear(buffers.normed.as<bf16>(), num_rows, hidden, parts_.model.lm_head(), config.vocab_size, buffers.logits.data(),
+         false, config.vocab_size);
+}
+
+const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta) {
+  const DeviceLayer& weights = parts_.model.layers()[layer];
+  const StepPlan& plan = parts_.plan.plan();
+  const PlanSections& sections = plan.sections();
+  const ModelConfig& config = parts_.config;
+  const LayerSpec& spec = parts_.layer;
+  StepBuffers& buffers = parts_.buffers;
+  LoraLauncher& lora = parts_.lora;
+  const int32_t n = plan.num_rows();  // tokens, then decoder rows
+  const int32_t hidden = spec.hidden_size;
+  const int32_t q_size = spec.q_size();
+  const int32_t qkv = q_size + 2 * spec.kv_size();
+  const int32_t intermediate = spec.intermediate_size;
+  const cudaStream_t stream = step_.stream;
+
+  // Input norm; from layer 1 on it first adds the previous MLP's output.
+  const int32_t* lora_rows = plan_pointer<int32_t>(sections.lora_row_of_token);
+  launch_add_rms_norm(buffers.residual.as<float>(), layer == 0 ? nullptr : buffers.delta.as<float>(), nullptr,
+                      weights.input_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(), chain(),
+                      previous_lora_delta, lora_rows);
+  auto pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
+                            buffers.normed.as<bf16>(), hidden, qkv, chain());
+  linear(buffers.normed.as<bf16>(), n, hidden, weights.qkv_proj, qkv, buffers.qkv.data(), false, qkv);
+  parts_.prefetcher.after_qkv(weights, stream);
+
+  QkvParams post;
+  post.qkv = buffers.qkv.as<float>();
+  post.bias = spec.qkv_bias ? weights.qkv_bias : nullptr;
+  post.q_norm = spec.qk_norm ? weights.q_norm : nullptr;
+  post.k_norm = spec.qk_norm ? weights.k_norm : nullptr;
+  post.inv_freq = parts_.model.inverse_frequencies();
+  post.positions = plan_pointer<int32_t>(sections.positions);
+  post.kv_slots = plan_pointer<int32_t>(sections.kv_slots);
+  post.q_out = buffers.q.as<bf16>();
+  post.k_cache = parts_.pools.k_pool(layer);
+  post.v_cache = parts_.pools.v_pool(layer);
+  post.num_tokens = n;
+  post.num_heads = spec.num_heads;
+  post.num_kv_heads = spec.num_kv_heads;
+  post.head_dim = spec.head_dim;
+  post.block_size = parts_.pools.main_shape().block_size;
+  post.eps = spec.rms_norm_eps;
+  post.lora = lora.end(pending, stream);
+  post.lora_rows = lora_rows;
+  if (plan.has_forked_sequences()) {
+    post.residual_slots = plan_pointer<int32_t>(sections.residual_slots);
+    post.residual_pool = parts_.pools.residual_pool(layer);
+    post.residual_rank_stride = parts_.pools.residual_rank_stride();
+    post.lora_v = lora.shrink_sums();
+    post.lora_num_rows = plan.num_lora_rows();
+    post.lora_max_rank = lora.max_rank();
+    post.lora_max_splits = lora.max_splits();
+    post.lora_splits = lora_splits(hidden);
+    post.lora_modules = lora.device_table();
+    post.row_adapter_slots = plan_pointer<int32_t>(sections.row_adapter_slots);
+    post.num_layers = config.num_layers;
+    post.layer = layer;
+  }
+  launch_qkv_postprocess(post, chain());
+
+  attention(layer);
+
+  pending = lora.begin(parts_.plan, layer, {LoraTarget::kO}, buffers.attention_out.as<bf16>(), q_size, hidden, chain());
+  linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden);
+  launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
+                      weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
+                      chain(), lora.end(pending, stream), lora_rows);
+
+  // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
+  if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows) {
+    launch_skinny_gate_up_swiglu(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
+                                 buffers.activation.as<bf16>(), chain());
+  } else {
+    pending = lora.begin(parts_.plan, layer, {LoraTarget::kGate, LoraTarget::kUp}, buffers.normed.as<bf16>(), hidden,
+                         2 * intermediate, chain());
+    linear(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, buffers.gate_up.data(), true,
+           2 * intermediate);
+    launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
+                  lora.end(pending, stream), lora_rows, lora.gate_up_bf16());
+  }
+  pending = lora.begin(parts_.plan, layer, {LoraTarget::kDown}, buffers.activation.as<bf16>(), intermediate, hidden,
+                       chain());
+  linear(buffers.activation.as<bf16>(), n, intermediate, weights.down_proj, hidden, buffers.delta.data(), false, hidden);
+  parts_.prefetcher.after_down(parts_.model, layer, stream);
+  return lora.end(pending, stream);  // added by the next norm, with the delta buffer
+}
+
+void LayerRunner::attention(int layer) {
+  const StepPlan& plan = parts_.plan.plan();
+  const PlanSections& sections = plan.sections();
+  const ModelConfig& config = parts_.config;
+  const LayerSpec& spec = parts_.layer;
+  const DeviceKvPools& pools = parts_.pools;
+  StepBuffers& buffers = parts_.buffers;
+  const bool pingpong = parts_.tuning.pingpong_prefill;
+  AttentionParams attention;
+  attention.q = buffers.q.as<bf16>();
+  attention.k_cache = pools.k_pool(layer);
+  attention.v_cache = pools.v_pool(layer);
+  attention.block_tables = plan_pointer<int32_t>(sections.block_tables);
+  attention.sequences = plan_pointer<AttentionSequence>(sections.sequences);
+  attention.out = buffers.attention_out.as<bf16>();
+  attention.partial_out = buffers.partial_out.as<float>();
+  attention.partial_lse = buffers.partial_lse.as<float>();
+  attention.num_heads = spec.num_heads;
+  attention.num_kv_heads = spec.num_kv_heads;
+  attention.head_dim = spec.head_dim;
+  attention.block_size = pools.main_shape().block_size;
+  attention.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
+  AttentionVariant prefill = plan.prefill_variant();
+  if (prefill == AttentionVariant::kPrefillWide && pingpong) prefill = AttentionVariant::kPrefillWidePingPong;
+  launch_attention(attention, prefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
+                   plan.num_prefill_items(), chain());
+  launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
+                   plan.num_decode_items(), chain());
+  if (plan.has_forked_sequences()) {
+    const cudaStream_t stream = step_.stream;
+    attention.residual_pool = pools.residual_pool(layer);
+    attention.residual_block_tables = plan_pointer<int32_t>(sections.residual_block_tables);
+    attention.residual_block_size = pools.residual_shape().block_size;
+    attention.residual_rank_stride = pools.residual_rank_stride();
+    attention.lora_modules = parts_.lora.device_table();
+    attention.num_layers = config.num_layers;
+    attention.layer = layer;
+    attention.inv_freq = parts_.model.inverse_frequencies();
+    launch_attention(attention, AttentionVariant::kPrefill,
+                     plan_pointer<AttentionWorkItem>(sections.forked_prefill_items), plan.num_forked_prefill_items(),
+                     stream, step_.residual_rank);
+    launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.forked_decode_items),
+                     plan.num_forked_decode_items(), stream, step_.residual_rank);
+    bf16* scratch_k = pools.scratch_k();
+    launch_forked_wide_prefill(attention, plan_pointer<ResidualRebuildItem>(sections.rebuild_items),
+                               plan.num_rebuild_items(), plan_pointer<AttentionWorkItem>(sections.forked_wide_items),
+                               plan.num_forked_wide_items(), scratch_k,
+                               scratch_k + static_cast<size_t>(plan.num_scratch_keys()) * spec.kv_size(), stream,
+                               step_.residual_rank,
+                               pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide);
+  }
+  launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
+                           plan.num_combine_items(), chain());
+}
+
+void LayerRunner::capture_hidden_states(int index, const float* lora_delta) {
+  const StepPlan& plan = parts_.plan.plan();
+  const int32_t num_rows = static_cast<int32_t>(plan.logit_rows().size());
+  const PlanSections& sections = plan.sections();
+  StepBuffers& buffers = parts_.buffers;
+  const int32_t hidden = parts_.config.hidden_size;
+  launch_gather_hidden(buffers.residual.as<float>(), index == 0 ? nullptr : buffers.delta.as<float>(), lora_delta,
+                       plan_pointer<int32_t>(sections.lora_row_of_token), plan_pointer<int32_t>(sections.logit_rows),
+                       num_rows, hidden,
+                       buffers.hidden_states.as<float>() + static_cast<int64_t>(index) * num_rows * hidden, chain());
+}
+
+}  // namespace loom::cuda
