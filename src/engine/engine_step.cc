@@ -17,8 +17,7 @@ double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::dur
 
 void EngineImpl::step() {
   workflow_sync_.sync(pools_.caches());  // before plan(): its allocations evict by the current steps
-  scheduler_->start_disk_reads();        // before plan(): a request whose next blocks are being read waits
-  const ScheduledBatch scheduled = scheduler_->plan();
+  const ScheduledBatch scheduled = scheduler_->plan();  // disk reads (policy 7), then the step
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   num_scheduler_waiting_ = scheduler_->num_waiting();
   note_load_waits(scheduled, scheduled_at);

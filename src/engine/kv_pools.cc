@@ -283,7 +283,7 @@ void KvPools::setup_host_tier(const KvPoolLayout& layout) {
   caches_->enable_host_tier(num_blocks);
   if (disk_store_) {
     caches_->for_each([&](KvCacheId, KvCacheManager& member) {
-      if (member.has_host_tier()) member.enable_disk_tier({disk_directory_.get()});
+      if (member.host_tier() != nullptr) member.enable_disk_tier({disk_directory_.get()});
     });
   }
   Backend* backend = &backend_;

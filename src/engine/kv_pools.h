@@ -28,7 +28,7 @@
 // Disk tier (EngineConfig::disk_kv_path): KvPools opens the DiskKvStore at
 // construction (or takes EngineConfig::kv_store, a disaggregated engine's
 // buffered store, shared with the server) and, with the host tiers, enables the disk tier on every member
-// that has one (kv_cache_manager.h "Disk tier"). Block names chain from a salt
+// that has one (kv/disk_tier_planner.h). Block names chain from a salt
 // per member: the model's fingerprint, the member's layout (block size and
 // bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one) and its
 // name; an adapter's namespaces also hash its fingerprint (set_adapter_identity).

@@ -7,12 +7,13 @@
 //                                              // the KvCacheGroup (counted on a KvCapacityLedger)
 //   ScheduledBatch batch = apply(decision);    // locks, allocates, preempts and starts
 //                                              // demand loads, in decision order
-// Two other calls change the caches, outside that pair: start_disk_reads()
-// (policy 7: reservations and disk reads, before schedule()) and the engine's
-// prefetch of the next agents' prefixes (KvPools, after apply()).
-// plan() does both. apply() first holds the cached prefixes the decision
-// admits requests onto (or loads after), so that the step's own allocations
-// never evict them; otherwise it does what schedule() counted, in order.
+// apply() is the one place that changes the queues and the caches. Policy 7
+// (reservations and disk reads) is a decision of its own, applied before the
+// step's: plan() is apply(schedule_disk_reads()), then apply(schedule()).
+// apply() first holds the cached prefixes the decision admits requests onto
+// (or loads after), so that the step's own allocations never evict them;
+// otherwise it does what schedule() counted, in order. The engine's prefetch
+// of the next agents' prefixes (KvPools) comes after plan().
 //
 // A request's tokens (prompt, then generated) and what a step computes:
 //
@@ -57,15 +58,16 @@
 //        it waits for room.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
-//   7. Disk tier: start_disk_reads() (the engine calls it before each plan)
-//      walks the waiting requests in rank order with a host budget per member
-//      (its host blocks). It first clears every reservation, then for each
-//      request, while budget is left: reserves its prefix's device nodes and
-//      host nodes (kv_cache_manager.h "Reservations": host ones are never
-//      evicted, device ones last) up to the budget, counts them and the blocks
-//      being read for it against the budget, and starts a disk -> host read
-//      (KvCacheGroup::start_disk_read, kDemand) of the blocks that follow on
-//      disk, as many as the budget leaves (they are reserved when they land).
+//   7. Disk tier: schedule_disk_reads() lists the waiting requests in rank
+//      order (kReadFromDisk, at most kMaxDiskReadWalk); apply() walks them with
+//      a host budget per member (its host blocks). It first clears every
+//      reservation, then for each request, while budget is left: reserves its
+//      prefix's device nodes and host nodes (disk_tier_planner.h
+//      "Reservations": host ones are never evicted, device ones last) up to the
+//      budget, counts them and the blocks being read for it against the
+//      budget, and starts a disk -> host read (DiskTierPlanner::start_read,
+//      kDemand) of the blocks that follow on disk, as many as the budget
+//      leaves (they are reserved when they land).
 //      The walk stops at the first request that finds no budget left. So the
 //      blocks read for a request stay on the host until it is admitted (then
 //      its lease holds them) or leaves, and reads never outrun the tier.
@@ -140,6 +142,7 @@ struct ScheduledBatch {
   // Waiting requests held back this step because their prefix is (now) loading
   // from the host tier (policy 6). The engine measures their wait.
   std::vector<SchedulerRequestId> waiting_on_load;
+  int32_t num_disk_read_blocks = 0;  // blocks (all members) whose disk reads the plan started (policy 7)
   int32_t num_tokens() const;
   bool empty() const { return requests.empty(); }
 };
@@ -155,6 +158,8 @@ struct SchedulerAction {
     kWaitOnLoad,  // a waiting request whose prefix is loading: it waits (policy 6)
     kNoRoom,      // a waiting request whose blocks cannot be had: its cached prefix counts as
                   // used now (LRU), and admission stops for the step (policy 5)
+    kReadFromDisk,  // a waiting request, in rank order (policy 7): reserve its prefix within the host
+                    // budget the requests before it left, and start a demand read of what follows on disk
   };
   Kind kind = Kind::kRun;
   SchedulerRequestId id = 0;
@@ -190,6 +195,7 @@ struct SchedulerAction {
   }
   static SchedulerAction wait_on_load(SchedulerRequestId id) { return of(Kind::kWaitOnLoad, id); }
   static SchedulerAction no_room(SchedulerRequestId id) { return of(Kind::kNoRoom, id); }
+  static SchedulerAction read_from_disk(SchedulerRequestId id) { return of(Kind::kReadFromDisk, id); }
 
  private:
   static SchedulerAction of(Kind kind, SchedulerRequestId id) {
@@ -202,6 +208,11 @@ struct SchedulerAction {
 
 struct SchedulerDecision {
   std::vector<SchedulerAction> actions;
+  // Policy 7 (schedule_disk_reads): apply() first clears every reservation,
+  // then walks the kReadFromDisk actions.
+  bool starts_disk_walk = false;
+  // More requests were waiting than the walk takes; those past it count as past the budget.
+  bool is_disk_walk_cut_short = false;
 };
 
 class Scheduler {
@@ -224,14 +235,16 @@ class Scheduler {
   // The step's decisions (policy above), from the queues and the KvCacheGroup
   // as they are now. Changes nothing.
   SchedulerDecision schedule() const;
-  // Carries out a decision of schedule() made with nothing changed since:
+  // Policy 7's walk: a kReadFromDisk action per waiting request, in rank
+  // order (none without a disk tier). Changes nothing.
+  SchedulerDecision schedule_disk_reads() const;
+  // Carries out a decision of schedule() (or schedule_disk_reads()) made with
+  // nothing changed since: re-derives reservations and starts disk reads,
   // preempts, locks prefixes, allocates, starts loads; returns the batch.
   ScheduledBatch apply(const SchedulerDecision& decision);
-  // apply(schedule()).
-  ScheduledBatch plan() { return apply(schedule()); }
-  // Policy 7: re-derives the reservations and starts reads; returns the blocks
-  // (all members) whose reads it started. No-op without a disk tier.
-  int32_t start_disk_reads();
+  // apply(schedule_disk_reads()) (with a disk tier), then apply(schedule()),
+  // whose batch counts the disk reads started.
+  ScheduledBatch plan();
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
   void complete_step(const ScheduledBatch& batch);
@@ -261,6 +274,9 @@ class Scheduler {
   // apply()'s steps.
   void apply_preempt(SchedulerRequestId id, ScheduledBatch& batch);
   void apply_admit(const SchedulerAction& action, ScheduledBatch& batch);
+  void begin_disk_walk();
+  // Returns the blocks whose reads it started.
+  int32_t apply_disk_read(SchedulerRequestId id, KvBlockCounts& num_reserved);
 
   SchedulerConfig config_;
   KvCacheGroup& kv_caches_;
@@ -269,7 +285,7 @@ class Scheduler {
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<SchedulerRequestId> running_;
   std::vector<SchedulerRequestId> waiting_;
-  // Policy 7: the last start_disk_reads() walk, and whether it stopped for want of host budget (or
+  // Policy 7: the last disk walk applied, and whether it stopped for want of host budget (or
   // after kMaxDiskReadWalk waiting requests: a step's work stays bounded however long the queue).
   static constexpr int32_t kMaxDiskReadWalk = 256;
   int64_t disk_walk_id_ = 0;

@@ -1,4 +1,4 @@
-// KV cache manager disk tier (kv_cache_manager.h "Disk tier"), through a fake
+// KV cache manager disk tier (kv/disk_tier_planner.h), through a fake
 // directory: content hashes, write-through names on offloads, lookups past the
 // tree by hash, disk -> host reads joining the tree, failed and orphaned reads,
 // and the scheduler waiting on a read (policy 7). Transfers are finished by
