@@ -5,8 +5,7 @@
 //   blocks:  [device ...][loading ...][host ...] | [being read | on disk ...]
 //            the tree's part, root first           past it, by content hash (disk tier)
 //
-// The tree's part follows the tiers' invariant (kv_cache_manager.h "Host
-// tier"): a path is device blocks, then blocks loading to the device, then
+// The tree's part follows the tiers' invariant (kv/host_tier_planner.h): a path is device blocks, then blocks loading to the device, then
 // host-only blocks. Past it, each block counts while it is being read from
 // disk or on disk; the first that is neither ends the prefix.
 #pragma once

@@ -324,7 +324,11 @@ class Scheduler::Planner {
   int32_t num_loads_ = 0;  // kStartLoad actions of this step
 };
 
-SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
+SchedulerDecision Scheduler::schedule(const PrefetchRequest& prefetch) const {
+  SchedulerDecision decision = Planner(*this).run();
+  if (kv_caches_.has_any_host_tier()) decision.prefetch = prefetch;
+  return decision;
+}
 
 SchedulerDecision Scheduler::schedule_disk_reads() const {
   SchedulerDecision decision;
@@ -342,10 +346,10 @@ SchedulerDecision Scheduler::schedule_disk_reads() const {
   return decision;
 }
 
-ScheduledBatch Scheduler::plan() {
+ScheduledBatch Scheduler::plan(const PrefetchRequest& prefetch) {
   int32_t num_disk_read_blocks = 0;
   if (kv_caches_.has_any_disk_tier()) num_disk_read_blocks = apply(schedule_disk_reads()).num_disk_read_blocks;
-  ScheduledBatch batch = apply(schedule());
+  ScheduledBatch batch = apply(schedule(prefetch));
   batch.num_disk_read_blocks = num_disk_read_blocks;
   return batch;
 }
@@ -445,7 +449,25 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
     }
   }
   if (decision.is_disk_walk_cut_short) is_host_budget_spent_ = true;
+  apply_prefetch(decision.prefetch);
   return batch;
+}
+
+void Scheduler::apply_prefetch(const PrefetchRequest& prefetch) {
+  // What a step may start: each member's pool at most, and max_bytes over all of them. An agent's
+  // fixed prefix is marked in every member its requests use, so each member prefetches it.
+  KvBlockCounts max_blocks;
+  kv_caches_.for_each([&](KvCacheId id, const KvCacheManager& member) { max_blocks[id] = member.num_total_blocks(); });
+  int64_t max_bytes = prefetch.max_bytes;
+  for (size_t i = 0; i < prefetch.agent_keys.size() && max_bytes > 0; ++i) {
+    kv_caches_.for_each([&](KvCacheId id, KvCacheManager& member) {
+      const int64_t bytes_per_block = prefetch.bytes_per_block[id];
+      const auto allowed = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block));
+      const int32_t num_started = member.prefetch_agent(prefetch.agent_keys[i], allowed);
+      max_blocks[id] -= num_started;
+      max_bytes -= num_started * bytes_per_block;
+    });
+  }
 }
 
 void Scheduler::apply_preempt(SchedulerRequestId id, ScheduledBatch& batch) {

@@ -12,8 +12,8 @@
 // step's: plan() is apply(schedule_disk_reads()), then apply(schedule()).
 // apply() first holds the cached prefixes the decision admits requests onto
 // (or loads after), so that the step's own allocations never evict them;
-// otherwise it does what schedule() counted, in order. The engine's prefetch
-// of the next agents' prefixes (KvPools) comes after plan().
+// otherwise it does what schedule() counted, in order, then starts the
+// prefetches the engine asked for (policy 8), so demand loads and admissions go first.
 //
 // A request's tokens (prompt, then generated) and what a step computes:
 //
@@ -78,6 +78,12 @@
 //      worst it is admitted and recomputes what it could not read). When the
 //      read lands, its blocks are host blocks and 6 loads them. A failed read
 //      leaves them off disk.
+//   8. Prefetch (host tier): the engine names the agents about to run, nearest
+//      first, and a byte budget (PrefetchRequest, from KvPools); after the
+//      step's actions apply() starts host -> device loads of each agent's fixed
+//      prefix in every member (and disk -> host reads of what follows on disk;
+//      KvCacheManager::prefetch_agent), each member at most its pool's blocks,
+//      until the budget over all members is spent.
 //
 // Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
 // the main member (RequestKvKeys::key, namespace "fork") and their rCache in
@@ -147,6 +153,13 @@ struct ScheduledBatch {
   bool empty() const { return requests.empty(); }
 };
 
+// Policy 8: what to prefetch after a step (engine/kv_pools.h builds it).
+struct PrefetchRequest {
+  std::vector<std::string> agent_keys;  // nearest to running first
+  int64_t max_bytes = 0;                // over every member together
+  PerKvCache<int64_t> bytes_per_block;  // each member's block size in bytes (> 0 where present)
+};
+
 // One decision of schedule(); apply() carries them out in order.
 struct SchedulerAction {
   enum class Kind : uint8_t {
@@ -213,6 +226,8 @@ struct SchedulerDecision {
   bool starts_disk_walk = false;
   // More requests were waiting than the walk takes; those past it count as past the budget.
   bool is_disk_walk_cut_short = false;
+  // Policy 8: started after the actions (empty: none).
+  PrefetchRequest prefetch;
 };
 
 class Scheduler {
@@ -233,8 +248,9 @@ class Scheduler {
         priority);
   }
   // The step's decisions (policy above), from the queues and the KvCacheGroup
-  // as they are now. Changes nothing.
-  SchedulerDecision schedule() const;
+  // as they are now, with the prefetches asked for (none without a host tier).
+  // Changes nothing.
+  SchedulerDecision schedule(const PrefetchRequest& prefetch = {}) const;
   // Policy 7's walk: a kReadFromDisk action per waiting request, in rank
   // order (none without a disk tier). Changes nothing.
   SchedulerDecision schedule_disk_reads() const;
@@ -242,9 +258,9 @@ class Scheduler {
   // nothing changed since: re-derives reservations and starts disk reads,
   // preempts, locks prefixes, allocates, starts loads; returns the batch.
   ScheduledBatch apply(const SchedulerDecision& decision);
-  // apply(schedule_disk_reads()) (with a disk tier), then apply(schedule()),
-  // whose batch counts the disk reads started.
-  ScheduledBatch plan();
+  // apply(schedule_disk_reads()) (with a disk tier), then
+  // apply(schedule(prefetch)), whose batch counts the disk reads started.
+  ScheduledBatch plan(const PrefetchRequest& prefetch = {});
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
   void complete_step(const ScheduledBatch& batch);
@@ -277,6 +293,7 @@ class Scheduler {
   void begin_disk_walk();
   // Returns the blocks whose reads it started.
   int32_t apply_disk_read(SchedulerRequestId id, KvBlockCounts& num_reserved);
+  void apply_prefetch(const PrefetchRequest& prefetch);
 
   SchedulerConfig config_;
   KvCacheGroup& kv_caches_;
