@@ -451,11 +451,11 @@ std::vector<Arrival> run_cycle_with_host_tier(Policy policy, bool prefetch, KvCa
         const int32_t target = (running + distance) % 4;
         std::map<int32_t, int32_t> nearer_device_tokens;
         for (int32_t agent = 0; agent < 4; ++agent)
-          if (steps_of(agent) < distance) nearer_device_tokens[agent] = cache.status(fixed_of(agent)).num_device_tokens;
+          if (steps_of(agent) < distance) nearer_device_tokens[agent] = cache.status(fixed_of(agent)).num_device_tokens();
         cache.kv.prefetch_agent("wf/" + agents[static_cast<size_t>(target)], 12);
         EXPECT_EQ(cache.kv.integrity_error(), "");
         for (const auto& [agent, num_tokens] : nearer_device_tokens)
-          EXPECT_EQ(cache.status(fixed_of(agent)).num_device_tokens, num_tokens)
+          EXPECT_EQ(cache.status(fixed_of(agent)).num_device_tokens(), num_tokens)
               << "prefetching " << agents[static_cast<size_t>(target)] << " evicted the nearer "
               << agents[static_cast<size_t>(agent)];
         cache.finish_all(true);
