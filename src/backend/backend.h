@@ -182,7 +182,7 @@ class Backend {
   // Bytes one rCache slot takes across all layers for this max rank.
   virtual int64_t residual_bytes_per_token(int32_t max_rank) const;
 
-  // ---- Host tier of the KV cache (kv/kv_cache_manager.h "Host tier") ----
+  // ---- Host tier of the KV cache (kv/kv/host_tier_planner.h) ----
   // A second pool of num_blocks blocks in host memory holding exactly what a
   // device block holds (every layer's K and V slots of the block, or the rCache
   // slots for KvPoolKind::kResidual). The CPU backend keeps a second arena; the

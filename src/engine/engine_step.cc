@@ -17,12 +17,11 @@ double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::dur
 
 void EngineImpl::step() {
   workflow_sync_.sync(pools_.caches());  // before plan(): its allocations evict by the current steps
-  scheduler_->start_disk_reads();        // before plan(): a request whose next blocks are being read waits
-  const ScheduledBatch scheduled = scheduler_->plan();
+  // Disk reads (policy 7), the step, then prefetches of the next agents (policy 8: demand loads and admissions go first).
+  const ScheduledBatch scheduled = scheduler_->plan(pools_.prefetch_request(workflow_sync_.agent_steps()));
   const SteadyTime scheduled_at = std::chrono::steady_clock::now();
   num_scheduler_waiting_ = scheduler_->num_waiting();
   note_load_waits(scheduled, scheduled_at);
-  pools_.prefetch_next_agents(workflow_sync_.agent_steps());  // after plan(): demand loads and admissions go first
   pools_.pump_transfers();
   if (scheduled.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
     std::this_thread::sleep_for(std::chrono::milliseconds(1));

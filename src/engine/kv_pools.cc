@@ -283,7 +283,7 @@ void KvPools::setup_host_tier(const KvPoolLayout& layout) {
   caches_->enable_host_tier(num_blocks);
   if (disk_store_) {
     caches_->for_each([&](KvCacheId, KvCacheManager& member) {
-      if (member.has_host_tier()) member.enable_disk_tier({disk_directory_.get()});
+      if (member.host_tier() != nullptr) member.enable_disk_tier({disk_directory_.get()});
     });
   }
   Backend* backend = &backend_;
@@ -340,31 +340,20 @@ void KvPools::drain_transfers() {
   }
 }
 
-void KvPools::prefetch_next_agents(const std::map<std::string, int32_t>& steps_by_agent_key) {
-  if (!transfers_ || config_.prefetch_agents <= 0 || steps_by_agent_key.empty()) return;
+PrefetchRequest KvPools::prefetch_request(const std::map<std::string, int32_t>& steps_by_agent_key) const {
+  PrefetchRequest prefetch;
+  if (!transfers_ || config_.prefetch_agents <= 0 || steps_by_agent_key.empty()) return prefetch;
   // Agents about to run, nearest first (steps 0 run now: their requests load on demand).
   std::vector<std::pair<int32_t, const std::string*>> next;
   for (const auto& [agent_key, steps] : steps_by_agent_key)
     if (steps >= 1 && steps != kStepsFar) next.emplace_back(steps, &agent_key);
-  if (next.empty()) return;
   std::sort(next.begin(), next.end(),
             [](const auto& a, const auto& b) { return a.first != b.first ? a.first < b.first : *a.second < *b.second; });
-  // What a step may start: each member's pool at most, and prefetch_max_bytes
-  // over all of them. An agent's fixed prefix is marked in every member its
-  // requests use (a forked agent's bCache and rCache), so each member prefetches it.
-  KvBlockCounts max_blocks;
-  caches_->for_each([&](KvCacheId id, const KvCacheManager& member) { max_blocks[id] = member.num_total_blocks(); });
-  int64_t max_bytes = config_.prefetch_max_bytes > 0 ? config_.prefetch_max_bytes : std::numeric_limits<int64_t>::max();
-  const int32_t num_agents = std::min<int32_t>(config_.prefetch_agents, static_cast<int32_t>(next.size()));
-  for (int32_t i = 0; i < num_agents && max_bytes > 0; ++i) {
-    const std::string& agent_key = *next[static_cast<size_t>(i)].second;
-    caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
-      const auto allowed = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block(id)));
-      const int32_t num_started = member.prefetch_agent(agent_key, allowed);
-      max_blocks[id] -= num_started;
-      max_bytes -= num_started * bytes_per_block(id);
-    });
-  }
+  const auto num_agents = std::min<size_t>(static_cast<size_t>(config_.prefetch_agents), next.size());
+  for (size_t i = 0; i < num_agents; ++i) prefetch.agent_keys.push_back(*next[i].second);
+  prefetch.max_bytes = config_.prefetch_max_bytes > 0 ? config_.prefetch_max_bytes : std::numeric_limits<int64_t>::max();
+  for (KvCacheId id : kAllKvCaches) prefetch.bytes_per_block[id] = bytes_per_block(id);
+  return prefetch;
 }
 
 int32_t KvPools::drop_adapter_kv(const std::string& adapter_name) {

@@ -1,7 +1,7 @@
 // The engine's KV pools: the main pool and, for forked adapters, the rCache
 // pool, both carved out of EngineConfig::kv_cache_bytes; the KvCacheGroup of
 // their managers; their host tiers and the KvTransferWorker that runs the
-// copies of both; prefetch of the next agents' prefixes from the host tier.
+// copies of both; which agents' prefixes to prefetch (the scheduler starts them).
 //
 // Host tier sizing (num_host_blocks): one budget, EngineConfig::host_kv_cache_bytes
 // (--host-kv-memory), split between the members. The rCache pool gets
@@ -28,7 +28,7 @@
 // Disk tier (EngineConfig::disk_kv_path): KvPools opens the DiskKvStore at
 // construction (or takes EngineConfig::kv_store, a disaggregated engine's
 // buffered store, shared with the server) and, with the host tiers, enables the disk tier on every member
-// that has one (kv_cache_manager.h "Disk tier"). Block names chain from a salt
+// that has one (kv/disk_tier_planner.h). Block names chain from a salt
 // per member: the model's fingerprint, the member's layout (block size and
 // bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one) and its
 // name; an adapter's namespaces also hash its fingerprint (set_adapter_identity).
@@ -68,6 +68,7 @@
 #include "engine/kv_transfer_worker.h"
 #include "kv/kv_cache_group.h"
 #include "kvstore/disk_kv_store.h"
+#include "scheduler/scheduler.h"
 #include "workflow/workflow_spec.h"
 
 namespace loom {
@@ -165,11 +166,11 @@ class KvPools {
   // Waits for every transfer and applies it: before pools change or namespaces drop.
   void drain_transfers();
   bool has_transfers_in_flight() const;
-  // Starts host -> device loads of the fixed prefixes of the agents closest to
-  // running (steps >= 1, by steps then key), in every member, up to
-  // EngineConfig::prefetch_agents agents and prefetch_max_bytes (over the
-  // members together). No-op without a host tier.
-  void prefetch_next_agents(const std::map<std::string, int32_t>& steps_by_agent_key);
+  // What the scheduler should prefetch after the step (its policy 8): the
+  // agents closest to running (steps >= 1, by steps then key), up to
+  // EngineConfig::prefetch_agents of them, within prefetch_max_bytes (over the
+  // members together). Empty without a host tier. Changes nothing.
+  PrefetchRequest prefetch_request(const std::map<std::string, int32_t>& steps_by_agent_key) const;
   // Drops every cached block of the adapter's namespaces in every member
   // (after waiting for transfers). Returns blocks freed.
   int32_t drop_adapter_kv(const std::string& adapter_name);

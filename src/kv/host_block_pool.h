@@ -4,7 +4,7 @@
 // A host block is either free or held by exactly one radix-tree node (its
 // backup, or the copy being written by an offload). No reference counts: a
 // node pins a host block by holding it, and transfers pin nodes (see
-// kv_cache_manager.h "Host tier"). Free blocks are handed out lowest id first
+// kv/host_tier_planner.h). Free blocks are handed out lowest id first
 // so that tests can name exact ids.
 //
 // Thread: engine thread only.

@@ -156,14 +156,28 @@ bool KvCacheGroup::has_any_host_tier() const {
   return std::any_of(kAllKvCaches.begin(), kAllKvCaches.end(), [&](KvCacheId id) { return has_host_tier(id); });
 }
 
-PerKvCache<KvCacheManager::PrefixStatus> KvCacheGroup::prefix_status(const RequestKvKeys& keys,
-                                                                     std::span<const KvTokenId> tokens) {
+void KvCacheGroup::touch_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
   LOOM_CHECK(can_hold(keys));
-  PerKvCache<KvCacheManager::PrefixStatus> status;
   for_each([&](KvCacheId id, KvCacheManager& member) {
-    if (keys.uses(id)) status[id] = member.prefix_status(keys.key_in(id), tokens);
+    if (keys.uses(id)) member.touch_prefix(keys.key_in(id), tokens);
   });
-  return status;
+}
+
+PerKvCache<PrefixLocation> KvCacheGroup::prefix_location(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                                         PrefixLookup lookup) const {
+  LOOM_CHECK(can_hold(keys));
+  PerKvCache<PrefixLocation> location;
+  for_each([&](KvCacheId id, const KvCacheManager& member) {
+    if (keys.uses(id)) location[id] = member.prefix_location(keys.key_in(id), tokens, lookup);
+  });
+  return location;
+}
+
+void KvCacheGroup::count_late_prefetch(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) {
+  LOOM_CHECK(can_hold(keys));
+  for_each([&](KvCacheId id, KvCacheManager& member) {
+    if (keys.uses(id)) member.count_late_prefetch(keys.key_in(id), tokens);
+  });
 }
 
 KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
@@ -171,8 +185,8 @@ KvBlockCounts KvCacheGroup::start_load(const RequestKvKeys& keys, std::span<cons
   LOOM_CHECK(can_hold(keys));
   KvBlockCounts num_loading;
   for_each([&](KvCacheId id, KvCacheManager& member) {
-    if (keys.uses(id) && max_blocks[id] > 0)
-      num_loading[id] = member.start_load(keys.key_in(id), tokens, max_blocks[id], reason);
+    if (keys.uses(id) && max_blocks[id] > 0 && member.host_tier() != nullptr)
+      num_loading[id] = member.host_tier()->start_load(keys.key_in(id), tokens, max_blocks[id], reason);
   });
   return num_loading;
 }
@@ -182,7 +196,8 @@ KvBlockCounts KvCacheGroup::start_disk_read(const RequestKvKeys& keys, std::span
   LOOM_CHECK(can_hold(keys));
   KvBlockCounts num_reading;
   for_each([&](KvCacheId id, KvCacheManager& member) {
-    if (keys.uses(id)) num_reading[id] = member.start_disk_read(keys.key_in(id), tokens, max_blocks, reason);
+    if (keys.uses(id) && member.disk_tier() != nullptr)
+      num_reading[id] = member.disk_tier()->start_read(keys.key_in(id), tokens, max_blocks, reason);
   });
   return num_reading;
 }
@@ -190,7 +205,8 @@ KvBlockCounts KvCacheGroup::start_disk_read(const RequestKvKeys& keys, std::span
 bool KvCacheGroup::disk_read_pending(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const {
   bool pending = false;
   for_each([&](KvCacheId id, const KvCacheManager& member) {
-    pending = pending || (keys.uses(id) && member.disk_read_pending(keys.key_in(id), tokens));
+    pending = pending ||
+              (keys.uses(id) && member.disk_tier() != nullptr && member.disk_tier()->read_pending(keys.key_in(id), tokens));
   });
   return pending;
 }
@@ -198,18 +214,21 @@ bool KvCacheGroup::disk_read_pending(const RequestKvKeys& keys, std::span<const 
 bool KvCacheGroup::next_block_on_disk(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const {
   bool on_disk = false;
   for_each([&](KvCacheId id, const KvCacheManager& member) {
-    on_disk = on_disk || (keys.uses(id) && member.next_block_on_disk(keys.key_in(id), tokens));
+    on_disk = on_disk || (keys.uses(id) && member.disk_tier() != nullptr &&
+                          member.disk_tier()->next_block_on_disk(keys.key_in(id), tokens));
   });
   return on_disk;
 }
 
 void KvCacheGroup::clear_reservations() {
-  for_each([](KvCacheId, KvCacheManager& member) { member.clear_reservations(); });
+  for_each([](KvCacheId, KvCacheManager& member) {
+    if (member.disk_tier() != nullptr) member.disk_tier()->clear_reservations();
+  });
 }
 
 bool KvCacheGroup::has_any_disk_tier() const {
   bool any = false;
-  for_each([&](KvCacheId, const KvCacheManager& member) { any = any || member.has_disk_tier(); });
+  for_each([&](KvCacheId, const KvCacheManager& member) { any = any || member.disk_tier() != nullptr; });
   return any;
 }
 
@@ -222,7 +241,9 @@ std::vector<KvCacheGroup::MemberTransfer> KvCacheGroup::take_transfers() {
 }
 
 void KvCacheGroup::disk_blocks_removed(std::span<const KvBlockHash> hashes) {
-  for_each([&](KvCacheId, KvCacheManager& member) { member.disk_blocks_removed(hashes); });
+  for_each([&](KvCacheId, KvCacheManager& member) {
+    if (member.disk_tier() != nullptr) member.disk_tier()->blocks_removed(hashes);
+  });
 }
 
 void KvCacheGroup::finish_transfer(KvCacheId cache, int64_t transfer_id, bool succeeded) {

@@ -17,7 +17,7 @@
 // The members evict independently (ForkKV's decoupled LRU): a forked request's
 // two prefix hits may differ in length (RequestLeases::num_found_tokens).
 //
-// Host tier: each member may have its own (kv_cache_manager.h "Host tier"; the
+// Host tier: each member may have its own (kv/host_tier_planner.h; the
 // engine gives one to every member when it has a host budget, engine/kv_pools.h).
 // Each member plans its own backups, loads and prefetches; transfer ids are
 // per member, so a transfer travels with its KvCacheId (MemberTransfer) and
@@ -112,8 +112,8 @@ class KvCacheGroup {
   // lock_prefix), at most max_blocks[id] blocks of it in member id when given.
   RequestLeases lock_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                             std::optional<KvBlockCounts> max_blocks = std::nullopt);
-  // Marks the cached prefix of `tokens` used now (the LRU clock), holding nothing.
-  void touch_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) { lock_prefix(keys, tokens); }
+  // Marks the cached prefix of `tokens` used now (KvCacheManager::touch_prefix), holding nothing.
+  void touch_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
   // The same through KvCacheManager::hold_prefix (never marks blocks used).
   RequestLeases hold_prefix(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                             std::optional<KvBlockCounts> max_blocks = std::nullopt);
@@ -147,30 +147,31 @@ class KvCacheGroup {
   // Gives each present member num_host_blocks[id] host blocks (0: none); at
   // most once per member (KvCacheManager::enable_host_tier).
   void enable_host_tier(const KvBlockCounts& num_host_blocks);
-  bool has_host_tier(KvCacheId id) const { return has(id) && members_[id]->has_host_tier(); }
+  bool has_host_tier(KvCacheId id) const { return has(id) && members_[id]->host_tier() != nullptr; }
   bool has_any_host_tier() const;
   // Where the cached prefix of `tokens` lives in each member `keys` uses
-  // (KvCacheManager::prefix_status; counts late prefetches).
-  PerKvCache<KvCacheManager::PrefixStatus> prefix_status(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
-  // A request that waits on a load looked at its prefix: prefetched blocks it
-  // found still loading count as late (prefix_status, for that count alone).
-  void count_late_prefetch(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) { prefix_status(keys, tokens); }
-  // KvCacheManager::start_load in each member `keys` uses with max_blocks[id] > 0;
+  // (KvCacheManager::prefix_location). Changes nothing.
+  PerKvCache<PrefixLocation> prefix_location(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
+                                             PrefixLookup lookup = PrefixLookup::kTreeAndDisk) const;
+  // A request waits on a load: prefetched blocks of its prefix still loading
+  // count as late, in each member `keys` uses (KvCacheManager::count_late_prefetch).
+  void count_late_prefetch(const RequestKvKeys& keys, std::span<const KvTokenId> tokens);
+  // HostTierPlanner::start_load in each member `keys` uses with max_blocks[id] > 0;
   // returns the blocks now loading in each.
   KvBlockCounts start_load(const RequestKvKeys& keys, std::span<const KvTokenId> tokens,
                            const KvBlockCounts& max_blocks, KvCacheManager::LoadReason reason);
-  // ---- Disk tier (kv_cache_manager.h "Disk tier"; the engine enables it on each member) ----
+  // ---- Disk tier (kv/disk_tier_planner.h; the engine enables it on each member) ----
   bool has_any_disk_tier() const;
-  // KvCacheManager::start_disk_read in each member `keys` uses; the blocks now reading in each.
+  // DiskTierPlanner::start_read in each member `keys` uses that has a disk tier; the blocks now reading in each.
   KvBlockCounts start_disk_read(const RequestKvKeys& keys, std::span<const KvTokenId> tokens, int32_t max_blocks,
                                 KvCacheManager::LoadReason reason);
   // Whether any member `keys` uses is reading the block after its tree's part from disk.
   bool disk_read_pending(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
   // Whether, in any member `keys` uses, the block after its tree's part is being read or on disk.
   bool next_block_on_disk(const RequestKvKeys& keys, std::span<const KvTokenId> tokens) const;
-  // Every member's clear_reservations() (kv_cache_manager.h "Reservations").
+  // Every disk tier's clear_reservations() (disk_tier_planner.h "Reservations").
   void clear_reservations();
-  // KvCacheManager::disk_blocks_removed on every member.
+  // DiskTierPlanner::blocks_removed on every member's disk tier.
   void disk_blocks_removed(std::span<const KvBlockHash> hashes);
   // A transfer planned by a member, named by it.
   struct MemberTransfer {

@@ -45,8 +45,7 @@ int32_t KvCapacityLedger::ref_count(KvCacheId id, int32_t block_id) const {
 }
 
 bool KvCapacityLedger::is_reserved(KvCacheId id, int32_t block_id) const {
-  const RadixNode* node = kv_caches_[id].tree().node_of_block(block_id);
-  return node != nullptr && node->reserved;
+  return kv_caches_[id].is_reserved(block_id);
 }
 
 void KvCapacityLedger::add_refs(KvCacheId id, std::span<const int32_t> block_ids) {
@@ -70,8 +69,9 @@ void KvCapacityLedger::drop_refs(KvCacheId id, std::span<const int32_t> block_id
   }
 }
 
-bool KvCapacityLedger::is_loading(const RadixNode* node) const {
-  return node->state == KvNodeState::kLoading || loading_nodes_.count(node) != 0;
+bool KvCapacityLedger::is_loading(KvCacheId id, const PrefixLocation& location) const {
+  return location.num_loading_blocks > 0 ||
+         (!location.host_block_ids.empty() && loading_host_blocks_[id].count(location.host_block_ids.front()) != 0);
 }
 
 }  // namespace loom

@@ -13,9 +13,9 @@
 //                                               available (a private block is freed, a committed one cached);
 //                                               give_back(n) for blocks take() gave it in this plan
 //   start_load (demand) of host nodes            add_refs(the device part: its pin), take(the blocks it
-//                                               gets), mark_loading(each node it fills)
+//                                               gets), mark_loading(each host block it loads)
 //
-// Reserved blocks (kv_cache_manager.h "Reservations": cached device blocks
+// Reserved blocks (disk_tier_planner.h "Reservations": cached device blocks
 // held for waiting requests) are available like any cached block, but
 // eviction takes them last; the ledger follows how many of the available
 // blocks are reserved, so that a planned load can leave them alone.
@@ -60,9 +60,12 @@ class KvCapacityLedger {
   void add_refs(KvCacheId id, std::span<const int32_t> block_ids);
   void drop_refs(KvCacheId id, std::span<const int32_t> block_ids);
 
-  // Host nodes a planned load would fill (any member): they count as loading.
-  void mark_loading(const RadixNode* node) { loading_nodes_.insert(node); }
-  bool is_loading(const RadixNode* node) const;
+  // A host block of member `id` that a planned load would bring to the device:
+  // it counts as loading (host block ids name host nodes one to one).
+  void mark_loading(KvCacheId id, int32_t host_block_id) { loading_host_blocks_[id].insert(host_block_id); }
+  // Whether the first block after the device part of `location` (member `id`'s)
+  // is loading, or a planned load of this ledger would load it.
+  bool is_loading(KvCacheId id, const PrefixLocation& location) const;
 
  private:
   int32_t ref_count(KvCacheId id, int32_t block_id) const;
@@ -72,7 +75,7 @@ class KvCapacityLedger {
   PerKvCache<int32_t> num_available_;
   PerKvCache<int32_t> num_reserved_available_;  // of num_available_: reserved cached blocks
   PerKvCache<std::unordered_map<int32_t, int32_t>> ref_deltas_;
-  std::set<const RadixNode*> loading_nodes_;
+  PerKvCache<std::set<int32_t>> loading_host_blocks_;
 };
 
 }  // namespace loom

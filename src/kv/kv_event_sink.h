@@ -12,7 +12,7 @@
 //   kHost    its backup finished (offload), or it was     evicted from the host (a host leaf), dropped,
 //            read back from the disk tier                 or removed with a device node without backup
 //   kDisk    its write-through to the disk tier landed    this server trimmed it from the directory to
-//            (an offload finished and the store has it)   hold the cap (KvCacheManager::disk_blocks_removed)
+//            (an offload finished and the store has it)   hold the cap (DiskTierPlanner::blocks_removed)
 //
 // Disk blocks outlive the tree: a block stays stored on kDisk after its
 // device and host copies are gone. What other servers sharing the directory

@@ -101,6 +101,12 @@ KvBlockHash RadixTree::child_hash(const RadixNode* parent, const std::string& kv
                  block_tokens);
 }
 
+KvBlockHash RadixTree::child_hash(const KvBlockHash& parent, const std::string& kv_namespace,
+                                  std::span<const KvTokenId> block_tokens) const {
+  LOOM_CHECK(hasher_);
+  return hasher_(parent, kv_namespace, block_tokens);
+}
+
 RadixNode* RadixTree::node_of_block(int32_t block_id) const {
   if (block_id < 0 || block_id >= static_cast<int32_t>(node_by_block_.size())) return nullptr;
   return node_by_block_[static_cast<size_t>(block_id)];

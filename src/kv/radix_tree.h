@@ -20,7 +20,7 @@
 // there is nothing to gain from longer edges and splitting never happens).
 // Every node records its tier (device / host / disk) and state (ready / loading
 // / offloading). Without a host pool (set_host_pool) only device + ready nodes
-// exist. With one, the host-tier states of kv_cache_manager.h "Host tier" are
+// exist. With one, the host-tier states of kv/host_tier_planner.h are
 // kept here (radix_tree_host.cc); match() returns device-tier nodes only. A
 // node is "device-resident" when it holds a device block (block_id >= 0):
 // device-tier nodes and loading nodes. A second instance over its own
@@ -103,10 +103,10 @@ struct RadixNode {
   std::vector<KvTokenId> tokens;          // block_size tokens; empty for a root
   int32_t block_id = -1;                  // -1 for a root, and for a host-tier node that is not loading
   int32_t host_block_id = -1;             // host tier: its backup (or the one being written); -1: none
-  KvTier tier = KvTier::kDevice;          // kHost: K/V only in host_block_id (kv_cache_manager.h "Host tier")
+  KvTier tier = KvTier::kDevice;          // kHost: K/V only in host_block_id (kv/host_tier_planner.h)
   KvNodeState state = KvNodeState::kReady;
   // A prefetch is loading or loaded it, and neither lock_prefix used it nor
-  // prefix_status found it still loading yet (metrics: "in time" / "late").
+  // count_late_prefetch found it still loading yet (metrics: "in time" / "late").
   bool loaded_by_prefetch = false;
   int64_t last_access = 0;                // logical clock of the last use
   int64_t node_id = 0;                    // creation order, breaks LRU ties
@@ -157,6 +157,10 @@ class RadixTree {
   // start) would get. Precondition: has_block_hasher().
   KvBlockHash child_hash(const RadixNode* parent, const std::string& kv_namespace,
                          std::span<const KvTokenId> block_tokens) const;
+  // The same under a block of hash `parent` (zero: the chain's start), which
+  // need not be in the tree (the disk tier looks past it).
+  KvBlockHash child_hash(const KvBlockHash& parent, const std::string& kv_namespace,
+                         std::span<const KvTokenId> block_tokens) const;
 
   // The longest chain of device-tier nodes (ready or offloading) matching
   // tokens block by block, block i under kv_key.namespace_of_block(i) (only
@@ -206,7 +210,7 @@ class RadixTree {
   // eviction_key(policy, ...) of a node now.
   EvictionKey eviction_key_of(const RadixNode* node) const;
 
-  // ---- Host tier (radix_tree_host.cc; kv_cache_manager.h "Host tier") ----
+  // ---- Host tier (radix_tree_host.cc; kv/host_tier_planner.h) ----
   // `host_pool` must outlive the tree; set before any node has a host block.
   void set_host_pool(HostBlockPool* host_pool);
   HostBlockPool* host_pool() const { return host_pool_; }
@@ -238,7 +242,7 @@ class RadixTree {
   // host ready -> device ready on device_block_id (referenced, in no tree),
   // which holds the same K/V (a request recomputed it); the backup stays.
   void adopt_device_block(RadixNode* node, int32_t device_block_id);
-  // ---- Reservations (kv_cache_manager.h "Reservations") ----
+  // ---- Reservations (kv/disk_tier_planner.h "Reservations") ----
   // Marks `node` as held (or no longer held) for a waiting request; re-keys it.
   void set_reserved(RadixNode* node, bool reserved);
   // Unmarks every reserved node.

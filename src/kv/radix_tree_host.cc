@@ -1,4 +1,4 @@
-// RadixTree: host-tier node states (kv_cache_manager.h "Host tier"): host
+// RadixTree: host-tier node states (kv/host_tier_planner.h): host
 // leaves and their eviction, the offload / load state changes, and subtree
 // removal. The manager plans transfers and pins paths; the tree only keeps
 // each node's tier, state, blocks and evictable sets consistent.
@@ -156,7 +156,7 @@ void RadixTree::for_each_node(const std::function<void(const RadixNode&)>& visit
   }
 }
 
-// The table of kv_cache_manager.h "Host tier", and the path order
+// The table of kv/host_tier_planner.h, and the path order
 // [device ...][loading ...][host ...].
 std::string RadixTree::tier_error(const RadixNode* node) const {
   const bool has_host_block = node->host_block_id >= 0;

@@ -19,7 +19,7 @@ struct Scheduler::RequestState {
   int32_t num_computed_tokens = 0;
   bool was_admitted = false;
   bool running = false;
-  // Set by start_disk_reads() (policy 7) in walk number disk_walk_id:
+  // Set by the disk walk (policy 7) in walk number disk_walk_id:
   int64_t disk_walk_id = 0;
   bool is_reserved = false;          // within the host budget: its prefix is reserved
   bool waits_for_disk_read = false;  // its next block is on disk and earlier requests hold the host budget
@@ -182,36 +182,31 @@ class Scheduler::Planner {
 
   // Policy 6. Adds the kWaitOnLoad / kStartLoad action when the request waits.
   bool waits_on_load(const RequestState& request) {
-    // Each member's path is [device ...][loading ...][host ...]; first_off_device: where the device part ends.
-    PerKvCache<std::vector<const RadixNode*>> paths;
-    PerKvCache<size_t> first_off_device;
+    // Each member's prefix is [device ...][loading ...][host ...] (kv/prefix_location.h).
+    PerKvCache<PrefixLocation> locations;
     for (KvCacheId member : kAllKvCaches) {
       if (!request.kv.uses(member) || !kv_caches_.has_host_tier(member)) continue;
-      paths[member] = kv_caches_[member].prefix_path(request.kv.key_in(member), request.lookup_tokens());
-      size_t& next = first_off_device[member];
-      while (next < paths[member].size() && paths[member][next]->tier == KvTier::kDevice) ++next;
-      if (next < paths[member].size() && ledger_.is_loading(paths[member][next])) {
+      locations[member] =
+          kv_caches_[member].prefix_location(request.kv.key_in(member), request.lookup_tokens(), PrefixLookup::kTree);
+      if (ledger_.is_loading(member, locations[member])) {
         decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
         return true;
       }
     }
-    // A demand load pins the device part of its member's path, then takes the blocks it can get there.
+    // A demand load pins the device part of its member's prefix, then takes the blocks it can get there.
     KvBlockCounts num_pinned, num_load;
     bool any_load = false, any_host = false;
     for (KvCacheId member : kAllKvCaches) {
-      const std::vector<const RadixNode*>& path = paths[member];
-      const size_t next = first_off_device[member];
-      if (next == path.size()) continue;
-      std::vector<int32_t> device_blocks;
-      for (size_t i = 0; i < next; ++i) device_blocks.push_back(path[i]->block_id);
-      const auto num_host = static_cast<int32_t>(path.size() - next);
+      const PrefixLocation& location = locations[member];
+      if (location.host_block_ids.empty()) continue;
+      const std::vector<int32_t>& device_blocks = location.device_block_ids;
       ledger_.add_refs(member, device_blocks);
       any_host = true;
       // Leave the blocks reserved for other waiting requests alone while room will come otherwise.
       const int32_t num_unreserved = ledger_.num_unreserved_available_blocks(member);
       const int32_t room =
           num_unreserved > 0 || room_will_come() ? num_unreserved : ledger_.num_available_blocks(member);
-      const int32_t num_loading = std::min(num_host, room);
+      const int32_t num_loading = std::min(location.num_host_blocks(), room);
       if (num_loading <= 0) {  // no room here: this member recomputes what is on its host, or waits (below)
         ledger_.drop_refs(member, device_blocks);
         continue;
@@ -219,8 +214,9 @@ class Scheduler::Planner {
       KvBlockCounts num_blocks;
       num_blocks[member] = num_loading;
       ledger_.take(num_blocks);
-      for (int32_t i = 0; i < num_loading; ++i) ledger_.mark_loading(path[next + static_cast<size_t>(i)]);
-      num_pinned[member] = static_cast<int32_t>(device_blocks.size());
+      for (int32_t i = 0; i < num_loading; ++i)
+        ledger_.mark_loading(member, location.host_block_ids[static_cast<size_t>(i)]);
+      num_pinned[member] = location.num_device_blocks();
       num_load[member] = num_loading;
       any_load = true;
       ++num_loads_;
@@ -245,10 +241,9 @@ class Scheduler::Planner {
     PerKvCache<bool> is_trimmed;
     for (KvCacheId member : kAllKvCaches) {
       if (!request.kv.uses(member)) continue;
-      for (const RadixNode* node : kv_caches_[member].prefix_path(request.kv.key_in(member), request.lookup_tokens())) {
-        if (node->tier != KvTier::kDevice) break;
-        found_blocks[member].push_back(node->block_id);
-      }
+      found_blocks[member] = kv_caches_[member]
+                                 .prefix_location(request.kv.key_in(member), request.lookup_tokens(), PrefixLookup::kTree)
+                                 .device_block_ids;
       ledger_.add_refs(member, found_blocks[member]);
       // Below zero, this step's earlier allocations needed some of these cached
       // blocks: the request does without the last ones (unreferenced, so the tail of the path).
@@ -291,7 +286,7 @@ class Scheduler::Planner {
     return false;
   }
 
-  // Policy 7's marks, as start_disk_reads() left them this step. A request it
+  // Policy 7's marks, as the disk walk left them this step. A request it
   // did not reach (arrived since, or past the spent host budget) waits for its
   // turn when the budget was spent and its next block is on disk.
   bool is_reserved(const RequestState& request) const {
@@ -329,53 +324,72 @@ class Scheduler::Planner {
   int32_t num_loads_ = 0;  // kStartLoad actions of this step
 };
 
-SchedulerDecision Scheduler::schedule() const { return Planner(*this).run(); }
+SchedulerDecision Scheduler::schedule(const PrefetchRequest& prefetch) const {
+  SchedulerDecision decision = Planner(*this).run();
+  if (kv_caches_.has_any_host_tier()) decision.prefetch = prefetch;
+  return decision;
+}
+
+SchedulerDecision Scheduler::schedule_disk_reads() const {
+  SchedulerDecision decision;
+  if (!kv_caches_.has_any_disk_tier()) return decision;
+  decision.starts_disk_walk = true;
+  const std::vector<SchedulerRequestId> order = sorted(waiting_);
+  for (SchedulerRequestId id : order) {
+    // Bounded work per step: the rest are treated as past the budget.
+    if (static_cast<int32_t>(decision.actions.size()) == kMaxDiskReadWalk) {
+      decision.is_disk_walk_cut_short = true;
+      break;
+    }
+    decision.actions.push_back(SchedulerAction::read_from_disk(id));
+  }
+  return decision;
+}
+
+ScheduledBatch Scheduler::plan(const PrefetchRequest& prefetch) {
+  int32_t num_disk_read_blocks = 0;
+  if (kv_caches_.has_any_disk_tier()) num_disk_read_blocks = apply(schedule_disk_reads()).num_disk_read_blocks;
+  ScheduledBatch batch = apply(schedule(prefetch));
+  batch.num_disk_read_blocks = num_disk_read_blocks;
+  return batch;
+}
 
 // ---- apply(): the one place the step mutates queues and caches ----
 
-int32_t Scheduler::start_disk_reads() {
-  if (!kv_caches_.has_any_disk_tier()) return 0;
+void Scheduler::begin_disk_walk() {
   kv_caches_.clear_reservations();
   ++disk_walk_id_;
   is_host_budget_spent_ = false;
-  KvBlockCounts num_reserved;  // per member: host blocks reserved or being read for the requests walked so far
+}
+
+int32_t Scheduler::apply_disk_read(SchedulerRequestId id, KvBlockCounts& num_reserved) {
+  RequestState& request = state(id);
+  request.disk_walk_id = disk_walk_id_;
+  request.is_reserved = false;
+  request.waits_for_disk_read = false;
   int32_t num_reading = 0;
-  int32_t num_walked = 0;
-  for (SchedulerRequestId id : sorted(waiting_)) {
-    if (++num_walked > kMaxDiskReadWalk) {  // bounded work per step: the rest are treated as past the budget
-      is_host_budget_spent_ = true;
-      break;
-    }
-    RequestState& request = state(id);
-    request.disk_walk_id = disk_walk_id_;
-    request.is_reserved = false;
-    request.waits_for_disk_read = false;
-    for (KvCacheId member : kAllKvCaches) {
-      if (!request.kv.uses(member) || !kv_caches_[member].has_disk_tier()) continue;
-      KvCacheManager& cache = kv_caches_[member];
-      const KvKey key = request.kv.key_in(member);
-      const bool is_budget_taken = num_reserved[member] > 0;  // by requests that rank before it
-      const int32_t budget = cache.num_host_blocks() - num_reserved[member];
-      if (budget > 0) {
-        request.is_reserved = true;
-        const KvCacheManager::PrefixReservation reservation = cache.reserve_prefix(key, request.lookup_tokens(), budget);
-        num_reserved[member] += reservation.num_host_blocks + reservation.num_reading_blocks;
-        if (reservation.num_unreserved_host_blocks == 0 && reservation.num_reading_blocks == 0) {
-          const int32_t num_blocks = cache.start_disk_read(key, request.lookup_tokens(),
-                                                           budget - reservation.num_host_blocks,
-                                                           KvCacheManager::LoadReason::kDemand);
-          num_reserved[member] += num_blocks;
-          num_reading += num_blocks;
-        }
+  for (KvCacheId member : kAllKvCaches) {
+    if (!request.kv.uses(member) || kv_caches_[member].disk_tier() == nullptr) continue;
+    DiskTierPlanner& disk = *kv_caches_[member].disk_tier();
+    const KvKey key = request.kv.key_in(member);
+    const bool is_budget_taken = num_reserved[member] > 0;  // by requests that rank before it
+    const int32_t budget = kv_caches_[member].host_tier()->num_host_blocks() - num_reserved[member];
+    if (budget > 0) {
+      request.is_reserved = true;
+      const DiskTierPlanner::PrefixReservation reservation = disk.reserve_prefix(key, request.lookup_tokens(), budget);
+      num_reserved[member] += reservation.num_host_blocks + reservation.num_reading_blocks;
+      if (reservation.num_unreserved_host_blocks == 0 && reservation.num_reading_blocks == 0) {
+        const int32_t num_blocks =
+            disk.start_read(key, request.lookup_tokens(), budget - reservation.num_host_blocks, KvLoadReason::kDemand);
+        num_reserved[member] += num_blocks;
+        num_reading += num_blocks;
       }
-      // Its turn for a read comes when those ahead are admitted (the first in line never waits for one).
-      if (is_budget_taken && cache.next_block_on_disk(key, request.lookup_tokens())) request.waits_for_disk_read = true;
     }
-    if (!request.is_reserved) {  // the budget is spent: later requests are not looked up (schedule() does if it must)
-      is_host_budget_spent_ = true;
-      break;
-    }
+    // Its turn for a read comes when those ahead are admitted (the first in line never waits for one).
+    if (is_budget_taken && disk.next_block_on_disk(key, request.lookup_tokens())) request.waits_for_disk_read = true;
   }
+  // The budget is spent: later requests are not looked up (schedule() does if it must).
+  if (!request.is_reserved) is_host_budget_spent_ = true;
   return num_reading;
 }
 
@@ -399,9 +413,14 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
   }
   LOOM_CHECK(!any_preempted || holds.empty());
   ScheduledBatch batch;
+  if (decision.starts_disk_walk) begin_disk_walk();
+  KvBlockCounts num_disk_reserved;  // policy 7, per member: host blocks reserved or being read for the walk so far
   for (const SchedulerAction& action : decision.actions) {
     RequestState& request = state(action.id);
     switch (action.kind) {
+      case SchedulerAction::Kind::kReadFromDisk:
+        if (!is_host_budget_spent_) batch.num_disk_read_blocks += apply_disk_read(action.id, num_disk_reserved);
+        break;
       case SchedulerAction::Kind::kPreempt:
         apply_preempt(action.id, batch);
         break;
@@ -429,7 +448,26 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
         break;
     }
   }
+  if (decision.is_disk_walk_cut_short) is_host_budget_spent_ = true;
+  apply_prefetch(decision.prefetch);
   return batch;
+}
+
+void Scheduler::apply_prefetch(const PrefetchRequest& prefetch) {
+  // What a step may start: each member's pool at most, and max_bytes over all of them. An agent's
+  // fixed prefix is marked in every member its requests use, so each member prefetches it.
+  KvBlockCounts max_blocks;
+  kv_caches_.for_each([&](KvCacheId id, const KvCacheManager& member) { max_blocks[id] = member.num_total_blocks(); });
+  int64_t max_bytes = prefetch.max_bytes;
+  for (size_t i = 0; i < prefetch.agent_keys.size() && max_bytes > 0; ++i) {
+    kv_caches_.for_each([&](KvCacheId id, KvCacheManager& member) {
+      const int64_t bytes_per_block = prefetch.bytes_per_block[id];
+      const auto allowed = static_cast<int32_t>(std::min<int64_t>(max_blocks[id], max_bytes / bytes_per_block));
+      const int32_t num_started = member.prefetch_agent(prefetch.agent_keys[i], allowed);
+      max_blocks[id] -= num_started;
+      max_bytes -= num_started * bytes_per_block;
+    });
+  }
 }
 
 void Scheduler::apply_preempt(SchedulerRequestId id, ScheduledBatch& batch) {

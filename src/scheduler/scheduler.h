@@ -7,12 +7,13 @@
 //                                              // the KvCacheGroup (counted on a KvCapacityLedger)
 //   ScheduledBatch batch = apply(decision);    // locks, allocates, preempts and starts
 //                                              // demand loads, in decision order
-// Two other calls change the caches, outside that pair: start_disk_reads()
-// (policy 7: reservations and disk reads, before schedule()) and the engine's
-// prefetch of the next agents' prefixes (KvPools, after apply()).
-// plan() does both. apply() first holds the cached prefixes the decision
-// admits requests onto (or loads after), so that the step's own allocations
-// never evict them; otherwise it does what schedule() counted, in order.
+// apply() is the one place that changes the queues and the caches. Policy 7
+// (reservations and disk reads) is a decision of its own, applied before the
+// step's: plan() is apply(schedule_disk_reads()), then apply(schedule()).
+// apply() first holds the cached prefixes the decision admits requests onto
+// (or loads after), so that the step's own allocations never evict them;
+// otherwise it does what schedule() counted, in order, then starts the
+// prefetches the engine asked for (policy 8), so demand loads and admissions go first.
 //
 // A request's tokens (prompt, then generated) and what a step computes:
 //
@@ -57,15 +58,16 @@
 //        it waits for room.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
-//   7. Disk tier: start_disk_reads() (the engine calls it before each plan)
-//      walks the waiting requests in rank order with a host budget per member
-//      (its host blocks). It first clears every reservation, then for each
-//      request, while budget is left: reserves its prefix's device nodes and
-//      host nodes (kv_cache_manager.h "Reservations": host ones are never
-//      evicted, device ones last) up to the budget, counts them and the blocks
-//      being read for it against the budget, and starts a disk -> host read
-//      (KvCacheGroup::start_disk_read, kDemand) of the blocks that follow on
-//      disk, as many as the budget leaves (they are reserved when they land).
+//   7. Disk tier: schedule_disk_reads() lists the waiting requests in rank
+//      order (kReadFromDisk, at most kMaxDiskReadWalk); apply() walks them with
+//      a host budget per member (its host blocks). It first clears every
+//      reservation, then for each request, while budget is left: reserves its
+//      prefix's device nodes and host nodes (disk_tier_planner.h
+//      "Reservations": host ones are never evicted, device ones last) up to the
+//      budget, counts them and the blocks being read for it against the
+//      budget, and starts a disk -> host read (DiskTierPlanner::start_read,
+//      kDemand) of the blocks that follow on disk, as many as the budget
+//      leaves (they are reserved when they land).
 //      The walk stops at the first request that finds no budget left. So the
 //      blocks read for a request stay on the host until it is admitted (then
 //      its lease holds them) or leaves, and reads never outrun the tier.
@@ -76,6 +78,12 @@
 //      worst it is admitted and recomputes what it could not read). When the
 //      read lands, its blocks are host blocks and 6 loads them. A failed read
 //      leaves them off disk.
+//   8. Prefetch (host tier): the engine names the agents about to run, nearest
+//      first, and a byte budget (PrefetchRequest, from KvPools); after the
+//      step's actions apply() starts host -> device loads of each agent's fixed
+//      prefix in every member (and disk -> host reads of what follows on disk;
+//      KvCacheManager::prefetch_agent), each member at most its pool's blocks,
+//      until the budget over all members is spent.
 //
 // Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
 // the main member (RequestKvKeys::key, namespace "fork") and their rCache in
@@ -140,8 +148,16 @@ struct ScheduledBatch {
   // Waiting requests held back this step because their prefix is (now) loading
   // from the host tier (policy 6). The engine measures their wait.
   std::vector<SchedulerRequestId> waiting_on_load;
+  int32_t num_disk_read_blocks = 0;  // blocks (all members) whose disk reads the plan started (policy 7)
   int32_t num_tokens() const;
   bool empty() const { return requests.empty(); }
+};
+
+// Policy 8: what to prefetch after a step (engine/kv_pools.h builds it).
+struct PrefetchRequest {
+  std::vector<std::string> agent_keys;  // nearest to running first
+  int64_t max_bytes = 0;                // over every member together
+  PerKvCache<int64_t> bytes_per_block;  // each member's block size in bytes (> 0 where present)
 };
 
 // One decision of schedule(); apply() carries them out in order.
@@ -155,6 +171,8 @@ struct SchedulerAction {
     kWaitOnLoad,  // a waiting request whose prefix is loading: it waits (policy 6)
     kNoRoom,      // a waiting request whose blocks cannot be had: its cached prefix counts as
                   // used now (LRU), and admission stops for the step (policy 5)
+    kReadFromDisk,  // a waiting request, in rank order (policy 7): reserve its prefix within the host
+                    // budget the requests before it left, and start a demand read of what follows on disk
   };
   Kind kind = Kind::kRun;
   SchedulerRequestId id = 0;
@@ -190,6 +208,7 @@ struct SchedulerAction {
   }
   static SchedulerAction wait_on_load(SchedulerRequestId id) { return of(Kind::kWaitOnLoad, id); }
   static SchedulerAction no_room(SchedulerRequestId id) { return of(Kind::kNoRoom, id); }
+  static SchedulerAction read_from_disk(SchedulerRequestId id) { return of(Kind::kReadFromDisk, id); }
 
  private:
   static SchedulerAction of(Kind kind, SchedulerRequestId id) {
@@ -202,6 +221,13 @@ struct SchedulerAction {
 
 struct SchedulerDecision {
   std::vector<SchedulerAction> actions;
+  // Policy 7 (schedule_disk_reads): apply() first clears every reservation,
+  // then walks the kReadFromDisk actions.
+  bool starts_disk_walk = false;
+  // More requests were waiting than the walk takes; those past it count as past the budget.
+  bool is_disk_walk_cut_short = false;
+  // Policy 8: started after the actions (empty: none).
+  PrefetchRequest prefetch;
 };
 
 class Scheduler {
@@ -222,16 +248,19 @@ class Scheduler {
         priority);
   }
   // The step's decisions (policy above), from the queues and the KvCacheGroup
-  // as they are now. Changes nothing.
-  SchedulerDecision schedule() const;
-  // Carries out a decision of schedule() made with nothing changed since:
+  // as they are now, with the prefetches asked for (none without a host tier).
+  // Changes nothing.
+  SchedulerDecision schedule(const PrefetchRequest& prefetch = {}) const;
+  // Policy 7's walk: a kReadFromDisk action per waiting request, in rank
+  // order (none without a disk tier). Changes nothing.
+  SchedulerDecision schedule_disk_reads() const;
+  // Carries out a decision of schedule() (or schedule_disk_reads()) made with
+  // nothing changed since: re-derives reservations and starts disk reads,
   // preempts, locks prefixes, allocates, starts loads; returns the batch.
   ScheduledBatch apply(const SchedulerDecision& decision);
-  // apply(schedule()).
-  ScheduledBatch plan() { return apply(schedule()); }
-  // Policy 7: re-derives the reservations and starts reads; returns the blocks
-  // (all members) whose reads it started. No-op without a disk tier.
-  int32_t start_disk_reads();
+  // apply(schedule_disk_reads()) (with a disk tier), then
+  // apply(schedule(prefetch)), whose batch counts the disk reads started.
+  ScheduledBatch plan(const PrefetchRequest& prefetch = {});
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
   void complete_step(const ScheduledBatch& batch);
@@ -261,6 +290,10 @@ class Scheduler {
   // apply()'s steps.
   void apply_preempt(SchedulerRequestId id, ScheduledBatch& batch);
   void apply_admit(const SchedulerAction& action, ScheduledBatch& batch);
+  void begin_disk_walk();
+  // Returns the blocks whose reads it started.
+  int32_t apply_disk_read(SchedulerRequestId id, KvBlockCounts& num_reserved);
+  void apply_prefetch(const PrefetchRequest& prefetch);
 
   SchedulerConfig config_;
   KvCacheGroup& kv_caches_;
@@ -269,7 +302,7 @@ class Scheduler {
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<SchedulerRequestId> running_;
   std::vector<SchedulerRequestId> waiting_;
-  // Policy 7: the last start_disk_reads() walk, and whether it stopped for want of host budget (or
+  // Policy 7: the last disk walk applied, and whether it stopped for want of host budget (or
   // after kMaxDiskReadWalk waiting requests: a step's work stays bounded however long the queue).
   static constexpr int32_t kMaxDiskReadWalk = 256;
   int64_t disk_walk_id_ = 0;

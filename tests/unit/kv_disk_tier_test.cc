@@ -1,4 +1,4 @@
-// KV cache manager disk tier (kv_cache_manager.h "Disk tier"), through a fake
+// KV cache manager disk tier (kv/disk_tier_planner.h), through a fake
 // directory: content hashes, write-through names on offloads, lookups past the
 // tree by hash, disk -> host reads joining the tree, failed and orphaned reads,
 // and the scheduler waiting on a read (policy 7). Transfers are finished by
@@ -23,7 +23,7 @@ using Tokens = test::KvTestTokens;
 using test::block_tokens;
 using Kind = KvCacheManager::Transfer::Kind;
 using Reason = KvCacheManager::LoadReason;
-using Status = KvCacheManager::PrefixStatus;
+using Status = PrefixLocation;
 
 class FakeDirectory : public KvBlockDirectory {
  public:
@@ -64,8 +64,8 @@ struct DiskCache {
     for (const auto& transfer : kv.take_transfers()) kv.finish_transfer(transfer.id, succeeded);
   }
   std::vector<int32_t> status(const Tokens& tokens) {
-    const Status s = kv.prefix_status(key, tokens);
-    return {s.num_device_tokens, s.num_loading_tokens, s.num_host_tokens, s.num_disk_tokens};
+    const Status s = kv.prefix_location(key, tokens);
+    return {s.num_device_tokens(), s.num_loading_tokens(), s.num_host_tokens(), s.num_disk_tokens()};
   }
   KvCacheManager kv;
   KvKey key = KvKey::single("base");
@@ -134,11 +134,11 @@ TEST(KvDiskTier, ABlockOnDiskIsReadToTheHostThenLoaded) {
   DiskCache reader(directory, 8, 8);
   reader.run(Tokens(tokens.begin(), tokens.begin() + 2 * kBlock), directory);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 0, 12}));
-  EXPECT_FALSE(reader.kv.disk_read_pending(reader.key, tokens));
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 2), 2);  // max_blocks caps it
-  EXPECT_TRUE(reader.kv.disk_read_pending(reader.key, tokens));
+  EXPECT_FALSE(reader.kv.disk_tier()->read_pending(reader.key, tokens));
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 2), 2);  // max_blocks caps it
+  EXPECT_TRUE(reader.kv.disk_tier()->read_pending(reader.key, tokens));
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 8, 0, 4}));
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 0);  // a read is in the way
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 0);  // a read is in the way
   EXPECT_EQ(reader.kv.integrity_error(), "");
   auto transfers = reader.kv.take_transfers();
   ASSERT_EQ(transfers.size(), 1u);
@@ -153,10 +153,10 @@ TEST(KvDiskTier, ABlockOnDiskIsReadToTheHostThenLoaded) {
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 8, 4}));
   EXPECT_EQ(reader.kv.stats().num_disk_read_blocks, 2);
   // The rest, then host -> device as for any host block.
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 1);
   reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{8, 0, 12, 0}));
-  EXPECT_EQ(reader.kv.start_load(reader.key, tokens, 8), 3);
+  EXPECT_EQ(reader.kv.host_tier()->start_load(reader.key, tokens, 8), 3);
   reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{20, 0, 0, 0}));
   KvLease lease = reader.kv.lock_prefix(reader.key, tokens);
@@ -170,7 +170,7 @@ TEST(KvDiskTier, AFailedReadFreesItsHostBlocksAndJoinsNothing) {
   const Tokens tokens = block_tokens(0, 3);
   writer.run(tokens, directory);
   DiskCache reader(directory, 8, 4);
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 3);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 3);
   EXPECT_EQ(reader.kv.stats().num_host_used_blocks, 3);
   reader.finish_all(false);
   EXPECT_EQ(reader.kv.integrity_error(), "");
@@ -180,7 +180,7 @@ TEST(KvDiskTier, AFailedReadFreesItsHostBlocksAndJoinsNothing) {
   // Its blocks count as not on disk from now on (a file the store kept would fail again): the request
   // computes them instead of waiting on the same read every step.
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 0, 0}));
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 0);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 0);
 }
 
 TEST(KvDiskTier, AReadWhoseParentIsGoneOrRecomputedJoinsNothing) {
@@ -190,7 +190,7 @@ TEST(KvDiskTier, AReadWhoseParentIsGoneOrRecomputedJoinsNothing) {
   writer.run(tokens, directory);
   DiskCache reader(directory, 4, 8);
   reader.run(Tokens(tokens.begin(), tokens.begin() + kBlock), directory);
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 2);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 2);
   const auto reads = reader.kv.take_transfers();
   // Meanwhile a request recomputes the whole prompt.
   reader.run(tokens, directory);
@@ -212,7 +212,7 @@ TEST(KvDiskTier, AReadTakesHostLeavesButNeverItsOwnParent) {
   reader.kv.evict_all_cached();
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 4, 8}));
   // The unrelated host leaf goes; the prompt's own host block (the read's parent) stays.
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, tokens, 8), 1);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, tokens, 8), 1);
   EXPECT_EQ(reader.kv.integrity_error(), "");
   reader.finish_all(true);
   EXPECT_EQ(reader.status(tokens), (std::vector<int32_t>{0, 0, 8, 4}));
@@ -257,13 +257,13 @@ TEST(KvDiskTier, TheSchedulerWaitsOnADiskReadThenRunsOnTheLoadedPrefix) {
   enable_disk(group.main(), directory);
   Scheduler scheduler(SchedulerConfig{}, group);
   scheduler.add(1, prompt, "", "base", 0);
-  EXPECT_EQ(scheduler.start_disk_reads(), 3);
   ScheduledBatch batch = scheduler.plan();
+  EXPECT_EQ(batch.num_disk_read_blocks, 3);
   EXPECT_TRUE(batch.requests.empty());
   EXPECT_EQ(batch.waiting_on_load, (std::vector<SchedulerRequestId>{1}));
   for (const auto& transfer : group.take_transfers()) group.finish_transfer(transfer.cache, transfer.transfer.id, true);
-  EXPECT_EQ(scheduler.start_disk_reads(), 0);
   batch = scheduler.plan();  // the blocks are on the host now: a demand load
+  EXPECT_EQ(batch.num_disk_read_blocks, 0);
   EXPECT_EQ(batch.waiting_on_load, (std::vector<SchedulerRequestId>{1}));
   for (const auto& transfer : group.take_transfers()) group.finish_transfer(transfer.cache, transfer.transfer.id, true);
   batch = scheduler.plan();
@@ -279,7 +279,7 @@ TEST(KvDiskTier, BlocksReadForAWaitingRequestOutliveOtherRequestsBackups) {
   const Tokens prompt = block_tokens(0, 2);
   writer.run(prompt, directory);
   DiskCache reader(directory, 8, 2);
-  EXPECT_EQ(reader.kv.start_disk_read(reader.key, prompt, 8, Reason::kDemand), 2);
+  EXPECT_EQ(reader.kv.disk_tier()->start_read(reader.key, prompt, 8, Reason::kDemand), 2);
   reader.finish_all(true);
   EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{0, 0, 8, 0}));
   EXPECT_EQ(reader.kv.tree().reserved_nodes().size(), 2u);  // a demand read's blocks land reserved
@@ -288,10 +288,10 @@ TEST(KvDiskTier, BlocksReadForAWaitingRequestOutliveOtherRequestsBackups) {
   EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{0, 0, 8, 0}));
   EXPECT_EQ(reader.kv.stats().num_offloaded_blocks, 0);
   // Reserved again (as the scheduler does each step) and loaded: the device copies go last.
-  reader.kv.clear_reservations();
-  const KvCacheManager::PrefixReservation reservation = reader.kv.reserve_prefix(reader.key, prompt, 8);
+  reader.kv.disk_tier()->clear_reservations();
+  const DiskTierPlanner::PrefixReservation reservation = reader.kv.disk_tier()->reserve_prefix(reader.key, prompt, 8);
   EXPECT_EQ(reservation.num_host_blocks, 2);
-  EXPECT_EQ(reader.kv.start_load(reader.key, prompt, 8), 2);
+  EXPECT_EQ(reader.kv.host_tier()->start_load(reader.key, prompt, 8), 2);
   reader.finish_all(true);
   EXPECT_EQ(reader.kv.num_reserved_cached_blocks(), 2);
   KvLease other = reader.kv.lock_prefix(reader.key, block_tokens(200, 1));
@@ -299,7 +299,7 @@ TEST(KvDiskTier, BlocksReadForAWaitingRequestOutliveOtherRequestsBackups) {
   EXPECT_EQ(reader.status(prompt), (std::vector<int32_t>{8, 0, 0, 0}));
   // Once unreserved, a backup may take their host blocks again.
   other.release();
-  reader.kv.clear_reservations();
+  reader.kv.disk_tier()->clear_reservations();
   EXPECT_EQ(reader.kv.integrity_error(), "");
   reader.kv.evict_all_cached();
   reader.run(block_tokens(300, 2), directory);
@@ -315,7 +315,6 @@ std::map<SchedulerRequestId, int32_t> run_to_completion(Scheduler& scheduler, Kv
                                                         FakeDirectory& directory) {
   std::map<SchedulerRequestId, int32_t> hits;
   for (int32_t step = 0; step < 100 && scheduler.has_work(); ++step) {
-    scheduler.start_disk_reads();
     const ScheduledBatch batch = scheduler.plan();
     for (const auto& transfer : group.take_transfers()) {
       for (const KvBlockHash& hash : transfer.transfer.block_hashes)

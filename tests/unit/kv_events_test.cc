@@ -162,7 +162,7 @@ TEST(KvEvents, BackupsStoreOnTheHostWhenTheCopyEndsAndEvictionMovesBlocksThere) 
   EXPECT_EQ(cache.sink.take(), (Events{"-GPU base@8", "-GPU base@4", "-GPU base@0"}));
   EXPECT_EQ(cache.num_device_blocks_announced(tokens), 0);
   // A load: stored on the device again when it has finished.
-  EXPECT_EQ(cache.kv.start_load(KvKey::single("base"), tokens, 8), 3);
+  EXPECT_EQ(cache.kv.host_tier()->start_load(KvKey::single("base"), tokens, 8), 3);
   EXPECT_EQ(cache.sink.take(), Events{});
   cache.finish_all();
   EXPECT_EQ(cache.sink.take(), (Events{"+GPU base@0<", "+GPU base@4<0", "+GPU base@8<4"}));
@@ -188,7 +188,7 @@ TEST(KvEvents, HostEvictionRemovesHostLeavesAndAFailedLoadItsBlocks) {
   // A load that fails drops the host copies it read (and what hangs below them).
   cache.kv.evict_all_cached();
   cache.sink.take();
-  ASSERT_EQ(cache.kv.start_load(KvKey::single("base"), block_tokens(100, 2), 8), 2);
+  ASSERT_EQ(cache.kv.host_tier()->start_load(KvKey::single("base"), block_tokens(100, 2), 8), 2);
   cache.finish_all(false);
   EXPECT_EQ(cache.sink.take(), (Events{"-CPU base@104", "-CPU base@100"}));
   EXPECT_TRUE(cache.sink.held.empty());
@@ -239,9 +239,9 @@ TEST(KvEvents, WriteThroughStoresBlocksOnDiskUntilTheStoreTrimsThem) {
   EXPECT_EQ(cache.sink.held.count({KvMedium::kDisk, first}), 1u);
   // The store trimmed block 0 and a block this cache never announced: only block 0 is removed.
   const std::vector<KvBlockHash> trimmed = {first, hash_string("another server's block")};
-  cache.kv.disk_blocks_removed(trimmed);
+  cache.kv.disk_tier()->blocks_removed(trimmed);
   EXPECT_EQ(cache.sink.take(), (Events{"-DISK base@0"}));
-  cache.kv.disk_blocks_removed(trimmed);  // told twice: removed once
+  cache.kv.disk_tier()->blocks_removed(trimmed);  // told twice: removed once
   EXPECT_EQ(cache.sink.take(), Events{});
 }
 
@@ -276,11 +276,11 @@ TEST(KvEvents, DiskReadsStoreBlocksOnTheHost) {
   reader.enable_block_hashes(naming());
   reader.set_event_sink(&sink, KvCacheId::kMain);
   reader.enable_disk_tier({&directory});
-  ASSERT_EQ(reader.start_disk_read(KvKey::single("base"), tokens, 8), 3);
+  ASSERT_EQ(reader.disk_tier()->start_read(KvKey::single("base"), tokens, 8), 3);
   EXPECT_EQ(sink.take(), Events{});  // a read in flight stores nothing yet
   for (const auto& transfer : reader.take_transfers()) reader.finish_transfer(transfer.id, true);
   EXPECT_EQ(sink.take(), (Events{"+CPU base@0<", "+CPU base@4<0", "+CPU base@8<4"}));
-  ASSERT_EQ(reader.start_load(KvKey::single("base"), tokens, 8), 3);
+  ASSERT_EQ(reader.host_tier()->start_load(KvKey::single("base"), tokens, 8), 3);
   for (const auto& transfer : reader.take_transfers()) reader.finish_transfer(transfer.id, true);
   EXPECT_EQ(sink.take(), (Events{"+GPU base@0<", "+GPU base@4<0", "+GPU base@8<4"}));
   EXPECT_EQ(reader.integrity_error(), "");

@@ -22,11 +22,11 @@ using test::concat;
 using Kind = KvCacheManager::Transfer::Kind;
 using Reason = KvCacheManager::LoadReason;
 using Policy = KvCacheManager::EvictionPolicy;
-using Status = KvCacheManager::PrefixStatus;
+using Status = PrefixLocation;
 
 // {device, loading, host} tokens.
 std::vector<int32_t> as_vector(const Status& status) {
-  return {status.num_device_tokens, status.num_loading_tokens, status.num_host_tokens};
+  return {status.num_device_tokens(), status.num_loading_tokens(), status.num_host_tokens()};
 }
 
 class HostTierCache {
@@ -61,7 +61,11 @@ class HostTierCache {
     }
     EXPECT_EQ(kv.num_transfers_in_flight(), 0);
   }
-  Status status(const Tokens& tokens) { return kv.prefix_status(key, tokens); }
+  Status status(const Tokens& tokens) { return kv.prefix_location(key, tokens); }
+  // The host tier's start_load (0 without one).
+  int32_t start_load(const Tokens& tokens, int32_t max_blocks, Reason reason = Reason::kDemand) {
+    return kv.host_tier() != nullptr ? kv.host_tier()->start_load(key, tokens, max_blocks, reason) : 0;
+  }
   std::vector<RadixNode*> path(const Tokens& tokens) const { return kv.tree().match_any_tier(key, tokens); }
   Ids device_ids(const Tokens& tokens) const {
     Ids ids;
@@ -134,11 +138,11 @@ TEST(KvHostTierTest, OffloadEvictLoadRoundTrip) {
   EXPECT_EQ(cache.kv.integrity_error(), "");
 
   // Demand load: b's blocks 3, 2, 1 go to the host (b's leaf first), a loads into 1, 2, 3.
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 3, Reason::kDemand), 3);
+  EXPECT_EQ(cache.start_load(a, 3, Reason::kDemand), 3);
   EXPECT_EQ(cache.kv.integrity_error(), "");
   EXPECT_EQ(cache.tiers(b), (std::vector<KvTier>{kDev, kHost, kHost, kHost}));
   EXPECT_EQ(as_vector(cache.status(a)), (std::vector<int32_t>{0, 12, 0}));
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 3, Reason::kDemand), 0);  // already loading
+  EXPECT_EQ(cache.start_load(a, 3, Reason::kDemand), 0);  // already loading
   EXPECT_EQ(cache.kv.lock_prefix(cache.key, a).num_blocks(), 0);
   EXPECT_EQ(cache.kv.stats().num_in_use_blocks, 3);  // the loading blocks are pinned
   transfers = cache.take();
@@ -189,7 +193,7 @@ TEST(KvHostTierTest, LeaseReleasedWhileOffloadingAndRequestCancelledWhileLoading
   KvLease lease = cache.kv.lock_prefix(cache.key, a);
   EXPECT_EQ(lease.block_ids(), (Ids{0, 1}));
   EXPECT_EQ(as_vector(cache.status(a)), (std::vector<int32_t>{8, 0, 4}));
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 1), 1);
+  EXPECT_EQ(cache.start_load(a, 1), 1);
   EXPECT_EQ(cache.device_ids(a), (Ids{0, 1, 3}));
   EXPECT_EQ(cache.tiers(c), (std::vector<KvTier>{kDev, kHost}));
   // Cancelled while loading: the path stays pinned by the load.
@@ -231,7 +235,7 @@ TEST(KvHostTierTest, FailedOffloadLeavesNoBackupAndFailedLoadDropsTheHostCopies)
   EXPECT_EQ(cache.device_ids(d), (Ids{1, 2, 3, 4}));
   EXPECT_EQ(as_vector(cache.status(a)), (std::vector<int32_t>{4, 0, 8}));
   // The load evicts d's leaves (4, then 3), never a's pinned first block (older).
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 8), 2);
+  EXPECT_EQ(cache.start_load(a, 8), 2);
   auto transfers = cache.take();
   ASSERT_EQ(transfers.size(), 1u);
   EXPECT_EQ(transfers[0].device_block_ids, (Ids{3, 4}));
@@ -346,7 +350,9 @@ TEST(KvHostTierTest, PrefetchNeverEvictsANearerAgent) {
   EXPECT_EQ(transfers[0].host_block_ids, cache.host_ids(c));
   // A request for c arrives before the prefetch is done: late.
   EXPECT_EQ(as_vector(cache.status(c)), (std::vector<int32_t>{0, 8, 0}));
+  cache.kv.count_late_prefetch(cache.key, c);
   EXPECT_EQ(as_vector(cache.status(c)), (std::vector<int32_t>{0, 8, 0}));
+  cache.kv.count_late_prefetch(cache.key, c);
   EXPECT_EQ(cache.kv.stats().num_prefetch_late_blocks, 2);  // once per block
   cache.kv.finish_transfer(transfers[0].id, true);
   EXPECT_EQ(cache.kv.stats().num_prefetched_blocks, 2);
@@ -375,7 +381,7 @@ TEST(KvHostTierTest, PrefetchNeverEvictsANearerAgent) {
   // Under kLru a prefetch only takes free blocks; a demand load evicts.
   cache.kv.set_eviction_policy(Policy::kLru);
   EXPECT_EQ(cache.kv.prefetch_agent("w/e", 8), 0);
-  EXPECT_EQ(cache.kv.start_load(cache.key, e, 8, Reason::kDemand), 2);
+  EXPECT_EQ(cache.start_load(e, 8, Reason::kDemand), 2);
   cache.finish_all(true);
   EXPECT_EQ(as_vector(cache.status(e)), (std::vector<int32_t>{8, 0, 0}));
   EXPECT_EQ(cache.kv.integrity_error(), "");
@@ -395,7 +401,7 @@ TEST(KvHostTierTest, RecomputedHostBlockIsAdoptedAndALoadingBlockStopsACommit) {
   lease.release();
   EXPECT_EQ(cache.kv.evict_all_cached(), 2);
   // One request loads a; another recomputes it meanwhile and cannot commit over the load.
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 8), 2);
+  EXPECT_EQ(cache.start_load(a, 8), 2);
   KvLease other = cache.kv.lock_prefix(cache.key, a);
   ASSERT_TRUE(cache.kv.allocate(other, 2));
   cache.kv.commit(other, a, 2 * kBlock);
@@ -445,11 +451,11 @@ std::vector<Arrival> run_cycle_with_host_tier(Policy policy, bool prefetch, KvCa
         const int32_t target = (running + distance) % 4;
         std::map<int32_t, int32_t> nearer_device_tokens;
         for (int32_t agent = 0; agent < 4; ++agent)
-          if (steps_of(agent) < distance) nearer_device_tokens[agent] = cache.status(fixed_of(agent)).num_device_tokens;
+          if (steps_of(agent) < distance) nearer_device_tokens[agent] = cache.status(fixed_of(agent)).num_device_tokens();
         cache.kv.prefetch_agent("wf/" + agents[static_cast<size_t>(target)], 12);
         EXPECT_EQ(cache.kv.integrity_error(), "");
         for (const auto& [agent, num_tokens] : nearer_device_tokens)
-          EXPECT_EQ(cache.status(fixed_of(agent)).num_device_tokens, num_tokens)
+          EXPECT_EQ(cache.status(fixed_of(agent)).num_device_tokens(), num_tokens)
               << "prefetching " << agents[static_cast<size_t>(target)] << " evicted the nearer "
               << agents[static_cast<size_t>(agent)];
         cache.finish_all(true);
@@ -458,8 +464,8 @@ std::vector<Arrival> run_cycle_with_host_tier(Policy policy, bool prefetch, KvCa
     const Tokens fixed = fixed_of(running);
     const Tokens tokens = concat(fixed, block_tokens(100000 + 100 * turn, 1));
     const Status status = cache.status(tokens);
-    if (status.num_host_tokens > 0) {
-      EXPECT_GT(cache.kv.start_load(cache.key, tokens, status.num_host_tokens / kBlock), 0);
+    if (status.num_host_tokens() > 0) {
+      EXPECT_GT(cache.start_load(tokens, status.num_host_tokens() / kBlock), 0);
       cache.finish_all(true);
     }
     cache.run(tokens);
@@ -515,15 +521,15 @@ TEST(KvHostTierTest, Fig1CycleWorkflowPolicyWithPrefetchFindsEveryPrefixOnTheDev
 
 TEST(KvHostTierTest, WithoutAHostTierNothingIsPlanned) {
   HostTierCache cache(4, 0);
-  EXPECT_FALSE(cache.kv.has_host_tier());
-  EXPECT_EQ(cache.kv.num_host_blocks(), 0);
+  EXPECT_EQ(cache.kv.host_tier(), nullptr);
+  EXPECT_EQ(cache.kv.stats().num_host_total_blocks, 0);
   const Tokens a = block_tokens(1000, 3);
   cache.compute(a).release();
   EXPECT_TRUE(cache.kv.take_transfers().empty());
   cache.run(block_tokens(2000, 2));  // evicts a's last block: removed
   EXPECT_EQ(cache.path(a).size(), 2u);
   EXPECT_EQ(as_vector(cache.status(a)), (std::vector<int32_t>{8, 0, 0}));
-  EXPECT_EQ(cache.kv.start_load(cache.key, a, 8), 0);
+  EXPECT_EQ(cache.start_load(a, 8), 0);
   cache.mark("w/a", a);
   EXPECT_EQ(cache.kv.prefetch_agent("w/a", 8), 0);
   EXPECT_TRUE(cache.kv.take_transfers().empty());

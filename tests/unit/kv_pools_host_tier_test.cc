@@ -123,7 +123,7 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
   Fixture f(config_with_host(2560));
   EXPECT_EQ(f.backend.num_host_kv_blocks(KvPoolKind::kMain), 2 * kMainBlocks);
   EXPECT_EQ(f.backend.num_host_kv_blocks(KvPoolKind::kResidual), 2 * kResidualBlocks);
-  EXPECT_EQ(f.member(KvCacheId::kResidual).num_host_blocks(), 2 * kResidualBlocks);
+  EXPECT_EQ(f.member(KvCacheId::kResidual).host_tier()->num_host_blocks(), 2 * kResidualBlocks);
   ASSERT_TRUE(f.pools.has_host_tier());
 
   // A forked request's 3 blocks in each member: each member plans its transfer 1.
@@ -133,9 +133,9 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
   commit_blocks(f.member(KvCacheId::kMain), kBCacheKey, tokens);
   commit_blocks(f.member(KvCacheId::kResidual), kRCacheKey, tokens);
   std::vector<int32_t> main_blocks, residual_blocks;
-  for (const RadixNode* node : f.member(KvCacheId::kMain).prefix_path(kBCacheKey, tokens))
+  for (const RadixNode* node : f.member(KvCacheId::kMain).tree().match_any_tier(kBCacheKey, tokens))
     main_blocks.push_back(node->block_id);
-  for (const RadixNode* node : f.member(KvCacheId::kResidual).prefix_path(kRCacheKey, tokens))
+  for (const RadixNode* node : f.member(KvCacheId::kResidual).tree().match_any_tier(kRCacheKey, tokens))
     residual_blocks.push_back(node->block_id);
   std::sort(main_blocks.begin(), main_blocks.end());
   std::sort(residual_blocks.begin(), residual_blocks.end());
@@ -151,7 +151,7 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
 
   // The rCache evicted to the host and loaded back on demand: a residual load only.
   f.member(KvCacheId::kResidual).evict_all_cached();
-  ASSERT_EQ(f.member(KvCacheId::kResidual).prefix_status(kRCacheKey, tokens).num_host_tokens, 12);
+  ASSERT_EQ(f.member(KvCacheId::kResidual).prefix_location(kRCacheKey, tokens).num_host_tokens(), 12);
   const RequestKvKeys keys{kBCacheKey, residual_kv_namespace("A")};
   EXPECT_EQ(f.pools.caches().start_load(keys, tokens, counts(0, 3), KvCacheManager::LoadReason::kDemand), counts(0, 3));
   f.pools.pump_transfers();
@@ -160,7 +160,7 @@ TEST(KvPoolsHostTierTest, EachMembersTransfersRunOnItsOwnPool) {
   ASSERT_EQ(loads.size(), 1u);
   EXPECT_EQ(loads[0].size(), 3u);
   EXPECT_TRUE(f.copies(KvPoolKind::kMain, KvCopyDirection::kHostToDevice).empty());
-  EXPECT_EQ(f.member(KvCacheId::kResidual).prefix_status(kRCacheKey, tokens).num_device_tokens, 12);
+  EXPECT_EQ(f.member(KvCacheId::kResidual).prefix_location(kRCacheKey, tokens).num_device_tokens(), 12);
   EXPECT_EQ(f.member(KvCacheId::kResidual).stats().num_loaded_blocks, 3);
   EXPECT_EQ(f.member(KvCacheId::kMain).stats().num_loaded_blocks, 0);
 }
@@ -176,18 +176,19 @@ TEST(KvPoolsHostTierTest, PrefetchLoadsTheRCacheOfTheNextAgentWithinOneByteBudge
   f.pools.caches().set_agent_fixed_prefix("w/a", keys, tokens, 12);  // in both members
   f.pools.drain_transfers();  // the backups
   f.pools.caches().evict_all_cached();
-  for (KvCacheId id : kAllKvCaches) ASSERT_EQ(f.member(id).prefix_status(keys.key_in(id), tokens).num_host_tokens, 12);
+  for (KvCacheId id : kAllKvCaches) ASSERT_EQ(f.member(id).prefix_location(keys.key_in(id), tokens).num_host_tokens(), 12);
 
-  f.pools.prefetch_next_agents({{"w/a", 1}, {"w/b", kStepsFar}});
+  Scheduler scheduler(SchedulerConfig{}, f.pools.caches());  // it starts the prefetches (policy 8)
+  scheduler.plan(f.pools.prefetch_request({{"w/a", 1}, {"w/b", kStepsFar}}));
   f.pools.drain_transfers();
   EXPECT_EQ(f.member(KvCacheId::kMain).stats().num_prefetched_blocks, 3);
   EXPECT_EQ(f.member(KvCacheId::kResidual).stats().num_prefetched_blocks, 1);  // what the budget left
   EXPECT_EQ(f.copies(KvPoolKind::kResidual, KvCopyDirection::kHostToDevice).size(), 1u);
   // The next step's prefetch takes the rest of the rCache prefix.
-  f.pools.prefetch_next_agents({{"w/a", 1}});
+  scheduler.plan(f.pools.prefetch_request({{"w/a", 1}}));
   f.pools.drain_transfers();
   EXPECT_EQ(f.member(KvCacheId::kResidual).stats().num_prefetched_blocks, 3);
-  EXPECT_EQ(f.member(KvCacheId::kResidual).prefix_status(keys.key_in(KvCacheId::kResidual), tokens).num_device_tokens,
+  EXPECT_EQ(f.member(KvCacheId::kResidual).prefix_location(keys.key_in(KvCacheId::kResidual), tokens).num_device_tokens(),
             12);
 }
 

@@ -129,7 +129,7 @@ TEST(SchedulerHostTierTest, LoadingRequestWaitsWhileOthersRunThenHitsItsWholePre
   Harness h(/*num_blocks=*/16, /*num_host_blocks=*/16);
   const Tokens shared = prompt(12, 1);  // 3 blocks
   put_prefix_on_host(h, shared);
-  EXPECT_EQ(h.cache.prefix_status(KvKey::single("base"), shared).num_host_tokens, 12);
+  EXPECT_EQ(h.cache.prefix_location(KvKey::single("base"), shared).num_host_tokens(), 12);
 
   Tokens with_suffix = shared;
   with_suffix.insert(with_suffix.end(), {5, 6, 7});
@@ -202,8 +202,8 @@ TEST(SchedulerHostTierTest, FullHostPoolDegradesToRecompute) {
   Harness h(16, /*num_host_blocks=*/1);  // room for one backup of three blocks
   const Tokens shared = prompt(12, 5);
   put_prefix_on_host(h, shared);
-  const KvCacheManager::PrefixStatus status = h.cache.prefix_status(KvKey::single("base"), shared);
-  EXPECT_EQ(status.num_device_tokens + status.num_host_tokens, 4);  // only the backed-up first block survives
+  const PrefixLocation status = h.cache.prefix_location(KvKey::single("base"), shared);
+  EXPECT_EQ(status.num_device_tokens() + status.num_host_tokens(), 4);  // only the backed-up first block survives
   Tokens with_suffix = shared;
   with_suffix.push_back(1);
   h.add(1, with_suffix, 2);

@@ -121,10 +121,10 @@ class Harness {
     backend.scramble_kv(pool_of(member));
     EXPECT_EQ(kv_caches[member].stats().num_cached_blocks, 0);
   }
-  KvCacheManager::PrefixStatus status(KvCacheId member, const Tokens& tokens) {
+  PrefixLocation status(KvCacheId member, const Tokens& tokens) {
     const KvKey key = member == KvCacheId::kMain ? KvKey::single(kForkedBaseKvNamespace)
                                                  : KvKey::single(residual_kv_namespace("A"));
-    return kv_caches[member].prefix_status(key, tokens);
+    return kv_caches[member].prefix_location(key, tokens);
   }
 
   KvCacheGroup kv_caches;
@@ -157,15 +157,15 @@ TEST(SchedulerResidualHostTierTest, RCacheOnTheHostLoadsBackWhileTheBCacheStaysA
   h.warm_up(shared);
   EXPECT_EQ(h.kv_caches[KvCacheId::kResidual].stats().num_offloaded_blocks, 3);
   h.evict_to_host(KvCacheId::kResidual);
-  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_host_tokens, 12);
-  EXPECT_EQ(h.status(KvCacheId::kMain, shared).num_device_tokens, 12);
+  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_host_tokens(), 12);
+  EXPECT_EQ(h.status(KvCacheId::kMain, shared).num_device_tokens(), 12);
 
   const Tokens request = with_suffix(shared, {5, 6, 7});
   h.add(1, request, 3);
   ScheduledBatch plan = h.step();  // its rCache prefix starts loading; it waits
   EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
   EXPECT_TRUE(plan.requests.empty());
-  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_loading_tokens, 12);
+  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_loading_tokens(), 12);
   h.run_transfers(Kind::kOffload);  // the load stays in flight
   plan = h.step();                  // still loading: it waits again
   EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
@@ -197,8 +197,8 @@ TEST(SchedulerResidualHostTierTest, BCacheAndRCacheLoadTogether) {
   EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
   ASSERT_EQ(plan.requests.size(), 1u);
   EXPECT_EQ(plan.requests[0].id, 2);
-  EXPECT_EQ(h.status(KvCacheId::kMain, shared).num_loading_tokens, 12);
-  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_loading_tokens, 12);
+  EXPECT_EQ(h.status(KvCacheId::kMain, shared).num_loading_tokens(), 12);
+  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_loading_tokens(), 12);
   h.run_to_completion();
   EXPECT_EQ(h.admitted.at(1).num_prefix_hit_tokens, 12);
   EXPECT_EQ(h.outputs.at(1), reference_output(request, 2));
@@ -231,7 +231,7 @@ TEST(SchedulerResidualHostTierTest, WithoutAHostTierAnEvictedRCacheIsRecomputed)
   const Tokens shared = prompt(12, 5);
   h.warm_up(shared);
   h.evict_to_host(KvCacheId::kResidual);
-  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_host_tokens, 0);
+  EXPECT_EQ(h.status(KvCacheId::kResidual, shared).num_host_tokens(), 0);
   const Tokens request = with_suffix(shared, {8});
   h.add(1, request, 2);
   EXPECT_TRUE(h.step().waiting_on_load.empty());
