@@ -162,6 +162,7 @@ ToolChoice parse_tool_choice(const Json& body, toolcall::ParserKind server_parse
         throw_bad_request("tool_choice.function.name",
                           fmt::format("tool_choice names the function {}, which is not in 'tools'",
                                       dump_json(choice.function_name)));
+      if (tool->strict) check_strict_parameters(*tool, static_cast<size_t>(tool - tools.begin()));
       choice.output_schema = tool->parameters;
       choice.output_schema_strict = tool->strict;
       break;

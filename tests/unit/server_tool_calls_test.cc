@@ -171,8 +171,8 @@ TEST_F(ToolChoiceTest, ForcedCallsKeepThePropertiesOrder) {
 
 // vLLM's behaviour: with a forced call, the tool's schema is the constraint; response_format is not read.
 TEST_F(ToolChoiceTest, ForcedCallGovernsOverResponseFormat) {
-  const Json format = {{"type", "json_schema"},
-                       {"json_schema", {{"name", "out"}, {"schema", {{"type", "object"}, {"properties", {{"answer", {{"type", "string"}}}}}, {"required", {"answer"}}}}}}}};
+  const Json format = Json::parse(R"({"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object",
+      "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}})");
   const ParsedRequest parsed = parse({{"tools", tools()}, {"tool_choice", "required"}, {"response_format", format}});
   EXPECT_TRUE(constraint_accepts(parsed, R"([{"name":"get_weather","parameters":{"city":"Paris"}}])"));
   EXPECT_FALSE(constraint_accepts(parsed, R"({"answer":"x"})"));
