@@ -168,7 +168,12 @@ std::optional<Symbol> bounded_number(GrammarBuilder& builder, const NumberBounds
       (!bounds.lo || *bounds.hi - 1 >= *bounds.lo))
     add_all(digits.non_negative(static_cast<uint64_t>(-*bounds.hi), static_cast<uint64_t>(-*bounds.hi)), '-',
             nonzero_fraction);
-  require_options(options);
+  if (options.empty()) {
+    const bool empty_range = bounds.lo && bounds.hi &&
+                             (*bounds.lo > *bounds.hi || (*bounds.lo == *bounds.hi && (bounds.lo_exclusive || bounds.hi_exclusive)));
+    if (empty_range) require_options(options);
+    return std::nullopt;  // a range without an integer or a whole unit: not handled
+  }
   return builder.alternatives(options, "bounded number");
 }
 

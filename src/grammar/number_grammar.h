@@ -33,7 +33,9 @@ struct NumberBounds {
 // handled). Throws Error(kInvalidArgument) when no integer is in range.
 std::optional<Symbol> bounded_integer(GrammarBuilder& builder, const NumberBounds& bounds);
 
-// The numbers within `bounds`, as described above. nullopt and throws as bounded_integer.
+// The numbers within `bounds`, as described above. nullopt as bounded_integer,
+// and for a range that holds neither an integer nor a whole unit; throws
+// Error(kInvalidArgument) for an empty range.
 std::optional<Symbol> bounded_number(GrammarBuilder& builder, const NumberBounds& bounds);
 
 }  // namespace loom::grammar

@@ -116,6 +116,12 @@ TEST(SchemaNumberBounds, SoundAndCoveringTheCommonCases) {
   for (const char* ok : {"-0.5", "-10", "-9.99", "-1"}) EXPECT_TRUE(negative.accepts(ok)) << ok;
   for (const char* bad : {"0", "-0.0", "0.5", "-10.5", "-11"}) EXPECT_FALSE(negative.accepts(bad)) << bad;
 
+  // A range without an integer or a whole unit: named under strict, listed otherwise; an empty one is an error.
+  EXPECT_NE(strict_error(R"({"type":"number","minimum":0.25,"maximum":0.75})").find("'minimum'"), std::string::npos);
+  const Schema narrow(R"({"type":"number","minimum":0.25,"maximum":0.75})", SchemaStrictness::kLenient);
+  EXPECT_EQ(narrow.unenforced().size(), 2u);
+  EXPECT_NE(strict_error(R"({"type":"number","minimum":2,"exclusiveMaximum":2})").find("no value"), std::string::npos);
+
   // Soundness over many candidates and ranges, fractional bounds included.
   const std::pair<double, double> ranges[] = {{-1.5, 2.5}, {0, 10}, {-7, -2}, {0.25, 3}, {-100, 100}};
   for (const auto& [lo, hi] : ranges) {
