@@ -73,7 +73,8 @@ class DigitRanges {
                                                 hi ? std::optional<uint64_t>(static_cast<uint64_t>(*hi)) : std::nullopt);
     if (!lo || *lo < 0) {
       const uint64_t magnitude_lo = hi && *hi < 0 ? static_cast<uint64_t>(-*hi) : 1;
-      const std::optional<uint64_t> magnitude_hi = lo ? std::optional<uint64_t>(static_cast<uint64_t>(-*lo)) : std::nullopt;
+      std::optional<uint64_t> magnitude_hi;
+      if (lo) magnitude_hi = static_cast<uint64_t>(-*lo);
       for (const Sequence& magnitude : non_negative(magnitude_lo, magnitude_hi))
         options.push_back(prefixed('-', magnitude));
     }

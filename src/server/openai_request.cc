@@ -346,7 +346,10 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
                                    has(body, "guided_json") || has(body, "guided_regex") ||
                                    has(body, "guided_choice") || has(body, "guided_grammar");
   const OrderedJson ordered_body =
-      (is_chat && has(body, "tools")) || asks_for_constraint ? OrderedJson::parse(body_text) : OrderedJson::object();
+      (is_chat && (has(body, "tools") || has(body, "tool_choice") || has(body, "parallel_tool_calls"))) ||
+              asks_for_constraint
+          ? OrderedJson::parse(body_text)
+          : OrderedJson::object();
   if (is_chat) {
     parsed.tool_choice = parse_tool_choice(ordered_body, context.tool_call_parser);
     // vLLM's rule: call markers are special tokens in most vocabularies
