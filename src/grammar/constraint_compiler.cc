@@ -47,8 +47,10 @@ CacheGauge ConstraintCompiler::cache_gauge() {
   return {"grammars", static_cast<int64_t>(recent_.size()), static_cast<int64_t>(cache_entries_), bytes_, evictions_};
 }
 
-std::shared_ptr<const CompiledGrammar> ConstraintCompiler::json_schema(const nlohmann::json& schema) {
-  return cached("json_schema\n" + schema.dump(), [&] { return json_schema_grammar(schema, limits_); });
+std::shared_ptr<const CompiledGrammar> ConstraintCompiler::json_schema(const nlohmann::ordered_json& schema,
+                                                                    SchemaStrictness strictness) {
+  const char* mode = strictness == SchemaStrictness::kStrict ? "json_schema strict\n" : "json_schema lenient\n";
+  return cached(mode + schema.dump(), [&] { return json_schema_grammar(schema, limits_, strictness); });
 }
 
 std::shared_ptr<const CompiledGrammar> ConstraintCompiler::json_object() {

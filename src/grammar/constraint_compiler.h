@@ -23,6 +23,7 @@
 
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar.h"
+#include "grammar/json_schema_compiler.h"
 #include "grammar/token_vocabulary.h"
 #include "util/cache_gauge.h"
 
@@ -33,7 +34,10 @@ class ConstraintCompiler {
   explicit ConstraintCompiler(std::shared_ptr<const TokenVocabulary> vocabulary, size_t cache_entries = 64,
                               GrammarLimits limits = {}, CompileBudget budget = {});
 
-  std::shared_ptr<const CompiledGrammar> json_schema(const nlohmann::json& schema);
+  // Members in the order of `schema`'s properties. Lenient: what the grammar
+  // cannot enforce is in the result's grammar().unenforced instead of an Error.
+  std::shared_ptr<const CompiledGrammar> json_schema(const nlohmann::ordered_json& schema,
+                                                     SchemaStrictness strictness = SchemaStrictness::kStrict);
   std::shared_ptr<const CompiledGrammar> json_object();
   std::shared_ptr<const CompiledGrammar> regex(std::string_view pattern);
   std::shared_ptr<const CompiledGrammar> choice(const std::vector<std::string>& choices);

@@ -57,12 +57,20 @@ struct Element {
   int32_t value = 0;  // kBytes: index into Grammar::classes; kRule: rule id
 };
 
+// A keyword of a grammar's source that the grammar does not enforce (a JSON
+// schema compiled leniently: what no grammar here can express).
+struct UnenforcedKeyword {
+  std::string keyword;  // "uniqueItems"
+  std::string path;     // where, as a JSON pointer into the schema ("" = the root)
+};
+
 struct Grammar {
   std::vector<ByteClass> classes;
   std::vector<Element> elements;  // every alternative, each ending with a kEnd element
   std::vector<std::vector<int32_t>> rule_alternatives;  // per rule: the positions its alternatives start at
   std::vector<std::string> rule_names;                  // for error messages
   int32_t root_rule = 0;
+  std::vector<UnenforcedKeyword> unenforced;  // empty unless the compiler was lenient
 
   const ByteClass& byte_class_at(int32_t position) const { return classes[static_cast<size_t>(elements[static_cast<size_t>(position)].value)]; }
   int32_t num_rules() const { return static_cast<int32_t>(rule_alternatives.size()); }

@@ -3,24 +3,38 @@
 // offers as any_whitespace=false. Compact output is valid JSON and cannot
 // waste the token budget on blanks (which a weak model otherwise does).
 //
-// Supported (the subset of OpenAI strict mode and of common vLLM use):
-//   type (a name or a list), object (properties in key order — the parsed
-//   schema object sorts its keys; member order does not affect validity —, required,
-//   additionalProperties false / true / a schema — absent counts as false when
-//   `properties` is given, as xgrammar's strict mode; an object schema without
-//   properties takes any members), array (items, prefixItems, minItems,
-//   maxItems), string (minLength, maxLength, pattern, format: date, time,
-//   date-time, uuid, email, ipv4), number, integer, boolean, null, enum, const,
-//   anyOf / oneOf (as alternatives: oneOf's exclusivity is not enforced), allOf
-//   with one entry, $ref to #, #/$defs/... and #/definitions/... (recursion allowed).
+// Object members come in the order of the schema's `properties` (the schema
+// must be an nlohmann::ordered_json parsed from the client's text for that
+// order to be the client's), then members named only in `required`, then
+// additional members.
+//
+// Enforced exactly:
+//   type (a name or a list), enum, const, anyOf, $ref to #, #/$defs/... and
+//   #/definitions/... (recursion allowed), allOf with one entry;
+//   object: properties, required, additionalProperties false / true / a schema
+//   (absent counts as false when `properties` or `patternProperties` is given,
+//   as xgrammar's strict mode; an object schema without them takes any members),
+//   minProperties / maxProperties (up to 64), patternProperties (without
+//   `properties` beside it: only pattern-named members are generated),
+//   propertyNames (on additional members, when nothing else names members);
+//   array: items, prefixItems, minItems, maxItems, uniqueItems when the items
+//   are one of at most 8 values (enum, const, boolean, null) or maxItems <= 1;
+//   string: minLength, maxLength, pattern (anchored), format (string_formats.h),
+//   a length bound beside pattern/format when the format implies it;
+//   integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (bounds within +-9e18).
+// Enforced soundly but not completely (every output is valid, some valid values
+//   are never produced): number bounds (number_grammar.h), oneOf (as anyOf:
+//   exclusivity is not checked), a keyword such as minimum without `type` (its type is implied).
 // Ignored (annotations): title, description, default, examples, $schema, $id,
 //   $comment, deprecated, readOnly, writeOnly, $defs/definitions themselves.
-// Refused with Error(kUnsupported) naming the keyword and where it is:
-//   minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf,
-//   uniqueItems, contains, minContains, maxContains, patternProperties,
-//   propertyNames, minProperties, maxProperties, not, if/then/else, allOf of
-//   several, dependentRequired, dependentSchemas, unevaluatedProperties,
-//   unevaluatedItems, other formats, other $ref targets.
+// Not enforceable here: multipleOf, contains, minContains, maxContains, not,
+//   if/then/else, dependentRequired, dependentSchemas, dependencies,
+//   unevaluatedProperties, unevaluatedItems, additionalItems, contentEncoding,
+//   contentMediaType, $dynamicRef, $recursiveRef, allOf of several, other $ref
+//   targets, other formats, uniqueItems and the cases above left out, a length
+//   bound beside a pattern. Strict: Error(kUnsupported) naming the keyword and
+//   where it is. Lenient: compiled as if absent (allOf: its first entry; an
+//   unresolved $ref: any value) and listed in Grammar::unenforced.
 #pragma once
 
 #include <string>
@@ -32,7 +46,10 @@
 
 namespace loom::grammar {
 
-Grammar json_schema_grammar(const nlohmann::json& schema, GrammarLimits limits = {});
+enum class SchemaStrictness { kStrict, kLenient };
+
+Grammar json_schema_grammar(const nlohmann::ordered_json& schema, GrammarLimits limits = {},
+                            SchemaStrictness strictness = SchemaStrictness::kStrict);
 // Any JSON object (response_format json_object).
 Grammar json_object_grammar(GrammarLimits limits = {});
 // Exactly one of `choices` (vLLM's guided_choice). Error(kInvalidArgument) when empty.

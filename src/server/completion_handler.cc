@@ -3,6 +3,8 @@
 #include <chrono>
 #include <ctime>
 #include <memory>
+#include <mutex>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -203,14 +205,32 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
   log_finished(context, generation, generation.error ? "200 (stream error)" : "200");
 }
 
+// Each unenforced keyword is logged once per process (a client sending one
+// schema with every request must not flood the log).
+void log_unenforced_once(const std::vector<std::string>& keywords) {
+  static std::mutex mutex;
+  static std::set<std::string> logged;
+  std::lock_guard lock(mutex);
+  for (const std::string& keyword : keywords)
+    if (logged.insert(keyword).second)
+      spdlog::warn("JSON schema keyword '{}' is served unenforced (no grammar here can enforce it; the request "
+                   "did not say \"strict\": true); such responses carry the header {}",
+                   keyword, kSchemaUnenforcedHeader);
+}
+
 }  // namespace
 
 HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& context, const HttpRequest& request) {
   ParsedRequest parsed = parse_openai_request(endpoint, request.body, context.parse);
   const bool stream = parsed.stream;
+  std::string unenforced;
+  for (const std::string& keyword : parsed.unenforced_schema_keywords) unenforced += (unenforced.empty() ? "" : ", ") + keyword;
+  log_unenforced_once(parsed.unenforced_schema_keywords);
   std::shared_ptr<Generation> generation = submit_all(endpoint, context, std::move(parsed));
-  if (!stream) return respond_whole(context, *generation, request);
   HttpResponse response;
+  if (!stream) response = respond_whole(context, *generation, request);
+  if (!unenforced.empty()) response.headers.emplace_back(kSchemaUnenforcedHeader, unenforced);
+  if (!stream) return response;
   response.content_type = "text/event-stream";
   response.headers.emplace_back("Cache-Control", "no-cache");
   response.stream = [context, generation](ResponseSink& sink) { write_stream(context, *generation, sink); };

@@ -27,6 +27,11 @@ struct CompletionContext {
   bool log_requests = true;  // a log line per finished request (ServerConfig::log_requests)
 };
 
+// Names, comma-separated, the JSON-schema keywords of the request's schema that
+// the output may not satisfy (served without "strict": true; see
+// structured_output_request.h). Absent when every keyword is enforced.
+inline constexpr const char* kSchemaUnenforcedHeader = "x-loom-schema-unenforced";
+
 // The response: a whole body, or a stream. Throws ApiError for a request that
 // cannot start; errors after streaming began go into the stream.
 HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& context, const HttpRequest& request);

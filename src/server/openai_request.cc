@@ -21,6 +21,7 @@ namespace loom::server {
 namespace {
 
 using Json = nlohmann::json;
+using OrderedJson = nlohmann::ordered_json;
 
 constexpr int32_t kMaxTopLogprobs = 20;
 constexpr int32_t kDefaultCompletionMaxTokens = 16;  // OpenAI's legacy completions default
@@ -340,8 +341,17 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   request.ignore_eos = read_bool(body, "ignore_eos", false);
   request.include_stop_str_in_output = read_bool(body, "include_stop_str_in_output", false);
   request.skip_special_tokens = read_bool(body, "skip_special_tokens", true);
+  // Schemas (tools, response_format...) are read keeping the client's key order.
+  const bool asks_for_constraint = has(body, "response_format") || has(body, "structured_outputs") ||
+                                   has(body, "guided_json") || has(body, "guided_regex") ||
+                                   has(body, "guided_choice") || has(body, "guided_grammar");
+  const OrderedJson ordered_body =
+      (is_chat && (has(body, "tools") || has(body, "tool_choice") || has(body, "parallel_tool_calls"))) ||
+              asks_for_constraint
+          ? OrderedJson::parse(body_text)
+          : OrderedJson::object();
   if (is_chat) {
-    parsed.tool_choice = parse_tool_choice(body, context.tool_call_parser);
+    parsed.tool_choice = parse_tool_choice(ordered_body, context.tool_call_parser);
     // vLLM's rule: call markers are special tokens in most vocabularies
     // ([TOOL_CALLS], <|python_tag|>), so the parser needs their text.
     if (parsed.tool_choice.mode == ToolChoiceMode::kAuto && parsed.tool_choice.parses_output() &&
@@ -426,21 +436,25 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   request.min_new_tokens = static_cast<int32_t>(read_int(body, "min_tokens", 0, 0, max_tokens));
   std::shared_ptr<grammar::ConstraintCompiler> constraints = context.constraints;
   const bool forces_tool_calls = parsed.tool_choice.output_schema.has_value();
-  const bool asks_for_constraint = has(body, "response_format") || has(body, "structured_outputs") ||
-                                   has(body, "guided_json") || has(body, "guided_regex") ||
-                                   has(body, "guided_choice") || has(body, "guided_grammar");
   if (!constraints && (asks_for_constraint || forces_tool_calls))
     constraints = std::make_shared<grammar::ConstraintCompiler>(
         grammar::TokenVocabulary::from_tokenizer(*context.tokenizer), 0);
-  if (asks_for_constraint) request.constraint = read_structured_output(body, *constraints);
-  // tool_choice "required" / a named function: the output is forced to the
-  // calls' JSON (as vLLM does), read back by forced_tool_calls in the response.
   if (forces_tool_calls) {
-    if (request.constraint)
-      throw_bad_request("tool_choice", "tool_choice \"required\" or a named function cannot be combined with "
-                                       "response_format or another structured-output constraint");
-    request.constraint = compile_json_schema_constraint(*constraints, *parsed.tool_choice.output_schema, "tool_choice");
+    // tool_choice "required" / a named function: the output is forced to the
+    // calls' JSON (as vLLM does), read back by forced_tool_calls in the
+    // response. It governs: response_format and the other constraint fields
+    // are not read (vLLM's behaviour; docs/api.md).
+    request.constraint = compile_json_schema_constraint(
+        *constraints, *parsed.tool_choice.output_schema, "tool_choice",
+        parsed.tool_choice.output_schema_strict ? grammar::SchemaStrictness::kStrict : grammar::SchemaStrictness::kLenient);
+  } else if (asks_for_constraint) {
+    request.constraint = read_structured_output(ordered_body, *constraints);
   }
+  if (request.constraint)
+    for (const grammar::UnenforcedKeyword& unenforced : request.constraint->grammar().unenforced)
+      if (std::find(parsed.unenforced_schema_keywords.begin(), parsed.unenforced_schema_keywords.end(),
+                    unenforced.keyword) == parsed.unenforced_schema_keywords.end())
+        parsed.unenforced_schema_keywords.push_back(unenforced.keyword);
   return parsed;
 }
 

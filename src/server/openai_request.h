@@ -79,6 +79,9 @@ struct ParsedRequest {
   // string as sent, or a token-id prompt decoded); empty without echo.
   std::vector<std::string> echo_texts;
   ToolChoice tool_choice;  // chat: tools / tool_choice (server/tool_choice.h); mode kNone otherwise
+  // JSON-schema keywords of the constraint that no grammar enforces (a
+  // lenient schema), each once, in schema order: the x-loom-schema-unenforced header.
+  std::vector<std::string> unenforced_schema_keywords;
   // Template for each engine request (prompt_tokens left empty); max_new_tokens
   // already resolved against the context and the endpoint's default.
   EngineRequest engine_template;

@@ -12,7 +12,8 @@
 namespace loom::server {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
+using grammar::SchemaStrictness;
 using Constraint = std::shared_ptr<const grammar::CompiledGrammar>;
 
 const Json* field(const Json& object, const char* key) {
@@ -40,9 +41,10 @@ Json schema_value(const Json& value, const std::string& param) {
   if (value.is_object() || value.is_boolean()) return value;
   if (value.is_string()) {
     JsonSyntaxError error;
-    std::optional<Json> parsed = parse_json_text(value.get_ref<const std::string&>(), error);
-    if (!parsed) throw_bad_request(param, fmt::format("'{}' is not valid JSON: {}", param, error.message));
-    return *parsed;
+    const std::string& text = value.get_ref<const std::string&>();
+    if (!parse_json_text(text, error))
+      throw_bad_request(param, fmt::format("'{}' is not valid JSON: {}", param, error.message));
+    return Json::parse(text);  // again, keeping key order: checked above
   }
   throw_bad_request(param, fmt::format("'{}' must be a JSON schema (an object)", param));
 }
@@ -69,10 +71,13 @@ Constraint response_format(grammar::ConstraintCompiler& compiler, const Json& fo
       throw_bad_request("response_format.json_schema", "'response_format.json_schema' must be an object with a 'schema'");
     const Json* schema = field(*spec, "schema");
     if (!schema) throw_bad_request("response_format.json_schema.schema", "'response_format.json_schema.schema' is required");
-    if (const Json* strict = field(*spec, "strict"); strict && !strict->is_boolean())
+    const Json* strict = field(*spec, "strict");
+    if (strict && !strict->is_boolean())
       throw_bad_request("response_format.json_schema.strict", "'response_format.json_schema.strict' must be a boolean");
     return compile_json_schema_constraint(compiler, schema_value(*schema, "response_format.json_schema.schema"),
-                                          "response_format.json_schema.schema");
+                                          "response_format.json_schema.schema",
+                                          strict && strict->get<bool>() ? SchemaStrictness::kStrict
+                                                                        : SchemaStrictness::kLenient);
   }
   throw_bad_request("response_format.type",
                     fmt::format("'response_format.type' must be \"text\", \"json_object\" or \"json_schema\", got {}",
@@ -82,8 +87,8 @@ Constraint response_format(grammar::ConstraintCompiler& compiler, const Json& fo
 }  // namespace
 
 Constraint compile_json_schema_constraint(grammar::ConstraintCompiler& compiler, const Json& schema,
-                                          const std::string& param) {
-  return compile_or_400(param, [&] { return compiler.json_schema(schema); });
+                                          const std::string& param, SchemaStrictness strictness) {
+  return compile_or_400(param, [&] { return compiler.json_schema(schema, strictness); });
 }
 
 Constraint read_structured_output(const Json& body, grammar::ConstraintCompiler& compiler) {
@@ -103,7 +108,7 @@ Constraint read_structured_output(const Json& body, grammar::ConstraintCompiler&
       const Json* v = &value;
       if (key == "json") {
         requests.push_back({param, [&compiler, v, param] {
-                              return compile_json_schema_constraint(compiler, schema_value(*v, param), param);
+                              return compile_json_schema_constraint(compiler, schema_value(*v, param), param, SchemaStrictness::kLenient);
                             }});
       } else if (key == "regex") {
         requests.push_back({param, [&compiler, v, param] {
@@ -132,7 +137,8 @@ Constraint read_structured_output(const Json& body, grammar::ConstraintCompiler&
   }
   if (const Json* v = field(body, "guided_json"))
     requests.push_back({"guided_json", [&compiler, v] {
-                          return compile_json_schema_constraint(compiler, schema_value(*v, "guided_json"), "guided_json");
+                          return compile_json_schema_constraint(compiler, schema_value(*v, "guided_json"), "guided_json",
+                                                SchemaStrictness::kLenient);
                         }});
   if (const Json* v = field(body, "guided_regex"))
     requests.push_back({"guided_regex", [&compiler, v] {

@@ -4,6 +4,7 @@
 
 #include <fmt/format.h>
 
+#include "grammar/json_schema_compiler.h"
 #include "server/api_error.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
@@ -12,7 +13,7 @@
 namespace loom::server {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;
 
 const Json* field(const Json& object, const char* key) {
   const auto it = object.find(key);
@@ -25,6 +26,7 @@ const Json kNoParameters = {{"type", "object"}, {"properties", Json::object()}};
 struct Tool {
   std::string name;
   Json parameters;
+  bool strict = false;  // function.strict: what no grammar enforces is a 400
 };
 
 // [{"type": "function", "function": {"name", "description"?, "parameters"?}}, ...]
@@ -48,7 +50,11 @@ std::vector<Tool> read_tools(const Json& tools) {
     const Json* parameters = field(*function, "parameters");
     if (parameters && !parameters->is_object())
       throw_bad_request(field_path(function_param, "parameters"), "'parameters' must be a JSON schema object");
-    list.push_back({name->get<std::string>(), parameters && !parameters->empty() ? *parameters : kNoParameters});
+    const Json* strict = field(*function, "strict");
+    if (strict && !strict->is_boolean())
+      throw_bad_request(field_path(function_param, "strict"), "'strict' must be a boolean");
+    list.push_back({name->get<std::string>(), parameters && !parameters->empty() ? *parameters : kNoParameters,
+                    strict && strict->get<bool>()});
   }
   return list;
 }
@@ -65,7 +71,7 @@ Json required_schema(const std::vector<Tool>& tools, bool parallel_tool_calls) {
       if (!defs->is_object())
         throw_bad_request(fmt::format("tools[{}].function.parameters.$defs", i), "'$defs' must be an object");
       for (const auto& [key, definition] : defs->items()) {
-        if (definitions.contains(key) && definitions[key] != definition)
+        if (definitions.contains(key) && nlohmann::json(definitions[key]) != nlohmann::json(definition))
           throw_bad_request(fmt::format("tools[{}].function.parameters.$defs.{}", i, key),
                             fmt::format("tools define '$defs.{}' differently; tool_choice \"required\" needs one "
                                         "definition per name",
@@ -82,6 +88,18 @@ Json required_schema(const std::vector<Tool>& tools, bool parallel_tool_calls) {
   if (!parallel_tool_calls) schema["maxItems"] = 1;
   if (!definitions.empty()) schema["$defs"] = definitions;
   return schema;
+}
+
+// A strict function's parameters alone: what no grammar enforces is a 400
+// naming it (OpenAI's rule), even inside the lenient "required" list.
+void check_strict_parameters(const Tool& tool, size_t index) {
+  try {
+    grammar::json_schema_grammar(tool.parameters, {}, grammar::SchemaStrictness::kStrict);
+  } catch (const Error& error) {
+    if (error.kind() != ErrorKind::kUnsupported) return;  // the list's compile reports other problems
+    const std::string param = fmt::format("tools[{}].function.parameters", index);
+    throw_bad_request(param, fmt::format("'{}': {}", param, error.message()));
+  }
 }
 
 }  // namespace
@@ -133,6 +151,8 @@ ToolChoice parse_tool_choice(const Json& body, toolcall::ParserKind server_parse
       choice.parser = server_parser;
       break;
     case ToolChoiceMode::kRequired:
+      for (size_t i = 0; i < tools.size(); ++i)
+        if (tools[i].strict) check_strict_parameters(tools[i], i);
       choice.output_schema = required_schema(tools, choice.parallel_tool_calls);
       break;
     case ToolChoiceMode::kNamed: {
@@ -142,7 +162,9 @@ ToolChoice parse_tool_choice(const Json& body, toolcall::ParserKind server_parse
         throw_bad_request("tool_choice.function.name",
                           fmt::format("tool_choice names the function {}, which is not in 'tools'",
                                       dump_json(choice.function_name)));
+      if (tool->strict) check_strict_parameters(*tool, static_cast<size_t>(tool - tools.begin()));
       choice.output_schema = tool->parameters;
+      choice.output_schema_strict = tool->strict;
       break;
     }
   }

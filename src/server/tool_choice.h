@@ -35,9 +35,13 @@ struct ToolChoice {
   // kAuto: the convention the output is parsed with (kNone: it is content).
   toolcall::ParserKind parser = toolcall::ParserKind::kNone;
   // kRequired / kNamed: the JSON schema the output must match (vLLM's shapes:
-  // an array of calls, or the named function's parameters). Enforcing it is
-  // the structured-output constraint's job; see parse_openai_request.
-  std::optional<nlohmann::json> output_schema;
+  // an array of calls, or the named function's parameters), its members in
+  // the request's order. Enforcing it is the structured-output constraint's
+  // job; see parse_openai_request. Strict when the named function says
+  // "strict": true; for "required" each strict function's parameters were
+  // checked alone (a 400 naming what no grammar enforces), the list is lenient.
+  std::optional<nlohmann::ordered_json> output_schema;
+  bool output_schema_strict = false;
 
   // Whether the output is read for tool calls at all.
   bool parses_output() const {
@@ -46,10 +50,11 @@ struct ToolChoice {
   }
 };
 
-// Reads `tools` (names, parameters), `tool_choice` and `parallel_tool_calls`
-// from a chat body. `server_parser` is the server's resolved --tool-call-parser.
-// Throws ApiError (400) naming the field.
-ToolChoice parse_tool_choice(const nlohmann::json& body, toolcall::ParserKind server_parser);
+// Reads `tools` (names, parameters, strict), `tool_choice` and
+// `parallel_tool_calls` from a chat body (parsed keeping key order, so that
+// forced calls keep the parameters' member order). `server_parser` is the
+// server's resolved --tool-call-parser. Throws ApiError (400) naming the field.
+ToolChoice parse_tool_choice(const nlohmann::ordered_json& body, toolcall::ParserKind server_parser);
 
 // --tool-call-parser NAME: a parser name, or "auto" (from the chat template's
 // source text, toolcall::detect_parser). Throws Error(kInvalidArgument) for

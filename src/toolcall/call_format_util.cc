@@ -7,7 +7,7 @@
 namespace loom::toolcall {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::ordered_json;  // arguments keep the order the model wrote them in
 
 // Strings inside parsed values are valid UTF-8 (the parser refuses anything
 // else), so this dump cannot meet bytes to replace; replace anyway, never throw.

@@ -13,13 +13,13 @@ std::optional<std::vector<ToolCall>> parse_required_output(std::string_view text
                                                            const std::vector<std::string>& tool_names,
                                                            CallIdGenerator& ids) {
   if (json_nesting_depth(text) > kMaxJsonNesting) return std::nullopt;
-  const nlohmann::json value = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  const nlohmann::ordered_json value = nlohmann::ordered_json::parse(text, nullptr, /*allow_exceptions=*/false);
   if (!value.is_array() || value.empty()) return std::nullopt;
   std::vector<ToolCall> calls;
   for (const auto& element : value) {
     if (!element.is_object() || !element.contains("parameters")) return std::nullopt;
     std::optional<CallText> call =
-        parse_call_object(element.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+        parse_call_object(element.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
     if (!call || std::find(tool_names.begin(), tool_names.end(), call->name) == tool_names.end()) return std::nullopt;
     calls.push_back({ids.next(), std::move(call->name), std::move(call->arguments)});
   }

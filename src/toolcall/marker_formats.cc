@@ -138,11 +138,11 @@ class MistralFormat final : public MarkerFormat {
     Region region = scan_json(text, list, at_end);
     if (region.status != Region::Status::kComplete) return region;
     // One parse for the list, then each element as a call object.
-    const nlohmann::json value = nlohmann::json::parse(text.substr(list, region.end - list), nullptr, false);
+    const nlohmann::ordered_json value = nlohmann::ordered_json::parse(text.substr(list, region.end - list), nullptr, false);
     if (!value.is_array() || value.empty()) return Region::malformed();
     for (const auto& element : value) {
       std::optional<CallText> call =
-          parse_call_object(element.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace));
+          parse_call_object(element.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace));
       if (!call) return Region::malformed();
       region.calls.push_back(std::move(*call));
     }

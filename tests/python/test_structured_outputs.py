@@ -107,9 +107,15 @@ class StructuredOutputsTest(loom_server.ServerTestCase):
         self.assertIn(fragment_message, error["message"], error)
 
     def test_unsupported_and_bad_requests_are_400_naming_them(self):
-        bad_schema = {"type": "object", "properties": {"age": {"type": "integer", "minimum": 0}}}
-        self.assert_400("response_format.json_schema.schema", "'minimum'",
-                        response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}})
+        # What no grammar enforces: a 400 under strict; without it, served and named in a header.
+        bad_schema = {"type": "object", "properties": {"age": {"type": "integer", "not": {"const": 3}}}}
+        self.assert_400("response_format.json_schema.schema", "'not'",
+                        response_format={"type": "json_schema",
+                                         "json_schema": {"name": "x", "schema": bad_schema, "strict": True}})
+        raw = self.client.chat.completions.with_raw_response.create(
+            model="tiny", messages=MESSAGES, max_tokens=20,
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad_schema}})
+        self.assertEqual(raw.headers.get("x-loom-schema-unenforced"), "not")
         self.assert_400("guided_regex", "lookahead", extra_body={"guided_regex": "(?=a)b"})
         self.assert_400("structured_outputs.grammar", "line 1", extra_body={"structured_outputs": {"grammar": "root ::= ["}})
         self.assert_400("guided_json", "only one", response_format={"type": "json_object"},

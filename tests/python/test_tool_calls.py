@@ -32,7 +32,7 @@ TOOLS = [
     {"type": "function", "function": {
         "name": "get_time", "description": "Local time in a time zone",
         "parameters": {"type": "object", "properties": {"zone": {"type": "string", "maxLength": 8},
-                                                        "hours": {"type": "integer"}},
+                                                        "hours": {"type": "integer", "minimum": 0, "maximum": 23}},
                        "required": ["zone", "hours"]}}},
 ]
 SCHEMAS = {tool["function"]["name"]: tool["function"]["parameters"] for tool in TOOLS}

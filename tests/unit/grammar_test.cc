@@ -133,13 +133,13 @@ TEST(GrammarJsonSchema, ArraysEnumsConstAnyOfAndLengths) {
 TEST(GrammarJsonSchema, RecursiveReferences) {
   const Json schema = Json::parse(R"({"$ref":"#/$defs/node","$defs":{"node":{"type":"object","properties":{
       "v":{"type":"integer"},"kids":{"type":"array","items":{"$ref":"#/$defs/node"}}},"required":["v","kids"]}}})");
-  // Properties come in the order of the parsed schema object (nlohmann::json sorts keys).
+  // nlohmann::json sorts keys: converted to the compiler's ordered_json, "kids" comes first.
   EXPECT_TRUE(schema_matches(schema, R"({"kids":[{"kids":[],"v":2},{"kids":[{"kids":[],"v":4}],"v":3}],"v":1})"));
   EXPECT_FALSE(schema_matches(schema, R"({"kids":[{"v":2}],"v":1})"));
 }
 
 TEST(GrammarJsonSchema, UnsupportedKeywordsAreNamed) {
-  for (const char* keyword : {"minimum", "not", "uniqueItems", "patternProperties"}) {
+  for (const char* keyword : {"multipleOf", "not", "if", "contains"}) {
     Json schema = Json::parse(R"({"type":"object","properties":{"x":{"type":"integer"}}})");
     schema["properties"]["x"][keyword] = 1;
     try {

@@ -8,6 +8,7 @@
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
+#include "grammar/grammar_matcher.h"
 #include "server/api_error.h"
 #include "server/http_server.h"
 #include "server/openai_request.h"
@@ -43,6 +44,15 @@ class ToolChoiceTest : public ::testing::Test {
     context.tool_call_parser = parser;
     if (!body.contains("messages")) body["messages"] = kUser;
     return parse_openai_request(Endpoint::kChatCompletions, body.dump(), context);
+  }
+  // A body sent as text (nlohmann::json would sort its keys).
+  ParsedRequest parse_text(const std::string& body) const {
+    ParseContext context;
+    context.tokenizer = tokenizer_->get();
+    context.base_model_names = {"tiny"};
+    context.max_context_tokens = 256;
+    context.tool_call_parser = ParserKind::kHermes;
+    return parse_openai_request(Endpoint::kChatCompletions, body, context);
   }
   // The 400 a body raises: its param (fails the test if it parses).
   std::string bad_param(const Json& body) const {
@@ -93,7 +103,7 @@ TEST_F(ToolChoiceTest, RequiredBuildsTheCallListSchema) {
   const ParsedRequest parsed = parse({{"tools", tools()}, {"tool_choice", "required"}});
   EXPECT_EQ(parsed.tool_choice.mode, ToolChoiceMode::kRequired);
   ASSERT_TRUE(parsed.tool_choice.output_schema.has_value());
-  const Json& schema = *parsed.tool_choice.output_schema;
+  const Json schema = *parsed.tool_choice.output_schema;
   EXPECT_EQ(schema["type"], "array");
   EXPECT_EQ(schema["minItems"], 1);
   EXPECT_FALSE(schema.contains("maxItems"));
@@ -106,7 +116,7 @@ TEST_F(ToolChoiceTest, RequiredBuildsTheCallListSchema) {
   EXPECT_EQ(branches[1]["properties"]["parameters"], Json::parse(R"({"type": "object", "properties": {}})"));
 
   const ParsedRequest single = parse({{"tools", tools()}, {"tool_choice", "required"}, {"parallel_tool_calls", false}});
-  EXPECT_EQ((*single.tool_choice.output_schema)["maxItems"], 1);
+  EXPECT_EQ(Json(*single.tool_choice.output_schema)["maxItems"], 1);
 }
 
 TEST_F(ToolChoiceTest, RequiredLiftsDefsToTheRoot) {
@@ -114,7 +124,7 @@ TEST_F(ToolChoiceTest, RequiredLiftsDefsToTheRoot) {
   with_defs["function"]["parameters"]["$defs"] = {{"unit", {{"enum", {"C", "F"}}}}};
   with_defs["function"]["parameters"]["properties"]["unit"] = {{"$ref", "#/$defs/unit"}};
   const ParsedRequest parsed = parse({{"tools", {with_defs, time_tool()}}, {"tool_choice", "required"}});
-  const Json& schema = *parsed.tool_choice.output_schema;
+  const Json schema = *parsed.tool_choice.output_schema;
   EXPECT_EQ(schema["$defs"]["unit"], Json::parse(R"({"enum": ["C", "F"]})"));
   EXPECT_FALSE(schema["items"]["anyOf"][0]["properties"]["parameters"].contains("$defs"));
 
@@ -129,8 +139,76 @@ TEST_F(ToolChoiceTest, NamedFunctionGetsItsParameters) {
       parse({{"tools", tools()}, {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}}});
   EXPECT_EQ(parsed.tool_choice.mode, ToolChoiceMode::kNamed);
   EXPECT_EQ(parsed.tool_choice.function_name, "get_weather");
-  EXPECT_EQ(*parsed.tool_choice.output_schema, weather_tool()["function"]["parameters"]);
+  EXPECT_EQ(Json(*parsed.tool_choice.output_schema), weather_tool()["function"]["parameters"]);
   EXPECT_TRUE(parsed.engine_template.skip_special_tokens);  // forced JSON: no markers to keep
+}
+
+// Whether the request's compiled constraint accepts `text` whole.
+bool constraint_accepts(const ParsedRequest& parsed, const std::string& text) {
+  if (!parsed.engine_template.constraint) return false;
+  grammar::GrammarMatcher matcher(parsed.engine_template.constraint);
+  return matcher.accept_bytes(text) && matcher.can_end();
+}
+
+const std::string kOrderedTool = R"({"type": "function", "function": {"name": "plan", "parameters": {"type": "object",
+    "properties": {"zeta": {"type": "integer", "minimum": 0, "maximum": 9}, "alpha": {"type": "string", "maxLength": 3}},
+    "required": ["zeta", "alpha"]}}})";
+
+TEST_F(ToolChoiceTest, ForcedCallsKeepThePropertiesOrder) {
+  const std::string messages = R"("messages": [{"role": "user", "content": "x"}])";
+  const ParsedRequest named = parse_text("{" + messages + R"(, "tools": [)" + kOrderedTool +
+                                         R"(], "tool_choice": {"type": "function", "function": {"name": "plan"}}})");
+  EXPECT_TRUE(constraint_accepts(named, R"({"zeta":3,"alpha":"ab"})"));
+  EXPECT_FALSE(constraint_accepts(named, R"({"alpha":"ab","zeta":3})"));  // sorted keys: refused
+  EXPECT_FALSE(constraint_accepts(named, R"({"zeta":10,"alpha":"ab"})"));  // maximum 9 enforced
+  EXPECT_TRUE(named.unenforced_schema_keywords.empty());
+
+  const ParsedRequest required = parse_text("{" + messages + R"(, "tools": [)" + kOrderedTool +
+                                            R"(], "tool_choice": "required"})");
+  EXPECT_TRUE(constraint_accepts(required, R"([{"name":"plan","parameters":{"zeta":0,"alpha":""}}])"));
+  EXPECT_FALSE(constraint_accepts(required, R"([{"name":"plan","parameters":{"alpha":"","zeta":0}}])"));
+}
+
+// vLLM's behaviour: with a forced call, the tool's schema is the constraint; response_format is not read.
+TEST_F(ToolChoiceTest, ForcedCallGovernsOverResponseFormat) {
+  const Json format = Json::parse(R"({"type": "json_schema", "json_schema": {"name": "out", "schema": {"type": "object",
+      "properties": {"answer": {"type": "string"}}, "required": ["answer"]}}})");
+  const ParsedRequest parsed = parse({{"tools", tools()}, {"tool_choice", "required"}, {"response_format", format}});
+  EXPECT_TRUE(constraint_accepts(parsed, R"([{"name":"get_weather","parameters":{"city":"Paris"}}])"));
+  EXPECT_FALSE(constraint_accepts(parsed, R"({"answer":"x"})"));
+  const ParsedRequest named = parse({{"tools", tools()},
+                                     {"tool_choice", {{"type", "function"}, {"function", {{"name", "get_weather"}}}}},
+                                     {"guided_regex", "[0-9]+"}});
+  EXPECT_TRUE(constraint_accepts(named, R"({"city":"Paris"})"));
+}
+
+// What no grammar enforces: 400 naming the tool under "strict": true, else served and listed.
+TEST_F(ToolChoiceTest, StrictToolsRefuseWhatNoGrammarEnforces) {
+  Json tool = weather_tool();
+  tool["function"]["parameters"]["properties"]["tags"] = {{"type", "array"}, {"items", {{"type", "string"}}}, {"uniqueItems", true}};
+  const Json named_choice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  const ParsedRequest lenient = parse({{"tools", {time_tool(), tool}}, {"tool_choice", named_choice}});
+  EXPECT_EQ(lenient.unenforced_schema_keywords, std::vector<std::string>{"uniqueItems"});
+  const ParsedRequest lenient_list = parse({{"tools", {time_tool(), tool}}, {"tool_choice", "required"}});
+  EXPECT_EQ(lenient_list.unenforced_schema_keywords, std::vector<std::string>{"uniqueItems"});
+  tool["function"]["strict"] = true;
+  EXPECT_EQ(bad_param({{"tools", {time_tool(), tool}}, {"tool_choice", named_choice}}), "tools[1].function.parameters");
+  EXPECT_EQ(bad_param({{"tools", {time_tool(), tool}}, {"tool_choice", "required"}}), "tools[1].function.parameters");
+  EXPECT_EQ(parse({{"tools", {time_tool(), tool}}}).tool_choice.mode, ToolChoiceMode::kAuto);  // not forced: not compiled
+  tool["function"]["strict"] = "yes";
+  EXPECT_EQ(bad_param({{"tools", {tool}}}), "tools[0].function.strict");
+}
+
+TEST_F(ToolChoiceTest, ResponseFormatStrictOrListed) {
+  const Json schema = {{"type", "object"},
+                       {"properties", {{"n", {{"type", "integer"}, {"multipleOf", 3}}}}},
+                       {"required", {"n"}}};
+  const Json lenient = {{"type", "json_schema"}, {"json_schema", {{"name", "n"}, {"schema", schema}}}};
+  EXPECT_EQ(parse({{"response_format", lenient}}).unenforced_schema_keywords, std::vector<std::string>{"multipleOf"});
+  Json strict = lenient;
+  strict["json_schema"]["strict"] = true;
+  EXPECT_EQ(bad_param({{"response_format", strict}}), "response_format.json_schema.schema");
+  EXPECT_EQ(parse({{"guided_json", schema}}).unenforced_schema_keywords, std::vector<std::string>{"multipleOf"});
 }
 
 TEST_F(ToolChoiceTest, BadToolChoicesNameTheField) {
