@@ -1,7 +1,7 @@
 #!/bin/bash
 # On the GPU machine: the CUDA figures of two builds side by side, interleaved, in one run
 # (a refactor must not regress them). Carries .carry/compare (bench/cuda/pack_compare.sh).
-#   bench/cuda/compare_builds.sh kernels   # loom_cuda_bench (decode vs floor, multi-LoRA, prefill MFU), ROUNDS (1)
+#   bench/cuda/compare_builds.sh kernels   # loom_cuda_bench (decode vs floor, multi-LoRA, prefill MFU), rounds FIRST_ROUND (1) .. ROUNDS (1)
 #   bench/cuda/compare_builds.sh serve     # bench/serve/serve_bench.py: `loom serve --device cuda
 #                                          # --model random:llama-8b` of both, 1..128 streams
 #   bench/cuda/compare_builds.sh tests     # the after build's cuda_backend_test
@@ -17,7 +17,7 @@ export LD_LIBRARY_PATH=$P/lib:$(dirname "${CUBLAS:-/usr/local/cuda/lib64/x}")
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv,noheader | tee -a "$OUT/env.txt"
 case "$MODE" in
   kernels)
-    for round in $(seq 1 "${ROUNDS:-1}"); do  # alternate the order: before after, after before, ...
+    for round in $(seq "${FIRST_ROUND:-1}" "${ROUNDS:-1}"); do  # alternate the order: before after, after before, ...
       order="before after"; [ $((round % 2)) = 0 ] && order="after before"
       for build in $order; do
         echo "== round $round: $build"
