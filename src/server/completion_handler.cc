@@ -19,29 +19,11 @@ using std::chrono::milliseconds;
 constexpr auto kKeepAliveInterval = std::chrono::seconds(2);
 
 HttpResponse respond_whole(const CompletionContext& context, Generation& generation, const HttpRequest& request) {
-  while (generation.num_unfinished > 0) {
-    auto outputs = generation.poll(milliseconds(100));
-    for (auto& [index, output] : outputs) generation.record(index, output);
-    if (context.ending_requests->load()) {
-      generation.cancel_all();
-      log_finished(context.log_requests, generation, "503");
-      throw shutting_down_error();
-    }
-    if (request.client_gone()) {
-      spdlog::debug("client left request {}: cancelling", generation.builder->id());
-      generation.cancel_all();
-      log_finished(context.log_requests, generation, "cancelled");
-      HttpResponse response;
-      response.abandon = true;
-      return response;
-    }
+  if (!wait_for_generation(generation, *context.ending_requests, request, context.log_requests)) {
+    HttpResponse response;
+    response.abandon = true;
+    return response;
   }
-  if (generation.error) {
-    const ApiError error = api_error_from(*generation.error);
-    log_finished(context.log_requests, generation, std::to_string(error.status()));
-    throw error;
-  }
-  log_finished(context.log_requests, generation, "200");
   HttpResponse response;
   response.body = generation.builder->full_body(generation.results, generation.usage());
   return response;

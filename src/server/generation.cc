@@ -84,6 +84,32 @@ std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& t
   return generation;
 }
 
+bool wait_for_generation(Generation& generation, const std::atomic<bool>& ending, const HttpRequest& request,
+                         bool log_requests) {
+  while (generation.num_unfinished > 0) {
+    auto outputs = generation.poll(milliseconds(100));
+    for (auto& [index, output] : outputs) generation.record(index, output);
+    if (ending.load()) {
+      generation.cancel_all();
+      log_finished(log_requests, generation, "503");
+      throw shutting_down_error();
+    }
+    if (request.client_gone()) {
+      spdlog::debug("client left request {}: cancelling", generation.builder->id());
+      generation.cancel_all();
+      log_finished(log_requests, generation, "cancelled");
+      return false;
+    }
+  }
+  if (generation.error) {
+    const ApiError error = api_error_from(*generation.error);
+    log_finished(log_requests, generation, std::to_string(error.status()));
+    throw error;
+  }
+  log_finished(log_requests, generation, "200");
+  return true;
+}
+
 void log_finished(bool enabled, const Generation& generation, std::string_view status) {
   if (!enabled) return;
   const Usage usage = generation.usage();

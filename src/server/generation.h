@@ -18,6 +18,7 @@
 
 #include "engine/engine.h"
 #include "server/api_error.h"
+#include "server/http_types.h"
 #include "server/openai_request.h"
 #include "server/openai_response.h"
 
@@ -55,6 +56,12 @@ struct Generation {
 // fails (the ones already submitted are cancelled).
 std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& tokenizer, ParsedRequest parsed,
                                               std::string id, const std::string& system_fingerprint);
+
+// Waits until every choice finished (whole bodies) and logs the request.
+// Returns false when the client left first (its requests cancelled). Throws
+// shutting_down_error() once `ending` is set, and the ApiError of an engine failure.
+bool wait_for_generation(Generation& generation, const std::atomic<bool>& ending, const HttpRequest& request,
+                         bool log_requests);
 
 // One log line per finished request (vLLM logs each request too); nothing when `enabled` is false.
 void log_finished(bool enabled, const Generation& generation, std::string_view status);
