@@ -41,9 +41,6 @@ class AgentsSdkTest(loom_server.ServerTestCase):
         agent = agents.Agent(name="weather", instructions="Answer with the weather.", model="tiny", tools=[get_weather],
                              model_settings=agents.ModelSettings(tool_choice="required", max_tokens=48,
                                                                  temperature=0.0))
-        self.assertIsInstance(agent.model if not isinstance(agent.model, str) else
-                              agents.models.openai_provider.OpenAIProvider().get_model("tiny"),
-                              agents.OpenAIResponsesModel)
         result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4))
         self.assertEqual(len(calls), 1, result.new_items)
         self.assertIsInstance(calls[0], str)
@@ -53,7 +50,7 @@ class AgentsSdkTest(loom_server.ServerTestCase):
         self.assertEqual(json.loads(call_items[0].raw_item.arguments), {"city": calls[0]})
         self.assertEqual(output_items[0].output, f"21 degrees and sunny in {calls[0]}")
         self.assertIsInstance(result.final_output, str)
-        # Two model turns, both over /v1/responses (the SDK's default API).
+        # Two model turns, both over /v1/responses (the SDK's default API; chat completions leave response_id None).
         self.assertEqual(len(result.raw_responses), 2)
         self.assertTrue(all(response.response_id.startswith("resp_") for response in result.raw_responses))
 
