@@ -189,7 +189,10 @@ std::string ResponsesOutput::output_events(const RequestOutput& output) {
 std::string ResponsesOutput::finish_events(FinishReason reason, const Usage& usage) {
   const bool incomplete = reason == FinishReason::kLength;
   std::string events = close_open_item(incomplete);
-  if (output_.empty()) events += open_message() + close_open_item(incomplete);
+  if (output_.empty()) {  // one (empty) message, as the whole body has
+    events += open_message();
+    events += close_open_item(incomplete);
+  }
   streamed_ = head(incomplete ? "incomplete" : "completed");
   streamed_["output"] = output_;
   if (incomplete) streamed_["incomplete_details"] = {{"reason", "max_output_tokens"}};
