@@ -7,6 +7,7 @@ import json
 import os
 import sys
 import unittest
+from typing import Annotated
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import loom_server  # noqa: E402
@@ -18,6 +19,7 @@ except ImportError:  # pragma: no cover
     print("SKIPPED: openai-agents is not installed (scripts/python-requirements.txt)")
     sys.exit(loom_server.SKIP_EXIT_CODE)
 import openai  # noqa: E402
+import pydantic  # noqa: E402
 
 TEMPLATE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "fixtures", "chat", "qwen3.jinja")
 
@@ -30,7 +32,7 @@ class AgentsSdkTest(loom_server.ServerTestCase):
         calls = []
 
         @agents.function_tool
-        def get_weather(city: str) -> str:
+        def get_weather(city: Annotated[str, pydantic.Field(max_length=12)]) -> str:
             """Current weather in a city."""
             calls.append(city)
             return f"21 degrees and sunny in {city}"
@@ -39,7 +41,7 @@ class AgentsSdkTest(loom_server.ServerTestCase):
         agents.set_default_openai_client(client, use_for_tracing=False)
         agents.set_tracing_disabled(True)
         agent = agents.Agent(name="weather", instructions="Answer with the weather.", model="tiny", tools=[get_weather],
-                             model_settings=agents.ModelSettings(tool_choice="required", max_tokens=48,
+                             model_settings=agents.ModelSettings(tool_choice="required", max_tokens=200,
                                                                  temperature=0.0))
         result = asyncio.run(agents.Runner.run(agent, "What is the weather in Paris?", max_turns=4))
         self.assertEqual(len(calls), 1, result.new_items)
