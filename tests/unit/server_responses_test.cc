@@ -9,6 +9,7 @@
 
 #include "server/api_error.h"
 #include "server/response_store.h"
+#include "server/responses_output.h"
 #include "server/responses_request.h"
 
 namespace loom::server {
@@ -175,6 +176,104 @@ TEST(ResponsesRequestTest, RefusesWhatIsNotSupportedNamingTheField) {
   } catch (const ApiError& error) {
     EXPECT_EQ(error.param(), "tool_choice");
   }
+}
+
+// ---- output items and the event sequence ----
+
+RequestOutput text_output(const std::string& text, bool finished = false,
+                          FinishReason reason = FinishReason::kStop) {
+  RequestOutput output;
+  output.text_delta = text;
+  output.finished = finished;
+  output.finish_reason = reason;
+  return output;
+}
+
+// (type, data) of each SSE event in `stream`.
+std::vector<std::pair<std::string, nlohmann::json>> events_of(const std::string& stream) {
+  std::vector<std::pair<std::string, nlohmann::json>> events;
+  size_t at = 0;
+  while ((at = stream.find("event: ", at)) != std::string::npos) {
+    const size_t type_end = stream.find('\n', at);
+    const size_t data_end = stream.find("\n\n", type_end);
+    const std::string type = stream.substr(at + 7, type_end - at - 7);
+    events.emplace_back(type, nlohmann::json::parse(stream.substr(type_end + 7, data_end - type_end - 7)));
+    at = data_end;
+  }
+  return events;
+}
+
+TEST(ResponsesOutputTest, TextStreamsAsOneMessageAndMatchesTheWholeResponse) {
+  const ResponsesRequest request = parse_responses_request(R"({"input": "x", "metadata": {"k": "v"}})");
+  ParsedRequest parsed;
+  parsed.model = "tiny";
+  ResponsesOutput output(request, parsed, "resp_1", 5);
+  std::string stream = output.start_events();
+  stream += output.output_events(text_output("Hel"));
+  stream += output.output_events(text_output("lo"));
+  stream += output.output_events(text_output("", true, FinishReason::kLength));
+  stream += output.finish_events(FinishReason::kLength, Usage{10, 3, 4});
+  const auto events = events_of(stream);
+  std::vector<std::string> types;
+  for (size_t i = 0; i < events.size(); ++i) {
+    types.push_back(events[i].first);
+    EXPECT_EQ(events[i].second["type"], events[i].first);
+    EXPECT_EQ(events[i].second["sequence_number"], i);
+  }
+  EXPECT_EQ(types, (std::vector<std::string>{
+                       "response.created", "response.in_progress", "response.output_item.added",
+                       "response.content_part.added", "response.output_text.delta", "response.output_text.delta",
+                       "response.output_text.done", "response.content_part.done", "response.output_item.done",
+                       "response.incomplete"}));
+  const nlohmann::json& streamed = output.streamed_response();
+  EXPECT_EQ(streamed["status"], "incomplete");
+  EXPECT_EQ(streamed["incomplete_details"]["reason"], "max_output_tokens");
+  EXPECT_EQ(streamed["output"][0]["content"][0]["text"], "Hello");
+  EXPECT_EQ(streamed["usage"]["input_tokens"], 10);
+  EXPECT_EQ(streamed["usage"]["input_tokens_details"]["cached_tokens"], 4);
+  EXPECT_EQ(streamed["usage"]["total_tokens"], 13);
+  EXPECT_EQ(streamed["metadata"]["k"], "v");
+  EXPECT_EQ(streamed["id"], "resp_1");
+
+  ChoiceResult result;
+  result.text = "Hello";
+  result.finished = true;
+  result.finish_reason = FinishReason::kStop;
+  const nlohmann::json whole = output.finished_response(result, Usage{10, 3, 4});
+  EXPECT_EQ(whole["status"], "completed");
+  EXPECT_TRUE(whole["incomplete_details"].is_null());
+  ASSERT_EQ(whole["output"].size(), 1u);
+  EXPECT_EQ(whole["output"][0]["type"], "message");
+  EXPECT_EQ(whole["output"][0]["content"][0]["text"], "Hello");
+}
+
+TEST(ResponsesOutputTest, ANamedToolChoiceGivesOneFunctionCallItem) {
+  const ResponsesRequest request = parse_responses_request(R"({"input": "x"})");
+  ParsedRequest parsed;
+  parsed.tool_choice.mode = ToolChoiceMode::kNamed;
+  parsed.tool_choice.function_name = "get_weather";
+  parsed.tool_choice.tool_names = {"get_weather"};
+  ResponsesOutput output(request, parsed, "resp_2", 5);
+  std::string stream = output.start_events();
+  stream += output.output_events(text_output("{\"city\": "));
+  stream += output.output_events(text_output("\"Paris\"}", true));
+  stream += output.finish_events(FinishReason::kStop, Usage{});
+  const auto events = events_of(stream);
+  ASSERT_GE(events.size(), 6u);
+  EXPECT_EQ(events[2].first, "response.output_item.added");
+  EXPECT_EQ(events[2].second["item"]["type"], "function_call");
+  EXPECT_EQ(events[2].second["item"]["name"], "get_weather");
+  std::string arguments;
+  for (const auto& [type, data] : events)
+    if (type == "response.function_call_arguments.delta") arguments += data["delta"].get<std::string>();
+  EXPECT_EQ(nlohmann::json::parse(arguments), nlohmann::json::parse(R"({"city": "Paris"})"));
+  EXPECT_EQ(events[events.size() - 3].first, "response.function_call_arguments.done");
+  EXPECT_EQ(events.back().first, "response.completed");
+  const nlohmann::json& item = output.streamed_response()["output"][0];
+  EXPECT_EQ(item["type"], "function_call");
+  EXPECT_EQ(item["status"], "completed");
+  EXPECT_FALSE(item["call_id"].get<std::string>().empty());
+  EXPECT_EQ(output.streamed_response()["output"].size(), 1u);
 }
 
 // ---- the store ----
