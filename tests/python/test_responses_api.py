@@ -94,7 +94,7 @@ class ResponsesTest(loom_server.ServerTestCase):
         names = set()
         for seed in range(4):
             response = self.create(input="What is the weather in Paris?", tools=TOOLS, tool_choice="required",
-                                   temperature=1.0, max_output_tokens=200, extra_body={"seed": seed})
+                                   temperature=1.0, max_output_tokens=600, extra_body={"seed": seed})
             self.assertEqual(response.status, "completed", response)
             calls = [item for item in response.output if item.type == "function_call"]
             self.assertGreaterEqual(len(calls), 1)
