@@ -91,7 +91,8 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["api_key"], false);
   EXPECT_EQ(config["seed"], nullptr);
   EXPECT_EQ(config["kv_events"], nullptr);
-  EXPECT_EQ(config.size(), 34u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
+  EXPECT_EQ(config.size(), 35u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
