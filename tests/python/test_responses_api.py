@@ -4,8 +4,8 @@ string and item input, instructions, function tools under tool_choice
 required / named (function_call items whose arguments validate), a 3-turn
 previous_response_id chain through a function_call_output (the same prompt as
 the items sent in full), the streamed event sequence as the client parses it,
-GET / DELETE, store eviction (404), text.format json_schema / json_object, and
-adapters by `model`."""
+GET / DELETE, store eviction (404), text.format json_schema / json_object,
+adapters by `model` and workflow hints."""
 import json
 import os
 import sys
@@ -234,6 +234,12 @@ class ResponsesTest(loom_server.ServerTestCase):
         with self.assertRaises(openai.NotFoundError) as raised:
             self.create(model="no-such-model", input="Hello there")
         self.assertEqual(raised.exception.body["code"], "model_not_found")
+        # Workflow hints reach the chat path's reader: served, and a malformed one is refused naming it.
+        hinted = self.create(input="Hello there", extra_body={"workflow": "w1", "agent": "planner"})
+        self.assertEqual(hinted.output[0].type, "message")
+        with self.assertRaises(openai.BadRequestError) as raised:
+            self.create(input="Hello there", extra_body={"workflow": "w1", "fixed_prefix_tokens": -3})
+        self.assertEqual(raised.exception.body["param"], "fixed_prefix_tokens")
 
 
 if __name__ == "__main__":
