@@ -84,6 +84,19 @@ void add_serving_flags(CLI::App& app, ServeOptions& options) {
   app.add_option("--max-request-output-tokens", limits.max_request_output_tokens,
                  "Most output tokens one request may ask for: prompts x n x max_tokens")
       ->check(CLI::PositiveNumber)->capture_default_str();
+  server::ResponseStoreConfig& store = options.server.responses_store;
+  app.add_option("--responses-store-max-entries", store.max_entries,
+                 "/v1/responses kept for previous_response_id and GET /v1/responses/{id} at most; the oldest go "
+                 "first (0 = none kept)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--responses-store-max-bytes", store.max_bytes,
+                 "Bytes the stored responses (bodies and conversations) may hold; the oldest go first (suffix K, "
+                 "M, G allowed)")
+      ->transform(byte_size_transform("--responses-store-max-bytes"))->check(CLI::PositiveNumber)
+      ->capture_default_str();
+  app.add_option("--responses-store-ttl", store.ttl_seconds,
+                 "Seconds a stored response is kept (0 = until evicted by the bounds)")
+      ->check(CLI::NonNegativeNumber)->capture_default_str();
 }
 
 // The engine's batches and its device KV pool.

@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/generation.h"  // kSchemaUnenforcedHeader
 #include "server/http_types.h"
 #include "server/openai_request.h"
 
@@ -26,11 +27,6 @@ struct CompletionContext {
   std::string system_fingerprint;
   bool log_requests = true;  // a log line per finished request (ServerConfig::log_requests)
 };
-
-// Names, comma-separated, the JSON-schema keywords of the request's schema that
-// the output may not satisfy (served without "strict": true; see
-// structured_output_request.h). Absent when every keyword is enforced.
-inline constexpr const char* kSchemaUnenforcedHeader = "x-loom-schema-unenforced";
 
 // The response: a whole body, or a stream. Throws ApiError for a request that
 // cannot start; errors after streaming began go into the stream.

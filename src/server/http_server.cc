@@ -15,6 +15,7 @@
 #include "server/json_input.h"
 #include "server/json_output.h"
 #include "server/metrics_exporter.h"
+#include "server/responses_handler.h"
 #include "server/tokenize_routes.h"
 #include "server/workflow_routes.h"
 #include "util/prng.h"
@@ -71,6 +72,15 @@ std::optional<std::string> workflow_id(const std::string& path, std::string_view
   return id;
 }
 
+// The id of "/v1/responses/{id}", or nullopt when `path` is not that route.
+std::optional<std::string> responses_id(const std::string& path) {
+  static constexpr std::string_view kPrefix = "/v1/responses/";
+  if (path.size() <= kPrefix.size() || path.compare(0, kPrefix.size(), kPrefix) != 0) return std::nullopt;
+  std::string id = path.substr(kPrefix.size());
+  if (id.find('/') != std::string::npos) return std::nullopt;
+  return id;
+}
+
 constexpr std::string_view kModelsPrefix = "/v1/models/";
 
 // OpenAI's system_fingerprint: what would change outputs for the same request
@@ -92,6 +102,8 @@ struct HttpServer::Impl {
   MetricsExporter metrics;
   std::unique_ptr<const ChatRenderer> chat_renderer;  // shared by every handler thread; outlives the transport
   CompletionContext completion;
+  ResponseStore responses_store;
+  ResponsesContext responses;
   KvRouteContext kv_routes;
   std::atomic<int32_t> num_completions{0};  // completion requests in flight
   KvTransferCounters kv_counters;
@@ -103,8 +115,9 @@ struct HttpServer::Impl {
   Impl(Engine& engine_ref, ServerConfig server_config, const std::atomic<bool>& stopping_flag,
        const std::atomic<bool>& ending_requests)
       : engine(engine_ref), config(std::move(server_config)), stopping(stopping_flag),
-        metrics(config.served_model_name()) {
+        metrics(config.served_model_name()), responses_store(config.responses_store) {
     completion.engine = &engine;
+    responses = {&completion, &responses_store};
     completion.tokenizer = engine.model().tokenizer.get();
     completion.ending_requests = &ending_requests;
     completion.parse.tokenizer = completion.tokenizer;
@@ -269,6 +282,19 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
     if (response.stream)
       response.stream = [stream = std::move(response.stream), in_flight](ResponseSink& sink) { stream(sink); };
     return response;
+  }
+  if (path == "/v1/responses") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    ++num_completions;
+    auto in_flight = std::shared_ptr<std::atomic<int32_t>>(&num_completions, [](std::atomic<int32_t>* count) { --*count; });
+    HttpResponse response = handle_create_response(responses, request);
+    if (response.stream)
+      response.stream = [stream = std::move(response.stream), in_flight](ResponseSink& sink) { stream(sink); };
+    return response;
+  }
+  if (auto id = responses_id(path)) {
+    if (auto refused = wrong_method({"GET", "DELETE"})) return *refused;
+    return method == "GET" ? handle_get_response(responses, *id) : handle_delete_response(responses, *id);
   }
   if (path == "/loom/kv/status") {
     if (auto refused = wrong_method({"GET"})) return *refused;

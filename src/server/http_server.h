@@ -4,7 +4,8 @@
 // engine and stream results back; the engine thread runs the model.
 //
 // Routes: GET /health, GET /metrics, GET /v1/models, POST /v1/completions,
-// POST /v1/chat/completions, PUT/GET/DELETE /v1/workflows/{id} and POST
+// POST /v1/chat/completions, POST /v1/responses and GET/DELETE /v1/responses/{id}
+// (server/responses_handler.h), PUT/GET/DELETE /v1/workflows/{id} and POST
 // /v1/workflows/{id}/progress (server/workflow_routes.h), and with allow_runtime_lora POST
 // /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies), and the KV
 // transfer routes GET /loom/kv/status, POST /loom/kv/probe and /loom/kv/send
@@ -33,6 +34,7 @@
 #include "server/http_transport.h"
 #include "server/kv_routes.h"
 #include "server/openai_request.h"
+#include "server/response_store.h"
 
 namespace loom::server {
 
@@ -59,6 +61,9 @@ struct ServerConfig {
   // Jinja source replacing the model's chat templates ("" = the model's own);
   // a syntax error makes the HttpServer constructor throw Error naming the line.
   std::string chat_template;
+  // /v1/responses' store (`store`, previous_response_id, GET / DELETE /v1/responses/{id}):
+  // --responses-store-max-entries, --responses-store-max-bytes, --responses-store-ttl.
+  ResponseStoreConfig responses_store;
   // Prefill/decode disaggregation (--role, --kv-transfer-port): the engine's
   // KV buffer and link, for the /loom/kv/ routes (server/kv_routes.h).
   KvTransferSetup kv_transfer;

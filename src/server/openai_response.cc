@@ -87,24 +87,6 @@ Json usage_json(const Usage& usage) {
           {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
 }
 
-// A choice's text read for tool calls as its request's tool_choice says.
-toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed) {
-  toolcall::ParsedOutput output;
-  if (choice.mode == ToolChoiceMode::kAuto) {
-    output = toolcall::parse_tool_calls(choice.parser, text, id_seed);
-  } else {
-    toolcall::CallIdGenerator ids(toolcall::ParserKind::kNone, id_seed);
-    if (choice.mode == ToolChoiceMode::kRequired) {
-      if (auto calls = toolcall::parse_required_output(text, choice.tool_names, ids)) output.tool_calls = std::move(*calls);
-    } else if (auto call = toolcall::parse_named_output(choice.function_name, text, ids)) {
-      output.tool_calls.push_back(std::move(*call));
-    }
-    if (output.tool_calls.empty()) output.content = text;  // unconstrained output that is no call
-  }
-  if (!choice.parallel_tool_calls && output.tool_calls.size() > 1) output.tool_calls.resize(1);
-  return output;
-}
-
 Json tool_calls_json(const std::vector<toolcall::ToolCall>& calls) {
   Json list = Json::array();
   for (const auto& call : calls)
@@ -140,6 +122,48 @@ std::string make_response_id(Endpoint endpoint) {
   return fmt::format("{}-{:016x}", endpoint == Endpoint::kChatCompletions ? "chatcmpl" : "cmpl", generator());
 }
 
+toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed) {
+  toolcall::ParsedOutput output;
+  if (choice.mode == ToolChoiceMode::kAuto) {
+    output = toolcall::parse_tool_calls(choice.parser, text, id_seed);
+  } else {
+    toolcall::CallIdGenerator ids(toolcall::ParserKind::kNone, id_seed);
+    if (choice.mode == ToolChoiceMode::kRequired) {
+      if (auto calls = toolcall::parse_required_output(text, choice.tool_names, ids)) output.tool_calls = std::move(*calls);
+    } else if (auto call = toolcall::parse_named_output(choice.function_name, text, ids)) {
+      output.tool_calls.push_back(std::move(*call));
+    }
+    if (output.tool_calls.empty()) output.content = text;  // unconstrained output that is no call
+  }
+  if (!choice.parallel_tool_calls && output.tool_calls.size() > 1) output.tool_calls.resize(1);
+  return output;
+}
+
+ToolCallReader::ToolCallReader(const ToolChoice& choice, uint64_t id_seed) : choice_(choice), id_seed_(id_seed) {
+  if (choice.mode == ToolChoiceMode::kAuto) parser_.emplace(choice.parser, id_seed);
+}
+
+toolcall::StreamDelta ToolCallReader::next(const RequestOutput& output) {
+  toolcall::StreamDelta released;
+  if (parser_) {
+    released = output.finished ? parser_->finish(output.text_delta) : parser_->feed(output.text_delta);
+    if (!choice_.parallel_tool_calls)
+      std::erase_if(released.tool_calls, [](const toolcall::ToolCallDelta& delta) { return delta.index > 0; });
+    return released;
+  }
+  // required / named: one JSON value, read once it is complete.
+  forced_text_ += output.text_delta;
+  if (!output.finished) return released;
+  toolcall::ParsedOutput parsed = read_tool_calls(choice_, forced_text_, id_seed_);
+  released.content = std::move(parsed.content);
+  for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
+    toolcall::ToolCall& call = parsed.tool_calls[i];
+    released.tool_calls.push_back({static_cast<int32_t>(i), std::move(call.id), std::move(call.name), ""});
+    released.tool_calls.push_back({static_cast<int32_t>(i), "", "", std::move(call.arguments)});
+  }
+  return released;
+}
+
 ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& tokenizer, std::string id,
                                  int64_t created_unix, std::string system_fingerprint)
     : request_(request), tokenizer_(tokenizer), id_(std::move(id)), created_(created_unix),
@@ -151,12 +175,8 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& 
   const auto num_choices = static_cast<size_t>(request.num_choices());
   tool_call_id_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   sent_tool_calls_.assign(num_choices, false);
-  if (choice.mode == ToolChoiceMode::kAuto) {
-    for (size_t index = 0; index < num_choices; ++index)
-      tool_call_parsers_.emplace_back(std::in_place, choice.parser, tool_call_id_seed_ + index);
-  } else {
-    forced_call_texts_.resize(num_choices);
-  }
+  for (size_t index = 0; index < num_choices; ++index)
+    tool_call_readers_.push_back(std::make_unique<ToolCallReader>(choice, tool_call_id_seed_ + index));
 }
 
 std::string ResponseBuilder::echo_text(int32_t index) const {
@@ -223,7 +243,7 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
   Json logprobs = nullptr;
   const char* finish_reason = output.finished ? finish_reason_name(output.finish_reason) : nullptr;
   if (is_chat && !sent_tool_calls_.empty()) {
-    toolcall::StreamDelta released = next_tool_call_delta(index, output);
+    toolcall::StreamDelta released = tool_call_readers_.at(static_cast<size_t>(index))->next(output);
     if (released.empty() && !output.finished && !request_.logprobs.enabled) return {};
     Json delta = Json::object();
     if (!released.content.empty()) delta["content"] = released.content;
@@ -254,30 +274,6 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
   chunk["choices"] = Json::array({choice});
   if (request_.include_usage) chunk["usage"] = nullptr;
   return sse(chunk);
-}
-
-toolcall::StreamDelta ResponseBuilder::next_tool_call_delta(int32_t index, const RequestOutput& output) {
-  const auto slot = static_cast<size_t>(index);
-  const ToolChoice& choice = request_.tool_choice;
-  toolcall::StreamDelta released;
-  if (choice.mode == ToolChoiceMode::kAuto) {
-    toolcall::ToolCallParser& parser = *tool_call_parsers_.at(slot);
-    released = output.finished ? parser.finish(output.text_delta) : parser.feed(output.text_delta);
-    if (!choice.parallel_tool_calls)
-      std::erase_if(released.tool_calls, [](const toolcall::ToolCallDelta& delta) { return delta.index > 0; });
-    return released;
-  }
-  // required / named: one JSON value, read once it is complete.
-  forced_call_texts_.at(slot) += output.text_delta;
-  if (!output.finished) return released;
-  toolcall::ParsedOutput parsed = read_tool_calls(choice, forced_call_texts_[slot], tool_call_id_seed_ + slot);
-  released.content = std::move(parsed.content);
-  for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
-    toolcall::ToolCall& call = parsed.tool_calls[i];
-    released.tool_calls.push_back({static_cast<int32_t>(i), std::move(call.id), std::move(call.name), ""});
-    released.tool_calls.push_back({static_cast<int32_t>(i), "", "", std::move(call.arguments)});
-  }
-  return released;
 }
 
 std::string ResponseBuilder::usage_event(const Usage& usage) const {

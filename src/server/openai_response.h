@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -35,6 +36,28 @@ struct ChoiceResult {
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache (prompt_tokens_details)
+};
+
+// A choice's whole text read for tool calls as `choice` says: auto through
+// its parser; required / named as the forced JSON (content when it is none).
+// parallel_tool_calls false keeps the first call only.
+toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed);
+
+// One choice's output read for tool calls as it streams: under auto, content
+// and call deltas as the parser releases them; required / named hold
+// everything back until the output finishes (one JSON value), then release the
+// calls (a first delta with id and name, then one with the whole arguments).
+// Borrows `choice`. Not thread-safe.
+class ToolCallReader {
+ public:
+  ToolCallReader(const ToolChoice& choice, uint64_t id_seed);
+  toolcall::StreamDelta next(const RequestOutput& output);
+
+ private:
+  const ToolChoice& choice_;
+  uint64_t id_seed_;
+  std::optional<toolcall::ToolCallParser> parser_;  // auto
+  std::string forced_text_;                         // required / named: the output so far
 };
 
 // Builds the bodies of one request. Borrows the request and tokenizer, which
@@ -78,10 +101,8 @@ class ResponseBuilder {
 
   // Tool calls, per choice (empty vectors when the request parses none).
   uint64_t tool_call_id_seed_ = 0;
-  std::vector<std::optional<toolcall::ToolCallParser>> tool_call_parsers_;  // streaming, tool_choice auto
-  std::vector<std::string> forced_call_texts_;  // streaming, required / named: the output so far
-  std::vector<bool> sent_tool_calls_;           // streaming: a call went out
-  toolcall::StreamDelta next_tool_call_delta(int32_t index, const RequestOutput& output);
+  std::vector<std::unique_ptr<ToolCallReader>> tool_call_readers_;  // streaming
+  std::vector<bool> sent_tool_calls_;  // streaming: a call went out
 };
 
 // "cmpl-..." / "chatcmpl-..." with a random hex suffix.

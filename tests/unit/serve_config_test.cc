@@ -91,7 +91,8 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["api_key"], false);
   EXPECT_EQ(config["seed"], nullptr);
   EXPECT_EQ(config["kv_events"], nullptr);
-  EXPECT_EQ(config.size(), 34u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
+  EXPECT_EQ(config.size(), 35u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -172,6 +173,23 @@ TEST_F(ServeConfigTest, EveryByteSizeFlagTakesSuffixes) {
   }
   for (const std::string flag : {"--kv-cache-bytes", "--host-kv-memory", "--disk-kv-bytes", "--kv-buffer-bytes"})
     test::expect_error([&] { parse({flag, "auto"}); }, ErrorKind::kInvalidArgument, {"bad " + flag + " 'auto'"});
+}
+
+TEST_F(ServeConfigTest, ResponsesStoreFlagsBoundTheStore) {
+  const ResolvedServe defaults = checked({});
+  EXPECT_EQ(defaults.server.responses_store.max_entries, 1024);
+  EXPECT_EQ(defaults.server.responses_store.max_bytes, int64_t{256} << 20);
+  EXPECT_EQ(defaults.server.responses_store.ttl_seconds, 3600.0);
+  const ResolvedServe serve = checked({"--responses-store-max-entries", "3", "--responses-store-max-bytes", "64K",
+                                       "--responses-store-ttl", "0"});
+  EXPECT_EQ(serve.server.responses_store.max_entries, 3);
+  EXPECT_EQ(serve.server.responses_store.max_bytes, 64 << 10);
+  EXPECT_EQ(serve.server.responses_store.ttl_seconds, 0.0);
+  EXPECT_EQ(effective_config(serve, 4096)["responses_store"]["max_bytes"], 64 << 10);
+  test::expect_error([&] { parse({"--responses-store-max-bytes", "1Q"}); }, ErrorKind::kInvalidArgument,
+                     {"bad --responses-store-max-bytes '1Q'"});
+  EXPECT_THROW(parse({"--responses-store-max-entries", "-1"}), CLI::ParseError);
+  EXPECT_THROW(parse({"--responses-store-ttl", "-5"}), CLI::ParseError);
 }
 
 TEST_F(ServeConfigTest, ServedNamesAreOneListDefaultingToTheFileName) {
