@@ -113,7 +113,7 @@ class ResponsesTest(loom_server.ServerTestCase):
         self.assertEqual(raised.exception.body["param"], "tools[0].type")
 
     def test_forced_call_cut_by_max_output_tokens_is_an_incomplete_function_call(self):
-        kwargs = dict(input="What time is it?", tools=TOOLS, max_output_tokens=3,
+        kwargs = dict(input="What time is it?", tools=TOOLS, max_output_tokens=3, temperature=0.0,
                       tool_choice={"type": "function", "name": "get_time"})
         whole = self.create(**kwargs)
         self.assertEqual(whole.status, "incomplete")
