@@ -157,6 +157,7 @@ struct HttpServer::Impl {
                                          : !templates.tool_use_source.empty() ? templates.tool_use_source
                                                                               : templates.default_source;
     completion.parse.tool_call_parser = resolve_tool_call_parser(config.tool_call_parser, template_source);
+    completion.parse.chat_template_renders_tools = chat_template_renders_tools(template_source);
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
 

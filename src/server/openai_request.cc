@@ -352,6 +352,10 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
           : OrderedJson::object();
   if (is_chat) {
     parsed.tool_choice = parse_tool_choice(ordered_body, context.tool_call_parser);
+    const auto request_template = body.find("chat_template");
+    check_auto_tool_choice(parsed.tool_choice, request_template != body.end() && request_template->is_string()
+                                                   ? chat_template_renders_tools(request_template->get<std::string>())
+                                                   : context.chat_template_renders_tools);
     // vLLM's rule: call markers are special tokens in most vocabularies
     // ([TOOL_CALLS], <|python_tag|>), so the parser needs their text.
     if (parsed.tool_choice.mode == ToolChoiceMode::kAuto && parsed.tool_choice.parses_output() &&

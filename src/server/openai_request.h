@@ -54,6 +54,9 @@ struct ParseContext {
   // null: one is built from `tokenizer` per request that needs it).
   std::shared_ptr<grammar::ConstraintCompiler> constraints;
   toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
+  // Whether the served chat template reads `tools` (a request's own
+  // chat_template is checked by itself); see check_auto_tool_choice.
+  bool chat_template_renders_tools = true;
   // The seed of a request that gives none (thread-safe); null: a random one.
   std::function<uint64_t()> next_default_seed;
   // What a request that omits a sampling field gets (--generation-config).

@@ -8,7 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "server/json_output.h"
-#include "toolcall/forced_calls.h"
+#include "toolcall/forced_call_reader.h"
 
 namespace loom::server {
 namespace {
@@ -110,9 +110,12 @@ Json tool_call_deltas_json(const std::vector<toolcall::ToolCallDelta>& deltas) {
 }
 
 // finish_reason "tool_calls" when calls were returned, except for a named
-// tool_choice, where OpenAI keeps "stop".
+// tool_choice, where OpenAI keeps "stop", and for an output cut short by
+// max_tokens, which stays "length" (its last call is partial).
 const char* finish_reason_with_calls(FinishReason reason, bool has_tool_calls, const ToolChoice& choice) {
-  return has_tool_calls && choice.mode != ToolChoiceMode::kNamed ? "tool_calls" : finish_reason_name(reason);
+  return has_tool_calls && choice.mode != ToolChoiceMode::kNamed && reason != FinishReason::kLength
+             ? "tool_calls"
+             : finish_reason_name(reason);
 }
 
 }  // namespace
@@ -123,44 +126,26 @@ std::string make_response_id(Endpoint endpoint) {
 }
 
 toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed) {
-  toolcall::ParsedOutput output;
-  if (choice.mode == ToolChoiceMode::kAuto) {
-    output = toolcall::parse_tool_calls(choice.parser, text, id_seed);
-  } else {
-    toolcall::CallIdGenerator ids(toolcall::ParserKind::kNone, id_seed);
-    if (choice.mode == ToolChoiceMode::kRequired) {
-      if (auto calls = toolcall::parse_required_output(text, choice.tool_names, ids)) output.tool_calls = std::move(*calls);
-    } else if (auto call = toolcall::parse_named_output(choice.function_name, text, ids)) {
-      output.tool_calls.push_back(std::move(*call));
-    }
-    if (output.tool_calls.empty()) output.content = text;  // unconstrained output that is no call
-  }
+  toolcall::ParsedOutput output =
+      choice.mode == ToolChoiceMode::kAuto
+          ? toolcall::parse_tool_calls(choice.parser, text, id_seed)
+          : toolcall::read_forced_output(choice.mode == ToolChoiceMode::kNamed ? choice.function_name : std::string(),
+                                         text, id_seed);
   if (!choice.parallel_tool_calls && output.tool_calls.size() > 1) output.tool_calls.resize(1);
   return output;
 }
 
-ToolCallReader::ToolCallReader(const ToolChoice& choice, uint64_t id_seed) : choice_(choice), id_seed_(id_seed) {
+ToolCallReader::ToolCallReader(const ToolChoice& choice, uint64_t id_seed) : choice_(choice) {
   if (choice.mode == ToolChoiceMode::kAuto) parser_.emplace(choice.parser, id_seed);
+  else forced_.emplace(choice.mode == ToolChoiceMode::kNamed ? choice.function_name : std::string(), id_seed);
 }
 
 toolcall::StreamDelta ToolCallReader::next(const RequestOutput& output) {
   toolcall::StreamDelta released;
-  if (parser_) {
-    released = output.finished ? parser_->finish(output.text_delta) : parser_->feed(output.text_delta);
-    if (!choice_.parallel_tool_calls)
-      std::erase_if(released.tool_calls, [](const toolcall::ToolCallDelta& delta) { return delta.index > 0; });
-    return released;
-  }
-  // required / named: one JSON value, read once it is complete.
-  forced_text_ += output.text_delta;
-  if (!output.finished) return released;
-  toolcall::ParsedOutput parsed = read_tool_calls(choice_, forced_text_, id_seed_);
-  released.content = std::move(parsed.content);
-  for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
-    toolcall::ToolCall& call = parsed.tool_calls[i];
-    released.tool_calls.push_back({static_cast<int32_t>(i), std::move(call.id), std::move(call.name), ""});
-    released.tool_calls.push_back({static_cast<int32_t>(i), "", "", std::move(call.arguments)});
-  }
+  if (parser_) released = output.finished ? parser_->finish(output.text_delta) : parser_->feed(output.text_delta);
+  else released = output.finished ? forced_->finish(output.text_delta) : forced_->feed(output.text_delta);
+  if (!choice_.parallel_tool_calls)
+    std::erase_if(released.tool_calls, [](const toolcall::ToolCallDelta& delta) { return delta.index > 0; });
   return released;
 }
 
@@ -239,24 +224,11 @@ std::string ResponseBuilder::role_event(int32_t index) const {
 
 std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& output) {
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
+  if (is_chat && !sent_tool_calls_.empty()) return tool_call_events(index, output);
   Json choice = {{"index", index}};
   Json logprobs = nullptr;
   const char* finish_reason = output.finished ? finish_reason_name(output.finish_reason) : nullptr;
-  if (is_chat && !sent_tool_calls_.empty()) {
-    toolcall::StreamDelta released = tool_call_readers_.at(static_cast<size_t>(index))->next(output);
-    if (released.empty() && !output.finished && !request_.logprobs.enabled) return {};
-    Json delta = Json::object();
-    if (!released.content.empty()) delta["content"] = released.content;
-    if (!released.tool_calls.empty()) {
-      delta["tool_calls"] = tool_call_deltas_json(released.tool_calls);
-      sent_tool_calls_[static_cast<size_t>(index)] = true;
-    }
-    choice["delta"] = delta;
-    if (output.finished)
-      finish_reason = finish_reason_with_calls(output.finish_reason, sent_tool_calls_[static_cast<size_t>(index)],
-                                               request_.tool_choice);
-    if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs);
-  } else if (is_chat) {
+  if (is_chat) {
     choice["delta"] = output.text_delta.empty() && output.finished ? Json::object()
                                                                     : Json{{"content", output.text_delta}};
     if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs);
@@ -270,10 +242,44 @@ std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& out
   }
   choice["logprobs"] = logprobs;
   choice["finish_reason"] = finish_reason ? Json(finish_reason) : Json(nullptr);
-  Json chunk = head(is_chat ? "chat.completion.chunk" : "text_completion");
-  chunk["choices"] = Json::array({choice});
-  if (request_.include_usage) chunk["usage"] = nullptr;
-  return sse(chunk);
+  Json body = head(is_chat ? "chat.completion.chunk" : "text_completion");
+  body["choices"] = Json::array({choice});
+  if (request_.include_usage) body["usage"] = nullptr;
+  return sse(body);
+}
+
+std::string ResponseBuilder::chunk(int32_t index, Json delta, Json logprobs, const char* finish_reason) const {
+  Json choice = {{"index", index},
+                 {"delta", std::move(delta)},
+                 {"logprobs", std::move(logprobs)},
+                 {"finish_reason", finish_reason ? Json(finish_reason) : Json(nullptr)}};
+  Json body = head("chat.completion.chunk");
+  body["choices"] = Json::array({std::move(choice)});
+  if (request_.include_usage) body["usage"] = nullptr;
+  return sse(body);
+}
+
+// OpenAI's order: content, then per call delta one chunk (a call's first delta
+// never carries arguments), then the finish alone.
+std::string ResponseBuilder::tool_call_events(int32_t index, const RequestOutput& output) {
+  const auto slot = static_cast<size_t>(index);
+  toolcall::StreamDelta released = tool_call_readers_.at(slot)->next(output);
+  Json logprobs = request_.logprobs.enabled ? chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs) : Json();
+  std::string events;
+  if (!released.content.empty() || (released.empty() && !logprobs.is_null())) {
+    events += chunk(index, released.content.empty() ? Json::object() : Json{{"content", released.content}}, logprobs,
+                    nullptr);
+    logprobs = nullptr;
+  }
+  for (const toolcall::ToolCallDelta& delta : released.tool_calls) {
+    events += chunk(index, {{"tool_calls", tool_call_deltas_json({delta})}}, logprobs, nullptr);
+    logprobs = nullptr;
+    sent_tool_calls_[slot] = true;
+  }
+  if (output.finished)
+    events += chunk(index, Json::object(), logprobs,
+                    finish_reason_with_calls(output.finish_reason, sent_tool_calls_[slot], request_.tool_choice));
+  return events;
 }
 
 std::string ResponseBuilder::usage_event(const Usage& usage) const {

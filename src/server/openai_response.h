@@ -5,9 +5,11 @@
 // Tool calls (chat, request.tool_choice.parses_output()): each choice's text
 // is read for calls (server/tool_choice.h says how per tool_choice). Whole
 // bodies get message.tool_calls, content null when nothing else was said, and
-// finish_reason "tool_calls" (a named tool_choice keeps "stop", as OpenAI).
-// Streams get OpenAI's tool_calls deltas as the parser releases them (auto),
-// or all at the end (required / named: the output is one JSON value).
+// finish_reason "tool_calls" (a named tool_choice keeps "stop", as OpenAI; an
+// output cut by max_tokens keeps "length", its last call partial). Streams get
+// OpenAI's shape: a chunk with a call's first delta (index, id, type, name,
+// arguments ""), chunks of argument deltas, and finish_reason in a chunk of its
+// own (empty delta).
 #pragma once
 
 #include <cstdint>
@@ -19,6 +21,7 @@
 #include "engine/engine.h"
 #include "server/openai_request.h"
 #include "tokenizer/tokenizer.h"
+#include "toolcall/forced_call_reader.h"
 #include "toolcall/tool_call_parser.h"
 
 namespace loom::server {
@@ -39,14 +42,16 @@ struct Usage {
 };
 
 // A choice's whole text read for tool calls as `choice` says: auto through
-// its parser; required / named as the forced JSON (content when it is none).
+// its parser; required / named as the forced JSON (a call cut short by
+// max_tokens is returned with its partial arguments; content only when the
+// output is no forced JSON at all).
 // parallel_tool_calls false keeps the first call only.
 toolcall::ParsedOutput read_tool_calls(const ToolChoice& choice, const std::string& text, uint64_t id_seed);
 
 // One choice's output read for tool calls as it streams: under auto, content
-// and call deltas as the parser releases them; required / named hold
-// everything back until the output finishes (one JSON value), then release the
-// calls (a first delta with id and name, then one with the whole arguments).
+// and call deltas as the parser releases them (a call once it is complete);
+// required / named: each call's first delta as soon as its name is written,
+// then its arguments as they are generated (toolcall/forced_call_reader.h).
 // Borrows `choice`. Not thread-safe.
 class ToolCallReader {
  public:
@@ -55,9 +60,8 @@ class ToolCallReader {
 
  private:
   const ToolChoice& choice_;
-  uint64_t id_seed_;
-  std::optional<toolcall::ToolCallParser> parser_;  // auto
-  std::string forced_text_;                         // required / named: the output so far
+  std::optional<toolcall::ToolCallParser> parser_;    // auto
+  std::optional<toolcall::ForcedCallReader> forced_;  // required / named
 };
 
 // Builds the bodies of one request. Borrows the request and tokenizer, which
@@ -77,7 +81,8 @@ class ResponseBuilder {
   std::string role_event(int32_t index) const;
   // A delta: the output's text and (when requested) its tokens' logprobs;
   // finish_reason when the output finished the choice. "" when there is
-  // nothing to send yet (text held back by the tool-call parser).
+  // nothing to send yet (text held back by the tool-call parser). With tool
+  // calls parsed, several chunks (see the top of this file).
   std::string delta_event(int32_t index, const RequestOutput& output);
   // The final usage chunk (choices: []), for stream_options.include_usage.
   std::string usage_event(const Usage& usage) const;
@@ -93,6 +98,10 @@ class ResponseBuilder {
   std::string system_fingerprint_;
   // The fields every body and chunk starts with.
   nlohmann::json head(const char* object) const;
+  // One chat chunk of choice `index`.
+  std::string chunk(int32_t index, nlohmann::json delta, nlohmann::json logprobs, const char* finish_reason) const;
+  // delta_event when the choice's output is read for tool calls.
+  std::string tool_call_events(int32_t index, const RequestOutput& output);
   // completions echo: the prompt text choice `index` starts with ("" without echo).
   std::string echo_text(int32_t index) const;
 

@@ -94,11 +94,16 @@ Json ResponsesOutput::finished_response(const ChoiceResult& result, const Usage&
   if (parsed_.tool_choice.parses_output()) parsed = read_tool_calls(parsed_.tool_choice, result.text, id_seed_);
   else parsed.content = result.text;
   Json response = head(incomplete ? "incomplete" : "completed");
+  // Only the last item can be cut short (a call: its arguments partial).
+  const auto status = [&](bool last) { return incomplete && last ? "incomplete" : "completed"; };
   if (!parsed.content.empty() || parsed.tool_calls.empty())
     response["output"].push_back(
-        message_item(make_responses_id("msg"), parsed.content, incomplete ? "incomplete" : "completed"));
-  for (const toolcall::ToolCall& call : parsed.tool_calls)
-    response["output"].push_back(call_item(make_responses_id("fc"), call.id, call.name, call.arguments, "completed"));
+        message_item(make_responses_id("msg"), parsed.content, status(parsed.tool_calls.empty())));
+  for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
+    const toolcall::ToolCall& call = parsed.tool_calls[i];
+    response["output"].push_back(call_item(make_responses_id("fc"), call.id, call.name, call.arguments,
+                                           status(i + 1 == parsed.tool_calls.size())));
+  }
   if (incomplete) response["incomplete_details"] = {{"reason", "max_output_tokens"}};
   response["usage"] = usage_json(usage);
   return response;
@@ -146,7 +151,7 @@ std::string ResponsesOutput::close_open_item(bool incomplete) {
                                                                {"output_index", index},
                                                                {"name", item_["name"]},
                                                                {"arguments", item_["arguments"]}});
-    item_["status"] = "completed";
+    item_["status"] = incomplete ? "incomplete" : "completed";
   }
   events += event("response.output_item.done", {{"output_index", index}, {"item", item_}});
   output_.push_back(std::move(item_));

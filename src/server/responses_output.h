@@ -8,7 +8,9 @@
 // before the calls. No text and no calls: one message with empty text.
 //
 // Status: "completed", or "incomplete" with incomplete_details.reason
-// "max_output_tokens" when the output hit its token limit.
+// "max_output_tokens" when the output hit its token limit; the last item is
+// then "incomplete" too (a function_call with its partial arguments, never
+// text). Forced calls stream their arguments as they are generated.
 //
 // Stream (SSE "event: TYPE\ndata: {...}\n\n", sequence_number counting from 0):
 //   response.created, response.in_progress,

@@ -1,6 +1,7 @@
 #include "server/tool_choice.h"
 
 #include <algorithm>
+#include <cctype>
 
 #include <fmt/format.h>
 
@@ -169,6 +170,30 @@ ToolChoice parse_tool_choice(const Json& body, toolcall::ParserKind server_parse
     }
   }
   return choice;
+}
+
+void check_auto_tool_choice(const ToolChoice& choice, bool template_renders_tools) {
+  if (choice.mode != ToolChoiceMode::kAuto) return;
+  if (choice.parser == toolcall::ParserKind::kNone)
+    throw_bad_request("tool_choice",
+                      "tool_choice \"auto\" (the default with 'tools') needs a tool-call parser and this server has "
+                      "none: start loom serve with --tool-call-parser hermes|llama3_json|mistral (vLLM's "
+                      "--enable-auto-tool-choice --tool-call-parser), or send tool_choice \"required\", a named "
+                      "function or \"none\"");
+  if (!template_renders_tools)
+    throw_bad_request("tool_choice",
+                      "the chat template never reads 'tools', so the model would not see them: start loom serve "
+                      "with a --chat-template that renders tools (or send one as 'chat_template'), or send "
+                      "tool_choice \"required\", a named function or \"none\"");
+}
+
+bool chat_template_renders_tools(std::string_view source) {
+  const auto is_word = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '_'; };
+  for (size_t at = source.find("tools"); at != std::string_view::npos; at = source.find("tools", at + 1)) {
+    const size_t end = at + 5;
+    if ((at == 0 || !is_word(source[at - 1])) && (end == source.size() || !is_word(source[end]))) return true;
+  }
+  return false;
 }
 
 toolcall::ParserKind resolve_tool_call_parser(std::string_view name, std::string_view chat_template_source) {

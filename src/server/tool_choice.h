@@ -56,6 +56,16 @@ struct ToolChoice {
 // server's resolved --tool-call-parser. Throws ApiError (400) naming the field.
 ToolChoice parse_tool_choice(const nlohmann::ordered_json& body, toolcall::ParserKind server_parser);
 
+// Under tool_choice auto the tools reach the model only through the chat
+// template and come back only through a parser: a template that never reads
+// `tools`, or no parser, is a 400 (param tool_choice) naming the fix
+// (--chat-template, --tool-call-parser), where they used to be dropped
+// silently (vLLM answers 400 naming --enable-auto-tool-choice). Other modes
+// pass: a forced call's constraint needs neither.
+void check_auto_tool_choice(const ToolChoice& choice, bool template_renders_tools);
+// Whether a Jinja chat template's source reads the `tools` variable.
+bool chat_template_renders_tools(std::string_view source);
+
 // --tool-call-parser NAME: a parser name, or "auto" (from the chat template's
 // source text, toolcall::detect_parser). Throws Error(kInvalidArgument) for
 // another name.

@@ -1,7 +1,8 @@
 // Outputs that a token constraint forces into a tool call (tool_choice
 // "required" or a named function; the schema is built by the server,
-// server/tool_choice.h). Until the constraint is connected these parse
-// whatever the model wrote, and say nullopt when it is not such an output.
+// server/tool_choice.h), validated whole: nullopt when the text is not such an
+// output. The server reads forced outputs as they stream with
+// forced_call_reader.h (which keeps partial calls); these check complete ones.
 //
 //   required: [{"name": "f", "parameters": {...}}, ...]   (at least one; vLLM's shape)
 //   named:    {...}                                       (the arguments of that function)

@@ -112,6 +112,22 @@ class ResponsesTest(loom_server.ServerTestCase):
             self.create(input="x", tools=[{"type": "web_search"}])
         self.assertEqual(raised.exception.body["param"], "tools[0].type")
 
+    def test_forced_call_cut_by_max_output_tokens_is_an_incomplete_function_call(self):
+        kwargs = dict(input="What time is it?", tools=TOOLS, max_output_tokens=3, temperature=0.0,
+                      tool_choice={"type": "function", "name": "get_time"})
+        whole = self.create(**kwargs)
+        self.assertEqual(whole.status, "incomplete")
+        self.assertEqual(whole.incomplete_details.reason, "max_output_tokens")
+        self.assertEqual([(item.type, item.status) for item in whole.output], [("function_call", "incomplete")])
+        self.assertEqual(whole.output[0].name, "get_time")
+        self.assertTrue(whole.output[0].arguments.startswith("{"))
+        events = list(self.create(stream=True, **kwargs))
+        self.assertEqual(events[-1].type, "response.incomplete")
+        streamed = events[-1].response.output
+        self.assertEqual([(item.type, item.status, item.arguments) for item in streamed],
+                         [("function_call", "incomplete", whole.output[0].arguments)])
+        self.assertNotIn("response.output_text.delta", [event.type for event in events])
+
     def test_previous_response_id_chain_with_a_tool_result(self):
         first = self.create(input="What is the weather in Paris?", tools=TOOLS, tool_choice="required",
                             max_output_tokens=200, instructions="You are terse.")
@@ -181,6 +197,9 @@ class ResponsesTest(loom_server.ServerTestCase):
         streamed_calls = [item for item in events[-1].response.output if item.type == "function_call"]
         self.assertEqual([(c.name, c.arguments) for c in streamed_calls], [(c.name, c.arguments) for c in whole_calls])
         self.assertEqual(arguments, "".join(c.arguments for c in whole_calls))
+        # Arguments stream as they are generated: several deltas per call.
+        self.assertGreater(len([e for e in events if e.type == "response.function_call_arguments.delta"]),
+                           len(whole_calls))
         # The client's stream helper assembles the same response (it needs response.completed: a forced text
         # that ends by itself).
         with self.client.responses.stream(model="tiny", input="Tell me a story", max_output_tokens=20,

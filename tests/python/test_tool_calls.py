@@ -1,8 +1,10 @@
 """Tool calling against a real `loom serve` with the `openai` client, on a
 random-weight model under a Qwen3-style (Hermes `<tool_call>`) chat template:
 tool_choice required / named give calls whose arguments validate against the
-tool's parameters; streamed tool-call deltas reassemble to the non-streamed
-call; tool_choice auto parses the calls the model writes (the text is forced
+tool's parameters; streamed tool-call chunks have OpenAI's shape and reassemble
+(by hand and by the openai client's accumulator) to the non-streamed call; a
+forced call cut by max_tokens is a partial call, never content; tools a
+template cannot render are a 400; tool_choice auto parses the calls the model writes (the text is forced
 with a regex constraint, since a random model never writes one by itself);
 a whole agent loop (call -> tool result -> answer) goes through."""
 import json
@@ -63,6 +65,43 @@ def reassemble(chunks):
     return content, [calls[i] for i in sorted(calls)], finish
 
 
+def assert_openai_chunk_sequence(test, chunks, case):
+    """OpenAI's shape: a call's first delta (index, id, type, name, "" arguments), >= 1 argument delta, then
+    finish_reason alone (empty delta) in the last chunk."""
+    choices = [chunk.choices[0] for chunk in chunks if chunk.choices]
+    finishes = [i for i, choice in enumerate(choices) if choice.finish_reason]
+    test.assertEqual(finishes, [len(choices) - 1], case)
+    last = choices[-1].delta
+    test.assertFalse(last.content or last.tool_calls, case)
+    argument_deltas = {}
+    for choice in choices:
+        for call in choice.delta.tool_calls or []:
+            test.assertEqual(len(choice.delta.tool_calls), 1, case)
+            if call.id:
+                test.assertNotIn(call.index, argument_deltas, case)
+                test.assertEqual(call.type, "function", case)
+                test.assertTrue(call.function.name, case)
+                test.assertEqual(call.function.arguments, "", case)
+                argument_deltas[call.index] = 0
+            else:
+                test.assertIn(call.index, argument_deltas, case)
+                test.assertIsNone(call.function.name, case)
+                test.assertTrue(call.function.arguments, case)
+                argument_deltas[call.index] += 1
+    test.assertTrue(argument_deltas, case)
+    test.assertTrue(all(count >= 1 for count in argument_deltas.values()), (case, argument_deltas))
+    return argument_deltas
+
+
+def merged_by_openai(chunks):
+    """The openai client's own stream accumulator (what .stream() helpers return)."""
+    from openai.lib.streaming.chat import ChatCompletionStreamState
+    state = ChatCompletionStreamState()
+    for chunk in chunks:
+        state.handle_chunk(chunk)
+    return state.get_final_completion().choices[0]
+
+
 class ToolCallTest(loom_server.ServerTestCase):
     SERVER_ARGS = ["--chat-template", TEMPLATE, "--tool-call-parser", "auto", "--max-context-tokens", "4096"]
     SERVER_KWARGS = {"num_adapters": 1}
@@ -110,7 +149,15 @@ class ToolCallTest(loom_server.ServerTestCase):
             expected_finish = "stop" if isinstance(case["tool_choice"], dict) else "tool_calls"
             for seed in range(3):
                 whole = self.chat(temperature=1.0, seed=seed, **case).choices[0]
-                content, calls, finish = reassemble(self.chat(temperature=1.0, seed=seed, stream=True, **case))
+                chunks = list(self.chat(temperature=1.0, seed=seed, stream=True, **case))
+                argument_deltas = assert_openai_chunk_sequence(self, chunks, case)
+                if "structured_outputs" not in case.get("extra_body", {}):  # forced: arguments as generated
+                    self.assertGreater(max(argument_deltas.values()), 1, case)
+                merged = merged_by_openai(chunks)
+                self.assertEqual(merged.finish_reason, whole.finish_reason, case)
+                self.assertEqual([(c.function.name, c.function.arguments) for c in merged.message.tool_calls],
+                                 [(c.function.name, c.function.arguments) for c in whole.message.tool_calls], case)
+                content, calls, finish = reassemble(chunks)
                 self.assertEqual(finish, whole.finish_reason, case)
                 self.assertEqual(finish, expected_finish, case)
                 self.assertGreaterEqual(len(calls), 1, case)
@@ -118,6 +165,34 @@ class ToolCallTest(loom_server.ServerTestCase):
                                  [(c.function.name, c.function.arguments) for c in whole.message.tool_calls], case)
                 self.assertTrue(all(c["id"] for c in calls))
                 self.assertEqual(content, whole.message.content or "")
+
+    def test_forced_call_cut_by_max_tokens_is_a_partial_call(self):
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        choice = self.chat(tool_choice=named, max_tokens=3, temperature=1.0, seed=1).choices[0]
+        self.assertEqual(choice.finish_reason, "length")
+        self.assertIsNone(choice.message.content)
+        self.assertEqual(len(choice.message.tool_calls), 1)
+        self.assertEqual(choice.message.tool_calls[0].function.name, "get_weather")
+        partial = choice.message.tool_calls[0].function.arguments
+        self.assertTrue(partial.startswith("{"), partial)
+        chunks = list(self.chat(tool_choice=named, max_tokens=3, temperature=1.0, seed=1, stream=True))
+        content, calls, finish = reassemble(chunks)
+        self.assertEqual((content, finish), ("", "length"))
+        self.assertEqual([(c["name"], c["arguments"]) for c in calls], [("get_weather", partial)])
+        for max_tokens in (2, 6, 12):  # "required": never content, whatever the cut
+            choice = self.chat(tool_choice="required", max_tokens=max_tokens, temperature=1.0, seed=2).choices[0]
+            self.assertEqual(choice.finish_reason, "length")
+            self.assertIsNone(choice.message.content, choice.message)
+
+    def test_tools_the_template_cannot_render_are_a_400_naming_the_fix(self):
+        with self.assertRaises(openai.BadRequestError) as raised:
+            self.chat(tool_choice="auto", extra_body={"chat_template": "{{ messages[0]['content'] }}"})
+        self.assertEqual(raised.exception.body["param"], "tool_choice")
+        self.assertIn("--chat-template", raised.exception.body["message"])
+        # Forced calls need no rendering (the constraint writes them); the server keeps serving.
+        choice = self.chat(tool_choice="required", extra_body={"chat_template": "{{ messages[0]['content'] }}"},
+                           max_tokens=300).choices[0]
+        self.assertEqual(choice.finish_reason, "tool_calls")
 
     def test_auto_parses_the_calls_the_model_writes_and_none_keeps_them_as_text(self):
         forced = {"structured_outputs": {"regex": HERMES_REGEX}}

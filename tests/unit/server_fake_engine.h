@@ -42,10 +42,12 @@ class FakeEngine : public Engine {
   }
 
   // From now on each request outputs these text pieces, one output each (token
-  // id 1), and finishes with kStop after the last; empty: back to the default.
-  void set_script(std::vector<std::string> pieces) {
+  // id 1), and finishes with `finish` (kStop unless told) after the last;
+  // empty: back to the default.
+  void set_script(std::vector<std::string> pieces, FinishReason finish = FinishReason::kStop) {
     std::lock_guard lock(mutex_);
     script_ = std::move(pieces);
+    script_finish_ = finish;
   }
 
   std::unique_ptr<RequestStream> submit(EngineRequest request) override {
@@ -61,11 +63,13 @@ class FakeEngine : public Engine {
     ++num_submitted;
     ++num_live;
     std::vector<std::string> script;
+    FinishReason script_finish;
     {
       std::lock_guard lock(mutex_);
       script = script_;
+      script_finish = script_finish_;
     }
-    return std::make_unique<Stream>(*this, std::move(request), std::move(script));
+    return std::make_unique<Stream>(*this, std::move(request), std::move(script), script_finish);
   }
 
   // Fake sharing rules: "activated" needs "alora" in the path; no choice = isolated.
@@ -106,8 +110,8 @@ class FakeEngine : public Engine {
  private:
   class Stream : public RequestStream {
    public:
-    Stream(FakeEngine& engine, EngineRequest request, std::vector<std::string> script)
-        : engine_(engine), request_(std::move(request)), script_(std::move(script)) {}
+    Stream(FakeEngine& engine, EngineRequest request, std::vector<std::string> script, FinishReason script_finish)
+        : engine_(engine), request_(std::move(request)), script_(std::move(script)), script_finish_(script_finish) {}
     ~Stream() override { cancel(); }
     std::optional<RequestOutput> next(std::chrono::milliseconds timeout) override {
       if (done_) return std::nullopt;
@@ -151,7 +155,7 @@ class FakeEngine : public Engine {
       output.num_output_tokens = produced_;
       if (produced_ >= static_cast<int32_t>(script_.size())) {
         output.finished = true;
-        output.finish_reason = FinishReason::kStop;
+        output.finish_reason = script_finish_;
         finish();
       }
       return output;
@@ -163,6 +167,7 @@ class FakeEngine : public Engine {
     FakeEngine& engine_;
     EngineRequest request_;
     std::vector<std::string> script_;
+    FinishReason script_finish_;
     std::string id_ = "fake";
     int32_t produced_ = 0;
     bool done_ = false;
@@ -170,6 +175,7 @@ class FakeEngine : public Engine {
 
   mutable std::mutex mutex_;
   std::vector<std::string> script_;  // guarded by mutex_
+  FinishReason script_finish_ = FinishReason::kStop;
   std::map<std::string, std::string> adapters_;
   std::map<std::string, KvSharing> sharing_;
   LoadedModel model_;

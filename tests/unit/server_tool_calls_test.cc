@@ -3,6 +3,7 @@
 // model's text), and the parser choice of --tool-call-parser.
 #include <gtest/gtest.h>
 
+#include <map>
 #include <thread>
 
 #include <httplib.h>
@@ -87,11 +88,18 @@ TEST_F(ToolChoiceTest, DefaultsFollowTools) {
   EXPECT_FALSE(with_tools.engine_template.skip_special_tokens);
   EXPECT_TRUE(parse({{"tools", tools()}, {"skip_special_tokens", true}}).engine_template.skip_special_tokens);
 
-  // A server without a parser: tools are accepted, the output stays content.
-  const ParsedRequest unparsed = parse({{"tools", tools()}}, ParserKind::kNone);
-  EXPECT_EQ(unparsed.tool_choice.mode, ToolChoiceMode::kAuto);
-  EXPECT_FALSE(unparsed.tool_choice.parses_output());
-  EXPECT_TRUE(unparsed.engine_template.skip_special_tokens);
+  // A server without a parser: tool_choice auto is a 400 naming the flag; forced and none still work.
+  try {
+    parse({{"tools", tools()}}, ParserKind::kNone);
+    ADD_FAILURE() << "tools under auto without a parser were accepted";
+  } catch (const ApiError& error) {
+    EXPECT_EQ(error.status(), 400);
+    EXPECT_NE(error.body().find("--tool-call-parser"), std::string::npos) << error.body();
+  }
+  EXPECT_EQ(parse({{"tools", tools()}, {"tool_choice", "required"}}, ParserKind::kNone).tool_choice.mode,
+            ToolChoiceMode::kRequired);
+  EXPECT_EQ(parse({{"tools", tools()}, {"tool_choice", "none"}}, ParserKind::kNone).tool_choice.mode,
+            ToolChoiceMode::kNone);
 
   EXPECT_EQ(parse({{"tools", tools()}, {"tool_choice", "none"}}).tool_choice.mode, ToolChoiceMode::kNone);
   EXPECT_EQ(parse({{"tool_choice", "none"}}).tool_choice.mode, ToolChoiceMode::kNone);  // allowed without tools
@@ -244,9 +252,16 @@ TEST(ToolCallParserFlag, ResolvesNamesAndAuto) {
 // Over a real socket, the scripted engine writing the model's text.
 class ToolCallServerTest : public ::testing::Test {
  protected:
-  void start(const std::string& tool_call_parser) {
+  // A ChatML template that renders tools (the test tokenizer's own never reads them).
+  static constexpr const char* kToolsTemplate =
+      "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
+      "{% if tools %}{% for t in tools %}{{ t.function.name }}\n{% endfor %}{% endif %}"
+      "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+
+  void start(const std::string& tool_call_parser, const std::string& chat_template = kToolsTemplate) {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     ServerConfig config;
+    config.chat_template = chat_template;
     config.http.port = 0;
     config.served_model_names = {"tiny"};
     config.http.num_handler_threads = 4;
@@ -311,6 +326,36 @@ class ToolCallServerTest : public ::testing::Test {
     Json message = {{"role", "assistant"}, {"content", content.empty() ? Json(nullptr) : Json(content)}};
     if (!calls.empty()) message["tool_calls"] = calls;
     return message;
+  }
+  // OpenAI's chunk sequence for tool calls: one call item per chunk; a call's
+  // first item has id, type, name and "" arguments, then >= 1 argument item;
+  // finish_reason comes alone (empty delta) in the last chunk.
+  static void expect_openai_call_chunks(const Json& chunks) {
+    std::map<size_t, int> argument_deltas;
+    size_t finish_chunks = 0;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const Json& choice = chunks[i]["choices"][0];
+      const Json& delta = choice["delta"];
+      if (!choice["finish_reason"].is_null()) {
+        ++finish_chunks;
+        EXPECT_EQ(delta, Json::object()) << chunks[i].dump();
+        EXPECT_EQ(i + 1, chunks.size()) << "the finish is the last chunk";
+      }
+      if (!delta.contains("tool_calls")) continue;
+      ASSERT_EQ(delta["tool_calls"].size(), 1u) << chunks[i].dump();
+      const Json& call = delta["tool_calls"][0];
+      if (call.contains("id")) {
+        EXPECT_EQ(call["type"], "function");
+        EXPECT_TRUE(call["function"]["name"].is_string());
+        EXPECT_EQ(call["function"]["arguments"], "") << chunks[i].dump();
+        argument_deltas[call["index"].get<size_t>()] += 0;
+      } else {
+        EXPECT_FALSE(call["function"]["arguments"].get<std::string>().empty());
+        ++argument_deltas[call["index"].get<size_t>()];
+      }
+    }
+    EXPECT_EQ(finish_chunks, 1u);
+    for (const auto& [index, count] : argument_deltas) EXPECT_GE(count, 1) << "call " << index;
   }
   // Names and arguments (as JSON) of a message's calls: ids differ between requests.
   static Json calls_without_ids(const Json& message) {
@@ -390,6 +435,7 @@ TEST_F(ToolCallServerTest, StreamedDeltasReassembleToTheWholeBody) {
   EXPECT_EQ(message["content"], whole["choices"][0]["message"]["content"]);
   EXPECT_EQ(calls_without_ids(message), calls_without_ids(whole["choices"][0]["message"]));
   for (const Json& call : message["tool_calls"]) EXPECT_EQ(call["id"].get<std::string>().size(), 29u);
+  expect_openai_call_chunks(chunks);
 
   // No content chunk ever carries a marker, and the call arrives once complete.
   for (const Json& chunk : chunks) {
@@ -400,12 +446,30 @@ TEST_F(ToolCallServerTest, StreamedDeltasReassembleToTheWholeBody) {
   }
 }
 
-TEST_F(ToolCallServerTest, AutoParserFromTheTemplate) {
-  start("auto");  // the test tokenizer's ChatML template names no tool-call convention
+// Tools the model would never see, or whose calls nothing would read, are a
+// 400 naming the fix (they used to be dropped silently).
+TEST_F(ToolCallServerTest, UnservableToolsUnderAutoAre400) {
+  start("auto");  // kToolsTemplate names no tool-call convention: no parser
   engine_->set_script({"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"});
-  const Json body = chat({{"tools", tools()}});
-  EXPECT_EQ(body["choices"][0]["message"]["content"], "<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>");
-  EXPECT_EQ(body["choices"][0]["finish_reason"], "stop");
+  const Json no_parser = chat({{"tools", tools()}}, 400)["error"];
+  EXPECT_EQ(no_parser["param"], "tool_choice");
+  EXPECT_NE(no_parser["message"].get<std::string>().find("--tool-call-parser"), std::string::npos) << no_parser;
+  EXPECT_EQ(chat({{"tools", tools()}, {"tool_choice", "none"}})["choices"][0]["finish_reason"], "stop");
+}
+
+TEST_F(ToolCallServerTest, TemplateThatCannotRenderToolsIs400) {
+  start("hermes", "");  // the test tokenizer's ChatML template never reads tools
+  const Json served = chat({{"tools", tools()}}, 400)["error"];
+  EXPECT_EQ(served["param"], "tool_choice");
+  EXPECT_NE(served["message"].get<std::string>().find("--chat-template"), std::string::npos) << served;
+  // A request's own template is judged by itself.
+  chat({{"tools", tools()}, {"chat_template", "{{ messages[0].content }}"}}, 400);
+  engine_->set_script({"<tool_call>{\"name\": \"get_time\", \"arguments\": {}}</tool_call>"});
+  const Json own = chat({{"tools", tools()}, {"chat_template", kToolsTemplate}});
+  EXPECT_EQ(own["choices"][0]["finish_reason"], "tool_calls");
+  // A forced call needs no template rendering: its constraint writes it.
+  engine_->set_script({"{}"});
+  chat({{"tools", tools()}, {"tool_choice", "required"}});
 }
 
 TEST_F(ToolCallServerTest, ToolChoiceErrorsAre400AndTheServerKeepsServing) {
@@ -420,31 +484,73 @@ TEST_F(ToolCallServerTest, ToolChoiceErrorsAre400AndTheServerKeepsServing) {
   EXPECT_EQ(chat({{"tools", tools()}})["choices"][0]["message"]["content"], "fine");
 }
 
-// Without the grammar constraint yet, required / named return calls when the
-// model's output happens to have the forced shape, and content otherwise.
+// Forced outputs (the constraint writes the JSON; the scripted engine plays
+// it) are calls; arguments stream as they are generated.
 TEST_F(ToolCallServerTest, RequiredAndNamedOutputsAreRead) {
   start("hermes");
-  engine_->set_script({"[{\"name\": \"get_weather\", ", "\"parameters\": {\"city\": \"Oslo\"}}]"});
+  const std::vector<std::string> required_script = {"[{\"name\": \"get_", "weather\", ", "\"parameters\": {\"ci",
+                                                    "ty\": \"Os", "lo\"}}]"};
+  engine_->set_script(required_script);
   const Json required = chat({{"tools", tools()}, {"tool_choice", "required"}});
   EXPECT_EQ(required["choices"][0]["finish_reason"], "tool_calls");
   EXPECT_TRUE(required["choices"][0]["message"]["content"].is_null());
   EXPECT_EQ(calls_without_ids(required["choices"][0]["message"]), Json::parse(R"([["get_weather", {"city": "Oslo"}]])"));
   std::string finish_reason;
-  const Json streamed =
-      reassemble(chat({{"tools", tools()}, {"tool_choice", "required"}, {"stream", true}}), finish_reason);
+  const Json chunks = chat({{"tools", tools()}, {"tool_choice", "required"}, {"stream", true}});
+  expect_openai_call_chunks(chunks);
+  const Json streamed = reassemble(chunks, finish_reason);
   EXPECT_EQ(finish_reason, "tool_calls");
-  EXPECT_EQ(calls_without_ids(streamed), calls_without_ids(required["choices"][0]["message"]));
+  // The same arguments text, byte for byte, streamed in pieces as written.
+  EXPECT_EQ(streamed["tool_calls"][0]["function"]["arguments"],
+            required["choices"][0]["message"]["tool_calls"][0]["function"]["arguments"]);
+  std::vector<std::string> argument_pieces;
+  for (const Json& chunk : chunks)
+    for (const Json& call : chunk["choices"][0]["delta"].value("tool_calls", Json::array()))
+      if (!call.contains("id")) argument_pieces.push_back(call["function"]["arguments"]);
+  EXPECT_EQ(argument_pieces, (std::vector<std::string>{"{\"ci", "ty\": \"Os", "lo\"}"}));
 
   const Json named_choice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
   engine_->set_script({"{\"city\": ", "\"Rome\"}"});
   const Json named = chat({{"tools", tools()}, {"tool_choice", named_choice}});
   EXPECT_EQ(named["choices"][0]["finish_reason"], "stop");  // as OpenAI for a named function
   EXPECT_EQ(calls_without_ids(named["choices"][0]["message"]), Json::parse(R"([["get_weather", {"city": "Rome"}]])"));
+  const Json named_chunks = chat({{"tools", tools()}, {"tool_choice", named_choice}, {"stream", true}});
+  expect_openai_call_chunks(named_chunks);
+  EXPECT_EQ(calls_without_ids(reassemble(named_chunks, finish_reason)),
+            calls_without_ids(named["choices"][0]["message"]));
+  EXPECT_EQ(finish_reason, "stop");
 
   engine_->set_script({"no JSON here"});
   const Json unforced = chat({{"tools", tools()}, {"tool_choice", named_choice}});
   EXPECT_EQ(unforced["choices"][0]["message"]["content"], "no JSON here");
   EXPECT_FALSE(unforced["choices"][0]["message"].contains("tool_calls"));
+}
+
+// A forced call cut by max_tokens: the partial call where OpenAI puts it, never content.
+TEST_F(ToolCallServerTest, ForcedCallCutByLengthIsAPartialCall) {
+  start("hermes");
+  const Json named_choice = {{"type", "function"}, {"function", {{"name", "get_weather"}}}};
+  for (const Json& tool_choice : {Json("required"), named_choice}) {
+    engine_->set_script(tool_choice.is_string()
+                            ? std::vector<std::string>{"[{\"name\": \"get_weather\", \"parameters\": ", "{\"city\": \"Ly"}
+                            : std::vector<std::string>{"{\"city\": \"Ly"},
+                        FinishReason::kLength);
+    const Json whole = chat({{"tools", tools()}, {"tool_choice", tool_choice}});
+    const Json& choice = whole["choices"][0];
+    EXPECT_EQ(choice["finish_reason"], "length") << tool_choice;
+    EXPECT_TRUE(choice["message"]["content"].is_null()) << whole;
+    ASSERT_EQ(choice["message"]["tool_calls"].size(), 1u) << whole;
+    EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["name"], "get_weather");
+    EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Ly");
+
+    const Json chunks = chat({{"tools", tools()}, {"tool_choice", tool_choice}, {"stream", true}});
+    expect_openai_call_chunks(chunks);
+    std::string finish_reason;
+    const Json streamed = reassemble(chunks, finish_reason);
+    EXPECT_EQ(finish_reason, "length");
+    EXPECT_TRUE(streamed["content"].is_null());
+    EXPECT_EQ(streamed["tool_calls"][0]["function"]["arguments"], "{\"city\": \"Ly");
+  }
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "toolcall/forced_call_reader.h"
 #include "toolcall/forced_calls.h"
 #include "toolcall/tool_call_parser.h"
 
@@ -305,6 +306,81 @@ TEST(ForcedCalls, NamedOutput) {
   EXPECT_FALSE(parse_named_output("get_weather", "[1]", ids));
   EXPECT_FALSE(parse_named_output("get_weather", "{\"city\": ", ids));
   EXPECT_FALSE(parse_named_output("get_weather", "Lima", ids));
+}
+
+// The forced reader streamed byte by byte and cut in two anywhere: the deltas
+// have OpenAI's shape and add up to the whole-text result.
+void expect_forced_stream_matches(const std::string& named, const std::string& text) {
+  const ParsedOutput whole = read_forced_output(named, text, kSeed);
+  auto check = [&](const std::vector<std::string_view>& pieces) {
+    ForcedCallReader reader(named, kSeed);
+    ParsedOutput output;
+    for (size_t i = 0; i < pieces.size(); ++i) {
+      StreamDelta delta = i + 1 < pieces.size() ? reader.feed(pieces[i]) : reader.finish(pieces[i]);
+      output.content += delta.content;
+      for (ToolCallDelta& piece : delta.tool_calls) {
+        if (piece.is_first()) {
+          EXPECT_EQ(piece.index, static_cast<int32_t>(output.tool_calls.size()));
+          EXPECT_TRUE(piece.arguments.empty());
+          output.tool_calls.push_back({piece.id, piece.name, ""});
+        } else {
+          ASSERT_EQ(piece.index + 1, static_cast<int32_t>(output.tool_calls.size()));
+          output.tool_calls.back().arguments += piece.arguments;
+        }
+      }
+    }
+    EXPECT_EQ(output.content, whole.content) << text;
+    EXPECT_EQ(output.tool_calls, whole.tool_calls) << text;
+  };
+  std::vector<std::string_view> bytes;
+  for (size_t i = 0; i < text.size(); ++i) bytes.push_back(std::string_view(text).substr(i, 1));
+  bytes.push_back({});
+  check(bytes);
+  for (size_t cut = 0; cut <= text.size(); ++cut)
+    check({std::string_view(text).substr(0, cut), std::string_view(text).substr(cut)});
+}
+
+TEST(ForcedCallReader, RequiredCallsAsWritten) {
+  const std::string text =
+      R"([{"name":"f","parameters":{"a":"}],\"","b":[1,{"c":2}]}},{"name":"g","parameters":{}}])";
+  const ParsedOutput whole = read_forced_output("", text, kSeed);
+  EXPECT_TRUE(whole.content.empty());
+  ASSERT_EQ(whole.tool_calls.size(), 2u);
+  EXPECT_EQ(whole.tool_calls[0].name, "f");
+  EXPECT_EQ(whole.tool_calls[0].arguments, R"({"a":"}],\"","b":[1,{"c":2}]})");
+  EXPECT_EQ(whole.tool_calls[1].name, "g");
+  EXPECT_EQ(whole.tool_calls[1].arguments, "{}");
+  EXPECT_EQ(whole.tool_calls[0].id.substr(0, 5), "call_");
+  expect_forced_stream_matches("", text);
+  expect_forced_stream_matches("", " [{\"name\": \"f\", \"parameters\": {\"x\": 1}}] ");
+}
+
+TEST(ForcedCallReader, NamedArgumentsAsWritten) {
+  const ParsedOutput whole = read_forced_output("get_weather", " {\"city\": \"Lima\"}", kSeed);
+  ASSERT_EQ(whole.tool_calls.size(), 1u);
+  EXPECT_EQ(whole.tool_calls[0].name, "get_weather");
+  EXPECT_EQ(whole.tool_calls[0].arguments, "{\"city\": \"Lima\"}");
+  expect_forced_stream_matches("get_weather", "{\"city\": {\"name\": \"L}ima\"}, \"n\": [1, 2]}");
+}
+
+TEST(ForcedCallReader, CutShortIsAPartialCallNeverContent) {
+  const ParsedOutput required = read_forced_output("", R"([{"name":"f","parameters":{"a":"xy)", kSeed);
+  EXPECT_TRUE(required.content.empty());
+  ASSERT_EQ(required.tool_calls.size(), 1u);
+  EXPECT_EQ(required.tool_calls[0].arguments, R"({"a":"xy)");
+  EXPECT_TRUE(read_forced_output("", R"([{"name":"f)", kSeed).tool_calls.empty());  // no name yet: nothing
+  EXPECT_TRUE(read_forced_output("", R"([{"name":"f)", kSeed).content.empty());
+  const ParsedOutput named = read_forced_output("f", R"({"a":)", kSeed);
+  ASSERT_EQ(named.tool_calls.size(), 1u);
+  EXPECT_EQ(named.tool_calls[0].arguments, R"({"a":)");
+  expect_forced_stream_matches("", R"([{"name":"f","parameters":{"a":"xy)");
+}
+
+TEST(ForcedCallReader, UnforcedTextIsContent) {
+  EXPECT_EQ(read_forced_output("f", "  no JSON", kSeed).content, "  no JSON");
+  EXPECT_TRUE(read_forced_output("f", "  no JSON", kSeed).tool_calls.empty());
+  EXPECT_EQ(read_forced_output("", "{\"a\": 1}", kSeed).content, "{\"a\": 1}");  // not a list
+  expect_forced_stream_matches("f", "  no JSON");
 }
 
 }  // namespace
