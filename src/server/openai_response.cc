@@ -183,10 +183,11 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
         // A fresh seed per call of full_body is fine: ids need only be unique.
         const toolcall::ParsedOutput parsed = read_tool_calls(request_.tool_choice, choice.text,
                                                               std::random_device{}() + static_cast<uint64_t>(index));
-        if (!parsed.tool_calls.empty()) {
+        // A forced call's JSON is never content, even when max_tokens cut it before a name was written.
+        const bool forced = request_.tool_choice.mode != ToolChoiceMode::kAuto;
+        if (!parsed.tool_calls.empty() || forced)
           item["message"]["content"] = parsed.content.empty() ? Json(nullptr) : Json(parsed.content);
-          item["message"]["tool_calls"] = tool_calls_json(parsed.tool_calls);
-        }
+        if (!parsed.tool_calls.empty()) item["message"]["tool_calls"] = tool_calls_json(parsed.tool_calls);
       }
     } else {
       int64_t offset = 0;
