@@ -182,7 +182,7 @@ class Backend {
   // Bytes one rCache slot takes across all layers for this max rank.
   virtual int64_t residual_bytes_per_token(int32_t max_rank) const;
 
-  // ---- Host tier of the KV cache (kv/kv/host_tier_planner.h) ----
+  // ---- Host tier of the KV cache (kv/host_tier_planner.h) ----
   // A second pool of num_blocks blocks in host memory holding exactly what a
   // device block holds (every layer's K and V slots of the block, or the rCache
   // slots for KvPoolKind::kResidual). The CPU backend keeps a second arena; the
@@ -230,8 +230,8 @@ class Backend {
   // draws and returns what forward() would. One finish per enqueue, on the
   // engine thread; the batch must stay alive and unchanged until the finish
   // returns. An enqueue with no finish after it (its caller failed) is
-  // abandoned by the next enqueue. The defaults (for backends without device token masks) run
-  // forward() in the finish.
+  // abandoned by the next enqueue. The defaults (for backends without device
+  // token masks) run forward() in the finish.
   virtual void enqueue_forward(const Batch& batch);
   virtual ForwardResult finish_forward(std::span<const uint32_t> token_masks);
 
