@@ -126,7 +126,8 @@ class ChatTemplateTest(loom_server.ServerTestCase):
                  "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
             {"role": "tool", "tool_call_id": "call_1", "content": "21 C"},
         ]
-        response = self.chat(messages, tools=TOOLS, extra_body={"chat_template": template})
+        # tool_choice "none": this server has no tool-call parser, so "auto" would be a 400 (test_tool_calls).
+        response = self.chat(messages, tools=TOOLS, tool_choice="none", extra_body={"chat_template": template})
         self.assert_prompt(response, 'TOOL get_weather {"type": "object", "properties": {"city": {"type": "string"}}, '
                                      '"required": ["city"]}\nuser: Weather in Paris?\nassistant: call call_1 '
                                      'get_weather {"city": "Paris"} \ntool: result call_1 21 C\n')
