@@ -182,4 +182,9 @@ Json parse_json_object_body(std::string_view body) {
   return std::move(*json);
 }
 
+void check_optional_string(const nlohmann::ordered_json& object, const char* key, const std::string& parent) {
+  if (const auto* value = field(object, key); value && !value->is_string())
+    throw_bad_request(field_path(parent, key), fmt::format("'{}' must be a string", key));
+}
+
 }  // namespace loom::server

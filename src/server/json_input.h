@@ -42,6 +42,17 @@ std::optional<nlohmann::json> parse_json_text(std::string_view text, JsonSyntaxE
 // a non-object body.
 nlohmann::json parse_json_object_body(std::string_view body);
 
+// The member `key` of `object` (nlohmann::json or ordered_json), or nullptr
+// when it is absent or null: what OpenAI's API reads as "not given".
+template <typename JsonValue>
+const JsonValue* field(const JsonValue& object, const char* key) {
+  const auto it = object.find(key);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+// Throws ApiError(400) naming parent.key when that member is given and is not a string.
+void check_optional_string(const nlohmann::ordered_json& object, const char* key, const std::string& parent);
+
 // Appends `key` / `[index]` to a field path ("messages" + 0 -> "messages[0]").
 std::string field_path(std::string_view parent, std::string_view key);
 std::string field_path(std::string_view parent, size_t index);

@@ -29,10 +29,6 @@ constexpr int32_t kDefaultCompletionMaxTokens = 16;  // OpenAI's legacy completi
 // Field readers. `object` is a JSON object; absent or null -> the fallback; a
 // wrong type or an out-of-range value -> 400 naming `param` (the field's path).
 // Nothing here lets an nlohmann exception out: every get<T>() follows a type check.
-const Json* field(const Json& object, const char* key) {
-  const auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
 bool has(const Json& object, const char* key) { return field(object, key) != nullptr; }
 
 [[noreturn]] void throw_out_of_range(const std::string& param, const std::string& range, const Json& value,

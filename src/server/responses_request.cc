@@ -12,21 +12,11 @@ namespace {
 
 using OrderedJson = nlohmann::ordered_json;
 
-const OrderedJson* field(const OrderedJson& object, const char* key) {
-  const auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
 const std::string& require_string(const OrderedJson& object, const char* key, const std::string& parent) {
   const OrderedJson* value = field(object, key);
   if (!value || !value->is_string())
     throw_bad_request(field_path(parent, key), fmt::format("'{}' must be a string", key));
   return value->get_ref<const std::string&>();
-}
-
-void check_optional_string(const OrderedJson& object, const char* key, const std::string& parent) {
-  if (const OrderedJson* value = field(object, key); value && !value->is_string())
-    throw_bad_request(field_path(parent, key), fmt::format("'{}' must be a string", key));
 }
 
 // The text of content parts ([{type: input_text|output_text|text, text}, ...]).

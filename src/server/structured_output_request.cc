@@ -16,11 +16,6 @@ using Json = nlohmann::ordered_json;
 using grammar::SchemaStrictness;
 using Constraint = std::shared_ptr<const grammar::CompiledGrammar>;
 
-const Json* field(const Json& object, const char* key) {
-  const auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
 // Compile errors become 400s naming the field; limits too (a schema that is too big is the client's).
 template <typename Compile>
 Constraint compile_or_400(const std::string& param, Compile&& compile) {

@@ -16,11 +16,6 @@ namespace {
 
 using Json = nlohmann::ordered_json;
 
-const Json* field(const Json& object, const char* key) {
-  const auto it = object.find(key);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
 // A function without parameters takes an empty object (as vLLM fills it in).
 const Json kNoParameters = {{"type", "object"}, {"properties", Json::object()}};
 
