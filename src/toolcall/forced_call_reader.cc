@@ -172,14 +172,7 @@ void ForcedCallReader::scan(StreamDelta& delta) {
 
 ParsedOutput read_forced_output(const std::string& named_function, std::string_view text, uint64_t id_seed) {
   ForcedCallReader reader(named_function, id_seed);
-  StreamDelta delta = reader.finish(text);
-  ParsedOutput output;
-  output.content = std::move(delta.content);
-  for (ToolCallDelta& piece : delta.tool_calls) {
-    if (piece.is_first()) output.tool_calls.push_back({std::move(piece.id), std::move(piece.name), ""});
-    else output.tool_calls.back().arguments += piece.arguments;
-  }
-  return output;
+  return assemble_output(reader.finish(text));
 }
 
 }  // namespace loom::toolcall

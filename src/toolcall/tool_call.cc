@@ -35,4 +35,14 @@ std::string CallIdGenerator::next() {
   return id;
 }
 
+ParsedOutput assemble_output(StreamDelta delta) {
+  ParsedOutput output;
+  output.content = std::move(delta.content);
+  for (ToolCallDelta& piece : delta.tool_calls) {
+    if (piece.is_first()) output.tool_calls.push_back({std::move(piece.id), std::move(piece.name), ""});
+    else output.tool_calls.back().arguments += piece.arguments;
+  }
+  return output;
+}
+
 }  // namespace loom::toolcall

@@ -73,6 +73,10 @@ struct StreamDelta {
   bool empty() const { return content.empty() && tool_calls.empty(); }
 };
 
+// The whole output a reader released at once: content as is, each call's
+// argument fragments joined.
+ParsedOutput assemble_output(StreamDelta delta);
+
 // Call ids: "call_" + 24 random alphanumerics (OpenAI's shape), or exactly 9
 // alphanumerics for Mistral (its chat templates refuse any other length when
 // the call comes back in the history). Seeded, so a whole-text and a streamed

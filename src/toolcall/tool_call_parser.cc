@@ -56,16 +56,9 @@ StreamDelta ToolCallParser::run(bool at_end) {
 
 ParsedOutput parse_tool_calls(ParserKind kind, std::string_view text, uint64_t id_seed) {
   ToolCallParser parser(kind, id_seed);
-  ParsedOutput output;
   // The whole text decided at once (at_end from the first step): the
   // definition that the streamed parse is tested against.
-  StreamDelta delta = parser.finish(text);
-  output.content = std::move(delta.content);
-  for (ToolCallDelta& piece : delta.tool_calls) {
-    if (piece.is_first()) output.tool_calls.push_back({std::move(piece.id), std::move(piece.name), ""});
-    else output.tool_calls.back().arguments += piece.arguments;
-  }
-  return output;
+  return assemble_output(parser.finish(text));
 }
 
 }  // namespace loom::toolcall
