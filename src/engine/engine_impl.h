@@ -162,6 +162,7 @@ class EngineImpl final : public Engine {
   StepStats step_stats_;
   ActiveRequests active_;
   std::unique_ptr<WorkerPool> host_workers_;
+  std::vector<uint32_t> mask_words_;  // the step's device token masks (finish_forward's), reused between steps
   std::vector<std::pair<std::shared_ptr<RequestChannel>, RequestOutput>> queued_outputs_;
   bool any_request_admitted_ = false;  // pools are fixed from then on
   bool idle_checked_ = false;

@@ -129,20 +129,18 @@ std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled
   try {
     backend_->enqueue_forward(batch);
     masks.wait();
-    std::vector<uint32_t> mask_words;
-    if (batch.num_token_mask_rows > 0) {
-      const int32_t vocab_size = model_.config.vocab_size;
-      const size_t words_per_row = static_cast<size_t>(vocab_size + 31) / 32;
-      mask_words.resize(static_cast<size_t>(batch.num_token_mask_rows) * words_per_row);
-      for (size_t i = 0; i < batch.sampling.size(); ++i) {
-        const int32_t row = batch.sampling[i].mask_row;
-        if (row >= 0)
-          active_.at(scheduled.requests[i].id)
-              ->write_device_mask(mask_words.data() + static_cast<size_t>(row) * words_per_row,
-                                  static_cast<int32_t>(words_per_row), vocab_size);
-      }
+    // write_device_mask fills every word of its row, so the reused buffer needs no clearing.
+    const int32_t vocab_size = model_.config.vocab_size;
+    const size_t words_per_row = static_cast<size_t>(vocab_size + 31) / 32;
+    mask_words_.resize(static_cast<size_t>(batch.num_token_mask_rows) * words_per_row);
+    for (size_t i = 0; i < batch.sampling.size(); ++i) {
+      const int32_t row = batch.sampling[i].mask_row;
+      if (row >= 0)
+        active_.at(scheduled.requests[i].id)
+            ->write_device_mask(mask_words_.data() + static_cast<size_t>(row) * words_per_row,
+                                static_cast<int32_t>(words_per_row), vocab_size);
     }
-    ForwardResult result = backend_->finish_forward(mask_words);
+    ForwardResult result = backend_->finish_forward(mask_words_);
     LOOM_CHECK(result.logit_token_index.size() == scheduled.requests.size());
     return result;
   } catch (const Error& error) {

@@ -64,7 +64,9 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
     // As backend.h says: one row of ceil(vocab / 32) words per mask row, every row filled.
     const int32_t words_per_row = (result.vocab_size + 31) / 32;
     EXPECT_EQ(masks.size(), static_cast<size_t>(batch.num_token_mask_rows) * words_per_row);
-    if (batch.num_token_mask_rows > 0) EXPECT_TRUE(token_masks_);
+    if (batch.num_token_mask_rows > 0) {
+      EXPECT_TRUE(token_masks_);
+    }
     std::vector<float> packed;
     for (size_t row = 0; row < batch.sequences.size(); ++row) {
       float* logits = result.logits.data() + row * vocab;
