@@ -1,6 +1,7 @@
 #include "backend/cuda/device_kv_pools.h"
 
 #include <algorithm>
+#include <string>
 
 #include <fmt/format.h>
 
@@ -9,6 +10,21 @@
 #include "util/error.h"
 
 namespace loom::cuda {
+
+namespace {
+
+// Allocates `bytes` into `buffer`, turning the allocator's failure into
+// Error(kCapacity) that says what the memory was for and how to ask for less.
+void allocate_or_explain(DeviceBuffer& buffer, size_t bytes, const std::string& what, const char* hint) {
+  try {
+    buffer.allocate(bytes);
+  } catch (const Error& error) {
+    throw Error(ErrorKind::kCapacity,
+                fmt::format("cuda backend: cannot allocate {} of {} bytes: {}", what, bytes, error.message()), hint);
+  }
+}
+
+}  // namespace
 
 DeviceKvPools::DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys)
     : config_(config), device_(device), forked_wide_prefill_keys_(std::max(forked_wide_prefill_keys, 0)) {}
@@ -29,14 +45,8 @@ void DeviceKvPools::allocate_main(const KvCacheShape& shape, cudaStream_t stream
   main_.release();
   main_shape_ = {0, 0};
   const int64_t bytes = static_cast<int64_t>(shape.num_blocks) * shape.block_size * main_bytes_per_token();
-  try {
-    main_.allocate(static_cast<size_t>(bytes));
-  } catch (const Error& error) {
-    throw Error(ErrorKind::kCapacity,
-                fmt::format("cuda backend: cannot allocate a KV cache of {} bytes ({} blocks): {}", bytes,
-                            shape.num_blocks, error.message()),
-                "lower --kv-cache-bytes");
-  }
+  allocate_or_explain(main_, static_cast<size_t>(bytes), fmt::format("a KV cache ({} blocks)", shape.num_blocks),
+                      "lower --kv-cache-bytes");
   LOOM_CUDA_CHECK(cudaMemsetAsync(main_.data(), 0, main_.size(), stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   main_shape_ = shape;
@@ -56,14 +66,8 @@ void DeviceKvPools::allocate_residual(const ResidualCacheShape& shape, cudaStrea
   residual_rank_stride_ = 0;
   const int64_t bytes =
       static_cast<int64_t>(shape.num_blocks) * shape.block_size * residual_bytes_per_token(shape.max_rank);
-  try {
-    residual_.allocate(static_cast<size_t>(bytes));
-  } catch (const Error& error) {
-    throw Error(ErrorKind::kCapacity,
-                fmt::format("cuda backend: cannot allocate a residual cache of {} bytes ({} blocks): {}", bytes,
-                            shape.num_blocks, error.message()),
-                "lower --residual-kv-cache-memory");
-  }
+  allocate_or_explain(residual_, static_cast<size_t>(bytes),
+                      fmt::format("a residual cache ({} blocks)", shape.num_blocks), "lower --residual-kv-cache-memory");
   LOOM_CUDA_CHECK(cudaMemsetAsync(residual_.data(), 0, residual_.size(), stream));
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   residual_shape_ = shape;
@@ -72,16 +76,9 @@ void DeviceKvPools::allocate_residual(const ResidualCacheShape& shape, cudaStrea
   // KV pools have filled the GPU.
   const size_t scratch_bytes =
       2 * static_cast<size_t>(forked_wide_prefill_keys_) * config_.kv_size() * sizeof(__nv_bfloat16);
-  if (scratch_.size() < scratch_bytes) {
-    try {
-      scratch_.allocate(scratch_bytes);
-    } catch (const Error& error) {
-      throw Error(ErrorKind::kCapacity,
-                  fmt::format("cuda backend: cannot allocate {} bytes of forked prefill scratch: {}", scratch_bytes,
-                              error.message()),
-                  "lower --residual-kv-cache-memory or the KV cache's share of GPU memory");
-    }
-  }
+  if (scratch_.size() < scratch_bytes)
+    allocate_or_explain(scratch_, scratch_bytes, "forked prefill scratch",
+                        "lower --residual-kv-cache-memory or the KV cache's share of GPU memory");
 }
 
 int64_t DeviceKvPools::scratch_keys() const {
