@@ -46,6 +46,9 @@ struct BackendCapabilities {
   bool residual_host_kv_tier = false;
   // forward() honours Batch::capture_hidden_states (divergence tooling).
   bool capture_hidden_states = false;
+  // Ranks the model and its KV are sharded over (model/tensor_parallel.h); a
+  // KV block's bytes are laid out by rank, so this enters its content-hash salt.
+  int32_t tensor_parallel_size = 1;
 
   bool supports(KvSharing mode) const;
   bool supports_head_dim(int32_t head_dim) const;

@@ -111,8 +111,14 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
     CpuBackendConfig config;
     config.num_threads = options.threads;
     config.max_adapter_slots = options.max_adapter_slots;
+    config.tensor_parallel_size = options.tensor_parallel_size;
     return make_cpu_backend(model.config, model.weights, config);
   }
+  if (options.tensor_parallel_size > 1)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("--tensor-parallel-size {} on --device {}: the CUDA backend runs one GPU per server so far",
+                            options.tensor_parallel_size, options.device),
+                "start one `loom serve` per GPU; --device cpu runs tensor-parallel ranks on threads");
 #ifdef LOOM_HAVE_CUDA
   CudaBackendConfig config;
   config.device = cuda_device_index(options.device);
@@ -139,7 +145,8 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   ModelOnDevice result;
   if (model_flag.rfind(kRandomPrefix, 0) != 0) {
     LoadOptions load_options;
-    load_options.keep_quantized = options.device == "cpu" && options.cpu_keep_quantized;
+    // Shards are cut from fp32 weights on the CPU.
+    load_options.keep_quantized = options.device == "cpu" && options.cpu_keep_quantized && options.tensor_parallel_size == 1;
     result.model = load_model(resolve_model_path(model_flag), load_options);
     result.backend = make_backend_for_device(result.model, options);
     return result;

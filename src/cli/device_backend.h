@@ -27,6 +27,9 @@ struct DeviceOptions {
   // cpu: a GGUF's matrices stay in their block format (quantized kernels), a safetensors
   // checkpoint's f16/bf16 ones in 16 bits, instead of fp32.
   bool cpu_keep_quantized = false;
+  // --tensor-parallel-size: ranks the model is sharded over (model/tensor_parallel.h).
+  // cpu: threads of one backend, fp32 weights (cpu_keep_quantized is then ignored).
+  int tensor_parallel_size = 1;
 };
 
 // --cpu-precision fp32|auto (serve, generate): auto keeps a GGUF's weights

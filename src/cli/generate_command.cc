@@ -40,6 +40,7 @@ struct GenerateOptions {
   int block_size = 16;
   int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
+  int tensor_parallel_size = 1;
   std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
@@ -78,7 +79,8 @@ int run_generate(const GenerateOptions& options) {
   const auto load_start = std::chrono::steady_clock::now();
   ModelOnDevice loaded =
       load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
-                                                        cpu_precision_keeps_quantized(options.cpu_precision)});
+                                                        cpu_precision_keeps_quantized(options.cpu_precision),
+                                                        options.tensor_parallel_size});
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -232,6 +234,9 @@ CommandRunner register_generate(CLI::App& app) {
       ->transform(byte_size_transform())
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
+  app.add_option("--tensor-parallel-size", options->tensor_parallel_size,
+                 "Ranks the model is sharded over (-tp). cpu: threads of one process, fp32 weights; cuda: 1 so far")
+      ->check(CLI::PositiveNumber);
   app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
       ->check(CLI::IsMember({"auto", "fp32"}))
       ->capture_default_str();

@@ -19,6 +19,7 @@
 #include "cli/stop_signals.h"
 #include "engine/engine.h"
 #include "model/loader.h"
+#include "model/tensor_parallel.h"
 #include "server/http_server.h"
 
 namespace loom::cli {
@@ -90,6 +91,7 @@ int run_serve(const ServeOptions& options) {
   // --dry-run needs only the model's config: no backend, no engine.
   if (serve.dry_run) {
     const LoadedModel described = load_model_description(serve.model_path);
+    check_tensor_parallel_size(described.config, serve.device.tensor_parallel_size);
     std::printf("%s\n", effective_config(serve, check_context_limit(serve.engine, described.config)).dump(2).c_str());
     return 0;
   }

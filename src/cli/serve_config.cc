@@ -101,7 +101,8 @@ ResolvedServe resolve(const ServeOptions& options) {
 
   serve.kv_transfer = options.kv_transfer;
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
-                               !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision)};
+                               !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
+                               vllm.tensor_parallel_size};
   serve.dry_run = options.dry_run;
   serve.shutdown_timeout_seconds = options.shutdown_timeout_seconds;
   serve.log_stats_interval_seconds = vllm.disable_log_stats ? 0.0 : options.log_stats_interval_seconds;
@@ -157,6 +158,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
   return {{"model", server.model_path},
           {"served_model_names", server.served_model_names},
           {"device", serve.device.device},
+          {"tensor_parallel_size", serve.device.tensor_parallel_size},
           {"host", server.http.host},
           {"port", server.http.port},
           {"adapters", adapters},

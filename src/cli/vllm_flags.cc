@@ -69,8 +69,10 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
   app.add_option("--dtype", flags.dtype, "auto, or the backend's own: float32 (cpu), bfloat16 (cuda)")
       ->group(kGroup);
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype, "auto (the backend's dtype)")->group(kGroup);
-  app.add_option("--tensor-parallel-size", flags.tensor_parallel_size, "1: Loom runs one device per server")
-      ->group(kGroup);
+  app.add_option("--tensor-parallel-size", flags.tensor_parallel_size,
+                 "Ranks the model is sharded over (-tp; a power of two that divides the attention heads). cpu: "
+                 "threads of one process, fp32 weights; cuda: 1 so far")
+      ->check(CLI::PositiveNumber)->group(kGroup);
   app.add_option("--pipeline-parallel-size", flags.pipeline_parallel_size, "1: Loom runs one device per server")
       ->group(kGroup);
   app.add_flag("--no-enable-prefix-caching", flags.no_enable_prefix_caching,
@@ -102,9 +104,14 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
     if (option->count() > 0)
       throw Error(ErrorKind::kInvalidArgument, fmt::format("{} is a vLLM flag Loom does not have", option->get_name()),
                   instead);
-  if (flags.tensor_parallel_size != 1 || flags.pipeline_parallel_size != 1)
-    throw Error(ErrorKind::kInvalidArgument, "tensor and pipeline parallel sizes other than 1 are not supported",
-                "Loom runs one device per server: start one `loom serve` per GPU");
+  if (flags.pipeline_parallel_size != 1)
+    throw Error(ErrorKind::kInvalidArgument, "pipeline parallel sizes other than 1 are not supported",
+                "shard the model with --tensor-parallel-size instead");
+  if (flags.tensor_parallel_size > 1 && device.rfind("cuda", 0) == 0)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("--tensor-parallel-size {} on --device {}: the CUDA backend runs one GPU per server so far",
+                            flags.tensor_parallel_size, device),
+                "start one `loom serve` per GPU; --device cpu runs tensor-parallel ranks on threads");
   if (flags.no_enable_prefix_caching)
     throw Error(ErrorKind::kInvalidArgument, "--no-enable-prefix-caching is not supported",
                 "Loom's KV sharing across adapters is built on its prefix cache, which is always on");

@@ -97,6 +97,19 @@ TEST_F(CliTest, GenerateHonoursTheKvSharingModeOfLora) {
   EXPECT_NE(bad_host_size.output.find("--host-residual-kv-memory"), std::string::npos) << bad_host_size.output;
 }
 
+// -tp N on the CPU: ranks on threads, the same greedy tokens as one rank, with an adapter too.
+TEST_F(CliTest, TensorParallelGenerateGivesTheSameTokens) {
+  const std::string common = "generate --model " + model() +
+                             " --raw --prompt 'the loom weaves a cloth of many threads' --max-tokens 8 --ignore-eos "
+                             "--json --lora coder=" + model() + "/adapters/adapter0:forked --adapter coder";
+  CommandResult whole = run(common);
+  ASSERT_EQ(whole.exit_code, 0) << whole.output;
+  // The model has 6 heads and 2 kv heads: one kv head per rank.
+  CommandResult sharded = run(common + " --tensor-parallel-size 2");
+  ASSERT_EQ(sharded.exit_code, 0) << sharded.output;
+  EXPECT_EQ(parse_json_output(sharded.output)["tokens"], parse_json_output(whole.output)["tokens"]);
+}
+
 TEST_F(CliTest, SampledGenerationDependsOnTheSeed) {
   const std::string common = "generate --model " + model() +
                              " --raw --prompt 'x' --max-tokens 12 --ignore-eos --json --temperature 1.5 --seed ";
@@ -196,7 +209,10 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
            {"--swap-space 4", "--host-kv-memory"},
            {"--speculative-config '{}'", "speculative"},
            {"--no-enable-prefix-caching", "prefix cache"},
-           {"-tp 2", "one device per server"},
+           {"-tp 3", "power of two"},
+           {"-tp 4", "6 attention heads"},
+           {"-pp 2", "--tensor-parallel-size"},
+           {"--device cuda -tp 2", "one GPU per server so far"},
            {"--dtype float16", "float32"},
            {"--gpu-memory-utilization 0.9", "--kv-cache-bytes"},
            {"--kv-cache-bytes 1Q", "512K"},

@@ -71,9 +71,10 @@ class EngineDiskTierTest : public ::testing::Test {
     return config;
   }
   // An engine over the test's disk directory, serving adapter `index` as "agent" in `mode` (no adapter: index < 0).
-  std::unique_ptr<EngineImpl> start(int index, KvSharing mode, bool warm_start = false) const {
-    auto engine = std::make_unique<EngineImpl>(*model_, make_cpu_backend(model_->config, model_->weights, {1, 8}),
-                                               config(warm_start));
+  std::unique_ptr<EngineImpl> start(int index, KvSharing mode, bool warm_start = false,
+                                    int tensor_parallel_size = 1) const {
+    auto engine = std::make_unique<EngineImpl>(
+        *model_, make_cpu_backend(model_->config, model_->weights, {1, 8, tensor_parallel_size}), config(warm_start));
     if (index >= 0) engine->load_adapter("agent", adapter_path(index), mode);
     return engine;
   }
@@ -168,6 +169,32 @@ TEST_F(EngineDiskTierTest, EveryModeComesBackFromDiskWithTheSameTokens) {
     EXPECT_GE(metrics.num_disk_loaded_tokens, full_blocks);
     EXPECT_EQ(metrics.num_disk_read_failures, 0);
     stop(second);
+  }
+}
+
+// A tensor-parallel engine's blocks (its ranks' shares one after the other) come back to an engine of the same
+// size, and are a miss, never wrong KV, for an engine of another size: the size is in the blocks' salt.
+TEST_F(EngineDiskTierTest, TensorParallelBlocksAreReadOnlyByEnginesOfTheSameSize) {
+  for (const ModeCase& mode : {ModeCase{"base model", -1, KvSharing::kIsolated, false},
+                               ModeCase{"base", 0, KvSharing::kBase, false},
+                               ModeCase{"forked", 0, KvSharing::kForked, false}}) {
+    SCOPED_TRACE(mode.name);
+    std::filesystem::remove_all(disk_.path() / "kv");
+    const EngineRequest request = EngineDiskTierTest::request(mode.adapter >= 0, mode.invoke);
+    const int32_t full_blocks = static_cast<int32_t>(request.prompt_tokens.size() - 1) / 4 * 4;
+    auto first = start(mode.adapter, mode.mode, false, 2);
+    const Outcome computed = run(*first, request);
+    stop(first);
+    auto second = start(mode.adapter, mode.mode, false, 2);
+    const Outcome loaded = run(*second, request);
+    EXPECT_EQ(loaded.tokens, computed.tokens);
+    EXPECT_EQ(loaded.num_cached_prompt_tokens, full_blocks);
+    stop(second);
+    auto whole = start(mode.adapter, mode.mode, false, 1);
+    const Outcome other_size = run(*whole, request);
+    EXPECT_EQ(other_size.tokens, computed.tokens);
+    EXPECT_EQ(other_size.num_cached_prompt_tokens, 0);
+    stop(whole);
   }
 }
 

@@ -92,7 +92,8 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["seed"], nullptr);
   EXPECT_EQ(config["kv_events"], nullptr);
   EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
-  EXPECT_EQ(config.size(), 35u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["tensor_parallel_size"], 1);
+  EXPECT_EQ(config.size(), 36u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -252,8 +253,8 @@ TEST_F(ServeConfigTest, GenerationConfigGivesTheSamplingDefaults) {
 TEST_F(ServeConfigTest, ValidateChecksEveryRuleNamingTheFlags) {
   // vLLM flags (check_vllm_flags).
   expect_invalid({"--swap-space", "4"}, {"--swap-space", "--host-kv-memory"});
-  expect_invalid({"--tensor-parallel-size", "2"}, {"one device per server"});
-  expect_invalid({"--pipeline-parallel-size", "2"}, {"one device per server"});
+  expect_invalid({"--device", "cuda", "--tensor-parallel-size", "2"}, {"one GPU per server so far"});
+  expect_invalid({"--pipeline-parallel-size", "2"}, {"--tensor-parallel-size"});
   expect_invalid({"--dtype", "float16"}, {"--dtype float16"});
   expect_invalid({"--device", "cuda", "--dtype", "float32"}, {"--dtype float32", "bfloat16"});
   expect_invalid({"--kv-cache-dtype", "fp8"}, {"--kv-cache-dtype"});

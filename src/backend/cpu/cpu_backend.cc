@@ -1,4 +1,5 @@
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/cpu_backend_impl.h"
 
 #include <cblas.h>
 #include <omp.h>
@@ -13,11 +14,13 @@
 #include "backend/batch_checks.h"
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
+#include "backend/cpu/in_process_group.h"
 #include "backend/cpu/host_kv_pool.h"
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
 #include "backend/cpu/residual_attention.h"
 #include "backend/cpu/quant/quantized_matmul.h"
+#include "backend/cpu/tensor_parallel_cpu_backend.h"
 #include "backend/rope.h"
 #include "formats/gguf_dequant.h"
 #include "lora/adapter.h"
@@ -64,107 +67,20 @@ void check_quantized_weights(const ModelConfig& config, const ModelWeights& weig
                cpu::quant::simd_level_name(cpu::quant::best_simd_level()));
 }
 
-class CpuBackend final : public Backend {
- public:
-  CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWeights> weights,
-             const CpuBackendConfig& backend_config);
+cpu::CpuRank with_model_vocab(cpu::CpuRank rank, const ModelConfig& config) {
+  if (rank.model_vocab_size == 0) rank.model_vocab_size = config.vocab_size;
+  if (rank.shard.size == 1) rank.shard = tensor_parallel_shard(config, 0, 1);
+  return rank;
+}
 
-  void allocate_kv_cache(const KvCacheShape& shape) override;
-  KvCacheShape kv_cache_shape() const override { return kv_shape_; }
-  int64_t kv_bytes_per_token() const override {
-    return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * sizeof(float);
-  }
-  void allocate_residual_cache(const ResidualCacheShape& shape) override;
-  ResidualCacheShape residual_cache_shape() const override { return residual_shape_; }
-  int64_t residual_bytes_per_token(int32_t max_rank) const override {
-    return static_cast<int64_t>(config_.num_layers) * 2 * max_rank * sizeof(float);
-  }
-  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
-  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return host_pool(pool).num_blocks(); }
-  std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id) override {
-    return host_pool(pool).block_bytes(host_block_id);
-  }
-  void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
-                      std::span<const int32_t> host_block_ids) override;
-  void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
-  int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
-  ForwardResult forward(const Batch& batch) override;
-  // The reference: every sharing mode, head dim (even: RoPE pairs) and rank;
-  // sampling stays on the host.
-  BackendCapabilities capabilities() const override {
-    BackendCapabilities capabilities;
-    capabilities.name = "cpu";
-    capabilities.kv_sharing_modes = all_kv_sharing_modes();
-    capabilities.host_kv_tier = true;
-    capabilities.residual_host_kv_tier = true;
-    capabilities.capture_hidden_states = true;
-    return capabilities;
-  }
+}  // namespace
 
- private:
-  const cpu::HostKvPool& host_pool(KvPoolKind pool) const {
-    return pool == KvPoolKind::kMain ? host_main_pool_ : host_residual_pool_;
-  }
-  // Floats one block of one device array holds (0 before the pool is allocated).
-  int64_t device_floats_per_block(KvPoolKind pool) const;
-  void group_rows_by_adapter(const Batch& batch);
-  void prepare_rope_tables(const Batch& batch);
-  void extend_position_tables(int32_t num_positions);
-  void embed_rows(const Batch& batch);
-  void choose_logit_rows(const Batch& batch);
-  void capture_hidden_states(int index, ForwardResult& result) const;
-  void attention_block(int layer, const Batch& batch);
-  void mlp_block(int layer);
-  void apply_lora(LoraTarget target, int layer, const float* x, int64_t in_features, float* y,
-                  int64_t out_features);
-  void compute_logits(ForwardResult& result);
-
-  const ModelConfig config_;
-  const LayerSpec layer_;  // layer_spec(config_): what attention_block and mlp_block run
-  const std::shared_ptr<const ModelWeights> weights_;
-  const int num_threads_;
-  const Rope rope_;
-
-  KvCacheShape kv_shape_{0, 0};
-  std::vector<std::vector<float>> k_pools_;  // [layer][num_blocks * block_size * kv_size]
-  std::vector<std::vector<float>> v_pools_;
-  ResidualCacheShape residual_shape_{0, 0, 0};
-  std::vector<std::vector<float>> residual_pools_;  // [layer][num_blocks * block_size * 2 * max_rank]
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // [slot], nullptr = free
-  // Host tier (host_kv_pool.h); copy_kv_blocks may read/write them off the engine thread.
-  cpu::HostKvPool host_main_pool_;      // arrays: per layer K, V
-  cpu::HostKvPool host_residual_pool_;  // arrays: per layer rCache
-  bool warned_about_sliding_window_ = false;
-  // cos/sin of positions 0 .. num_table_positions_ - 1 (deferred RoPE of forked
-  // sequences), [position, head_dim / 2]; grown on demand, never changes.
-  std::vector<float> position_cos_, position_sin_;
-  int32_t num_table_positions_ = 0;
-
-  // Per-forward scratch, grown on demand and kept to avoid allocations per step.
-  // Rows: the batch's tokens, then the decoder rows of base-mode sequences (paged_attention.h).
-  int64_t num_tokens_ = 0;
-  int64_t num_rows_ = 0;
-  cpu::LoraApplier lora_;     // q, o, gate, up, down over all rows (and k, v without sharing)
-  cpu::LoraApplier kv_lora_;  // k, v when the batch shares KV: tokens only, forked ones excluded
-  bool kv_lora_is_row_lora_ = true;
-  std::vector<int32_t> row_adapter_slots_, kv_adapter_slots_;
-  cpu::TokenPlacement placement_;
-  std::vector<float> hidden_;          // [rows, hidden] residual stream
-  std::vector<float> normed_;          // [rows, hidden]
-  std::vector<float> q_, k_, v_;       // [rows, q_size], [rows, kv_size] x2
-  std::vector<float> attention_out_;   // [rows, q_size]
-  std::vector<float> projected_;       // [rows, hidden] o_proj / down_proj output
-  std::vector<float> gate_, up_;       // [rows, intermediate]
-  std::vector<float> rope_cos_, rope_sin_;  // [rows, head_dim / 2]
-  std::vector<float> attention_scratch_;
-  std::vector<float> residual_scratch_;
-  std::vector<int32_t> logit_tokens_;  // [logits rows] batch token of each
-  std::vector<int32_t> logit_rows_;    // [logits rows] row it is read from (decoder row in base sharing)
-};
+namespace cpu {
 
 CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWeights> weights,
-                       const CpuBackendConfig& backend_config)
+                       const CpuBackendConfig& backend_config, const CpuRank& rank)
     : config_(config),
+      rank_(with_model_vocab(rank, config)),
       layer_(layer_spec(config)),
       weights_(std::move(weights)),
       num_threads_(backend_config.num_threads > 0 ? backend_config.num_threads : omp_get_max_threads()),
@@ -225,6 +141,21 @@ void CpuBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
   residual_shape_ = shape;
 }
 
+std::vector<float*> CpuBackend::device_arrays(KvPoolKind pool) {
+  std::vector<float*> arrays;
+  for (int layer = 0; layer < config_.num_layers; ++layer) {
+    if (pool == KvPoolKind::kMain) {
+      if (layer < static_cast<int>(k_pools_.size())) {
+        arrays.push_back(k_pools_[layer].data());
+        arrays.push_back(v_pools_[layer].data());
+      }
+    } else if (layer < static_cast<int>(residual_pools_.size())) {
+      arrays.push_back(residual_pools_[layer].data());
+    }
+  }
+  return arrays;
+}
+
 int64_t CpuBackend::device_floats_per_block(KvPoolKind pool) const {
   if (pool == KvPoolKind::kMain) return static_cast<int64_t>(kv_shape_.block_size) * config_.kv_size();
   return static_cast<int64_t>(residual_shape_.block_size) * 2 * residual_shape_.max_rank;
@@ -253,18 +184,7 @@ void CpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std:
          "cpu backend: host {} pool has blocks of {} floats per array, the device pool {}; reallocate it",
          is_main ? "KV" : "residual", host.floats_per_block(), device_floats_per_block(pool));
   // A local list, not backend scratch: this runs beside forward().
-  std::vector<float*> device_arrays;
-  device_arrays.reserve(host.num_arrays());
-  for (int layer = 0; layer < config_.num_layers; ++layer) {
-    if (is_main) {
-      device_arrays.push_back(k_pools_[layer].data());
-      device_arrays.push_back(v_pools_[layer].data());
-    } else {
-      device_arrays.push_back(residual_pools_[layer].data());
-    }
-  }
-  host.copy(direction, device_arrays, is_main ? kv_shape_.num_blocks : residual_shape_.num_blocks, device_block_ids,
-            host_block_ids);
+  host.copy(direction, device_arrays(pool), num_device_blocks(pool), device_block_ids, host_block_ids);
 }
 
 void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
@@ -277,7 +197,7 @@ void CpuBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> ad
 
 ForwardResult CpuBackend::forward(const Batch& batch) {
   validate_batch(batch,
-                      {config_.vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
+                      {rank_.model_vocab_size, kv_shape_.num_blocks, kv_shape_.block_size, residual_shape_.num_blocks,
                        residual_shape_.block_size, residual_shape_.max_rank, config_.qk_norm},
                       adapters_);
   ForwardResult result;
@@ -362,14 +282,21 @@ void CpuBackend::embed_rows(const Batch& batch) {
   for (int64_t row = 0; row < num_rows_; ++row) {
     const int64_t token = row < num_tokens_ ? row : placement_.token_of_decoder_row[row - num_tokens_];
     const Tensor& embedding = weights_->embed_tokens;
-    const int64_t id = batch.token_ids[token];
-    if (embedding.is_quantized())
+    const int64_t id = batch.token_ids[token] - rank_.shard.vocab_begin;
+    if (id < 0 || id >= rank_.shard.vocab_slice())  // another rank's row: its all-reduce adds it
+      std::fill_n(hidden_.data() + row * hidden, hidden, 0.0f);
+    else if (embedding.is_quantized())
       dequantize_ggml(static_cast<GgmlType>(embedding.quantized.ggml_type),
                       embedding.quantized.bytes + id * embedding.quantized.row_bytes, hidden,
                       hidden_.data() + row * hidden);
     else
       std::memcpy(hidden_.data() + row * hidden, embedding.data + id * hidden, hidden * sizeof(float));
   }
+  all_reduce(hidden_.data(), num_rows_ * hidden);
+}
+
+void CpuBackend::all_reduce(float* data, int64_t count) {
+  if (rank_.group != nullptr) rank_.group->all_reduce_sum(rank_.shard.rank, data, count);
 }
 
 void CpuBackend::choose_logit_rows(const Batch& batch) {
@@ -460,6 +387,7 @@ void CpuBackend::attention_block(int layer, const Batch& batch) {
   const float* o_bias = layer_.o_bias ? optional_data(weights.o_bias) : nullptr;
   cpu::linear(attention_out_.data(), n, q_size, weights.o_proj, o_bias, hidden, projected_.data());
   apply_lora(LoraTarget::kO, layer, attention_out_.data(), q_size, projected_.data(), hidden);
+  all_reduce(projected_.data(), n * hidden);
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
 }
 
@@ -481,6 +409,7 @@ void CpuBackend::mlp_block(int layer) {
   cpu::silu_multiply(gate_.data(), up_.data(), n * intermediate);
   cpu::linear(gate_.data(), n, intermediate, weights.down_proj, nullptr, hidden, projected_.data());
   apply_lora(LoraTarget::kDown, layer, gate_.data(), intermediate, projected_.data(), hidden);
+  all_reduce(projected_.data(), n * hidden);
   cpu::add_in_place(hidden_.data(), projected_.data(), n * hidden);
 }
 
@@ -497,12 +426,14 @@ void CpuBackend::compute_logits(ForwardResult& result) {
   result.logit_token_index.assign(logit_tokens_.begin(), logit_tokens_.end());
 }
 
-}  // namespace
+}  // namespace cpu
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config,
                                           std::shared_ptr<const ModelWeights> weights,
                                           const CpuBackendConfig& backend_config) {
-  return std::make_unique<CpuBackend>(config, std::move(weights), backend_config);
+  if (backend_config.tensor_parallel_size > 1)
+    return std::make_unique<cpu::TensorParallelCpuBackend>(config, std::move(weights), backend_config);
+  return std::make_unique<cpu::CpuBackend>(config, std::move(weights), backend_config);
 }
 
 }  // namespace loom

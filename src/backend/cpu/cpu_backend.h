@@ -23,6 +23,10 @@
 // kind and copy_kv_blocks memcpys whole blocks (host_kv_pool.h), on any thread
 // beside forward().
 //
+// Tensor parallelism (CpuBackendConfig::tensor_parallel_size): the same
+// sharding the GPU ranks run, over threads and an in-process all-reduce, so CI
+// checks that the shards give the whole model's logits.
+//
 // Speed note: OpenBLAS 0.3.21 does not know recent Xeons (e.g. Emerald Rapids)
 // and falls back to SSE3 kernels; the backend logs a warning then, and
 // OPENBLAS_CORETYPE=SkylakeX (or Haswell) in the environment fixes it.
@@ -39,6 +43,10 @@ namespace loom {
 struct CpuBackendConfig {
   int num_threads = 0;          // 0: omp_get_max_threads() (all cores, or $OMP_NUM_THREADS)
   int max_adapter_slots = 64;
+  // > 1: that many ranks, each a thread with num_threads / N OpenMP threads of
+  // its own, run the model sharded as model/tensor_parallel.h lays it out
+  // (tensor_parallel_cpu_backend.h). fp32 weights only.
+  int tensor_parallel_size = 1;
 };
 
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config,

@@ -1,0 +1,137 @@
+#include "model/tensor_parallel.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "util/error.h"
+
+namespace loom {
+
+namespace {
+
+bool is_power_of_two(int32_t value) { return value > 0 && (value & (value - 1)) == 0; }
+
+void require_fp32(const Tensor& tensor, const std::string& what) {
+  if (tensor.is_quantized())
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("tensor parallelism: {} is kept in a block format; shards are cut from fp32 weights",
+                            what),
+                "on the CPU, load the model with --cpu-precision fp32");
+}
+
+}  // namespace
+
+void check_tensor_parallel_size(const ModelConfig& config, int32_t size) {
+  if (!is_power_of_two(size))
+    fail(ErrorKind::kInvalidArgument, "--tensor-parallel-size {}: must be a power of two (1, 2, 4, 8)", size);
+  if (config.num_heads % size != 0)
+    fail(ErrorKind::kInvalidArgument,
+         "--tensor-parallel-size {}: the model's {} attention heads do not split evenly over {} ranks", size,
+         config.num_heads, size);
+  if (config.num_kv_heads % size != 0 && size % config.num_kv_heads != 0)
+    fail(ErrorKind::kInvalidArgument,
+         "--tensor-parallel-size {}: the model's {} kv heads can neither be split over nor replicated across {} "
+         "ranks",
+         size, config.num_kv_heads, size);
+  if (config.intermediate_size % size != 0)
+    fail(ErrorKind::kInvalidArgument,
+         "--tensor-parallel-size {}: the model's intermediate size {} does not split evenly over {} ranks", size,
+         config.intermediate_size, size);
+}
+
+TensorParallelShard tensor_parallel_shard(const ModelConfig& config, int32_t rank, int32_t size) {
+  check_tensor_parallel_size(config, size);
+  LOOM_CHECK(rank >= 0 && rank < size);
+  TensorParallelShard shard;
+  shard.rank = rank;
+  shard.size = size;
+  shard.num_q_heads = config.num_heads / size;
+  shard.q_head_begin = rank * shard.num_q_heads;
+  if (config.num_kv_heads >= size) {
+    shard.num_kv_heads = config.num_kv_heads / size;
+    shard.kv_head_begin = rank * shard.num_kv_heads;
+  } else {
+    shard.num_kv_heads = 1;
+    shard.kv_head_begin = rank / (size / config.num_kv_heads);  // the kv head its query heads read
+  }
+  shard.intermediate_size = config.intermediate_size / size;
+  shard.intermediate_begin = rank * shard.intermediate_size;
+  const int32_t per_rank = (config.vocab_size + size - 1) / size;
+  shard.vocab_begin = std::min(config.vocab_size, rank * per_rank);
+  shard.vocab_end = std::min(config.vocab_size, (rank + 1) * per_rank);
+  shard.adds_o_bias = rank == 0;
+  return shard;
+}
+
+ModelConfig rank_config(const ModelConfig& config, const TensorParallelShard& shard) {
+  ModelConfig rank = config;
+  rank.num_heads = shard.num_q_heads;
+  rank.num_kv_heads = shard.num_kv_heads;
+  rank.intermediate_size = shard.intermediate_size;
+  rank.vocab_size = shard.vocab_slice();
+  rank.o_bias = config.o_bias && shard.adds_o_bias;
+  return rank;
+}
+
+Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end) {
+  require_fp32(tensor, "a sliced tensor");
+  LOOM_CHECK(!tensor.shape.empty() && begin >= 0 && begin <= end && end <= tensor.shape[0]);
+  const int64_t row_elements = tensor.shape.size() == 1 ? 1 : tensor.numel() / tensor.shape[0];
+  Tensor slice = tensor;
+  slice.shape[0] = end - begin;
+  slice.data = tensor.data + begin * row_elements;
+  return slice;
+}
+
+Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end) {
+  require_fp32(tensor, "a sliced tensor");
+  LOOM_CHECK(tensor.shape.size() == 2 && begin >= 0 && begin <= end && end <= tensor.shape[1]);
+  const int64_t rows = tensor.shape[0];
+  const int64_t columns = end - begin;
+  std::vector<float> values(rows * columns);
+  for (int64_t r = 0; r < rows; ++r)
+    std::memcpy(values.data() + r * columns, tensor.data + r * tensor.shape[1] + begin, columns * sizeof(float));
+  return Tensor::from_vector({rows, columns}, std::move(values));
+}
+
+ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,
+                                 const TensorParallelShard& shard) {
+  const int64_t head_dim = config.head_dim;
+  const int64_t q_begin = shard.q_head_begin * head_dim, q_end = q_begin + shard.num_q_heads * head_dim;
+  const int64_t kv_begin = shard.kv_head_begin * head_dim, kv_end = kv_begin + shard.num_kv_heads * head_dim;
+  const int64_t ff_begin = shard.intermediate_begin, ff_end = ff_begin + shard.intermediate_size;
+  auto optional_rows = [](const Tensor& tensor, int64_t begin, int64_t end) {
+    return tensor.empty() ? Tensor{} : slice_rows(tensor, begin, end);
+  };
+  for (const auto& [name, tensor] : model_weights_to_tensor_map(config, weights)) require_fp32(tensor, name);
+
+  ModelWeights rank;
+  rank.embed_tokens = slice_rows(weights.embed_tokens, shard.vocab_begin, shard.vocab_end);
+  rank.lm_head = slice_rows(weights.lm_head, shard.vocab_begin, shard.vocab_end);
+  rank.final_norm = weights.final_norm;
+  rank.layers.reserve(weights.layers.size());
+  for (const LayerWeights& layer : weights.layers) {
+    LayerWeights part;
+    part.input_norm = layer.input_norm;
+    part.post_attention_norm = layer.post_attention_norm;
+    part.q_norm = layer.q_norm;
+    part.k_norm = layer.k_norm;
+    part.q_proj = slice_rows(layer.q_proj, q_begin, q_end);
+    part.k_proj = slice_rows(layer.k_proj, kv_begin, kv_end);
+    part.v_proj = slice_rows(layer.v_proj, kv_begin, kv_end);
+    part.q_bias = optional_rows(layer.q_bias, q_begin, q_end);
+    part.k_bias = optional_rows(layer.k_bias, kv_begin, kv_end);
+    part.v_bias = optional_rows(layer.v_bias, kv_begin, kv_end);
+    part.o_proj = slice_columns(layer.o_proj, q_begin, q_end);
+    if (shard.adds_o_bias) part.o_bias = layer.o_bias;
+    part.gate_proj = slice_rows(layer.gate_proj, ff_begin, ff_end);
+    part.up_proj = slice_rows(layer.up_proj, ff_begin, ff_end);
+    part.down_proj = slice_columns(layer.down_proj, ff_begin, ff_end);
+    rank.layers.push_back(std::move(part));
+  }
+  return rank;
+}
+
+}  // namespace loom
