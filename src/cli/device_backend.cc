@@ -105,8 +105,6 @@ std::shared_ptr<const Tokenizer> synthetic_tokenizer(const ModelConfig& config) 
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
   check_device_name(options.device);
   if (model.weights == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no host weights to put on a device", model.path);
-  if (options.device != "cpu" && has_quantized_tensors(*model.weights))
-    fail(ErrorKind::kInternal, "{}: weights kept quantized cannot go to --device {}", model.path, options.device);
   if (options.device == "cpu") {
     CpuBackendConfig config;
     config.num_threads = options.threads;
@@ -145,8 +143,10 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   ModelOnDevice result;
   if (model_flag.rfind(kRandomPrefix, 0) != 0) {
     LoadOptions load_options;
-    // Shards are cut from fp32 weights on the CPU.
-    load_options.keep_quantized = options.device == "cpu" && options.cpu_keep_quantized && options.tensor_parallel_size == 1;
+    // cuda: the weights stay in their file format (mapped, not expanded) and are converted on the GPU;
+    // cpu: as --cpu-precision says, but shards are cut from fp32 weights.
+    load_options.keep_quantized =
+        options.device == "cpu" ? options.cpu_keep_quantized && options.tensor_parallel_size == 1 : true;
     result.model = load_model(resolve_model_path(model_flag), load_options);
     result.backend = make_backend_for_device(result.model, options);
     return result;

@@ -147,14 +147,11 @@ cudaStream_t make_stream(int device) {
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                            const CudaBackendConfig& backend_config) {
-  if (has_quantized_tensors(weights))
-    throw Error(ErrorKind::kUnsupported, "--device cuda: weights kept in a GGUF block format",
-                "load the model with fp32 weights (--cpu-precision fp32 keeps them so)");
   validate_weights(weights, config);
   cuda::check_model_supported(config);
   cudaStream_t stream = make_stream(backend_config.device);
   try {
-    cuda::DeviceModel model = cuda::DeviceModel::upload(config, weights, stream);
+    cuda::DeviceModel model = cuda::DeviceModel::upload(config, weights, backend_config.device, stream);
     return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
   } catch (...) {
     cudaStreamDestroy(stream);

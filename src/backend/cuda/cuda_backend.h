@@ -74,8 +74,10 @@ struct CudaBackendConfig {
   CudaTuning tuning;
 };
 
-// Uploads `weights` (fp32 host tensors, converted to bf16 on the device). The
-// host weights are not kept. Throws Error(kUnsupported) without a usable GPU
+// Uploads `weights` in their stored format (fp32 tensors, or 16-bit and GGUF
+// block rows kept in the file mapping: LoadOptions::keep_quantized), streamed
+// through a few pinned staging buffers and converted to bf16 on the device
+// (weight_upload.h). The host weights are not kept. Throws Error(kUnsupported) without a usable GPU
 // or for a head_dim the attention kernels lack (16, 32, 64, 128 are built).
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                            const CudaBackendConfig& backend_config = {});

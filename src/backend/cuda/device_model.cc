@@ -1,17 +1,19 @@
 #include "backend/cuda/device_model.h"
 
 #include <algorithm>
+#include <chrono>
 #include <string>
 #include <unordered_map>
 
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/weight_upload.h"
 #include "backend/rope.h"
 #include "synthetic/synthetic_weights.h"
 #include "util/error.h"
-#include "util/progress.h"
 
 namespace loom::cuda {
 
@@ -117,6 +119,12 @@ std::unordered_map<std::string, Destination> destinations(const ModelConfig& con
   return map;
 }
 
+// Whether two tensors view the same values (a tied lm_head), in whatever format they are kept.
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.is_quantized() || b.is_quantized()) return a.quantized.bytes == b.quantized.bytes;
+  return a.data != nullptr && a.data == b.data;
+}
+
 void upload_inverse_frequencies(const ModelConfig& config, const float* destination, cudaStream_t stream) {
   const Rope rope(config);
   LOOM_CUDA_CHECK(cudaMemcpyAsync(const_cast<float*>(destination), rope.inverse_frequencies().data(),
@@ -126,45 +134,26 @@ void upload_inverse_frequencies(const ModelConfig& config, const float* destinat
 
 }  // namespace
 
-DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream) {
+DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& weights, int device,
+                                cudaStream_t stream) {
   DeviceModel model;
-  const bool tied = weights.lm_head.data == weights.embed_tokens.data;
-  model.lay_out(config, tied);
+  model.lay_out(config, same_values(weights.lm_head, weights.embed_tokens));
   upload_inverse_frequencies(config, model.inverse_frequencies_, stream);
 
   TensorMap tensors = model_weights_to_tensor_map(config, weights);
   tensors["lm_head.weight"] = weights.lm_head;  // whatever the config says about tying
-  const std::unordered_map<std::string, Destination> map = destinations(config, model);
-  // fp32 chunks go through a pinned staging buffer and are converted on the device.
-  constexpr int64_t kChunk = 8 << 20;  // floats
-  PinnedBuffer staging;
-  staging.reserve(kChunk * sizeof(float));
-  DeviceBuffer chunk_device(kChunk * sizeof(float));
-  int64_t total = 0;
-  for (const auto& [name, destination] : map)
-    if (const auto found = tensors.find(name); found != tensors.end()) total += found->second.numel() * 4;
-  Progress progress("loading the weights onto the GPU", total);
-  for (const auto& [name, destination] : map) {
+  std::vector<WeightUpload> uploads;
+  for (const auto& [name, destination] : destinations(config, model)) {
     const auto found = tensors.find(name);
-    if (found == tensors.end() || found->second.data == nullptr)
-      fail(ErrorKind::kFormat, "cuda backend: tensor {} is missing", name);
-    const Tensor& tensor = found->second;
-    for (int64_t start = 0; start < tensor.numel(); start += kChunk) {
-      const int64_t count = std::min(kChunk, tensor.numel() - start);
-      std::copy(tensor.data + start, tensor.data + start + count, staging.as<float>());
-      if (destination.is_bf16) {
-        LOOM_CUDA_CHECK(cudaMemcpyAsync(chunk_device.data(), staging.data(), count * sizeof(float),
-                                        cudaMemcpyHostToDevice, stream));
-        launch_f32_to_bf16(chunk_device.as<float>(), count, static_cast<__nv_bfloat16*>(destination.pointer) + start,
-                           stream);
-      } else {
-        LOOM_CUDA_CHECK(cudaMemcpyAsync(static_cast<float*>(destination.pointer) + start, staging.data(),
-                                        count * sizeof(float), cudaMemcpyHostToDevice, stream));
-      }
-      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // staging is reused by the next chunk
-      progress.advance(count * 4);
-    }
+    if (found == tensors.end()) fail(ErrorKind::kFormat, "cuda backend: tensor {} is missing", name);
+    uploads.push_back({name, &found->second, destination.pointer, destination.is_bf16});
   }
+  const auto start = std::chrono::steady_clock::now();
+  const WeightUploadStats stats = upload_weights(uploads, device);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  spdlog::info("cuda backend: {:.2f} GiB of weights read and uploaded in {:.1f} s ({:.1f} GiB/s, {} streams)",
+               static_cast<double>(stats.source_bytes) / (1 << 30), seconds,
+               static_cast<double>(stats.source_bytes) / (1 << 30) / std::max(seconds, 1e-9), stats.num_workers);
   return model;
 }
 

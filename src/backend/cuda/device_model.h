@@ -2,8 +2,9 @@
 // [q_size + 2 kv_size, hidden] matrix, gate/up into one [2 intermediate, hidden]),
 // norms and biases in fp32, all in one allocation.
 //
-// Built either from host fp32 ModelWeights (converted on the device, chunk by
-// chunk) or drawn on the device with `loom make-model`'s per-tensor seeds
+// Built either from host ModelWeights in their stored format (fp32, or 16-bit and
+// GGUF block rows kept in the file mapping; weight_upload.h streams them and
+// converts on the device) or drawn on the device with `loom make-model`'s per-tensor seeds
 // (synthetic/synthetic_weights.h), so a 16 GB model never exists on the host.
 // Immutable after construction. Thread: the owning backend's thread.
 #pragma once
@@ -35,8 +36,8 @@ struct DeviceLayer {
 
 class DeviceModel {
  public:
-  // Copies and converts `weights` (validated by the caller against `config`).
-  static DeviceModel upload(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream);
+  // Copies and converts `weights` (validated by the caller against `config`) onto `device`.
+  static DeviceModel upload(const ModelConfig& config, const ModelWeights& weights, int device, cudaStream_t stream);
   // Draws the synthetic model of `config` for `seed` on the device. With
   // round_to_bf16, fp32 tensors (norms, biases) are rounded through bf16 as in
   // make-model's bf16 files (the 8b preset); otherwise they are exact fp32 (tiny).

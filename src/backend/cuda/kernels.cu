@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include <cuda_fp16.h>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -306,6 +308,12 @@ __global__ void f32_to_bf16_kernel(const float* in, int64_t count, bf16* out) {
     out[i] = __float2bfloat16_rn(in[i]);
 }
 
+__global__ void f16_to_bf16_kernel(const __half* in, int64_t count, bf16* out) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
+    out[i] = __float2bfloat16_rn(__half2float(in[i]));
+}
+
 int grid_for(int64_t count, int threads) {
   const int64_t blocks = (count + threads - 1) / threads;
   return static_cast<int>(blocks < 65536 ? (blocks > 0 ? blocks : 1) : 65536);
@@ -355,6 +363,12 @@ void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate
 void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream) {
   if (count == 0) return;
   f32_to_bf16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(in, count, out);
+  LOOM_CUDA_CHECK_LAUNCH();
+}
+
+void launch_f16_to_bf16(const uint16_t* in, int64_t count, bf16* out, cudaStream_t stream) {
+  if (count == 0) return;
+  f16_to_bf16_kernel<<<grid_for(count, 256), 256, 0, stream>>>(reinterpret_cast<const __half*>(in), count, out);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

@@ -249,5 +249,7 @@ void launch_synthetic_fill_f32(float* out, int64_t count, uint64_t tensor_seed, 
 
 // out[i] = bf16(in[i]) (weights uploaded in fp32 chunks are converted on the device).
 void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);
+// out[i] = bf16(float(in[i])) for IEEE half bits in[i] (f16 checkpoints): the host's fp16 -> fp32 -> bf16.
+void launch_f16_to_bf16(const uint16_t* in, int64_t count, bf16* out, cudaStream_t stream);
 
 }  // namespace loom::cuda
