@@ -432,7 +432,7 @@ std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config,
                                           std::shared_ptr<const ModelWeights> weights,
                                           const CpuBackendConfig& backend_config) {
   if (backend_config.tensor_parallel_size > 1)
-    return std::make_unique<cpu::TensorParallelCpuBackend>(config, std::move(weights), backend_config);
+    return cpu::TensorParallelCpuBackend::make(config, std::move(weights), backend_config);
   return std::make_unique<cpu::CpuBackend>(config, std::move(weights), backend_config);
 }
 

@@ -24,6 +24,9 @@ class InProcessGroup {
  public:
   explicit InProcessGroup(int32_t size);
 
+  // The message of the error a rank waiting on an aborted group throws begins so.
+  static constexpr const char* kAbortedPrefix = "tensor-parallel group:";
+
   int32_t size() const { return size_; }
   // Rank `rank` (0 <= rank < size) of the collective; see above.
   void all_reduce_sum(int32_t rank, float* data, int64_t count);

@@ -1,0 +1,107 @@
+#include "backend/tensor_parallel_backend.h"
+
+#include <cstring>
+#include <exception>
+
+#include "backend/batch_checks.h"
+#include "lora/adapter_shard.h"
+#include "util/error.h"
+
+namespace loom {
+
+TensorParallelBackend::TensorParallelBackend(const ModelConfig& config, std::vector<TensorParallelShard> shards,
+                                             std::vector<std::unique_ptr<Backend>> ranks, TensorParallelGroup group)
+    : config_(config),
+      shards_(std::move(shards)),
+      group_(std::move(group)),
+      ranks_(std::move(ranks)),
+      threads_(std::max<size_t>(1, ranks_.size())) {
+  LOOM_CHECK(!ranks_.empty() && ranks_.size() == shards_.size() && group_.abort && group_.reset);
+}
+
+TensorParallelBackend::~TensorParallelBackend() = default;
+
+void TensorParallelBackend::run_on_ranks(const std::function<void(int32_t)>& fn) {
+  std::vector<std::exception_ptr> errors(ranks_.size());
+  group_.reset();
+  threads_
+      .start(ranks_.size(),
+             [&](size_t r) {
+               try {
+                 fn(static_cast<int32_t>(r));
+               } catch (...) {
+                 errors[r] = std::current_exception();
+                 group_.abort(static_cast<int32_t>(r));
+               }
+             })
+      .wait();
+  std::exception_ptr first;
+  for (const std::exception_ptr& error : errors) {
+    if (error == nullptr) continue;
+    if (first == nullptr) first = error;
+    try {
+      std::rethrow_exception(error);
+    } catch (const Error& e) {
+      if (!group_.aborted_prefix.empty() && e.message().starts_with(group_.aborted_prefix)) continue;
+      throw;
+    }
+  }
+  if (first != nullptr) std::rethrow_exception(first);
+}
+
+void TensorParallelBackend::allocate_kv_cache(const KvCacheShape& shape) {
+  for (auto& rank : ranks_) rank->allocate_kv_cache(shape);
+}
+
+int64_t TensorParallelBackend::kv_bytes_per_token() const {
+  int64_t bytes = 0;
+  for (const auto& rank : ranks_) bytes += rank->kv_bytes_per_token();
+  return bytes;
+}
+
+void TensorParallelBackend::allocate_residual_cache(const ResidualCacheShape& shape) {
+  for (auto& rank : ranks_) rank->allocate_residual_cache(shape);
+}
+
+int64_t TensorParallelBackend::residual_bytes_per_token(int32_t max_rank) const {
+  return static_cast<int64_t>(ranks_.size()) * ranks_[0]->residual_bytes_per_token(max_rank);
+}
+
+void TensorParallelBackend::set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) {
+  if (adapter != nullptr) validate_adapter(*adapter, config_);
+  for (size_t r = 0; r < ranks_.size(); ++r)
+    ranks_[r]->set_adapter(slot, adapter == nullptr ? nullptr : shard_lora_adapter(*adapter, config_, shards_[r]));
+}
+
+ForwardResult TensorParallelBackend::forward(const Batch& batch) {
+  std::vector<ForwardResult> parts(ranks_.size());
+  run_on_ranks([&](int32_t r) { parts[r] = ranks_[r]->forward(batch); });
+  ForwardResult result = std::move(parts[0]);
+  const int64_t num_rows = static_cast<int64_t>(result.logit_token_index.size());
+  const int64_t vocab = config_.vocab_size;
+  std::vector<float> logits(num_rows * vocab);
+  for (size_t r = 0; r < ranks_.size(); ++r) {
+    const std::vector<float>& slice = r == 0 ? result.logits : parts[r].logits;
+    const int64_t width = shards_[r].vocab_slice();
+    LOOM_CHECK(static_cast<int64_t>(slice.size()) == num_rows * width);
+    for (int64_t row = 0; row < num_rows; ++row)
+      std::memcpy(logits.data() + row * vocab + shards_[r].vocab_begin, slice.data() + row * width,
+                  width * sizeof(float));
+  }
+  result.logits = std::move(logits);
+  result.vocab_size = config_.vocab_size;
+  return result;
+}
+
+BackendCapabilities TensorParallelBackend::capabilities() const {
+  BackendCapabilities capabilities = ranks_[0]->capabilities();
+  capabilities.tensor_parallel_size = static_cast<int32_t>(ranks_.size());
+  capabilities.device_sampling = false;
+  capabilities.device_token_masks = false;
+  capabilities.device_logit_processing = false;
+  capabilities.host_kv_tier = false;
+  capabilities.residual_host_kv_tier = false;
+  return capabilities;
+}
+
+}  // namespace loom
