@@ -8,42 +8,34 @@
 // its own segment of the buffers and writes it into all of them (reduce-scatter
 // and all-gather in one pass); two barriers per call.
 //
-// Failure: a rank that fails calls abort(); every rank waiting in a collective,
-// or entering one later, then throws Error(kInternal) naming the failed rank
-// instead of waiting for ever. reset() (no rank inside a collective) rearms it.
+// Failure: abort() / reset() as util/abortable_barrier.h: a rank that fails
+// ends every other rank's wait with an error.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
 #include <mutex>
 #include <vector>
+
+#include "util/abortable_barrier.h"
 
 namespace loom::cpu {
 
 class InProcessGroup {
  public:
+  static constexpr const char* kAbortedPrefix = AbortableBarrier::kAbortedPrefix;
+
   explicit InProcessGroup(int32_t size);
 
-  // The message of the error a rank waiting on an aborted group throws begins so.
-  static constexpr const char* kAbortedPrefix = "tensor-parallel group:";
-
-  int32_t size() const { return size_; }
+  int32_t size() const { return barrier_.size(); }
   // Rank `rank` (0 <= rank < size) of the collective; see above.
   void all_reduce_sum(int32_t rank, float* data, int64_t count);
 
-  void abort(int32_t failed_rank);
-  void reset();
+  void abort(int32_t failed_rank) { barrier_.abort(failed_rank); }
+  void reset() { barrier_.reset(); }
 
  private:
-  // Waits until every rank arrived; throws when the group is (or gets) aborted.
-  void arrive_and_wait();
-
-  const int32_t size_;
+  AbortableBarrier barrier_;
   std::mutex mutex_;
-  std::condition_variable arrived_;
-  int32_t num_arrived_ = 0;
-  uint64_t generation_ = 0;
-  int32_t failed_rank_ = -1;  // >= 0: aborted
   std::vector<float*> buffers_;
   std::vector<int64_t> counts_;
 };

@@ -10,6 +10,7 @@
 
 #include "backend/batch_checks.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_communicator.h"
 #include "util/error.h"
 
 namespace loom {
@@ -20,6 +21,12 @@ namespace {
 
 void check_model_supported(const ModelConfig& config) {
   check_model_capabilities(cuda_backend_capabilities(), config);
+}
+
+CudaRank with_model_vocab(CudaRank rank, const ModelConfig& config) {
+  if (rank.model_vocab_size == 0) rank.model_vocab_size = config.vocab_size;
+  if (rank.shard.size == 1) rank.shard = tensor_parallel_shard(config, 0, 1);
+  return rank;
 }
 
 int current_sm_count(int device) {
@@ -35,6 +42,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
     : config_(config),
       layer_(layer_spec(config)),
       device_(device),
+      rank_(with_model_vocab(backend_config.rank, config)),
       tuning_(backend_config.tuning),
       wide_prefill_(tuning_.wgmma_prefill && attention_wide_supports_head_dim(config.head_dim)),
       num_sms_(current_sm_count(device)),
@@ -45,8 +53,10 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
       pools_(config, device, wide_prefill_ ? tuning_.forked_wide_prefill_keys : 0),
       lora_(config, backend_config.max_adapter_slots, tuning_.lora_side_stream),
       prefetcher_(config, tuning_.l2_prefetch),
-      runner_(StepParts{config_, layer_, tuning_, model_, gemm_, pools_, lora_, plan_, buffers_, prefetcher_}),
+      runner_(StepParts{config_, layer_, tuning_, model_, gemm_, pools_, lora_, plan_, buffers_, prefetcher_, rank_}),
       sampler_(config.vocab_size) {
+  // A group whose all-reduce cannot be captured runs every step eagerly.
+  if (rank_.communicator != nullptr && !rank_.communicator->capturable()) tuning_.cuda_graphs = false;
   if (tuning_.skinny_max_rows < 0 || tuning_.skinny_max_rows > kSkinnyGemmMaxRows)
     fail(ErrorKind::kInvalidArgument, "cuda backend: skinny_max_rows {} outside [0, {}]", tuning_.skinny_max_rows,
          kSkinnyGemmMaxRows);

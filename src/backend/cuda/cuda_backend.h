@@ -20,6 +20,7 @@
 
 #include "backend/backend.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace loom {
@@ -68,10 +69,26 @@ struct CudaTuning {
   L2Prefetch l2_prefetch;
 };
 
+namespace cuda {
+class DeviceCommunicator;
+}
+
+// A tensor-parallel rank's place in its group (tensor_parallel_cuda_backend.h);
+// the default is a backend alone. A rank runs rank_config(model, shard) over
+// its shard of the weights, sums its partial products with the communicator
+// after o_proj, down_proj and the embedding, checks token ids against the whole
+// model's vocabulary and returns its slice of the logits.
+struct CudaRank {
+  TensorParallelShard shard;                         // size 1: the whole model
+  cuda::DeviceCommunicator* communicator = nullptr;  // not owned, outlives the backend; null alone
+  int32_t model_vocab_size = 0;                      // 0: the config's
+};
+
 struct CudaBackendConfig {
   int device = 0;
   int max_adapter_slots = 64;
   CudaTuning tuning;
+  CudaRank rank;
 };
 
 // Uploads `weights` in their stored format (fp32 tensors, or 16-bit and GGUF

@@ -123,6 +123,7 @@ class CudaBackend final : public Backend {
   const ModelConfig config_;
   const LayerSpec layer_;  // layer_spec(config_)
   const int device_;
+  const CudaRank rank_;  // model_vocab_size filled in
   CudaTuning tuning_;  // changed only by the benchmark's set_tuning
   const bool wide_prefill_;  // tuning_.wgmma_prefill where the head dim has the kernel
   int32_t num_sms_ = 132;

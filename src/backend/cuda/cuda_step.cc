@@ -16,7 +16,7 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   const KvCacheShape main = pools_.main_shape();
   const ResidualCacheShape residual = pools_.residual_shape();
   validate_batch(batch,
-                 {config_.vocab_size, main.num_blocks, main.block_size, residual.num_blocks, residual.block_size,
+                 {rank_.model_vocab_size, main.num_blocks, main.block_size, residual.num_blocks, residual.block_size,
                   residual.max_rank, config_.qk_norm},
                  lora_.adapters());
   int32_t residual_rank = 0;

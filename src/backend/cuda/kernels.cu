@@ -34,12 +34,19 @@ __device__ float block_sum(float value, float* scratch /* [33] */) {
   return scratch[32];
 }
 
-__global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, int32_t hidden, float* out) {
+__global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, int32_t hidden, float* out,
+                                 int32_t vocab_begin, int32_t vocab_rows) {
   pdl_wait();
   pdl_trigger();
   const int64_t token = blockIdx.x;
-  const bf16* row = table + static_cast<int64_t>(token_ids[token]) * hidden;
+  const int64_t id = static_cast<int64_t>(token_ids[token]) - vocab_begin;
   float* out_row = out + token * hidden;
+  if (id < 0 || id >= vocab_rows) {  // another rank's row: the all-reduce adds it
+    for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4)
+      *reinterpret_cast<float4*>(out_row + i) = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    return;
+  }
+  const bf16* row = table + id * hidden;
   for (int i = threadIdx.x * 8; i < hidden; i += blockDim.x * 8) {
     const uint4 packed = *reinterpret_cast<const uint4*>(row + i);
     const __nv_bfloat162* pairs = reinterpret_cast<const __nv_bfloat162*>(&packed);
@@ -322,10 +329,32 @@ int grid_for(int64_t count, int threads) {
 }  // namespace
 
 void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
-                      float* out, Launch launch) {
+                      float* out, Launch launch, int32_t vocab_begin, int32_t vocab_rows) {
   if (num_tokens == 0) return;
   const int threads = hidden / 8 >= 256 ? 256 : ((hidden / 8 + 31) / 32) * 32;
-  launch_kernel(launch, num_tokens, threads, 0, embedding_kernel, token_ids, table, hidden, out);
+  launch_kernel(launch, num_tokens, threads, 0, embedding_kernel, token_ids, table, hidden, out, vocab_begin,
+                vocab_rows);
+}
+
+namespace {
+
+__global__ void add_lora_rows_kernel(float* delta, const float* lora_delta, const int32_t* lora_rows,
+                                     int32_t hidden) {
+  const int64_t row = blockIdx.x;
+  const int32_t lora_row = lora_rows[row];
+  if (lora_row < 0) return;
+  float* out = delta + row * hidden;
+  const float* in = lora_delta + static_cast<int64_t>(lora_row) * hidden;
+  for (int i = threadIdx.x; i < hidden; i += blockDim.x) out[i] += in[i];
+}
+
+}  // namespace
+
+void launch_add_lora_rows(float* delta, const float* lora_delta, const int32_t* lora_rows, int32_t num_rows,
+                          int32_t hidden, cudaStream_t stream) {
+  if (num_rows == 0 || lora_delta == nullptr) return;
+  add_lora_rows_kernel<<<num_rows, 256, 0, stream>>>(delta, lora_delta, lora_rows, hidden);
+  LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,

@@ -30,8 +30,14 @@ struct Launch {
 };
 
 // out[t, :] = float(table[token_ids[t], :]) for t < num_tokens. hidden % 8 == 0.
+// out[t] = table[token_ids[t] - vocab_begin] for ids in [vocab_begin, vocab_begin + vocab_rows)
+// (a vocab-parallel rank's rows; everything, unsharded), zeros for other ids.
 void launch_embedding(const int32_t* token_ids, int32_t num_tokens, const bf16* table, int32_t hidden,
-                      float* out, Launch launch);
+                      float* out, Launch launch, int32_t vocab_begin = 0, int32_t vocab_rows = INT32_MAX);
+// delta[t] += lora_delta[lora_rows[t]] for rows whose lora_rows[t] >= 0 (a tensor-parallel
+// rank folds its partial LoRA output into the partial product before their one all-reduce).
+void launch_add_lora_rows(float* delta, const float* lora_delta, const int32_t* lora_rows, int32_t num_rows,
+                          int32_t hidden, cudaStream_t stream);
 
 // For each output row r (token t = row_index ? row_index[r] : r):
 //   if delta: residual[t] += delta[t] (+ delta_bias), written back;

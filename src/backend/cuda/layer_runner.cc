@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_communicator.h"
 
 namespace loom::cuda {
 
@@ -27,7 +28,10 @@ void LayerRunner::enqueue(const StepLaunch& step) {
   const int32_t hidden = config.hidden_size;
   parts_.prefetcher.begin_step(step_.stream, n);
   launch_embedding(plan_pointer<int32_t>(sections.token_ids), n, parts_.model.embed_tokens(), hidden,
-                   buffers.residual.as<float>(), step_.stream);
+                   buffers.residual.as<float>(), step_.stream, parts_.rank.shard.vocab_begin, config.vocab_size);
+  if (parts_.rank.communicator != nullptr)
+    parts_.rank.communicator->all_reduce_sum(buffers.residual.as<float>(), static_cast<int64_t>(n) * hidden,
+                                             step_.stream);
   if (step_.capture_hidden_states) capture_hidden_states(0, nullptr);
   const float* lora_delta = nullptr;
   for (int layer = 0; layer < config.num_layers; ++layer) {
@@ -106,9 +110,10 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
 
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kO}, buffers.attention_out.as<bf16>(), q_size, hidden, chain());
   linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden);
+  const float* o_lora = reduce_delta(lora.end(pending, stream));
   launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
                       weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
-                      chain(), lora.end(pending, stream), lora_rows);
+                      chain(), o_lora, lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
   if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows) {
@@ -126,7 +131,19 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
                        chain());
   linear(buffers.activation.as<bf16>(), n, intermediate, weights.down_proj, hidden, buffers.delta.data(), false, hidden);
   parts_.prefetcher.after_down(parts_.model, layer, stream);
-  return lora.end(pending, stream);  // added by the next norm, with the delta buffer
+  return reduce_delta(lora.end(pending, stream));  // added by the next norm, with the delta buffer
+}
+
+const float* LayerRunner::reduce_delta(const float* lora_delta) {
+  if (parts_.rank.communicator == nullptr) return lora_delta;
+  const StepPlan& plan = parts_.plan.plan();
+  const int32_t n = plan.num_rows();
+  const int32_t hidden = parts_.layer.hidden_size;
+  float* delta = parts_.buffers.delta.as<float>();
+  launch_add_lora_rows(delta, lora_delta, plan_pointer<int32_t>(plan.sections().lora_row_of_token), n, hidden,
+                       step_.stream);
+  parts_.rank.communicator->all_reduce_sum(delta, static_cast<int64_t>(n) * hidden, step_.stream);
+  return nullptr;
 }
 
 void LayerRunner::attention(int layer) {

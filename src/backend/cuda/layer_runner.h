@@ -35,6 +35,7 @@ struct StepParts {
   const DevicePlan& plan;
   StepBuffers& buffers;
   L2Prefetcher& prefetcher;
+  const CudaRank& rank;  // a tensor-parallel rank sums its partial products through rank.communicator
 };
 
 // What differs between steps beyond the plan.
@@ -60,6 +61,9 @@ class LayerRunner {
   void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
               int32_t y_stride);
   void capture_hidden_states(int index, const float* lora_delta);
+  // A tensor-parallel rank: folds `lora_delta` (nullable) into the partial product in the delta
+  // buffer and sums it over the ranks; returns the LoRA delta left to add (nullptr once folded).
+  const float* reduce_delta(const float* lora_delta);
   Launch chain() const { return Launch(step_.stream, step_.programmatic); }
   template <typename T>
   T* plan_pointer(size_t section) const {

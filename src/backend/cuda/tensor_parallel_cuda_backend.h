@@ -1,0 +1,26 @@
+// Tensor parallelism on CUDA (docs/tensor-parallel.md): N CudaBackend ranks,
+// rank r on devices[r] over its shard of the model, joined by one
+// DeviceCommunicator each, run by TensorParallelBackend (a thread per rank;
+// logits gathered on the host; no host KV tier yet). A rank whose communicator
+// cannot be captured runs its steps eagerly.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/tensor_parallel_backend.h"
+
+namespace loom::cuda {
+
+// `config` and `weights` are the whole model's (fp32 weights: shards are cut
+// on the host); backend_config's device and rank are set per rank. The
+// communicators must outlive the backend (group.owner may own them).
+std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                                           const CudaBackendConfig& backend_config,
+                                                           std::span<const int> devices,
+                                                           std::span<DeviceCommunicator* const> communicators,
+                                                           TensorParallelGroup group);
+
+}  // namespace loom::cuda

@@ -1,0 +1,214 @@
+// Tensor parallelism on the CUDA backend (backend/cuda/tensor_parallel_cuda_backend.h)
+// with its ranks on one GPU, joined by a test communicator (SameDeviceGroup
+// below: event waits across the ranks' streams and a cuBLAS sum in rank order):
+// the sharding itself (heads, kv heads split and replicated, the vocab-parallel
+// embedding and lm_head, LoRA shards, every sharing mode in one batch) gives
+// the logits of the unsharded backend. NCCL between GPUs is another
+// communicator over the same ranks.
+#include <cstring>
+#include <memory>
+#include <vector>
+
+#include <cublas_v2.h>
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_communicator.h"
+#include "backend/cuda/tensor_parallel_cuda_backend.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
+#include "test_util.h"
+#include "util/abortable_barrier.h"
+
+namespace loom::cuda {
+namespace {
+
+using test::Driver;
+using Mode = test::SharingMode;
+
+// Ranks sharing device 0. all_reduce_sum: each rank publishes its buffer and
+// an event, waits (on its stream) for every rank's, sums the buffers in rank
+// order into its scratch, waits until every rank has read, then copies the sum
+// back. Not capturable (the waits cross the ranks' streams).
+class SameDeviceGroup {
+ public:
+  explicit SameDeviceGroup(int32_t size) : barrier_(size), buffers_(size), ready_(size), read_(size) {
+    for (int32_t r = 0; r < size; ++r) {
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&ready_[r], cudaEventDisableTiming));
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&read_[r], cudaEventDisableTiming));
+      ranks_.push_back(std::make_unique<Rank>(*this, r));
+    }
+  }
+  ~SameDeviceGroup() {
+    ranks_.clear();
+    for (cudaEvent_t event : ready_) cudaEventDestroy(event);
+    for (cudaEvent_t event : read_) cudaEventDestroy(event);
+  }
+  std::vector<DeviceCommunicator*> communicators() {
+    std::vector<DeviceCommunicator*> pointers;
+    for (auto& rank : ranks_) pointers.push_back(rank.get());
+    return pointers;
+  }
+  AbortableBarrier& barrier() { return barrier_; }
+
+ private:
+  class Rank final : public DeviceCommunicator {
+   public:
+    Rank(SameDeviceGroup& group, int32_t rank) : group_(group), rank_(rank) {
+      if (cublasCreate(&cublas_) != CUBLAS_STATUS_SUCCESS) throw std::runtime_error("cublasCreate failed");
+    }
+    ~Rank() override { cublasDestroy(cublas_); }
+    void all_reduce_sum(float* data, int64_t count, cudaStream_t stream) override {
+      const int32_t size = group_.barrier_.size();
+      group_.buffers_[rank_] = data;
+      LOOM_CUDA_CHECK(cudaEventRecord(group_.ready_[rank_], stream));
+      group_.barrier_.arrive_and_wait();
+      for (int32_t r = 0; r < size; ++r) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, group_.ready_[r], 0));
+      scratch_.reserve(count * sizeof(float));
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(scratch_.data(), group_.buffers_[0], count * sizeof(float),
+                                      cudaMemcpyDeviceToDevice, stream));
+      cublasSetStream(cublas_, stream);
+      const float one = 1.0f;
+      for (int32_t r = 1; r < size; ++r)
+        if (cublasSaxpy(cublas_, static_cast<int>(count), &one, group_.buffers_[r], 1, scratch_.as<float>(), 1) !=
+            CUBLAS_STATUS_SUCCESS)
+          throw std::runtime_error("cublasSaxpy failed");
+      LOOM_CUDA_CHECK(cudaEventRecord(group_.read_[rank_], stream));
+      group_.barrier_.arrive_and_wait();
+      for (int32_t r = 0; r < size; ++r) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, group_.read_[r], 0));
+      LOOM_CUDA_CHECK(
+          cudaMemcpyAsync(data, scratch_.data(), count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
+    }
+    bool capturable() const override { return false; }
+
+   private:
+    SameDeviceGroup& group_;
+    const int32_t rank_;
+    cublasHandle_t cublas_ = nullptr;
+    DeviceBuffer scratch_;
+  };
+
+  AbortableBarrier barrier_;
+  std::vector<float*> buffers_;
+  std::vector<cudaEvent_t> ready_, read_;
+  std::vector<std::unique_ptr<Rank>> ranks_;
+};
+
+constexpr int kBlockSize = 16;
+constexpr int kNumBlocks = 256;
+
+struct Sharded {
+  std::shared_ptr<SameDeviceGroup> group;
+  std::unique_ptr<Backend> backend;
+};
+
+Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int32_t size) {
+  Sharded sharded;
+  sharded.group = std::make_shared<SameDeviceGroup>(size);
+  const std::vector<int> devices(size, 0);
+  const std::vector<DeviceCommunicator*> communicators = sharded.group->communicators();
+  SameDeviceGroup* group = sharded.group.get();
+  TensorParallelGroup hooks{[group](int32_t failed) { group->barrier().abort(failed); },
+                            [group] { group->barrier().reset(); }, sharded.group, AbortableBarrier::kAbortedPrefix};
+  sharded.backend = make_tensor_parallel_cuda_backend(config, weights, {}, devices, communicators, hooks);
+  return sharded;
+}
+
+class CudaTensorParallel : public ::testing::TestWithParam<Architecture> {};
+
+// Every sharing mode and the base model in one batch, prefill then decode, at
+// every size the model splits into: the sharded logits are the unsharded ones
+// (both on the GPU: only the order of the partial sums differs).
+TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(GetParam(), SyntheticPreset::kTiny);
+  const bool forked = !config.qk_norm;
+  const auto weights = test::tiny_weights(config, 31, false);
+  SyntheticModelOptions options;
+  options.arch = GetParam();
+  options.num_adapters = 4;
+  options.rank = 8;
+  const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, config);
+  auto prepare = [&](Backend& backend) {
+    backend.allocate_kv_cache({kNumBlocks, kBlockSize});
+    if (forked) backend.allocate_residual_cache({kNumBlocks, kBlockSize, 8});
+    for (int slot = 0; slot < 4; ++slot)
+      backend.set_adapter(slot, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[slot], config, 31)));
+  };
+  auto whole = make_cuda_backend(config, *weights);
+  prepare(*whole);
+  std::vector<std::pair<int32_t, Sharded>> groups;
+  for (int32_t size : {2, 4}) {
+    try {
+      check_tensor_parallel_size(config, size);
+    } catch (const Error&) {
+      continue;  // e.g. qwen2's 6 heads over 4 ranks
+    }
+    groups.emplace_back(size, make_sharded(config, *weights, size));
+    prepare(*groups.back().second.backend);
+    EXPECT_EQ(groups.back().second.backend->capabilities().tensor_parallel_size, size);
+  }
+  ASSERT_FALSE(groups.empty());
+
+  Driver driver(kNumBlocks, kBlockSize, 5, /*with_residual_pool=*/true);
+  const int plain = driver.add_sequence();
+  const int isolated = driver.add_sequence();
+  const int activated = driver.add_sequence();
+  const int based = driver.add_sequence(Mode::kBase, 2);
+  const int fork = forked ? driver.add_sequence(Mode::kForked, 0) : -1;
+  auto part = [&](int sequence, int length, bool all_logits) {
+    std::vector<int32_t> slots(length, -1);
+    if (sequence == isolated) std::fill(slots.begin(), slots.end(), 1);
+    if (sequence == activated) std::fill(slots.begin() + std::min(length, 5), slots.end(), 2);
+    return Driver::Part{sequence, driver.random_tokens(length, config.vocab_size), slots, all_logits};
+  };
+  std::vector<int> all = {plain, isolated, activated, based};
+  if (forked) all.push_back(fork);
+  std::vector<Batch> steps;
+  std::vector<Driver::Part> prefill = {part(plain, 9, false), part(isolated, 20, true), part(activated, 33, false),
+                                       part(based, 40, true)};
+  if (forked) prefill.push_back(part(fork, 27, true));
+  steps.push_back(driver.make_batch(prefill));
+  for (int step = 0; step < 3; ++step) {
+    std::vector<Driver::Part> decode;
+    for (int s : all) decode.push_back(part(s, 1, false));
+    steps.push_back(driver.make_batch(decode));
+  }
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const ForwardResult reference = whole->forward(steps[s]);
+    for (auto& [size, sharded] : groups) {
+      const ForwardResult got = sharded.backend->forward(steps[s]);
+      test::expect_logits_close(got, reference, "TP=" + std::to_string(size) + " step " + std::to_string(s), 1e-4);
+    }
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchs, CudaTensorParallel,
+                         ::testing::Values(Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3,
+                                           Architecture::kMistral),
+                         [](const auto& info) { return std::string(architecture_short_name(info.param)); });
+
+// A batch one rank refuses ends the step on every rank with that rank's error, and the group works on.
+TEST(CudaTensorParallelGroup, ABadBatchFailsEveryRankAndTheGroupWorksOn) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const auto weights = test::tiny_weights(config, 32, false);
+  Sharded sharded = make_sharded(config, *weights, 2);
+  sharded.backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+  Driver driver(kNumBlocks, kBlockSize, 6);
+  const int s = driver.add_sequence();
+  Batch bad = driver.make_batch({{s, {1, 2, 3}, {-1, -1, -1}, false}});
+  bad.token_ids[1] = config.vocab_size + 5;
+  loom::test::expect_error([&] { sharded.backend->forward(bad); }, ErrorKind::kInvalidArgument, {"outside the vocabulary"});
+  Driver fresh(kNumBlocks, kBlockSize, 7);
+  const int t = fresh.add_sequence();
+  EXPECT_EQ(sharded.backend->forward(fresh.make_batch({{t, {1, 2, 3}, {-1, -1, -1}, false}})).logits.size(),
+            static_cast<size_t>(config.vocab_size));
+}
+
+}  // namespace
+}  // namespace loom::cuda
