@@ -256,6 +256,12 @@ class Engine {
   // with Error(kCancelled); one still running when shutdown(false) ends it, with
   // Error(kUnavailable).
   virtual std::unique_ptr<RequestStream> submit(EngineRequest request) = 0;
+  // Queues every request of `requests` or none of them (one HTTP request's
+  // choices and prompts): each is checked as submit() checks it, and the
+  // waiting queue must take them all at once (kCapacity otherwise), so a
+  // refused fan-out leaves nothing queued that a later request would queue
+  // behind. Streams in the order of `requests`.
+  virtual std::vector<std::unique_ptr<RequestStream>> submit_all(std::vector<EngineRequest> requests) = 0;
 
   // loom::Error on failure. `sharing` overrides the adapter's own choice (see
   // choose_kv_sharing); check_kv_sharing's errors are thrown, its warning logged.

@@ -1,6 +1,7 @@
 // EngineImpl's caller-thread half: construction, submit, metrics, shutdown.
 #include "engine/engine_impl.h"
 
+#include <algorithm>
 #include <future>
 
 #include "engine/backend_support.h"
@@ -53,7 +54,7 @@ std::vector<KvBlockName> EngineImpl::kv_block_hashes(const EngineRequest& reques
   return pools_.block_names(plan.kv, request.prompt_tokens);  // not on the engine thread: a long step never delays it
 }
 
-std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
+EngineImpl::CheckedRequest EngineImpl::check_request(EngineRequest request) {
   if (request.prompt_tokens.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   const int32_t vocab_size = model_.config.vocab_size;
   for (TokenId id : request.prompt_tokens)
@@ -78,13 +79,14 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
   if (has_workflow_hints)
     check_workflow_hints(WorkflowHints{request.workflow, request.agent, request.fixed_prefix_tokens});
 
-  std::optional<AdapterRegistry::ReadyAdapter> adapter;
+  CheckedRequest checked;
   if (!request.adapter.empty()) {
-    adapter = adapters_.find_ready(request.adapter);
-    if (!adapter)
+    checked.adapter = adapters_.find_ready(request.adapter);
+    if (!checked.adapter)
       throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", request.adapter),
                   "list adapters with GET /v1/models");
   }
+  const auto& adapter = checked.adapter;
   RequestKvPlan kv_plan = plan_request_kv(request.adapter, adapter ? adapter->adapter.get() : nullptr,
                                           adapter ? adapter->sharing : KvSharing::kIsolated, adapter ? adapter->slot : -1,
                                           request.prompt_tokens, config_.block_size);
@@ -96,40 +98,79 @@ std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
                 "lower max tokens or raise --residual-kv-cache-memory");
   const int64_t id = next_id_++;
   // Validates sampling params (throws kInvalidArgument) before anything is queued.
-  auto pending = std::make_unique<PendingRequest>(id, fmt::format("req-{}", id), std::move(request),
-                                                  std::move(kv_plan), model_.tokenizer);
-  auto stream = std::make_unique<ChannelRequestStream>(pending->request_id, pending->channel, inbox_);
-  if (pending->request.max_new_tokens == 0) {
+  checked.pending = std::make_unique<PendingRequest>(id, fmt::format("req-{}", id), std::move(request),
+                                                     std::move(kv_plan), model_.tokenizer);
+  return checked;
+}
+
+std::unique_ptr<RequestStream> EngineImpl::submit(EngineRequest request) {
+  std::vector<EngineRequest> one;
+  one.push_back(std::move(request));
+  return std::move(submit_all(std::move(one)).front());
+}
+
+std::vector<std::unique_ptr<RequestStream>> EngineImpl::submit_all(std::vector<EngineRequest> requests) {
+  std::vector<CheckedRequest> checked;
+  checked.reserve(requests.size());
+  for (EngineRequest& request : requests) checked.push_back(check_request(std::move(request)));
+  // The streams are made once the requests are queued: a refused one's would wake the engine to cancel.
+  std::vector<std::unique_ptr<RequestStream>> streams;
+  std::vector<std::pair<std::string, std::shared_ptr<RequestChannel>>> channels;
+  for (const CheckedRequest& request : checked) channels.emplace_back(request.pending->request_id, request.pending->channel);
+  // max_tokens 0 ends here, never queued.
+  const auto queues = [](const CheckedRequest& request) { return request.pending->request.max_new_tokens > 0; };
+  const auto num_to_queue = static_cast<int32_t>(std::count_if(checked.begin(), checked.end(), queues));
+  if (num_to_queue > 0) {
+    std::lock_guard<std::mutex> lock(inbox_->mutex);
+    if (inbox_->stopping) throw Error(ErrorKind::kUnavailable, "the engine is shutting down", "retry on another server");
+    const int32_t num_waiting = num_in_inbox_.load() + num_scheduler_waiting_.load();
+    if (num_waiting + num_to_queue > config_.max_waiting_requests)
+      throw Error(ErrorKind::kCapacity,
+                  num_to_queue == 1
+                      ? fmt::format("{} requests are already waiting", num_waiting)
+                      : fmt::format("{} sequences requested, {} already waiting, at most {} may wait; none was queued",
+                                    num_to_queue, num_waiting, config_.max_waiting_requests),
+                  num_to_queue > config_.max_waiting_requests ? "send fewer prompts or a lower n per request"
+                                                              : "retry later");
+    // Every adapter counted, or none (one may have been unloaded meanwhile).
+    for (size_t i = 0; i < checked.size(); ++i) {
+      const CheckedRequest& request = checked[i];
+      if (!queues(request) || !request.adapter) continue;
+      const std::string& name = request.pending->request.adapter;
+      if (adapters_.acquire_for_request(name, *request.adapter)) continue;
+      for (size_t j = 0; j < i; ++j)
+        if (queues(checked[j]) && checked[j].adapter) adapters_.release_request(checked[j].pending->request.adapter);
+      throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", name));
+    }
+    // Nothing throws past this point. Before the engine thread can see the
+    // requests, so its first step already has the workflow (and this agent
+    // running) in the registry's snapshot. A full registry keeps serving the
+    // request without workflow awareness.
+    for (CheckedRequest& request : checked) {
+      if (!queues(request)) continue;
+      const EngineRequest& engine_request = request.pending->request;
+      if (!engine_request.workflow.empty()) workflows_.note_request(engine_request.workflow, engine_request.agent);
+      inbox_->new_requests.push_back(std::move(request.pending));
+    }
+    num_in_inbox_ += num_to_queue;
+  }
+  if (num_to_queue > 0) inbox_->cv.notify_all();
+  for (CheckedRequest& request : checked) {
+    if (!request.pending) continue;  // queued
     RequestOutput output;
     output.finished = true;
     output.finish_reason = FinishReason::kLength;
-    output.num_prompt_tokens = static_cast<int32_t>(pending->request.prompt_tokens.size());
+    output.num_prompt_tokens = static_cast<int32_t>(request.pending->request.prompt_tokens.size());
     {
       // Counted before it is pushed, as the engine thread counts the requests it ends.
       std::lock_guard<std::mutex> lock(metrics_mutex_);
       ++metrics_.num_finished_requests_by_reason[finished_reason_label(output)];
     }
-    pending->channel->push(std::move(output));
-    return stream;
+    request.pending->channel->push(std::move(output));
   }
-  {
-    std::lock_guard<std::mutex> lock(inbox_->mutex);
-    if (inbox_->stopping) throw Error(ErrorKind::kUnavailable, "the engine is shutting down", "retry on another server");
-    const int32_t num_waiting = num_in_inbox_.load() + num_scheduler_waiting_.load();
-    if (num_waiting >= config_.max_waiting_requests)
-      throw Error(ErrorKind::kCapacity, fmt::format("{} requests are already waiting", num_waiting), "retry later");
-    if (adapter && !adapters_.acquire_for_request(pending->request.adapter, *adapter))  // unloaded meanwhile
-      throw Error(ErrorKind::kNotFound, fmt::format("adapter '{}' is not loaded", pending->request.adapter));
-    // Before the engine thread can see the request, so its first step already
-    // has the workflow (and this agent running) in the registry's snapshot.
-    // Validated above: nothing throws past this point. A full registry keeps
-    // serving the request without workflow awareness.
-    if (!pending->request.workflow.empty()) workflows_.note_request(pending->request.workflow, pending->request.agent);
-    ++num_in_inbox_;
-    inbox_->new_requests.push_back(std::move(pending));
-  }
-  inbox_->cv.notify_all();
-  return stream;
+  for (auto& [request_id, channel] : channels)
+    streams.push_back(std::make_unique<ChannelRequestStream>(request_id, std::move(channel), inbox_));
+  return streams;
 }
 
 void EngineImpl::run_on_engine_thread(const std::function<void()>& command) {

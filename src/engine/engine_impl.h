@@ -62,6 +62,7 @@ class EngineImpl final : public Engine {
   ~EngineImpl() override;
 
   std::unique_ptr<RequestStream> submit(EngineRequest request) override;
+  std::vector<std::unique_ptr<RequestStream>> submit_all(std::vector<EngineRequest> requests) override;
   void load_adapter(const std::string& name, const std::string& path,
                     std::optional<KvSharing> sharing = std::nullopt) override;
   void unload_adapter(const std::string& name) override;
@@ -89,6 +90,14 @@ class EngineImpl final : public Engine {
   KvCacheManager* residual_kv_cache() { return pools_.caches().residual(); }
 
  private:
+  // A request that passed submit()'s checks, not queued yet.
+  struct CheckedRequest {
+    std::unique_ptr<PendingRequest> pending;
+    std::optional<AdapterRegistry::ReadyAdapter> adapter;  // when it names one
+  };
+  // Every check of submit() but the queue's; throws as submit() does.
+  CheckedRequest check_request(EngineRequest request);
+
   // ---- engine_loop.cc: the thread, its inbox and the requests' ends ----
   struct InboxBatch {
     std::deque<std::unique_ptr<PendingRequest>> new_requests;

@@ -73,13 +73,13 @@ std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& t
                                                          std::time(nullptr), system_fingerprint);
   generation->results.resize(static_cast<size_t>(num_choices));
   generation->num_unfinished = num_choices;
-  for (int32_t index = 0; index < num_choices; ++index) {
-    try {
-      generation->streams.push_back(engine.submit(generation->request.engine_request(index)));
-    } catch (const Error& error) {
-      generation->cancel_all();  // the destructor would too; be explicit about partial submits
-      throw api_error_from(error, error.kind() == ErrorKind::kNotFound ? "model" : "");
-    }
+  std::vector<EngineRequest> requests;
+  requests.reserve(static_cast<size_t>(num_choices));
+  for (int32_t index = 0; index < num_choices; ++index) requests.push_back(generation->request.engine_request(index));
+  try {
+    generation->streams = engine.submit_all(std::move(requests));  // all or none
+  } catch (const Error& error) {
+    throw api_error_from(error, error.kind() == ErrorKind::kNotFound ? "model" : "");
   }
   return generation;
 }

@@ -52,8 +52,8 @@ struct Generation {
 };
 
 // Submits every choice of `parsed` (one engine request each); `id` names the
-// response (its builder's id, the log line's). Throws ApiError when a submit
-// fails (the ones already submitted are cancelled).
+// response (its builder's id, the log line's). All or none are queued
+// (Engine::submit_all): throws ApiError when any is refused, leaving nothing queued.
 std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& tokenizer, ParsedRequest parsed,
                                               std::string id, const std::string& system_fingerprint);
 

@@ -1,5 +1,6 @@
 """Robustness of `loom serve`: the connection cap, the header and
-keep-alive deadlines, a second server on a port in use, and a `base` adapter
+keep-alive deadlines, a second server on a port in use, the waiting queue's
+all-or-nothing admission of a fan-out, and a `base` adapter
 refused by --disable-kv-sharing (robustness_util.ServerCase checks the server
 after every case).
 """
@@ -119,6 +120,34 @@ class ConnectionLimitsTest(ServerCase):
 
 
 # ============================================================================= adapter capabilities
+
+class WaitingQueueLimitTest(ServerCase):
+    """A request's sequences (prompts x n) are queued all or none: a fan-out
+    refused at --max-waiting-requests leaves nothing behind it."""
+    LIMIT = 16
+    SERVER_ARGS = flags(("--max-waiting-requests", LIMIT))
+
+    def fan_out(self, num_prompts, n):
+        return self.send("POST", "/v1/completions", {
+            "model": "tiny", "prompt": [f"fan out {i}" for i in range(num_prompts)], "n": n,
+            "max_tokens": 4, "temperature": 1.0, "seed": 1})
+
+    def test_refused_fan_out_then_small_request(self):
+        for attempt in range(10):
+            refused = self.fan_out(4, 8)  # 32 sequences, twice the limit
+            error = self.assert_error(refused, "fan-out over the queue limit", status=503)
+            self.assertIn("none was queued", error["message"])
+            self.assertEqual(self.server.metrics().get("loom_num_requests_waiting"), 0,
+                             f"attempt {attempt}: sequences of the refused fan-out were left waiting")
+            small = self.send("POST", "/v1/completions", {"model": "tiny", "prompt": "small", "max_tokens": 2})
+            self.assertEqual(small.status, 200, f"attempt {attempt}: {small!r}")
+
+    def test_fan_out_at_the_limit_is_served(self):
+        response = self.fan_out(2, 8)
+        self.assertEqual(response.status, 200, response)
+        choices = json.loads(response.body)["choices"]
+        self.assertEqual(sorted(choice["index"] for choice in choices), list(range(self.LIMIT)))
+
 
 class DisabledKvSharingTest(ServerCase):
     SERVER_ARGS = ["--allow-runtime-lora", "--disable-kv-sharing", "base"]

@@ -301,6 +301,44 @@ TEST_F(EngineTest, BadRequestsAreTypedErrors) {
   EXPECT_EQ(run(request("still serving", 3)).tokens.size(), 3u);
 }
 
+TEST_F(EngineTest, SubmitAllQueuesEveryRequestOrNone) {
+  EngineConfig config = small_config();
+  config.max_waiting_requests = 4;
+  engine_ = start(config);
+  auto fan_out = [&](int count, const std::string& adapter) {
+    std::vector<EngineRequest> requests;
+    for (int i = 0; i < count; ++i) requests.push_back(request("fan out " + std::to_string(i), 6, adapter));
+    return requests;
+  };
+  auto kind_of = [&](std::vector<EngineRequest> requests) {
+    try {
+      engine_->submit_all(std::move(requests));
+    } catch (const Error& error) {
+      return error.kind();
+    }
+    return ErrorKind::kInternal;
+  };
+  EXPECT_EQ(kind_of(fan_out(5, "a0")), ErrorKind::kCapacity);  // one more than may wait: none queued
+  std::vector<EngineRequest> bad_last = fan_out(3, "");
+  bad_last.back().sampling.temperature = -1.0f;
+  EXPECT_EQ(kind_of(std::move(bad_last)), ErrorKind::kInvalidArgument);
+  const EngineMetrics metrics = engine_->take_metrics();
+  EXPECT_EQ(metrics.num_waiting, 0);
+  EXPECT_EQ(metrics.num_running, 0);
+  EXPECT_TRUE(metrics.num_finished_requests_by_reason.empty());  // nothing was started, so nothing was aborted
+  engine_->unload_adapter("a0");  // the refused requests never counted against it
+  engine_->load_adapter("a0", adapter_path(0));
+
+  // The whole limit at once is taken, in order; max_tokens 0 never queues.
+  std::vector<EngineRequest> full = fan_out(4, "a0");
+  full.push_back(request("nothing to generate", 0));
+  auto streams = engine_->submit_all(std::move(full));
+  ASSERT_EQ(streams.size(), 5u);
+  for (int i = 0; i < 4; ++i) EXPECT_EQ(collect(*streams[static_cast<size_t>(i)]).tokens.size(), 6u);
+  EXPECT_TRUE(collect(*streams[4]).tokens.empty());
+  EXPECT_EQ(num_ended(engine_->take_metrics(), "length"), 5);
+}
+
 TEST_F(EngineTest, KvBlocksDeriveFromTheCacheBytes) {
   EngineConfig config = small_config();
   config.num_kv_blocks = 0;

@@ -51,25 +51,15 @@ class FakeEngine : public Engine {
   }
 
   std::unique_ptr<RequestStream> submit(EngineRequest request) override {
-    {
-      std::lock_guard lock(mutex_);
-      if (!request.adapter.empty() && !adapters_.count(request.adapter))
-        fail(ErrorKind::kNotFound, "unknown adapter '{}'", request.adapter);
-      last_request = request;
-    }
-    if (queue_full) fail(ErrorKind::kCapacity, "the waiting queue is full");
-    if (static_cast<int64_t>(request.prompt_tokens.size()) + request.max_new_tokens > max_context_)
-      fail(ErrorKind::kCapacity, "over the context");
-    ++num_submitted;
-    ++num_live;
-    std::vector<std::string> script;
-    FinishReason script_finish;
-    {
-      std::lock_guard lock(mutex_);
-      script = script_;
-      script_finish = script_finish_;
-    }
-    return std::make_unique<Stream>(*this, std::move(request), std::move(script), script_finish);
+    check(request);
+    return start(std::move(request));
+  }
+  // All or none, as the real engine: every request is checked before any starts.
+  std::vector<std::unique_ptr<RequestStream>> submit_all(std::vector<EngineRequest> requests) override {
+    for (const EngineRequest& request : requests) check(request);
+    std::vector<std::unique_ptr<RequestStream>> streams;
+    for (EngineRequest& request : requests) streams.push_back(start(std::move(request)));
+    return streams;
   }
 
   // Fake sharing rules: "activated" needs "alora" in the path; no choice = isolated.
@@ -108,6 +98,30 @@ class FakeEngine : public Engine {
   void shutdown(bool) override {}
 
  private:
+  void check(const EngineRequest& request) {
+    {
+      std::lock_guard lock(mutex_);
+      if (!request.adapter.empty() && !adapters_.count(request.adapter))
+        fail(ErrorKind::kNotFound, "unknown adapter '{}'", request.adapter);
+      last_request = request;
+    }
+    if (queue_full) fail(ErrorKind::kCapacity, "the waiting queue is full");
+    if (static_cast<int64_t>(request.prompt_tokens.size()) + request.max_new_tokens > max_context_)
+      fail(ErrorKind::kCapacity, "over the context");
+  }
+  std::unique_ptr<RequestStream> start(EngineRequest request) {
+    ++num_submitted;
+    ++num_live;
+    std::vector<std::string> script;
+    FinishReason script_finish;
+    {
+      std::lock_guard lock(mutex_);
+      script = script_;
+      script_finish = script_finish_;
+    }
+    return std::make_unique<Stream>(*this, std::move(request), std::move(script), script_finish);
+  }
+
   class Stream : public RequestStream {
    public:
     Stream(FakeEngine& engine, EngineRequest request, std::vector<std::string> script, FinishReason script_finish)
