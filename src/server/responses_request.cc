@@ -130,7 +130,7 @@ constexpr const char* kPassedOn[] = {
     "model", "temperature", "top_p", "parallel_tool_calls", "seed", "top_k", "min_p", "repetition_penalty",
     "presence_penalty", "frequency_penalty", "stop", "stop_token_ids", "logit_bias", "ignore_eos", "min_tokens",
     "skip_special_tokens", "include_stop_str_in_output", "priority", "chat_template", "chat_template_kwargs",
-    "structured_outputs", "workflow", "agent", "fixed_prefix_tokens"};
+    "structured_outputs", "workflow", "agent", "fixed_prefix_tokens", "agent_hints", "kv_hints"};
 
 void refuse_unsupported(const OrderedJson& body) {
   if (const OrderedJson* background = field(body, "background"); background && *background != false)

@@ -10,6 +10,7 @@
 
 #include "server/json_input.h"
 #include "server/json_output.h"
+#include "server/workflow_hint_aliases.h"
 #include "util/error.h"
 
 namespace loom::server {
@@ -148,17 +149,34 @@ WorkflowProgress parse_workflow_progress(std::string_view body, int32_t max_agen
 WorkflowHints parse_workflow_hints(const nlohmann::json& request_body) {
   WorkflowHints hints;
   if (!request_body.is_object()) return hints;
-  if (has(request_body, "workflow")) {
-    hints.workflow = read_string(request_body["workflow"], "workflow");
-    check_workflow_id(hints.workflow, "workflow");
-  }
-  if (has(request_body, "agent")) {
-    hints.agent = read_string(request_body["agent"], "agent");
-    check_agent_name(hints.agent, "agent");
-  }
+  HintSources sources;
+  if (has(request_body, "workflow")) sources.workflow.push_back({&request_body["workflow"], "workflow"});
+  if (has(request_body, "agent")) sources.agent.push_back({&request_body["agent"], "agent"});
   if (has(request_body, "fixed_prefix_tokens"))
-    hints.fixed_prefix_tokens =
-        static_cast<int32_t>(read_integer(request_body["fixed_prefix_tokens"], "fixed_prefix_tokens", 0, INT32_MAX));
+    sources.fixed_prefix_tokens.push_back({&request_body["fixed_prefix_tokens"], "fixed_prefix_tokens"});
+  collect_hint_aliases(request_body, sources);
+  // Each value is checked under its own field; two fields that name one hint must agree.
+  const auto agree = [](const std::vector<HintValue>& values) {
+    for (const HintValue& value : values)
+      if (*value.value != *values.front().value)
+        fail(ErrorKind::kInvalidArgument, "{}: {} differs from {} ({})", value.field, dump_json(*value.value),
+             values.front().field, dump_json(*values.front().value));
+  };
+  for (const HintValue& value : sources.workflow) {
+    hints.workflow = read_string(*value.value, value.field);
+    check_workflow_id(hints.workflow, value.field);
+  }
+  agree(sources.workflow);
+  for (const HintValue& value : sources.agent) {
+    hints.agent = read_string(*value.value, value.field);
+    check_agent_name(hints.agent, value.field);
+  }
+  agree(sources.agent);
+  if (!sources.agent.empty() && sources.workflow.empty())
+    fail(ErrorKind::kInvalidArgument, "{}: given without a workflow", sources.agent.front().field);
+  for (const HintValue& value : sources.fixed_prefix_tokens)
+    hints.fixed_prefix_tokens = static_cast<int32_t>(read_integer(*value.value, value.field, 0, INT32_MAX));
+  agree(sources.fixed_prefix_tokens);
   check_workflow_hints(hints);
   return hints;
 }

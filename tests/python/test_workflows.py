@@ -1,6 +1,7 @@
 """Black-box tests of the workflow API on `loom serve --eviction-policy
 workflow`: declare a step graph, post progress, send completions with the
-openai client's extra_body workflow/agent hints, DELETE, bad bodies -> 400."""
+openai client's extra_body workflow/agent hints (and SGLang's agent_hints,
+vLLM's kv_hints), DELETE, bad bodies -> 400."""
 import os
 import sys
 import unittest
@@ -70,6 +71,41 @@ class WorkflowApiTest(loom_server.ServerTestCase):
         self.assertFalse(body["has_graph"])
         self.assertEqual(body["running"], ["writer"])
         self.assertEqual(body["steps_to_execution"], {"writer": 0})
+
+    def test_sglang_agent_hints_and_vllm_kv_hints_reach_the_workflow(self):
+        """Requests that name their agent only under SGLang's or vLLM's field drive the workflow as Loom's do;
+        the Responses API passes them on too."""
+        self.client.chat.completions.create(
+            model="tiny", messages=[{"role": "user", "content": "plan"}], max_tokens=2,
+            extra_body={"agent_hints": {"workflow_id": "py-alias", "agent_id": "planner", "step_id": "1",
+                                        "reuse_hint": "high"}})
+        status, body = self.call("GET", "/v1/workflows/py-alias")
+        self.assertEqual(status, 200, body)
+        self.assertEqual(body["running"], ["planner"])
+        envelope = {"protocol_version": "0.1", "message_id": "py-1", "actions": [
+            {"action_id": "keep", "action_type": "vllm.set_priority", "action_version": "1.0",
+             "payload": {"target": "request_cached", "value": 10}},
+            {"action_id": "who", "action_type": "loom.workflow", "action_version": "1.0",
+             "payload": {"workflow": "py-alias", "agent": "coder", "fixed_prefix_tokens": 2}}]}
+        self.client.completions.create(model="tiny", prompt="write code", max_tokens=2,
+                                       extra_body={"kv_hints": envelope})
+        status, body = self.call("GET", "/v1/workflows/py-alias")
+        self.assertEqual(body["running"], ["coder"])
+        self.client.responses.create(model="tiny", input="review", max_output_tokens=2,
+                                     extra_body={"agent_hints": {"workflow_id": "py-alias", "agent_id": "critic"}})
+        status, body = self.call("GET", "/v1/workflows/py-alias")
+        self.assertEqual(body["running"], ["critic"])
+
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(model="tiny", prompt="hi", max_tokens=1, extra_body={
+                "workflow": "py-alias", "agent_hints": {"workflow_id": "another"}})
+        self.assertEqual(caught.exception.body["param"], "agent_hints.workflow_id")
+        envelope["actions"][1]["payload"]["agent"] = ""
+        with self.assertRaises(openai.BadRequestError) as caught:
+            self.client.completions.create(model="tiny", prompt="hi", max_tokens=1, extra_body={"kv_hints": envelope})
+        self.assertEqual(caught.exception.body["param"], "kv_hints.actions[1].payload.agent")
+        status, body = self.call("GET", "/v1/workflows/py-alias")
+        self.assertEqual(body["running"], ["critic"], "a refused request moved the workflow")
 
     def test_bad_bodies_are_400(self):
         status, body = self.call("PUT", "/v1/workflows/py-bad", {"agents": [{"name": "a", "after": ["b", "b"]}]})

@@ -134,6 +134,76 @@ TEST(WorkflowRequestTest, RejectsBadHintsNamingTheField) {
   EXPECT_EQ(hints_error(Json{{"workflow", "w"}, {"fixed_prefix_tokens", "12"}}), "fixed_prefix_tokens: expected an integer");
 }
 
+// A kv_hints envelope (vLLM's protocol 0.1) whose one action is `action`.
+Json kv_hints(const Json& action) {
+  return Json{{"protocol_version", "0.1"}, {"message_id", "m-1"}, {"actions", Json::array({action})}};
+}
+Json loom_action(const Json& payload) {
+  return Json{{"action_id", "a-1"}, {"action_type", "loom.workflow"}, {"action_version", "1.0"}, {"payload", payload}};
+}
+
+TEST(WorkflowRequestTest, ReadsSglangAgentHintsAndVllmKvHintsAsAliases) {
+  const WorkflowHints sglang = parse_workflow_hints(Json{
+      {"agent_hints", {{"workflow_id", "wf-1"}, {"agent_id", "planner"}, {"step_id", "s3"}, {"cache_ttl_ms", 5000}}}});
+  EXPECT_EQ(sglang.workflow, "wf-1");
+  EXPECT_EQ(sglang.agent, "planner");
+  EXPECT_EQ(sglang.fixed_prefix_tokens, std::nullopt);
+
+  const Json other_action = {{"action_id", "retain"}, {"action_type", "vllm.set_priority"}, {"action_version", "1.0"},
+                             {"payload", {{"target", "request_cached"}, {"value", 10}}}};
+  Json envelope = kv_hints(loom_action({{"workflow", "wf-2"}, {"agent", "coder"}, {"fixed_prefix_tokens", 64}}));
+  envelope["actions"].insert(envelope["actions"].begin(), other_action);
+  const WorkflowHints vllm = parse_workflow_hints(Json{{"kv_hints", envelope}});
+  EXPECT_EQ(vllm.workflow, "wf-2");
+  EXPECT_EQ(vllm.agent, "coder");
+  EXPECT_EQ(vllm.fixed_prefix_tokens, 64);
+
+  // Actions for others only, and another protocol version for them: nothing for Loom.
+  Json foreign = kv_hints(other_action);
+  foreign["protocol_version"] = "0.2";
+  EXPECT_TRUE(parse_workflow_hints(Json{{"kv_hints", foreign}}).workflow.empty());
+
+  // Every spelling at once, agreeing.
+  const WorkflowHints all = parse_workflow_hints(
+      Json{{"workflow", "w"}, {"agent", "a"}, {"agent_hints", {{"workflow_id", "w"}, {"agent_id", "a"}}},
+           {"kv_hints", kv_hints(loom_action({{"workflow", "w"}, {"fixed_prefix_tokens", 3}}))}});
+  EXPECT_EQ(all.workflow, "w");
+  EXPECT_EQ(all.agent, "a");
+  EXPECT_EQ(all.fixed_prefix_tokens, 3);
+}
+
+TEST(WorkflowRequestTest, RejectsBadAliasesNamingTheField) {
+  EXPECT_EQ(hints_error(Json{{"agent_hints", "w"}}), "agent_hints: expected an object");
+  EXPECT_EQ(hints_error(Json{{"agent_hints", {{"workflow_id", 7}}}}), "agent_hints.workflow_id: expected a string");
+  EXPECT_EQ(hints_error(Json{{"agent_hints", {{"workflow_id", "a b"}}}}),
+            "agent_hints.workflow_id: invalid workflow id \"a b\"");
+  EXPECT_EQ(hints_error(Json{{"agent_hints", {{"agent_id", "planner"}}}}),
+            "agent_hints.agent_id: given without a workflow");
+  EXPECT_EQ(hints_error(Json{{"workflow", "w1"}, {"agent_hints", {{"workflow_id", "w2"}}}}),
+            "agent_hints.workflow_id: \"w2\" differs from workflow (\"w1\")");
+
+  EXPECT_EQ(hints_error(Json{{"kv_hints", Json::array()}}), "kv_hints: expected an object");
+  EXPECT_EQ(hints_error(Json{{"kv_hints", {{"message_id", "m"}, {"actions", Json::array()}}}}),
+            "kv_hints.protocol_version: required");
+  Json no_payload = kv_hints({{"action_id", "x"}, {"action_type", "vllm.set_priority"}, {"action_version", "1.0"}});
+  EXPECT_EQ(hints_error(Json{{"kv_hints", no_payload}}), "kv_hints.actions[0].payload: required");
+  Json old_version = kv_hints(loom_action({{"workflow", "w"}}));
+  old_version["actions"][0]["action_version"] = "0.9";
+  EXPECT_EQ(hints_error(Json{{"kv_hints", old_version}}),
+            "kv_hints.actions[0].action_version: \"0.9\"; loom.workflow has version \"1.0\"");
+  Json new_protocol = kv_hints(loom_action({{"workflow", "w"}}));
+  new_protocol["protocol_version"] = "0.2";
+  EXPECT_EQ(hints_error(Json{{"kv_hints", new_protocol}}),
+            "kv_hints.protocol_version: \"0.2\"; loom.workflow is read under \"0.1\"");
+  EXPECT_EQ(hints_error(Json{{"kv_hints", kv_hints(loom_action({{"workflw", "w"}}))}}),
+            "kv_hints.actions[0].payload.workflw: unknown field");
+  EXPECT_EQ(hints_error(Json{{"kv_hints", kv_hints(loom_action({{"workflow", "w"}, {"fixed_prefix_tokens", -1}}))}}),
+            "kv_hints.actions[0].payload.fixed_prefix_tokens: -1 is outside [0, 2147483647]");
+  EXPECT_EQ(hints_error(Json{{"fixed_prefix_tokens", 4},
+                             {"kv_hints", kv_hints(loom_action({{"workflow", "w"}, {"fixed_prefix_tokens", 5}}))}}),
+            "kv_hints.actions[0].payload.fixed_prefix_tokens: 5 differs from fixed_prefix_tokens (4)");
+}
+
 // Bodies nlohmann rejects: the failure names the field it hit and no raw body
 // bytes reach the message. A number beyond double's range used to
 // escape as a non-loom exception (a 500).
