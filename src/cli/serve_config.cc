@@ -189,6 +189,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"api_key", !server.api_key.empty()},
           {"chat_template", server.chat_template.empty() ? "model" : "--chat-template"},
           {"tool_call_parser", server.tool_call_parser},
+          {"reasoning_parser", server.reasoning_parser},
           {"responses_store", {{"max_entries", server.responses_store.max_entries},
                                {"max_bytes", server.responses_store.max_bytes},
                                {"ttl_seconds", server.responses_store.ttl_seconds}}},

@@ -25,6 +25,10 @@ void add_model_and_api_flags(CLI::App& app, ServeOptions& options) {
                  "How chat outputs are read for tool calls (tool_choice auto): auto (from the chat template), "
                  "hermes, llama3_json, mistral, none")
       ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral"}));
+  app.add_option("--reasoning-parser", server.reasoning_parser,
+                 "Split a reasoning model's <think>...</think> from chat answers into reasoning_content: "
+                 "qwen3, deepseek_r1, none")
+      ->check(CLI::IsMember({"none", "qwen3", "deepseek_r1"}));
   app.add_option("--chat-template", options.chat_template,
                  "Jinja chat template replacing the model's: a file, or the template text (as vLLM's); checked at "
                  "start-up");

@@ -148,6 +148,12 @@ struct EngineRequest {
   // is one the grammar allows; EOS only where it may end; the request finishes
   // with kStop once nothing but the end is possible. Such requests sample on the host.
   std::shared_ptr<const grammar::CompiledGrammar> constraint;
+  // With a constraint: it governs only the tokens after the output's text
+  // first contains this (a reasoning model's "</think>": vLLM's reasoning +
+  // structured output, the grammar shapes the answer, not the thinking); until
+  // then sampling is free and EOS ends the request. "" = from the first token.
+  // Read on each token's raw bytes (special tokens' text included).
+  std::string constraint_after;
 };
 
 // One message from the engine about a request. Text never splits a UTF-8

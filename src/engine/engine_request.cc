@@ -10,11 +10,23 @@ PendingRequest::PendingRequest(int64_t id_in, std::string request_id_in, EngineR
                                RequestKvPlan kv_plan_in, std::shared_ptr<const Tokenizer> tokenizer)
     : id(id_in), request_id(std::move(request_id_in)), request(std::move(request_in)), kv_plan(std::move(kv_plan_in)),
       channel(std::make_shared<RequestChannel>()),
-      sampler(request.sampling), detokenizer(std::move(tokenizer), request.skip_special_tokens),
+      sampler(request.sampling), detokenizer(tokenizer, request.skip_special_tokens),
       stop_filter(request.stop_strings, request.include_stop_str_in_output),
-      submitted_at(std::chrono::steady_clock::now()) {
+      submitted_at(std::chrono::steady_clock::now()), tokenizer_(std::move(tokenizer)) {
   sampler.set_prompt(request.prompt_tokens);
-  if (request.constraint) matcher.emplace(request.constraint);
+  if (request.constraint && request.constraint_after.empty()) matcher.emplace(request.constraint);
+}
+
+void PendingRequest::watch_constraint_start(TokenId token) {
+  const std::string& marker = request.constraint_after;
+  constraint_start_tail_ += tokenizer_->token_bytes(token);
+  if (constraint_start_tail_.find(marker) != std::string::npos) {
+    matcher.emplace(request.constraint);
+    constraint_start_tail_ = std::string();
+    return;
+  }
+  if (constraint_start_tail_.size() >= marker.size())
+    constraint_start_tail_.erase(0, constraint_start_tail_.size() - (marker.size() - 1));
 }
 
 RequestOutput PendingRequest::make_output() const {
@@ -138,6 +150,8 @@ RequestOutput PendingRequest::on_sampled_token(SampledToken sampled, const std::
     } catch (const Error& error) {
       return failed(error);
     }
+  } else if (request.constraint && !matcher && !is_eos && !is_stop_token) {
+    watch_constraint_start(token);
   }
   if ((is_eos || is_stop_token) && !before_min) {
     output.text_delta = stop_filter.push(detokenizer.flush(), true, match_stops).text;

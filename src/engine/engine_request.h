@@ -43,7 +43,8 @@ struct PendingRequest {
   // ("" without an agent) and the prompt's fixed prefix in tokens (0: none known).
   std::string agent_key;
   int32_t num_fixed_prefix_tokens = 0;
-  // The structured-output state when request.constraint is set.
+  // The structured-output state when request.constraint is set and applies
+  // (from the first token, or once request.constraint_after was written).
   std::optional<grammar::GrammarMatcher> matcher;
 
   PendingRequest(int64_t id, std::string request_id, EngineRequest request, RequestKvPlan kv_plan,
@@ -88,6 +89,8 @@ struct PendingRequest {
   // `logits` unless `copied`); false when the grammar allows no token at all.
   bool apply_constraint(const float* logits, int32_t vocab_size, bool copied);
   RequestOutput finish_without_token(FinishReason reason);
+  // request.constraint_after: notes the sampled token; starts the matcher once the marker is complete.
+  void watch_constraint_start(TokenId token);
   std::vector<float> masked_logits_;
   std::vector<uint64_t> allowed_tokens_;  // the matcher's bitmask, reused across steps
   bool mask_prepared_ = false;            // allowed_tokens_ is the matcher's current state's
@@ -95,6 +98,8 @@ struct PendingRequest {
   enum class DeviceMask { kNone, kWritten, kEmpty, kFailed };
   DeviceMask device_mask_ = DeviceMask::kNone;
   std::optional<Error> device_mask_error_;
+  std::shared_ptr<const Tokenizer> tokenizer_;  // watch_constraint_start's token bytes
+  std::string constraint_start_tail_;           // the output's last bytes while the marker is awaited
 };
 
 // The engine thread's requests in flight, by id.

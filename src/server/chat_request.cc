@@ -151,6 +151,10 @@ ChatPrompt read_chat_prompt(std::string_view body_text, const Tokenizer& tokeniz
                                       reserved));
     request.template_kwargs = *kwargs;
   }
+  bool enable_thinking = true;
+  if (const OrderedJson* kwargs = field(body, "chat_template_kwargs"))
+    if (const OrderedJson* thinking = field(*kwargs, "enable_thinking"); thinking && thinking->is_boolean())
+      enable_thinking = thinking->get<bool>();
   std::string request_template;
   if (const OrderedJson* source = field(body, "chat_template")) {
     if (!source->is_string()) throw_bad_request("chat_template", "'chat_template' must be a string (Jinja source)");
@@ -177,6 +181,9 @@ ChatPrompt read_chat_prompt(std::string_view body_text, const Tokenizer& tokeniz
                       error.message());
   }
   ChatPrompt result;
+  constexpr size_t kTailBytes = 64;
+  result.tail = prompt.substr(prompt.size() - std::min(prompt.size(), kTailBytes));
+  result.enable_thinking = enable_thinking;
   result.tokens = tokenizer.encode(prompt, false);
   if (result.tokens.empty()) throw_bad_request("messages", "the chat template rendered an empty prompt");
   if (request.tools.is_array()) result.tools = request.tools;  // sorted keys from here on: the order is the template's concern

@@ -18,6 +18,7 @@
 //   continue_final_message  default false; needs a final assistant message and add_generation_prompt false
 #pragma once
 
+#include <string>
 #include <string_view>
 #include <vector>
 
@@ -31,6 +32,8 @@ namespace loom::server {
 struct ChatPrompt {
   std::vector<TokenId> tokens;  // the rendered prompt, tokenized without added special tokens
   nlohmann::json tools;         // the validated `tools` list; empty when none
+  std::string tail;             // the rendered prompt's last bytes (where a think block may close)
+  bool enable_thinking = true;  // chat_template_kwargs.enable_thinking (a boolean), else true
 };
 
 // `body_text` is the request body, already accepted by parse_json_object_body

@@ -160,6 +160,12 @@ struct HttpServer::Impl {
     completion.parse.chat_template_renders_tools = chat_template_renders_tools(template_source);
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
+    const std::optional<reasoning::ReasoningKind> reasoning_parser =
+        reasoning::reasoning_parser_from_name(config.reasoning_parser);
+    if (!reasoning_parser)
+      fail(ErrorKind::kInvalidArgument, "unknown --reasoning-parser '{}' (none, qwen3, deepseek_r1)",
+           config.reasoning_parser);
+    completion.parse.reasoning_parser = *reasoning_parser;
 
     kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions, &kv_counters};
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());

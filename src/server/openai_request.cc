@@ -400,6 +400,11 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
                                        context.chat_renderer ? *context.chat_renderer : *own_renderer);
     parsed.prompts.push_back(std::move(chat.tokens));
     parsed.tools = std::move(chat.tools);
+    if (context.reasoning_parser != reasoning::ReasoningKind::kNone) {
+      parsed.reasoning.kind = context.reasoning_parser;
+      parsed.reasoning.starts_in_answer =
+          reasoning::starts_in_answer(context.reasoning_parser, chat.tail, chat.enable_thinking);
+    }
   } else {
     parsed.prompts = read_prompts(body, *context.tokenizer);
   }
@@ -450,6 +455,8 @@ ParsedRequest parse_openai_request(Endpoint endpoint, std::string_view body_text
   } else if (asks_for_constraint) {
     request.constraint = read_structured_output(ordered_body, *constraints);
   }
+  // vLLM's reasoning + structured output: the grammar governs the answer only.
+  if (request.constraint && !parsed.reasoning.starts_in_answer) request.constraint_after = reasoning::kThinkEnd;
   if (request.constraint)
     for (const grammar::UnenforcedKeyword& unenforced : request.constraint->grammar().unenforced)
       if (std::find(parsed.unenforced_schema_keywords.begin(), parsed.unenforced_schema_keywords.end(),

@@ -15,6 +15,7 @@
 #include "chat/chat_renderer.h"
 #include "engine/engine.h"
 #include "grammar/constraint_compiler.h"
+#include "reasoning/reasoning_parser.h"
 #include "server/generation_defaults.h"
 #include "server/tool_choice.h"
 #include "tokenizer/tokenizer.h"
@@ -54,6 +55,7 @@ struct ParseContext {
   // null: one is built from `tokenizer` per request that needs it).
   std::shared_ptr<grammar::ConstraintCompiler> constraints;
   toolcall::ParserKind tool_call_parser = toolcall::ParserKind::kNone;  // resolved --tool-call-parser
+  reasoning::ReasoningKind reasoning_parser = reasoning::ReasoningKind::kNone;  // --reasoning-parser
   // Whether the served chat template reads `tools` (a request's own
   // chat_template is checked by itself); see check_auto_tool_choice.
   bool chat_template_renders_tools = true;
@@ -61,6 +63,15 @@ struct ParseContext {
   std::function<uint64_t()> next_default_seed;
   // What a request that omits a sampling field gets (--generation-config).
   SamplingDefaults sampling_defaults;
+};
+
+// How a chat request's output splits into reasoning and answer (--reasoning-parser;
+// reasoning/reasoning_parser.h). Inactive for completions and without the flag.
+struct ReasoningSetup {
+  reasoning::ReasoningKind kind = reasoning::ReasoningKind::kNone;
+  bool starts_in_answer = true;  // the prompt closed the thinking (enable_thinking false)
+
+  bool active() const { return kind != reasoning::ReasoningKind::kNone; }
 };
 
 // One parsed request. `prompts` holds one token list per prompt (a completions
@@ -82,6 +93,10 @@ struct ParsedRequest {
   // string as sent, or a token-id prompt decoded); empty without echo.
   std::vector<std::string> echo_texts;
   ToolChoice tool_choice;  // chat: tools / tool_choice (server/tool_choice.h); mode kNone otherwise
+  // Chat with --reasoning-parser: tool calls and structured output are read
+  // from the answer only; a constraint starts after the thinking
+  // (EngineRequest::constraint_after) unless the output starts in the answer.
+  ReasoningSetup reasoning;
   // JSON-schema keywords of the constraint that no grammar enforces (a
   // lenient schema), each once, in schema order: the x-loom-schema-unenforced header.
   std::vector<std::string> unenforced_schema_keywords;

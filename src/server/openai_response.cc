@@ -109,6 +109,13 @@ Json tool_call_deltas_json(const std::vector<toolcall::ToolCallDelta>& deltas) {
   return list;
 }
 
+// A message's or a delta's thinking, under vLLM's old and new names.
+void set_reasoning(Json& message, const std::string& reasoning) {
+  const Json value = reasoning.empty() ? Json(nullptr) : Json(reasoning);
+  message["reasoning_content"] = value;
+  message["reasoning"] = value;
+}
+
 // finish_reason "tool_calls" when calls were returned, except for a named
 // tool_choice, where OpenAI keeps "stop", and for an output cut short by
 // max_tokens, which stays "length" (its last call is partial).
@@ -156,8 +163,11 @@ ResponseBuilder::ResponseBuilder(const ParsedRequest& request, const Tokenizer& 
       text_offsets_(static_cast<size_t>(request.num_choices()), 0),
       echoed_(static_cast<size_t>(request.num_choices()), false) {
   const ToolChoice& choice = request.tool_choice;
-  if (request.endpoint != Endpoint::kChatCompletions || !choice.parses_output()) return;
   const auto num_choices = static_cast<size_t>(request.num_choices());
+  if (request.endpoint == Endpoint::kChatCompletions && request.reasoning.active())
+    reasoning_splitters_.assign(num_choices,
+                                reasoning::ReasoningSplitter(request.reasoning.kind, request.reasoning.starts_in_answer));
+  if (request.endpoint != Endpoint::kChatCompletions || !choice.parses_output()) return;
   tool_call_id_seed_ = (static_cast<uint64_t>(std::random_device{}()) << 32) ^ std::random_device{}();
   sent_tool_calls_.assign(num_choices, false);
   for (size_t index = 0; index < num_choices; ++index)
@@ -179,9 +189,17 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
     if (is_chat) {
       if (request_.logprobs.enabled) logprobs = chat_logprobs(tokenizer_, choice.tokens, request_.logprobs);
       item["message"] = {{"role", "assistant"}, {"content", choice.text}};
+      std::string answer = choice.text;
+      if (request_.reasoning.active()) {
+        reasoning::ReasoningDelta split =
+            reasoning::split_reasoning(request_.reasoning.kind, request_.reasoning.starts_in_answer, choice.text);
+        answer = std::move(split.content);
+        item["message"]["content"] = answer.empty() ? Json(nullptr) : Json(answer);
+        set_reasoning(item["message"], split.reasoning);
+      }
       if (request_.tool_choice.parses_output()) {
         // A fresh seed per call of full_body is fine: ids need only be unique.
-        const toolcall::ParsedOutput parsed = read_tool_calls(request_.tool_choice, choice.text,
+        const toolcall::ParsedOutput parsed = read_tool_calls(request_.tool_choice, answer,
                                                               std::random_device{}() + static_cast<uint64_t>(index));
         // A forced call's JSON is never content, even when max_tokens cut it before a name was written.
         const bool forced = request_.tool_choice.mode != ToolChoiceMode::kAuto;
@@ -224,6 +242,30 @@ std::string ResponseBuilder::role_event(int32_t index) const {
 }
 
 std::string ResponseBuilder::delta_event(int32_t index, const RequestOutput& output) {
+  if (!reasoning_splitters_.empty()) return reasoning_events(index, output);
+  return answer_events(index, output);
+}
+
+std::string ResponseBuilder::reasoning_events(int32_t index, const RequestOutput& output) {
+  reasoning::ReasoningSplitter& splitter = reasoning_splitters_.at(static_cast<size_t>(index));
+  reasoning::ReasoningDelta split = output.finished ? splitter.finish(output.text_delta) : splitter.feed(output.text_delta);
+  RequestOutput answer = output;
+  answer.text_delta = std::move(split.content);
+  std::string events;
+  if (!split.reasoning.empty()) {
+    Json delta = Json::object();
+    set_reasoning(delta, split.reasoning);
+    events += chunk(index, std::move(delta),
+                    request_.logprobs.enabled ? chat_logprobs(tokenizer_, output.new_tokens, request_.logprobs) : Json(),
+                    nullptr);
+    answer.new_tokens.clear();  // their logprobs went with the thinking
+  }
+  if (answer.text_delta.empty() && !answer.finished && (!request_.logprobs.enabled || answer.new_tokens.empty()))
+    return events;
+  return events + answer_events(index, answer);
+}
+
+std::string ResponseBuilder::answer_events(int32_t index, const RequestOutput& output) {
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
   if (is_chat && !sent_tool_calls_.empty()) return tool_call_events(index, output);
   Json choice = {{"index", index}};

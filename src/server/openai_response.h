@@ -10,6 +10,13 @@
 // OpenAI's shape: a chunk with a call's first delta (index, id, type, name,
 // arguments ""), chunks of argument deltas, and finish_reason in a chunk of its
 // own (empty delta).
+//
+// Reasoning (chat, request.reasoning active): each choice's text is split
+// first (reasoning/reasoning_parser.h); the thinking goes to message
+// `reasoning_content` and `reasoning` (vLLM's old and new names; null when
+// none), the answer to `content` (null when empty), and tool calls are read
+// from the answer only. Streams send the thinking as deltas of both fields in
+// chunks of their own, then the answer as above.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +26,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "reasoning/reasoning_parser.h"
 #include "server/openai_request.h"
 #include "tokenizer/tokenizer.h"
 #include "toolcall/forced_call_reader.h"
@@ -102,6 +110,10 @@ class ResponseBuilder {
   std::string chunk(int32_t index, nlohmann::json delta, nlohmann::json logprobs, const char* finish_reason) const;
   // delta_event when the choice's output is read for tool calls.
   std::string tool_call_events(int32_t index, const RequestOutput& output);
+  // delta_event of the answer (all of the output without a reasoning parser).
+  std::string answer_events(int32_t index, const RequestOutput& output);
+  // delta_event with a reasoning parser: the thinking's chunk, then answer_events.
+  std::string reasoning_events(int32_t index, const RequestOutput& output);
   // completions echo: the prompt text choice `index` starts with ("" without echo).
   std::string echo_text(int32_t index) const;
 
@@ -112,6 +124,7 @@ class ResponseBuilder {
   uint64_t tool_call_id_seed_ = 0;
   std::vector<std::unique_ptr<ToolCallReader>> tool_call_readers_;  // streaming
   std::vector<bool> sent_tool_calls_;  // streaming: a call went out
+  std::vector<reasoning::ReasoningSplitter> reasoning_splitters_;  // streaming, per choice, with a reasoning parser
 };
 
 // "cmpl-..." / "chatcmpl-..." with a random hex suffix.

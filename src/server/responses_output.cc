@@ -33,6 +33,17 @@ Json message_item(const std::string& id, const std::string& text, const char* st
           {"content", Json::array({text_part(text)})}};
 }
 
+Json reasoning_item(const std::string& id, const std::string& text, const char* status) {
+  Json content = Json::array();
+  if (!text.empty()) content.push_back({{"type", "reasoning_text"}, {"text", text}});
+  return {{"id", id},
+          {"type", "reasoning"},
+          {"status", status},
+          {"summary", Json::array()},
+          {"content", std::move(content)},
+          {"encrypted_content", nullptr}};
+}
+
 Json call_item(const std::string& id, const std::string& call_id, const std::string& name,
                const std::string& arguments, const char* status) {
   return {{"id", id}, {"type", "function_call"}, {"status", status},
@@ -73,6 +84,7 @@ ResponsesOutput::ResponsesOutput(const ResponsesRequest& request, const ParsedRe
   echoed_["top_p"] = parsed.engine_template.sampling.top_p;
   if (parsed.tool_choice.parses_output())
     reader_ = std::make_unique<ToolCallReader>(parsed.tool_choice, id_seed_);
+  if (parsed.reasoning.active()) splitter_.emplace(parsed.reasoning.kind, parsed.reasoning.starts_in_answer);
 }
 
 Json ResponsesOutput::head(const char* status) const {
@@ -90,13 +102,21 @@ Json ResponsesOutput::head(const char* status) const {
 
 Json ResponsesOutput::finished_response(const ChoiceResult& result, const Usage& usage) const {
   const bool incomplete = result.finish_reason == FinishReason::kLength;
+  reasoning::ReasoningDelta split;
+  if (parsed_.reasoning.active())
+    split = reasoning::split_reasoning(parsed_.reasoning.kind, parsed_.reasoning.starts_in_answer, result.text);
+  else
+    split.content = result.text;
   toolcall::ParsedOutput parsed;
-  if (parsed_.tool_choice.parses_output()) parsed = read_tool_calls(parsed_.tool_choice, result.text, id_seed_);
-  else parsed.content = result.text;
+  if (parsed_.tool_choice.parses_output()) parsed = read_tool_calls(parsed_.tool_choice, split.content, id_seed_);
+  else parsed.content = split.content;
   Json response = head(incomplete ? "incomplete" : "completed");
   // Only the last item can be cut short (a call: its arguments partial).
   const auto status = [&](bool last) { return incomplete && last ? "incomplete" : "completed"; };
-  if (!parsed.content.empty() || parsed.tool_calls.empty())
+  const bool answered = !parsed.content.empty() || !parsed.tool_calls.empty();
+  if (!split.reasoning.empty())
+    response["output"].push_back(reasoning_item(make_responses_id("rs"), split.reasoning, status(!answered)));
+  if (!parsed.content.empty() || (parsed.tool_calls.empty() && split.reasoning.empty()))
     response["output"].push_back(
         message_item(make_responses_id("msg"), parsed.content, status(parsed.tool_calls.empty())));
   for (size_t i = 0; i < parsed.tool_calls.size(); ++i) {
@@ -132,6 +152,13 @@ std::string ResponsesOutput::open_message() {
                         {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"part", text_part("")}});
 }
 
+std::string ResponsesOutput::open_reasoning() {
+  open_ = Open::kReasoning;
+  text_.clear();
+  item_ = reasoning_item(make_responses_id("rs"), "", "in_progress");
+  return event("response.output_item.added", {{"output_index", output_.size()}, {"item", item_}});
+}
+
 std::string ResponsesOutput::close_open_item(bool incomplete) {
   if (open_ == Open::kNone) return {};
   const auto index = output_.size();
@@ -146,6 +173,10 @@ std::string ResponsesOutput::close_open_item(bool incomplete) {
     part["part"] = text_part(text_);
     events += event("response.content_part.done", part);
     item_ = message_item(item_["id"], text_, incomplete ? "incomplete" : "completed");
+  } else if (open_ == Open::kReasoning) {
+    events += event("response.reasoning_text.done",
+                    {{"item_id", item_["id"]}, {"output_index", index}, {"content_index", 0}, {"text", text_}});
+    item_ = reasoning_item(item_["id"], text_, incomplete ? "incomplete" : "completed");
   } else {
     events += event("response.function_call_arguments.done", {{"item_id", item_["id"]},
                                                                {"output_index", index},
@@ -161,6 +192,25 @@ std::string ResponsesOutput::close_open_item(bool incomplete) {
 }
 
 std::string ResponsesOutput::output_events(const RequestOutput& output) {
+  if (!splitter_) return answer_events(output);
+  reasoning::ReasoningDelta split = output.finished ? splitter_->finish(output.text_delta) : splitter_->feed(output.text_delta);
+  std::string events;
+  if (!split.reasoning.empty()) {
+    if (open_ == Open::kNone) events += open_reasoning();
+    text_ += split.reasoning;
+    events += event("response.reasoning_text.delta", {{"item_id", item_["id"]},
+                                                      {"output_index", output_.size()},
+                                                      {"content_index", 0},
+                                                      {"delta", split.reasoning}});
+  }
+  RequestOutput answer = output;
+  answer.text_delta = std::move(split.content);
+  if (answer.text_delta.empty() && !answer.finished) return events;
+  if (open_ == Open::kReasoning && splitter_->in_answer()) events += close_open_item(false);
+  return events + answer_events(answer);
+}
+
+std::string ResponsesOutput::answer_events(const RequestOutput& output) {
   toolcall::StreamDelta released;
   if (reader_) released = reader_->next(output);
   else released.content = output.text_delta;

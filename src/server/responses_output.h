@@ -5,7 +5,10 @@
 // read_tool_calls / ToolCallReader); each becomes a function_call item
 // {id: "fc_...", call_id, name, arguments}; the text a message item
 // {id: "msg_...", role: assistant, content: [{type: output_text, text, annotations: []}]},
-// before the calls. No text and no calls: one message with empty text.
+// before the calls. No text and no calls: one message with empty text. With
+// a reasoning parser the thinking comes first as a reasoning item
+// {id: "rs_...", summary: [], content: [{type: reasoning_text, text}]} (then
+// no empty message is added), and calls are read from the answer only.
 //
 // Status: "completed", or "incomplete" with incomplete_details.reason
 // "max_output_tokens" when the output hit its token limit; the last item is
@@ -17,6 +20,8 @@
 //   per message: response.output_item.added, response.content_part.added,
 //     response.output_text.delta..., response.output_text.done, response.content_part.done,
 //     response.output_item.done
+//   per reasoning item: response.output_item.added, response.reasoning_text.delta...,
+//     response.reasoning_text.done, response.output_item.done
 //   per call: response.output_item.added, response.function_call_arguments.delta...,
 //     response.function_call_arguments.done, response.output_item.done
 //   response.completed (or response.incomplete), carrying the whole response.
@@ -25,12 +30,14 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "server/openai_request.h"
 #include "server/openai_response.h"
+#include "reasoning/reasoning_parser.h"
 #include "server/responses_request.h"
 
 namespace loom::server {
@@ -59,6 +66,9 @@ class ResponsesOutput {
   nlohmann::json head(const char* status) const;
   std::string event(const char* type, nlohmann::json fields);
   std::string open_message();
+  std::string open_reasoning();
+  // The answer part of an output (all of it without a reasoning parser).
+  std::string answer_events(const RequestOutput& output);
   std::string close_open_item(bool incomplete);
 
   const ParsedRequest& parsed_;
@@ -69,11 +79,12 @@ class ResponsesOutput {
 
   // Streaming state.
   std::unique_ptr<ToolCallReader> reader_;  // when the output is read for tool calls
+  std::optional<reasoning::ReasoningSplitter> splitter_;  // with a reasoning parser
   int64_t sequence_ = 0;
   nlohmann::json output_ = nlohmann::json::array();  // finished items
-  enum class Open { kNone, kMessage, kCall } open_ = Open::kNone;
+  enum class Open { kNone, kMessage, kCall, kReasoning } open_ = Open::kNone;
   nlohmann::json item_;         // the open item
-  std::string text_;            // the open message's text
+  std::string text_;            // the open message's (or reasoning item's) text
   int32_t call_index_ = -1;     // the open call's parser index
   nlohmann::json streamed_;
 };

@@ -5,6 +5,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
+#include "grammar/constraint_compiler.h"
 #include "engine_test_util.h"
 #include "lora/adapter.h"
 #include "model/loader.h"
@@ -337,6 +338,39 @@ TEST_F(EngineTest, SubmitAllQueuesEveryRequestOrNone) {
   for (int i = 0; i < 4; ++i) EXPECT_EQ(collect(*streams[static_cast<size_t>(i)]).tokens.size(), 6u);
   EXPECT_TRUE(collect(*streams[4]).tokens.empty());
   EXPECT_EQ(num_ended(engine_->take_metrics(), "length"), 5);
+}
+
+// EngineRequest::constraint_after (a reasoning model's "</think>"): sampling is
+// free until the output's bytes hold the marker, the grammar governs from the
+// next token on. The marker is the greedy output's own first tokens, so the
+// constrained run writes it and then follows the grammar.
+TEST_F(EngineTest, ConstraintStartsAfterTheMarker) {
+  engine_ = start();
+  const EngineRequest free_request = request("think first, then answer", 10);
+  const Collected free = run(free_request);
+  ASSERT_EQ(free.tokens.size(), 10u);
+  const std::string marker = model_->tokenizer->token_bytes(free.tokens[0]) + model_->tokenizer->token_bytes(free.tokens[1]);
+  grammar::ConstraintCompiler compiler(grammar::TokenVocabulary::from_tokenizer(*model_->tokenizer));
+
+  EngineRequest gated = free_request;
+  gated.max_new_tokens = 40;
+  gated.constraint = compiler.regex("(yes|no)!");
+  gated.constraint_after = marker;
+  const Collected answer = run(gated);
+  EXPECT_FALSE(answer.error.has_value());
+  ASSERT_GE(answer.tokens.size(), 3u);
+  EXPECT_EQ(std::vector<int32_t>(answer.tokens.begin(), answer.tokens.begin() + 2),
+            std::vector<int32_t>(free.tokens.begin(), free.tokens.begin() + 2));
+  EXPECT_EQ(answer.finish_reason, FinishReason::kStop);  // the grammar ended it
+  const size_t at = answer.text.find(marker);
+  ASSERT_NE(at, std::string::npos) << answer.text;
+  const std::string after = answer.text.substr(at + marker.size());
+  EXPECT_TRUE(after == "yes!" || after == "no!") << answer.text;
+
+  // A marker never written: the grammar never starts, the output is the free one.
+  gated.constraint_after = "\x01never\x01";
+  gated.max_new_tokens = 10;
+  EXPECT_EQ(run(gated).tokens, free.tokens);
 }
 
 TEST_F(EngineTest, KvBlocksDeriveFromTheCacheBytes) {
