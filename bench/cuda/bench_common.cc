@@ -193,12 +193,13 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     params.layer = 0;
     params.inv_freq = backend.model().inverse_frequencies();
   }
-  AttentionVariant prefill = plan.prefill_variant();
-  if (pingpong && prefill == AttentionVariant::kPrefillWide) prefill = AttentionVariant::kPrefillWidePingPong;
   auto run = [&] {
-    launch_attention(params, prefill,
+    launch_attention(params, AttentionVariant::kPrefill,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                      plan.num_prefill_items(), backend.stream());
+    launch_attention(params, pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().wide_prefill_items),
+                     plan.num_wide_prefill_items(), backend.stream());
     launch_attention(params, AttentionVariant::kDecode,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
                      plan.num_decode_items(), backend.stream());
@@ -208,11 +209,10 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     launch_attention(params, AttentionVariant::kDecode,
                      reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_decode_items),
                      plan.num_forked_decode_items(), backend.stream(), residual_rank);
-    launch_forked_wide_prefill(params, reinterpret_cast<const ResidualRebuildItem*>(words + plan.sections().rebuild_items),
-                               plan.num_rebuild_items(),
-                               reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_wide_items),
-                               plan.num_forked_wide_items(), scratch.as<bf16>(), scratch.as<bf16>() + scratch_entries,
-                               backend.stream(), residual_rank);
+    launch_forked_wide_passes(params, plan.forked_wide_passes().data(), plan.forked_wide_passes().size(),
+                              reinterpret_cast<const ResidualRebuildItem*>(words + plan.sections().rebuild_items),
+                              reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_wide_items),
+                              scratch.as<bf16>(), scratch.as<bf16>() + scratch_entries, backend.stream(), residual_rank);
     launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
                              plan.num_combine_items(), backend.stream());
   };

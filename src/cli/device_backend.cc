@@ -170,8 +170,9 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   config.device = cuda_device_index(options.device);
   config.max_adapter_slots = options.max_adapter_slots;
   config.tuning.cuda_graphs = options.cuda_graphs;
-  // make-model stores the 8b preset in bf16 (norms included) and tiny in f32.
-  result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset == SyntheticPreset::k8b, config);
+  // make-model stores the 8b and 70b presets in bf16 (norms included) and tiny in f32.
+  result.backend =
+      make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset != SyntheticPreset::kTiny, config);
 #endif
   return result;
 }

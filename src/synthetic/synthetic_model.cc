@@ -83,6 +83,16 @@ ModelConfig llama3_8b_config(Architecture arch) {
   return config;
 }
 
+// Llama-3-70B (3.1 rope scaling): the 8B's attention and vocabulary, wider and deeper.
+ModelConfig llama3_70b_config(Architecture arch) {
+  ModelConfig config = llama3_8b_config(arch);
+  config.hidden_size = 8192;
+  config.intermediate_size = 28672;
+  config.num_layers = 80;
+  config.num_heads = 64;
+  return config;
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream stream(path, std::ios::binary | std::ios::trunc);
   stream << text;
@@ -104,13 +114,23 @@ SyntheticTokenizer synthetic_tokenizer_for(const ModelConfig& config) {
 SyntheticPreset synthetic_preset_from_name(const std::string& name) {
   if (name == "tiny") return SyntheticPreset::kTiny;
   if (name == "8b") return SyntheticPreset::k8b;
-  fail(ErrorKind::kInvalidArgument, "--preset: unknown preset '{}' (expected tiny or 8b)", name);
+  if (name == "70b") return SyntheticPreset::k70b;
+  fail(ErrorKind::kInvalidArgument, "--preset: unknown preset '{}' (expected tiny, 8b or 70b)", name);
 }
 
-const char* synthetic_preset_name(SyntheticPreset preset) { return preset == SyntheticPreset::kTiny ? "tiny" : "8b"; }
+const char* synthetic_preset_name(SyntheticPreset preset) {
+  switch (preset) {
+    case SyntheticPreset::kTiny: return "tiny";
+    case SyntheticPreset::k8b: return "8b";
+    case SyntheticPreset::k70b: return "70b";
+  }
+  return "?";
+}
 
 ModelConfig synthetic_model_config(Architecture arch, SyntheticPreset preset) {
-  ModelConfig config = preset == SyntheticPreset::kTiny ? tiny_config(arch) : llama3_8b_config(arch);
+  ModelConfig config = preset == SyntheticPreset::kTiny ? tiny_config(arch)
+                       : preset == SyntheticPreset::k8b ? llama3_8b_config(arch)
+                                                        : llama3_70b_config(arch);
   const SyntheticTokenizer tokenizer = synthetic_tokenizer_for(config);
   config.bos_token_id = tokenizer.bos_token_id;
   config.eos_token_ids = tokenizer.eos_token_ids;

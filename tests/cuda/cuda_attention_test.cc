@@ -125,10 +125,15 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
-  AttentionVariant prefill = plan.prefill_variant();
-  if (c.pingpong && prefill == AttentionVariant::kPrefillWide) prefill = AttentionVariant::kPrefillWidePingPong;
-  launch_attention(params, prefill, reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+  // The plan's prefill path: the wide kernel when any sequence's own items fill the GPU.
+  const AttentionVariant variant =
+      plan.num_wide_prefill_items() > 0 ? AttentionVariant::kPrefillWide : AttentionVariant::kPrefill;
+  const AttentionVariant prefill = c.pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide;
+  launch_attention(params, AttentionVariant::kPrefill,
+                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
                    plan.num_prefill_items(), nullptr);
+  launch_attention(params, prefill, reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().wide_prefill_items),
+                   plan.num_wide_prefill_items(), nullptr);
   launch_attention(params, AttentionVariant::kDecode,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
                    plan.num_decode_items(), nullptr);
@@ -136,24 +141,26 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
                            plan.num_combine_items(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
-  if (prefill == AttentionVariant::kPrefillWidePingPong) {
+  if (c.pingpong && plan.num_wide_prefill_items() > 0) {
     // The same arithmetic in the same order as the wgmma kernel: equal bit for bit
     // (a stage read before it landed or after it was refilled would show here).
     DeviceBuffer wide_d(out_d.size());
     AttentionParams wide = params;
     wide.out = wide_d.as<bf16>();
     launch_attention(wide, AttentionVariant::kPrefillWide,
-                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
-                     plan.num_prefill_items(), nullptr);
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().wide_prefill_items),
+                     plan.num_wide_prefill_items(), nullptr);
     LOOM_CUDA_CHECK(cudaDeviceSynchronize());
     std::vector<uint16_t> pingpong_bits(out_d.size() / 2), wide_bits(out_d.size() / 2);
     LOOM_CUDA_CHECK(cudaMemcpy(pingpong_bits.data(), out_d.data(), out_d.size(), cudaMemcpyDeviceToHost));
     LOOM_CUDA_CHECK(cudaMemcpy(wide_bits.data(), wide_d.data(), wide_d.size(), cudaMemcpyDeviceToHost));
-    // Sequences of decode-sized rows went to the decode kernels (in `out` only): compare the prefill list's.
+    // Only the wide list's sequences ran twice (the others are in `out` only): compare theirs.
     size_t differing = 0;
-    const int group = c.num_heads / c.num_kv_heads;
-    for (const BatchSequence& sequence : batch.sequences) {
-      if (sequence.num_new_tokens * group <= attention_variant_rows(AttentionVariant::kDecode)) continue;
+    std::vector<bool> wide_sequence(batch.sequences.size(), false);
+    for (const AttentionWorkItem& item : plan.wide_prefill_items()) wide_sequence[item.sequence] = true;
+    for (size_t s = 0; s < batch.sequences.size(); ++s) {
+      const BatchSequence& sequence = batch.sequences[s];
+      if (!wide_sequence[s]) continue;
       const size_t begin = static_cast<size_t>(sequence.token_offset) * q_size;
       const size_t end = begin + static_cast<size_t>(sequence.num_new_tokens) * q_size;
       for (size_t i = begin; i < end; ++i) differing += pingpong_bits[i] != wide_bits[i];
@@ -175,14 +182,13 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
     write_bf16(c.dump_prefix + "v.bin", v);
     write_bf16(c.dump_prefix + "out.bin", out);
   }
-  if (!c.cpu_reference) return plan.prefill_variant();
+  if (!c.cpu_reference) return variant;
   const bool long_reduction = placement.max_context_length > 256;
   EXPECT_TRUE(test::close_bf16(out, expected, long_reduction))
-      << plan.num_prefill_items() << (prefill == AttentionVariant::kPrefillWide ? " wide"
-                                      : prefill == AttentionVariant::kPrefillWidePingPong ? " ping-pong" : "")
-      << " prefill items, " << plan.num_decode_items() << " decode items, " << plan.num_combine_items()
-      << " combined";
-  return plan.prefill_variant();
+      << plan.num_prefill_items() << " prefill items, " << plan.num_wide_prefill_items()
+      << (c.pingpong ? " ping-pong" : " wide") << " prefill items, " << plan.num_decode_items() << " decode items, "
+      << plan.num_combine_items() << " combined";
+  return variant;
 }
 
 TEST(CudaAttention, DecodeSingleTokenContexts1To16K) {
@@ -348,6 +354,58 @@ TEST(CudaAttention, MatchesTorchSdpaToLongContexts) {
   const int status = std::system(("python3 " + script + " " + (dir / "cases.txt").string()).c_str());
   std::filesystem::remove_all(dir);
   EXPECT_EQ(status, 0) << "sdpa_check.py: a case is further from fp32 SDPA than SDPA's own bf16 (see its output)";
+}
+
+// Which prefill kernel a sequence runs on is the sequence's own choice: a
+// prompt whose wide items fill the GPU runs wide, a shorter one narrow, alone
+// or beside others (once, a step whose prefills filled the GPU together put
+// them all on the wide kernel, so a sequence's numbers followed its company).
+TEST(CudaPrefillPlan, EachSequenceChoosesItsKernelAlone) {  // no GPU needed
+  auto batch_of = [](const std::vector<int32_t>& lengths) {
+    Batch batch;
+    for (int32_t length : lengths) {
+      BatchSequence sequence;
+      sequence.num_new_tokens = length;
+      sequence.token_offset = batch.num_tokens();
+      sequence.block_table_offset = static_cast<int32_t>(batch.block_tables.size());
+      sequence.num_blocks = (length + 15) / 16;
+      for (int b = 0; b < sequence.num_blocks; ++b) batch.block_tables.push_back(static_cast<int32_t>(batch.block_tables.size()));
+      for (int i = 0; i < length; ++i) {
+        batch.token_ids.push_back(0);
+        batch.positions.push_back(i);
+        batch.adapter_slots.push_back(-1);
+      }
+      batch.sequences.push_back(sequence);
+    }
+    return batch;
+  };
+  PlanShape shape{16, 32, 8, 132, 3, 2};
+  shape.wide_prefill = true;
+  StepPlan plan;
+  // 600 tokens x 4 rows / 128 = 19 wide items x 8 kv heads >= 132 SMs: wide. 300 tokens: 10 x 8 < 132: narrow.
+  auto sequences_on = [](const std::vector<AttentionWorkItem>& items) {
+    std::vector<int32_t> sequences;
+    for (const AttentionWorkItem& item : items)
+      if (std::find(sequences.begin(), sequences.end(), item.sequence) == sequences.end())
+        sequences.push_back(item.sequence);
+    return sequences;
+  };
+  plan.build(batch_of({600, 300}), shape, 16);
+  EXPECT_EQ(sequences_on(plan.wide_prefill_items()), std::vector<int32_t>{0});
+  EXPECT_EQ(sequences_on(plan.prefill_items()), std::vector<int32_t>{1});
+  plan.build(batch_of({300}), shape, 16);
+  EXPECT_EQ(plan.num_wide_prefill_items(), 0);
+  EXPECT_EQ(sequences_on(plan.prefill_items()), std::vector<int32_t>{0});
+  plan.build(batch_of({600}), shape, 16);
+  EXPECT_EQ(sequences_on(plan.wide_prefill_items()), std::vector<int32_t>{0});
+  EXPECT_EQ(plan.num_prefill_items(), 0);
+  // Two short prompts that would fill the GPU together stay narrow.
+  plan.build(batch_of({300, 300}), shape, 16);
+  EXPECT_EQ(plan.num_wide_prefill_items(), 0);
+  // Without the wide kernel, everything is narrow.
+  shape.wide_prefill = false;
+  plan.build(batch_of({600, 300}), shape, 16);
+  EXPECT_EQ(plan.num_wide_prefill_items(), 0);
 }
 
 }  // namespace

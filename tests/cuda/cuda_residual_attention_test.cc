@@ -181,6 +181,10 @@ void run_case(const ResidualCase& c) {
   if (c.wide_keys > 0) {
     ASSERT_GT(plan.num_forked_wide_items(), 0);
   }
+  if (c.wide_keys == 1000) {
+    EXPECT_EQ(plan.forked_wide_passes().size(), 2u);
+    EXPECT_GT(plan.num_forked_prefill_items(), 0);
+  }
   const size_t scratch_entries = static_cast<size_t>(plan.num_scratch_keys()) * kv_size;
   DeviceBuffer scratch_kv(std::max<size_t>(2 * scratch_entries * 2, 16));
   auto device_layout = [&](const std::vector<float>& pool) {
@@ -226,11 +230,10 @@ void run_case(const ResidualCase& c) {
   launch_attention(params, AttentionVariant::kDecode,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_decode_items),
                    plan.num_forked_decode_items(), nullptr, max_rank);
-  launch_forked_wide_prefill(params, reinterpret_cast<const ResidualRebuildItem*>(words + plan.sections().rebuild_items),
-                             plan.num_rebuild_items(),
-                             reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_wide_items),
-                             plan.num_forked_wide_items(), scratch_kv.as<bf16>(),
-                             scratch_kv.as<bf16>() + scratch_entries, nullptr, max_rank);
+  launch_forked_wide_passes(params, plan.forked_wide_passes().data(), plan.forked_wide_passes().size(),
+                            reinterpret_cast<const ResidualRebuildItem*>(words + plan.sections().rebuild_items),
+                            reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_wide_items),
+                            scratch_kv.as<bf16>(), scratch_kv.as<bf16>() + scratch_entries, nullptr, max_rank);
   launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
                            plan.num_combine_items(), nullptr);
   LOOM_CUDA_CHECK(cudaDeviceSynchronize());
@@ -305,7 +308,8 @@ TEST(CudaResidualAttention, WidePrefillOverRebuiltKeyValues) {
     c.ranks = {16, 8, 64};
     c.sequences = {{0, 300}, {77, 129}, {500, 17}, {3, 5}, {0, 1}, {1000, 40}};
     c.seed = 20 + block_size;
-    c.wide_keys = 1600;  // the longest contexts that fit (1040 and 517 entries, ...); the rest stay narrow
+    // Contexts of 1040 entries (over the budget: narrow), then 517, 300 and 206 (wide, in two passes).
+    c.wide_keys = 1000;
     run_case(c);
   }
   ResidualCase chunk;  // a 1K chunk over an 8K cached context, GQA 4
@@ -347,40 +351,61 @@ TEST(CudaForkedWidePlan, ScratchTablesCopiesAndBudget) {  // no GPU needed
   }
   PlanShape shape{block_size, 32, 8, 16, 3, 2};
   shape.wide_prefill = true;
-  shape.forked_wide_prefill_keys = 1300;  // holds the 1200- or the 1008-entry context, not both
+  shape.forked_wide_prefill_keys = 1300;  // holds the 1200-, the 1008- or the 304-entry context, no two together
   StepPlan plan;
   plan.build(batch, shape, block_size);
-  // Longest first: sequence 3 (1200 entries = 75 blocks) goes wide; 1, 0 and 2 do not fit beside it.
-  ASSERT_EQ(plan.sequences().size(), 5u);
-  const AttentionSequence& copy = plan.sequences()[4];
-  EXPECT_EQ(copy.forked_slot, -1);
-  EXPECT_EQ(copy.num_computed_tokens, 500);
-  EXPECT_EQ(copy.num_new_tokens, 700);
-  EXPECT_EQ(plan.num_scratch_keys(), 1200);
-  const int32_t* table = plan.words().data() + plan.sections().block_tables + copy.block_table_offset;
-  for (int b = 0; b < 75; ++b) EXPECT_EQ(table[b], b);
-  ASSERT_EQ(plan.num_rebuild_items(), (1200 + 63) / 64);
-  for (int i = 0; i < plan.num_rebuild_items(); ++i) {
-    const ResidualRebuildItem& item = plan.rebuild_items()[i];
-    EXPECT_EQ(item.sequence, 3);
-    EXPECT_EQ(item.scratch_sequence, 4);
-    EXPECT_EQ(item.key_begin, 64 * i);
-    EXPECT_EQ(item.key_end, std::min(1200, 64 * (i + 1)));
+  // Each sequence qualifies alone (its own wide items fill 16 SMs, its context fits the scratch), so all three
+  // prefills go wide, longest first, in three passes over the scratch; sequence 2 (8 rows) is a decode.
+  const int32_t contexts[] = {300, 1000, 32, 1200};
+  const int32_t order[] = {3, 1, 0};
+  ASSERT_EQ(plan.sequences().size(), 7u);
+  ASSERT_EQ(plan.forked_wide_passes().size(), 3u);
+  EXPECT_EQ(plan.num_scratch_keys(), 1200);  // the largest pass
+  for (int p = 0; p < 3; ++p) {
+    const int32_t s = order[p];
+    const AttentionSequence& copy = plan.sequences()[4 + p];
+    EXPECT_EQ(copy.forked_slot, -1);
+    EXPECT_EQ(copy.num_computed_tokens + copy.num_new_tokens, contexts[s]);
+    const int32_t* table = plan.words().data() + plan.sections().block_tables + copy.block_table_offset;
+    for (int b = 0; b < (contexts[s] + 15) / 16; ++b) EXPECT_EQ(table[b], b) << "pass " << p;  // the scratch from its start
+    const ForkedWidePass& pass = plan.forked_wide_passes()[p];
+    EXPECT_EQ(pass.rebuild_end - pass.rebuild_begin, (contexts[s] + 63) / 64);
+    for (int i = pass.rebuild_begin; i < pass.rebuild_end; ++i) {
+      const ResidualRebuildItem& item = plan.rebuild_items()[i];
+      EXPECT_EQ(item.sequence, s);
+      EXPECT_EQ(item.scratch_sequence, 4 + p);
+      EXPECT_EQ(item.key_begin, 64 * (i - pass.rebuild_begin));
+    }
+    EXPECT_EQ(pass.item_end - pass.item_begin, (shapes[s].second * 4 + 127) / 128);  // group 4
+    for (int i = pass.item_begin; i < pass.item_end; ++i) {
+      EXPECT_EQ(plan.forked_wide_items()[i].sequence, 4 + p);
+      EXPECT_EQ(plan.forked_wide_items()[i].partial_index, -1);
+    }
   }
-  EXPECT_EQ(plan.num_forked_wide_items(), (700 * 4 + 127) / 128);  // group 4: 2800 rows
-  for (const AttentionWorkItem& item : plan.forked_wide_items()) {
-    EXPECT_EQ(item.sequence, 4);
-    EXPECT_EQ(item.partial_index, -1);
-  }
-  for (const AttentionWorkItem& item : plan.forked_prefill_items()) EXPECT_NE(item.sequence, 3);
-  // The narrow list still covers sequences 0 and 1; sequence 2 (8 rows) is a decode.
-  std::vector<bool> narrow(4, false);
-  for (const AttentionWorkItem& item : plan.forked_prefill_items()) narrow[item.sequence] = true;
-  EXPECT_TRUE(narrow[0] && narrow[1] && !narrow[2]);
+  EXPECT_TRUE(plan.forked_prefill_items().empty());
   ASSERT_FALSE(plan.forked_decode_items().empty());
   for (const AttentionWorkItem& item : plan.forked_decode_items()) EXPECT_EQ(item.sequence, 2);
 
+  // Batch invariance: sequence 0 alone takes the wide path it took beside the others.
+  Batch alone = batch;
+  alone.sequences = {batch.sequences[0]};
+  alone.token_ids.resize(200);
+  alone.positions.resize(200);
+  alone.adapter_slots.resize(200);
+  plan.build(alone, shape, block_size);
+  ASSERT_EQ(plan.forked_wide_passes().size(), 1u);
+  EXPECT_EQ(plan.num_forked_wide_items(), (200 * 4 + 127) / 128);
+
+  // A context over the scratch budget stays narrow, whatever shares its step.
+  shape.forked_wide_prefill_keys = 1100;
+  plan.build(batch, shape, block_size);
+  for (const ResidualRebuildItem& item : plan.rebuild_items()) EXPECT_NE(item.sequence, 3);
+  std::vector<bool> narrow(4, false);
+  for (const AttentionWorkItem& item : plan.forked_prefill_items()) narrow[item.sequence] = true;
+  EXPECT_TRUE(narrow[3] && !narrow[0] && !narrow[1]);
+
   // Too few wide items to fill the GPU unsplit: everything stays on ResidualAttention.
+  shape.forked_wide_prefill_keys = 1300;
   shape.num_sms = 4096;
   plan.build(batch, shape, block_size);
   EXPECT_EQ(plan.num_forked_wide_items(), 0);

@@ -401,3 +401,94 @@ TEST(CudaSharing, ResidualHostTierRoundTripIsBitExact) {
 
 }  // namespace
 }  // namespace loom::cuda
+
+namespace loom::cuda {
+namespace {
+
+// Batch invariance (a held-out check once found forked tokens that changed with
+// their company): a Qwen2 model (q/k/v bias, rsLoRA adapters) whose forked
+// prefill is long enough for the wide path alone. Each of four sequences, one
+// per sharing mode, run alone gives the greedy tokens it gives beside the other
+// three, over a prefill and decode steps: each sequence's attention kernel is
+// chosen by the sequence alone (StepPlan; CudaForkedWidePlan and
+// CudaPrefillPlan check the plans). The logits are not bit-equal: the order of
+// fp32 sums still follows the batch (GEMM shapes, split-KV chunks), and on this
+// random model a changed bf16 rounding moves them by NMSE ~1e-4 (measured on
+// the H200), the same as the two attention kernels differ by.
+TEST(CudaSharing, EachModeGivesTheSameLogitsAloneAndInCompany) {
+  LOOM_REQUIRE_GPU();
+  ModelConfig config = synthetic_model_config(Architecture::kQwen2, SyntheticPreset::kTiny);
+  config.hidden_size = 512;
+  config.intermediate_size = 1024;
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  config.max_position_embeddings = 8192;
+  const std::shared_ptr<ModelWeights> weights = tiny_weights(config, 9, false);
+  SyntheticModelOptions options;
+  options.arch = Architecture::kQwen2;
+  options.num_adapters = 4;
+  options.use_rslora = true;
+  const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, config);
+  constexpr int kBlocks = 1024;
+  auto new_backend = [&] {
+    auto backend = make_cuda_backend(config, *weights);
+    backend->allocate_kv_cache({kBlocks, kBlockSize});
+    backend->allocate_residual_cache({kBlocks, kBlockSize, kResidualMaxRank});
+    for (int slot = 0; slot < 4; ++slot)
+      backend->set_adapter(slot, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[slot], config, 9)));
+    return backend;
+  };
+  Driver prompts(kBlocks, kBlockSize, 23, true);
+  // Prefill lengths: the forked one alone fills the GPU on the wide kernel (2200 x 4 rows / 128 x 2 kv heads).
+  const int lengths[4] = {300, 700, 1200, 2200};
+  std::vector<std::vector<int32_t>> tokens;
+  for (int length : lengths) tokens.push_back(prompts.random_tokens(length + 6, config.vocab_size));
+  // Runs the sequences `which` together; returns each one's logits rows per step.
+  auto run = [&](const std::vector<int>& which) {
+    auto backend = new_backend();
+    Driver driver(kBlocks, kBlockSize, 29, true);
+    std::vector<int> ids(4, -1);
+    for (int s : which)
+      ids[s] = s == 0   ? driver.add_sequence()
+               : s == 1 ? driver.add_sequence()
+               : s == 2 ? driver.add_sequence(Mode::kBase, 2)
+                        : driver.add_sequence(Mode::kForked, 3);
+    std::vector<std::vector<std::vector<float>>> rows(4);
+    for (int step = 0; step < 7; ++step) {
+      std::vector<Driver::Part> parts;
+      for (int s : which) {
+        const int begin = step == 0 ? 0 : lengths[s] + step - 1;
+        const int length = step == 0 ? lengths[s] : 1;
+        std::vector<int32_t> slots(length, -1);
+        if (s == 0) std::fill(slots.begin(), slots.end(), 0);  // isolated
+        if (s == 1) std::fill(slots.begin() + (step == 0 ? 200 : 0), slots.end(), 1);  // activated from token 200
+        parts.push_back({ids[s], std::vector<int32_t>(tokens[s].begin() + begin, tokens[s].begin() + begin + length),
+                         slots, false});
+      }
+      const ForwardResult result = backend->forward(driver.make_batch(parts));
+      for (size_t i = 0; i < which.size(); ++i)
+        rows[which[i]].emplace_back(result.logits.begin() + i * result.vocab_size,
+                                    result.logits.begin() + (i + 1) * result.vocab_size);
+    }
+    return rows;
+  };
+  const auto together = run({0, 1, 2, 3});
+  const char* names[4] = {"isolated", "activated", "base", "forked"};
+  for (int s = 0; s < 4; ++s) {
+    const auto alone = run({s});
+    for (size_t step = 0; step < alone[s].size(); ++step) {
+      const test::Closeness closeness = test::compare(together[s][step], alone[s][step]);
+      EXPECT_LE(closeness.nmse, 1e-3) << names[s] << " step " << step << ": " << closeness.describe();
+      // The greedy token, unless its top two are within what those roundings move.
+      std::vector<float> sorted = together[s][step];
+      std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
+      if (sorted[0] - sorted[1] > test::kNearTie)
+        EXPECT_EQ(argmax(together[s][step].data(), config.vocab_size), argmax(alone[s][step].data(), config.vocab_size))
+            << names[s] << " step " << step;
+    }
+  }
+}
+
+}  // namespace
+}  // namespace loom::cuda

@@ -152,7 +152,17 @@ TEST(SyntheticModel, ArchSpecificsOfTinyPresets) {
   for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(big)) num_parameters += spec.numel();
   EXPECT_EQ(num_parameters, 8030261248);  // Meta-Llama-3-8B
   EXPECT_EQ(synthetic_preset_from_name("8b"), SyntheticPreset::k8b);
-  EXPECT_THROW(synthetic_preset_from_name("70b"), Error);
+  const ModelConfig huge = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k70b);
+  EXPECT_EQ(huge.hidden_size, 8192);
+  EXPECT_EQ(huge.num_layers, 80);
+  EXPECT_EQ(huge.num_heads, 64);
+  EXPECT_EQ(huge.num_kv_heads, 8);
+  EXPECT_EQ(huge.intermediate_size, 28672);
+  num_parameters = 0;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(huge)) num_parameters += spec.numel();
+  EXPECT_EQ(num_parameters, 70553706496);  // Meta-Llama-3-70B
+  EXPECT_EQ(synthetic_preset_from_name("70b"), SyntheticPreset::k70b);
+  EXPECT_THROW(synthetic_preset_from_name("405b"), Error);
 }
 
 TEST(SyntheticModel, AdaptersLoadWithTheirRecipes) {

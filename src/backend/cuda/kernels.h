@@ -8,6 +8,7 @@
 // Thread: call from the thread that owns the stream.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include <cuda_bf16.h>
@@ -153,6 +154,12 @@ void launch_forked_wide_prefill(const AttentionParams& params, const ResidualReb
                                 int32_t num_rebuild_items, const AttentionWorkItem* wide_items,
                                 int32_t num_wide_items, bf16* scratch_k, bf16* scratch_v, cudaStream_t stream,
                                 int32_t residual_rank, AttentionVariant variant = AttentionVariant::kPrefillWidePingPong);
+// launch_forked_wide_prefill for each pass of a plan (StepPlan::forked_wide_passes),
+// in order; rebuild_items and wide_items are the plan's whole device lists.
+void launch_forked_wide_passes(const AttentionParams& params, const ForkedWidePass* passes, size_t num_passes,
+                               const ResidualRebuildItem* rebuild_items, const AttentionWorkItem* wide_items,
+                               bf16* scratch_k, bf16* scratch_v, cudaStream_t stream, int32_t residual_rank,
+                               AttentionVariant variant = AttentionVariant::kPrefillWidePingPong);
 // Merges split-KV partial results into params.out.
 void launch_attention_combine(const AttentionParams& params, const AttentionCombineItem* items,
                               int32_t num_items, Launch launch);

@@ -168,10 +168,10 @@ void LayerRunner::attention(int layer) {
   attention.head_dim = spec.head_dim;
   attention.block_size = pools.main_shape().block_size;
   attention.scale = 1.0f / std::sqrt(static_cast<float>(spec.head_dim));
-  AttentionVariant prefill = plan.prefill_variant();
-  if (prefill == AttentionVariant::kPrefillWide && pingpong) prefill = AttentionVariant::kPrefillWidePingPong;
-  launch_attention(attention, prefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
+  launch_attention(attention, AttentionVariant::kPrefill, plan_pointer<AttentionWorkItem>(sections.prefill_items),
                    plan.num_prefill_items(), chain());
+  launch_attention(attention, pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide,
+                   plan_pointer<AttentionWorkItem>(sections.wide_prefill_items), plan.num_wide_prefill_items(), chain());
   launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.decode_items),
                    plan.num_decode_items(), chain());
   if (plan.has_forked_sequences()) {
@@ -190,12 +190,12 @@ void LayerRunner::attention(int layer) {
     launch_attention(attention, AttentionVariant::kDecode, plan_pointer<AttentionWorkItem>(sections.forked_decode_items),
                      plan.num_forked_decode_items(), stream, step_.residual_rank);
     bf16* scratch_k = pools.scratch_k();
-    launch_forked_wide_prefill(attention, plan_pointer<ResidualRebuildItem>(sections.rebuild_items),
-                               plan.num_rebuild_items(), plan_pointer<AttentionWorkItem>(sections.forked_wide_items),
-                               plan.num_forked_wide_items(), scratch_k,
-                               scratch_k + static_cast<size_t>(plan.num_scratch_keys()) * spec.kv_size(), stream,
-                               step_.residual_rank,
-                               pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide);
+    launch_forked_wide_passes(attention, plan.forked_wide_passes().data(), plan.forked_wide_passes().size(),
+                              plan_pointer<ResidualRebuildItem>(sections.rebuild_items),
+                              plan_pointer<AttentionWorkItem>(sections.forked_wide_items), scratch_k,
+                              scratch_k + static_cast<size_t>(plan.num_scratch_keys()) * spec.kv_size(), stream,
+                              step_.residual_rank,
+                              pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide);
   }
   launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                            plan.num_combine_items(), chain());

@@ -135,6 +135,13 @@ struct ResidualRebuildItem {
   int32_t key_end = 0;
 };
 
+// One pass of a step's forked wide prefills: rebuild items [rebuild_begin,
+// rebuild_end) fill the scratch, then wide items [item_begin, item_end) attend
+// over it; the next pass overwrites the scratch (host-side, StepPlan).
+struct ForkedWidePass {
+  int32_t rebuild_begin = 0, rebuild_end = 0, item_begin = 0, item_end = 0;
+};
+
 // A sequence's queries: its new tokens i < num_new_tokens (activation row
 // token_offset + i, KV index num_computed_tokens + i), then its decoder rows
 // (base sharing, ICaRus) k < num_decoder_rows: activation row

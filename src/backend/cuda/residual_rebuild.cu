@@ -143,4 +143,16 @@ void launch_forked_wide_prefill(const AttentionParams& params, const ResidualReb
   launch_attention(wide, variant, wide_items, num_wide_items, stream);
 }
 
+void launch_forked_wide_passes(const AttentionParams& params, const ForkedWidePass* passes, size_t num_passes,
+                               const ResidualRebuildItem* rebuild_items, const AttentionWorkItem* wide_items,
+                               bf16* scratch_k, bf16* scratch_v, cudaStream_t stream, int32_t residual_rank,
+                               AttentionVariant variant) {
+  for (size_t p = 0; p < num_passes; ++p) {  // in order: each overwrites the scratch
+    const ForkedWidePass& pass = passes[p];
+    launch_forked_wide_prefill(params, rebuild_items + pass.rebuild_begin, pass.rebuild_end - pass.rebuild_begin,
+                               wide_items + pass.item_begin, pass.item_end - pass.item_begin, scratch_k, scratch_v,
+                               stream, residual_rank, variant);
+  }
+}
+
 }  // namespace loom::cuda

@@ -175,13 +175,15 @@ void StepPlan::plan_attention(const PlanShape& shape) {
   for (auto& by_variant : items_)
     for (auto& items : by_variant) items.clear();
   combine_items_.clear();
+  wide_prefill_items_.clear();
   rebuild_items_.clear();
   forked_wide_items_.clear();
+  forked_wide_passes_.clear();
   num_scratch_keys_ = 0;
   num_partials_ = 0;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
   std::vector<TileCandidate> candidates[2][2];  // [forked][AttentionVariant]
-  std::vector<TileCandidate> wide;              // the non-forked prefill list in kAttentionWideRows rows
+  std::vector<TileCandidate> wide;              // non-forked prefills on the wide kernel, kAttentionWideRows rows
   std::vector<int32_t> forked_prefill;          // forked sequences in the prefill variant
   auto add_candidates = [&](std::vector<TileCandidate>& list, int32_t s, int32_t rows_per_tile) {
     const AttentionSequence& sequence = sequences_[s];
@@ -207,24 +209,24 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       forked_prefill.push_back(s);
       continue;
     }
-    add_candidates(candidates[forked ? 1 : 0][static_cast<int>(variant)], s, attention_variant_rows(variant));
-    if (shape.wide_prefill && !forked && variant == AttentionVariant::kPrefill)
+    // A prefill takes the wide kernel when its own items, never split, fill the GPU: decided by the
+    // sequence alone, so that its numbers never depend on what shares its step (the kernels round differently).
+    const int64_t num_wide_items = (total_rows + kAttentionWideRows - 1) / kAttentionWideRows;
+    if (shape.wide_prefill && !forked && variant == AttentionVariant::kPrefill &&
+        num_wide_items * shape.num_kv_heads >= shape.num_sms) {
       add_candidates(wide, s, kAttentionWideRows);
+      continue;
+    }
+    add_candidates(candidates[forked ? 1 : 0][static_cast<int>(variant)], s, attention_variant_rows(variant));
   }
   plan_forked_wide(shape, forked_prefill);
   for (int32_t s : forked_prefill)
     add_candidates(candidates[1][static_cast<int>(AttentionVariant::kPrefill)], s,
                    attention_variant_rows(AttentionVariant::kPrefill));
-  // Wide items are never split, so they serve only a list that fills every SM unsplit.
-  prefill_variant_ = AttentionVariant::kPrefill;
-  if (!wide.empty() && static_cast<int64_t>(wide.size()) * shape.num_kv_heads >= shape.num_sms) {
-    prefill_variant_ = AttentionVariant::kPrefillWide;
-    std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
-      return a.num_key_tiles > b.num_key_tiles;
-    });
-    for (const TileCandidate& c : wide) items_[0][0].push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
-    candidates[0][static_cast<int>(AttentionVariant::kPrefill)].clear();
-  }
+  std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
+    return a.num_key_tiles > b.num_key_tiles;
+  });
+  for (const TileCandidate& c : wide) wide_prefill_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
 
   for (int forked = 0; forked < 2; ++forked) {
     for (int v = 0; v < 2; ++v) {
@@ -281,30 +283,48 @@ void StepPlan::plan_attention(const PlanShape& shape) {
 void StepPlan::plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& forked_prefill) {
   if (!shape.wide_prefill || shape.forked_wide_prefill_keys <= 0 || forked_prefill.empty()) return;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
-  // Longest contexts first while the scratch holds them; the rest stay narrow.
-  std::vector<int32_t> order = forked_prefill;
   auto context = [&](int32_t s) { return sequences_[s].num_computed_tokens + sequences_[s].num_new_tokens; };
-  std::stable_sort(order.begin(), order.end(), [&](int32_t a, int32_t b) { return context(a) > context(b); });
+  auto scratch_keys_of = [&](int32_t s) {
+    return (context(s) + shape.block_size - 1) / shape.block_size * int64_t{shape.block_size};
+  };
+  // Each sequence decides alone, so that its numbers never depend on what shares its step (the two
+  // kernels round differently): wide when its rebuilt K/V fit the scratch and its own wide items,
+  // never split, fill the GPU.
   std::vector<int32_t> chosen;
-  int64_t scratch_keys = 0, num_items = 0;
-  for (int32_t s : order) {
-    const int64_t keys = (context(s) + shape.block_size - 1) / shape.block_size * int64_t{shape.block_size};
-    if (scratch_keys + keys > shape.forked_wide_prefill_keys) continue;
-    scratch_keys += keys;
-    num_items += (sequences_[s].num_queries() * group + kAttentionWideRows - 1) / kAttentionWideRows;
-    chosen.push_back(s);
+  for (int32_t s : forked_prefill) {
+    const int64_t num_items = (sequences_[s].num_queries() * group + kAttentionWideRows - 1) / kAttentionWideRows;
+    if (scratch_keys_of(s) <= shape.forked_wide_prefill_keys && num_items * shape.num_kv_heads >= shape.num_sms)
+      chosen.push_back(s);
   }
-  // As for the plain list: wide items are never split, so they must fill the GPU unsplit.
-  if (chosen.empty() || num_items * shape.num_kv_heads < shape.num_sms) return;
+  if (chosen.empty()) return;
+  // Longest contexts first, in passes that each fit the scratch (a pass rebuilds, then attends).
+  std::stable_sort(chosen.begin(), chosen.end(), [&](int32_t a, int32_t b) { return context(a) > context(b); });
   std::vector<TileCandidate> wide;
+  auto close_pass = [&] {
+    std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
+      return a.num_key_tiles > b.num_key_tiles;
+    });
+    for (const TileCandidate& c : wide) forked_wide_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
+    wide.clear();
+    forked_wide_passes_.back().rebuild_end = static_cast<int32_t>(rebuild_items_.size());
+    forked_wide_passes_.back().item_end = static_cast<int32_t>(forked_wide_items_.size());
+  };
   int32_t next_block = 0;
   for (int32_t s : chosen) {
+    const int32_t num_keys = context(s);
+    const int32_t num_blocks = (num_keys + shape.block_size - 1) / shape.block_size;
+    if (forked_wide_passes_.empty() ||
+        static_cast<int64_t>(next_block + num_blocks) * shape.block_size > shape.forked_wide_prefill_keys) {
+      if (!forked_wide_passes_.empty()) close_pass();
+      forked_wide_passes_.push_back({static_cast<int32_t>(rebuild_items_.size()), 0,
+                                     static_cast<int32_t>(forked_wide_items_.size()), 0});
+      next_block = 0;  // the pass reuses the scratch from its start
+    }
     AttentionSequence copy = sequences_[s];
     copy.forked_slot = -1;
     copy.block_table_offset = static_cast<int32_t>(tables_.size());
-    const int32_t num_keys = context(s);
-    const int32_t num_blocks = (num_keys + shape.block_size - 1) / shape.block_size;
     for (int32_t b = 0; b < num_blocks; ++b) tables_.push_back(next_block++);
+    num_scratch_keys_ = std::max(num_scratch_keys_, next_block * shape.block_size);
     const int32_t scratch_sequence = static_cast<int32_t>(sequences_.size());
     sequences_.push_back(copy);
     for (int32_t key = 0; key < num_keys; key += kAttentionTileKeys)
@@ -319,11 +339,7 @@ void StepPlan::plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& fo
       wide.push_back({scratch_sequence, row, num_rows, kv_end, (kv_end + kAttentionTileKeys - 1) / kAttentionTileKeys});
     }
   }
-  std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
-    return a.num_key_tiles > b.num_key_tiles;
-  });
-  for (const TileCandidate& c : wide) forked_wide_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
-  num_scratch_keys_ = next_block * shape.block_size;
+  close_pass();
   forked_prefill.erase(std::remove_if(forked_prefill.begin(), forked_prefill.end(),
                                       [&](int32_t s) { return std::find(chosen.begin(), chosen.end(), s) != chosen.end(); }),
                        forked_prefill.end());
@@ -404,6 +420,7 @@ void StepPlan::assemble_words() {
   append(sections_.kv_slots, kv_slots_);
   append(sections_.sequences, sequences_);
   append(sections_.prefill_items, items_[0][0]);
+  append(sections_.wide_prefill_items, wide_prefill_items_);
   append(sections_.decode_items, items_[0][1]);
   append(sections_.forked_prefill_items, items_[1][0]);
   append(sections_.forked_decode_items, items_[1][1]);
@@ -426,6 +443,7 @@ LaunchCounts StepPlan::launch_counts() const {
   counts.rows = num_rows();
   counts.sequences = static_cast<int32_t>(sequences_.size());
   counts.prefill_items = num_prefill_items();
+  counts.wide_prefill_items = num_wide_prefill_items();
   counts.decode_items = num_decode_items();
   counts.forked_prefill_items = num_forked_prefill_items();
   counts.forked_decode_items = num_forked_decode_items();
@@ -443,7 +461,7 @@ LaunchCounts StepPlan::launch_counts() const {
 
 bool StepPlan::pad_for_graph(int32_t max_rows) {
   if (padded_ || num_rows() == 0 || num_rows() > max_rows || !items_[0][0].empty() || !items_[1][0].empty() ||
-      !forked_wide_items_.empty())
+      !wide_prefill_items_.empty() || !forked_wide_items_.empty())
     return false;
   padded_ = true;
   const int32_t real_rows = num_rows();

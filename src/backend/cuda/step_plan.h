@@ -48,7 +48,7 @@ struct PlanSections {
   size_t token_ids = 0, positions = 0, kv_slots = 0, block_tables = 0, residual_block_tables = 0, sequences = 0,
          prefill_items = 0, decode_items = 0, forked_prefill_items = 0, forked_decode_items = 0, combine_items = 0,
          lora_tokens = 0, lora_tiles = 0, logit_rows = 0, sampling = 0, lora_row_of_token = 0, residual_slots = 0,
-         row_adapter_slots = 0, rebuild_items = 0, forked_wide_items = 0;
+         row_adapter_slots = 0, rebuild_items = 0, forked_wide_items = 0, wide_prefill_items = 0;
 };
 
 // How many of each list the step's kernels are launched over: the plan's own
@@ -58,7 +58,7 @@ struct PlanSections {
 struct LaunchCounts {
   int32_t rows = 0, sequences = 0, prefill_items = 0, decode_items = 0, forked_prefill_items = 0,
           forked_decode_items = 0, combine_items = 0, lora_rows = 0, lora_tiles = 0, logit_rows = 0,
-          sampling_rows = 0, rebuild_items = 0, forked_wide_items = 0;
+          sampling_rows = 0, rebuild_items = 0, forked_wide_items = 0, wide_prefill_items = 0;
   bool has_forked_sequences = false, has_residual_writes = false;
   auto operator<=>(const LaunchCounts&) const = default;
 };
@@ -120,16 +120,21 @@ class StepPlan {
 
   int32_t num_tokens() const { return num_tokens_; }
   int32_t num_rows() const { return static_cast<int32_t>(row_token_ids_.size()); }
+  // Prefill items on the kPrefill kernel, and on the wide one (kPrefillWide or its
+  // ping-pong form: 128-row items, none split) for the sequences whose own
+  // items fill the GPU.
   int32_t num_prefill_items() const { return static_cast<int32_t>(items_[0][0].size()); }
-  // The variant of prefill_items(): kPrefill, or kPrefillWide (128-row items, none split).
-  AttentionVariant prefill_variant() const { return prefill_variant_; }
+  int32_t num_wide_prefill_items() const { return static_cast<int32_t>(wide_prefill_items_.size()); }
   int32_t num_decode_items() const { return static_cast<int32_t>(items_[0][1].size()); }
   int32_t num_forked_prefill_items() const { return static_cast<int32_t>(items_[1][0].size()); }
   int32_t num_forked_decode_items() const { return static_cast<int32_t>(items_[1][1].size()); }
   int32_t num_combine_items() const { return static_cast<int32_t>(combine_items_.size()); }
   // Forked prefills on the wide kernel: the rebuild items, the kPrefillWide
   // items over the scratch copies, and the scratch KV entries they need (a
-  // multiple of the block size).
+  // multiple of the block size). The items run in passes that each fit the
+  // scratch: rebuild_items [rebuild_begin, rebuild_end), then the wide items
+  // [item_begin, item_end), each pass overwriting the scratch.
+  const std::vector<ForkedWidePass>& forked_wide_passes() const { return forked_wide_passes_; }
   int32_t num_rebuild_items() const { return static_cast<int32_t>(rebuild_items_.size()); }
   int32_t num_forked_wide_items() const { return static_cast<int32_t>(forked_wide_items_.size()); }
   int32_t num_scratch_keys() const { return num_scratch_keys_; }
@@ -153,6 +158,7 @@ class StepPlan {
   int32_t num_device_sampled_rows() const { return num_device_sampled_rows_; }
   // Host copies of the work lists (for tests and benchmarks).
   const std::vector<AttentionWorkItem>& prefill_items() const { return items_[0][0]; }
+  const std::vector<AttentionWorkItem>& wide_prefill_items() const { return wide_prefill_items_; }
   const std::vector<AttentionWorkItem>& decode_items() const { return items_[0][1]; }
   const std::vector<AttentionWorkItem>& forked_prefill_items() const { return items_[1][0]; }
   const std::vector<AttentionWorkItem>& forked_decode_items() const { return items_[1][1]; }
@@ -163,8 +169,9 @@ class StepPlan {
  private:
   void place_rows(const Batch& batch, const PlanShape& shape, int32_t residual_block_size);
   void plan_attention(const PlanShape& shape);
-  // Moves the forked prefills that qualify (PlanShape::forked_wide_prefill_keys)
-  // out of `forked_prefill` into scratch copies, rebuild items and wide items.
+  // Moves the forked prefills that qualify (PlanShape::forked_wide_prefill_keys;
+  // each sequence alone, whatever shares the step) out of `forked_prefill`
+  // into scratch copies, rebuild items and wide items, in passes.
   void plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& forked_prefill);
   void plan_lora();
   // words_ from the members: fixed-size sections first, the block tables (main,
@@ -176,7 +183,7 @@ class StepPlan {
   PlanShape shape_;  // build()'s
   int32_t num_tokens_ = 0;
   int32_t num_partials_ = 0;
-  AttentionVariant prefill_variant_ = AttentionVariant::kPrefill;
+  std::vector<AttentionWorkItem> wide_prefill_items_;
   int32_t max_forked_context_ = 0;
   bool has_residual_writes_ = false;
   std::vector<int32_t> row_token_ids_, row_positions_, row_adapter_slots_;
@@ -187,6 +194,7 @@ class StepPlan {
   std::vector<AttentionCombineItem> combine_items_;
   std::vector<ResidualRebuildItem> rebuild_items_;
   std::vector<AttentionWorkItem> forked_wide_items_;
+  std::vector<ForkedWidePass> forked_wide_passes_;
   int32_t num_scratch_keys_ = 0;
   std::vector<int32_t> lora_tokens_;
   std::vector<int32_t> lora_row_of_token_;  // [rows]: index into lora_tokens_, -1 without adapter
