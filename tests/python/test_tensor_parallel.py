@@ -17,8 +17,10 @@ import openai  # noqa: E402
 GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
 MODES = {"adapter0": "activated", "adapter1": "base", "adapter2": "forked", "adapter3": "isolated"}
 INVOCATION = [512 // 2 + 3, 512 // 2 + 7]  # synthetic_alora_invocation_tokens of the tiny model
-# A device pool of 128 tokens (2 layers x K, V x 2 kv heads x 16 x fp32 = 512 bytes a token) and a host tier.
-HOST_TIER = ["--kv-cache-bytes", "64K", "--host-kv-memory", "2M", "--max-lora-rank", "16"]
+# A main device pool of 128 tokens (2 layers x K, V x 2 kv heads x 16 x fp32 = 512 bytes a token) beside a
+# 128K rCache pool, and a host tier.
+HOST_TIER = ["--kv-cache-bytes", "192K", "--residual-kv-cache-memory", "128K", "--host-kv-memory", "2M",
+             "--max-lora-rank", "16"]
 
 
 def token_prompt(length, seed):
@@ -74,6 +76,7 @@ class TensorParallelTest(unittest.TestCase):
         again = self.clients[1].completions.create(model="tiny", prompt=prompt, max_tokens=4, **GREEDY)
         self.assertEqual(again.choices[0].text, first.choices[0].text)
         self.assertGreater(again.usage.prompt_tokens_details.cached_tokens, 0)
+        self.assertGreater(self.sharded.metrics().get("loom_loaded_tokens_total", 0), 0)  # loaded from the host
 
     def test_the_config_says_how_the_model_is_sharded(self):
         status, _, body = self.sharded.request("GET", "/v1/models")
