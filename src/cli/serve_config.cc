@@ -73,6 +73,7 @@ ResolvedServe resolve(const ServeOptions& options) {
                 "use one of isolated, activated, base, forked");
   engine.default_sharing = *default_sharing;
   engine.workflow_aware_eviction = options.eviction_policy == "workflow";
+  engine.blocking_host_loads = options.host_load_policy == "blocking";
   if (options.kv_cache_bytes) engine.kv_cache_bytes = *options.kv_cache_bytes;
   if (vllm.max_num_seqs > 0) engine.max_running_requests = vllm.max_num_seqs;
   if (vllm.max_num_batched_tokens > 0) engine.max_batch_tokens = vllm.max_num_batched_tokens;
@@ -173,6 +174,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
                                                              : nlohmann::json(engine.kv_cache_bytes)},
           {"gpu_memory_fraction", serve.gpu_memory_fraction},
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
+          {"host_load_policy", engine.blocking_host_loads ? "blocking" : "background"},
           {"disk_kv_path", or_null(engine.disk_kv_path)},
           {"disk_kv_bytes", engine.disk_kv_bytes},
           {"role", kv_transfer.role},

@@ -148,6 +148,13 @@ void add_kv_tier_flags(CLI::App& app, ServeOptions& options) {
                  "blocks are backed up there and evicted blocks load back instead of being recomputed. Shared with "
                  "the forked adapters' rCache pool when there is one (see --host-residual-kv-memory)")
       ->transform(byte_size_transform("--host-kv-memory"));
+  app.add_option("--host-load-policy", options.host_load_policy,
+                 "With a host tier, a request whose cached prefix loads back from host memory: background "
+                 "(default; it waits while other requests run, status-aware admission) or blocking (it keeps its "
+                 "place in line and the step waits for its load, as SGLang HiCache's load-back: the KVFlow paper's "
+                 "baseline)")
+      ->check(CLI::IsMember({"background", "blocking"}))
+      ->capture_default_str();
   app.add_option("--host-residual-kv-memory", engine.host_residual_kv_cache_bytes,
                  "The forked rCache pool's part of --host-kv-memory: BYTES (suffix K, M, G allowed), 0 = no host "
                  "tier for the rCache, auto (default) = its share of the device KV bytes (each pool's host tier "

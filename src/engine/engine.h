@@ -90,6 +90,11 @@ struct EngineConfig {
   // at most prefetch_max_bytes in flight (0 = no limit but the pool). 0 agents = off.
   int32_t prefetch_agents = 2;
   int64_t prefetch_max_bytes = 0;
+  // --host-load-policy blocking|background (scheduler.h policy 6, HostLoadPolicy): false =
+  // background (a request whose prefix loads from the host waits while others run); true =
+  // blocking (it holds its place and the step waits for its load: HiCache's load-back, the
+  // KVFlow paper's baseline).
+  bool blocking_host_loads = false;
   // Disk / shared-storage tier below the host tier (--disk-kv-path DIR,
   // --disk-kv-bytes N, --disk-kv-warm-start, --disk-kv-read-bandwidth B/s):
   // content-addressed block files in DIR (kvstore/disk_kv_store.h) that

@@ -18,11 +18,20 @@ double seconds_between(SteadyTime from, SteadyTime to) { return std::chrono::dur
 void EngineImpl::step() {
   workflow_sync_.sync(pools_.caches());  // before plan(): its allocations evict by the current steps
   // Disk reads (policy 7), the step, then prefetches of the next agents (policy 8: demand loads and admissions go first).
-  const ScheduledBatch scheduled = scheduler_->plan(pools_.prefetch_request(workflow_sync_.agent_steps()));
-  const SteadyTime scheduled_at = std::chrono::steady_clock::now();
-  num_scheduler_waiting_ = scheduler_->num_waiting();
+  ScheduledBatch scheduled = scheduler_->plan(pools_.prefetch_request(workflow_sync_.agent_steps()));
+  SteadyTime scheduled_at = std::chrono::steady_clock::now();
   note_load_waits(scheduled, scheduled_at);
   pools_.pump_transfers();
+  if (!scheduled.blocked_on_load.empty()) {  // --host-load-policy blocking: the step waits for the load
+    while (!scheduled.blocked_on_load.empty()) {
+      pools_.wait_for_transfer();
+      scheduled = scheduler_->resume_after_loads(std::move(scheduled));
+      pools_.pump_transfers();  // a load it started
+    }
+    scheduled_at = std::chrono::steady_clock::now();
+    note_load_waits(scheduled, scheduled_at);  // the blocked request's wait ends now
+  }
+  num_scheduler_waiting_ = scheduler_->num_waiting();
   if (scheduled.empty()) {  // nothing fits, or every waiting request waits on a load: do not spin
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
     return;

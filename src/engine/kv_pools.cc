@@ -343,6 +343,12 @@ void KvPools::drain_transfers() {
   }
 }
 
+void KvPools::wait_for_transfer() {
+  if (!transfers_) return;
+  transfers_->wait_for_finished();
+  pump_transfers();
+}
+
 PrefetchRequest KvPools::prefetch_request(const std::map<std::string, int32_t>& steps_by_agent_key) const {
   PrefetchRequest prefetch;
   if (!transfers_ || config_.prefetch_agents <= 0 || steps_by_agent_key.empty()) return prefetch;

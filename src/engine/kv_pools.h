@@ -165,6 +165,10 @@ class KvPools {
   void pump_transfers();
   // Waits for every transfer and applies it: before pools change or namespaces drop.
   void drain_transfers();
+  // Waits until a submitted transfer has ended (at once when one has and is not handed back
+  // yet, or none is in flight), then pumps: the engine's wait for a load under
+  // --host-load-policy blocking. Pump first, so that what was planned is submitted.
+  void wait_for_transfer();
   bool has_transfers_in_flight() const;
   // What the scheduler should prefetch after the step (its policy 8): the
   // agents closest to running (steps >= 1, by steps then key), up to

@@ -60,6 +60,11 @@ void KvTransferWorker::wait_idle() {
   copy_ended_.wait(lock, [this] { return num_unfinished_ == 0; });
 }
 
+void KvTransferWorker::wait_for_finished() {
+  std::unique_lock lock(mutex_);
+  copy_ended_.wait(lock, [this] { return !finished_.empty() || num_unfinished_ == 0; });
+}
+
 int32_t KvTransferWorker::num_pending() const {
   std::lock_guard lock(mutex_);
   return num_unfinished_ + static_cast<int32_t>(finished_.size());

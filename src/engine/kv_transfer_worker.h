@@ -63,6 +63,9 @@ class KvTransferWorker {
   // Blocks until every submitted transfer has ended (they stay in
   // take_finished()). For reallocating pools and for tests.
   void wait_idle();
+  // Blocks until a transfer has ended that take_finished() has not returned yet, or none is
+  // submitted and unfinished.
+  void wait_for_finished();
   // Submitted and not yet taken by take_finished().
   int32_t num_pending() const;
 

@@ -1,6 +1,7 @@
 #include "scheduler/scheduler.h"
 
 #include <algorithm>
+#include <iterator>
 #include <limits>
 #include <set>
 
@@ -89,12 +90,17 @@ void Scheduler::add(SchedulerRequestId id, std::vector<int32_t> prompt_tokens, s
 
 class Scheduler::Planner {
  public:
-  explicit Planner(const Scheduler& scheduler)
+  // `blocked`: plan the rest of that step (admissions only, from what it left).
+  Planner(const Scheduler& scheduler, const ScheduledBatch* blocked)
       : scheduler_(scheduler), kv_caches_(scheduler.kv_caches_), ledger_(scheduler.kv_caches_),
-        budget_(scheduler.config_.max_batch_tokens) {}
+        budget_(scheduler.config_.max_batch_tokens - (blocked ? blocked->num_tokens() : 0)),
+        is_resuming_(blocked != nullptr),
+        is_blocking_(scheduler.config_.host_load_policy == HostLoadPolicy::kBlocking) {
+    LOOM_CHECK(budget_ >= 0);
+  }
 
   SchedulerDecision run() {
-    plan_running();
+    if (!is_resuming_) plan_running();
     if (preempted_.empty()) plan_admissions();
     return std::move(decision_);
   }
@@ -170,7 +176,14 @@ class Scheduler::Planner {
       if (!request.adapter.empty() && adapters.count(request.adapter) == 0 &&
           static_cast<int32_t>(adapters.size()) >= scheduler_.config_.max_loras_per_batch)
         continue;
-      if (kv_caches_.has_any_host_tier() && waits_on_load(request)) continue;
+      if (kv_caches_.has_any_host_tier()) {
+        const LoadWait wait = waits_on_load(request);
+        if (wait == LoadWait::kHostLoad && is_blocking_) {  // it holds its place; the step waits for its load
+          decision_.blocked_on_load.push_back(id);
+          break;
+        }
+        if (wait != LoadWait::kNone) continue;  // status-aware: later requests pass it
+      }
       if (!admit(request)) {
         decision_.actions.push_back(SchedulerAction::no_room(id));
         break;
@@ -180,8 +193,12 @@ class Scheduler::Planner {
     }
   }
 
+  // kHostLoad: its prefix is loading from the host, or it starts the load; kOther: it
+  // waits for something else (a disk read, its turn for one, room).
+  enum class LoadWait : uint8_t { kNone, kHostLoad, kOther };
+
   // Policy 6. Adds the kWaitOnLoad / kStartLoad action when the request waits.
-  bool waits_on_load(const RequestState& request) {
+  LoadWait waits_on_load(const RequestState& request) {
     // Each member's prefix is [device ...][loading ...][host ...] (kv/prefix_location.h).
     PerKvCache<PrefixLocation> locations;
     for (KvCacheId member : kAllKvCaches) {
@@ -190,7 +207,7 @@ class Scheduler::Planner {
           kv_caches_[member].prefix_location(request.kv.key_in(member), request.lookup_tokens(), PrefixLookup::kTree);
       if (ledger_.is_loading(member, locations[member])) {
         decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
-        return true;
+        return LoadWait::kHostLoad;
       }
     }
     // A demand load pins the device part of its member's prefix, then takes the blocks it can get there.
@@ -226,12 +243,12 @@ class Scheduler::Planner {
       // is coming, its turn for one is (policy 7), or it is reserved and room will come.
       const bool waits = kv_caches_.disk_read_pending(request.kv, request.lookup_tokens()) ||
                          waits_for_disk_read(request) || (any_host && is_reserved(request) && room_will_come());
-      if (!waits) return false;
+      if (!waits) return LoadWait::kNone;
       decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
-      return true;
+      return LoadWait::kOther;
     }
     decision_.actions.push_back(SchedulerAction::start_load(request.id, num_pinned, num_load));
-    return true;
+    return LoadWait::kHostLoad;
   }
 
   // Locks the request's cached prefix in every member it uses and gives it
@@ -322,11 +339,14 @@ class Scheduler::Planner {
   std::map<SchedulerRequestId, KvBlockCounts> new_blocks_;  // kRun actions of this step
   std::map<SchedulerRequestId, int32_t> new_tokens_;
   int32_t num_loads_ = 0;  // kStartLoad actions of this step
+  const bool is_resuming_;
+  const bool is_blocking_;
 };
 
-SchedulerDecision Scheduler::schedule(const PrefetchRequest& prefetch) const {
-  SchedulerDecision decision = Planner(*this).run();
-  if (kv_caches_.has_any_host_tier()) decision.prefetch = prefetch;
+SchedulerDecision Scheduler::schedule(const PrefetchRequest& prefetch, const ScheduledBatch* blocked) const {
+  LOOM_CHECK(blocked == nullptr || !blocked->blocked_on_load.empty());
+  SchedulerDecision decision = Planner(*this, blocked).run();
+  if (kv_caches_.has_any_host_tier() && blocked == nullptr) decision.prefetch = prefetch;
   return decision;
 }
 
@@ -352,6 +372,21 @@ ScheduledBatch Scheduler::plan(const PrefetchRequest& prefetch) {
   ScheduledBatch batch = apply(schedule(prefetch));
   batch.num_disk_read_blocks = num_disk_read_blocks;
   return batch;
+}
+
+ScheduledBatch Scheduler::resume_after_loads(ScheduledBatch blocked) {
+  ScheduledBatch more = apply(schedule({}, &blocked));
+  auto is_admitted = [&](SchedulerRequestId id) {
+    return std::any_of(more.requests.begin(), more.requests.end(),
+                       [&](const ScheduledRequest& entry) { return entry.id == id; });
+  };
+  std::erase_if(blocked.waiting_on_load, is_admitted);
+  for (SchedulerRequestId id : more.waiting_on_load)
+    if (std::find(blocked.waiting_on_load.begin(), blocked.waiting_on_load.end(), id) == blocked.waiting_on_load.end())
+      blocked.waiting_on_load.push_back(id);
+  std::move(more.requests.begin(), more.requests.end(), std::back_inserter(blocked.requests));
+  blocked.blocked_on_load = std::move(more.blocked_on_load);
+  return blocked;
 }
 
 // ---- apply(): the one place the step mutates queues and caches ----
@@ -449,6 +484,7 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
     }
   }
   if (decision.is_disk_walk_cut_short) is_host_budget_spent_ = true;
+  batch.blocked_on_load = decision.blocked_on_load;
   apply_prefetch(decision.prefetch);
   return batch;
 }

@@ -58,6 +58,16 @@
 //        it waits for room.
 //      Either way its id is in ScheduledBatch::waiting_on_load for that step. A load
 //      that fails leaves the blocks off the host, so the next check admits it.
+//      That is HostLoadPolicy::kBackground. Under kBlocking (HiCache's load-back,
+//      the KVFlow paper's baseline) there is no status-aware admission: the first
+//      request in rank order whose prefix is loading, or whose load it starts,
+//      stops admission (nobody ranked after it passes it) and is the step's
+//      ScheduledBatch::blocked_on_load; the engine then waits for the load
+//      before the step's forward and calls resume_after_loads(), which admits
+//      it (and those after it, in rank order, from the budget the step left)
+//      into that same step: the step waits for its load, as HiCache's forward
+//      waits for the load-back of the requests in its batch. Disk reads
+//      (policy 7) are not host loads and keep their waits under both policies.
 //   7. Disk tier: schedule_disk_reads() lists the waiting requests in rank
 //      order (kReadFromDisk, at most kMaxDiskReadWalk); apply() walks them with
 //      a host budget per member (its host blocks). It first clears every
@@ -116,10 +126,17 @@
 
 namespace loom {
 
+// How a step treats a request whose prefix loads from the host tier (policy 6).
+enum class HostLoadPolicy : uint8_t {
+  kBackground,  // it waits, others run while it loads (status-aware admission; KVFlow)
+  kBlocking,    // it holds its place and the step waits for its load (HiCache's load-back)
+};
+
 struct SchedulerConfig {
   int32_t max_batch_tokens = 2048;
   int32_t max_running_requests = 64;
   int32_t max_loras_per_batch = 8;
+  HostLoadPolicy host_load_policy = HostLoadPolicy::kBackground;
 };
 
 using SchedulerRequestId = int64_t;
@@ -148,6 +165,10 @@ struct ScheduledBatch {
   // Waiting requests held back this step because their prefix is (now) loading
   // from the host tier (policy 6). The engine measures their wait.
   std::vector<SchedulerRequestId> waiting_on_load;
+  // HostLoadPolicy::kBlocking: the request admission stopped at (empty or one id, also
+  // in waiting_on_load). The step must not run before its load lands: the engine waits
+  // for transfers, then resume_after_loads() until this is empty.
+  std::vector<SchedulerRequestId> blocked_on_load;
   int32_t num_disk_read_blocks = 0;  // blocks (all members) whose disk reads the plan started (policy 7)
   int32_t num_tokens() const;
   bool empty() const { return requests.empty(); }
@@ -228,6 +249,8 @@ struct SchedulerDecision {
   bool is_disk_walk_cut_short = false;
   // Policy 8: started after the actions (empty: none).
   PrefetchRequest prefetch;
+  // Policy 6 under HostLoadPolicy::kBlocking: ScheduledBatch::blocked_on_load.
+  std::vector<SchedulerRequestId> blocked_on_load;
 };
 
 class Scheduler {
@@ -249,8 +272,11 @@ class Scheduler {
   }
   // The step's decisions (policy above), from the queues and the KvCacheGroup
   // as they are now, with the prefetches asked for (none without a host tier).
+  // With `blocked` (a batch whose blocked_on_load is set, applied, nothing else
+  // changed since but transfers): the rest of that step, admissions only, in
+  // rank order, from the budget and running slots it left (policy 6, kBlocking).
   // Changes nothing.
-  SchedulerDecision schedule(const PrefetchRequest& prefetch = {}) const;
+  SchedulerDecision schedule(const PrefetchRequest& prefetch = {}, const ScheduledBatch* blocked = nullptr) const;
   // Policy 7's walk: a kReadFromDisk action per waiting request, in rank
   // order (none without a disk tier). Changes nothing.
   SchedulerDecision schedule_disk_reads() const;
@@ -261,6 +287,10 @@ class Scheduler {
   // apply(schedule_disk_reads()) (with a disk tier), then
   // apply(schedule(prefetch)), whose batch counts the disk reads started.
   ScheduledBatch plan(const PrefetchRequest& prefetch = {});
+  // kBlocking: `blocked` (the step so far) with apply(schedule({}, &blocked))
+  // added: its requests, waits and blocked_on_load (again the blocked request
+  // when its load has not landed yet). Call after transfers finished.
+  ScheduledBatch resume_after_loads(ScheduledBatch blocked);
   // After the backend ran the batch: advances num_computed_tokens and commits
   // full blocks to the cache. Call before append_token / finish.
   void complete_step(const ScheduledBatch& batch);

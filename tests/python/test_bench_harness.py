@@ -286,6 +286,13 @@ class CompareTest(unittest.TestCase):
         self.assertTrue(all(c.needs_own_server for c in result))
         with self.assertRaises(ValueError):
             self.build("cache=lru+disk")
+        # KVFlow's baseline beside Loom's admission: blocking (HiCache's load-back) vs background host loads.
+        result = configs.build("sequential", ["cache=lru+host", "host_load=blocking,background"], ["--model", "/m"],
+                               [], workloads.Params(), configs.Arrivals(num_tasks=4, concurrency=2), "512M")
+        self.assertEqual([c.name for c in result], ["cache=lru+host,host_load=blocking",
+                                                    "cache=lru+host,host_load=background"])
+        self.assertEqual(result[0].serve_args[-2:], ["--host-load-policy", "blocking"])
+        self.assertTrue(all(c.needs_own_server for c in result))
 
     def test_disk_presets_add_a_fresh_disk_tier(self):
         result = configs.build("sequential", ["cache=lru+host+disk,workflow+prefetch+disk"], ["--model", "/m"], [],

@@ -62,6 +62,7 @@ class EngineHostTierTest : public ::testing::Test {
     int32_t num_host_blocks = 64;
     int32_t prefetch_agents = 0;
     bool fail_loads = false;
+    bool blocking_loads = false;  // --host-load-policy blocking
   };
   void start(const Options& options) {
     EngineConfig config;
@@ -71,6 +72,7 @@ class EngineHostTierTest : public ::testing::Test {
     config.workflow_aware_eviction = options.workflow_aware;
     config.num_host_kv_blocks = options.num_host_blocks;
     config.prefetch_agents = options.prefetch_agents;
+    config.blocking_host_loads = options.blocking_loads;
     auto backend = std::make_unique<FlakyCopyBackend>(make_cpu_backend(model_->config, model_->weights, {1, 8}),
                                                       options.fail_loads);
     engine_ = std::make_unique<EngineImpl>(*model_, std::move(backend), config);
@@ -200,6 +202,18 @@ TEST_F(EngineHostTierTest, LruWithHostTierLoadsEvictedPrefixesBack) {
   EXPECT_GT(metrics.num_offloaded_tokens, 0);
   EXPECT_GT(metrics.kv_bytes_host, 0);
   EXPECT_EQ(metrics.load_wait_time.size(), 4u);  // each of them waited on its load
+}
+
+// --host-load-policy blocking: the same loads, hits and tokens; each load is waited for
+// inside the step that admits its request (the engine's loop around resume_after_loads).
+TEST_F(EngineHostTierTest, BlockingHostLoadsGiveTheSameHitsAndTokens) {
+  start({.workflow_aware = false, .num_host_blocks = 64, .blocking_loads = true});
+  const std::vector<Outcome> outcomes = run_fig1_cycle();
+  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens, kFixedTokens}));
+  expect_reference_tokens(outcomes);
+  const EngineMetrics metrics = engine_->take_metrics();
+  EXPECT_EQ(metrics.num_loaded_tokens, 4 * kFixedTokens);
+  EXPECT_EQ(metrics.load_wait_time.size(), 4u);  // each second call's wait, ended in the step that ran it
 }
 
 // Workflow policy + prefetch: while the executor runs, the expresser (next) is

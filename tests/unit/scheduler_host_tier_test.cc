@@ -29,7 +29,8 @@ Tokens prompt(int32_t length, int32_t seed) {
 // test decides when planned transfers run (copy + finish_transfer).
 class Harness {
  public:
-  Harness(int32_t num_blocks, int32_t num_host_blocks) : kv_caches(num_blocks, 0, kBlockSize), scheduler(config(), kv_caches) {
+  Harness(int32_t num_blocks, int32_t num_host_blocks, HostLoadPolicy policy = HostLoadPolicy::kBackground)
+      : kv_caches(num_blocks, 0, kBlockSize), scheduler(config(policy), kv_caches) {
     backend.allocate_kv_cache({num_blocks, kBlockSize});
     if (num_host_blocks > 0) {
       backend.allocate_host_kv_cache(KvPoolKind::kMain, num_host_blocks);
@@ -38,9 +39,10 @@ class Harness {
   }
   ~Harness() { EXPECT_EQ(cache.integrity_error(), ""); }
 
-  static SchedulerConfig config() {
+  static SchedulerConfig config(HostLoadPolicy policy) {
     SchedulerConfig config;
     config.max_batch_tokens = 64;
+    config.host_load_policy = policy;
     return config;
   }
 
@@ -73,8 +75,18 @@ class Harness {
     return static_cast<int32_t>(pending_.size());
   }
 
+  // One engine step: under kBlocking it waits for the blocked request's load (runs every
+  // transfer) and resumes, as EngineImpl::step() does.
   ScheduledBatch step() {
     ScheduledBatch plan = scheduler.plan();
+    while (!plan.blocked_on_load.empty()) {
+      run_transfers();
+      plan = scheduler.resume_after_loads(std::move(plan));
+    }
+    return run(std::move(plan));
+  }
+  // Runs a planned step through the backend.
+  ScheduledBatch run(ScheduledBatch plan) {
     if (!plan.empty()) {
       const Batch batch = build_batch(plan, scheduler, [](SchedulerRequestId) { return -1; });
       const ForwardResult result = backend.forward(batch);
@@ -209,6 +221,112 @@ TEST(SchedulerHostTierTest, FullHostPoolDegradesToRecompute) {
   h.add(1, with_suffix, 2);
   h.run_to_completion();
   EXPECT_EQ(h.prefix_hits.at(1), 4);
+  EXPECT_EQ(h.outputs.at(1), reference_output(with_suffix, 2));
+}
+
+std::vector<SchedulerRequestId> ids(const ScheduledBatch& plan) {
+  std::vector<SchedulerRequestId> ids;
+  for (const ScheduledRequest& entry : plan.requests) ids.push_back(entry.id);
+  return ids;
+}
+
+// Request 3 decodes; 1 arrives with its prefix on the host, then 2 with nothing cached.
+struct LoadScenario {
+  Tokens with_suffix;
+  Tokens running = prompt(6, 5);
+  Tokens later = prompt(6, 2);
+};
+
+LoadScenario start_load_scenario(Harness& h) {
+  LoadScenario scenario;
+  const Tokens shared = prompt(12, 1);  // 3 blocks
+  put_prefix_on_host(h, shared);
+  h.add(3, scenario.running, 4);
+  EXPECT_EQ(ids(h.step()), std::vector<SchedulerRequestId>{3});  // its prefill: it decodes from now on
+  h.run_transfers();                                              // its backups
+  scenario.with_suffix = shared;
+  scenario.with_suffix.insert(scenario.with_suffix.end(), {5, 6, 7});
+  h.add(1, scenario.with_suffix, 3);
+  h.add(2, scenario.later, 2);
+  return scenario;
+}
+
+void expect_reference_outputs(Harness& h, const LoadScenario& scenario) {
+  h.run_to_completion();
+  EXPECT_EQ(h.prefix_hits.at(1), 12);
+  EXPECT_EQ(h.outputs.at(1), reference_output(scenario.with_suffix, 3));
+  EXPECT_EQ(h.outputs.at(2), reference_output(scenario.later, 2));
+  EXPECT_EQ(h.outputs.at(3), reference_output(scenario.running, 4));
+  EXPECT_EQ(h.cache.stats().num_loaded_blocks, 3);
+}
+
+// --host-load-policy blocking (HiCache's load-back): 1 holds its place, nobody passes it,
+// and the step (3's decode with it) cannot run until its load lands; then 1 and 2 join that step.
+TEST(SchedulerHostTierTest, BlockingPolicyStepWaitsForTheLoadAndNobodyPassesIt) {
+  Harness h(16, 16, HostLoadPolicy::kBlocking);
+  const LoadScenario scenario = start_load_scenario(h);
+
+  ScheduledBatch plan = h.scheduler.plan();
+  EXPECT_EQ(plan.blocked_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(ids(plan), std::vector<SchedulerRequestId>{3});  // 2 does not overtake 1
+  ASSERT_EQ(h.num_pending_transfers(), 1);                   // 1's load
+
+  plan = h.scheduler.resume_after_loads(std::move(plan));  // not landed: still blocked, nothing added
+  EXPECT_EQ(plan.blocked_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(ids(plan), std::vector<SchedulerRequestId>{3});
+  EXPECT_FALSE(h.scheduler.is_running(2));
+
+  h.run_transfers();  // the load lands; the same step goes on
+  plan = h.scheduler.resume_after_loads(std::move(plan));
+  EXPECT_TRUE(plan.blocked_on_load.empty());
+  EXPECT_TRUE(plan.waiting_on_load.empty());
+  EXPECT_EQ(ids(plan), (std::vector<SchedulerRequestId>{3, 1, 2}));  // rank order kept
+  EXPECT_EQ(plan.requests[1].num_prefix_hit_tokens, 12);               // its whole prefix, loaded
+  EXPECT_EQ(plan.requests[1].num_new_tokens, 3);
+  EXPECT_EQ(plan.num_tokens(), 1 + 3 + 6);
+  h.run(std::move(plan));
+  expect_reference_outputs(h, scenario);
+}
+
+// --host-load-policy background (status-aware admission): 1 waits, 2 passes it and 3 keeps
+// decoding while the load is in flight.
+TEST(SchedulerHostTierTest, BackgroundPolicyRunsOthersWhileTheLoadIsInFlight) {
+  Harness h(16, 16, HostLoadPolicy::kBackground);
+  const LoadScenario scenario = start_load_scenario(h);
+
+  ScheduledBatch plan = h.step();
+  EXPECT_TRUE(plan.blocked_on_load.empty());
+  EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(ids(plan), (std::vector<SchedulerRequestId>{3, 2}));  // 2 passes 1
+  h.run_transfers(KvCacheManager::Transfer::Kind::kOffload);      // the load stays in flight
+  ASSERT_EQ(h.num_pending_transfers(), 1);
+
+  plan = h.step();  // a second step runs before the load lands
+  EXPECT_EQ(plan.waiting_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(ids(plan), (std::vector<SchedulerRequestId>{3, 2}));
+  expect_reference_outputs(h, scenario);
+}
+
+// Blocking stops admission only for host loads: the loads of several requests in line land
+// one after another within one step, and a load that fails leaves the request to recompute.
+TEST(SchedulerHostTierTest, BlockingPolicyFailedLoadRecomputesInTheSameStep) {
+  Harness h(16, 16, HostLoadPolicy::kBlocking);
+  const Tokens shared = prompt(12, 3);
+  put_prefix_on_host(h, shared);
+  Tokens with_suffix = shared;
+  with_suffix.push_back(9);
+  h.add(1, with_suffix, 2);
+  ScheduledBatch plan = h.scheduler.plan();
+  EXPECT_EQ(plan.blocked_on_load, std::vector<SchedulerRequestId>{1});
+  EXPECT_TRUE(plan.empty());
+  h.run_transfers(std::nullopt, /*succeed=*/false);
+  plan = h.scheduler.resume_after_loads(std::move(plan));
+  EXPECT_TRUE(plan.blocked_on_load.empty());
+  ASSERT_EQ(ids(plan), std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(plan.requests[0].num_prefix_hit_tokens, 0);  // the suspect host copies are gone
+  h.run(std::move(plan));
+  h.run_to_completion();
   EXPECT_EQ(h.outputs.at(1), reference_output(with_suffix, 2));
 }
 

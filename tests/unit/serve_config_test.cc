@@ -60,6 +60,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(serve.engine.host_kv_cache_bytes, 0);
   EXPECT_EQ(serve.engine.default_sharing, KvSharing::kIsolated);
   EXPECT_FALSE(serve.engine.workflow_aware_eviction);
+  EXPECT_FALSE(serve.engine.blocking_host_loads);
   EXPECT_FALSE(serve.engine.kv_events.enabled);
   EXPECT_EQ(serve.server.served_model_names, std::vector<std::string>{kModel});
   EXPECT_EQ(serve.server.served_model_name(), kModel);
@@ -86,6 +87,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["generation_config"], nullptr);
   EXPECT_EQ(config["chat_template"], "model");
   EXPECT_EQ(config["eviction_policy"], "lru");
+  EXPECT_EQ(config["host_load_policy"], "background");
   EXPECT_EQ(config["default_sharing"], "isolated");
   EXPECT_EQ(config["cuda_graphs"], true);
   EXPECT_EQ(config["api_key"], false);
@@ -94,7 +96,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
   EXPECT_EQ(config["tensor_parallel_size"], 1);
   EXPECT_EQ(config["reasoning_parser"], "none");
-  EXPECT_EQ(config.size(), 37u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config.size(), 38u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -192,6 +194,16 @@ TEST_F(ServeConfigTest, ResponsesStoreFlagsBoundTheStore) {
                      {"bad --responses-store-max-bytes '1Q'"});
   EXPECT_THROW(parse({"--responses-store-max-entries", "-1"}), CLI::ParseError);
   EXPECT_THROW(parse({"--responses-store-ttl", "-5"}), CLI::ParseError);
+}
+
+TEST_F(ServeConfigTest, HostLoadPolicyPicksTheSchedulersBehaviourForLoads) {
+  const ResolvedServe blocking = checked({"--host-kv-memory", "4M", "--host-load-policy", "blocking"});
+  EXPECT_TRUE(blocking.engine.blocking_host_loads);
+  EXPECT_EQ(effective_config(blocking, 4096)["host_load_policy"], "blocking");
+  const ResolvedServe background = checked({"--host-kv-memory", "4M", "--host-load-policy", "background"});
+  EXPECT_FALSE(background.engine.blocking_host_loads);
+  EXPECT_EQ(effective_config(background, 4096)["host_load_policy"], "background");
+  EXPECT_THROW(parse({"--host-load-policy", "wait_complete"}), CLI::ParseError);
 }
 
 TEST_F(ServeConfigTest, ServedNamesAreOneListDefaultingToTheFileName) {

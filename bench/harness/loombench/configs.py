@@ -6,6 +6,8 @@ Keys:
                      isolated | activated | base | forked)
   eviction=POLICY    `loom serve --eviction-policy POLICY` (lru | workflow);
                      the flag name lives in SERVE_FLAGS below, one place to change
+  host_load=POLICY   `loom serve --host-load-policy POLICY` (background | blocking: HiCache's
+                     load-back, the KVFlow paper's baseline); with a cache=...+host preset
   cache=PRESET       the KV cache setup of the workflow benchmark, one of CACHE_PRESETS:
                      lru | lru+host | lru+host+disk | workflow | workflow+host | workflow+host+disk |
                      workflow+prefetch | workflow+prefetch+disk
@@ -23,7 +25,7 @@ from typing import Dict, List, Optional, Tuple
 from . import workloads
 
 SHARING_MODES = ("isolated", "activated", "base", "forked")
-SERVE_FLAGS = {"eviction": "--eviction-policy"}
+SERVE_FLAGS = {"eviction": "--eviction-policy", "host_load": "--host-load-policy"}
 # cache=PRESET -> `loom serve` flags; "{host}" is the harness's --host-kv-memory.
 CACHE_PRESETS = {
     "lru": ["--eviction-policy", "lru", "--host-kv-memory", "0"],
