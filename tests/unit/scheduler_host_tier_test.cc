@@ -308,8 +308,39 @@ TEST(SchedulerHostTierTest, BackgroundPolicyRunsOthersWhileTheLoadIsInFlight) {
   expect_reference_outputs(h, scenario);
 }
 
-// Blocking stops admission only for host loads: the loads of several requests in line land
-// one after another within one step, and a load that fails leaves the request to recompute.
+// Blocking: two requests in line with their prefixes on the host load one after the other
+// before the step runs, and both run in it.
+TEST(SchedulerHostTierTest, BlockingPolicyLoadsSeveralRequestsInLineBeforeTheStep) {
+  Harness h(16, 16, HostLoadPolicy::kBlocking);
+  std::vector<Tokens> prompts;
+  for (int32_t seed : {6, 7}) {
+    Tokens tokens = prompt(12, seed);
+    put_prefix_on_host(h, tokens);
+    tokens.push_back(seed);
+    prompts.push_back(tokens);
+  }
+  h.add(1, prompts[0], 2);
+  h.add(2, prompts[1], 2);
+  ScheduledBatch plan = h.scheduler.plan();
+  EXPECT_EQ(plan.blocked_on_load, std::vector<SchedulerRequestId>{1});
+  h.run_transfers();
+  plan = h.scheduler.resume_after_loads(std::move(plan));  // 1 in; 2's load starts and blocks the step
+  EXPECT_EQ(plan.blocked_on_load, std::vector<SchedulerRequestId>{2});
+  EXPECT_EQ(ids(plan), std::vector<SchedulerRequestId>{1});
+  EXPECT_EQ(h.num_pending_transfers(), 1);
+  h.run_transfers();
+  plan = h.scheduler.resume_after_loads(std::move(plan));
+  EXPECT_TRUE(plan.blocked_on_load.empty());
+  ASSERT_EQ(ids(plan), (std::vector<SchedulerRequestId>{1, 2}));
+  EXPECT_EQ(plan.requests[0].num_prefix_hit_tokens, 12);
+  EXPECT_EQ(plan.requests[1].num_prefix_hit_tokens, 12);
+  h.run(std::move(plan));
+  h.run_to_completion();
+  EXPECT_EQ(h.outputs.at(1), reference_output(prompts[0], 2));
+  EXPECT_EQ(h.outputs.at(2), reference_output(prompts[1], 2));
+}
+
+// Blocking: a load that fails leaves the request to recompute, in the step that waited.
 TEST(SchedulerHostTierTest, BlockingPolicyFailedLoadRecomputesInTheSameStep) {
   Harness h(16, 16, HostLoadPolicy::kBlocking);
   const Tokens shared = prompt(12, 3);
