@@ -1,5 +1,5 @@
 // KvTransferWorker: per-direction ordering, loads never wait behind offloads,
-// bounded queues, failed copies, wait_idle and shutdown with queued work, and
+// bounded queues, failed copies, wait_idle, wait_for_finished and shutdown with queued work, and
 // transfers of both KvCacheGroup members (same ids) kept apart.
 #include "engine/kv_transfer_worker.h"
 
@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <mutex>
 #include <stdexcept>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -135,6 +136,36 @@ TEST(KvTransferWorker, LoadFinishesWhileAnOffloadIsStuck) {
   offload_gate.open();
   worker.wait_idle();
   EXPECT_EQ(ids_of(worker.take_finished()), (std::vector<int64_t>{1, 2}));
+}
+
+// The blocking host-load policy's wait: the load that ends, while an offload is stuck, ends it.
+TEST(KvTransferWorker, WaitForFinishedReturnsWhenOneTransferEnds) {
+  KvTransferWorker idle([](const Transfer&) {}, 4);
+  idle.wait_for_finished();  // nothing submitted: at once
+  Gate offload_gate, load_gate;
+  KvTransferWorker worker(
+      [&](const Transfer& transfer) {
+        (transfer.transfer.kind == Kind::kOffload ? offload_gate : load_gate).wait();
+      },
+      4);
+  ASSERT_TRUE(worker.submit(make_transfer(1, Kind::kOffload)));
+  ASSERT_TRUE(worker.submit(make_transfer(2, Kind::kLoad)));
+  load_gate.wait_for_waiters(1);
+  std::atomic<bool> returned{false};
+  std::thread waiter([&] {
+    worker.wait_for_finished();
+    returned = true;
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(returned);  // both copies still running
+  load_gate.open();
+  waiter.join();
+  EXPECT_EQ(ids_of(worker.take_finished()), std::vector<int64_t>{2});
+  offload_gate.open();
+  worker.wait_idle();
+  worker.wait_for_finished();  // one ended and not taken: at once
+  EXPECT_EQ(ids_of(worker.take_finished()), std::vector<int64_t>{1});
+  worker.wait_for_finished();  // none in flight: at once
 }
 
 TEST(KvTransferWorker, FullQueueRefusesWithoutQueuing) {
