@@ -1,0 +1,138 @@
+#!/usr/bin/env python3
+"""Scores trained adapters (tools/train/train.py) served by `loom serve` in each
+KV sharing mode on a task's held-out split (issue 39): greedy, the prompt sent
+as token ids (the question's and INVOCATION's tokens joined, as in training),
+accuracy with a 95% Wilson interval. One server serves every row:
+
+    bench/quality/eval.py --model SmolLM2.gguf --task arithmetic \\
+        --adapter lora=DIR --adapter alora=DIR [--cpu-precision fp32|auto] --out report.json
+
+Rows (ADAPTER:MODE):
+  lora:isolated           the adapter's own K/V (what vLLM serves)
+  lora:forked             ForkKV, the agent writing its own shared bCache (exact in math)
+  lora:forked-inherits    ForkKV, the prompt's bCache written first by another agent (the aLoRA
+                          adapter's weights served as a second forked adapter): ForkKV's inheritance
+  lora:base               ICaRus: every K/V the base model's (lossy for a plain LoRA)
+  alora:activated         aLoRA: the base model's K/V up to the invocation
+  alora:isolated          the aLoRA adapter as a plain LoRA over the whole prompt
+  base model              no adapter
+"""
+import argparse
+import concurrent.futures
+import json
+import math
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools", "train"))
+from tasks import INVOCATION, TASKS, make_split  # noqa: E402
+
+
+def wilson(correct, total, z=1.96):
+    if total == 0:
+        return [0.0, 0.0]
+    p = correct / total
+    centre = (p + z * z / (2 * total)) / (1 + z * z / total)
+    half = z * math.sqrt(p * (1 - p) / total + z * z / (4 * total * total)) / (1 + z * z / total)
+    return [round(centre - half, 4), round(centre + half, 4)]
+
+
+def post(base_url, path, body):
+    request = urllib.request.Request(base_url + path, data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(request, timeout=600) as response:
+        return json.loads(response.read())
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--loom", default=os.environ.get("LOOM_BINARY", "build/loom"))
+    parser.add_argument("--model", required=True)
+    parser.add_argument("--task", required=True, choices=sorted(TASKS))
+    parser.add_argument("--adapter", action="append", default=[], help="lora=DIR or alora=DIR")
+    parser.add_argument("--cpu-precision", default="fp32")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--heldout", type=int, default=200)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    adapters = dict(spec.split("=", 1) for spec in args.adapter)
+
+    # Each group of rows gets a fresh server: an inheriting row must not find its own earlier bCache.
+    groups = [([("base model", None)], [])]
+    if "lora" in adapters:
+        flags = []
+        for mode in ["isolated", "forked", "base"]:
+            flags += ["--lora", f"lora_{mode}={adapters['lora']}:{mode}"]
+        groups.append(([("lora:isolated", "lora_isolated"), ("lora:forked", "lora_forked"), ("lora:base", "lora_base")],
+                       flags))
+        if "alora" in adapters:  # another agent (the aLoRA weights as a forked adapter) writes the shared bCache
+            groups.append(([("lora:forked-inherits", "lora_forked")],
+                           ["--lora", f"lora_forked={adapters['lora']}:forked",
+                            "--lora", f"writer_forked={adapters['alora']}:forked"]))
+    if "alora" in adapters:
+        groups.append(([("alora:activated", "alora_activated"), ("alora:isolated", "alora_isolated")],
+                       ["--lora", f"alora_activated={adapters['alora']}:activated",
+                        "--lora", f"alora_isolated={adapters['alora']}:isolated"]))
+    items = make_split(args.task, "heldout", args.heldout)
+    report = {"task": args.task, "heldout": len(items), "cpu_precision": args.cpu_precision, "device": args.device,
+              "model": os.path.basename(args.model), "rows": {}}
+    for rows, lora_flags in groups:
+        run_rows(args, items, rows, lora_flags, report)
+    if args.out:
+        with open(args.out, "w") as out:
+            json.dump(report, out, indent=1)
+
+
+def run_rows(args, items, rows, lora_flags, report):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    base_url = f"http://127.0.0.1:{port}"
+    log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    server = subprocess.Popen([args.loom, "serve", "--model", args.model, "--port", str(port), "--device", args.device,
+                               "--cpu-precision", args.cpu_precision, "--max-lora-rank", "16",
+                               "--served-model-name", "base", "--kv-cache-bytes", "2G", *lora_flags],
+                              stdout=log, stderr=subprocess.STDOUT)
+    try:
+        for _ in range(600):
+            try:
+                urllib.request.urlopen(base_url + "/health", timeout=1)
+                break
+            except Exception:
+                if server.poll() is not None:
+                    raise SystemExit(open(log.name).read())
+                time.sleep(0.2)
+        invocation = post(base_url, "/tokenize", {"model": "base", "prompt": INVOCATION,
+                                                  "add_special_tokens": False})["tokens"]
+        prompts = [post(base_url, "/tokenize", {"model": "base", "prompt": item["prompt"][: -len(INVOCATION)],
+                                                "add_special_tokens": False})["tokens"] + invocation for item in items]
+
+        def complete(model, prompt):
+            body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0}
+            return post(base_url, "/v1/completions", body)["choices"][0]["text"]
+
+        for label, model in rows:
+            start = time.time()
+            with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
+                if label.endswith("forked-inherits"):  # the other agent writes each prompt's bCache first
+                    list(pool.map(lambda prompt: complete("writer_forked", prompt), prompts))
+                texts = list(pool.map(lambda prompt: complete(model or "base", prompt), prompts))
+            correct = sum(TASKS[args.task].score(text, item["answer"]) for text, item in zip(texts, items))
+            report["rows"][label] = {"accuracy": round(correct / len(items), 4),
+                                     "interval95": wilson(correct, len(items)),
+                                     "seconds": round(time.time() - start, 1), "example": texts[0]}
+            print(label, report["rows"][label], flush=True)
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+if __name__ == "__main__":
+    main()
