@@ -60,6 +60,7 @@ def main():
     parser.add_argument("--heldout", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--kv-cache-bytes", default="2G")
     parser.add_argument("--out")
     args = parser.parse_args()
     adapters = dict(spec.split("=", 1) for spec in args.adapter)
@@ -98,7 +99,7 @@ def run_rows(args, items, rows, lora_flags, report):
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
     server = subprocess.Popen([args.loom, "serve", "--model", args.model, "--port", str(port), "--device", args.device,
                                "--cpu-precision", args.cpu_precision, "--max-lora-rank", "16",
-                               "--served-model-name", "base", "--kv-cache-bytes", "2G", *lora_flags],
+                               "--served-model-name", "base", "--kv-cache-bytes", args.kv_cache_bytes, *lora_flags],
                               stdout=log, stderr=subprocess.STDOUT)
     try:
         for _ in range(600):
