@@ -24,6 +24,9 @@ namespace loom {
 struct QuantizedRows {
   uint32_t ggml_type = 0;  // a GgmlType value
   const uint8_t* bytes = nullptr;
+  // Row r starts at bytes + r * row_bytes. Usually the row's own size; larger in a
+  // column slice of 16-bit rows (model/tensor_parallel.h), whose rows keep the
+  // whole tensor's stride. Only the CUDA upload and to_fp32 read such slices.
   int64_t row_bytes = 0;
 };
 

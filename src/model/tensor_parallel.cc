@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "formats/gguf_dequant.h"
 #include "util/error.h"
 
 namespace loom {
@@ -13,11 +14,18 @@ namespace {
 
 bool is_power_of_two(int32_t value) { return value > 0 && (value & (value - 1)) == 0; }
 
-void require_fp32(const Tensor& tensor, const std::string& what) {
-  if (tensor.is_quantized())
+bool is_16bit(const Tensor& tensor) {
+  const auto type = static_cast<GgmlType>(tensor.quantized.ggml_type);
+  return tensor.is_quantized() && (type == GgmlType::kF16 || type == GgmlType::kBF16);
+}
+
+// Shards are cut from fp32 tensors or 16-bit rows (sliced in place), not from GGUF blocks.
+void require_sliceable(const Tensor& tensor, const std::string& what) {
+  if (tensor.is_quantized() && !is_16bit(tensor))
     throw Error(ErrorKind::kUnsupported,
-                fmt::format("tensor parallelism: {} is kept in a block format; shards are cut from fp32 weights",
-                            what),
+                fmt::format("tensor parallelism: {} is kept in the block format {}; shards are cut from fp32 or "
+                            "16-bit weights",
+                            what, ggml_type_name(tensor.quantized.ggml_type)),
                 "on the CPU, load the model with --cpu-precision fp32");
 }
 
@@ -76,18 +84,28 @@ ModelConfig rank_config(const ModelConfig& config, const TensorParallelShard& sh
 }
 
 Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end) {
-  require_fp32(tensor, "a sliced tensor");
+  require_sliceable(tensor, "a sliced tensor");
   LOOM_CHECK(!tensor.shape.empty() && begin >= 0 && begin <= end && end <= tensor.shape[0]);
-  const int64_t row_elements = tensor.shape.size() == 1 ? 1 : tensor.numel() / tensor.shape[0];
   Tensor slice = tensor;
   slice.shape[0] = end - begin;
+  if (tensor.is_quantized()) {
+    slice.quantized.bytes = tensor.quantized.bytes + begin * tensor.quantized.row_bytes;
+    return slice;
+  }
+  const int64_t row_elements = tensor.shape.size() == 1 ? 1 : tensor.numel() / tensor.shape[0];
   slice.data = tensor.data + begin * row_elements;
   return slice;
 }
 
 Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end) {
-  require_fp32(tensor, "a sliced tensor");
+  require_sliceable(tensor, "a sliced tensor");
   LOOM_CHECK(tensor.shape.size() == 2 && begin >= 0 && begin <= end && end <= tensor.shape[1]);
+  if (tensor.is_quantized()) {  // 16-bit rows: a view keeping the whole tensor's row stride
+    Tensor slice = tensor;
+    slice.shape[1] = end - begin;
+    slice.quantized.bytes = tensor.quantized.bytes + begin * 2;
+    return slice;
+  }
   const int64_t rows = tensor.shape[0];
   const int64_t columns = end - begin;
   std::vector<float> values(rows * columns);
@@ -105,7 +123,7 @@ ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& 
   auto optional_rows = [](const Tensor& tensor, int64_t begin, int64_t end) {
     return tensor.empty() ? Tensor{} : slice_rows(tensor, begin, end);
   };
-  for (const auto& [name, tensor] : model_weights_to_tensor_map(config, weights)) require_fp32(tensor, name);
+  for (const auto& [name, tensor] : model_weights_to_tensor_map(config, weights)) require_sliceable(tensor, name);
 
   ModelWeights rank;
   rank.embed_tokens = slice_rows(weights.embed_tokens, shard.vocab_begin, shard.vocab_end);

@@ -55,14 +55,15 @@ TensorParallelShard tensor_parallel_shard(const ModelConfig& config, int32_t ran
 ModelConfig rank_config(const ModelConfig& config, const TensorParallelShard& shard);
 
 // The rank's weights (shapes as rank_config() says). Row slices view the
-// model's storage; column slices (o, down) are owned copies. fp32 tensors only:
-// Error(kUnsupported) for a tensor kept quantized.
+// model's storage; column slices (o, down) are owned copies of fp32 tensors, or
+// views of 16-bit rows keeping the whole row stride (QuantizedRows::row_bytes;
+// for the CUDA upload). Error(kUnsupported) for a tensor in a GGUF block format.
 ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,
                                  const TensorParallelShard& shard);
 
-// Rows [begin, end) of a 2-D (or the elements of a 1-D) fp32 tensor, viewing its storage.
+// Rows [begin, end) of a 2-D (or the elements of a 1-D) tensor, viewing its storage.
 Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end);
-// Columns [begin, end) of a 2-D fp32 tensor, as an owned copy.
+// Columns [begin, end) of a 2-D tensor: an owned copy (fp32) or a strided view (16-bit rows).
 Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end);
 
 }  // namespace loom

@@ -19,6 +19,8 @@
 #include "backend/cuda/tensor_parallel_cuda_backend.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
+#include "formats/safetensors.h"
+#include "model/weights.h"
 #include "synthetic/synthetic_model.h"
 #include "synthetic/synthetic_weights.h"
 #include "test_util.h"
@@ -208,6 +210,35 @@ TEST(CudaTensorParallelGroup, ABadBatchFailsEveryRankAndTheGroupWorksOn) {
   const int t = fresh.add_sequence();
   EXPECT_EQ(sharded.backend->forward(fresh.make_batch({{t, {1, 2, 3}, {-1, -1, -1}, false}})).logits.size(),
             static_cast<size_t>(config.vocab_size));
+}
+
+}  // namespace
+}  // namespace loom::cuda
+
+namespace loom::cuda {
+namespace {
+
+// A bf16 checkpoint kept in its file mapping (16-bit rows, as the CLI loads one
+// for cuda): each rank's shard views it (column slices keep the row stride) and
+// its upload reads only its rows and columns; TP=2 gives the unsharded logits.
+TEST(CudaTensorParallelGroup, RanksCutTheirShardsFromSixteenBitRowsInPlace) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const TensorMap tensors = model_weights_to_tensor_map(config, *test::tiny_weights(config, 33, false));
+  loom::test::TempDir directory;
+  const std::string path = directory.str() + "/model.safetensors";
+  write_safetensors(path, tensors, StoredDtype::kBF16);
+  const ModelWeights kept = build_model_weights(config, read_safetensors(path, {.keep_16bit = true}), path);
+  ASSERT_TRUE(has_quantized_tensors(kept));
+  auto whole = make_cuda_backend(config, kept);
+  Sharded sharded = make_sharded(config, kept, 2);
+  Driver driver(kNumBlocks, kBlockSize, 8);
+  const int s = driver.add_sequence();
+  std::vector<int32_t> tokens = driver.random_tokens(40, config.vocab_size);
+  const Batch batch = driver.make_batch({{s, tokens, std::vector<int32_t>(tokens.size(), -1), true}});
+  whole->allocate_kv_cache({kNumBlocks, kBlockSize});
+  sharded.backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+  test::expect_logits_close(sharded.backend->forward(batch), whole->forward(batch), "bf16 rows, TP=2", 1e-4);
 }
 
 }  // namespace

@@ -9,11 +9,13 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/in_process_group.h"
+#include "formats/gguf_dequant.h"
 #include "lora/adapter_shard.h"
 #include "model/tensor_parallel.h"
 #include "reference_model.h"
 #include "test_util.h"
 #include "util/error.h"
+#include "util/half.h"
 
 // SequenceInput is filled with designated initializers, leaving defaults out on purpose.
 #pragma GCC diagnostic ignored "-Wmissing-field-initializers"
@@ -268,14 +270,40 @@ TEST(InProcessGroup, SumsInRankOrderAndAbortEndsEveryWaiter) {
   EXPECT_EQ(buffers[1][0], 111 * 3);
 }
 
-TEST(TensorParallelCpu, QuantizedWeightsAreRefusedWithAHint) {
+TEST(TensorParallelCpu, BlockFormatWeightsAreRefusedWithAHint) {
   const Model model = make_model(Architecture::kLlama);
   ModelWeights quantized = *model.weights;
-  static const uint8_t bytes[4] = {};
-  quantized.layers[0].q_proj.quantized = {1, bytes, 2};
+  static const uint8_t bytes[34] = {};
+  quantized.layers[0].q_proj.quantized = {static_cast<uint32_t>(GgmlType::kQ8_0), bytes, 34};
   quantized.layers[0].q_proj.data = nullptr;
   test::expect_error([&] { shard_model_weights(model.config, quantized, tensor_parallel_shard(model.config, 0, 2)); },
-                     ErrorKind::kUnsupported, {"model.layers.0.self_attn.q_proj.weight", "--cpu-precision fp32"});
+                     ErrorKind::kUnsupported, {"model.layers.0.self_attn.q_proj.weight", "Q8_0", "--cpu-precision fp32"});
+}
+
+// 16-bit rows (a checkpoint kept in its file, for the GPU) are cut in place: row
+// slices move the start, column slices keep the whole row stride; their values
+// are the fp32 tensor's slices.
+TEST(TensorParallelCpu, SixteenBitRowsAreSlicedInPlace) {
+  const std::vector<int64_t> shape = {6, 10};
+  std::vector<float> values(60);
+  for (int i = 0; i < 60; ++i) values[i] = 0.25f * static_cast<float>(i - 30);  // exact in bf16
+  std::vector<uint16_t> bits(60);
+  for (int i = 0; i < 60; ++i) bits[i] = float_to_bf16(values[i]);
+  Tensor rows;
+  rows.shape = shape;
+  rows.quantized = {static_cast<uint32_t>(GgmlType::kBF16), reinterpret_cast<const uint8_t*>(bits.data()), 20};
+  const Tensor fp32 = Tensor::from_vector(shape, values);
+  auto expect_same = [](const Tensor& got, const Tensor& want, const char* what) {
+    ASSERT_EQ(got.shape, want.shape) << what;
+    const Tensor expanded = to_fp32(got);
+    for (int64_t i = 0; i < want.numel(); ++i) EXPECT_EQ(expanded.data[i], want.data[i]) << what << " " << i;
+  };
+  expect_same(slice_rows(rows, 2, 5), slice_rows(fp32, 2, 5), "rows");
+  const Tensor columns = slice_columns(rows, 3, 7);
+  EXPECT_EQ(columns.quantized.row_bytes, 20);  // the whole row's stride
+  EXPECT_EQ(columns.quantized.bytes, rows.quantized.bytes + 3 * 2);  // a view into the rows, no copy
+  expect_same(columns, slice_columns(fp32, 3, 7), "columns");
+  expect_same(slice_rows(columns, 1, 4), slice_rows(slice_columns(fp32, 3, 7), 1, 4), "rows of columns");
 }
 
 }  // namespace

@@ -14,8 +14,9 @@
 
 namespace loom::cuda {
 
-// `config` and `weights` are the whole model's (fp32 weights: shards are cut
-// on the host); backend_config's device and rank are set per rank. The
+// `config` and `weights` are the whole model's (fp32, or 16-bit rows kept in
+// their file: each rank's shard views them, and its upload reads only its
+// rows and columns); backend_config's device and rank are set per rank. The
 // communicators must outlive the backend (group.owner may own them).
 std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
                                                            const CudaBackendConfig& backend_config,

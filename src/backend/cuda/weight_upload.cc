@@ -98,13 +98,25 @@ class Worker {
       std::memcpy(staging_.data(), tensor.data + chunk.begin, chunk.count * sizeof(float));
     } else {
       const QuantizedRows& rows = tensor.quantized;
+      const auto type = static_cast<GgmlType>(rows.ggml_type);
       const int64_t row = tensor.shape[1];
+      const int64_t packed = ggml_row_bytes(type, row);  // less than row_bytes in a column slice
+      const int64_t num_rows = chunk.count / row;
       const uint8_t* source = rows.bytes + chunk.begin / row * rows.row_bytes;
-      source_bytes = chunk.count / row * rows.row_bytes;
-      if (path == Path::kFloat)
-        dequantize_ggml(static_cast<GgmlType>(rows.ggml_type), source, chunk.count, staging_.as<float>());
-      else
-        std::memcpy(staging_.data(), source, source_bytes);
+      source_bytes = num_rows * packed;
+      if (rows.row_bytes == packed) {
+        if (path == Path::kFloat)
+          dequantize_ggml(type, source, chunk.count, staging_.as<float>());
+        else
+          std::memcpy(staging_.data(), source, source_bytes);
+      } else {
+        for (int64_t r = 0; r < num_rows; ++r) {
+          if (path == Path::kFloat)
+            dequantize_ggml(type, source + r * rows.row_bytes, row, staging_.as<float>() + r * row);
+          else
+            std::memcpy(staging_.as<uint8_t>() + r * packed, source + r * rows.row_bytes, packed);
+        }
+      }
     }
     const int64_t staged_bytes = chunk.count * staging_bytes_per_element(path);
     auto* bf16_destination = static_cast<__nv_bfloat16*>(upload.destination) + chunk.begin;
@@ -138,8 +150,11 @@ WeightUploadStats upload_weights(std::span<const WeightUpload> uploads, int devi
   WeightUploadStats stats;
   if (chunks.empty()) return stats;
   for (const WeightUpload& upload : uploads)
-    stats.source_bytes += upload.tensor->is_quantized() ? upload.tensor->quantized.row_bytes * upload.tensor->shape[0]
-                                                        : upload.tensor->numel() * 4;
+    stats.source_bytes +=
+        upload.tensor->is_quantized()
+            ? ggml_row_bytes(static_cast<GgmlType>(upload.tensor->quantized.ggml_type), upload.tensor->shape[1]) *
+                  upload.tensor->shape[0]
+            : upload.tensor->numel() * 4;
   const unsigned cores = std::max(2u, std::thread::hardware_concurrency());
   stats.num_workers = static_cast<int32_t>(std::clamp<size_t>(cores / 2, 1, std::min<size_t>(8, chunks.size())));
 
