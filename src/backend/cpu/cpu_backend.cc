@@ -163,26 +163,15 @@ int64_t CpuBackend::device_floats_per_block(KvPoolKind pool) const {
 
 void CpuBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
   const bool is_main = pool == KvPoolKind::kMain;
-  if ((is_main ? kv_shape_.num_blocks : residual_shape_.num_blocks) <= 0)
-    fail(ErrorKind::kInvalidArgument, "cpu backend: host {} pool before its device pool was allocated",
-         is_main ? "KV" : "residual");
   cpu::HostKvPool& host = is_main ? host_main_pool_ : host_residual_pool_;
-  host.allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_floats_per_block(pool),
-                is_main ? "host KV pool" : "host residual pool");
+  host.allocate(num_blocks, num_device_blocks(pool), is_main ? 2 * config_.num_layers : config_.num_layers,
+                device_floats_per_block(pool), is_main ? "host KV pool" : "host residual pool");
 }
 
 void CpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                                 std::span<const int32_t> host_block_ids) {
-  const bool is_main = pool == KvPoolKind::kMain;
   const cpu::HostKvPool& host = host_pool(pool);
-  if (host.num_blocks() == 0)
-    fail(ErrorKind::kInvalidArgument, "cpu backend: copy of {} blocks with no host {} pool allocated",
-         device_block_ids.size(), is_main ? "KV" : "residual");
-  // The device pool may have been reallocated with another block size since.
-  if (host.floats_per_block() != device_floats_per_block(pool))
-    fail(ErrorKind::kInvalidArgument,
-         "cpu backend: host {} pool has blocks of {} floats per array, the device pool {}; reallocate it",
-         is_main ? "KV" : "residual", host.floats_per_block(), device_floats_per_block(pool));
+  host.check_copyable(device_floats_per_block(pool), device_block_ids.size());
   // A local list, not backend scratch: this runs beside forward().
   host.copy(direction, device_arrays(pool), num_device_blocks(pool), device_block_ids, host_block_ids);
 }

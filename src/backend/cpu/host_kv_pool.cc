@@ -7,7 +7,9 @@
 
 namespace loom::cpu {
 
-void HostKvPool::allocate(int32_t num_blocks, int32_t num_arrays, int64_t floats_per_block, const char* what) {
+void HostKvPool::allocate(int32_t num_blocks, int32_t num_device_blocks, int32_t num_arrays, int64_t floats_per_block,
+                          const char* what) {
+  if (num_device_blocks <= 0) fail(ErrorKind::kInvalidArgument, "cpu backend: {} before its device pool was allocated", what);
   if (num_blocks < 0 || num_arrays <= 0 || floats_per_block <= 0)
     fail(ErrorKind::kInvalidArgument, "cpu backend: {} of {} blocks of {} x {} floats", what, num_blocks, num_arrays,
          floats_per_block);
@@ -30,6 +32,14 @@ void HostKvPool::allocate(int32_t num_blocks, int32_t num_arrays, int64_t floats
                 "lower --host-kv-memory");
   }
   num_blocks_ = num_blocks;
+}
+
+void HostKvPool::check_copyable(int64_t device_floats_per_block, size_t num_ids) const {
+  if (num_blocks_ == 0) fail(ErrorKind::kInvalidArgument, "cpu backend: copy of {} blocks with no {} allocated", num_ids, what_);
+  if (floats_per_block_ != device_floats_per_block)
+    fail(ErrorKind::kInvalidArgument,
+         "cpu backend: {} has blocks of {} floats per array, the device pool {}; reallocate it", what_,
+         floats_per_block_, device_floats_per_block);
 }
 
 void HostKvPool::copy(KvCopyDirection direction, std::span<float* const> device_arrays, int32_t num_device_blocks,

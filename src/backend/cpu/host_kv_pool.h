@@ -27,12 +27,19 @@ class HostKvPool {
  public:
   // Frees, then allocates num_blocks blocks of num_arrays x floats_per_block
   // floats (contents undefined); num_blocks 0 just frees. `what` names the pool
-  // in errors. Throws Error(kInvalidArgument) on negative sizes, Error(kCapacity)
-  // when the memory cannot be had.
-  void allocate(int32_t num_blocks, int32_t num_arrays, int64_t floats_per_block, const char* what);
+  // in errors. Throws Error(kInvalidArgument) on negative sizes or when the
+  // device pool it mirrors has no blocks yet (num_device_blocks <= 0),
+  // Error(kCapacity) when the memory cannot be had.
+  void allocate(int32_t num_blocks, int32_t num_device_blocks, int32_t num_arrays, int64_t floats_per_block,
+                const char* what);
   int32_t num_blocks() const { return num_blocks_; }
   int32_t num_arrays() const { return num_arrays_; }
   int64_t floats_per_block() const { return floats_per_block_; }
+
+  // Throws Error(kInvalidArgument) when a copy of num_ids blocks cannot run:
+  // nothing allocated, or blocks of another size than the device pool's
+  // (device_floats_per_block: the device pool may have been reallocated since).
+  void check_copyable(int64_t device_floats_per_block, size_t num_ids) const;
 
   // Host block `block`'s bytes. Throws Error(kInvalidArgument) on a bad id.
   std::span<std::byte> block_bytes(int32_t block) const;

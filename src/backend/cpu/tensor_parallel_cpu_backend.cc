@@ -53,13 +53,10 @@ BackendCapabilities TensorParallelCpuBackend::capabilities() const {
 void TensorParallelCpuBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
   const bool is_main = pool == KvPoolKind::kMain;
   CpuBackend& first = cpu_rank(0);
-  if (first.num_device_blocks(pool) <= 0)
-    fail(ErrorKind::kInvalidArgument, "cpu backend: host {} pool before its device pool was allocated",
-         is_main ? "KV" : "residual");
   const int32_t arrays_per_rank = static_cast<int32_t>(first.device_arrays(pool).size());
   HostKvPool& host = is_main ? host_main_pool_ : host_residual_pool_;
-  host.allocate(num_blocks, is_main ? arrays_per_rank * size() : arrays_per_rank, first.device_floats_per_block(pool),
-                is_main ? "host KV pool" : "host residual pool");
+  host.allocate(num_blocks, first.num_device_blocks(pool), is_main ? arrays_per_rank * size() : arrays_per_rank,
+                first.device_floats_per_block(pool), is_main ? "host KV pool" : "host residual pool");
 }
 
 void TensorParallelCpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction,
@@ -68,13 +65,7 @@ void TensorParallelCpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection d
   const bool is_main = pool == KvPoolKind::kMain;
   const HostKvPool& host = host_pool(pool);
   CpuBackend& first = cpu_rank(0);
-  if (host.num_blocks() == 0)
-    fail(ErrorKind::kInvalidArgument, "cpu backend: copy of {} blocks with no host {} pool allocated",
-         device_block_ids.size(), is_main ? "KV" : "residual");
-  if (host.floats_per_block() != first.device_floats_per_block(pool))
-    fail(ErrorKind::kInvalidArgument,
-         "cpu backend: host {} pool has blocks of {} floats per array, the device pool {}; reallocate it",
-         is_main ? "KV" : "residual", host.floats_per_block(), first.device_floats_per_block(pool));
+  host.check_copyable(first.device_floats_per_block(pool), device_block_ids.size());
   if (is_main) {
     std::vector<float*> arrays;
     for (int32_t r = 0; r < size(); ++r)
