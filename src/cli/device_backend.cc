@@ -15,6 +15,8 @@
 #include "util/error.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/nccl_group.h"
+#include "backend/cuda/tensor_parallel_cuda_backend.h"
 #endif
 
 namespace loom::cli {
@@ -112,16 +114,20 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
     config.tensor_parallel_size = options.tensor_parallel_size;
     return make_cpu_backend(model.config, model.weights, config);
   }
-  if (options.tensor_parallel_size > 1)
-    throw Error(ErrorKind::kUnsupported,
-                fmt::format("--tensor-parallel-size {} on --device {}: the CUDA backend runs one GPU per server so far",
-                            options.tensor_parallel_size, options.device),
-                "start one `loom serve` per GPU; --device cpu runs tensor-parallel ranks on threads");
 #ifdef LOOM_HAVE_CUDA
   CudaBackendConfig config;
   config.device = cuda_device_index(options.device);
   config.max_adapter_slots = options.max_adapter_slots;
   config.tuning.cuda_graphs = options.cuda_graphs;
+  if (options.tensor_parallel_size > 1) {
+    // Rank r on GPU device + r (--device cuda:K starts at K), as vLLM takes the first N visible GPUs.
+    std::vector<int> devices;
+    for (int32_t r = 0; r < options.tensor_parallel_size; ++r) devices.push_back(config.device + r);
+    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    const std::vector<cuda::DeviceCommunicator*> communicators = group->communicators();
+    return cuda::make_tensor_parallel_cuda_backend(model.config, *model.weights, config, devices, communicators,
+                                                   cuda::nccl_tensor_parallel_group(std::move(group)));
+  }
   return make_cuda_backend(model.config, *model.weights, config);
 #else
   fail(ErrorKind::kInternal, "unreachable");

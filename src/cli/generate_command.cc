@@ -235,7 +235,8 @@ CommandRunner register_generate(CLI::App& app) {
       ->check(CLI::NonNegativeNumber);
   app.add_option("--threads", options->threads, "CPU threads (0 = all cores)");
   app.add_option("--tensor-parallel-size", options->tensor_parallel_size,
-                 "Ranks the model is sharded over (-tp). cpu: threads of one process, fp32 weights; cuda: 1 so far")
+                 "Ranks the model is sharded over (-tp). cpu: threads of one process, fp32 weights; cuda: one GPU per "
+                 "rank (cuda:K..K+N-1), NCCL all-reduces")
       ->check(CLI::PositiveNumber);
   app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
       ->check(CLI::IsMember({"auto", "fp32"}))

@@ -34,7 +34,7 @@ const std::map<std::string, std::string>& refused_flags() {
       {"--load-format", "Loom reads safetensors directories and GGUF files by their contents"},
       {"--max-cpu-loras", "every adapter loaded stays in memory; --max-loras-per-batch bounds one batch"},
       {"--lora-dtype", "adapters run in the backend's dtype"},
-      {"--distributed-executor-backend", "Loom runs one device per server"},
+      {"--distributed-executor-backend", "Loom's tensor-parallel ranks are threads of one process: no executor to choose"},
       {"--data-parallel-size", "run one `loom serve` per device (and `loom router` in front, when it exists)"},
       {"--response-role", "chat responses always use the role \"assistant\""},
       {"--ssl-keyfile", "Loom serves plain HTTP: terminate TLS in a proxy"},
@@ -71,9 +71,9 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype, "auto (the backend's dtype)")->group(kGroup);
   app.add_option("--tensor-parallel-size", flags.tensor_parallel_size,
                  "Ranks the model is sharded over (-tp; a power of two that divides the attention heads). cpu: "
-                 "threads of one process, fp32 weights; cuda: 1 so far")
+                 "threads of one process, fp32 weights; cuda: one GPU per rank (cuda:K..K+N-1), NCCL all-reduces")
       ->check(CLI::PositiveNumber)->group(kGroup);
-  app.add_option("--pipeline-parallel-size", flags.pipeline_parallel_size, "1: Loom runs one device per server")
+  app.add_option("--pipeline-parallel-size", flags.pipeline_parallel_size, "1: Loom shards a model over GPUs with --tensor-parallel-size only")
       ->group(kGroup);
   app.add_flag("--no-enable-prefix-caching", flags.no_enable_prefix_caching,
                "Refused: Loom's KV sharing is prefix caching")
@@ -107,11 +107,6 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
   if (flags.pipeline_parallel_size != 1)
     throw Error(ErrorKind::kInvalidArgument, "pipeline parallel sizes other than 1 are not supported",
                 "shard the model with --tensor-parallel-size instead");
-  if (flags.tensor_parallel_size > 1 && device.rfind("cuda", 0) == 0)
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("--tensor-parallel-size {} on --device {}: the CUDA backend runs one GPU per server so far",
-                            flags.tensor_parallel_size, device),
-                "start one `loom serve` per GPU; --device cpu runs tensor-parallel ranks on threads");
   if (flags.no_enable_prefix_caching)
     throw Error(ErrorKind::kInvalidArgument, "--no-enable-prefix-caching is not supported",
                 "Loom's KV sharing across adapters is built on its prefix cache, which is always on");

@@ -3,10 +3,13 @@
 // below: event waits across the ranks' streams and a cuBLAS sum in rank order):
 // the sharding itself (heads, kv heads split and replicated, the vocab-parallel
 // embedding and lm_head, LoRA shards, every sharing mode in one batch) gives
-// the logits of the unsharded backend. NCCL between GPUs is another
-// communicator over the same ranks.
+// the logits of the unsharded backend. The same checks over NCCL (rank r on
+// GPU r, nccl_group.h) run where there are GPUs enough; a one-rank NCCL group
+// runs on one GPU (the library, graph capture of its all-reduce, abort).
+#include <chrono>
 #include <cstring>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include <cublas_v2.h>
@@ -16,11 +19,13 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/device_communicator.h"
+#include "backend/cuda/nccl_group.h"
 #include "backend/cuda/tensor_parallel_cuda_backend.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
 #include "formats/safetensors.h"
 #include "model/weights.h"
+#include "nccl/nccl_library.h"
 #include "synthetic/synthetic_model.h"
 #include "synthetic/synthetic_weights.h"
 #include "test_util.h"
@@ -104,34 +109,51 @@ constexpr int kBlockSize = 16;
 constexpr int kNumBlocks = 256;
 
 struct Sharded {
-  std::shared_ptr<SameDeviceGroup> group;
+  std::shared_ptr<void> group;
   std::unique_ptr<Backend> backend;
 };
 
-Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int32_t size) {
+// Ranks on one device joined by SameDeviceGroup (kSameDevice), or rank r on
+// GPU r joined by NCCL (kNccl: the production group, nccl_group.h).
+enum class Joined { kSameDevice, kNccl };
+
+Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int32_t size,
+                     Joined joined = Joined::kSameDevice, const CudaBackendConfig& backend_config = {}) {
   Sharded sharded;
-  sharded.group = std::make_shared<SameDeviceGroup>(size);
+  if (joined == Joined::kNccl) {
+    std::vector<int> devices;
+    for (int32_t r = 0; r < size; ++r) devices.push_back(r);
+    auto group = std::make_shared<NcclGroup>(devices);
+    sharded.group = group;
+    sharded.backend = make_tensor_parallel_cuda_backend(config, weights, backend_config, devices,
+                                                        group->communicators(), nccl_tensor_parallel_group(group));
+    return sharded;
+  }
+  auto group = std::make_shared<SameDeviceGroup>(size);
+  sharded.group = group;
   const std::vector<int> devices(size, 0);
-  const std::vector<DeviceCommunicator*> communicators = sharded.group->communicators();
-  SameDeviceGroup* group = sharded.group.get();
-  TensorParallelGroup hooks{[group](int32_t failed) { group->barrier().abort(failed); },
-                            [group] { group->barrier().reset(); }, sharded.group, AbortableBarrier::kAbortedPrefix};
-  sharded.backend = make_tensor_parallel_cuda_backend(config, weights, {}, devices, communicators, hooks);
+  const std::vector<DeviceCommunicator*> communicators = group->communicators();
+  SameDeviceGroup* raw = group.get();
+  TensorParallelGroup hooks{[raw](int32_t failed) { raw->barrier().abort(failed); },
+                            [raw] { raw->barrier().reset(); }, group, AbortableBarrier::kAbortedPrefix};
+  sharded.backend = make_tensor_parallel_cuda_backend(config, weights, backend_config, devices, communicators, hooks);
   return sharded;
 }
 
-class CudaTensorParallel : public ::testing::TestWithParam<Architecture> {};
+int visible_gpus() {
+  int count = 0;
+  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
+}
 
 // Every sharing mode and the base model in one batch, prefill then decode, at
-// every size the model splits into: the sharded logits are the unsharded ones
-// (both on the GPU: only the order of the partial sums differs).
-TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
-  LOOM_REQUIRE_GPU();
-  const ModelConfig config = synthetic_model_config(GetParam(), SyntheticPreset::kTiny);
+// every size in `sizes` the model splits into: the sharded logits are the
+// unsharded ones (both on the GPU: only the order of the partial sums differs).
+void expect_every_mode_unsharded(Architecture arch, Joined joined, std::vector<int32_t> sizes) {
+  const ModelConfig config = synthetic_model_config(arch, SyntheticPreset::kTiny);
   const bool forked = !config.qk_norm;
   const auto weights = test::tiny_weights(config, 31, false);
   SyntheticModelOptions options;
-  options.arch = GetParam();
+  options.arch = arch;
   options.num_adapters = 4;
   options.rank = 8;
   const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, config);
@@ -144,13 +166,13 @@ TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
   auto whole = make_cuda_backend(config, *weights);
   prepare(*whole);
   std::vector<std::pair<int32_t, Sharded>> groups;
-  for (int32_t size : {2, 4}) {
+  for (int32_t size : sizes) {
     try {
       check_tensor_parallel_size(config, size);
     } catch (const Error&) {
       continue;  // e.g. qwen2's 6 heads over 4 ranks
     }
-    groups.emplace_back(size, make_sharded(config, *weights, size));
+    groups.emplace_back(size, make_sharded(config, *weights, size, joined));
     prepare(*groups.back().second.backend);
     EXPECT_EQ(groups.back().second.backend->capabilities().tensor_parallel_size, size);
   }
@@ -187,6 +209,13 @@ TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
       test::expect_logits_close(got, reference, "TP=" + std::to_string(size) + " step " + std::to_string(s), 1e-4);
     }
   }
+}
+
+class CudaTensorParallel : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
+  LOOM_REQUIRE_GPU();
+  expect_every_mode_unsharded(GetParam(), Joined::kSameDevice, {2, 4});
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, CudaTensorParallel,
@@ -239,6 +268,98 @@ TEST(CudaTensorParallelGroup, RanksCutTheirShardsFromSixteenBitRowsInPlace) {
   whole->allocate_kv_cache({kNumBlocks, kBlockSize});
   sharded.backend->allocate_kv_cache({kNumBlocks, kBlockSize});
   test::expect_logits_close(sharded.backend->forward(batch), whole->forward(batch), "bf16 rows, TP=2", 1e-4);
+}
+
+}  // namespace
+}  // namespace loom::cuda
+
+namespace loom::cuda {
+namespace {
+
+bool nccl_loads() { return nccl_library().loaded(); }
+
+// Over NCCL, rank r on GPU r: the same every-mode check at 2 (and 4) GPUs.
+class CudaNcclTensorParallel : public ::testing::TestWithParam<Architecture> {};
+
+TEST_P(CudaNcclTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
+  LOOM_REQUIRE_GPU();
+  if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  std::vector<int32_t> sizes = {2};
+  if (visible_gpus() >= 4) sizes.push_back(4);
+  expect_every_mode_unsharded(GetParam(), Joined::kNccl, sizes);
+}
+
+INSTANTIATE_TEST_SUITE_P(AllArchs, CudaNcclTensorParallel,
+                         ::testing::Values(Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3,
+                                           Architecture::kMistral),
+                         [](const auto& info) { return std::string(architecture_short_name(info.param)); });
+
+// A one-rank NCCL group on one GPU: the library loads, its all-reduce runs in
+// every step (captured into the decode graphs: NCCL groups are capturable) and
+// the logits are the plain backend's.
+TEST(CudaNcclGroup, OneRankOverNcclGivesTheBackendsLogits) {
+  LOOM_REQUIRE_GPU();
+  if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
+  expect_every_mode_unsharded(Architecture::kLlama, Joined::kNccl, {1});
+}
+
+// A device missing or listed twice is a clear error before NCCL is asked; a
+// one-rank all-reduce leaves the data as it was; after abort() every call
+// throws the group's "ended" error instead of waiting.
+TEST(CudaNcclGroup, RefusesBadDevicesAndThrowsOnceAborted) {
+  LOOM_REQUIRE_GPU();
+  if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
+  loom::test::expect_error([] { NcclGroup twice(std::vector<int>{0, 0}); }, ErrorKind::kUnavailable,
+                           {"listed for two ranks"});
+  loom::test::expect_error([] { NcclGroup missing(std::vector<int>{0, visible_gpus()}); }, ErrorKind::kUnavailable,
+                           {"2 ranks need 2 GPUs", "is not there"});
+  NcclGroup group(std::vector<int>{0});
+  DeviceCommunicator* rank = group.communicators().at(0);
+  EXPECT_TRUE(rank->capturable());
+  constexpr int64_t kCount = 1000;
+  std::vector<float> values(kCount);
+  for (int64_t i = 0; i < kCount; ++i) values[i] = 0.5f * static_cast<float>(i) - 7.0f;
+  DeviceBuffer buffer(kCount * sizeof(float));
+  LOOM_CUDA_CHECK(cudaMemcpy(buffer.data(), values.data(), kCount * sizeof(float), cudaMemcpyHostToDevice));
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  rank->all_reduce_sum(buffer.as<float>(), kCount, stream);
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  std::vector<float> summed(kCount);
+  LOOM_CUDA_CHECK(cudaMemcpy(summed.data(), buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost));
+  EXPECT_EQ(summed, values);
+  group.abort(0);
+  EXPECT_TRUE(group.aborted());
+  loom::test::expect_error([&] { rank->all_reduce_sum(buffer.as<float>(), kCount, stream); }, ErrorKind::kInternal,
+                           {AbortableBarrier::kAbortedPrefix, "restart the server"});
+  cudaStreamDestroy(stream);
+}
+
+// Two GPUs: rank 0 enters an all-reduce rank 1 never joins; abort() from
+// another thread (what a failing rank does) ends rank 0's wait.
+TEST(CudaNcclGroup, AbortEndsARankWaitingForItsPeer) {
+  LOOM_REQUIRE_GPU();
+  if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  NcclGroup group(std::vector<int>{0, 1});
+  LOOM_CUDA_CHECK(cudaSetDevice(0));
+  DeviceBuffer buffer(1 << 20);
+  cudaStream_t stream = nullptr;
+  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  group.communicators()[0]->all_reduce_sum(buffer.as<float>(), (1 << 20) / sizeof(float), stream);
+  std::thread failing_rank([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    group.abort(1);
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  cudaError_t state = cudaErrorNotReady;
+  while ((state = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  failing_rank.join();
+  EXPECT_NE(state, cudaErrorNotReady) << "rank 0 still waits 20 s after the abort";
+  cudaGetLastError();
+  EXPECT_TRUE(group.aborted());
 }
 
 }  // namespace

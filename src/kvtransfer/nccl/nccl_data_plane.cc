@@ -1,8 +1,6 @@
 #include "kvtransfer/nccl/nccl_data_plane.h"
 
 #include <cuda_runtime_api.h>
-#include <dlfcn.h>
-#include <nccl.h>
 
 #include <chrono>
 #include <cstring>
@@ -15,55 +13,12 @@
 #include <spdlog/spdlog.h>
 
 #include "kvtransfer/kv_link_protocol.h"
+#include "nccl/nccl_library.h"
 #include "util/error.h"
 
 namespace loom {
 
 namespace {
-
-// The NCCL entry points the plane uses, resolved from the library once.
-struct NcclApi {
-  decltype(&ncclGetVersion) get_version = nullptr;
-  decltype(&ncclGetUniqueId) get_unique_id = nullptr;
-  decltype(&ncclCommInitRank) comm_init_rank = nullptr;
-  decltype(&ncclCommGetAsyncError) comm_get_async_error = nullptr;
-  decltype(&ncclCommAbort) comm_abort = nullptr;
-  decltype(&ncclSend) send = nullptr;
-  decltype(&ncclRecv) recv = nullptr;
-  decltype(&ncclGetErrorString) error_string = nullptr;
-  std::string failure;  // why it did not load ("" when it did)
-};
-
-const NcclApi& nccl_api() {
-  static const NcclApi api = [] {
-    NcclApi loaded;
-    // Before NCCL first reads its environment.
-    ::setenv("NCCL_COMM_BLOCKING", "0", 1);
-    ::setenv("NCCL_NVLS_ENABLE", "0", 0);
-    const char* configured = std::getenv("LOOM_NCCL_LIBRARY");
-    const std::string path = configured != nullptr && *configured != '\0' ? configured : "libnccl.so.2";
-    void* library = ::dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) {
-      loaded.failure = fmt::format("cannot load {} ({}); set LOOM_NCCL_LIBRARY to libnccl.so.2's path", path,
-                                   ::dlerror());
-      return loaded;
-    }
-    auto resolve = [&](auto& function, const char* name) {
-      function = reinterpret_cast<std::remove_reference_t<decltype(function)>>(::dlsym(library, name));
-      if (function == nullptr && loaded.failure.empty()) loaded.failure = fmt::format("{} lacks {}", path, name);
-    };
-    resolve(loaded.get_version, "ncclGetVersion");
-    resolve(loaded.get_unique_id, "ncclGetUniqueId");
-    resolve(loaded.comm_init_rank, "ncclCommInitRank");
-    resolve(loaded.comm_get_async_error, "ncclCommGetAsyncError");
-    resolve(loaded.comm_abort, "ncclCommAbort");
-    resolve(loaded.send, "ncclSend");
-    resolve(loaded.recv, "ncclRecv");
-    resolve(loaded.error_string, "ncclGetErrorString");
-    return loaded;
-  }();
-  return api;
-}
 
 using Clock = std::chrono::steady_clock;
 
@@ -76,7 +31,7 @@ class NcclChannel final : public KvBulkChannel {
   };
 
  public:
-  NcclChannel(const NcclApi& api, const NcclPlaneOptions& options, int rank)
+  NcclChannel(const NcclLibrary& api, const NcclPlaneOptions& options, int rank)
       : api_(api), options_(options), rank_(rank) {}
 
   ~NcclChannel() override {
@@ -299,7 +254,7 @@ class NcclChannel final : public KvBulkChannel {
     return true;
   }
 
-  const NcclApi& api_;
+  const NcclLibrary& api_;
   const NcclPlaneOptions options_;
   const int rank_;  // 0: the connecting side
   ncclComm_t comm_ = nullptr;
@@ -310,7 +265,7 @@ class NcclChannel final : public KvBulkChannel {
 
 class NcclDataPlane final : public KvDataPlane {
  public:
-  NcclDataPlane(const NcclApi& api, const NcclPlaneOptions& options) : api_(api), options_(options) {}
+  NcclDataPlane(const NcclLibrary& api, const NcclPlaneOptions& options) : api_(api), options_(options) {}
   std::string name() const override { return "nccl"; }
   std::unique_ptr<KvBulkChannel> connect(int fd, std::string& failure) override { return open(fd, 0, failure); }
   std::unique_ptr<KvBulkChannel> accept(int fd, std::string& failure) override { return open(fd, 1, failure); }
@@ -322,14 +277,14 @@ class NcclDataPlane final : public KvDataPlane {
     return channel;
   }
 
-  const NcclApi& api_;
+  const NcclLibrary& api_;
   const NcclPlaneOptions options_;
 };
 
 }  // namespace
 
 std::unique_ptr<KvDataPlane> make_nccl_data_plane(const NcclPlaneOptions& options) {
-  const NcclApi& api = nccl_api();
+  const NcclLibrary& api = nccl_library();
   if (!api.failure.empty()) throw Error(ErrorKind::kUnavailable, "KV link over NCCL: " + api.failure);
   int num_devices = 0;
   if (cudaGetDeviceCount(&num_devices) != cudaSuccess || options.device < 0 || options.device >= num_devices)
