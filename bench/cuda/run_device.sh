@@ -19,8 +19,14 @@ nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.max.sm,clocks.mem,powe
 T=/tmp/loom/bin/cuda_backend_test
 
 run_suite() {  # one process per suite: a sticky CUDA error stays in its suite
-  timeout "${2:-200}" "$T" --gtest_filter="$1" 2>&1 | tee -a "$OUT/tests.log" | grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|NMSE|smollm2|nmse" | head -60
-  local rc=${PIPESTATUS[0]}
+  # The whole output goes to a file first: a pipe cut short (head) must not kill the tests with SIGPIPE.
+  local log="$OUT/suite.log"
+  timeout "${2:-200}" "$T" --gtest_filter="$1" > "$log" 2>&1
+  local rc=$?
+  cat "$log" >> "$OUT/tests.log"
+  grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure|error|NMSE|smollm2|nmse" "$log" | tail -80
+  echo "== $1: exit status $rc"
+  rm -f "$log"
   if [ "$rc" -ne 0 ] && grep -q "cuda: .* failed" "$OUT/tests.log"; then
     echo "== $1 hit a CUDA error: rerunning under compute-sanitizer"
     timeout 150 compute-sanitizer --print-limit 5 "$T" --gtest_filter="$1" > "$OUT/sanitizer.log" 2>&1

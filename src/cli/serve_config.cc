@@ -123,13 +123,6 @@ void validate(const ServeOptions& options, const ResolvedServe& serve) {
                 "add --host-kv-memory BYTES");
   if (!engine.disk_kv_path.empty() && engine.disk_kv_bytes <= 0)
     throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs its size cap", "add --disk-kv-bytes BYTES");
-  if (serve.device.tensor_parallel_size > 1 && on_gpu(device) &&
-      (engine.host_kv_cache_bytes > 0 || serve.kv_transfer.has_buffer()))
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("--tensor-parallel-size {} on --device {} with a host KV tier (--host-kv-memory, the KV "
-                            "link): the CUDA ranks have no host tier yet",
-                            serve.device.tensor_parallel_size, device),
-                "leave the host tier out, or serve one GPU per server");
   if (serve.gpu_memory_fraction > 0.0 && !on_gpu(device))
     throw Error(ErrorKind::kInvalidArgument,
                 fmt::format("--gpu-memory-fraction / --gpu-memory-utilization {} on --device {}",

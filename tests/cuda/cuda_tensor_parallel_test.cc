@@ -6,6 +6,7 @@
 // the logits of the unsharded backend. The same checks over NCCL (rank r on
 // GPU r, nccl_group.h) run where there are GPUs enough; a one-rank NCCL group
 // runs on one GPU (the library, graph capture of its all-reduce, abort).
+#include <algorithm>
 #include <chrono>
 #include <cstring>
 #include <memory>
@@ -360,6 +361,78 @@ TEST(CudaNcclGroup, AbortEndsARankWaitingForItsPeer) {
   EXPECT_NE(state, cudaErrorNotReady) << "rank 0 still waits 20 s after the abort";
   cudaGetLastError();
   EXPECT_TRUE(group.aborted());
+}
+
+}  // namespace
+}  // namespace loom::cuda
+
+namespace loom::cuda {
+namespace {
+
+// The group's host tier: a forked sequence's KV and rCache blocks offloaded,
+// loaded back into other device blocks (every rank's part of a main block, the
+// rCache into every rank), and decoding over the moved blocks gives the same
+// logits; a host block holds every rank's part (kv_bytes_per_token is the
+// group's).
+TEST(CudaTensorParallelGroup, HostTierMovesEveryRanksBlocks) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const auto weights = test::tiny_weights(config, 34, false);
+  Sharded sharded = make_sharded(config, *weights, 2);
+  Backend& backend = *sharded.backend;
+  EXPECT_TRUE(backend.capabilities().host_kv_tier);
+  EXPECT_TRUE(backend.capabilities().residual_host_kv_tier);
+  SyntheticModelOptions options;
+  options.num_adapters = 1;
+  options.rank = 8;
+  backend.set_adapter(0, std::make_shared<LoraAdapter>(
+                             make_synthetic_adapter(synthetic_adapter_specs(options, config)[0], config, 34)));
+  backend.allocate_kv_cache({kNumBlocks, kBlockSize});
+  backend.allocate_residual_cache({kNumBlocks, kBlockSize, 8});
+  constexpr int kHostBlocks = 6;
+  backend.allocate_host_kv_cache(KvPoolKind::kMain, kHostBlocks);
+  backend.allocate_host_kv_cache(KvPoolKind::kResidual, kHostBlocks);
+  EXPECT_EQ(backend.num_host_kv_blocks(KvPoolKind::kMain), kHostBlocks);
+  EXPECT_EQ(static_cast<int64_t>(backend.host_kv_block(KvPoolKind::kMain, 0).size()),
+            backend.kv_bytes_per_token() * kBlockSize);
+
+  Driver driver(kNumBlocks, kBlockSize, 9, /*with_residual_pool=*/true);
+  const int s = driver.add_sequence(Mode::kForked, 0);
+  backend.forward(driver.make_batch({{s, driver.random_tokens(40, config.vocab_size), std::vector<int32_t>(40, -1), false}}));
+  const std::vector<int32_t> main = driver.sequence(s).main_blocks, residual = driver.sequence(s).residual_blocks;
+  ASSERT_EQ(main.size(), 3u);
+  const Batch decode = driver.make_batch({{s, driver.random_tokens(1, config.vocab_size), {-1}, false}});
+  // Device blocks no sequence uses: where the blocks come back, and never-written ones.
+  auto unused = [&](int32_t from, const std::vector<int32_t>& taken) {
+    std::vector<int32_t> ids;
+    for (int32_t id = from; static_cast<int32_t>(ids.size()) < 3; --id)
+      if (std::find(taken.begin(), taken.end(), id) == taken.end()) ids.push_back(id);
+    return ids;
+  };
+  const std::vector<int32_t> moved = unused(kNumBlocks - 1, main), moved_residual = unused(kNumBlocks - 1, residual);
+  const std::vector<int32_t> empty = unused(kNumBlocks - 20, main), empty_residual = unused(kNumBlocks - 20, residual);
+  const std::vector<int32_t> host = {4, 0, 2};
+  std::thread([&] {
+    backend.copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost, main, host);
+    backend.copy_kv_blocks(KvPoolKind::kResidual, KvCopyDirection::kDeviceToHost, residual, host);
+    backend.copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kHostToDevice, moved, host);
+    backend.copy_kv_blocks(KvPoolKind::kResidual, KvCopyDirection::kHostToDevice, moved_residual, host);
+  }).join();
+  auto remapped = [&](const std::vector<int32_t>& to, const std::vector<int32_t>& to_residual) {
+    Batch batch = decode;
+    for (int32_t& id : batch.block_tables) id = to[std::find(main.begin(), main.end(), id) - main.begin()];
+    for (int32_t& id : batch.residual_block_tables)
+      id = to_residual[std::find(residual.begin(), residual.end(), id) - residual.begin()];
+    return batch;
+  };
+  const std::vector<float> with_moved = backend.forward(remapped(moved, moved_residual)).logits;
+  const std::vector<float> with_empty = backend.forward(remapped(empty, empty_residual)).logits;
+  const std::vector<float> with_original = backend.forward(decode).logits;
+  EXPECT_EQ(with_moved, with_original);
+  EXPECT_NE(with_empty, with_original);
+  loom::test::expect_error(
+      [&] { backend.copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost, main, std::vector<int32_t>{0, 1, kHostBlocks}); },
+      ErrorKind::kInvalidArgument, {"host block 6"});
 }
 
 }  // namespace

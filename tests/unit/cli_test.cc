@@ -212,7 +212,6 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
            {"-tp 3", "power of two"},
            {"-tp 4", "6 attention heads"},
            {"-pp 2", "--tensor-parallel-size"},
-           {"--device cuda -tp 2 --host-kv-memory 1G", "no host tier yet"},
            {"--dtype float16", "float32"},
            {"--gpu-memory-utilization 0.9", "--kv-cache-bytes"},
            {"--kv-cache-bytes 1Q", "512K"},

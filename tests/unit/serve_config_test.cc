@@ -266,8 +266,6 @@ TEST_F(ServeConfigTest, GenerationConfigGivesTheSamplingDefaults) {
 TEST_F(ServeConfigTest, ValidateChecksEveryRuleNamingTheFlags) {
   // vLLM flags (check_vllm_flags).
   expect_invalid({"--swap-space", "4"}, {"--swap-space", "--host-kv-memory"});
-  expect_invalid({"--device", "cuda", "--tensor-parallel-size", "2", "--host-kv-memory", "1G"},
-                 {"--tensor-parallel-size 2", "no host tier yet"});
   expect_invalid({"--pipeline-parallel-size", "2"}, {"--tensor-parallel-size"});
   expect_invalid({"--dtype", "float16"}, {"--dtype float16"});
   expect_invalid({"--device", "cuda", "--dtype", "float32"}, {"--dtype float32", "bfloat16"});

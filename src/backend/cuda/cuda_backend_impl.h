@@ -93,6 +93,8 @@ class CudaBackend final : public Backend {
   // Device sampling results of the last enqueued step (Batch::sampling):
   // [rows] token ids (-1: not sampled on the device), then [rows] logprobs.
   const int32_t* device_sampled_tokens() const { return sampler_.device_results(); }
+  const DeviceKvPools& kv_pools() const { return pools_; }
+  int device() const { return device_; }
   // This layer's K / V pool, or rCache (nullptr before its allocate).
   __nv_bfloat16* k_pool(int layer) const { return pools_.k_pool(layer); }
   __nv_bfloat16* v_pool(int layer) const { return pools_.v_pool(layer); }

@@ -112,7 +112,7 @@ void DeviceKvPools::allocate_host(KvPoolKind pool, int32_t num_blocks) {
   std::unique_ptr<HostKvTier>& tier = host_tiers_[static_cast<int>(pool)];
   if (tier == nullptr) tier = std::make_unique<HostKvTier>(device_);
   // Arrays: per layer K then V (main), or per layer the rCache.
-  tier->allocate(num_blocks, is_main ? 2 * config_.num_layers : config_.num_layers, device_bytes_per_block(pool));
+  tier->allocate(num_blocks, num_arrays(pool), device_bytes_per_block(pool));
 }
 
 std::span<std::byte> DeviceKvPools::host_block(KvPoolKind pool, int32_t host_block_id) {

@@ -56,10 +56,14 @@ class DeviceKvPools {
   std::span<std::byte> host_block(KvPoolKind pool, int32_t host_block_id);
   void copy_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
                    std::span<const int32_t> host_block_ids);
+  // What a host tier copies (another's: the tensor-parallel group's): the
+  // pool's arrays (main: per layer K then V; residual: per layer the rCache),
+  // one array's block in bytes, and where they are.
+  int32_t num_arrays(KvPoolKind pool) const { return pool == KvPoolKind::kMain ? 2 * config_.num_layers : config_.num_layers; }
+  size_t device_bytes_per_block(KvPoolKind pool) const;
+  HostKvTier::DevicePool device_pool(KvPoolKind pool) const;
 
  private:
-  size_t device_bytes_per_block(KvPoolKind pool) const;  // one layer's K (or V) block, or its rCache block
-  HostKvTier::DevicePool device_pool(KvPoolKind pool) const;
 
   const ModelConfig config_;
   const int device_;

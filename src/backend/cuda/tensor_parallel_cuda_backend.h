@@ -1,8 +1,10 @@
 // Tensor parallelism on CUDA (docs/tensor-parallel.md): N CudaBackend ranks,
 // rank r on devices[r] over its shard of the model, joined by one
 // DeviceCommunicator each, run by TensorParallelBackend (a thread per rank;
-// logits gathered on the host; no host KV tier yet). A rank whose communicator
-// cannot be captured runs its steps eagerly.
+// logits gathered on the host). Its host KV tier is one pinned arena per pool
+// whose host block holds every rank's part (as the CPU group's), so the disk
+// tier and the KV link see whole blocks. A rank whose communicator cannot be
+// captured runs its steps eagerly.
 #pragma once
 
 #include <memory>
