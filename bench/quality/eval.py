@@ -5,7 +5,8 @@ as token ids (the question's and INVOCATION's tokens joined, as in training),
 accuracy with a 95% Wilson interval. One server serves every row:
 
     bench/quality/eval.py --model SmolLM2.gguf --task arithmetic \\
-        --adapter lora=DIR --adapter alora=DIR [--cpu-precision fp32|auto] --out report.json
+        --adapter lora=DIR --adapter alora=DIR --adapter icarus=DIR [--cpu-precision fp32|auto] \\
+        [--device cuda] --out report.json
 
 Rows (ADAPTER:MODE):
   lora:isolated           the adapter's own K/V (what vLLM serves)
@@ -15,7 +16,13 @@ Rows (ADAPTER:MODE):
   lora:base               ICaRus: every K/V the base model's (lossy for a plain LoRA)
   alora:activated         aLoRA: the base model's K/V up to the invocation
   alora:isolated          the aLoRA adapter as a plain LoRA over the whole prompt
+  icarus:base             an ICaRus-trained adapter (train.py --kind icarus) over the base model's K/V:
+                          exact for it
+  icarus:isolated         the ICaRus adapter as a plain LoRA over its own K/V (not how it was trained)
   base model              no adapter
+
+The report is rewritten after every row ("complete": false until the last), so a run cut short keeps
+the rows it scored.
 """
 import argparse
 import concurrent.futures
@@ -54,9 +61,9 @@ def main():
     parser.add_argument("--loom", default=os.environ.get("LOOM_BINARY", "build/loom"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--task", required=True, choices=sorted(TASKS))
-    parser.add_argument("--adapter", action="append", default=[], help="lora=DIR or alora=DIR")
-    parser.add_argument("--cpu-precision", default="fp32")
-    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--adapter", action="append", default=[], help="lora=DIR, alora=DIR or icarus=DIR")
+    parser.add_argument("--cpu-precision", default="fp32", help="cpu only: fp32 or auto")
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--heldout", type=int, default=200)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
@@ -64,6 +71,9 @@ def main():
     parser.add_argument("--out")
     args = parser.parse_args()
     adapters = dict(spec.split("=", 1) for spec in args.adapter)
+    unknown = sorted(set(adapters) - {"lora", "alora", "icarus"})
+    if unknown:
+        parser.error(f"unknown adapter kind {unknown[0]} (lora, alora or icarus)")
 
     # Each group of rows gets a fresh server: an inheriting row must not find its own earlier bCache.
     groups = [([("base model", None)], [])]
@@ -81,14 +91,27 @@ def main():
         groups.append(([("alora:activated", "alora_activated"), ("alora:isolated", "alora_isolated")],
                        ["--lora", f"alora_activated={adapters['alora']}:activated",
                         "--lora", f"alora_isolated={adapters['alora']}:isolated"]))
+    if "icarus" in adapters:
+        groups.append(([("icarus:base", "icarus_base"), ("icarus:isolated", "icarus_isolated")],
+                       ["--lora", f"icarus_base={adapters['icarus']}:base",
+                        "--lora", f"icarus_isolated={adapters['icarus']}:isolated"]))
     items = make_split(args.task, "heldout", args.heldout)
-    report = {"task": args.task, "heldout": len(items), "cpu_precision": args.cpu_precision, "device": args.device,
-              "model": os.path.basename(args.model), "rows": {}}
+    on_cpu = args.device == "cpu"
+    report = {"task": args.task, "heldout": len(items), "cpu_precision": args.cpu_precision if on_cpu else None,
+              "device": args.device, "model": os.path.basename(os.path.normpath(args.model)),
+              "adapters": {kind: os.path.normpath(path) for kind, path in adapters.items()}, "complete": False,
+              "rows": {}}
     for rows, lora_flags in groups:
         run_rows(args, items, rows, lora_flags, report)
+    report["complete"] = True
+    save(args, report)
+
+
+def save(args, report):
     if args.out:
-        with open(args.out, "w") as out:
+        with open(args.out + ".tmp", "w") as out:
             json.dump(report, out, indent=1)
+        os.replace(args.out + ".tmp", args.out)
 
 
 def run_rows(args, items, rows, lora_flags, report):
@@ -97,8 +120,9 @@ def run_rows(args, items, rows, lora_flags, report):
         port = probe.getsockname()[1]
     base_url = f"http://127.0.0.1:{port}"
     log = tempfile.NamedTemporaryFile("w", suffix=".log", delete=False)
+    precision = ["--cpu-precision", args.cpu_precision] if args.device == "cpu" else []
     server = subprocess.Popen([args.loom, "serve", "--model", args.model, "--port", str(port), "--device", args.device,
-                               "--cpu-precision", args.cpu_precision, "--max-lora-rank", "16",
+                               *precision, "--max-lora-rank", "16",
                                "--served-model-name", "base", "--kv-cache-bytes", args.kv_cache_bytes, *lora_flags],
                               stdout=log, stderr=subprocess.STDOUT)
     try:
@@ -130,6 +154,7 @@ def run_rows(args, items, rows, lora_flags, report):
                                      "interval95": wilson(correct, len(items)),
                                      "seconds": round(time.time() - start, 1), "example": texts[0]}
             print(label, report["rows"][label], flush=True)
+            save(args, report)
     finally:
         server.terminate()
         server.wait(timeout=30)

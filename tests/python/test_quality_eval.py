@@ -1,6 +1,7 @@
 """bench/quality/eval.py end to end on the tiny random model with two synthetic
-adapters (issue 39's harness in CI): every row of the table is served by a
-fresh `loom serve`, scored, and reported with its interval. The random model
+adapters (issue 39's harness in CI; the first also stands in for an ICaRus
+adapter): every row of the table is served by a fresh `loom serve`, scored,
+and reported with its interval. The random model
 scores ~0; what is checked is the plumbing and the report."""
 import json
 import os
@@ -26,6 +27,7 @@ class QualityEvalTest(unittest.TestCase):
             result = subprocess.run(
                 [sys.executable, EVAL, "--loom", loom_server.loom_binary(), "--model", model, "--task", "sorting",
                  "--adapter", f"lora={model}/adapters/adapter0", "--adapter", f"alora={model}/adapters/adapter1",
+                 "--adapter", f"icarus={model}/adapters/adapter0",
                  "--heldout", "6", "--max-tokens", "4", "--concurrency", "3", "--kv-cache-bytes", "16M",
                  "--out", report_path],
                 capture_output=True, text=True, timeout=240)
@@ -36,7 +38,8 @@ class QualityEvalTest(unittest.TestCase):
         self.assertEqual(report["heldout"], 6)
         self.assertEqual(sorted(report["rows"]), sorted([
             "base model", "lora:isolated", "lora:forked", "lora:forked-inherits", "lora:base", "alora:activated",
-            "alora:isolated"]))
+            "alora:isolated", "icarus:base", "icarus:isolated"]))
+        self.assertTrue(report["complete"])
         for label, row in report["rows"].items():
             self.assertTrue(0.0 <= row["accuracy"] <= 1.0, label)
             low, high = row["interval95"]
