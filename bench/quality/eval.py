@@ -29,6 +29,7 @@ import concurrent.futures
 import json
 import math
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -70,6 +71,7 @@ def main():
     parser.add_argument("--kv-cache-bytes", default="2G")
     parser.add_argument("--out")
     args = parser.parse_args()
+    signal.signal(signal.SIGTERM, on_sigterm)
     adapters = dict(spec.split("=", 1) for spec in args.adapter)
     unknown = sorted(set(adapters) - {"lora", "alora", "icarus"})
     if unknown:
@@ -107,6 +109,15 @@ def main():
     save(args, report)
 
 
+SERVERS = []  # the running `loom serve`, ended on SIGTERM (`timeout`) so that none outlives the harness
+
+
+def on_sigterm(*_):
+    for server in SERVERS:
+        server.kill()
+    os._exit(143)
+
+
 def save(args, report):
     if args.out:
         with open(args.out + ".tmp", "w") as out:
@@ -125,6 +136,7 @@ def run_rows(args, items, rows, lora_flags, report):
                                *precision, "--max-lora-rank", "16",
                                "--served-model-name", "base", "--kv-cache-bytes", args.kv_cache_bytes, *lora_flags],
                               stdout=log, stderr=subprocess.STDOUT)
+    SERVERS.append(server)
     try:
         for _ in range(600):
             try:
@@ -158,6 +170,7 @@ def run_rows(args, items, rows, lora_flags, report):
     finally:
         server.terminate()
         server.wait(timeout=30)
+        SERVERS.remove(server)
 
 
 if __name__ == "__main__":
