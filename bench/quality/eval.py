@@ -21,7 +21,8 @@ Rows (ADAPTER:MODE):
   icarus:isolated         the ICaRus adapter as a plain LoRA over its own K/V (not how it was trained)
   base model              no adapter
 
-The report is rewritten after every row ("complete": false until the last), so a run cut short keeps
+Each row keeps its per-item scores ("correct", in held-out order; a smaller --heldout scores a prefix
+of the same items), so two rows or two reports compare item by item. The report is rewritten after every row ("complete": false until the last), so a run cut short keeps
 the rows it scored.
 """
 import argparse
@@ -161,11 +162,13 @@ def run_rows(args, items, rows, lora_flags, report):
                 if label.endswith("forked-inherits"):  # the other agent writes each prompt's bCache first
                     list(pool.map(lambda prompt: complete("writer_forked", prompt), prompts))
                 texts = list(pool.map(lambda prompt: complete(model or "base", prompt), prompts))
-            correct = sum(TASKS[args.task].score(text, item["answer"]) for text, item in zip(texts, items))
+            scores = [TASKS[args.task].score(text, item["answer"]) for text, item in zip(texts, items)]
+            correct = sum(scores)
             report["rows"][label] = {"accuracy": round(correct / len(items), 4),
                                      "interval95": wilson(correct, len(items)),
-                                     "seconds": round(time.time() - start, 1), "example": texts[0]}
-            print(label, report["rows"][label], flush=True)
+                                     "seconds": round(time.time() - start, 1), "example": texts[0],
+                                     "correct": [int(score) for score in scores]}  # per item: paired comparisons
+            print(label, {k: v for k, v in report["rows"][label].items() if k != "correct"}, flush=True)
             save(args, report)
     finally:
         server.terminate()

@@ -45,6 +45,8 @@ class QualityEvalTest(unittest.TestCase):
             low, high = row["interval95"]
             self.assertTrue(0.0 <= low <= row["accuracy"] <= high <= 1.0, (label, row))
             self.assertIsInstance(row["example"], str)
+            self.assertEqual(len(row["correct"]), 6, label)
+            self.assertAlmostEqual(sum(row["correct"]) / 6, row["accuracy"], places=3)
 
 
 if __name__ == "__main__":
