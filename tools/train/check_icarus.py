@@ -13,7 +13,8 @@
   6. with --loom: Loom serving the saved adapter in `base` mode (every K/V the base model's)
      generates icarus_generate's tokens, and in `isolated` mode PEFT's generate() tokens.
 
-    python tools/train/check_icarus.py [--loom build/loom]
+    python tools/train/check_icarus.py --loom build/loom                   # the tiny random Llama
+    python tools/train/check_icarus.py --model SMOLLM2_HF_DIR --loom build/loom  # the real model (~40 s)
 """
 import argparse
 import json
