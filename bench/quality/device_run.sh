@@ -3,7 +3,7 @@
 # (tools/train/train.py --kind lora, alora, icarus; 300 steps of 32, rank 16) several at once, then
 # scores each task's adapters with bench/quality/eval.py against `loom serve --device cuda`.
 #
-# The third call of the SmolLM2 carry: $ROOT/smol_a and $ROOT/smol_b are there from the first
+# The third call of the SmolLM2 carry: /tmp/loom/smol_a and /tmp/loom/smol_b are there from the first
 # two calls, .carry/smol_c/part travels with this one, .carry/cuda/loom_cuda_pkg.tar.xz holds loom
 # (bench/cuda/pack.sh). Carry: .carry/cuda .carry/smol_c. Run from the repository root:
 #     bash bench/quality/device_run.sh
@@ -52,14 +52,16 @@ nvidia-smi --query-gpu=name,memory.used,memory.total --format=csv,noheader 2>&1 
 "$PY" -c "import torch, transformers, peft; print('torch', torch.__version__, 'transformers', transformers.__version__, 'peft', peft.__version__)" 2>&1 | tee -a "$LOG"
 
 # The model: GGUF from its three parts, then the HF bf16 directory train.py loads.
-if [ ! -s $ROOT/smol.gguf ]; then
-  if [ -f $ROOT/smol_a ] && [ -f $ROOT/smol_b ] && [ -f .carry/smol_c/part ]; then
-    cat $ROOT/smol_a $ROOT/smol_b .carry/smol_c/part > $ROOT/smol.gguf.tmp && mv $ROOT/smol.gguf.tmp $ROOT/smol.gguf
+if [ ! -s "$ROOT/smol.gguf" ]; then
+  third=.carry/smol_c/part; [ -f "$third" ] || third=$ROOT/smol_c
+  if [ -f "$ROOT/smol_a" ] && [ -f "$ROOT/smol_b" ] && [ -f "$third" ]; then
+    cat "$ROOT/smol_a" "$ROOT/smol_b" "$third" > "$ROOT/smol.gguf.tmp" && mv "$ROOT/smol.gguf.tmp" "$ROOT/smol.gguf"
   else
-    say "FATAL: need $ROOT/smol_a, $ROOT/smol_b and .carry/smol_c/part"; ls -la "$ROOT" .carry 2>&1 | tee -a "$LOG"
+    say "FATAL: need $ROOT/smol_a, $ROOT/smol_b and .carry/smol_c/part (or $ROOT/smol_c)"; ls -la "$ROOT" .carry 2>&1 | tee -a "$LOG"
   fi
 fi
-say "gguf: $(stat -c %s $ROOT/smol.gguf 2>/dev/null) bytes, md5 $(md5sum < $ROOT/smol.gguf 2>/dev/null | cut -c1-32)"
+[ "$(head -c 4 "$ROOT/smol.gguf" 2>/dev/null)" = GGUF ] || say "WARNING: $ROOT/smol.gguf does not start with GGUF"
+say "gguf: $(stat -c %s "$ROOT/smol.gguf" 2>/dev/null) bytes, md5 $(md5sum < "$ROOT/smol.gguf" 2>/dev/null | cut -c1-32)"
 if [ -s $ROOT/smol.gguf ] && [ ! -f $ROOT/smol-hf/config.json ]; then
   rm -rf $ROOT/smol-hf
   timeout 120 "$LOOM" convert $ROOT/smol.gguf $ROOT/smol-hf >> "$LOG" 2>&1 || say "FATAL: loom convert failed"
