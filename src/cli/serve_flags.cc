@@ -27,8 +27,9 @@ void add_model_and_api_flags(CLI::App& app, ServeOptions& options) {
       ->check(CLI::IsMember({"auto", "none", "hermes", "llama3_json", "mistral"}));
   app.add_option("--reasoning-parser", server.reasoning_parser,
                  "Split a reasoning model's <think>...</think> from chat answers into reasoning_content: "
-                 "qwen3, deepseek_r1, none")
-      ->check(CLI::IsMember({"none", "qwen3", "deepseek_r1"}));
+                 "auto (from the chat template and the vocabulary's <think> tokens; the choice is logged), qwen3, "
+                 "deepseek_r1, none")
+      ->check(CLI::IsMember({"auto", "none", "qwen3", "deepseek_r1"}))->capture_default_str();
   app.add_option("--chat-template", options.chat_template,
                  "Jinja chat template replacing the model's: a file, or the template text (as vLLM's); checked at "
                  "start-up");

@@ -18,21 +18,29 @@
 //   `properties` beside it: only pattern-named members are generated),
 //   propertyNames (on additional members, when nothing else names members);
 //   array: items, prefixItems, minItems, maxItems, uniqueItems when the items
-//   are one of at most 8 values (enum, const, boolean, null) or maxItems <= 1;
+//   are one of at most 8 values (enum, const, boolean, null, an integer range)
+//   or maxItems <= 1;
 //   string: minLength, maxLength, pattern (anchored), format (string_formats.h),
-//   a length bound beside pattern/format when the format implies it;
+//   a length bound beside pattern/format when the pattern implies it;
 //   integer: minimum, maximum, exclusiveMinimum, exclusiveMaximum (bounds within +-9e18).
 // Enforced soundly but not completely (every output is valid, some valid values
 //   are never produced): number bounds (number_grammar.h), oneOf (as anyOf:
-//   exclusivity is not checked), a keyword such as minimum without `type` (its type is implied).
+//   exclusivity is not checked), a keyword such as minimum without `type` (its type is implied),
+//   uniqueItems over 9 to 64 values (items in the order of the enum / range),
+//   maxLength beside a pattern or format that does not imply it (HttpUrl's
+//   format uri + maxLength 2083): the pattern's open repetitions (x*, x+, x{m,})
+//   are bounded by one cap, the largest under which no string is too long (at least 8).
 // Ignored (annotations): title, description, default, examples, $schema, $id,
 //   $comment, deprecated, readOnly, writeOnly, $defs/definitions themselves.
 // Not enforceable here: multipleOf, contains, minContains, maxContains, not,
 //   if/then/else, dependentRequired, dependentSchemas, dependencies,
 //   unevaluatedProperties, unevaluatedItems, additionalItems, contentEncoding,
 //   contentMediaType, $dynamicRef, $recursiveRef, allOf of several, other $ref
-//   targets, other formats, uniqueItems and the cases above left out, a length
-//   bound beside a pattern. Strict: Error(kUnsupported) naming the keyword and
+//   targets, other formats, uniqueItems over an open set of items (strings,
+//   numbers, objects: no context-free grammar tells items apart, xgrammar and
+//   llguidance leave it too) or more values than above, minLength beside a
+//   pattern that does not imply it, maxLength beside a pattern that leaves a
+//   cap under 8. Strict: Error(kUnsupported) naming the keyword and
 //   where it is. Lenient: compiled as if absent (allOf: its first entry; an
 //   unresolved $ref: any value) and listed in Grammar::unenforced.
 #pragma once

@@ -1,5 +1,8 @@
 #include "grammar/regex_compiler.h"
 
+#include <algorithm>
+#include <vector>
+
 #include "grammar/utf8_ranges.h"
 #include "util/error.h"
 
@@ -26,19 +29,45 @@ CodepointSet space_set() {
   return set;
 }
 
+constexpr int64_t kUnbounded = -1;
+
+// Lengths in characters (an escape such as \" is one): the sum, the product, kUnbounded absorbing.
+int64_t add_lengths(int64_t a, int64_t b) { return a == kUnbounded || b == kUnbounded ? kUnbounded : a + b; }
+int64_t times(int64_t count, int64_t length) {
+  if (length == 0 || count == 0) return 0;
+  return count == kUnbounded || length == kUnbounded ? kUnbounded : count * length;
+}
+
+// A parsed piece: its grammar symbols (none when only measuring) and its longest string.
+struct Piece {
+  Sequence sequence;
+  int64_t max_length = 0;
+};
+
+// Parses the pattern into `builder`'s rules, or, with no builder, only measures it.
 class RegexParser {
  public:
-  RegexParser(GrammarBuilder& builder, std::string_view pattern, const RegexOptions& options)
+  RegexParser(GrammarBuilder* builder, std::string_view pattern, const RegexOptions& options)
       : builder_(builder), pattern_(pattern), options_(options) {}
 
   Symbol parse() {
     if (at('^')) ++offset_;
-    std::vector<Sequence> options = parse_alternation(0);
+    std::vector<Piece> options = parse_alternation(0);
     if (offset_ < pattern_.size()) unsupported(pattern_[offset_] == ')' ? "an unbalanced ')'" : "this construct");
-    return builder_.alternatives(options, "regex");
+    max_length_ = 0;
+    for (const Piece& option : options) max_length_ = longest(max_length_, option.max_length);
+    return builder_ ? builder_->alternatives(sequences(options), "regex") : Symbol{};
   }
+  int64_t max_length() const { return max_length_; }
 
  private:
+  static int64_t longest(int64_t a, int64_t b) { return a == kUnbounded || b == kUnbounded ? kUnbounded : std::max(a, b); }
+  static std::vector<Sequence> sequences(const std::vector<Piece>& pieces) {
+    std::vector<Sequence> out;
+    for (const Piece& piece : pieces) out.push_back(piece.sequence);
+    return out;
+  }
+
   [[noreturn]] void unsupported(const std::string& what) const {
     fail(ErrorKind::kUnsupported, "regex: {} at offset {} is not supported", what, offset_);
   }
@@ -160,8 +189,8 @@ class RegexParser {
     return negated ? set.complement() : set;
   }
 
-  // A set as a sequence of one symbol (JSON-string mode restricts it).
-  Sequence set_sequence(CodepointSet set) {
+  // A set as a piece of one character (JSON-string mode restricts it).
+  Piece set_sequence(CodepointSet set) {
     if (options_.json_string) {
       CodepointSet unsafe;
       unsafe.add(0, 0x1F);
@@ -176,19 +205,22 @@ class RegexParser {
           if (std::max(a1, a2) <= std::min(b1, b2)) restricted.add(std::max(a1, a2), std::min(b1, b2));
       // A lone " or \ becomes its escape.
       if (set.ranges().size() == 1 && set.ranges()[0].first == set.ranges()[0].second &&
-          (set.ranges()[0].first == '"' || set.ranges()[0].first == '\\'))
-        return builder_.literal(set.ranges()[0].first == '"' ? "\\\"" : "\\\\");
+          (set.ranges()[0].first == '"' || set.ranges()[0].first == '\\')) {
+        if (!builder_) return {{}, 1};
+        return {builder_->literal(set.ranges()[0].first == '"' ? "\\\"" : "\\\\"), 1};
+      }
       set = restricted;
       if (set.empty()) unsupported("a character class that only matches characters JSON must escape");
     }
+    if (!builder_) return {{}, 1};
     if (set.ranges().size() == 1 && set.ranges()[0].first == set.ranges()[0].second)
-      return builder_.literal(encode_utf8(set.ranges()[0].first));
-    return {codepoint_set_symbol(builder_, set, "regex class")};
+      return {builder_->literal(encode_utf8(set.ranges()[0].first)), 1};
+    return {{codepoint_set_symbol(*builder_, set, "regex class")}, 1};
   }
 
-  std::vector<Sequence> parse_alternation(int32_t depth) {
+  std::vector<Piece> parse_alternation(int32_t depth) {
     if (depth > options_.max_nesting) unsupported(fmt::format("nesting deeper than {}", options_.max_nesting));
-    std::vector<Sequence> options{parse_concatenation(depth)};
+    std::vector<Piece> options{parse_concatenation(depth)};
     while (at('|')) {
       ++offset_;
       options.push_back(parse_concatenation(depth));
@@ -196,17 +228,18 @@ class RegexParser {
     return options;
   }
 
-  Sequence parse_concatenation(int32_t depth) {
-    Sequence sequence;
+  Piece parse_concatenation(int32_t depth) {
+    Piece piece;
     while (offset_ < pattern_.size() && !at('|') && !at(')')) {
       if (at_end_anchor()) {
         ++offset_;
         break;
       }
-      Sequence item = parse_repetition(depth);
-      sequence.insert(sequence.end(), item.begin(), item.end());
+      Piece item = parse_repetition(depth);
+      piece.sequence.insert(piece.sequence.end(), item.sequence.begin(), item.sequence.end());
+      piece.max_length = add_lengths(piece.max_length, item.max_length);
     }
-    return sequence;
+    return piece;
   }
 
   int64_t parse_number() {
@@ -220,8 +253,8 @@ class RegexParser {
     return value;
   }
 
-  Sequence parse_repetition(int32_t depth) {
-    Sequence atom = parse_atom(depth);
+  Piece parse_repetition(int32_t depth) {
+    Piece atom = parse_atom(depth);
     while (offset_ < pattern_.size()) {
       int64_t min = 0, max = -1;
       if (at('?')) {
@@ -244,12 +277,14 @@ class RegexParser {
       }
       ++offset_;
       if (at('?') || at('+')) ++offset_;  // lazy / possessive: same language
-      atom = builder_.repeat(atom, min, max, "regex repetition");
+      if (max == kUnbounded && options_.open_repeat_cap >= 0) max = min + options_.open_repeat_cap;
+      if (builder_) atom.sequence = builder_->repeat(atom.sequence, min, max, "regex repetition");
+      atom.max_length = times(max, atom.max_length);
     }
     return atom;
   }
 
-  Sequence parse_atom(int32_t depth) {
+  Piece parse_atom(int32_t depth) {
     const char c = pattern_[offset_];
     switch (c) {
       case '(': {
@@ -271,11 +306,14 @@ class RegexParser {
             unsupported("this group syntax (inline flags, atomic groups, ...)");
           }
         }
-        std::vector<Sequence> options = parse_alternation(depth + 1);
+        std::vector<Piece> options = parse_alternation(depth + 1);
         if (!at(')')) unsupported("an unclosed '('");
         ++offset_;
         if (options.size() == 1) return options[0];
-        return {builder_.alternatives(options, "regex group")};
+        int64_t max_length = 0;
+        for (const Piece& option : options) max_length = longest(max_length, option.max_length);
+        if (!builder_) return {{}, max_length};
+        return {{builder_->alternatives(sequences(options), "regex group")}, max_length};
       }
       case '[':
         ++offset_;
@@ -301,16 +339,23 @@ class RegexParser {
     }
   }
 
-  GrammarBuilder& builder_;
+  GrammarBuilder* builder_;  // null: measuring only
   std::string_view pattern_;
   RegexOptions options_;
   size_t offset_ = 0;
+  int64_t max_length_ = 0;
 };
 
 }  // namespace
 
 Symbol compile_regex(GrammarBuilder& builder, std::string_view pattern, const RegexOptions& options) {
-  return RegexParser(builder, pattern, options).parse();
+  return RegexParser(&builder, pattern, options).parse();
+}
+
+int64_t regex_max_length(std::string_view pattern, const RegexOptions& options) {
+  RegexParser parser(nullptr, pattern, options);
+  parser.parse();
+  return parser.max_length();
 }
 
 Grammar regex_grammar(std::string_view pattern, GrammarLimits limits) {

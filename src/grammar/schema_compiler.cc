@@ -11,6 +11,8 @@ namespace loom::grammar {
 namespace {
 
 constexpr int32_t kMaxSchemaDepth = 64;
+// The least cap on a pattern's open repetitions that a maxLength beside it may impose (open_repeat_cap).
+constexpr int64_t kMinOpenRepeatCap = 8;
 
 std::string where(const std::string& path) { return path.empty() ? "the root" : path; }
 
@@ -194,12 +196,15 @@ Symbol SchemaCompiler::string(const Json& schema, const std::string& path) {
   if (max >= 0 && max < min) fail(ErrorKind::kInvalidArgument, "JSON schema: maxLength < minLength at {}", where(path));
   std::optional<std::string> pattern;
   int64_t implied_min = 0, implied_max = -1;  // what the pattern's language guarantees
+  RegexOptions options;
+  options.json_string = true;
   if (const auto it = schema.find("pattern"); it != schema.end()) {
     if (!it->is_string()) fail(ErrorKind::kInvalidArgument, "JSON schema: 'pattern' must be a string at {}", where(path));
     pattern = it->get<std::string>();
     if (!pattern->empty() && pattern->front() == '^') pattern->erase(0, 1);
     if (!pattern->empty() && pattern->back() == '$' && (pattern->size() < 2 || (*pattern)[pattern->size() - 2] != '\\'))
       pattern->pop_back();
+    if (max >= 0) implied_max = checked_regex_max_length(*pattern, options, path);
   } else if (const auto format = schema.find("format"); format != schema.end()) {
     if (!format->is_string()) fail(ErrorKind::kInvalidArgument, "JSON schema: 'format' must be a string at {}", where(path));
     if (const StringFormat* known = find_string_format(format->get_ref<const std::string&>())) {
@@ -214,11 +219,13 @@ Symbol SchemaCompiler::string(const Json& schema, const std::string& path) {
     }
   }
   if (pattern) {
-    // Length bounds beside a pattern: enforced only when the pattern implies them.
+    // minLength beside a pattern: enforced only when the pattern implies it. maxLength: implied, or
+    // enforced by bounding the pattern's open repetitions (a subset of its strings, all short enough).
     if (min > implied_min) unenforceable("minLength", path);
-    if (max >= 0 && (implied_max < 0 || implied_max > max)) unenforceable("maxLength", path);
-    RegexOptions options;
-    options.json_string = true;
+    if (max >= 0 && (implied_max < 0 || implied_max > max)) {
+      if (const std::optional<int64_t> cap = open_repeat_cap(*pattern, options, max, path)) options.open_repeat_cap = *cap;
+      else unenforceable("maxLength", path);
+    }
     Symbol content;
     try {
       content = compile_regex(builder_, *pattern, options);
@@ -233,6 +240,41 @@ Symbol SchemaCompiler::string(const Json& schema, const std::string& path) {
   body.insert(body.end(), chars.begin(), chars.end());
   body.push_back(quote);
   return builder_.alternatives({body}, "string");
+}
+
+int64_t SchemaCompiler::checked_regex_max_length(const std::string& pattern, const RegexOptions& options,
+                                                 const std::string& path) {
+  try {
+    return regex_max_length(pattern, options);
+  } catch (const Error& error) {
+    fail(error.kind(), "JSON schema: 'pattern' at {}: {}", where(path), error.message());
+  }
+}
+
+// The largest cap on the open repetitions of `pattern` (RegexOptions::open_repeat_cap) under which
+// no string is longer than `max_length` characters; nullopt when that cap is under
+// kMinOpenRepeatCap (the strings left would be too cramped to be of use, or a bounded repetition of
+// the pattern's own is too long). All of the budget goes to one cap shared by every open
+// repetition: a URI of at most 2083 characters keeps up to 23 characters in each part (host, each
+// path segment, query...) and up to 23 path segments; one of at most 48 is left unenforced.
+std::optional<int64_t> SchemaCompiler::open_repeat_cap(const std::string& pattern, RegexOptions options,
+                                                       int64_t max_length, const std::string& path) {
+  const auto fits = [&](int64_t cap) {
+    options.open_repeat_cap = cap;
+    const int64_t longest = checked_regex_max_length(pattern, options, path);
+    return longest >= 0 && longest <= max_length;
+  };
+  if (!fits(kMinOpenRepeatCap)) return std::nullopt;
+  // Each repetition adds at least one character (or none anywhere): no cap past max_length matters,
+  // and the grammar's repetition limit bounds it too.
+  int64_t lo = kMinOpenRepeatCap, hi = std::max<int64_t>(
+      lo, std::min<int64_t>(max_length, builder_.limits().max_repetition / 2));
+  while (lo < hi) {
+    const int64_t mid = lo + (hi - lo + 1) / 2;
+    if (fits(mid)) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
 }
 
 // minimum / maximum / exclusiveMinimum / exclusiveMaximum (draft 4's boolean

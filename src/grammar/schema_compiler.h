@@ -17,6 +17,7 @@
 
 #include "grammar/grammar.h"
 #include "grammar/number_grammar.h"
+#include "grammar/regex_compiler.h"
 
 namespace loom::grammar {
 
@@ -47,6 +48,9 @@ class SchemaCompiler {
   Symbol string_character();
   Symbol string(const Json& schema, const std::string& path);
   Symbol plain_string();
+  int64_t checked_regex_max_length(const std::string& pattern, const RegexOptions& options, const std::string& path);
+  std::optional<int64_t> open_repeat_cap(const std::string& pattern, RegexOptions options, int64_t max_length,
+                                         const std::string& path);
   NumberBounds number_bounds(const Json& schema, const std::string& path);
   Symbol integer(const Json& schema, const std::string& path);
   Symbol number(const Json& schema, const std::string& path);
@@ -56,8 +60,10 @@ class SchemaCompiler {
   Symbol object(const Json& schema, const std::string& path, int32_t depth);
   std::optional<Symbol> property_key(const Json& schema, const std::string& path);
   Symbol array(const Json& schema, const std::string& path, int32_t depth);
-  std::optional<std::vector<std::string>> finite_values(const Json& schema, int32_t depth) const;
+  std::optional<std::vector<std::string>> finite_values(const Json& schema, int32_t depth);
   Symbol unique_array(const std::vector<std::string>& values, int64_t min_items, int64_t max_items, const std::string& path);
+  std::optional<Symbol> ordered_unique_array(const std::vector<std::string>& values, int64_t min_items,
+                                             int64_t max_items, const std::string& path);
 
   GrammarBuilder& builder_;
   const Json& root_;

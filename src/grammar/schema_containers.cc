@@ -1,6 +1,7 @@
 // Objects and arrays of the JSON-schema compiler (schema_compiler.h).
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <functional>
 #include <set>
 
@@ -15,8 +16,11 @@ using Json = SchemaCompiler::Json;
 
 // Member counts tracked for minProperties / maxProperties (states per property).
 constexpr int64_t kMaxCountedMembers = 64;
-// Item values tracked for uniqueItems (2^n states).
+// Item values tracked for uniqueItems (2^n states: items in any order).
 constexpr size_t kMaxUniqueValues = 8;
+// Beyond that, items in the order of the values (n^2 alternatives per item count).
+constexpr size_t kMaxOrderedUniqueValues = 64;
+constexpr int64_t kMaxOrderedUniqueElements = 200000;
 
 std::string where(const std::string& path) { return path.empty() ? "the root" : path; }
 
@@ -190,29 +194,40 @@ Symbol SchemaCompiler::object(const Json& schema, const std::string& path, int32
 }
 
 // The JSON texts of every value `schema` allows, when they are few (enum,
-// const, boolean, null, through $ref); nullopt otherwise.
-std::optional<std::vector<std::string>> SchemaCompiler::finite_values(const Json& schema, int32_t depth) const {
+// const, boolean, null, an integer range of at most kMaxOrderedUniqueValues,
+// through $ref), distinct as JSON values (1 and 1.0 are one); nullopt otherwise.
+std::optional<std::vector<std::string>> SchemaCompiler::finite_values(const Json& schema, int32_t depth) {
   if (!schema.is_object() || depth > 8) return std::nullopt;
   if (const auto ref = schema.find("$ref"); ref != schema.end()) {
     const Json* target = ref->is_string() ? resolve(ref->get<std::string>()) : nullptr;
     return target ? finite_values(*target, depth + 1) : std::nullopt;
   }
-  std::vector<std::string> values;
+  std::vector<Json> values;
+  const Json type = schema.value("type", Json());
   if (const auto it = schema.find("const"); it != schema.end()) {
-    values.push_back(it->dump());
+    values.push_back(*it);
   } else if (const auto list = schema.find("enum"); list != schema.end() && list->is_array()) {
-    for (const Json& value : *list) values.push_back(value.dump());
-  } else if (schema.value("type", Json()) == "boolean") {
-    values = {"true", "false"};
-  } else if (schema.value("type", Json()) == "null") {
-    values = {"null"};
+    values.assign(list->begin(), list->end());
+  } else if (type == "boolean") {
+    values = {Json(true), Json(false)};
+  } else if (type == "null") {
+    values = {Json(nullptr)};
+  } else if (type == "integer") {
+    const NumberBounds bounds = number_bounds(schema, "");
+    if (!bounds.lo || !bounds.hi || std::abs(*bounds.lo) > 1e15 || std::abs(*bounds.hi) > 1e15) return std::nullopt;
+    const auto lo = static_cast<int64_t>(bounds.lo_exclusive ? std::floor(*bounds.lo) + 1 : std::ceil(*bounds.lo));
+    const auto hi = static_cast<int64_t>(bounds.hi_exclusive ? std::ceil(*bounds.hi) - 1 : std::floor(*bounds.hi));
+    if (hi < lo || hi - lo >= static_cast<int64_t>(kMaxOrderedUniqueValues)) return std::nullopt;
+    for (int64_t value = lo; value <= hi; ++value) values.push_back(value);
   } else {
     return std::nullopt;
   }
-  std::vector<std::string> distinct;
-  for (std::string& value : values)
+  std::vector<Json> distinct;
+  for (Json& value : values)
     if (std::find(distinct.begin(), distinct.end(), value) == distinct.end()) distinct.push_back(std::move(value));
-  return distinct;
+  std::vector<std::string> texts;
+  for (const Json& value : distinct) texts.push_back(value.dump());
+  return texts;
 }
 
 // Arrays of distinct values out of `values`, in any order: one state per set
@@ -245,6 +260,48 @@ Symbol SchemaCompiler::unique_array(const std::vector<std::string>& values, int6
   return builder_.alternatives(first, path + " unique array");
 }
 
+// Arrays of distinct values out of `values`, each item after the one before
+// it in `values` (a subset of the unique arrays, linear in the items instead
+// of exponential): one state per (last value, items written, capped where more
+// change nothing). nullopt when that is over kMaxOrderedUniqueElements.
+std::optional<Symbol> SchemaCompiler::ordered_unique_array(const std::vector<std::string>& values, int64_t min_items,
+                                                           int64_t max_items, const std::string& path) {
+  const auto k = static_cast<int64_t>(values.size());
+  const int64_t most = max_items < 0 ? k : std::min(max_items, k);
+  if (min_items > most) fail(ErrorKind::kInvalidArgument, "JSON schema: minItems needs more distinct items than allowed at {}", where(path));
+  // Counts past `cap` behave alike: past minItems when there is no maxItems.
+  const int64_t cap = max_items < 0 ? std::max<int64_t>(min_items, 1) : most;
+  int64_t literal_bytes = 0;
+  for (const std::string& value : values) literal_bytes += static_cast<int64_t>(value.size()) + 2;
+  if (cap * k * literal_bytes > kMaxOrderedUniqueElements) return std::nullopt;
+  std::vector<Sequence> literals;
+  for (const std::string& value : values) literals.push_back(builder_.literal(value));
+  // Whether an array whose last item is value `last` and that has `count` items can reach minItems.
+  const auto feasible = [&](int64_t last, int64_t count) { return count + (k - 1 - last) >= min_items; };
+  std::vector<int32_t> rules(static_cast<size_t>(k * (cap + 1)), -1);
+  std::function<Symbol(int64_t, int64_t)> after = [&](int64_t last, int64_t count) -> Symbol {
+    int32_t& id = rules[static_cast<size_t>(last * (cap + 1) + count)];
+    if (id >= 0) return GrammarBuilder::rule(id);
+    id = builder_.declare_rule(path + " ordered unique items");
+    const int32_t self = id;
+    if (count >= min_items) builder_.add_alternative(self, {builder_.byte(']')});
+    if (max_items < 0 || count < most) {
+      const int64_t next = std::min(count + 1, cap);
+      for (int64_t j = last + 1; j < k; ++j)
+        if (feasible(j, count + 1))
+          builder_.add_alternative(self, concat(concat({builder_.byte(',')}, literals[static_cast<size_t>(j)]), {after(j, next)}));
+    }
+    return GrammarBuilder::rule(self);
+  };
+  std::vector<Sequence> first;
+  if (min_items == 0) first.push_back({builder_.byte('['), builder_.byte(']')});
+  if (most > 0)
+    for (int64_t j = 0; j < k; ++j)
+      if (feasible(j, 1))
+        first.push_back(concat(concat({builder_.byte('[')}, literals[static_cast<size_t>(j)]), {after(j, std::min<int64_t>(1, cap))}));
+  return builder_.alternatives(first, path + " ordered unique array");
+}
+
 Symbol SchemaCompiler::array(const Json& schema, const std::string& path, int32_t depth) {
   std::vector<Symbol> prefix;
   const auto prefix_it = schema.find("prefixItems");
@@ -264,6 +321,10 @@ Symbol SchemaCompiler::array(const Json& schema, const std::string& path, int32_
     std::optional<std::vector<std::string>> values;
     if (prefix.empty() && items_it != schema.end()) values = finite_values(*items_it, 0);
     if (values && values->size() <= kMaxUniqueValues) return unique_array(*values, min_items, max_items, path);
+    if (values && values->size() <= kMaxOrderedUniqueValues)
+      if (const std::optional<Symbol> ordered = ordered_unique_array(*values, min_items, max_items, path)) return *ordered;
+    // Items of an open set (strings, numbers, objects): telling them apart needs the whole array, which
+    // no context-free grammar holds (xgrammar and llguidance do not enforce it either).
     unenforceable("uniqueItems", path);
   }
   std::optional<Symbol> item;

@@ -15,7 +15,10 @@ using std::chrono::milliseconds;
 Usage Generation::usage() const {
   Usage usage;
   for (const auto& prompt : request.prompts) usage.prompt_tokens += static_cast<int64_t>(prompt.size());
-  for (const auto& result : results) usage.completion_tokens += result.num_output_tokens;
+  for (const auto& result : results) {
+    usage.completion_tokens += result.num_output_tokens;
+    usage.reasoning_tokens += result.num_reasoning_tokens;
+  }
   // Each prompt counts once, as its tokens do: its first choice's cache hits.
   for (size_t prompt = 0; prompt < request.prompts.size(); ++prompt)
     usage.cached_tokens += results[prompt * static_cast<size_t>(request.n)].num_cached_prompt_tokens;
@@ -27,7 +30,15 @@ void Generation::record(int32_t index, const RequestOutput& output) {
   if (!first_token_at && !output.new_tokens.empty()) first_token_at = Clock::now();
   result.text += output.text_delta;
   result.tokens.insert(result.tokens.end(), output.new_tokens.begin(), output.new_tokens.end());
+  const int32_t before = result.num_output_tokens;
   result.num_output_tokens = std::max<int32_t>(output.num_output_tokens, static_cast<int32_t>(result.tokens.size()));
+  if (!reasoning_trackers.empty()) {
+    reasoning::ReasoningSplitter& tracker = reasoning_trackers[static_cast<size_t>(index)];
+    if (!tracker.in_answer()) {
+      result.num_reasoning_tokens += result.num_output_tokens - before;
+      tracker.feed(output.text_delta);
+    }
+  }
   result.num_cached_prompt_tokens = std::max(result.num_cached_prompt_tokens, output.num_cached_prompt_tokens);
   if (output.finished && !result.finished) {
     result.finished = true;
@@ -73,6 +84,10 @@ std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& t
                                                          std::time(nullptr), system_fingerprint);
   generation->results.resize(static_cast<size_t>(num_choices));
   generation->num_unfinished = num_choices;
+  const ReasoningSetup& reasoning = generation->request.reasoning;
+  if (reasoning.active())
+    generation->reasoning_trackers.assign(static_cast<size_t>(num_choices),
+                                          reasoning::ReasoningSplitter(reasoning.kind, reasoning.starts_in_answer));
   std::vector<EngineRequest> requests;
   requests.reserve(static_cast<size_t>(num_choices));
   for (int32_t index = 0; index < num_choices; ++index) requests.push_back(generation->request.engine_request(index));

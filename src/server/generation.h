@@ -40,11 +40,14 @@ struct Generation {
   int32_t num_unfinished = 0;
   Clock::time_point started = Clock::now();
   std::optional<Clock::time_point> first_token_at;
+  // With a reasoning parser: per choice, the text so far split, to count the thinking's tokens.
+  std::vector<reasoning::ReasoningSplitter> reasoning_trackers;
 
   ~Generation() { cancel_all(); }  // no-op for finished streams
 
   Usage usage() const;
-  // Adds `output` to choice `index`'s result.
+  // Adds `output` to choice `index`'s result (its tokens count as reasoning while the choice's
+  // text has not left the thinking before it).
   void record(int32_t index, const RequestOutput& output);
   // Waits up to `timeout` for outputs of unfinished choices; returns (choice, output) pairs.
   std::vector<std::pair<int32_t, RequestOutput>> poll(std::chrono::milliseconds timeout);

@@ -15,6 +15,7 @@
 #include "server/json_input.h"
 #include "server/json_output.h"
 #include "server/metrics_exporter.h"
+#include "server/reasoning_choice.h"
 #include "server/responses_handler.h"
 #include "server/tokenize_routes.h"
 #include "server/workflow_routes.h"
@@ -160,12 +161,11 @@ struct HttpServer::Impl {
     completion.parse.chat_template_renders_tools = chat_template_renders_tools(template_source);
     spdlog::info("tool calls: '{}' parser (--tool-call-parser {})",
                  toolcall::parser_name(completion.parse.tool_call_parser), config.tool_call_parser);
-    const std::optional<reasoning::ReasoningKind> reasoning_parser =
-        reasoning::reasoning_parser_from_name(config.reasoning_parser);
-    if (!reasoning_parser)
-      fail(ErrorKind::kInvalidArgument, "unknown --reasoning-parser '{}' (none, qwen3, deepseek_r1)",
-           config.reasoning_parser);
-    completion.parse.reasoning_parser = *reasoning_parser;
+    const reasoning::ReasoningDetection reasoning_parser =
+        resolve_reasoning_parser(config.reasoning_parser, template_source, *chat_renderer, *completion.tokenizer);
+    completion.parse.reasoning_parser = reasoning_parser.kind;
+    spdlog::info("reasoning: '{}' parser (--reasoning-parser {}{})", reasoning::reasoning_parser_name(reasoning_parser.kind),
+                 config.reasoning_parser, config.reasoning_parser == "auto" ? ": " + reasoning_parser.reason : "");
 
     kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions, &kv_counters};
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());

@@ -58,9 +58,10 @@ struct ServerConfig {
   // tool_choice "auto": "auto" (from the chat template), "none", "hermes",
   // "llama3_json", "mistral" (server/tool_choice.h). Another name: the constructor throws.
   std::string tool_call_parser = "auto";
-  // --reasoning-parser: "none", "qwen3", "deepseek_r1" (reasoning/reasoning_parser.h):
-  // chat outputs' thinking goes to reasoning_content. Another name: the constructor throws.
-  std::string reasoning_parser = "none";
+  // --reasoning-parser: "auto" (from the chat template and vocabulary: reasoning/reasoning_detection.h),
+  // "none", "qwen3", "deepseek_r1" (reasoning/reasoning_parser.h): chat outputs' thinking goes to
+  // reasoning_content. Another name: the constructor throws.
+  std::string reasoning_parser = "auto";
   // Jinja source replacing the model's chat templates ("" = the model's own);
   // a syntax error makes the HttpServer constructor throw Error naming the line.
   std::string chat_template;

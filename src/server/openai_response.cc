@@ -80,11 +80,14 @@ Json completion_logprobs(const Tokenizer& tokenizer, const std::vector<SampledTo
   return {{"tokens", strings}, {"token_logprobs", logprobs}, {"top_logprobs", tops}, {"text_offset", offsets}};
 }
 
-Json usage_json(const Usage& usage) {
-  return {{"prompt_tokens", usage.prompt_tokens},
-          {"completion_tokens", usage.completion_tokens},
-          {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
-          {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+// Chat's usage carries completion_tokens_details (reasoning_tokens), as OpenAI's; completions' does not.
+Json usage_json(const Usage& usage, bool is_chat) {
+  Json json = {{"prompt_tokens", usage.prompt_tokens},
+               {"completion_tokens", usage.completion_tokens},
+               {"total_tokens", usage.prompt_tokens + usage.completion_tokens},
+               {"prompt_tokens_details", {{"cached_tokens", usage.cached_tokens}}}};
+  if (is_chat) json["completion_tokens_details"] = {{"reasoning_tokens", usage.reasoning_tokens}};
+  return json;
 }
 
 Json tool_calls_json(const std::vector<toolcall::ToolCall>& calls) {
@@ -221,7 +224,7 @@ std::string ResponseBuilder::full_body(const std::vector<ChoiceResult>& choices,
   }
   Json body = head(is_chat ? "chat.completion" : "text_completion");
   body["choices"] = std::move(list);
-  body["usage"] = usage_json(usage);
+  body["usage"] = usage_json(usage, is_chat);
   return dump_json(body);
 }
 
@@ -329,7 +332,7 @@ std::string ResponseBuilder::usage_event(const Usage& usage) const {
   const bool is_chat = request_.endpoint == Endpoint::kChatCompletions;
   Json chunk = head(is_chat ? "chat.completion.chunk" : "text_completion");
   chunk["choices"] = Json::array();
-  chunk["usage"] = usage_json(usage);
+  chunk["usage"] = usage_json(usage, is_chat);
   return sse(chunk);
 }
 

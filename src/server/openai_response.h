@@ -42,11 +42,17 @@ struct ChoiceResult {
   FinishReason finish_reason = FinishReason::kLength;
   int32_t num_output_tokens = 0;
   int32_t num_cached_prompt_tokens = 0;  // of its prompt, served from the prefix cache
+  // Of num_output_tokens, those of the thinking (a reasoning parser): every token of an engine output
+  // that came while the text so far had not left the reasoning, the one closing it (</think>) included.
+  int32_t num_reasoning_tokens = 0;
 };
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0;
   int64_t cached_tokens = 0;  // prompt tokens served from the prefix cache (prompt_tokens_details)
+  // Completion tokens of the thinking, with a reasoning parser (chat: completion_tokens_details,
+  // Responses: output_tokens_details); part of completion_tokens.
+  int64_t reasoning_tokens = 0;
 };
 
 // A choice's whole text read for tool calls as `choice` says: auto through

@@ -17,7 +17,7 @@ Json usage_json(const Usage& usage) {
   return {{"input_tokens", usage.prompt_tokens},
           {"input_tokens_details", {{"cached_tokens", usage.cached_tokens}}},
           {"output_tokens", usage.completion_tokens},
-          {"output_tokens_details", {{"reasoning_tokens", 0}}},
+          {"output_tokens_details", {{"reasoning_tokens", usage.reasoning_tokens}}},
           {"total_tokens", usage.prompt_tokens + usage.completion_tokens}};
 }
 

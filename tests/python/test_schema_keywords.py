@@ -2,11 +2,12 @@
 date, HttpUrl) against a real `loom serve` on a random-weight model, with the
 `openai` client: as response_format and as a forced tool (named and
 "required"), over many seeds at temperature 1, every output validates with
-`jsonschema` (but for the keywords the server names in x-loom-schema-unenforced)
-and keeps the schema's member order; a forced tool with response_format is
-served and the tool governs. HttpUrl (format uri beside maxLength 2083, which
-no grammar here enforces) is served with the header but checked on its own:
-a random model's URL does not end within a token budget."""
+`jsonschema` (but for the keywords the server names in x-loom-schema-unenforced:
+only uniqueItems of a set[str], whose strings no grammar tells apart) and keeps
+the schema's member order; a forced tool with response_format is served and the
+tool governs. URLs (format uri beside maxLength, HttpUrl's 2083) are enforced
+without the header; a bound of 400 is checked to the end of every output, HttpUrl's
+as a prefix (a random model's URL does not end within a small token budget)."""
 import json
 import os
 import re
@@ -25,7 +26,7 @@ import openai  # noqa: E402,F401
 
 try:
     import jsonschema
-    from pydantic import BaseModel, Field, HttpUrl
+    from pydantic import AnyUrl, BaseModel, Field, HttpUrl, UrlConstraints
 except ImportError:  # pragma: no cover
     print("jsonschema / pydantic are not installed (scripts/python-requirements.txt)")
     sys.exit(77)
@@ -50,8 +51,17 @@ class Report(BaseModel):  # "reasoning" first on purpose: sorted keys would put 
     day: date
 
 
+class Codes(BaseModel):  # 21 and 12 values: more than 2^n states take, the items come in ascending / enum order
+    codes: set[Annotated[int, Field(ge=0, le=20)]] = Field(max_length=4)
+    letters: set[str] = Field(json_schema_extra={"items": {"enum": list("abcdefghijkl")}})
+
+
 class Link(BaseModel):
     site: HttpUrl
+
+
+class ShortLink(BaseModel):
+    site: Annotated[AnyUrl, UrlConstraints(max_length=400)]
 
 
 SCHEMA = Report.model_json_schema()
@@ -122,13 +132,49 @@ class SchemaKeywordsTest(loom_server.ServerTestCase):
             self.assertTrue(choice.message.tool_calls, choice)
             self.check_value(json.loads(choice.message.tool_calls[0].function.arguments), unenforced, tool_choice)
 
-    def test_http_url_is_served_with_its_length_unenforced(self):
+    def test_sets_of_many_values_are_enforced(self):
+        schema = Codes.model_json_schema()
+        response_format = {"type": "json_schema", "json_schema": {"name": "codes", "schema": schema, "strict": True}}
+
+        def one(seed):
+            return self.client.chat.completions.with_raw_response.create(
+                model="tiny", messages=MESSAGES, temperature=1.0, seed=seed, max_tokens=300,
+                response_format=response_format)
+
+        for seed, raw in enumerate(self.run_seeds(one, 30)):
+            self.assertIsNone(raw.headers.get("x-loom-schema-unenforced"))
+            choice = raw.parse().choices[0]
+            self.assertEqual(choice.finish_reason, "stop", (seed, choice.message.content))
+            value = json.loads(choice.message.content)
+            jsonschema.validate(value, schema)
+            self.assertEqual(value["codes"], sorted(value["codes"]))
+
+    def test_url_length_is_enforced(self):
+        schema = ShortLink.model_json_schema()
+        self.assertEqual(schema["properties"]["site"]["format"], "uri")
+        response_format = {"type": "json_schema", "json_schema": {"name": "link", "schema": schema, "strict": True}}
+
+        def one(seed):
+            return self.client.chat.completions.with_raw_response.create(
+                model="tiny", messages=MESSAGES, temperature=1.0, seed=seed, max_tokens=450,
+                response_format=response_format)
+
+        for seed, raw in enumerate(self.run_seeds(one, 12)):
+            self.assertIsNone(raw.headers.get("x-loom-schema-unenforced"))
+            choice = raw.parse().choices[0]
+            self.assertEqual(choice.finish_reason, "stop", (seed, choice.message.content))
+            value = json.loads(choice.message.content)
+            jsonschema.validate(value, schema)
+            self.assertLessEqual(len(value["site"]), 400)
+            self.assertRegex(value["site"], URI)
+
+    def test_http_url_is_served_without_the_header(self):
         response_format = {"type": "json_schema", "json_schema": {"name": "link", "schema": Link.model_json_schema()}}
         for seed in range(3):
             raw = self.client.chat.completions.with_raw_response.create(
                 model="tiny", messages=MESSAGES, temperature=1.0, seed=seed, max_tokens=40,
                 response_format=response_format)
-            self.assertEqual(raw.headers.get("x-loom-schema-unenforced"), "maxLength")
+            self.assertIsNone(raw.headers.get("x-loom-schema-unenforced"))
             content = raw.parse().choices[0].message.content
             self.assertTrue(content.startswith('{"site":"'), content)
             # Cut by max_tokens: a prefix of a URI (the scheme's ":" may not have come yet).

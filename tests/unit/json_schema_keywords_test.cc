@@ -2,7 +2,10 @@
 // integers, sound for numbers), string formats, uniqueItems, member counts,
 // patternProperties, propertyNames, member order, and the strict / lenient
 // split for what no grammar enforces (grammar/json_schema_compiler.h).
+#include <algorithm>
 #include <cmath>
+#include <random>
+#include <set>
 #include <string>
 
 #include <gtest/gtest.h>
@@ -11,6 +14,7 @@
 #include "grammar/compiled_grammar.h"
 #include "grammar/grammar_matcher.h"
 #include "grammar/json_schema_compiler.h"
+#include "grammar/regex_compiler.h"
 #include "util/error.h"
 
 namespace loom::grammar {
@@ -36,6 +40,26 @@ class Schema {
     return matcher.accept_bytes(text) && matcher.can_end();
   }
   const std::vector<UnenforcedKeyword>& unenforced() const { return grammar_->grammar().unenforced; }
+  // An output of a walk choosing uniformly among the allowed bytes (the end, when allowed, with
+  // probability `end_chance`), as a sampler under the grammar's masks would.
+  std::string random_output(std::mt19937& random, double end_chance = 0.2) const {
+    GrammarMatcher matcher(grammar_);
+    std::string text;
+    std::vector<uint64_t> mask;
+    while (!matcher.is_completed()) {
+      if (matcher.can_end() && std::bernoulli_distribution(end_chance)(random)) break;
+      matcher.fill_next_token_bitmask(mask);
+      std::vector<int32_t> bytes;
+      for (int32_t b = 0; b < 256; ++b)
+        if ((mask[static_cast<size_t>(b) >> 6] >> (b & 63)) & 1) bytes.push_back(b);
+      if (bytes.empty()) break;
+      const int32_t b = bytes[std::uniform_int_distribution<size_t>(0, bytes.size() - 1)(random)];
+      EXPECT_TRUE(matcher.accept_bytes(std::string(1, static_cast<char>(b))));
+      text.push_back(static_cast<char>(b));
+    }
+    EXPECT_TRUE(matcher.can_end() || matcher.is_completed()) << text;
+    return text;
+  }
 
  private:
   static std::shared_ptr<const TokenVocabulary> vocabulary() {
@@ -204,6 +228,122 @@ TEST(SchemaUniqueItems, EnforcedOverFewValues) {
   EXPECT_FALSE(lenient.accepts(R"({"tags":["x","y","z"]})"));
 }
 
+TEST(SchemaUniqueItems, ManyValuesInTheirOrder) {
+  // 12 values: more than the 2^n states take; the items come in the enum's order (sound, not complete).
+  Json values = Json::array();
+  for (int i = 0; i < 12; ++i) values.push_back("v" + std::to_string(i));
+  const Json many = {{"type", "array"}, {"items", {{"enum", values}}}, {"uniqueItems", true}};
+  EXPECT_EQ(strict_error(many.dump()), "");
+  const Schema ordered(many.dump());
+  for (const char* ok : {R"([])", R"(["v0"])", R"(["v0","v3","v11"])", R"(["v10","v11"])"})
+    EXPECT_TRUE(ordered.accepts(ok)) << ok;
+  for (const char* bad : {R"(["v1","v1"])", R"(["v3","v0"])", R"(["v12"])"}) EXPECT_FALSE(ordered.accepts(bad)) << bad;
+
+  // With item counts: every walk is a distinct, counted list.
+  Json counted = many;
+  counted["minItems"] = 2;
+  counted["maxItems"] = 4;
+  const Schema bounded(counted.dump());
+  std::mt19937 random(7);
+  for (int walk = 0; walk < 200; ++walk) {
+    const std::string text = bounded.random_output(random);
+    const Json items = Json::parse(text);
+    const std::set<std::string> distinct(items.begin(), items.end());
+    EXPECT_EQ(distinct.size(), items.size()) << text;
+    EXPECT_GE(items.size(), 2u) << text;
+    EXPECT_LE(items.size(), 4u) << text;
+  }
+  // minItems past what distinct values allow: refused.
+  counted["minItems"] = 13;
+  counted.erase("maxItems");
+  EXPECT_NE(strict_error(counted.dump()).find("minItems"), std::string::npos);
+}
+
+TEST(SchemaUniqueItems, IntegerRanges) {
+  // set[Annotated[int, Field(ge=0, le=5)]]: six values, any order.
+  const Schema small(R"({"type":"array","items":{"type":"integer","minimum":0,"maximum":5},"uniqueItems":true})");
+  EXPECT_TRUE(small.unenforced().empty());
+  EXPECT_TRUE(small.accepts("[5,0,3]"));
+  EXPECT_FALSE(small.accepts("[1,1]"));
+  EXPECT_FALSE(small.accepts("[6]"));
+  // 30 values (exclusive bounds): ascending; an open range stays unenforced.
+  const Schema range(R"({"type":"array","items":{"type":"integer","exclusiveMinimum":-1,"exclusiveMaximum":30},
+                         "uniqueItems":true})");
+  EXPECT_TRUE(range.accepts("[0,7,29]"));
+  EXPECT_FALSE(range.accepts("[7,7]"));
+  EXPECT_FALSE(range.accepts("[30]"));
+  EXPECT_NE(strict_error(R"({"type":"array","items":{"type":"integer","minimum":0},"uniqueItems":true})").find("'uniqueItems'"),
+            std::string::npos);
+}
+
+TEST(SchemaStringLength, MaxLengthBesideAFormatBoundsItsRepetitions) {
+  // Pydantic's HttpUrl.
+  const std::string http_url = R"({"type":"string","format":"uri","minLength":1,"maxLength":2083})";
+  EXPECT_EQ(strict_error(http_url), "");
+  const Schema url(http_url);
+  for (const char* ok : {"https://example.com/a/b?x=1&y=2#top", "https://docs.python.org/3/library/urllib.parse.html",
+                         "http://user:pw@[2001:db8::1]:8080/p", "urn:isbn:0451450523"})
+    EXPECT_TRUE(url.accepts(Json(ok).dump())) << ok;
+  EXPECT_FALSE(url.accepts(Json("https://example.com/" + std::string(3000, 'a')).dump()));
+  EXPECT_FALSE(url.accepts(R"("not a uri")"));
+  // The cap: 23 repetitions past the minimum (a host of 23 characters, not 24).
+  EXPECT_TRUE(url.accepts(Json("https://" + std::string(23, 'h') + "/p").dump()));
+  EXPECT_FALSE(url.accepts(Json("https://" + std::string(24, 'h') + "/p").dump()));
+
+  // A smaller bound (a cap of 8): every walk is a URI the unbounded format accepts, no longer than the bound.
+  const Schema short_url(R"({"type":"string","format":"uri","maxLength":400})");
+  const Schema any_url(R"({"type":"string","format":"uri"})");
+  EXPECT_TRUE(short_url.unenforced().empty());
+  std::mt19937 random(3);
+  size_t longest = 0;
+  for (int walk = 0; walk < 300; ++walk) {
+    const std::string text = short_url.random_output(random, 0.01);
+    const size_t length = Json::parse(text).get<std::string>().size();
+    longest = std::max(longest, length);
+    EXPECT_LE(length, 400u) << text;
+    EXPECT_TRUE(any_url.accepts(text)) << text;
+  }
+  EXPECT_GT(longest, 40u);  // past what a 48-character bound would allow
+  // Too small for a cap of 8 (a bracketed IPv6 host alone is 41 characters): left unenforced.
+  EXPECT_NE(strict_error(R"({"type":"string","format":"uri","maxLength":48})").find("'maxLength'"), std::string::npos);
+  const Schema cramped(R"({"type":"string","format":"uri","maxLength":48})", SchemaStrictness::kLenient);
+  ASSERT_EQ(cramped.unenforced().size(), 1u);
+  EXPECT_EQ(cramped.unenforced()[0].keyword, "maxLength");
+
+  // A pattern: its open repetitions bounded likewise; one that implies the bound is enforced as it is.
+  const Schema slug(R"({"type":"string","pattern":"^[a-z]+(-[a-z]+)*$","maxLength":200})");
+  EXPECT_TRUE(slug.accepts(R"("abc-def-gh")"));
+  EXPECT_FALSE(slug.accepts(Json(std::string(201, 'a')).dump()));
+  for (int walk = 0; walk < 200; ++walk) {
+    const std::string text = slug.random_output(random, 0.01);
+    EXPECT_LE(Json::parse(text).get<std::string>().size(), 200u) << text;
+  }
+  const Schema implied(R"({"type":"string","pattern":"^[a-z]{2,5}$","maxLength":5})");
+  EXPECT_TRUE(implied.accepts(R"("abcde")"));
+  EXPECT_FALSE(implied.accepts(R"("abcdef")"));
+  // The pattern's own bounded repetition is too long, or the bound leaves too little room: unenforced.
+  EXPECT_NE(strict_error(R"({"type":"string","pattern":"^[a-z]+(-[a-z]+)*$","maxLength":12})").find("'maxLength'"),
+            std::string::npos);
+  EXPECT_NE(strict_error(R"({"type":"string","pattern":"^[a-z]{20}$","maxLength":10})").find("'maxLength'"),
+            std::string::npos);
+}
+
+TEST(RegexMaxLength, CountsCharactersAndHonoursTheCap) {
+  EXPECT_EQ(regex_max_length("a(bc)*"), -1);
+  RegexOptions capped;
+  capped.open_repeat_cap = 2;
+  EXPECT_EQ(regex_max_length("a(bc)*", capped), 5);
+  EXPECT_EQ(regex_max_length("a(bc)+", capped), 7);  // the minimum, then up to two more
+  EXPECT_EQ(regex_max_length("x{3,}", capped), 5);
+  EXPECT_EQ(regex_max_length(R"(\d{3}-\d{4})"), 8);
+  EXPECT_EQ(regex_max_length("(ab|cde)?x"), 4);
+  EXPECT_EQ(regex_max_length("[é-ü]{2}"), 2);  // characters, not bytes
+  RegexOptions json;
+  json.json_string = true;
+  EXPECT_EQ(regex_max_length(R"(\"{2})", json), 2);  // an escaped quote is one character of the string
+  EXPECT_THROW(regex_max_length("(a"), Error);
+}
+
 TEST(SchemaObjects, MembersInPropertiesOrder) {
   const Schema schema(R"({"type":"object","properties":{"reasoning":{"type":"string"},"answer":{"type":"integer"},
                           "confidence":{"type":"number"}},"required":["reasoning","answer"]})");
@@ -241,16 +381,15 @@ TEST(SchemaObjects, MemberCountsPatternsAndNames) {
 }
 
 TEST(SchemaStrictness, WhatNoGrammarEnforcesIsNamedOrListed) {
-  // Pydantic's HttpUrl: format uri with maxLength 2083 (the uri language has no such bound).
+  // Pydantic's HttpUrl (format uri, maxLength 2083: enforced) beside what no grammar enforces.
   const std::string url = R"({"type":"object","properties":{"site":{"type":"string","format":"uri","minLength":1,
                               "maxLength":2083},"n":{"type":"integer","multipleOf":3,"not":{"const":0}}},"required":["site","n"]})";
   const std::string error = strict_error(url);
-  EXPECT_NE(error.find("'maxLength'"), std::string::npos) << error;
+  EXPECT_NE(error.find("'multipleOf'"), std::string::npos) << error;
   const Schema lenient(url, SchemaStrictness::kLenient);
   std::vector<std::string> keywords;
   for (const UnenforcedKeyword& k : lenient.unenforced()) keywords.push_back(k.keyword + " at " + k.path);
-  EXPECT_EQ(keywords, (std::vector<std::string>{"maxLength at /properties/site", "multipleOf at /properties/n",
-                                                "not at /properties/n"}));
+  EXPECT_EQ(keywords, (std::vector<std::string>{"multipleOf at /properties/n", "not at /properties/n"}));
   EXPECT_TRUE(lenient.accepts(R"({"site":"https://a.b/c","n":4})"));
   EXPECT_FALSE(lenient.accepts(R"({"site":"not a uri","n":4})"));
 

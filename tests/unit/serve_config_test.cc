@@ -95,7 +95,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["kv_events"], nullptr);
   EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
   EXPECT_EQ(config["tensor_parallel_size"], 1);
-  EXPECT_EQ(config["reasoning_parser"], "none");
+  EXPECT_EQ(config["reasoning_parser"], "auto");
   EXPECT_EQ(config.size(), 38u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 

@@ -39,8 +39,9 @@ Json tools() {
 
 class ReasoningServerTest : public ::testing::Test {
  protected:
-  void start(const std::string& reasoning_parser) {
-    engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
+  // think_tokens: the vocabulary has <think> and </think> (what --reasoning-parser auto looks for).
+  void start(const std::string& reasoning_parser, bool think_tokens = false) {
+    engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(think_tokens), 256);
     ServerConfig config;
     config.chat_template = kThinkTemplate;
     config.http.port = 0;
@@ -218,6 +219,64 @@ TEST_F(ReasoningServerTest, ResponsesApiHasAReasoningItem) {
   EXPECT_EQ(cut["output"][0]["type"], "reasoning");
   EXPECT_EQ(cut["output"][0]["status"], "incomplete");
   EXPECT_EQ(cut["status"], "incomplete");
+}
+
+TEST_F(ReasoningServerTest, ReasoningTokensCountInUsage) {
+  start("qwen3");
+  // One token per piece: the four up to the one closing </think> are the thinking's.
+  engine_->set_script(kThinkScript);
+  const Json usage = chat(Json::object())["usage"];
+  EXPECT_EQ(usage["completion_tokens"], 5);
+  EXPECT_EQ(usage["completion_tokens_details"]["reasoning_tokens"], 4);
+  const Json chunks = chat({{"stream", true}, {"stream_options", {{"include_usage", true}}}});
+  ASSERT_FALSE(chunks.empty());
+  EXPECT_EQ(chunks.back()["usage"]["completion_tokens_details"]["reasoning_tokens"], 4);
+  const Json both = chat({{"n", 2}})["usage"];
+  EXPECT_EQ(both["completion_tokens"], 10);
+  EXPECT_EQ(both["completion_tokens_details"]["reasoning_tokens"], 8);
+  // Thinking turned off: none.
+  const Json off = chat({{"chat_template_kwargs", {{"enable_thinking", false}}}})["usage"];
+  EXPECT_EQ(off["completion_tokens_details"]["reasoning_tokens"], 0);
+  // Cut while thinking: every token.
+  engine_->set_script({"<think>still", " going"}, FinishReason::kLength);
+  EXPECT_EQ(chat(Json::object())["usage"]["completion_tokens_details"]["reasoning_tokens"], 2);
+
+  // The Responses API, whole and streamed.
+  engine_->set_script(kThinkScript);
+  const Json response = post("/v1/responses", {{"model", "tiny"}, {"input", "x"}});
+  EXPECT_EQ(response["usage"]["output_tokens"], 5);
+  EXPECT_EQ(response["usage"]["output_tokens_details"]["reasoning_tokens"], 4);
+  const Json events = post("/v1/responses", {{"model", "tiny"}, {"input", "x"}, {"stream", true}});
+  ASSERT_FALSE(events.empty());
+  EXPECT_EQ(events.back()["type"], "response.completed");
+  EXPECT_EQ(events.back()["response"]["usage"]["output_tokens_details"]["reasoning_tokens"], 4);
+}
+
+TEST_F(ReasoningServerTest, NoParserCountsNoReasoningTokens) {
+  start("none");
+  engine_->set_script(kThinkScript);
+  const Json usage = chat(Json::object())["usage"];
+  EXPECT_EQ(usage["completion_tokens_details"]["reasoning_tokens"], 0);
+  // /v1/completions carries no completion_tokens_details (OpenAI's shape).
+  const Json completion = post("/v1/completions", {{"model", "tiny"}, {"prompt", "x"}});
+  EXPECT_FALSE(completion["usage"].contains("completion_tokens_details")) << completion.dump();
+}
+
+TEST_F(ReasoningServerTest, AutoPicksQwen3FromTheTemplateAndThinkTokens) {
+  start("auto", true);  // kThinkTemplate: enable_thinking and a think block
+  engine_->set_script(kThinkScript);
+  const Json message = chat(Json::object())["choices"][0]["message"];
+  EXPECT_EQ(message["reasoning_content"], "\nplan: look it up\n");
+  EXPECT_EQ(message["content"], "\n\nIt is sunny.");
+}
+
+TEST_F(ReasoningServerTest, AutoWithoutThinkTokensLeavesItAllContent) {
+  start("auto");
+  engine_->set_script(kThinkScript);
+  const Json message = chat(Json::object())["choices"][0]["message"];
+  EXPECT_EQ(message["content"], "<think>\nplan: look it up\n</think>\n\nIt is sunny.");
+  EXPECT_TRUE(message.value("reasoning_content", Json()).is_null());
+  EXPECT_EQ(chat(Json::object())["usage"]["completion_tokens_details"]["reasoning_tokens"], 0);
 }
 
 TEST(ReasoningParserFlag, UnknownNameIsRefused) {
