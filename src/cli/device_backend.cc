@@ -102,12 +102,26 @@ std::shared_ptr<const Tokenizer> synthetic_tokenizer(const ModelConfig& config) 
   return loaded;
 }
 
+#ifdef LOOM_HAVE_CUDA
+CudaBackendConfig cuda_backend_config(const DeviceOptions& options) {
+  CudaBackendConfig config;
+  config.device = cuda_device_index(options.device);
+  config.max_adapter_slots = options.max_adapter_slots;
+  config.tuning.cuda_graphs = options.cuda_graphs;
+  config.fp8_weights = options.fp8_weights;
+  return config;
+}
+#endif
+
 }  // namespace
 
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
   check_device_name(options.device);
   if (model.weights == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no host weights to put on a device", model.path);
   if (options.device == "cpu") {
+    if (options.fp8_weights)
+      throw Error(ErrorKind::kInvalidArgument, "--quantization fp8 on --device cpu",
+                  "FP8 weights run on --device cuda (Hopper); the CPU backend runs fp32, or a GGUF file's own blocks");
     CpuBackendConfig config;
     config.num_threads = options.threads;
     config.max_adapter_slots = options.max_adapter_slots;
@@ -115,10 +129,7 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
     return make_cpu_backend(model.config, model.weights, config);
   }
 #ifdef LOOM_HAVE_CUDA
-  CudaBackendConfig config;
-  config.device = cuda_device_index(options.device);
-  config.max_adapter_slots = options.max_adapter_slots;
-  config.tuning.cuda_graphs = options.cuda_graphs;
+  const CudaBackendConfig config = cuda_backend_config(options);
   if (options.tensor_parallel_size > 1) {
     // Rank r on GPU device + r (--device cuda:K starts at K), as vLLM takes the first N visible GPUs.
     std::vector<int> devices;
@@ -159,8 +170,10 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   }
   const RandomSpec spec = parse_random_spec(model_flag);
   result.model = load_model_description(model_flag);
-  if (options.device == "cpu") {
-    if (spec.preset != SyntheticPreset::kTiny)
+  // Drawn on the host (then sharded like a checkpoint) on the CPU and for tensor-parallel ranks;
+  // a single GPU draws its weights itself.
+  if (options.device == "cpu" || options.tensor_parallel_size > 1) {
+    if (options.device == "cpu" && spec.preset != SyntheticPreset::kTiny)
       throw Error(ErrorKind::kUnsupported, "--model " + model_flag + " on --device cpu",
                   "use --device cuda, or write it with `loom make-model` first");
     TensorMap tensors;
@@ -172,13 +185,9 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
     return result;
   }
 #ifdef LOOM_HAVE_CUDA
-  CudaBackendConfig config;
-  config.device = cuda_device_index(options.device);
-  config.max_adapter_slots = options.max_adapter_slots;
-  config.tuning.cuda_graphs = options.cuda_graphs;
   // make-model stores the 8b and 70b presets in bf16 (norms included) and tiny in f32.
-  result.backend =
-      make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset != SyntheticPreset::kTiny, config);
+  result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset != SyntheticPreset::kTiny,
+                                               cuda_backend_config(options));
 #endif
   return result;
 }

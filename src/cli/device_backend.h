@@ -30,6 +30,7 @@ struct DeviceOptions {
   // --tensor-parallel-size: ranks the model is sharded over (model/tensor_parallel.h).
   // cpu: threads of one backend, fp32 weights (cpu_keep_quantized is then ignored).
   int tensor_parallel_size = 1;
+  bool fp8_weights = false;  // --quantization fp8 (cuda only: CudaBackendConfig::fp8_weights)
 };
 
 // --cpu-precision fp32|auto (serve, generate): auto keeps a GGUF's weights

@@ -41,6 +41,7 @@ struct GenerateOptions {
   int64_t kv_cache_bytes = 0;  // 0: what the requests need
   int threads = 0;
   int tensor_parallel_size = 1;
+  std::string quantization;  // "" or fp8 (cuda)
   std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
@@ -80,7 +81,7 @@ int run_generate(const GenerateOptions& options) {
   ModelOnDevice loaded =
       load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
                                                         cpu_precision_keeps_quantized(options.cpu_precision),
-                                                        options.tensor_parallel_size});
+                                                        options.tensor_parallel_size, options.quantization == "fp8"});
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -238,6 +239,9 @@ CommandRunner register_generate(CLI::App& app) {
                  "Ranks the model is sharded over (-tp). cpu: threads of one process, fp32 weights; cuda: one GPU per "
                  "rank (cuda:K..K+N-1), NCCL all-reduces")
       ->check(CLI::PositiveNumber);
+  app.add_option("--quantization", options->quantization,
+                 "fp8 (--device cuda): linear weights quantized to e4m3 at load, one scale per matrix")
+      ->check(CLI::IsMember({"", "fp8"}));
   app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
       ->check(CLI::IsMember({"auto", "fp32"}))
       ->capture_default_str();

@@ -103,7 +103,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   serve.kv_transfer = options.kv_transfer;
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
                                !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
-                               vllm.tensor_parallel_size};
+                               vllm.tensor_parallel_size, vllm.quantization == "fp8"};
   serve.dry_run = options.dry_run;
   serve.shutdown_timeout_seconds = options.shutdown_timeout_seconds;
   serve.log_stats_interval_seconds = vllm.disable_log_stats ? 0.0 : options.log_stats_interval_seconds;
@@ -160,6 +160,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"served_model_names", server.served_model_names},
           {"device", serve.device.device},
           {"tensor_parallel_size", serve.device.tensor_parallel_size},
+          {"quantization", serve.device.fp8_weights ? nlohmann::json("fp8") : nlohmann::json()},
           {"host", server.http.host},
           {"port", server.http.port},
           {"adapters", adapters},

@@ -23,7 +23,6 @@ const std::map<std::string, std::string>& refused_flags() {
        "P/D) start engines with --role prefill|decode behind `loom router`"},
       {"--kv-offloading-size", "Loom's host tier: --host-kv-memory BYTES (and --disk-kv-path DIR below it)"},
       {"--cpu-offload-gb", "Loom keeps the weights on the device; nothing to offload"},
-      {"--quantization", "Loom loads GGUF-quantized files (--model FILE.gguf) and runs them in the backend's dtype"},
       {"--speculative-config", "Loom has no speculative decoding"},
       {"--speculative-model", "Loom has no speculative decoding"},
       {"--num-speculative-tokens", "Loom has no speculative decoding"},
@@ -69,6 +68,10 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
   app.add_option("--dtype", flags.dtype, "auto, or the backend's own: float32 (cpu), bfloat16 (cuda)")
       ->group(kGroup);
   app.add_option("--kv-cache-dtype", flags.kv_cache_dtype, "auto (the backend's dtype)")->group(kGroup);
+  app.add_option("--quantization", flags.quantization,
+                 "fp8 (cuda): linear weights quantized to e4m3 at load, one scale per matrix (vLLM's dynamic fp8); "
+                 "GGUF files load as they are (--model FILE.gguf)")
+      ->group(kGroup);
   app.add_option("--tensor-parallel-size", flags.tensor_parallel_size,
                  "Ranks the model is sharded over (-tp; a power of two that divides the attention heads). cpu: "
                  "threads of one process, fp32 weights; cuda: one GPU per rank (cuda:K..K+N-1), NCCL all-reduces")
@@ -116,6 +119,12 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
   if (flags.dtype != "auto" && !native_alias)
     throw Error(ErrorKind::kInvalidArgument, fmt::format("--dtype {} on {}", flags.dtype, device),
                 fmt::format("the {} backend runs {}: give auto or {}", device, native, native));
+  if (!flags.quantization.empty() && flags.quantization != "fp8")
+    throw Error(ErrorKind::kInvalidArgument, "--quantization " + flags.quantization,
+                "Loom quantizes weights to fp8 (--quantization fp8, cuda) and loads GGUF files as they are");
+  if (flags.quantization == "fp8" && device.rfind("cuda", 0) != 0)
+    throw Error(ErrorKind::kInvalidArgument, "--quantization fp8 on --device " + device,
+                "FP8 weights run on --device cuda (Hopper); the CPU backend runs fp32, or a GGUF file's own blocks");
   if (flags.kv_cache_dtype != "auto")
     throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + flags.kv_cache_dtype,
                 "the KV cache uses the backend's dtype: give auto");
@@ -123,6 +132,7 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
 
 std::string long_vllm_spelling(const std::string& argument) {
   if (argument == "-tp") return "--tensor-parallel-size";
+  if (argument == "-q") return "--quantization";
   if (argument == "-pp") return "--pipeline-parallel-size";
   return argument;
 }

@@ -48,6 +48,7 @@ struct VllmFlags {
   const CLI::Option* seed_option = nullptr;  // given when count() > 0
   std::string dtype = "auto";
   std::string kv_cache_dtype = "auto";
+  std::string quantization;  // --quantization / -q: "" or fp8 (cuda)
   int tensor_parallel_size = 1;
   int pipeline_parallel_size = 1;
   bool no_enable_prefix_caching = false;

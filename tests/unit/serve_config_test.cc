@@ -96,7 +96,8 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["responses_store"]["max_entries"], 1024);
   EXPECT_EQ(config["tensor_parallel_size"], 1);
   EXPECT_EQ(config["reasoning_parser"], "auto");
-  EXPECT_EQ(config.size(), 38u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["quantization"], nullptr);
+  EXPECT_EQ(config.size(), 39u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -117,6 +118,17 @@ TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
   EXPECT_TRUE(effective_config(both, 4096)["kv_cache_bytes"].is_null());
   EXPECT_EQ(checked({"--device", "cuda", "--block-size", "8"}).engine.block_size, 8);
   EXPECT_FALSE(checked({"--device", "cuda", "--enforce-eager"}).device.cuda_graphs);
+  // --quantization fp8 (vLLM's flag) reaches the CUDA backend and the effective configuration.
+  const ResolvedServe fp8 = checked({"--device", "cuda", "--quantization", "fp8"});
+  EXPECT_TRUE(fp8.device.fp8_weights);
+  EXPECT_EQ(effective_config(fp8, 4096)["quantization"], "fp8");
+  EXPECT_TRUE(effective_config(on_gpu, 4096)["quantization"].is_null());
+  EXPECT_FALSE(on_gpu.device.fp8_weights);
+}
+
+TEST_F(ServeConfigTest, QuantizationIsFp8OnCudaOnly) {
+  expect_invalid({"--quantization", "fp8"}, {"--quantization fp8 on --device cpu", "--device cuda"});
+  expect_invalid({"--device", "cuda", "--quantization", "awq"}, {"--quantization awq", "fp8"});
 }
 
 TEST_F(ServeConfigTest, VllmSpellingsSetTheSameFieldsAsLooms) {

@@ -153,6 +153,22 @@ cudaStream_t make_stream(int device) {
   return stream;
 }
 
+// --quantization fp8 (CudaBackendConfig::fp8_weights): the model's sizes the
+// FP8 kernels need, the weights converted, and no L2 prefetch (it reads the
+// bf16 matrices' addresses).
+CudaBackendConfig prepare_fp8(const ModelConfig& config, cuda::DeviceModel& model, const CudaBackendConfig& backend_config,
+                              cudaStream_t stream) {
+  CudaBackendConfig adjusted = backend_config;
+  if (!backend_config.fp8_weights) return adjusted;
+  if (config.hidden_size % 16 != 0 || config.q_size() % 16 != 0 || config.intermediate_size % 16 != 0)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("--quantization fp8: hidden ({}), q ({}) and intermediate ({}) sizes must be multiples of 16",
+                            config.hidden_size, config.q_size(), config.intermediate_size));
+  model.convert_to_fp8(config, stream);
+  adjusted.tuning.l2_prefetch.o_proj = adjusted.tuning.l2_prefetch.gate_up = adjusted.tuning.l2_prefetch.qkv = 0;
+  return adjusted;
+}
+
 }  // namespace
 
 std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
@@ -162,7 +178,8 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
   cudaStream_t stream = make_stream(backend_config.device);
   try {
     cuda::DeviceModel model = cuda::DeviceModel::upload(config, weights, backend_config.device, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+    const CudaBackendConfig adjusted = prepare_fp8(config, model, backend_config, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, adjusted);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;
@@ -176,7 +193,8 @@ std::unique_ptr<cuda::CudaBackend> cuda::make_synthetic_cuda_backend_impl(const 
   cudaStream_t stream = make_stream(backend_config.device);
   try {
     cuda::DeviceModel model = cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+    const CudaBackendConfig adjusted = prepare_fp8(config, model, backend_config, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, adjusted);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;

@@ -89,6 +89,12 @@ struct CudaBackendConfig {
   int max_adapter_slots = 64;
   CudaTuning tuning;
   CudaRank rank;
+  // --quantization fp8: q/k/v, o, gate/up and down in e4m3 with one scale per
+  // matrix, quantized on the device after loading (DeviceModel::convert_to_fp8);
+  // decode steps of up to 4 rows read them with bf16 activations (the FP8
+  // skinny GEMM), larger steps dequantize each matrix to bf16 before its GEMM
+  // (W8A16). LoRA, embeddings, lm_head and the KV cache stay bf16. No L2 prefetch.
+  bool fp8_weights = false;
 };
 
 // Uploads `weights` in their stored format (fp32 tensors, or 16-bit and GGUF

@@ -45,7 +45,7 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
 
 void CudaBackend::prepare_step() {
   const StepPlan& plan = plan_.plan();
-  buffers_.grow(plan, config_, step_.capture_hidden_states);
+  buffers_.grow(plan, config_, step_.capture_hidden_states, model_.fp8());
   lora_.prepare(plan);
   sampler_.grow(plan.num_logit_launch_rows());
   // The scratch was taken with the rCache for the plan's whole budget (allocate_residual_cache).

@@ -46,7 +46,8 @@ struct Destination {
 
 }  // namespace
 
-void DeviceModel::lay_out(const ModelConfig& config, bool tied) {
+void DeviceModel::lay_out(const ModelConfig& config, bool tied, bool fp8) {
+  fp8_ = fp8;
   const int64_t hidden = config.hidden_size;
   const int64_t qkv = config.q_size() + 2 * config.kv_size();
   const int64_t intermediate = config.intermediate_size;
@@ -57,11 +58,24 @@ void DeviceModel::lay_out(const ModelConfig& config, bool tied) {
     lm_head_ = tied ? embed_tokens_ : arena.take<__nv_bfloat16>(vocab * hidden);
     final_norm_ = arena.take<float>(hidden);
     inverse_frequencies_ = arena.take<float>(config.head_dim / 2);
+    auto take_fp8 = [&](int64_t count) {
+      Fp8Matrix matrix;
+      matrix.data = arena.take<uint8_t>(count);
+      matrix.scale = arena.take<float>(1);
+      return matrix;
+    };
     for (DeviceLayer& layer : layers_) {
-      layer.qkv_proj = arena.take<__nv_bfloat16>(qkv * hidden);
-      layer.o_proj = arena.take<__nv_bfloat16>(hidden * config.q_size());
-      layer.gate_up_proj = arena.take<__nv_bfloat16>(2 * intermediate * hidden);
-      layer.down_proj = arena.take<__nv_bfloat16>(hidden * intermediate);
+      if (fp8) {
+        layer.qkv_fp8 = take_fp8(qkv * hidden);
+        layer.o_fp8 = take_fp8(hidden * config.q_size());
+        layer.gate_up_fp8 = take_fp8(2 * intermediate * hidden);
+        layer.down_fp8 = take_fp8(hidden * intermediate);
+      } else {
+        layer.qkv_proj = arena.take<__nv_bfloat16>(qkv * hidden);
+        layer.o_proj = arena.take<__nv_bfloat16>(hidden * config.q_size());
+        layer.gate_up_proj = arena.take<__nv_bfloat16>(2 * intermediate * hidden);
+        layer.down_proj = arena.take<__nv_bfloat16>(hidden * intermediate);
+      }
       layer.input_norm = arena.take<float>(hidden);
       layer.post_attention_norm = arena.take<float>(hidden);
       if (config.qkv_bias) layer.qkv_bias = arena.take<float>(qkv);
@@ -77,6 +91,50 @@ void DeviceModel::lay_out(const ModelConfig& config, bool tied) {
   storage_.allocate(static_cast<size_t>(counting.size()));
   Arena real(storage_.as<char>());
   plan(real);
+}
+
+void DeviceModel::convert_to_fp8(const ModelConfig& config, cudaStream_t stream) {
+  if (fp8_) return;
+  const int64_t hidden = config.hidden_size;
+  const int64_t q_size = config.q_size();
+  const int64_t qkv = q_size + 2 * config.kv_size();
+  const int64_t intermediate = config.intermediate_size;
+  const bool tied = lm_head_ == embed_tokens_;
+  DeviceModel next;
+  next.lay_out(config, tied, /*fp8=*/true);
+  auto copy = [&](const void* to, const void* from, int64_t bytes) {
+    if (from != nullptr && bytes > 0)
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(const_cast<void*>(to), from, bytes, cudaMemcpyDeviceToDevice, stream));
+  };
+  const int64_t bf16_bytes = sizeof(__nv_bfloat16), f32_bytes = sizeof(float);
+  copy(next.embed_tokens_, embed_tokens_, config.vocab_size * hidden * bf16_bytes);
+  if (!tied) copy(next.lm_head_, lm_head_, config.vocab_size * hidden * bf16_bytes);
+  copy(next.final_norm_, final_norm_, hidden * f32_bytes);
+  copy(next.inverse_frequencies_, inverse_frequencies_, config.head_dim / 2 * f32_bytes);
+  DeviceBuffer amax(sizeof(uint32_t));
+  auto quantize = [&](const __nv_bfloat16* from, int64_t rows, int64_t cols, const Fp8Matrix& to) {
+    launch_fp8_quantize(from, rows, cols, cols, const_cast<uint8_t*>(to.data), const_cast<float*>(to.scale),
+                        amax.as<uint32_t>(), stream);
+  };
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const DeviceLayer& from = layers_[l];
+    const DeviceLayer& to = next.layers_[l];
+    quantize(from.qkv_proj, qkv, hidden, to.qkv_fp8);
+    quantize(from.o_proj, hidden, q_size, to.o_fp8);
+    quantize(from.gate_up_proj, 2 * intermediate, hidden, to.gate_up_fp8);
+    quantize(from.down_proj, hidden, intermediate, to.down_fp8);
+    copy(to.input_norm, from.input_norm, hidden * f32_bytes);
+    copy(to.post_attention_norm, from.post_attention_norm, hidden * f32_bytes);
+    copy(to.qkv_bias, from.qkv_bias, qkv * f32_bytes);
+    copy(to.o_bias, from.o_bias, hidden * f32_bytes);
+    copy(to.q_norm, from.q_norm, config.head_dim * f32_bytes);
+    copy(to.k_norm, from.k_norm, config.head_dim * f32_bytes);
+  }
+  LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  const int64_t before = weight_bytes();
+  *this = std::move(next);
+  spdlog::info("cuda backend: linear weights in FP8 (e4m3, per-tensor scales): {:.2f} GiB -> {:.2f} GiB",
+               static_cast<double>(before) / (1 << 30), static_cast<double>(weight_bytes()) / (1 << 30));
 }
 
 namespace {

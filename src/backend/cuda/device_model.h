@@ -21,6 +21,14 @@
 
 namespace loom::cuda {
 
+// A linear weight in FP8 (--quantization fp8): e4m3 values, row-major like the
+// bf16 matrix, times one fp32 scale (device memory) for the whole matrix.
+struct Fp8Matrix {
+  const uint8_t* data = nullptr;
+  const float* scale = nullptr;
+};
+
+// With FP8 weights the four bf16 linear pointers are null and the *_fp8 ones set.
 struct DeviceLayer {
   const __nv_bfloat16* qkv_proj = nullptr;      // [q_size + 2 kv_size, hidden]
   const __nv_bfloat16* o_proj = nullptr;        // [hidden, q_size]
@@ -32,6 +40,7 @@ struct DeviceLayer {
   const float* o_bias = nullptr;                // [hidden] or null
   const float* q_norm = nullptr;                // [head_dim] or null
   const float* k_norm = nullptr;
+  Fp8Matrix qkv_fp8, o_fp8, gate_up_fp8, down_fp8;
 };
 
 class DeviceModel {
@@ -43,6 +52,13 @@ class DeviceModel {
   // make-model's bf16 files (the 8b preset); otherwise they are exact fp32 (tiny).
   static DeviceModel synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream);
 
+  // Replaces the four linear weights of every layer by FP8 copies with
+  // per-tensor scales (max|w| / 448), into a new allocation that holds the rest
+  // as it was (embeddings and lm_head stay bf16, as vLLM keeps them); the bf16
+  // storage is freed. Needs bf16 + fp8 memory while it runs. Synchronous.
+  void convert_to_fp8(const ModelConfig& config, cudaStream_t stream);
+  bool fp8() const { return fp8_; }
+
   const std::vector<DeviceLayer>& layers() const { return layers_; }
   const __nv_bfloat16* embed_tokens() const { return embed_tokens_; }  // [vocab, hidden]
   const __nv_bfloat16* lm_head() const { return lm_head_; }            // [vocab, hidden]; == embed when tied
@@ -52,7 +68,7 @@ class DeviceModel {
 
  private:
   DeviceModel() = default;
-  void lay_out(const ModelConfig& config, bool tied);
+  void lay_out(const ModelConfig& config, bool tied, bool fp8 = false);
 
   DeviceBuffer storage_;
   std::vector<DeviceLayer> layers_;
@@ -60,6 +76,7 @@ class DeviceModel {
   const __nv_bfloat16* lm_head_ = nullptr;
   const float* final_norm_ = nullptr;
   const float* inverse_frequencies_ = nullptr;
+  bool fp8_ = false;
 };
 
 }  // namespace loom::cuda

@@ -227,6 +227,22 @@ void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* 
                         bool y_is_bf16, int32_t y_stride, Launch launch);
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
                                   int32_t k, bf16* out, Launch launch);
+// The same GEMM over FP8 weights (--quantization fp8): w is e4m3 [n, k] with one
+// fp32 scale for the whole matrix (*w_scale, device), x stays bf16, the products
+// are summed in fp32 and scaled once (k % 16 == 0).
+void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
+                            int32_t n, int32_t k, void* y, bool y_is_bf16, int32_t y_stride, Launch launch);
+
+// FP8 (e4m3) per-tensor quantization (fp8.cu): out[r, c] = e4m3(x[r * x_stride + c] / s) for
+// r < rows, c < cols (out dense), with s = max|x| / 448 (the largest e4m3 value;
+// 1 when x is all zeros) written to *scale. amax_scratch: one uint32 of device
+// scratch. Two kernels and a memset; capturable.
+inline constexpr float kFp8E4m3Max = 448.0f;
+void launch_fp8_quantize(const bf16* x, int64_t rows, int64_t cols, int64_t x_stride, uint8_t* out, float* scale,
+                         uint32_t* amax_scratch, cudaStream_t stream);
+// out[i] = bf16(e4m3(w[i]) * *scale) for i < count: an FP8 matrix as a bf16 one,
+// for the GEMMs of steps above the skinny kernel's rows (fp8.cu).
+void launch_fp8_dequantize(const uint8_t* w, const float* scale, int64_t count, bf16* out, cudaStream_t stream);
 #ifdef LOOM_CUDA_MEASURE
 // The benchmark's build only: the 1-row skinny GEMM (fp32 y) with `unroll`
 // 16-byte loads in flight per lane and `warps` a CTA, for the combinations

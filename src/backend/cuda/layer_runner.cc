@@ -10,7 +10,19 @@ namespace loom::cuda {
 using bf16 = __nv_bfloat16;
 
 void LayerRunner::linear(const bf16* x, int32_t m, int32_t k, const bf16* w, int32_t n, void* y, bool y_is_bf16,
-                         int32_t y_stride) {
+                         int32_t y_stride, const Fp8Matrix& fp8) {
+  if (fp8.data != nullptr) {
+    if (m <= parts_.tuning.skinny_max_rows) {
+      launch_skinny_gemm_fp8(x, m, k, fp8.data, fp8.scale, n, k, y, y_is_bf16, y_stride, chain());
+      return;
+    }
+    // W8A16: the matrix dequantized to bf16, then the bf16 GEMM (an FP8 GEMM over quantized
+    // activations would read half the bytes; not yet).
+    bf16* dequantized = parts_.buffers.fp8_weight.as<bf16>();
+    launch_fp8_dequantize(fp8.data, fp8.scale, static_cast<int64_t>(n) * k, dequantized, step_.stream);
+    parts_.gemm.linear(x, m, k, dequantized, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
+    return;
+  }
   if (m <= parts_.tuning.skinny_max_rows) {
     launch_skinny_gemm(x, m, k, w, n, k, y, y_is_bf16, y_stride, chain());
     return;
@@ -68,7 +80,7 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
                       previous_lora_delta, lora_rows);
   auto pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
                             buffers.normed.as<bf16>(), hidden, qkv, chain());
-  linear(buffers.normed.as<bf16>(), n, hidden, weights.qkv_proj, qkv, buffers.qkv.data(), false, qkv);
+  linear(buffers.normed.as<bf16>(), n, hidden, weights.qkv_proj, qkv, buffers.qkv.data(), false, qkv, weights.qkv_fp8);
   parts_.prefetcher.after_qkv(weights, stream);
 
   QkvParams post;
@@ -109,27 +121,29 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
   attention(layer);
 
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kO}, buffers.attention_out.as<bf16>(), q_size, hidden, chain());
-  linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden);
+  linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden,
+         weights.o_fp8);
   const float* o_lora = reduce_delta(lora.end(pending, stream));
   launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
                       weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
                       chain(), o_lora, lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
-  if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows) {
+  if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows && weights.gate_up_proj != nullptr) {
     launch_skinny_gate_up_swiglu(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
                                  buffers.activation.as<bf16>(), chain());
   } else {
     pending = lora.begin(parts_.plan, layer, {LoraTarget::kGate, LoraTarget::kUp}, buffers.normed.as<bf16>(), hidden,
                          2 * intermediate, chain());
     linear(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, buffers.gate_up.data(), true,
-           2 * intermediate);
+           2 * intermediate, weights.gate_up_fp8);
     launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
                   lora.end(pending, stream), lora_rows, lora.gate_up_bf16());
   }
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kDown}, buffers.activation.as<bf16>(), intermediate, hidden,
                        chain());
-  linear(buffers.activation.as<bf16>(), n, intermediate, weights.down_proj, hidden, buffers.delta.data(), false, hidden);
+  linear(buffers.activation.as<bf16>(), n, intermediate, weights.down_proj, hidden, buffers.delta.data(), false, hidden,
+         weights.down_fp8);
   parts_.prefetcher.after_down(parts_.model, layer, stream);
   return reduce_delta(lora.end(pending, stream));  // added by the next norm, with the delta buffer
 }

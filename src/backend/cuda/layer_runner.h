@@ -57,9 +57,10 @@ class LayerRunner {
   // the next norm adds with the delta buffer.
   const float* run_layer(int layer, const float* previous_lora_delta);
   void attention(int layer);
-  // y = x W^T through the skinny kernels for up to CudaTuning::skinny_max_rows rows, cuBLAS otherwise.
+  // y = x W^T through the skinny kernels for up to CudaTuning::skinny_max_rows rows, cuBLAS otherwise;
+  // over `fp8` instead of w when it has data (FP8 weights: larger steps dequantize it to bf16 first).
   void linear(const __nv_bfloat16* x, int32_t m, int32_t k, const __nv_bfloat16* w, int32_t n, void* y, bool y_is_bf16,
-              int32_t y_stride);
+              int32_t y_stride, const Fp8Matrix& fp8 = {});
   void capture_hidden_states(int index, const float* lora_delta);
   // A tensor-parallel rank: folds `lora_delta` (nullable) into the partial product in the delta
   // buffer and sums it over the ranks; returns the LoRA delta left to add (nullptr once folded).

@@ -7,6 +7,8 @@
 // warp loads its row's first chunks before waiting for the previous kernel
 // (launch.cuh), so under a programmatic launch the weight stream starts while
 // that kernel drains.
+#include <cuda_fp8.h>
+
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/launch.cuh"
@@ -155,6 +157,84 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
   }
 }
 
+// FP8 weights: a lane's 16-byte load is 16 e4m3 values of W, matched with two
+// 16-byte loads of x (16 bf16). The per-tensor scale multiplies the sum once.
+__device__ __forceinline__ uint4 load_streaming_bytes(const uint8_t* pointer) {
+  return load_streaming(reinterpret_cast<const bf16*>(pointer));
+}
+
+__device__ __forceinline__ float dot16_fp8(const uint4& w, const uint4& x_low, const uint4& x_high) {
+  const __nv_fp8x2_storage_t* w2 = reinterpret_cast<const __nv_fp8x2_storage_t*>(&w);
+  const __nv_bfloat162* low = reinterpret_cast<const __nv_bfloat162*>(&x_low);
+  const __nv_bfloat162* high = reinterpret_cast<const __nv_bfloat162*>(&x_high);
+  float sum = 0.0f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    const float2 fw = __half22float2(__half2(__nv_cvt_fp8x2_to_halfraw2(w2[i], __NV_E4M3)));
+    const float2 fx = __bfloat1622float2(i < 4 ? low[i] : high[i - 4]);
+    sum += fw.x * fx.x + fw.y * fx.y;
+  }
+  return sum;
+}
+
+template <int M, int U>
+__device__ __forceinline__ void accumulate_fp8(const bf16* x, int x_stride, int column, const uint4 (&w)[U],
+                                               float (&acc)[M]) {
+#pragma unroll
+  for (int u = 0; u < U; ++u)
+#pragma unroll
+    for (int m = 0; m < M; ++m) {
+      const bf16* xs = x + m * x_stride + column + u * 512;
+      acc[m] += dot16_fp8(w[u], __ldg(reinterpret_cast<const uint4*>(xs)), __ldg(reinterpret_cast<const uint4*>(xs + 8)));
+    }
+}
+
+template <int M, int U = kGemmUnroll>
+__global__ void __launch_bounds__(kWarpsPerCta * 32)
+    skinny_gemm_fp8_kernel(const bf16* x, int x_stride, const uint8_t* w, const float* w_scale, int n, int k, void* y,
+                           int y_stride, bool y_is_bf16) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * kWarpsPerCta + threadIdx.x / 32;
+  const uint8_t* w_row = w + static_cast<int64_t>(row < n ? row : 0) * k;
+  const bool fits = row < n && lane * 16 + (U - 1) * 512 < k;
+  uint4 head[U];
+#pragma unroll
+  for (int u = 0; u < U; ++u) head[u] = fits ? load_streaming_bytes(w_row + lane * 16 + u * 512) : make_uint4(0, 0, 0, 0);
+  pdl_wait();
+  pdl_trigger();
+  if (row >= n) return;
+  float acc[M];
+#pragma unroll
+  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
+  int column = lane * 16;
+  if (fits) {
+    accumulate_fp8<M, U>(x, x_stride, column, head, acc);
+    column += U * 512;
+  }
+  for (; column + (U - 1) * 512 < k; column += U * 512) {
+    uint4 chunk[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) chunk[u] = load_streaming_bytes(w_row + column + u * 512);
+    accumulate_fp8<M, U>(x, x_stride, column, chunk, acc);
+  }
+  for (; column < k; column += 512) {
+    const uint4 chunk[1] = {load_streaming_bytes(w_row + column)};
+    accumulate_fp8<M, 1>(x, x_stride, column, chunk, acc);
+  }
+  const float scale = *w_scale;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float value = warp_sum(acc[m]) * scale;
+    if (lane == 0) {
+      if (y_is_bf16) {
+        static_cast<bf16*>(y)[static_cast<int64_t>(m) * y_stride + row] = __float2bfloat16_rn(value);
+      } else {
+        static_cast<float*>(y)[static_cast<int64_t>(m) * y_stride + row] = value;
+      }
+    }
+  }
+}
+
 void check_aligned(const void* x, int x_stride, int k) {
   if (k % 8 != 0 || x_stride % 8 != 0 || reinterpret_cast<uintptr_t>(x) % 16 != 0)
     throw_unsupported("cuda skinny GEMM: k and the row stride must be multiples of 8", k);
@@ -171,6 +251,20 @@ void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* 
     case 2: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<2>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
     case 3: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<3>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
     case 4: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_kernel<4>, x, x_stride, w, n, k, y, y_stride, y_is_bf16); break;
+    default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
+  }
+}
+
+void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
+                            int32_t n, int32_t k, void* y, bool y_is_bf16, int32_t y_stride, Launch launch) {
+  check_aligned(x, x_stride, k);
+  if (k % 16 != 0) throw_unsupported("cuda FP8 skinny GEMM: k must be a multiple of 16", k);
+  const int blocks = (n + kWarpsPerCta - 1) / kWarpsPerCta;
+  switch (m) {
+    case 1: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<1>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 2: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<2>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 3: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<3>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 4: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<4>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
     default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
   }
 }

@@ -2,11 +2,13 @@
 
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/plan_types.h"
 
 namespace loom::cuda {
 
-void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool capture_hidden_states) {
+void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool capture_hidden_states, bool fp8) {
   const size_t n = static_cast<size_t>(plan.num_rows());
   const size_t hidden = config.hidden_size;
   const size_t q_size = config.q_size();
@@ -27,6 +29,8 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
   }
   const size_t logit_rows = static_cast<size_t>(plan.num_logit_launch_rows());
   logits.reserve(logit_rows * static_cast<size_t>(config.vocab_size) * sizeof(float));
+  if (fp8)
+    fp8_weight.reserve(std::max({qkv_size * hidden, hidden * q_size, 2 * intermediate * hidden}) * sizeof(__nv_bfloat16));
   if (capture_hidden_states)
     hidden_states.reserve((config.num_layers + 1) * plan.logit_rows().size() * hidden * sizeof(float));
 }
@@ -34,7 +38,7 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
 std::vector<const void*> StepBuffers::addresses() const {
   return {residual.data(), delta.data(),   normed.data(),      qkv.data(),         q.data(),
           attention_out.data(), gate_up.data(), activation.data(), partial_out.data(), partial_lse.data(),
-          logits.data()};
+          logits.data(), fp8_weight.data()};
 }
 
 }  // namespace loom::cuda

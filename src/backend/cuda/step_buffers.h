@@ -24,8 +24,11 @@ struct StepBuffers {
   DeviceBuffer partial_out, partial_lse;  // split attention's partial results
   DeviceBuffer logits;         // [logit launch rows, vocab] fp32
   DeviceBuffer hidden_states;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
+  // FP8 weights only: the largest linear weight dequantized to bf16, for the
+  // GEMMs of steps above the skinny kernel's rows (one matrix at a time).
+  DeviceBuffer fp8_weight;
 
-  void grow(const StepPlan& plan, const ModelConfig& config, bool capture_hidden_states);
+  void grow(const StepPlan& plan, const ModelConfig& config, bool capture_hidden_states, bool fp8 = false);
   // Every address a captured step holds.
   std::vector<const void*> addresses() const;
 };
