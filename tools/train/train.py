@@ -9,7 +9,8 @@ reference row of the quality table (issue 39).
 --kind lora:   q, k, v, o, gate, up, down (isolated, forked, or base-mode serving)
 --kind alora:  the same modules as an activated LoRA (PEFT's alora_invocation_tokens =
                tasks.INVOCATION's tokens): the base model's K/V up to the invocation
---kind icarus: ICaRus (icarus.txt §3.2, Appendix B): LoRA on q, o, gate, up, down only, trained with
+--kind icarus: ICaRus ("ICaRus: Identical Cache Reuse for Efficient Multi Model Inference", arXiv:2603.13281,
+               §3.2, Appendix B): LoRA on q, o, gate, up, down only, trained with
                the logical encoder frozen: every layer's K and V come from the base model's own
                forward (adapter off, no grad) and the adapted forward's attention uses them instead
                of its own, so Loom's `base` sharing mode (every K/V the base model's) is exact for it.

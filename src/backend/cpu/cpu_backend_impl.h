@@ -14,7 +14,8 @@
 #include "backend/backend.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/host_kv_pool.h"
+#include "backend/cpu/cpu_kv_pools.h"
+#include "backend/cpu/cpu_step_buffers.h"
 #include "backend/cpu/lora_apply.h"
 #include "backend/cpu/paged_attention.h"
 #include "backend/rope.h"
@@ -43,22 +44,24 @@ class CpuBackend final : public Backend {
              const CpuBackendConfig& backend_config, const CpuRank& rank = {});
 
   void allocate_kv_cache(const KvCacheShape& shape) override;
-  KvCacheShape kv_cache_shape() const override { return kv_shape_; }
+  KvCacheShape kv_cache_shape() const override { return pools_.main_shape(); }
   int64_t kv_bytes_per_token() const override {
     return static_cast<int64_t>(config_.num_layers) * 2 * layer_.kv_size() * sizeof(float);
   }
   void allocate_residual_cache(const ResidualCacheShape& shape) override;
-  ResidualCacheShape residual_cache_shape() const override { return residual_shape_; }
+  ResidualCacheShape residual_cache_shape() const override { return pools_.residual_shape(); }
   int64_t residual_bytes_per_token(int32_t max_rank) const override {
     return static_cast<int64_t>(config_.num_layers) * 2 * max_rank * sizeof(float);
   }
-  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override;
-  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return host_pool(pool).num_blocks(); }
+  void allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) override { pools_.allocate_host(pool, num_blocks); }
+  int32_t num_host_kv_blocks(KvPoolKind pool) const override { return pools_.num_host_blocks(pool); }
   std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id) override {
-    return host_pool(pool).block_bytes(host_block_id);
+    return pools_.host_block(pool, host_block_id);
   }
   void copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction, std::span<const int32_t> device_block_ids,
-                      std::span<const int32_t> host_block_ids) override;
+                      std::span<const int32_t> host_block_ids) override {
+    pools_.copy_blocks(pool, direction, device_block_ids, host_block_ids);
+  }
   void set_adapter(int32_t slot, std::shared_ptr<const LoraAdapter> adapter) override;
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
@@ -74,19 +77,10 @@ class CpuBackend final : public Backend {
     return capabilities;
   }
 
- // The device-side arrays of `pool` (main: per layer K then V; residual: per
-  // layer the rCache), num_blocks x floats-per-block each, for host copies.
-  std::vector<float*> device_arrays(KvPoolKind pool);
-  int32_t num_device_blocks(KvPoolKind pool) const {
-    return pool == KvPoolKind::kMain ? kv_shape_.num_blocks : residual_shape_.num_blocks;
-  }
-  // Floats one block of one device array holds (0 before the pool is allocated).
-  int64_t device_floats_per_block(KvPoolKind pool) const;
+  // The KV pools (what the tensor-parallel group's host tier copies).
+  CpuKvPools& kv_pools() { return pools_; }
 
  private:
-  const cpu::HostKvPool& host_pool(KvPoolKind pool) const {
-    return pool == KvPoolKind::kMain ? host_main_pool_ : host_residual_pool_;
-  }
   // The group's all-reduce of `count` floats (nothing alone).
   void all_reduce(float* data, int64_t count);
   void group_rows_by_adapter(const Batch& batch);
@@ -108,41 +102,18 @@ class CpuBackend final : public Backend {
   const int num_threads_;
   const Rope rope_;
 
-  KvCacheShape kv_shape_{0, 0};
-  std::vector<std::vector<float>> k_pools_;  // [layer][num_blocks * block_size * kv_size]
-  std::vector<std::vector<float>> v_pools_;
-  ResidualCacheShape residual_shape_{0, 0, 0};
-  std::vector<std::vector<float>> residual_pools_;  // [layer][num_blocks * block_size * 2 * max_rank]
+  CpuKvPools pools_;
   std::vector<std::shared_ptr<const LoraAdapter>> adapters_;  // [slot], nullptr = free
-  // Host tier (host_kv_pool.h); copy_kv_blocks may read/write them off the engine thread.
-  cpu::HostKvPool host_main_pool_;      // arrays: per layer K, V
-  cpu::HostKvPool host_residual_pool_;  // arrays: per layer rCache
   bool warned_about_sliding_window_ = false;
   // cos/sin of positions 0 .. num_table_positions_ - 1 (deferred RoPE of forked
   // sequences), [position, head_dim / 2]; grown on demand, never changes.
   std::vector<float> position_cos_, position_sin_;
   int32_t num_table_positions_ = 0;
 
-  // Per-forward scratch, grown on demand and kept to avoid allocations per step.
-  // Rows: the batch's tokens, then the decoder rows of base-mode sequences (paged_attention.h).
-  int64_t num_tokens_ = 0;
-  int64_t num_rows_ = 0;
   cpu::LoraApplier lora_;     // q, o, gate, up, down over all rows (and k, v without sharing)
   cpu::LoraApplier kv_lora_;  // k, v when the batch shares KV: tokens only, forked ones excluded
   bool kv_lora_is_row_lora_ = true;
-  std::vector<int32_t> row_adapter_slots_, kv_adapter_slots_;
-  cpu::TokenPlacement placement_;
-  std::vector<float> hidden_;          // [rows, hidden] residual stream
-  std::vector<float> normed_;          // [rows, hidden]
-  std::vector<float> q_, k_, v_;       // [rows, q_size], [rows, kv_size] x2
-  std::vector<float> attention_out_;   // [rows, q_size]
-  std::vector<float> projected_;       // [rows, hidden] o_proj / down_proj output
-  std::vector<float> gate_, up_;       // [rows, intermediate]
-  std::vector<float> rope_cos_, rope_sin_;  // [rows, head_dim / 2]
-  std::vector<float> attention_scratch_;
-  std::vector<float> residual_scratch_;
-  std::vector<int32_t> logit_tokens_;  // [logits rows] batch token of each
-  std::vector<int32_t> logit_rows_;    // [logits rows] row it is read from (decoder row in base sharing)
+  CpuStepBuffers step_;  // per-forward scratch
 };
 
 }  // namespace loom::cpu

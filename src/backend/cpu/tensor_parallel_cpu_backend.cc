@@ -53,10 +53,10 @@ BackendCapabilities TensorParallelCpuBackend::capabilities() const {
 void TensorParallelCpuBackend::allocate_host_kv_cache(KvPoolKind pool, int32_t num_blocks) {
   const bool is_main = pool == KvPoolKind::kMain;
   CpuBackend& first = cpu_rank(0);
-  const int32_t arrays_per_rank = static_cast<int32_t>(first.device_arrays(pool).size());
+  const int32_t arrays_per_rank = static_cast<int32_t>(first.kv_pools().device_arrays(pool).size());
   HostKvPool& host = is_main ? host_main_pool_ : host_residual_pool_;
-  host.allocate(num_blocks, first.num_device_blocks(pool), is_main ? arrays_per_rank * size() : arrays_per_rank,
-                first.device_floats_per_block(pool), is_main ? "host KV pool" : "host residual pool");
+  host.allocate(num_blocks, first.kv_pools().num_device_blocks(pool), is_main ? arrays_per_rank * size() : arrays_per_rank,
+                first.kv_pools().device_floats_per_block(pool), is_main ? "host KV pool" : "host residual pool");
 }
 
 void TensorParallelCpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection direction,
@@ -65,17 +65,17 @@ void TensorParallelCpuBackend::copy_kv_blocks(KvPoolKind pool, KvCopyDirection d
   const bool is_main = pool == KvPoolKind::kMain;
   const HostKvPool& host = host_pool(pool);
   CpuBackend& first = cpu_rank(0);
-  host.check_copyable(first.device_floats_per_block(pool), device_block_ids.size());
+  host.check_copyable(first.kv_pools().device_floats_per_block(pool), device_block_ids.size());
   if (is_main) {
     std::vector<float*> arrays;
     for (int32_t r = 0; r < size(); ++r)
-      for (float* array : cpu_rank(r).device_arrays(pool)) arrays.push_back(array);
-    host.copy(direction, arrays, first.num_device_blocks(pool), device_block_ids, host_block_ids);
+      for (float* array : cpu_rank(r).kv_pools().device_arrays(pool)) arrays.push_back(array);
+    host.copy(direction, arrays, first.kv_pools().num_device_blocks(pool), device_block_ids, host_block_ids);
   } else if (direction == KvCopyDirection::kDeviceToHost) {
-    host.copy(direction, first.device_arrays(pool), first.num_device_blocks(pool), device_block_ids, host_block_ids);
+    host.copy(direction, first.kv_pools().device_arrays(pool), first.kv_pools().num_device_blocks(pool), device_block_ids, host_block_ids);
   } else {
     for (int32_t r = 0; r < size(); ++r)
-      host.copy(direction, cpu_rank(r).device_arrays(pool), cpu_rank(r).num_device_blocks(pool), device_block_ids,
+      host.copy(direction, cpu_rank(r).kv_pools().device_arrays(pool), cpu_rank(r).kv_pools().num_device_blocks(pool), device_block_ids,
                 host_block_ids);
   }
 }
