@@ -74,6 +74,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   engine.default_sharing = *default_sharing;
   engine.workflow_aware_eviction = options.eviction_policy == "workflow";
   engine.blocking_host_loads = options.host_load_policy == "blocking";
+  engine.swap_preemption = options.preemption_mode == "swap";
   if (options.kv_cache_bytes) engine.kv_cache_bytes = *options.kv_cache_bytes;
   if (vllm.max_num_seqs > 0) engine.max_running_requests = vllm.max_num_seqs;
   if (vllm.max_num_batched_tokens > 0) engine.max_batch_tokens = vllm.max_num_batched_tokens;
@@ -120,6 +121,10 @@ void validate(const ServeOptions& options, const ResolvedServe& serve) {
   // The host tier stages every disk read and write; a KV buffer (--role, --kv-transfer-port) brings one.
   if (!engine.disk_kv_path.empty() && engine.host_kv_cache_bytes <= 0 && !serve.kv_transfer.has_buffer())
     throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs a host KV tier to stage its blocks",
+                "add --host-kv-memory BYTES");
+  // vLLM v0 refused to swap without swap space; Loom's swap space is the host tier.
+  if (engine.swap_preemption && engine.host_kv_cache_bytes <= 0 && !serve.kv_transfer.has_buffer())
+    throw Error(ErrorKind::kInvalidArgument, "--preemption-mode swap needs a host KV tier to swap to",
                 "add --host-kv-memory BYTES");
   if (!engine.disk_kv_path.empty() && engine.disk_kv_bytes <= 0)
     throw Error(ErrorKind::kInvalidArgument, "--disk-kv-path needs its size cap", "add --disk-kv-bytes BYTES");
@@ -176,6 +181,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"gpu_memory_fraction", serve.gpu_memory_fraction},
           {"host_kv_cache_bytes", engine.host_kv_cache_bytes},
           {"host_load_policy", engine.blocking_host_loads ? "blocking" : "background"},
+          {"preemption_mode", engine.swap_preemption ? "swap" : "recompute"},
           {"disk_kv_path", or_null(engine.disk_kv_path)},
           {"disk_kv_bytes", engine.disk_kv_bytes},
           {"role", kv_transfer.role},

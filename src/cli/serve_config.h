@@ -42,6 +42,7 @@ struct ServeOptions {
   std::string default_sharing = "isolated";
   std::string eviction_policy = "lru";
   std::string host_load_policy = "background";  // --host-load-policy background|blocking
+  std::string preemption_mode = "recompute";    // --preemption-mode recompute|swap
   std::optional<int64_t> kv_cache_bytes;  // --kv-cache-bytes (nullopt: the engine's default, or the GPU share)
   std::optional<int32_t> block_size;      // --block-size (nullopt: default_block_size(device))
   int threads = 0;

@@ -156,6 +156,13 @@ void add_kv_tier_flags(CLI::App& app, ServeOptions& options) {
                  "baseline)")
       ->check(CLI::IsMember({"background", "blocking"}))
       ->capture_default_str();
+  app.add_option("--preemption-mode", options.preemption_mode,
+                 "What preempting a running request does with its KV (vLLM's flag): recompute (default; its "
+                 "blocks are released, full ones stay cached, and it recomputes what the cache lost) or swap (its "
+                 "private blocks are copied to the host tier and it resumes where it was; needs --host-kv-memory; "
+                 "recomputes when the host tier has no room, counted in loom_swap_fallbacks_total)")
+      ->check(CLI::IsMember({"recompute", "swap"}))
+      ->capture_default_str();
   app.add_option("--host-residual-kv-memory", engine.host_residual_kv_cache_bytes,
                  "The forked rCache pool's part of --host-kv-memory: BYTES (suffix K, M, G allowed), 0 = no host "
                  "tier for the rCache, auto (default) = its share of the device KV bytes (each pool's host tier "

@@ -95,6 +95,10 @@ struct EngineConfig {
   // blocking (it holds its place and the step waits for its load: HiCache's load-back, the
   // KVFlow paper's baseline).
   bool blocking_host_loads = false;
+  // --preemption-mode recompute|swap (scheduler.h policies 4 and 9, PreemptionMode):
+  // false = recompute; true = swap (a preempted request's private blocks go to
+  // the host tier and it keeps its progress; needs a host tier, else recomputes).
+  bool swap_preemption = false;
   // Disk / shared-storage tier below the host tier (--disk-kv-path DIR,
   // --disk-kv-bytes N, --disk-kv-warm-start, --disk-kv-read-bandwidth B/s):
   // content-addressed block files in DIR (kvstore/disk_kv_store.h) that
@@ -216,6 +220,11 @@ struct EngineMetrics {
   // The rCache pool's blocks (all 0 without one); free + cached + in use = total.
   int64_t residual_blocks_total = 0, residual_blocks_free = 0, residual_blocks_cached = 0, residual_blocks_in_use = 0;
   int64_t num_preemptions = 0, num_evicted_tokens = 0;        // totals since start
+  // Of num_preemptions, those that swapped (--preemption-mode swap); swaps
+  // that became recomputes (no host room, a lost copy or prefix); tokens of
+  // private blocks copied to the host and back (finished copies).
+  int64_t num_swap_preemptions = 0, num_swap_fallbacks = 0;
+  int64_t num_swapped_out_tokens = 0, num_swapped_in_tokens = 0;
   // Host tier (all 0 without one). Bytes held now, in the main pool's host
   // tier ("base" kind) and the rCache's ("residual"); token counters since
   // start, over both (a forked request's prefix counts once per pool it moves in).

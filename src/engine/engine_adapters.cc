@@ -30,7 +30,8 @@ void EngineImpl::allocate_pools(const KvPoolLayout& layout) {
 void EngineImpl::rebuild_scheduler() {
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_batch_tokens, config_.max_running_requests, config_.max_loras_per_batch,
-                      config_.blocking_host_loads ? HostLoadPolicy::kBlocking : HostLoadPolicy::kBackground},
+                      config_.blocking_host_loads ? HostLoadPolicy::kBlocking : HostLoadPolicy::kBackground,
+                      config_.swap_preemption ? PreemptionMode::kSwap : PreemptionMode::kRecompute},
       pools_.caches());
   workflow_sync_.reset(pools_.caches());
   publish();

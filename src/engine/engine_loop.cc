@@ -136,6 +136,8 @@ EngineGauges EngineImpl::measure_gauges() const {
   gauges.num_running = scheduler_->num_running();
   gauges.num_waiting = scheduler_->num_waiting();
   gauges.num_preemptions = scheduler_->num_preemptions();
+  gauges.num_swap_preemptions = scheduler_->num_swap_preemptions();
+  gauges.num_swap_fallbacks = scheduler_->num_swap_fallbacks();
   gauges.backend_caches = backend_->cache_gauges();
   return gauges;
 }

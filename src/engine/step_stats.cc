@@ -86,6 +86,10 @@ void EngineGauges::apply_to(EngineMetrics& metrics) const {
   metrics.kv_bytes_per_token_residual = residual_bytes_per_block / block_size;
   metrics.num_evicted_tokens = (main.num_evicted_blocks + residual.num_evicted_blocks) * block_size;
   metrics.num_preemptions = num_preemptions;
+  metrics.num_swap_preemptions = num_swap_preemptions;
+  metrics.num_swap_fallbacks = num_swap_fallbacks;
+  metrics.num_swapped_out_tokens = (main.num_swapped_out_blocks + residual.num_swapped_out_blocks) * block_size;
+  metrics.num_swapped_in_tokens = (main.num_swapped_in_blocks + residual.num_swapped_in_blocks) * block_size;
   metrics.kv_bytes_host = static_cast<int64_t>(main.num_host_used_blocks) * main_bytes_per_block;
   metrics.kv_bytes_host_residual = static_cast<int64_t>(residual.num_host_used_blocks) * residual_bytes_per_block;
   metrics.host_blocks_total = main.num_host_total_blocks;

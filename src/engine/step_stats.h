@@ -67,7 +67,7 @@ struct EngineGauges {
   int32_t block_size = 0;
   std::map<std::string, int64_t> kv_bytes_by_adapter;
   int32_t num_running = 0, num_waiting = 0;
-  int64_t num_preemptions = 0;
+  int64_t num_preemptions = 0, num_swap_preemptions = 0, num_swap_fallbacks = 0;
   std::optional<DiskKvStoreStats> disk;  // the disk tier's store, when there is one
   int64_t disk_capacity_bytes = 0;
   std::vector<CacheGauge> backend_caches;

@@ -11,7 +11,7 @@
 namespace loom {
 
 HostTierPlanner::HostTierPlanner(DeviceBlocks& device, KvTransferIds& transfer_ids, int32_t num_host_blocks)
-    : device_(device), transfer_ids_(transfer_ids), pool_(num_host_blocks) {
+    : device_(device), transfer_ids_(transfer_ids), pool_(num_host_blocks), swap_(device, transfer_ids, pool_) {
   LOOM_CHECK(num_host_blocks > 0);
   device_.tree.set_host_pool(&pool_);
 }
@@ -146,6 +146,7 @@ void HostTierPlanner::take_transfers(std::vector<KvTransfer>& out) {
     in_flight.taken = true;
     out.push_back(in_flight.transfer);
   }
+  swap_.take_transfers(out);
 }
 
 KvTransfer HostTierPlanner::finish_transfer(int64_t transfer_id, bool succeeded) {
@@ -186,6 +187,10 @@ void HostTierPlanner::add_stats(KvCacheStats& stats) const {
   stats.num_prefetch_late_blocks = num_prefetch_late_blocks_;
   stats.num_failed_transfers += num_failed_transfers_;
   stats.num_disk_write_planned_blocks = num_disk_write_planned_blocks_;
+  stats.num_swapped_out_blocks = swap_.num_swapped_out_blocks();
+  stats.num_swapped_in_blocks = swap_.num_swapped_in_blocks();
+  stats.num_host_swap_blocks = static_cast<int32_t>(swap_.held_host_blocks().size());
+  stats.num_failed_transfers += swap_.num_failed_transfers();
 }
 
 std::string HostTierPlanner::integrity_error(std::span<const int32_t> read_blocks) const {
@@ -198,6 +203,10 @@ std::string HostTierPlanner::integrity_error(std::span<const int32_t> read_block
   });
   for (int32_t host_block : read_blocks) {
     if (!pool_.contains(host_block)) return fmt::format("a disk read holds host block {}", host_block);
+    ++num_holders[static_cast<size_t>(host_block)];
+  }
+  for (int32_t host_block : swap_.held_host_blocks()) {
+    if (!pool_.contains(host_block)) return fmt::format("a swap holds host block {}", host_block);
     ++num_holders[static_cast<size_t>(host_block)];
   }
   int32_t num_held = 0;

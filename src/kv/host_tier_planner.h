@@ -58,6 +58,7 @@
 
 #include "kv/device_blocks.h"
 #include "kv/host_block_pool.h"
+#include "kv/host_swap_space.h"
 #include "kv/kv_cache_stats.h"
 #include "kv/kv_transfer.h"
 
@@ -73,6 +74,10 @@ class HostTierPlanner {
   int32_t num_host_blocks() const { return pool_.num_total_blocks(); }
   // The host blocks; the disk tier reads into them (disk_tier_planner.h).
   HostBlockPool& pool() { return pool_; }
+  // Swap preemption's copies (host_swap_space.h), over the same pool; its
+  // transfers go out with this tier's (take_transfers, num_transfers_in_flight).
+  HostSwapSpace& swap_space() { return swap_; }
+  const HostSwapSpace& swap_space() const { return swap_; }
 
   // Backs up path[first_candidate ...] nodes (device, ready, no backup) as far
   // as host blocks can be had; one transfer pinning path[0 .. last backed up].
@@ -104,16 +109,20 @@ class HostTierPlanner {
   // (the stats' num_prefetch_late_blocks), once each.
   void count_late_prefetch(const KvKey& kv_key, std::span<const KvTokenId> tokens);
 
-  // The transfers planned since the last call, in order, appended to `out`.
+  // The transfers planned since the last call (the swap space's too), appended to `out`.
   void take_transfers(std::vector<KvTransfer>& out);
+  // Its own offloads and loads (not the swap space's: swap_space().owns).
   bool owns(int64_t transfer_id) const { return in_flight_.count(transfer_id) != 0; }
   // Applies a finished offload or load (precondition: owns(transfer_id)) and returns it.
   KvTransfer finish_transfer(int64_t transfer_id, bool succeeded);
-  int32_t num_transfers_in_flight() const { return static_cast<int32_t>(in_flight_.size()); }
+  // Its own and the swap space's.
+  int32_t num_transfers_in_flight() const {
+    return static_cast<int32_t>(in_flight_.size()) + swap_.num_transfers_in_flight();
+  }
 
   void add_stats(KvCacheStats& stats) const;
   // "" when every host block is free xor held by one node (or by one of
-  // `read_blocks`, the host blocks disk reads hold) and every loading or
+  // `read_blocks`, the host blocks disk reads hold, or by a swap) and every loading or
   // offloading node belongs to a transfer in flight.
   std::string integrity_error(std::span<const int32_t> read_blocks) const;
 
@@ -132,6 +141,7 @@ class HostTierPlanner {
   DeviceBlocks& device_;
   KvTransferIds& transfer_ids_;
   HostBlockPool pool_;
+  HostSwapSpace swap_;  // over pool_
   bool writes_through_ = false;
   std::map<int64_t, InFlight> in_flight_;  // by id: the order they were planned
   int64_t num_offloaded_blocks_ = 0, num_loaded_blocks_ = 0, num_prefetched_blocks_ = 0;

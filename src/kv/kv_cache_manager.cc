@@ -273,6 +273,10 @@ void KvCacheManager::finish_transfer(int64_t transfer_id, bool succeeded) {
     return;
   }
   LOOM_CHECK(host_ != nullptr);
+  if (host_->swap_space().owns(transfer_id)) {  // no write-through: a swap's blocks are private
+    host_->swap_space().finish_transfer(transfer_id, succeeded);
+    return;
+  }
   const KvTransfer transfer = host_->finish_transfer(transfer_id, succeeded);
   if (disk_ && succeeded && transfer.kind == KvTransfer::Kind::kOffload) disk_->announce_written_through(transfer);
 }
@@ -325,7 +329,7 @@ std::string KvCacheManager::integrity_error() const {
   if (num_free + num_cached + num_in_use != pool.num_total_blocks())
     return fmt::format("free {} + cached {} + in use {} != total {}", num_free, num_cached, num_in_use,
                        pool.num_total_blocks());
-  int32_t num_private = 0;
+  int32_t num_private = host_ ? host_->swap_space().num_device_blocks_held_by_copies_only() : 0;
   for (const auto& [kv_namespace, count] : num_private_blocks_by_namespace_) num_private += count;
   if (num_private + tree.num_device_nodes() != num_in_use + num_cached)
     return fmt::format("{} private + {} tree blocks != {} in use + {} cached", num_private, tree.num_device_nodes(),

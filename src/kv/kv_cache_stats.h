@@ -20,6 +20,9 @@ struct KvCacheStats {
   int64_t num_prefetch_late_blocks = 0;    // prefetched blocks count_late_prefetch found still loading ("late")
   int64_t num_failed_transfers = 0;
   int32_t num_host_only_blocks = 0;        // nodes whose K/V is only on the host now
+  // Swap preemption (host_swap_space.h): private blocks copied out / back (finished), host blocks held now.
+  int64_t num_swapped_out_blocks = 0, num_swapped_in_blocks = 0;
+  int32_t num_host_swap_blocks = 0;
   // Disk tier (0 without one). Counters are since start, in blocks.
   int64_t num_disk_read_blocks = 0;        // disk -> host reads finished and joined to the tree
   int64_t num_disk_read_failed_blocks = 0; // blocks of failed disk reads

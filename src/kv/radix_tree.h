@@ -220,6 +220,8 @@ class RadixTree {
   // and evicting it: the node is removed, its host block freed.
   std::optional<EvictionKey> first_host_evictable_key() const;
   bool evict_host_leaf();
+  // Host-evictable nodes now (evicting one may make its parent one more).
+  int32_t num_host_evictable_leaves() const { return static_cast<int32_t>(host_evictable_.size()); }
   // Device nodes whose backup could be dropped (tier device, ready, with a
   // host block, not reserved): the first one's key, and dropping its backup
   // (the node stays on the device without one; its host block is freed).

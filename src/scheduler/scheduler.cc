@@ -6,35 +6,10 @@
 #include <set>
 
 #include "kv/kv_capacity_ledger.h"
+#include "scheduler/request_state.h"
 #include "util/error.h"
 
 namespace loom {
-
-struct Scheduler::RequestState {
-  SchedulerRequestId id = 0;
-  std::vector<int32_t> tokens;
-  std::string adapter;
-  RequestKvKeys kv;
-  int32_t priority = 0;
-  int64_t arrival = 0;
-  int32_t num_computed_tokens = 0;
-  bool was_admitted = false;
-  bool running = false;
-  // Set by the disk walk (policy 7) in walk number disk_walk_id:
-  int64_t disk_walk_id = 0;
-  bool is_reserved = false;          // within the host budget: its prefix is reserved
-  bool waits_for_disk_read = false;  // its next block is on disk and earlier requests hold the host budget
-  RequestLeases leases;
-
-  bool is_forked() const { return kv.uses(KvCacheId::kResidual); }
-  // At least one token must be computed to get logits, so the last token never comes from the cache.
-  std::span<const int32_t> lookup_tokens() const { return std::span<const int32_t>(tokens).first(tokens.size() - 1); }
-  // Entries already holding data, which the backend must not write: a forked
-  // partial hit may find more in one member than it computes from.
-  int32_t num_present_tokens(KvCacheId id) const {
-    return kv.uses(id) ? std::max(leases[id].num_found_tokens(), num_computed_tokens) : 0;
-  }
-};
 
 int32_t ScheduledBatch::num_tokens() const {
   int32_t total = 0;
@@ -46,7 +21,9 @@ Scheduler::Scheduler(SchedulerConfig config, KvCacheGroup& kv_caches) : config_(
   LOOM_CHECK(config_.max_batch_tokens > 0 && config_.max_running_requests > 0 && config_.max_loras_per_batch > 0);
 }
 
-Scheduler::~Scheduler() = default;
+Scheduler::~Scheduler() {
+  for (auto& [id, request] : requests_) drop_swaps(*request);  // their host blocks go back to the pools
+}
 
 Scheduler::RequestState& Scheduler::state(SchedulerRequestId id) {
   auto it = requests_.find(id);
@@ -154,14 +131,25 @@ class Scheduler::Planner {
 
   void preempt(SchedulerRequestId id) {
     const RequestState& request = scheduler_.state(id);
-    for (KvCacheId member : kAllKvCaches)
-      if (request.kv.uses(member)) ledger_.drop_refs(member, request.leases[member].block_ids());
+    const bool swaps = scheduler_.can_swap_out(request);
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      std::span<const int32_t> blocks = request.leases[member].block_ids();
+      if (!swaps) {
+        ledger_.drop_refs(member, blocks);
+        continue;
+      }
+      // Swap: the private blocks with data stay referenced (their copies pin them) until the copy lands.
+      const auto [begin, end] = request.private_data_blocks(member, kv_caches_.block_size());
+      ledger_.drop_refs(member, blocks.first(static_cast<size_t>(begin)));
+      ledger_.drop_refs(member, blocks.subspan(static_cast<size_t>(end)));
+    }
     if (auto it = new_blocks_.find(id); it != new_blocks_.end()) {  // scheduled earlier in this step
       ledger_.give_back(it->second);
       budget_ += new_tokens_.at(id);
     }
     preempted_.insert(id);
-    decision_.actions.push_back(SchedulerAction::preempt(id));
+    decision_.actions.push_back(swaps ? SchedulerAction::swap_out(id) : SchedulerAction::preempt(id));
   }
 
   // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
@@ -170,12 +158,32 @@ class Scheduler::Planner {
     for (SchedulerRequestId id : scheduler_.running_)
       if (!scheduler_.state(id).adapter.empty()) adapters.insert(scheduler_.state(id).adapter);
     int32_t num_running = scheduler_.num_running();
-    for (SchedulerRequestId id : scheduler_.sorted(scheduler_.waiting_)) {
+    // Policy 9: swapped requests first (rank order among them), then the others.
+    std::vector<SchedulerRequestId> order = scheduler_.sorted(scheduler_.waiting_);
+    std::stable_partition(order.begin(), order.end(),
+                          [&](SchedulerRequestId id) { return scheduler_.state(id).swapped.has_value(); });
+    for (SchedulerRequestId id : order) {
       if (budget_ == 0 || num_running >= scheduler_.config_.max_running_requests) break;
       const RequestState& request = scheduler_.state(id);
       if (!request.adapter.empty() && adapters.count(request.adapter) == 0 &&
           static_cast<int32_t>(adapters.size()) >= scheduler_.config_.max_loras_per_batch)
         continue;
+      if (request.swapped) {
+        const SwapStep step = plan_swapped(request);
+        if (step == SwapStep::kBlocked) {
+          decision_.blocked_on_load.push_back(id);
+          break;
+        }
+        if (step == SwapStep::kNoRoom) {
+          decision_.actions.push_back(SchedulerAction::no_room(id));
+          break;
+        }
+        if (step == SwapStep::kResumed) {
+          ++num_running;
+          if (!request.adapter.empty()) adapters.insert(request.adapter);
+        }
+        continue;
+      }
       if (kv_caches_.has_any_host_tier()) {
         const LoadWait wait = waits_on_load(request);
         if (wait == LoadWait::kHostLoad && is_blocking_) {  // it holds its place; the step waits for its load
@@ -191,6 +199,86 @@ class Scheduler::Planner {
       ++num_running;
       if (!request.adapter.empty()) adapters.insert(request.adapter);
     }
+  }
+
+  // Policy 9 for a swapped request; adds its actions (not kNoRoom's).
+  enum class SwapStep : uint8_t { kResumed, kWaits, kBlocked, kNoRoom };
+  SwapStep plan_swapped(const RequestState& request) {
+    const SwappedKv& swapped = *request.swapped;
+    const SwapStep waits = is_blocking_ ? SwapStep::kBlocked : SwapStep::kWaits;
+    bool is_copying = false;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      const HostSwapSpace::State state = kv_caches_[member].host_tier()->swap_space().state(swapped.swap_ids[member]);
+      if (state == HostSwapSpace::State::kLost) return fall_back(request);
+      is_copying |= state == HostSwapSpace::State::kSwappingOut || state == HostSwapSpace::State::kSwappingIn;
+    }
+    if (is_copying) {
+      decision_.actions.push_back(SchedulerAction::wait_on_load(request.id));
+      return waits;
+    }
+    if (swapped.is_swapping_in) return resume(request, kv_caches_.num_blocks_needed(request.kv, request.leases,
+                                                                                     num_resumed_tokens(request)));
+    // Its committed prefix, back on the device in every member (loaded from the host as in policy 6).
+    PerKvCache<std::vector<int32_t>> device_blocks;
+    bool needs_load = false;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      const int32_t num_committed = swapped.num_committed_blocks[member];
+      const PrefixLocation location = kv_caches_[member].prefix_location(
+          request.kv.key_in(member), request.lookup_tokens(), PrefixLookup::kTree);
+      if (location.num_device_blocks() >= num_committed) {
+        device_blocks[member].assign(location.device_block_ids.begin(),
+                                     location.device_block_ids.begin() + num_committed);
+        continue;
+      }
+      if (location.num_device_blocks() + location.num_loading_blocks + location.num_host_blocks() < num_committed)
+        return fall_back(request);  // part of it left every tier
+      needs_load = true;
+    }
+    if (needs_load) {
+      const LoadWait wait = waits_on_load(request);
+      if (wait == LoadWait::kHostLoad) return waits;
+      if (wait == LoadWait::kOther) return SwapStep::kWaits;
+      return room_will_come() ? SwapStep::kNoRoom : fall_back(request);
+    }
+    // Swap in: lock the committed prefix, take blocks for every token (policy 9).
+    KvBlockCounts num_found, num_new;
+    const int32_t num_blocks_after =
+        (static_cast<int32_t>(request.tokens.size()) + kv_caches_.block_size() - 1) / kv_caches_.block_size();
+    bool any_copy = false;
+    for (KvCacheId member : kAllKvCaches) {
+      if (!request.kv.uses(member)) continue;
+      ledger_.add_refs(member, device_blocks[member]);
+      num_found[member] = swapped.num_committed_blocks[member];
+      num_new[member] = std::max(0, num_blocks_after - num_found[member]);
+      any_copy |= kv_caches_[member].host_tier()->swap_space().num_blocks(swapped.swap_ids[member]) > 0;
+    }
+    if (!ledger_.can_allocate(num_new)) {
+      for (KvCacheId member : kAllKvCaches) ledger_.drop_refs(member, device_blocks[member]);
+      return SwapStep::kNoRoom;
+    }
+    ledger_.take(num_new);
+    decision_.actions.push_back(SchedulerAction::swap_in(request.id, num_found, num_new));
+    if (any_copy) return waits;
+    return resume(request, KvBlockCounts{});  // nothing to copy: it resumes now
+  }
+
+  SwapStep resume(const RequestState& request, const KvBlockCounts& num_blocks) {
+    if (!ledger_.can_allocate(num_blocks)) return SwapStep::kNoRoom;
+    ledger_.take(num_blocks);
+    const int32_t num_new = num_resumed_tokens(request) - request.num_computed_tokens;
+    budget_ -= num_new;
+    decision_.actions.push_back(SchedulerAction::resume_swapped(request.id, num_new, num_blocks));
+    return SwapStep::kResumed;
+  }
+  // Where a resumed request's step ends: its uncomputed tokens, as far as the budget allows.
+  int32_t num_resumed_tokens(const RequestState& request) const {
+    return request.num_computed_tokens + std::min(num_uncomputed(request), budget_);
+  }
+  SwapStep fall_back(const RequestState& request) {
+    decision_.actions.push_back(SchedulerAction::swap_fallback(request.id));
+    return SwapStep::kWaits;
   }
 
   // kHostLoad: its prefix is loading from the host, or it starts the load; kOther: it
@@ -440,10 +528,11 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
   bool any_preempted = false;
   for (const SchedulerAction& action : decision.actions) {
     const RequestState& request = state(action.id);
-    any_preempted |= action.kind == SchedulerAction::Kind::kPreempt;
+    any_preempted |= action.kind == SchedulerAction::Kind::kPreempt || action.kind == SchedulerAction::Kind::kSwapOut;
     if (action.kind == SchedulerAction::Kind::kAdmit)
       holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
-    else if (action.kind == SchedulerAction::Kind::kStartLoad)  // the device parts its loads pin
+    else if (action.kind == SchedulerAction::Kind::kStartLoad ||  // the device parts its loads pin
+             action.kind == SchedulerAction::Kind::kSwapIn)      // the committed prefix it locks
       holds.push_back(kv_caches_.hold_prefix(request.kv, request.lookup_tokens(), action.num_found_blocks));
   }
   LOOM_CHECK(!any_preempted || holds.empty());
@@ -481,6 +570,18 @@ ScheduledBatch Scheduler::apply(const SchedulerDecision& decision) {
       case SchedulerAction::Kind::kNoRoom:
         kv_caches_.touch_prefix(request.kv, request.lookup_tokens());
         break;
+      case SchedulerAction::Kind::kSwapOut:
+        apply_swap_out(action.id, batch);
+        break;
+      case SchedulerAction::Kind::kSwapIn:
+        apply_swap_in(action, batch);
+        break;
+      case SchedulerAction::Kind::kResumeSwapped:
+        apply_resume_swapped(action, batch);
+        break;
+      case SchedulerAction::Kind::kSwapFallback:
+        apply_swap_fallback(action.id);
+        break;
     }
   }
   if (decision.is_disk_walk_cut_short) is_host_budget_spent_ = true;
@@ -515,6 +616,7 @@ void Scheduler::apply_preempt(SchedulerRequestId id, ScheduledBatch& batch) {
   running_.erase(std::find(running_.begin(), running_.end(), id));
   waiting_.push_back(id);
   ++num_preemptions_;
+  if (config_.preemption_mode == PreemptionMode::kSwap) ++num_swap_fallbacks_;  // recomputes where swap was asked
   batch.preempted.push_back(id);
   auto scheduled = std::find_if(batch.requests.begin(), batch.requests.end(),
                                 [&](const ScheduledRequest& entry) { return entry.id == id; });
@@ -570,6 +672,7 @@ void Scheduler::append_token(SchedulerRequestId id, int32_t token) { state(id).t
 bool Scheduler::finish(SchedulerRequestId id) {
   auto it = requests_.find(id);
   if (it == requests_.end()) return false;
+  drop_swaps(*it->second);
   it->second->leases.release();
   auto& queue = it->second->running ? running_ : waiting_;
   queue.erase(std::find(queue.begin(), queue.end(), id));

@@ -40,6 +40,16 @@
 //      victim's blocks are released (full blocks stay cached, so it often
 //      re-hits them) and it goes back to waiting with num_computed_tokens = 0.
 //      No waiting request is admitted in a step that preempted.
+//      PreemptionMode::kSwap (vLLM v0's swap, --preemption-mode swap) instead
+//      keeps its progress: its committed (tree) blocks are released as above
+//      (shared ones stay with their other users; the host tier's write-through
+//      backups keep them when evicted), and its private blocks that hold data
+//      (the partial last block; forked: in both members) are copied to host
+//      blocks of each member's HostSwapSpace (kv/host_swap_space.h), pinned on
+//      the device until the copy lands (so the step does not count them as
+//      freed). It falls back to recompute, counted in num_swap_fallbacks(),
+//      when a member it uses has no host tier or its host pool cannot take
+//      the blocks (free blocks, then host leaves). See policy 9 for its return.
 //   5. A waiting request that does not get its blocks stops admission for the
 //      step (FCFS; running requests are never preempted for waiting ones);
 //      its cached prefix still counts as used now (LRU).
@@ -94,6 +104,24 @@
 //      prefix in every member (and disk -> host reads of what follows on disk;
 //      KvCacheManager::prefetch_agent), each member at most its pool's blocks,
 //      until the budget over all members is spent.
+//   9. Swapped requests (policy 4, kSwap) are looked at before every other
+//      waiting request, in rank order (vLLM's swapped queue goes first; with
+//      chunked prefill new requests may still be admitted after them). One
+//      whose swap-out copy is in flight waits. Then its committed prefix must be
+//      back on the device in every member: a part on the host is loaded as in
+//      policy 6 (it waits); with no room to load it waits for room (kNoRoom,
+//      stopping admission), or recomputes when no room will come. Then it
+//      swaps in (kSwapIn): it locks its committed prefix, takes blocks covering
+//      all its tokens (so it never waits for room later) and starts copying
+//      its private blocks back; it waits while they load (kBackground: others
+//      pass it; kBlocking: it is the step's blocked_on_load, and the engine
+//      waits for the copy as for a host load). When they landed it resumes
+//      (kResumeSwapped) at its num_computed_tokens, nothing recomputed. A
+//      member with nothing private swaps in at once and resumes the same step.
+//      A swap whose copy failed, or whose committed prefix left the host tier
+//      (host eviction, no backup), falls back to recompute (kSwapFallback,
+//      counted in num_swap_fallbacks()); it is admitted as any waiting
+//      request from the next step.
 //
 // Forked (ForkKV) requests hold two leases (RequestLeases): the shared bCache in
 // the main member (RequestKvKeys::key, namespace "fork") and their rCache in
@@ -132,11 +160,18 @@ enum class HostLoadPolicy : uint8_t {
   kBlocking,    // it holds its place and the step waits for its load (HiCache's load-back)
 };
 
+// What preemption does with the victim's K/V (policy 4; vLLM's --preemption-mode).
+enum class PreemptionMode : uint8_t {
+  kRecompute,  // release it; the request recomputes what the cache no longer holds
+  kSwap,       // copy its private blocks to the host tier and keep its progress (policy 9)
+};
+
 struct SchedulerConfig {
   int32_t max_batch_tokens = 2048;
   int32_t max_running_requests = 64;
   int32_t max_loras_per_batch = 8;
   HostLoadPolicy host_load_policy = HostLoadPolicy::kBackground;
+  PreemptionMode preemption_mode = PreemptionMode::kRecompute;
 };
 
 using SchedulerRequestId = int64_t;
@@ -194,6 +229,10 @@ struct SchedulerAction {
                   // used now (LRU), and admission stops for the step (policy 5)
     kReadFromDisk,  // a waiting request, in rank order (policy 7): reserve its prefix within the host
                     // budget the requests before it left, and start a demand read of what follows on disk
+    kSwapOut,       // a running request: preempt by swap (policy 4, kSwap); recompute if the host cannot take it
+    kSwapIn,        // a swapped request (policy 9): lock num_found_blocks, add num_new_blocks, copy back
+    kResumeSwapped,  // a swapped request whose copies landed: running again, num_new_tokens from where it was
+    kSwapFallback,  // a swapped request that lost its K/V: back to waiting from token 0 (policy 9)
   };
   Kind kind = Kind::kRun;
   SchedulerRequestId id = 0;
@@ -230,6 +269,21 @@ struct SchedulerAction {
   static SchedulerAction wait_on_load(SchedulerRequestId id) { return of(Kind::kWaitOnLoad, id); }
   static SchedulerAction no_room(SchedulerRequestId id) { return of(Kind::kNoRoom, id); }
   static SchedulerAction read_from_disk(SchedulerRequestId id) { return of(Kind::kReadFromDisk, id); }
+  static SchedulerAction swap_out(SchedulerRequestId id) { return of(Kind::kSwapOut, id); }
+  static SchedulerAction swap_in(SchedulerRequestId id, const KvBlockCounts& num_found_blocks,
+                                 const KvBlockCounts& num_new_blocks) {
+    SchedulerAction action = of(Kind::kSwapIn, id);
+    action.num_found_blocks = num_found_blocks;
+    action.num_new_blocks = num_new_blocks;
+    return action;
+  }
+  static SchedulerAction resume_swapped(SchedulerRequestId id, int32_t num_new_tokens,
+                                        const KvBlockCounts& num_new_blocks) {
+    SchedulerAction action = run(id, num_new_tokens, num_new_blocks);
+    action.kind = Kind::kResumeSwapped;
+    return action;
+  }
+  static SchedulerAction swap_fallback(SchedulerRequestId id) { return of(Kind::kSwapFallback, id); }
 
  private:
   static SchedulerAction of(Kind kind, SchedulerRequestId id) {
@@ -306,7 +360,14 @@ class Scheduler {
   int32_t num_running() const { return static_cast<int32_t>(running_.size()); }
   int32_t num_waiting() const { return static_cast<int32_t>(waiting_.size()); }
   bool has_work() const { return !running_.empty() || !waiting_.empty(); }
+  // Preemptions since start (both modes); of them, those that swapped (policy 4, kSwap).
   int64_t num_preemptions() const { return num_preemptions_; }
+  int64_t num_swap_preemptions() const { return num_swap_preemptions_; }
+  // kSwap only: swaps that became recomputes (at swap-out: no host tier or no
+  // host room; at swap-in: a failed copy or a committed prefix gone).
+  int64_t num_swap_fallbacks() const { return num_swap_fallbacks_; }
+  // Requests swapped out or swapping in now (waiting).
+  int32_t num_swapped() const;
   std::vector<SchedulerRequestId> running_ids() const { return running_; }
 
  private:
@@ -319,6 +380,14 @@ class Scheduler {
   ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens) const;
   // apply()'s steps.
   void apply_preempt(SchedulerRequestId id, ScheduledBatch& batch);
+  // Policies 4 (kSwap) and 9 (scheduler_swap.cc).
+  bool can_swap_out(const RequestState& request) const;
+  void apply_swap_out(SchedulerRequestId id, ScheduledBatch& batch);
+  void apply_swap_in(const SchedulerAction& action, ScheduledBatch& batch);
+  void apply_resume_swapped(const SchedulerAction& action, ScheduledBatch& batch);
+  void apply_swap_fallback(SchedulerRequestId id);
+  // Forgets the request's swaps (their host blocks are freed) and clears `swapped`.
+  void drop_swaps(RequestState& request);
   void apply_admit(const SchedulerAction& action, ScheduledBatch& batch);
   void begin_disk_walk();
   // Returns the blocks whose reads it started.
@@ -328,7 +397,7 @@ class Scheduler {
   SchedulerConfig config_;
   KvCacheGroup& kv_caches_;
   int64_t next_arrival_ = 0;
-  int64_t num_preemptions_ = 0;
+  int64_t num_preemptions_ = 0, num_swap_preemptions_ = 0, num_swap_fallbacks_ = 0;
   std::map<SchedulerRequestId, std::unique_ptr<RequestState>> requests_;
   std::vector<SchedulerRequestId> running_;
   std::vector<SchedulerRequestId> waiting_;

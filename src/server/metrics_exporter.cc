@@ -290,7 +290,19 @@ std::string MetricsExporter::render_locked() const {
   by_mode(out, "loom_prefix_cache_hit_tokens_total",
           "Prompt tokens found in the prefix cache (no mode: all; mode: the adapter's KV sharing, none = base model)",
           m.prefix_hit_tokens, m.prefix_hit_tokens_by_mode);
-  out.scalar("loom_num_preemptions_total", "counter", "Requests preempted (recomputed later)", m.num_preemptions);
+  // vLLM's vllm:num_preemptions_total is the unlabelled total; mode splits it (--preemption-mode).
+  out.family("loom_num_preemptions_total", "counter",
+             "Requests preempted (no mode: all; mode=recompute: recomputed later, mode=swap: K/V swapped to the host)");
+  out.sample("loom_num_preemptions_total", "", m.num_preemptions);
+  out.sample("loom_num_preemptions_total", "mode=\"recompute\"", m.num_preemptions - m.num_swap_preemptions);
+  out.sample("loom_num_preemptions_total", "mode=\"swap\"", m.num_swap_preemptions);
+  out.scalar("loom_swap_fallbacks_total", "counter",
+             "Swaps (--preemption-mode swap) that recomputed instead: no host tier or room, a failed copy, a lost prefix",
+             m.num_swap_fallbacks);
+  out.scalar("loom_swapped_out_tokens_total", "counter", "Tokens of private KV blocks swapped to the host",
+             m.num_swapped_out_tokens);
+  out.scalar("loom_swapped_in_tokens_total", "counter", "Tokens of private KV blocks swapped back to the device",
+             m.num_swapped_in_tokens);
   out.scalar("loom_evicted_tokens_total", "counter", "Cached tokens evicted", m.num_evicted_tokens);
   out.scalar("loom_workflows_active", "gauge",
              "Workflows known now (declared, progressed or seen in a request within --workflow-ttl-seconds)",

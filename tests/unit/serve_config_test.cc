@@ -88,6 +88,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["chat_template"], "model");
   EXPECT_EQ(config["eviction_policy"], "lru");
   EXPECT_EQ(config["host_load_policy"], "background");
+  EXPECT_EQ(config["preemption_mode"], "recompute");
   EXPECT_EQ(config["default_sharing"], "isolated");
   EXPECT_EQ(config["cuda_graphs"], true);
   EXPECT_EQ(config["api_key"], false);
@@ -97,7 +98,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["tensor_parallel_size"], 1);
   EXPECT_EQ(config["reasoning_parser"], "auto");
   EXPECT_EQ(config["quantization"], nullptr);
-  EXPECT_EQ(config.size(), 39u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config.size(), 40u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -216,6 +217,18 @@ TEST_F(ServeConfigTest, HostLoadPolicyPicksTheSchedulersBehaviourForLoads) {
   EXPECT_FALSE(background.engine.blocking_host_loads);
   EXPECT_EQ(effective_config(background, 4096)["host_load_policy"], "background");
   EXPECT_THROW(parse({"--host-load-policy", "wait_complete"}), CLI::ParseError);
+}
+
+TEST_F(ServeConfigTest, PreemptionModeSwapNeedsAHostTier) {
+  const ResolvedServe swap = checked({"--host-kv-memory", "4M", "--preemption-mode", "swap"});
+  EXPECT_TRUE(swap.engine.swap_preemption);
+  EXPECT_EQ(effective_config(swap, 4096)["preemption_mode"], "swap");
+  const ResolvedServe recompute = checked({"--preemption-mode", "recompute"});
+  EXPECT_FALSE(recompute.engine.swap_preemption);
+  EXPECT_EQ(effective_config(recompute, 4096)["preemption_mode"], "recompute");
+  test::expect_error([&] { checked({"--preemption-mode", "swap"}); }, ErrorKind::kInvalidArgument,
+                     {"--preemption-mode swap needs a host KV tier", "--host-kv-memory"});
+  EXPECT_THROW(parse({"--preemption-mode", "offload"}), CLI::ParseError);
 }
 
 TEST_F(ServeConfigTest, ServedNamesAreOneListDefaultingToTheFileName) {
