@@ -240,7 +240,7 @@ class Scheduler::Planner {
       const LoadWait wait = waits_on_load(request);
       if (wait == LoadWait::kHostLoad) return waits;
       if (wait == LoadWait::kOther) return SwapStep::kWaits;
-      return room_will_come() ? SwapStep::kNoRoom : fall_back(request);
+      return room_will_come() || num_admitted_ > 0 ? SwapStep::kNoRoom : fall_back(request);
     }
     // Swap in: lock the committed prefix, take blocks for every token (policy 9).
     KvBlockCounts num_found, num_new;
@@ -269,6 +269,7 @@ class Scheduler::Planner {
     ledger_.take(num_blocks);
     const int32_t num_new = num_resumed_tokens(request) - request.num_computed_tokens;
     budget_ -= num_new;
+    ++num_admitted_;
     decision_.actions.push_back(SchedulerAction::resume_swapped(request.id, num_new, num_blocks));
     return SwapStep::kResumed;
   }
@@ -375,6 +376,7 @@ class Scheduler::Planner {
       if (!any_member(is_short)) {
         ledger_.take(num_blocks);
         budget_ -= num_new;
+        ++num_admitted_;
         decision_.actions.push_back(
             SchedulerAction::admit(request.id, num_new, num_computed, num_blocks, num_found_blocks));
         return true;
@@ -427,6 +429,7 @@ class Scheduler::Planner {
   std::map<SchedulerRequestId, KvBlockCounts> new_blocks_;  // kRun actions of this step
   std::map<SchedulerRequestId, int32_t> new_tokens_;
   int32_t num_loads_ = 0;  // kStartLoad actions of this step
+  int32_t num_admitted_ = 0;  // kAdmit and kResumeSwapped actions of this step (they will run, then give room back)
   const bool is_resuming_;
   const bool is_blocking_;
 };
