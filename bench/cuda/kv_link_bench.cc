@@ -58,7 +58,7 @@ int main(int argc, char** argv) {
       return 2;
     }
     BufferedKvStore sender(nullptr, total + block_bytes), receiver(nullptr, 2 * (total + block_bytes));
-    KvLinkServer server(receiver, "127.0.0.1", 0, 60.0, receiver_plane.get());
+    KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 60.0, .plane = receiver_plane.get()});
     KvLinkClient client(sender_plane.get());
     const std::string address = "127.0.0.1:" + std::to_string(server.port());
     std::vector<double> seconds;

@@ -1,9 +1,15 @@
 #include "cli/kv_transfer_setup.h"
 
+#include <cctype>
+#include <fstream>
+#include <iterator>
+
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include "cli/device_backend.h"
 #include "engine/kv_pools.h"
+#include "kvtransfer/kv_peer_allowlist.h"
 #include "util/error.h"
 #ifdef LOOM_HAVE_CUDA
 #include "kvtransfer/nccl/nccl_data_plane.h"
@@ -11,12 +17,37 @@
 
 namespace loom::cli {
 
+std::string read_kv_secret(const std::string& secret, const std::string& secret_file) {
+  if (!secret.empty() && !secret_file.empty())
+    throw Error(ErrorKind::kInvalidArgument, "--kv-transfer-secret and --kv-transfer-secret-file both given",
+                "give one: the file keeps the secret out of the process list");
+  std::string text = secret;
+  if (!secret_file.empty()) {
+    std::ifstream file(secret_file, std::ios::binary);
+    if (!file) throw Error(ErrorKind::kNotFound, "--kv-transfer-secret-file " + secret_file + ": cannot read it");
+    text.assign(std::istreambuf_iterator<char>(file), std::istreambuf_iterator<char>());
+    while (!text.empty() && std::isspace(static_cast<unsigned char>(text.back()))) text.pop_back();
+    if (text.empty())
+      throw Error(ErrorKind::kInvalidArgument, "--kv-transfer-secret-file " + secret_file + " is empty",
+                  "write a random secret into it: openssl rand -hex 32 > " + secret_file);
+  } else if (!text.empty()) {
+    spdlog::warn("--kv-transfer-secret: the secret is visible to every local user in the process list; prefer "
+                 "--kv-transfer-secret-file");
+  }
+  if (!text.empty() && text.size() < kMinKvSecretBytes)
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("the KV transfer secret has {} characters, under {}", text.size(), kMinKvSecretBytes),
+                "a short secret can be guessed from a recorded handshake: use openssl rand -hex 32");
+  return text;
+}
+
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
                                             int64_t kv_bytes_per_token) {
   if (options.role != "prefill" && options.role != "decode" && options.role != "both")
     throw Error(ErrorKind::kInvalidArgument, "--role " + options.role, "use prefill, decode or both");
   server::KvTransferSetup setup;
   setup.role = options.role;
+  setup.secret = options.secret;
   setup.block_size = engine.block_size;
   setup.bytes_per_block = kv_bytes_per_token * engine.block_size;
   setup.read_bandwidth = engine.disk_kv_read_bandwidth;
@@ -64,19 +95,30 @@ std::shared_ptr<KvDataPlane> make_data_plane(const KvTransferOptions& options, c
 
 }  // namespace
 
-void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
-                   Engine& engine, server::KvTransferSetup& setup) {
+void start_kv_link(const KvTransferOptions& options, const std::string& device, Engine& engine,
+                   server::KvTransferSetup& setup) {
   if (!setup.store) return;
-  const std::string host = options.host.empty() ? server_host : options.host;
+  const std::string& host = options.host;
   setup.plane = make_data_plane(options, device);
-  setup.link = std::make_shared<KvLinkServer>(*setup.store, host, std::max(options.port, 0), 30.0, setup.plane.get(),
-                                              [&engine](const KvBlockHash& hash) { return engine.caches_kv_block(hash); });
-  setup.client = std::make_shared<KvLinkClient>(setup.plane.get());
+  setup.link = std::make_shared<KvLinkServer>(
+      *setup.store, host, std::max(options.port, 0),
+      KvLinkServerOptions{.plane = setup.plane.get(),
+                          .cached = [&engine](const KvBlockHash& hash) { return engine.caches_kv_block(hash); },
+                          .secret = setup.secret});
+  KvLinkClientOptions client_options;
+  client_options.secret = setup.secret;
+  client_options.peers = KvPeerAllowlist::parse(options.peers);
+  setup.client = std::make_shared<KvLinkClient>(setup.plane.get(), client_options);
+  if (setup.secret.empty())
+    spdlog::warn("KV transfer: no --kv-transfer-secret-file: the KV link on {} is unauthenticated (loopback only: "
+                 "any local process can write KV blocks this engine then serves)",
+                 host);
   // Peers connect to this address: a wildcard listener is announced as loopback (one machine).
   const std::string announced = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
   setup.link_address = fmt::format("{}:{}", announced, setup.link->port());
-  spdlog::info("KV transfer: role {}, link on {} ({}), buffer {:.1f} MiB{}", setup.role, setup.link_address,
-               setup.plane ? setup.plane->name() : "tcp",
+  spdlog::info("KV transfer: role {}, link on {} ({}, {}), sends to {}, buffer {:.1f} MiB{}", setup.role,
+               setup.link_address, setup.plane ? setup.plane->name() : "tcp",
+               setup.secret.empty() ? "unauthenticated" : "authenticated", client_options.peers.describe(),
                static_cast<double>(setup.store->buffer_stats().capacity_bytes) / (1 << 20),
                setup.store->has_storage() ? ", over the disk tier" : "");
 }

@@ -8,6 +8,12 @@
 //
 // A buffer stages through the host tier as the disk tier does: without
 // --host-kv-memory, such an engine gets a host tier as large as its buffer.
+//
+// Trust (docs/disaggregation.md): the link listens on --kv-transfer-host
+// (default 127.0.0.1, not --host); with a secret (--kv-transfer-secret-file,
+// or --kv-transfer-secret) every link connection and /loom/kv/* call must
+// prove it; without one the link refuses a non-loopback address. Sends reach
+// only --kv-transfer-peers (loopback without it).
 #pragma once
 
 #include <cstdint>
@@ -20,27 +26,41 @@ namespace loom::cli {
 
 struct KvTransferOptions {
   std::string role = "both";
-  std::string host;             // the link's address ("" = the server's --host)
+  std::string host = "127.0.0.1";  // the link's address (--kv-transfer-host)
   int port = -1;                // -1: none for role both, a free port otherwise
   int64_t buffer_bytes = int64_t{1} << 30;  // --kv-buffer-bytes (1G)
   std::string backend = "auto";  // the link's data plane: auto, tcp or nccl
+  std::string secret;            // --kv-transfer-secret (visible in the process list: warned); once
+                                 // resolved (serve_config), the secret from either flag
+  std::string secret_file;       // --kv-transfer-secret-file (cleared once read)
+  std::string peers;             // --kv-transfer-peers: HOST:PORT,... ("" = loopback only)
 
   // Whether this engine gets a KV buffer and a link: role prefill / decode, or a --kv-transfer-port.
   bool has_buffer() const { return role != "both" || port >= 0; }
 };
 
+// The KV transfer secret of --kv-transfer-secret / --kv-transfer-secret-file
+// (the file's content without its trailing newline / whitespace; "" when
+// neither is given). Warns when the secret came on the command line. Throws
+// Error(kInvalidArgument) for both flags at once, an unreadable file, or a
+// secret under kMinKvSecretBytes.
+inline constexpr size_t kMinKvSecretBytes = 16;
+std::string read_kv_secret(const std::string& secret, const std::string& secret_file);
+
 // Before the engine is made: the buffer (as engine.kv_store) and a default
-// host tier. Returns the server's view with the store filled in (no link yet);
-// role "both" without a port returns it empty.
+// host tier. Returns the server's view with the store filled in (no link yet)
+// and options.secret (already resolved by read_kv_secret); role "both"
+// without a port returns it without a store.
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
                                             int64_t kv_bytes_per_token);
 // Once the engine runs: starts the link (when the setup has a store) on
-// options.host (or server_host) with its data plane (--kv-transfer-backend;
+// options.host with setup.secret, its data plane (--kv-transfer-backend;
 // nccl needs `device` to be cuda or cuda:N) and its client, and fills in its
 // address. The link's "have" answers count the blocks `engine` caches
 // (Engine::caches_kv_block; the engine outlives the link). Throws
-// Error(kUnavailable) when nccl was asked for and cannot run.
-void start_kv_link(const KvTransferOptions& options, const std::string& server_host, const std::string& device,
-                   Engine& engine, server::KvTransferSetup& setup);
+// Error(kUnavailable) when nccl was asked for and cannot run, and
+// Error(kInvalidArgument) when the address is not loopback and there is no secret.
+void start_kv_link(const KvTransferOptions& options, const std::string& device, Engine& engine,
+                   server::KvTransferSetup& setup);
 
 }  // namespace loom::cli

@@ -7,6 +7,7 @@
 #include <spdlog/spdlog.h>
 
 #include "cli/commands.h"
+#include "cli/kv_transfer_setup.h"
 #include "cli/stop_signals.h"
 #include "router/router_server.h"
 #include "util/error.h"
@@ -16,6 +17,7 @@ namespace {
 
 struct RouterOptions {
   router::RouterConfig config;
+  std::string kv_secret, kv_secret_file;  // --kv-transfer-secret(-file)
   std::string path_policy = "dual";
   double engine_timeout_seconds = 30.0;
   double shutdown_timeout_seconds = 30.0;
@@ -27,6 +29,10 @@ int run_router(RouterOptions& options) {
   std::optional<router::PathPolicy> policy = router::parse_path_policy(options.path_policy);
   if (!policy) fail(ErrorKind::kInvalidArgument, "--path-policy must be dual, prefill or decode");
   config.scheduler.path_policy = *policy;
+  config.kv_secret = read_kv_secret(options.kv_secret, options.kv_secret_file);
+  if (config.kv_secret.empty())
+    spdlog::info("no --kv-transfer-secret-file: calls to the engines' /loom/kv/ routes are unsigned (engines "
+                 "with a secret refuse them)");
   if (config.prefill_urls.empty())
     spdlog::warn("no --prefill engine: every request goes whole to a decode engine");
   router::RouterServer server(config);
@@ -61,6 +67,11 @@ CommandRunner register_router(CLI::App& app) {
   app.add_option("--decode", config.decode_urls, "A decode engine, http://HOST:PORT (repeatable)")->required();
   app.add_option("--api-key", config.api_key,
                  "Require Authorization: Bearer KEY on /v1/* and /loom/*, and send it to the engines");
+  app.add_option("--kv-transfer-secret-file", options->kv_secret_file,
+                 "File holding the engines' KV transfer secret (their --kv-transfer-secret-file): signs every "
+                 "call to their /loom/kv/ routes");
+  app.add_option("--kv-transfer-secret", options->kv_secret,
+                 "The secret itself (visible in the process list: prefer --kv-transfer-secret-file)");
   app.add_option("--path-policy", options->path_policy,
                  "Where blocks only in storage are read: dual (the side whose queue is shorter, DualPath), prefill "
                  "(storage -> PE) or decode (storage -> DE -> PE)")

@@ -113,7 +113,7 @@ int run_serve(const ServeOptions& options) {
   for (const AdapterInfo& adapter : engine->adapters())
     spdlog::info("adapter '{}' from {} (rank {}, kv_sharing {})", adapter.name, adapter.path, adapter.rank,
                  kv_sharing_name(adapter.sharing));
-  start_kv_link(serve.kv_transfer, config.http.host, serve.device.device, *engine, config.kv_transfer);
+  start_kv_link(serve.kv_transfer, serve.device.device, *engine, config.kv_transfer);
   // The link asks the engine what it caches: it stops before the engine is destroyed, on every way out.
   struct StopKvLinkFirst {
     server::KvTransferSetup& setup;

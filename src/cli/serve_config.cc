@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include "chat/chat_renderer.h"
+#include "kvtransfer/kv_peer_allowlist.h"
 #include "util/error.h"
 
 namespace loom::cli {
@@ -102,6 +103,9 @@ ResolvedServe resolve(const ServeOptions& options) {
   server.sampling_defaults = read_sampling_defaults(options.generation_config, serve.model_path);
 
   serve.kv_transfer = options.kv_transfer;
+  serve.kv_transfer.secret = read_kv_secret(options.kv_transfer.secret, options.kv_transfer.secret_file);
+  serve.kv_transfer.secret_file.clear();
+  KvPeerAllowlist::parse(serve.kv_transfer.peers);  // a malformed list fails before the model loads
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
                                !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
                                vllm.tensor_parallel_size, vllm.quantization == "fp8"};
@@ -187,6 +191,9 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"role", kv_transfer.role},
           {"kv_transfer_port", kv_transfer.port},
           {"kv_transfer_backend", kv_transfer.backend},
+          {"kv_transfer_host", kv_transfer.host},
+          {"kv_transfer_secret", !kv_transfer.secret.empty()},  // whether one is set, never the secret
+          {"kv_transfer_peers", or_null(kv_transfer.peers)},
           {"kv_buffer_bytes", kv_transfer.has_buffer() ? nlohmann::json(kv_transfer.buffer_bytes)
                                                        : nlohmann::json(nullptr)},
           {"disk_kv_warm_start", engine.disk_kv_warm_start},

@@ -198,7 +198,20 @@ void add_kv_transfer_flags(CLI::App& app, KvTransferOptions& kv_transfer) {
                  "Port of the KV link other engines push blocks to (0 = a free one, the default for prefill / "
                  "decode; -1 = none; /loom/kv/status reports it)")
       ->check(CLI::Range(-1, 65535));
-  app.add_option("--kv-transfer-host", kv_transfer.host, "Address the KV link listens on (default: --host)");
+  app.add_option("--kv-transfer-host", kv_transfer.host,
+                 "Address the KV link listens on, and announces to the router (not --host: the link is its own "
+                 "trust domain). Anything but loopback needs --kv-transfer-secret-file")
+      ->capture_default_str();
+  app.add_option("--kv-transfer-secret-file", kv_transfer.secret_file,
+                 "File holding the secret every engine and the router share (e.g. openssl rand -hex 32): each KV "
+                 "link connection proves it (challenge-response, HMAC-SHA256 on every message) and /loom/kv/* "
+                 "calls must be signed with it. Without one the link stays on loopback, unauthenticated");
+  app.add_option("--kv-transfer-secret", kv_transfer.secret,
+                 "The shared secret itself (visible to local users in the process list: prefer "
+                 "--kv-transfer-secret-file)");
+  app.add_option("--kv-transfer-peers", kv_transfer.peers,
+                 "KV links /loom/kv/send may push to: HOST:PORT,... (HOST:* for any port of a host); default: "
+                 "loopback addresses only");
   app.add_option("--kv-transfer-backend", kv_transfer.backend,
                  "How the KV link moves block payloads: tcp (inline on its TCP connection), nccl (GPU to GPU "
                  "through NCCL between --device cuda:N engines; NCCL is loaded at run time, LOOM_NCCL_LIBRARY names "

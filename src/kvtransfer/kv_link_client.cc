@@ -7,14 +7,15 @@
 
 #include <cerrno>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <vector>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include "kvtransfer/kv_link_protocol.h"
+#include "kvtransfer/kv_link_session.h"
 #include "util/error.h"
 
 namespace loom {
@@ -42,21 +43,26 @@ int connect_to(const std::string& address, double timeout_seconds) {
                                                    errno != 0 ? std::strerror(errno) : "the peer closed"));
 }
 
-bool write_op(int fd, char op, uint32_t count) {
-  const std::byte code{static_cast<uint8_t>(op)};
-  return kvlink::write_all(fd, std::span(&code, 1)) && kvlink::write_u32(fd, count);
+// Sends one request and reads its sealed answer; false when the link failed (errno set, or 0 for a
+// forged or closed answer).
+bool exchange(int fd, kvlink::Session& session, std::span<const std::byte> request, std::vector<std::byte>& answer,
+              uint32_t max_answer_bytes) {
+  return session.send(fd, request) &&
+         session.receive(fd, answer, max_answer_bytes) == kvlink::Session::Received::kOk;
 }
 
 // Which blocks the peer lacks (in batches under the protocol's cap) into wanted / wanted_bytes; false when the link failed.
-bool ask_have(int fd, std::span<const KvBlockHash> hashes, std::span<const int64_t> payload_bytes,
-              std::vector<KvBlockHash>& wanted, std::vector<int64_t>& wanted_bytes, KvSendReport& report) {
+bool ask_have(int fd, kvlink::Session& session, std::span<const KvBlockHash> hashes,
+              std::span<const int64_t> payload_bytes, std::vector<KvBlockHash>& wanted,
+              std::vector<int64_t>& wanted_bytes, KvSendReport& report) {
   errno = 0;
   for (size_t first = 0; first < hashes.size(); first += kvlink::kMaxBlocksPerRequest) {
     const size_t count = std::min<size_t>(kvlink::kMaxBlocksPerRequest, hashes.size() - first);
-    bool ok = write_op(fd, kvlink::kOpHave, static_cast<uint32_t>(count));
-    for (size_t i = 0; ok && i < count; ++i) ok = kvlink::write_hash(fd, hashes[first + i]);
-    std::vector<std::byte> has(count);
-    if (!ok || !kvlink::read_exact(fd, has)) return false;
+    kvlink::MessageWriter request;
+    request.op(kvlink::kOpHave).u32(static_cast<uint32_t>(count));
+    for (size_t i = 0; i < count; ++i) request.hash(hashes[first + i]);
+    std::vector<std::byte> has;
+    if (!exchange(fd, session, request.bytes, has, static_cast<uint32_t>(count)) || has.size() != count) return false;
     for (size_t i = 0; i < count; ++i) {
       if (has[i] != std::byte{0}) {
         ++report.skipped_blocks;
@@ -73,6 +79,7 @@ bool ask_have(int fd, std::span<const KvBlockHash> hashes, std::span<const int64
 
 struct KvLinkClient::Connection {
   int fd = -1;
+  std::optional<kvlink::Session> session;  // set by the handshake
   std::unique_ptr<KvBulkChannel> channel;  // null: payloads inline
   std::chrono::steady_clock::time_point last_used;
   bool healthy = false;  // set once a send completed on it: only then is it pooled again
@@ -96,8 +103,11 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& 
   auto connection = std::make_unique<Connection>();
   connection->fd = connect_to(address, timeout_seconds);
   const int fd = connection->fd;
-  errno = 0;
-  if (!kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic)))) link_failed(address, "the handshake");
+  std::string refused;
+  connection->session = kvlink::client_handshake(fd, options_.secret, refused);
+  if (!connection->session)
+    throw Error(ErrorKind::kUnavailable, fmt::format("KV link to {}: handshake failed: {}", address, refused),
+                "give both engines (and the router) the same --kv-transfer-secret-file");
   bool use_plane = plane_ != nullptr;
   if (use_plane) {
     std::lock_guard lock(mutex_);
@@ -105,11 +115,13 @@ std::unique_ptr<KvLinkClient::Connection> KvLinkClient::open(const std::string& 
   }
   if (use_plane) {
     const std::string name = plane_->name();
-    std::byte joins{};
-    if (!write_op(fd, kvlink::kOpChannel, static_cast<uint32_t>(name.size())) ||
-        !kvlink::write_all(fd, std::as_bytes(std::span(name))) || !kvlink::read_exact(fd, std::span(&joins, 1)))
+    std::vector<std::byte> joins;
+    errno = 0;
+    if (!exchange(fd, *connection->session, kvlink::MessageWriter().op(kvlink::kOpChannel).raw(kvlink::as_bytes(name)).bytes,
+                  joins, 1) ||
+        joins.size() != 1)
       link_failed(address, "the channel request");
-    if (joins != std::byte{0}) {
+    if (joins[0] != std::byte{0}) {
       std::string failure;
       connection->channel = plane_->connect(fd, failure);
       if (!connection->channel) {
@@ -191,8 +203,12 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
   LOOM_CHECK(hashes.size() == payload_bytes.size());
   const auto start = std::chrono::steady_clock::now();
   KvSendReport report;
-  if (hashes.empty()) return report;
   kvlink::split_address(address);  // a malformed address is the caller's error, not the link's
+  if (!options_.peers.allows(address))
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("KV link: {} is not an allowed peer ({})", address, options_.peers.describe()),
+                "list the peer's KV link address in --kv-transfer-peers");
+  if (hashes.empty()) return report;
   // A pooled connection the peer has closed since (it restarted, say) fails at the have query:
   // that query is retried once on a fresh connection.
   std::unique_ptr<Connection> held;
@@ -203,7 +219,7 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
     report.skipped_blocks = 0;
     wanted.clear();
     wanted_bytes.clear();
-    if (ask_have(held->fd, hashes, payload_bytes, wanted, wanted_bytes, report)) break;
+    if (ask_have(held->fd, *held->session, hashes, payload_bytes, wanted, wanted_bytes, report)) break;
     const bool retry = held->reused && attempt == 0;
     const int error = errno;
     give_back(address, std::move(held));  // not healthy: closed
@@ -244,27 +260,30 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
       request_bytes += size;
       ++count;
     }
-    bool ok = write_op(fd, connection.channel ? kvlink::kOpBulkPut : kvlink::kOpPut, static_cast<uint32_t>(count));
+    // The sealed header message (each block's hash, size and SHA-256), then the payloads raw or through the channel.
+    kvlink::MessageWriter request;
+    request.op(connection.channel ? kvlink::kOpBulkPut : kvlink::kOpPut).u32(static_cast<uint32_t>(count));
     std::vector<const KvPayload*> bulk;
-    for (size_t i = 0; ok && i < count; ++i) {
+    for (size_t i = 0; i < count; ++i) {
       const size_t index = present[first + i];
       const KvPayload& payload = *payloads[index];
-      ok = kvlink::write_hash(fd, wanted[index]) && kvlink::write_u64(fd, payload.size()) &&
-           kvlink::write_u64(fd, XXH3_64bits(payload.data(), payload.size()));
-      if (!ok) break;
-      if (connection.channel) {
-        bulk.push_back(&payload);
-      } else {
-        ok = kvlink::write_all(fd, payload.bytes());
-      }
-      if (ok) report.sent_bytes += static_cast<int64_t>(payload.size());
+      request.hash(wanted[index]).u64(payload.size()).raw(kvlink::sha256(payload.bytes()));
+      bulk.push_back(&payload);
     }
+    errno = 0;
+    bool ok = connection.session->send(fd, request.bytes);
     if (ok && connection.channel) {
       ok = connection.channel->send(bulk);
       if (ok) channel_bytes += static_cast<int64_t>(request_bytes);
+    } else {
+      for (size_t i = 0; ok && i < bulk.size(); ++i) ok = kvlink::write_all(fd, bulk[i]->bytes());
     }
+    if (ok) report.sent_bytes += static_cast<int64_t>(request_bytes);
+    std::vector<std::byte> answer;
     uint32_t stored = 0;
-    if (!ok || !kvlink::read_u32(fd, stored)) link_failed(address, "the block transfer");
+    if (!ok || connection.session->receive(fd, answer, 4) != kvlink::Session::Received::kOk ||
+        !kvlink::MessageReader(answer).u32(stored))
+      link_failed(address, "the block transfer");
     report.sent_blocks += stored;
     std::vector<KvBlockHash> delivered;
     for (size_t i = 0; i < count; ++i) delivered.push_back(wanted[present[first + i]]);
@@ -286,8 +305,9 @@ KvSendReport KvLinkClient::send(const std::string& address, std::span<const KvBl
 }
 
 KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockHash> hashes,
-                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options) {
-  KvLinkClient client(nullptr, {.max_connections_per_peer = 1, .idle_seconds = 0.0});
+                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options,
+                            const std::string& secret) {
+  KvLinkClient client(nullptr, {.max_connections_per_peer = 1, .idle_seconds = 0.0, .secret = secret});
   return client.send(address, hashes, payload_bytes, source, options);
 }
 

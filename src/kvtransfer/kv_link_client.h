@@ -14,6 +14,11 @@
 // communicator there). A pooled connection that fails its first exchange is
 // replaced once by a fresh one (the peer restarted).
 //
+// Every connection starts with the handshake (kv_link_session.h) under
+// options.secret: a peer that does not prove the same secret is never sent a
+// block, and every request and answer is sealed. A send goes only to an
+// address options.peers allows (loopback only by default).
+//
 // Thread: any; a send holds one connection, blocking until the peer has
 // answered or failed.
 #pragma once
@@ -31,6 +36,7 @@
 
 #include "kvstore/buffered_kv_store.h"
 #include "kvtransfer/kv_data_plane.h"
+#include "kvtransfer/kv_peer_allowlist.h"
 
 namespace loom {
 
@@ -58,6 +64,8 @@ struct KvLinkClientOptions {
   // server drops a connection silent for its receive timeout, 30 s).
   double idle_seconds = 10.0;
   uint64_t bulk_request_bytes = 256ull << 20;  // payloads per 'B' request
+  std::string secret{};    // shared with the peers ("" = none: only peers without one accept)
+  KvPeerAllowlist peers{}; // where sends may go (default: loopback addresses)
 };
 
 struct KvLinkClientStats {
@@ -75,12 +83,15 @@ class KvLinkClient {
 
   // Sends hashes' blocks to the KvLinkServer at `address` ("host:port").
   // payload_bytes[i]: block i's size (read_storage reads it at that size).
-  // Throws Error(kInvalidArgument) for a malformed address, Error(kUnavailable)
-  // naming the address when the link fails (connect, timeout, the peer
-  // closing); blocks the peer had already stored stay there.
+  // Throws Error(kInvalidArgument) for a malformed address or one the
+  // allowlist refuses, Error(kUnavailable) naming the address when the link
+  // fails (connect, timeout, the peer closing, a failed handshake: no or
+  // another secret, an older Loom); blocks the peer had already stored stay there.
   KvSendReport send(const std::string& address, std::span<const KvBlockHash> hashes,
                     std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options);
   KvLinkClientStats stats() const;
+  bool allows_peer(const std::string& address) const { return options_.peers.allows(address); }
+  const KvPeerAllowlist& peers() const { return options_.peers; }
 
  private:
   struct Connection;
@@ -99,8 +110,9 @@ class KvLinkClient {
   KvLinkClientStats stats_;
 };
 
-// One send on a connection of its own (no pooling, no plane).
+// One send on a connection of its own (no pooling, no plane), under `secret`.
 KvSendReport send_kv_blocks(const std::string& address, std::span<const KvBlockHash> hashes,
-                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options);
+                            std::span<const int64_t> payload_bytes, BufferedKvStore& source, const KvSendOptions& options,
+                            const std::string& secret = "");
 
 }  // namespace loom

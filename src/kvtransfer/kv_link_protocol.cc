@@ -1,6 +1,8 @@
 #include "kvtransfer/kv_link_protocol.h"
 
+#include <arpa/inet.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/time.h>
 #include <unistd.h>
@@ -38,32 +40,62 @@ bool write_all(int fd, std::span<const std::byte> bytes) {
   return true;
 }
 
-namespace {
-
-template <typename T>
-bool write_le(int fd, T value) {
-  std::byte bytes[sizeof(T)];
-  for (size_t i = 0; i < sizeof(T); ++i) bytes[i] = static_cast<std::byte>((value >> (8 * i)) & 0xff);
-  return write_all(fd, bytes);
+MessageWriter& MessageWriter::op(char code) {
+  bytes.push_back(static_cast<std::byte>(code));
+  return *this;
 }
 
-template <typename T>
-bool read_le(int fd, T& value) {
-  std::byte bytes[sizeof(T)];
-  if (!read_exact(fd, bytes)) return false;
-  value = 0;
-  for (size_t i = 0; i < sizeof(T); ++i) value |= static_cast<T>(static_cast<T>(bytes[i]) << (8 * i));
+MessageWriter& MessageWriter::u32(uint32_t value) {
+  for (size_t i = 0; i < 4; ++i) bytes.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xff));
+  return *this;
+}
+
+MessageWriter& MessageWriter::u64(uint64_t value) {
+  for (size_t i = 0; i < 8; ++i) bytes.push_back(static_cast<std::byte>((value >> (8 * i)) & 0xff));
+  return *this;
+}
+
+MessageWriter& MessageWriter::hash(const KvBlockHash& value) { return u64(value.high).u64(value.low); }
+
+MessageWriter& MessageWriter::raw(std::span<const std::byte> value) {
+  bytes.insert(bytes.end(), value.begin(), value.end());
+  return *this;
+}
+
+bool MessageReader::raw(std::span<std::byte> value) {
+  if (remaining() < value.size()) return false;
+  std::memcpy(value.data(), bytes_.data() + at_, value.size());
+  at_ += value.size();
   return true;
 }
 
-}  // namespace
+bool MessageReader::u8(uint8_t& value) {
+  std::byte byte{};
+  if (!raw(std::span(&byte, 1))) return false;
+  value = static_cast<uint8_t>(byte);
+  return true;
+}
 
-bool write_u32(int fd, uint32_t value) { return write_le(fd, value); }
-bool write_u64(int fd, uint64_t value) { return write_le(fd, value); }
-bool read_u32(int fd, uint32_t& value) { return read_le(fd, value); }
-bool read_u64(int fd, uint64_t& value) { return read_le(fd, value); }
-bool write_hash(int fd, const KvBlockHash& hash) { return write_u64(fd, hash.high) && write_u64(fd, hash.low); }
-bool read_hash(int fd, KvBlockHash& hash) { return read_u64(fd, hash.high) && read_u64(fd, hash.low); }
+bool MessageReader::u32(uint32_t& value) {
+  std::byte bytes[4];
+  if (!raw(bytes)) return false;
+  value = 0;
+  for (size_t i = 0; i < 4; ++i) value |= static_cast<uint32_t>(bytes[i]) << (8 * i);
+  return true;
+}
+
+bool MessageReader::u64(uint64_t& value) {
+  std::byte bytes[8];
+  if (!raw(bytes)) return false;
+  value = 0;
+  for (size_t i = 0; i < 8; ++i) value |= static_cast<uint64_t>(bytes[i]) << (8 * i);
+  return true;
+}
+
+bool MessageReader::hash(KvBlockHash& value) {
+  if (remaining() < 16) return false;
+  return u64(value.high) && u64(value.low);
+}
 
 void set_timeouts(int fd, double seconds) {
   timeval timeout{};
@@ -117,6 +149,19 @@ std::pair<std::string, int> split_address(const std::string& address) {
     throw Error(ErrorKind::kInvalidArgument, fmt::format("'{}' is not a KV link address", address),
                 "write HOST:PORT, as an engine's /loom/kv/status reports it");
   return {address.substr(0, colon), port};
+}
+
+bool is_loopback(const sockaddr* address) {
+  if (address->sa_family == AF_INET) {
+    const auto* ipv4 = reinterpret_cast<const sockaddr_in*>(address);
+    return (ntohl(ipv4->sin_addr.s_addr) >> 24) == 127;
+  }
+  if (address->sa_family == AF_INET6) {
+    const in6_addr& ipv6 = reinterpret_cast<const sockaddr_in6*>(address)->sin6_addr;
+    if (IN6_IS_ADDR_LOOPBACK(&ipv6)) return true;
+    return IN6_IS_ADDR_V4MAPPED(&ipv6) && ipv6.s6_addr[12] == 127;
+  }
+  return false;
 }
 
 }  // namespace loom::kvlink

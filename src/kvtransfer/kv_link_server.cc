@@ -7,21 +7,20 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <algorithm>
 #include <cstring>
+#include <optional>
 
 #include <fmt/format.h>
 #include <spdlog/spdlog.h>
-#include <xxhash.h>
 
 #include "kvtransfer/kv_link_protocol.h"
 #include "util/error.h"
 
 namespace loom {
 
-KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, double receive_timeout_seconds,
-                           KvDataPlane* plane, std::function<bool(const KvBlockHash&)> cached)
-    : store_(store), plane_(plane), cached_(std::move(cached)), host_(host),
-      receive_timeout_seconds_(receive_timeout_seconds) {
+KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, KvLinkServerOptions options)
+    : store_(store), options_(std::move(options)), host_(host) {
   std::string failure;
   listen_fd_ = kvlink::open_socket(
       host, port, /*passive=*/true,
@@ -39,6 +38,15 @@ KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int 
   ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length);
   port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
                                       : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (options_.secret.empty() && !kvlink::is_loopback(reinterpret_cast<const sockaddr*>(&bound))) {
+    ::close(listen_fd_);
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("KV link: refusing to listen on {} without a shared secret: any host that reaches it "
+                            "could write KV blocks other requests then read",
+                            host),
+                "give every engine and the router the same --kv-transfer-secret-file, or keep the link on "
+                "loopback (--kv-transfer-host 127.0.0.1, the default)");
+  }
   accept_thread_ = std::thread([this] { accept_loop(); });
 }
 
@@ -57,8 +65,16 @@ KvLinkServer::~KvLinkServer() {
 }
 
 KvLinkServerStats KvLinkServer::stats() const {
-  return {received_blocks_.load(), received_bytes_.load(), rejected_blocks_.load(), connections_total_.load(),
-          channel_bytes_.load(), channels_total_.load()};
+  KvLinkServerStats stats;
+  stats.num_received_blocks = received_blocks_.load();
+  stats.num_received_bytes = received_bytes_.load();
+  stats.num_connections = connections_total_.load();
+  stats.num_rejected_blocks = rejected_blocks_.load();
+  stats.num_refused_connections = refused_connections_.load();
+  stats.num_forged_messages = forged_messages_.load();
+  stats.num_channel_bytes = channel_bytes_.load();
+  stats.num_channels = channels_total_.load();
+  return stats;
 }
 
 void KvLinkServer::accept_loop() {
@@ -101,18 +117,30 @@ void KvLinkServer::reap_finished() {
   }
 }
 
-bool KvLinkServer::receive_put(int fd, uint32_t count, KvBulkChannel* channel) {
+bool KvLinkServer::receive_put(int fd, kvlink::Session& session, kvlink::MessageReader& request,
+                               KvBulkChannel* channel) {
   struct Header {
     KvBlockHash hash;
-    uint64_t size = 0, checksum = 0;
+    uint64_t size = 0;
+    kvlink::Digest digest{};
   };
-  auto read_header = [&](Header& header) {
-    return kvlink::read_hash(fd, header.hash) && kvlink::read_u64(fd, header.size) &&
-           kvlink::read_u64(fd, header.checksum) && header.size <= kvlink::kMaxPayloadBytes;
-  };
+  uint32_t count = 0;
+  if (!request.u32(count) || count > kvlink::kMaxBlocksPerRequest ||
+      request.remaining() != static_cast<size_t>(count) * kvlink::kBlockHeaderBytes)
+    return false;
+  std::vector<Header> headers(count);
+  uint64_t total = 0;
+  for (Header& header : headers) {
+    if (!request.hash(header.hash) || !request.u64(header.size) || !request.raw(header.digest) ||
+        header.size > kvlink::kMaxPayloadBytes)
+      return false;
+    total += header.size;
+    if (channel != nullptr && total > kvlink::kMaxBulkRequestBytes) return false;
+  }
   uint32_t stored = 0;
+  // Only a payload that matches the digest its sealed header gave enters the buffer.
   auto keep = [&](const Header& header, std::shared_ptr<KvPayload> payload) {
-    if (XXH3_64bits(payload->data(), payload->size()) != header.checksum) {
+    if (!kvlink::constant_time_equal(kvlink::sha256(payload->bytes()), header.digest)) {
       ++rejected_blocks_;
       return;
     }
@@ -121,77 +149,85 @@ bool KvLinkServer::receive_put(int fd, uint32_t count, KvBulkChannel* channel) {
     ++received_blocks_;
     received_bytes_ += static_cast<int64_t>(header.size);
   };
-  if (channel == nullptr) {  // 'P': each payload inline after its header
-    for (uint32_t i = 0; i < count; ++i) {
-      Header header;
-      if (!read_header(header)) return false;
+  if (channel == nullptr) {  // 'P': the payloads follow the message, raw
+    for (const Header& header : headers) {
       std::shared_ptr<KvPayload> payload = KvPayload::allocate(header.size);  // received in place: no copy
       if (!kvlink::read_exact(fd, payload->bytes())) return false;
       keep(header, std::move(payload));
     }
-    return kvlink::write_u32(fd, stored);
+  } else {  // 'B': the payloads through the channel
+    std::vector<std::shared_ptr<KvPayload>> payloads;
+    std::vector<KvPayload*> targets;
+    payloads.reserve(count);
+    for (const Header& header : headers) {
+      payloads.push_back(KvPayload::allocate(header.size));
+      targets.push_back(payloads.back().get());
+    }
+    if (!channel->receive(targets)) return false;
+    channel_bytes_ += static_cast<int64_t>(total);
+    for (uint32_t i = 0; i < count; ++i) keep(headers[i], std::move(payloads[i]));
   }
-  // 'B': every header, then the payloads through the channel.
-  std::vector<Header> headers(count);
-  uint64_t total = 0;
-  for (Header& header : headers) {
-    if (!read_header(header)) return false;
-    total += header.size;
-    if (total > kvlink::kMaxBulkRequestBytes) return false;
-  }
-  std::vector<std::shared_ptr<KvPayload>> payloads;
-  std::vector<KvPayload*> targets;
-  payloads.reserve(count);
-  for (const Header& header : headers) {
-    payloads.push_back(KvPayload::allocate(header.size));
-    targets.push_back(payloads.back().get());
-  }
-  if (!channel->receive(targets)) return false;
-  channel_bytes_ += static_cast<int64_t>(total);
-  for (uint32_t i = 0; i < count; ++i) keep(headers[i], std::move(payloads[i]));
-  return kvlink::write_u32(fd, stored);
+  return session.send(fd, kvlink::MessageWriter().u32(stored).bytes);
 }
 
 void KvLinkServer::serve(int fd) {
   const int yes = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
-  kvlink::set_timeouts(fd, receive_timeout_seconds_);
+  kvlink::set_timeouts(fd, std::min(kHandshakeTimeoutSeconds, options_.receive_timeout_seconds));
   std::unique_ptr<KvBulkChannel> channel;
   auto handle = [&]() {
-    std::byte magic[sizeof(kvlink::kMagic)];
-    if (!kvlink::read_exact(fd, magic) || std::memcmp(magic, kvlink::kMagic, sizeof(magic)) != 0) return;
+    kvlink::HandshakeFailure failure = kvlink::HandshakeFailure::kNone;
+    std::optional<kvlink::Session> session = kvlink::server_handshake(fd, options_.secret, failure);
+    if (!session) {
+      ++refused_connections_;
+      spdlog::warn("KV link on {}:{}: refused a connection: {}", host_, port_, kvlink::handshake_failure_text(failure));
+      return;
+    }
+    kvlink::set_timeouts(fd, options_.receive_timeout_seconds);
+    std::vector<std::byte> body;
     while (!stopping_) {
-      std::byte op{};
-      uint32_t count = 0;
-      if (!kvlink::read_exact(fd, std::span(&op, 1)) || !kvlink::read_u32(fd, count) ||
-          count > kvlink::kMaxBlocksPerRequest)
+      const kvlink::Session::Received received = session->receive(fd, body, kvlink::kMaxMessageBytes);
+      if (received == kvlink::Session::Received::kForged) {
+        ++forged_messages_;
+        spdlog::warn("KV link on {}:{}: a message failed its authentication tag (changed, replayed or reordered "
+                     "on the way): connection closed",
+                     host_, port_);
         return;
+      }
+      if (received != kvlink::Session::Received::kOk) return;
+      kvlink::MessageReader request(body);
+      uint8_t op = 0;
+      if (!request.u8(op)) return;
       const char code = static_cast<char>(op);
       if (code == kvlink::kOpHave) {
-        std::vector<std::byte> answer(count);
+        uint32_t count = 0;
+        if (!request.u32(count) || count > kvlink::kMaxBlocksPerRequest || request.remaining() != size_t{count} * 16)
+          return;
+        kvlink::MessageWriter answer;
         for (uint32_t i = 0; i < count; ++i) {
           KvBlockHash hash;
-          if (!kvlink::read_hash(fd, hash)) return;
-          const bool held = store_.in_buffer(hash) || (cached_ && cached_(hash));
-          answer[i] = std::byte{held ? uint8_t{1} : uint8_t{0}};
+          request.hash(hash);
+          const bool held = store_.in_buffer(hash) || (options_.cached && options_.cached(hash));
+          answer.bytes.push_back(std::byte{held ? uint8_t{1} : uint8_t{0}});
         }
-        if (!kvlink::write_all(fd, answer)) return;
+        if (!session->send(fd, answer.bytes)) return;
       } else if (code == kvlink::kOpPut) {
-        if (!receive_put(fd, count, nullptr)) return;
+        if (!receive_put(fd, *session, request, nullptr)) return;
       } else if (code == kvlink::kOpBulkPut) {
-        if (!channel || !receive_put(fd, count, channel.get())) return;
+        if (!channel || !receive_put(fd, *session, request, channel.get())) return;
       } else if (code == kvlink::kOpChannel) {
-        if (count > kvlink::kMaxPlaneNameBytes || channel) return;
-        std::string name(count, '\0');
-        if (!kvlink::read_exact(fd, std::as_writable_bytes(std::span(name)))) return;
-        const bool joins = plane_ != nullptr && plane_->name() == name;
+        if (request.remaining() > kvlink::kMaxPlaneNameBytes || channel) return;
+        std::string name(request.remaining(), '\0');
+        request.raw(std::as_writable_bytes(std::span(name)));
+        KvDataPlane* plane = options_.plane;
+        const bool joins = plane != nullptr && plane->name() == name;
         const std::byte answer{joins ? uint8_t{1} : uint8_t{0}};
-        if (!kvlink::write_all(fd, std::span(&answer, 1))) return;
+        if (!session->send(fd, std::span(&answer, 1))) return;
         if (!joins) continue;
-        std::string failure;
-        channel = plane_->accept(fd, failure);
+        std::string why;
+        channel = plane->accept(fd, why);
         if (!channel) {
-          spdlog::warn("KV link: a {} channel failed: {}", name, failure);
+          spdlog::warn("KV link: a {} channel failed: {}", name, why);
           return;
         }
         ++channels_total_;

@@ -6,6 +6,7 @@
 #include <httplib.h>
 
 #include "server/json_output.h"
+#include "server/kv_auth.h"
 
 namespace loom::router {
 namespace {
@@ -99,7 +100,11 @@ EngineResult<HttpReply> EngineClient::call(const std::string& method, const std:
     return result;
   }
   set_timeouts(client, config_, timeout_seconds);
-  const httplib::Headers headers = request_headers(config_);
+  httplib::Headers headers = request_headers(config_);
+  if (!config_.kv_secret.empty() && path.rfind("/loom/kv/", 0) == 0)
+    headers.emplace(server::kKvAuthHeader,
+                    server::sign_kv_request(config_.kv_secret, method, path, method == "GET" ? "" : body,
+                                            server::unix_seconds_now()));
   httplib::Result reply =
       method == "GET" ? client.Get(path, headers) : client.Post(path, headers, body, "application/json");
   if (!reply) {

@@ -33,6 +33,7 @@ namespace loom::router {
 struct EngineClientConfig {
   std::string url;                         // "http://127.0.0.1:8001"
   std::string api_key;                     // sent as "Authorization: Bearer KEY" ("" = none)
+  std::string kv_secret;                   // signs each /loom/kv/* call (server/kv_auth.h; "" = unsigned)
   double connect_timeout_seconds = 2.0;
   double control_timeout_seconds = 5.0;    // status and probe: each read or write
   // Prefill and generation calls, and the gap between two pieces of a stream.

@@ -130,8 +130,11 @@ int EngineRegistry::wait_for_engines(double timeout_seconds) {
       if (!record_status(group, i, result, /*count_failure=*/true)) continue;  // mark_failed logged it
       ++num_answered;
       if (!result.ok()) {
-        spdlog::warn("{} engine {}: no /loom/kv/status (status {}): served without KV transfers",
-                     engine_group_name(group), engine_client.url(), result.reply.status);
+        spdlog::warn("{} engine {}: no /loom/kv/status (status {}{}): served without KV transfers",
+                     engine_group_name(group), engine_client.url(), result.reply.status,
+                     result.reply.status == 401 ? ": give the router the engines' --kv-transfer-secret-file "
+                                                  "(and --api-key)"
+                                                : "");
         continue;
       }
       const KvStatus& status = result.value;

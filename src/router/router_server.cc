@@ -43,6 +43,7 @@ EngineRegistryConfig registry_config(const RouterConfig& config) {
   registry.decode_urls = config.decode_urls;
   registry.client = config.engine_client;
   registry.client.api_key = config.api_key;
+  registry.client.kv_secret = config.kv_secret;
   registry.retry_seconds = config.retry_seconds;
   registry.refresh_seconds = config.status_refresh_seconds;
   return registry;

@@ -14,7 +14,8 @@
 //   anything else: 404 (405 for a known path with another method).
 // Errors have OpenAI's shape {"error":{"message","type","param","code"}}.
 // With api_key, /v1/* and /loom/* need "Authorization: Bearer KEY", and the
-// router sends the same key to the engines.
+// router sends the same key to the engines. With kv_secret, every call to an
+// engine's /loom/kv/* routes is signed with it (server/kv_auth.h).
 //
 // Shutdown: shutdown(timeout) stops accepting, lets requests in flight finish
 // for up to `timeout`, then closes what is left.
@@ -39,6 +40,7 @@ struct RouterConfig {
   server::TransportConfig http;  // light_paths is set by the router
   std::vector<std::string> prefill_urls, decode_urls;  // at least one DE
   std::string api_key;           // "" = none
+  std::string kv_secret;         // the engines' KV transfer secret: signs /loom/kv/* calls ("" = none)
   SchedulerConfig scheduler;
   double link_bandwidth = 0.0;   // PE <-> DE bytes/s; 0 = measured from past transfers
   double retry_seconds = 5.0;    // a failed engine is skipped this long

@@ -14,6 +14,7 @@
 #include "server/http_transport.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
+#include "server/kv_auth.h"
 #include "server/metrics_exporter.h"
 #include "server/reasoning_choice.h"
 #include "server/responses_handler.h"
@@ -303,6 +304,14 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
     if (auto refused = wrong_method({"GET", "DELETE"})) return *refused;
     return method == "GET" ? handle_get_response(responses, *id) : handle_delete_response(responses, *id);
   }
+  if (path.rfind("/loom/kv/", 0) == 0 && !kv_routes.setup->secret.empty() &&
+      !kv_request_signed(kv_routes.setup->secret, method, path, request.body, request.header(kKvAuthHeader),
+                         unix_seconds_now()))
+    throw ApiError(401,
+                   fmt::format("/loom/kv/ routes need a request signed with the KV transfer secret ({} header; give "
+                               "loom router the engines' --kv-transfer-secret-file)",
+                               kKvAuthHeader),
+                   "authentication_error", "", "invalid_kv_signature");
   if (path == "/loom/kv/status") {
     if (auto refused = wrong_method({"GET"})) return *refused;
     return json_response(kv_status_body(kv_routes));

@@ -77,6 +77,10 @@ std::string kv_status_body(const KvRouteContext& context) {
   const KvLinkServerStats link = setup.link ? setup.link->stats() : KvLinkServerStats{};
   status["received_blocks"] = link.num_received_blocks;
   status["received_bytes"] = link.num_received_bytes;
+  status["authenticated"] = !setup.secret.empty();
+  status["refused_connections"] = link.num_refused_connections;
+  status["forged_messages"] = link.num_forged_messages;
+  status["rejected_blocks"] = link.num_rejected_blocks;
   status["data_plane"] = setup.plane ? setup.plane->name() : "tcp";
   const KvLinkClientStats client = setup.client ? setup.client->stats() : KvLinkClientStats{};
   status["channel_bytes_sent"] = client.num_channel_bytes;
@@ -130,6 +134,13 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
     throw ApiError(400, "'blocks' must be a list of block hashes", "invalid_request_error", "blocks");
   if (!send.contains("to") || !send["to"].is_string())
     throw ApiError(400, "'to' must be the peer's KV link address (host:port)", "invalid_request_error", "to");
+  const std::string to = send["to"].get<std::string>();
+  if (!client->allows_peer(to))
+    throw ApiError(403,
+                   fmt::format("'{}' is not an allowed KV link peer of this engine ({}); list it in "
+                               "--kv-transfer-peers",
+                               to, client->peers().describe()),
+                   "permission_error", "to", "kv_peer_not_allowed");
   std::vector<KvBlockHash> hashes;
   hashes.reserve(send["blocks"].size());
   for (size_t i = 0; i < send["blocks"].size(); ++i) hashes.push_back(parse_block_hash(send["blocks"][i], i));
@@ -153,7 +164,6 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body) {
   KvSendReport report;
   KvTransferCounters* counters = context.counters;
   try {
-    const std::string to = send["to"].get<std::string>();
     report = client->send(to, hashes, sizes, *store, options);
   } catch (const Error& error) {
     if (error.kind() == ErrorKind::kInvalidArgument) throw ApiError(400, error.what(), "invalid_request_error", "to");
@@ -213,6 +223,13 @@ std::string kv_transfer_metrics(const KvRouteContext& context, const std::string
          "Of loom_kv_link_bytes_total: payload bytes through a data plane's channel (NCCL), not inline on TCP");
   sample("loom_kv_link_channel_bytes_total", "direction=\"sent\"", client.num_channel_bytes);
   sample("loom_kv_link_channel_bytes_total", "direction=\"received\"", link.num_channel_bytes);
+  family("loom_kv_link_rejected_total", "counter",
+         "What the KV link refused: connections that failed the handshake (no or a wrong secret, an older Loom), "
+         "messages whose authentication tag failed (the connection closed), blocks whose payload did not match "
+         "its digest (dropped)");
+  sample("loom_kv_link_rejected_total", "what=\"connection\"", link.num_refused_connections);
+  sample("loom_kv_link_rejected_total", "what=\"message\"", link.num_forged_messages);
+  sample("loom_kv_link_rejected_total", "what=\"block\"", link.num_rejected_blocks);
   family("loom_kv_link_seconds_total", "counter", "Seconds spent in sends (bandwidth = sent bytes / seconds)");
   sample("loom_kv_link_seconds_total", "", sent.send_seconds.load());
   family("loom_kv_link_failures_total", "counter", "Sends that failed (the peer unreachable or gone mid-way)");

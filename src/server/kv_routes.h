@@ -1,11 +1,14 @@
 // The KV transfer routes of a disaggregated engine (loom serve --role
 // prefill|decode, DualPath), which `loom router` (src/router/) drives. JSON,
-// behind the API key like /v1/:
+// behind the API key like /v1/, and, when the engine has a KV transfer secret,
+// answered only to calls signed with it (server/kv_auth.h; 401 otherwise):
 //
 //   GET  /loom/kv/status -> {"role", "kv_transfer_address": "host:port" | null, "block_size",
 //                            "bytes_per_block", "queued_read_bytes", "read_bandwidth", "has_storage",
 //                            "num_requests" (completion requests in flight here), "buffer_bytes",
-//                            "buffer_capacity_bytes", "buffer_blocks", "received_blocks", "received_bytes"}
+//                            "buffer_capacity_bytes", "buffer_blocks", "received_blocks", "received_bytes",
+//                            "authenticated" (a secret is set), "refused_connections", "forged_messages",
+//                            "rejected_blocks" (kv_link_server.h's counts)}
 //   POST /loom/kv/probe  {"endpoint": "chat" | "completions", "request": {an OpenAI body}}
 //                        -> {"prompt_tokens", "blocks": [32 hex digits, ...], "block_bytes": [payload
 //                            bytes of each], "bytes_per_block", "in_buffer", "in_storage"}
@@ -19,8 +22,9 @@
 //                        -> {"sent_blocks", "sent_bytes", "skipped_blocks", "missing_blocks",
 //                            "read_blocks", "read_bytes", "seconds"}
 //        pushes the blocks to the engine whose KV link listens at `to`
-//        (kvtransfer/kv_link_client.h); 502 when the link fails, 400 on an engine
-//        without a KV buffer.
+//        (kvtransfer/kv_link_client.h); 403 (kv_peer_not_allowed) when `to` is not
+//        an allowed peer (--kv-transfer-peers; loopback only without it), 502 when
+//        the link fails (its handshake included), 400 on an engine without a KV buffer.
 //
 // Runs on HTTP handler threads; everything it touches is thread-safe.
 #pragma once
@@ -47,6 +51,7 @@ struct KvTransferSetup {
   std::shared_ptr<KvLinkServer> link;       // null: no KV link
   std::shared_ptr<KvLinkClient> client;     // sends (pooled connections); null: no KV link
   std::string link_address;                 // "host:port" the router hands to peers ("" without a link)
+  std::string secret;                       // the KV transfer secret ("": none): the link's key, and /loom/kv/*'s (kv_auth.h)
   int32_t block_size = 0;
   int64_t bytes_per_block = 0;              // main cache's; the payload size of its blocks
   int64_t read_bandwidth = 0;               // --disk-kv-read-bandwidth (0: unpaced)
@@ -76,6 +81,7 @@ std::string kv_send_body(const KvRouteContext& context, std::string_view body);
 //   loom_kv_link_blocks_total{direction="sent"|"received"|"skipped"|"missing"},
 //   loom_kv_link_bytes_total{direction="sent"|"received"},
 //   loom_kv_link_channel_bytes_total{direction="sent"|"received"} (of those, through the data plane),
+//   loom_kv_link_rejected_total{what="connection"|"message"|"block"} (refused by the link),
 //   loom_kv_link_seconds_total (sending), loom_kv_link_failures_total,
 //   loom_kv_link_storage_read_bytes_total (storage reads for sends: DualPath's DE-side reads).
 std::string kv_transfer_metrics(const KvRouteContext& context, const std::string& model_label);

@@ -45,7 +45,7 @@ class CudaKvNcclLinkTest : public ::testing::Test {
 
 TEST_F(CudaKvNcclLinkTest, BlocksCrossBetweenTwoGpusBitExact) {
   BufferedKvStore sender(nullptr, 256 << 20), receiver(nullptr, 256 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, receiver_plane_.get());
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 30.0, .plane = receiver_plane_.get()});
   KvLinkClient client(sender_plane_.get(), {.bulk_request_bytes = 8 << 20});
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   std::vector<KvBlockHash> hashes;
@@ -92,14 +92,14 @@ TEST_F(CudaKvNcclLinkTest, APeerThatGoesAwayIsAnErrorForTheSenderOnly) {
   std::string address;
   {
     BufferedKvStore receiver(nullptr, 64 << 20);
-    KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, receiver_plane_.get());
+    KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 30.0, .plane = receiver_plane_.get()});
     address = "127.0.0.1:" + std::to_string(server.port());
     EXPECT_EQ(client.send(address, hashes, sizes, sender, {}).sent_blocks, 1);
   }  // gone, with its end of the communicator
   test::expect_error([&] { client.send(address, hashes, sizes, sender, {}); }, ErrorKind::kUnavailable, {address});
   // A new peer gets a new connection and channel.
   BufferedKvStore receiver(nullptr, 64 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, receiver_plane_.get());
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 30.0, .plane = receiver_plane_.get()});
   EXPECT_EQ(client.send("127.0.0.1:" + std::to_string(server.port()), hashes, sizes, sender, {}).sent_blocks, 1);
   EXPECT_EQ(client.stats().num_channels, 2);
 }

@@ -4,8 +4,12 @@ one tiny model. Greedy outputs equal a single `--role both` server in every
 sharing mode (1 PE + 1 DE and 2 PE + 1 DE); both KV loading paths (storage ->
 PE, and storage -> DE -> PE) run and are counted in the router's and the
 engines' metrics; a prefill engine killed with SIGKILL leaves the others
-serving with the same outputs and every decode-engine block accounted for."""
+serving with the same outputs and every decode-engine block accounted for.
+Every deployment shares a KV transfer secret (--kv-transfer-secret-file);
+AuthenticationTest checks what engines refuse without it."""
 import concurrent.futures
+import hashlib
+import hmac
 import json
 import os
 import shutil
@@ -27,6 +31,16 @@ MODES = {"adapter0": "activated", "adapter1": "base", "adapter2": "forked", "ada
 VOCAB = 512
 INVOCATION = [VOCAB // 2 + 3, VOCAB // 2 + 7]  # synthetic_alora_invocation_tokens of the tiny model
 ENGINE_ARGS = ["--max-lora-rank", "16"]
+
+
+SECRET = "a-test-secret-" + "0123456789abcdef" * 2
+
+
+def kv_auth_header(secret, method, path, body=b"", when=None):
+    """X-Loom-KV-Auth for one call (server/kv_auth.h's format, computed independently)."""
+    when = int(time.time()) if when is None else when
+    text = f"loom kv http 1\n{method}\n{path}\n{when}\n{hashlib.sha256(body).hexdigest()}"
+    return {"X-Loom-KV-Auth": f"1 {when} " + hmac.new(secret.encode(), text.encode(), hashlib.sha256).hexdigest()}
 
 
 def token_prompt(length, seed):
@@ -95,6 +109,9 @@ class Deployment(unittest.TestCase):
 
     def setUp(self):
         self.disk = tempfile.mkdtemp(prefix="loom-dualpath-")
+        self.secret_file = os.path.join(self.disk, "kv-secret")
+        with open(self.secret_file, "w") as file:
+            file.write(SECRET + "\n")
         self.servers = []
         self.routers = []
         self.model_dir = None
@@ -107,8 +124,8 @@ class Deployment(unittest.TestCase):
             server.cleanup()
         shutil.rmtree(self.disk, ignore_errors=True)
 
-    def engine(self, role, extra=()):
-        args = [*ENGINE_ARGS, "--role", role, *extra]
+    def engine(self, role, extra=(), secret_file=None):
+        args = [*ENGINE_ARGS, "--role", role, "--kv-transfer-secret-file", secret_file or self.secret_file, *extra]
         kwargs = {"make_model_args": ["--alora"], "lora_modes": MODES}
         if self.model_dir:
             kwargs["model_dir"] = self.model_dir
@@ -118,7 +135,7 @@ class Deployment(unittest.TestCase):
         return server
 
     def router(self, prefill, decode, extra=()):
-        router = LoomRouter(prefill, decode, extra)
+        router = LoomRouter(prefill, decode, ["--kv-transfer-secret-file", self.secret_file, *extra])
         self.routers.append(router)
         return router
 
@@ -193,9 +210,12 @@ class LinkTest(Deployment):
         self.assertEqual(counter(after, "loom_kv_link_blocks_total", direction="skipped") -
                          counter(before, "loom_kv_link_blocks_total", direction="skipped"), sent_first)
         self.assertGreater(counter(after, "loom_kv_link_blocks_total", direction="sent") - sent_first, 0)
-        with urllib.request.urlopen(prefill.base_url + "/loom/kv/status") as response:
-            status = json.loads(response.read())
+        code, _, body = prefill.request("GET", "/loom/kv/status", headers=kv_auth_header(SECRET, "GET", "/loom/kv/status"))
+        self.assertEqual(code, 200)
+        status = json.loads(body)
         self.assertEqual(status["data_plane"], "tcp")  # no GPU: payloads inline on the link's TCP
+        self.assertTrue(status["authenticated"])
+        self.assertEqual(status["refused_connections"], 0)
 
     def test_nccl_without_a_gpu_is_a_clear_error_at_start(self):
         self.engine("both")  # makes the model
@@ -204,6 +224,63 @@ class LinkTest(Deployment):
                                 capture_output=True, text=True, timeout=120)
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("--kv-transfer-backend nccl on --device cpu", result.stderr + result.stdout)
+
+
+class AuthenticationTest(Deployment):
+    def test_unsigned_calls_foreign_peers_and_other_secrets_are_refused(self):
+        prefill, decode = self.engine("prefill"), self.engine("decode")
+        other_file, other_secret = os.path.join(self.disk, "other-secret"), "another-secret-" + "f" * 32
+        with open(other_file, "w") as file:
+            file.write(other_secret)
+        stranger = self.engine("decode", secret_file=other_file)
+        status_path = "/loom/kv/status"
+        self.assertEqual(prefill.request("GET", status_path)[0], 401)  # unsigned
+        self.assertEqual(prefill.request("GET", status_path, headers=kv_auth_header("wrong-secret-0123456789", "GET",
+                                                                                     status_path))[0], 401)
+        stale = kv_auth_header(SECRET, "GET", status_path, when=int(time.time()) - 3600)
+        self.assertEqual(prefill.request("GET", status_path, headers=stale)[0], 401)
+
+        def status(engine):
+            secret = other_secret if engine is stranger else SECRET
+            code, _, body = engine.request("GET", status_path, headers=kv_auth_header(secret, "GET", status_path))
+            self.assertEqual(code, 200, body)
+            return json.loads(body)
+
+        # Pushing a prompt's blocks: a peer outside the allowed list is refused (403), an engine with another
+        # secret fails the link's handshake (502) and receives nothing.
+        probe = json.dumps({"endpoint": "completions",
+                            "request": {"model": "tiny", "prompt": token_prompt(40, 6), "max_tokens": 1}}).encode()
+        code, _, body = prefill.request("POST", "/loom/kv/probe", raw=probe,
+                                        headers=kv_auth_header(SECRET, "POST", "/loom/kv/probe", probe))
+        self.assertEqual(code, 200, body)
+        blocks = json.loads(body)["blocks"]
+
+        def send(to):
+            payload = json.dumps({"blocks": blocks, "to": to}).encode()
+            code, _, body = prefill.request("POST", "/loom/kv/send", raw=payload,
+                                            headers=kv_auth_header(SECRET, "POST", "/loom/kv/send", payload))
+            return code, json.loads(body)
+
+        code, body = send("10.20.30.40:5000")
+        self.assertEqual(code, 403)
+        self.assertEqual(body["error"]["code"], "kv_peer_not_allowed")
+        code, body = send(status(stranger)["kv_transfer_address"])
+        self.assertEqual(code, 502)
+        self.assertIn("handshake failed", body["error"]["message"])
+        stranger_status = status(stranger)
+        self.assertEqual(stranger_status["received_blocks"], 0)
+        self.assertEqual(stranger_status["buffer_blocks"], 0)
+        self.assertGreaterEqual(stranger_status["refused_connections"], 1)
+        self.assertGreater(counter(stranger.metrics(), "loom_kv_link_rejected_total", what="connection"), 0)
+        self.assertEqual(status(decode)["refused_connections"], 0)
+
+    def test_a_link_off_loopback_without_a_secret_does_not_start(self):
+        self.engine("both")  # makes the model
+        result = subprocess.run([loom_server.loom_binary(), "serve", "--model", self.model_dir, "--role", "prefill",
+                                 "--kv-transfer-host", "0.0.0.0", "--port", "0"],
+                                capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("without a shared secret", result.stderr + result.stdout)
 
 
 class LoadingPathsTest(Deployment):

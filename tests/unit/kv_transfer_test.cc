@@ -14,6 +14,7 @@
 #include <cstring>
 #include <deque>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -24,6 +25,7 @@
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_protocol.h"
 #include "kvtransfer/kv_link_server.h"
+#include "kvtransfer/kv_link_session.h"
 #include "synthetic/synthetic_model.h"
 #include "test_util.h"
 
@@ -250,26 +252,33 @@ TEST(KvLinkTest, AFailedLinkIsAnUnavailableErrorNamingThePeer) {
 
 TEST(KvLinkTest, ASenderThatDiesMidBlockOrLiesLeavesNothingBehind) {
   BufferedKvStore receiver(nullptr, 1 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, /*receive_timeout_seconds=*/2.0);
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 2.0});
+  // A put of one block whose header claims `digest`, on an authenticated connection (no secret: loopback).
+  auto put_header = [&](int fd, uint64_t n, size_t size, const kvlink::Digest& digest) {
+    std::string failure;
+    std::optional<kvlink::Session> session = kvlink::client_handshake(fd, "", failure);
+    EXPECT_TRUE(session) << failure;
+    kvlink::MessageWriter request;
+    request.op(kvlink::kOpPut).u32(1).hash(block_name(n)).u64(size).raw(digest);
+    EXPECT_TRUE(session->send(fd, request.bytes));
+    return session;
+  };
   {  // half a block, then gone
     const int fd = connect_raw(server.port());
     std::vector<std::byte> payload = payload_of(7, 4096);
-    ASSERT_TRUE(kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic))));
-    const std::byte op{static_cast<uint8_t>(kvlink::kOpPut)};
-    ASSERT_TRUE(kvlink::write_all(fd, std::span(&op, 1)) && kvlink::write_u32(fd, 1) &&
-                kvlink::write_hash(fd, block_name(7)) && kvlink::write_u64(fd, payload.size()) &&
-                kvlink::write_u64(fd, 0) && kvlink::write_all(fd, std::span(payload).first(1000)));
+    put_header(fd, 7, payload.size(), kvlink::sha256(payload));
+    ASSERT_TRUE(kvlink::write_all(fd, std::span(payload).first(1000)));
     ::close(fd);
   }
-  {  // a whole block with a wrong checksum
+  {  // a whole block that does not match its digest
     const int fd = connect_raw(server.port());
     std::vector<std::byte> payload = payload_of(8, 64);
-    const std::byte op{static_cast<uint8_t>(kvlink::kOpPut)};
-    ASSERT_TRUE(kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagic))) && kvlink::write_all(fd, std::span(&op, 1)) &&
-                kvlink::write_u32(fd, 1) && kvlink::write_hash(fd, block_name(8)) &&
-                kvlink::write_u64(fd, payload.size()) && kvlink::write_u64(fd, 12345) && kvlink::write_all(fd, payload));
+    std::optional<kvlink::Session> session = put_header(fd, 8, payload.size(), kvlink::sha256(payload_of(9, 64)));
+    ASSERT_TRUE(kvlink::write_all(fd, payload));
+    std::vector<std::byte> answer;
+    ASSERT_EQ(session->receive(fd, answer, 4), kvlink::Session::Received::kOk);
     uint32_t stored = 99;
-    ASSERT_TRUE(kvlink::read_u32(fd, stored));
+    ASSERT_TRUE(kvlink::MessageReader(answer).u32(stored));
     EXPECT_EQ(stored, 0u);
     ::close(fd);
   }
@@ -369,7 +378,7 @@ int64_t send_one(KvLinkClient& client, const std::string& address, BufferedKvSto
 TEST(KvLinkChannelTest, PayloadsCrossThroughTheDataPlaneOnOnePooledConnection) {
   QueuePlane plane;
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, &plane);
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.plane = &plane});
   // Requests of at most 3000 payload bytes: the 5 blocks below go as 3 bulk puts.
   KvLinkClient client(&plane, {.bulk_request_bytes = 3000});
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
@@ -402,7 +411,7 @@ TEST(KvLinkChannelTest, APeerWithoutThePlaneGetsPayloadsInline) {
   QueuePlane mine("queue"), theirs("another");
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
   KvLinkServer plain(receiver, "127.0.0.1", 0);
-  KvLinkServer other(receiver, "127.0.0.1", 0, 30.0, &theirs);
+  KvLinkServer other(receiver, "127.0.0.1", 0, {.plane = &theirs});
   KvLinkClient client(&mine);
   for (const KvLinkServer* server : {&plain, &other}) {
     const uint64_t n = server == &plain ? 1 : 2;
@@ -417,7 +426,7 @@ TEST(KvLinkChannelTest, AChannelThatFailsFallsBackToInlinePayloadsForThatPeer) {
   QueuePlane plane;
   plane.fail_connect = true;
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, 2.0, &plane);
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.receive_timeout_seconds = 2.0, .plane = &plane});
   KvLinkClient client(&plane, {.max_connections_per_peer = 1, .idle_seconds = 0.0});  // a new connection each send
   const std::string address = "127.0.0.1:" + std::to_string(server.port());
   for (uint64_t n = 0; n < 3; ++n) {
@@ -429,12 +438,13 @@ TEST(KvLinkChannelTest, AChannelThatFailsFallsBackToInlinePayloadsForThatPeer) {
   EXPECT_EQ(client.stats().num_channel_bytes, 0);
 }
 
-TEST(KvLinkChannelTest, CorruptedChannelBytesAreDroppedByTheirChecksum) {
+TEST(KvLinkChannelTest, ChangedChannelBytesAreDroppedByTheirDigest) {
   QueuePlane plane;
   plane.corrupt = true;
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
-  KvLinkServer server(receiver, "127.0.0.1", 0, 30.0, &plane);
-  KvLinkClient client(&plane);
+  const std::string secret = "a secret of at least sixteen bytes";
+  KvLinkServer server(receiver, "127.0.0.1", 0, {.plane = &plane, .secret = secret});
+  KvLinkClient client(&plane, {.secret = secret});
   EXPECT_EQ(send_one(client, "127.0.0.1:" + std::to_string(server.port()), sender, 3, 256), 0);
   EXPECT_FALSE(receiver.in_buffer(block_name(3)));
   EXPECT_EQ(server.stats().num_rejected_blocks, 1);
@@ -576,8 +586,8 @@ TEST_F(DisaggregatedEnginesTest, TheDecodeEngineContinuesFromTheBlocksItWasSentI
     EXPECT_FALSE(decode.engine->caches_kv_block(hash_string("never stored")));
     for (const KvBlockHash& hash : hashes) EXPECT_TRUE(decode.engine->caches_kv_block(hash));
     BufferedKvStore empty(nullptr, 1 << 20);  // only the engine's caches can answer "have"
-    KvLinkServer asking(empty, "127.0.0.1", 0, 30.0, nullptr,
-                        [&](const KvBlockHash& hash) { return decode.engine->caches_kv_block(hash); });
+    KvLinkServer asking(empty, "127.0.0.1", 0,
+                        {.cached = [&](const KvBlockHash& hash) { return decode.engine->caches_kv_block(hash); }});
     const KvSendReport again =
         send_kv_blocks("127.0.0.1:" + std::to_string(asking.port()), hashes, sizes, *prefill.store, {});
     EXPECT_EQ(again.skipped_blocks, static_cast<int64_t>(names.size()));

@@ -18,6 +18,7 @@
 
 #include "router/dual_path_scheduler.h"
 #include "router/router_server.h"
+#include "server/kv_auth.h"
 
 namespace loom::router {
 namespace {
@@ -92,6 +93,7 @@ struct Call {
   std::string method, path;
   Json body;
   std::string authorization;
+  std::string kv_auth, raw_body;  // the X-Loom-KV-Auth header, the body as sent
 };
 
 std::atomic<int> g_sequence{0};
@@ -191,6 +193,10 @@ class FakeEngine {
     return {"data: {\"n\":1,\"from\":\"" + url() + "\"}\n\n", "data: {\"n\":2}\n\n", "data: [DONE]\n\n"};
   }
 
+  std::vector<Call> all_calls() const {
+    std::lock_guard lock(mutex_);
+    return calls_;
+  }
   // The calls other than status polls.
   std::vector<Call> calls() const {
     std::lock_guard lock(mutex_);
@@ -208,7 +214,7 @@ class FakeEngine {
  private:
   void record(const httplib::Request& request) {
     Call call{g_sequence.fetch_add(1), request.method, request.path, Json(),
-              request.get_header_value("Authorization")};
+              request.get_header_value("Authorization"), request.get_header_value(server::kKvAuthHeader), request.body};
     if (!request.body.empty()) call.body = Json::parse(request.body, nullptr, false);
     std::lock_guard lock(mutex_);
     calls_.push_back(std::move(call));
@@ -238,7 +244,7 @@ int closed_port() {
 class RouterFlowTest : public ::testing::Test {
  protected:
   void start(std::vector<std::string> prefill_urls, std::vector<std::string> decode_urls,
-             PathPolicy policy = PathPolicy::kDual, std::string api_key = "") {
+             PathPolicy policy = PathPolicy::kDual, std::string api_key = "", std::string kv_secret = "") {
     RouterConfig config;
     config.http.port = 0;
     config.http.num_handler_threads = 8;
@@ -246,6 +252,7 @@ class RouterFlowTest : public ::testing::Test {
     config.decode_urls = std::move(decode_urls);
     config.scheduler.path_policy = policy;
     config.api_key = std::move(api_key);
+    config.kv_secret = std::move(kv_secret);
     config.engine_client.connect_timeout_seconds = 1.0;
     config.engine_client.control_timeout_seconds = 5.0;
     config.engine_client.generate_timeout_seconds = 10.0;
@@ -472,6 +479,31 @@ TEST_F(RouterFlowTest, TheApiKeyGuardsTheRouterAndReachesTheEngines) {
   ASSERT_EQ(result->status, 200) << result->body;
   for (const Call& call : pe.calls()) EXPECT_EQ(call.authorization, "Bearer secret") << call.path;
   for (const Call& call : de.calls()) EXPECT_EQ(call.authorization, "Bearer secret") << call.path;
+}
+
+TEST_F(RouterFlowTest, TheRouterSignsEveryKvCallWithTheEnginesSecret) {
+  const std::string secret = "the-engines-kv-secret-0123456789";
+  FakeEngine pe({.role = "prefill", .in_storage = 1});
+  FakeEngine de({.role = "decode"});
+  start({pe.url()}, {de.url()}, PathPolicy::kDecode, "", secret);
+  auto result = post("/v1/completions", kCompletion);
+  ASSERT_EQ(result->status, 200) << result->body;
+  int num_kv_calls = 0;
+  for (const FakeEngine* engine : {&pe, &de}) {
+    for (const Call& call : engine->all_calls()) {
+      if (call.path.rfind("/loom/kv/", 0) != 0) {
+        EXPECT_EQ(call.kv_auth, "") << call.path;  // only the KV routes are signed
+        continue;
+      }
+      ++num_kv_calls;
+      EXPECT_TRUE(server::kv_request_signed(secret, call.method, call.path, call.raw_body, call.kv_auth,
+                                            server::unix_seconds_now()))
+          << call.method << " " << call.path << ": " << call.kv_auth;
+      EXPECT_FALSE(server::kv_request_signed("another-secret-0123456789abcdef", call.method, call.path,
+                                             call.raw_body, call.kv_auth, server::unix_seconds_now()));
+    }
+  }
+  EXPECT_GE(num_kv_calls, 5);  // two status polls, the probe, both sends
 }
 
 }  // namespace

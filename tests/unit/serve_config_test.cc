@@ -98,7 +98,10 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["tensor_parallel_size"], 1);
   EXPECT_EQ(config["reasoning_parser"], "auto");
   EXPECT_EQ(config["quantization"], nullptr);
-  EXPECT_EQ(config.size(), 40u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["kv_transfer_host"], "127.0.0.1");  // loopback, whatever --host is
+  EXPECT_EQ(config["kv_transfer_secret"], false);
+  EXPECT_EQ(config["kv_transfer_peers"], nullptr);
+  EXPECT_EQ(config.size(), 43u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -340,6 +343,30 @@ TEST_F(ServeConfigTest, ContextLimitIsTheModelsUnlessASmallerOneIsGiven) {
   EXPECT_EQ(check_context_limit(resolved({"--max-model-len", "4096"}).engine, model), 4096);
   test::expect_error([&] { check_context_limit(resolved({"--max-model-len", "100000"}).engine, model); },
                      ErrorKind::kInvalidArgument, {"100000", "--max-context-tokens / --max-model-len", "4096"});
+}
+
+TEST_F(ServeConfigTest, TheKvTransferSecretComesFromAFileOrTheCommandLine) {
+  test::TempDir directory;
+  const std::string path = directory.str() + "/kv.secret";
+  {
+    std::ofstream file(path);
+    file << "0123456789abcdef0123456789abcdef\n";
+  }
+  const ResolvedServe from_file = checked({"--role", "prefill", "--kv-transfer-secret-file", path, "--host", "0.0.0.0",
+                                           "--kv-transfer-peers", "10.0.0.2:7000,pe-2:*"});
+  EXPECT_EQ(from_file.kv_transfer.secret, "0123456789abcdef0123456789abcdef");  // without its newline
+  EXPECT_EQ(from_file.kv_transfer.host, "127.0.0.1");
+  const json config = effective_config(from_file, 4096);
+  EXPECT_EQ(config["kv_transfer_secret"], true);  // never the secret itself
+  EXPECT_EQ(config.dump().find("0123456789abcdef"), std::string::npos);
+  EXPECT_EQ(config["kv_transfer_peers"], "10.0.0.2:7000,pe-2:*");
+  EXPECT_EQ(checked({"--kv-transfer-secret", "given-on-the-command-line"}).kv_transfer.secret,
+            "given-on-the-command-line");
+  expect_invalid({"--kv-transfer-secret", "x", "--kv-transfer-secret-file", path}, {"both given"});
+  expect_invalid({"--kv-transfer-secret", "short"}, {"5 characters, under 16", "openssl rand"});
+  expect_invalid({"--kv-transfer-peers", "10.0.0.2"}, {"--kv-transfer-peers: '10.0.0.2' is not HOST:PORT"});
+  test::expect_error([&] { checked({"--kv-transfer-secret-file", directory.str() + "/none"}); }, ErrorKind::kNotFound,
+                     {"cannot read it"});
 }
 
 }  // namespace
