@@ -48,7 +48,8 @@ panel("Decode batch size (p50 / p95)", [(q("loom_decode_batch_size", 0.5), "p50"
 panel("Preemptions and failures / s", [(f'rate(loom_num_preemptions_total{{{M}}}[$__rate_interval])', "preemptions"),
       (f'rate(loom_kv_transfer_failures_total{{{M}}}[$__rate_interval])', "KV transfer failures"),
       (f'rate(loom_disk_kv_failures_total{{{M}}}[$__rate_interval])', "disk {{op}} failures"),
-      (f'rate(loom_kv_link_failures_total{{{M}}}[$__rate_interval])', "link send failures")], "short", 12, y)
+      (f'rate(loom_kv_link_failures_total{{{M}}}[$__rate_interval])', "link send failures"),
+      (f'rate(loom_kv_link_rejected_total{{{M}}}[$__rate_interval])', "link rejected {{what}}")], "short", 12, y)
 dashboard = {
     "title": "Loom", "uid": "loom-serving", "schemaVersion": 39, "version": 1, "editable": True,
     "description": "Loom's /metrics (loom serve): requests, latency, KV tiers, prefix sharing, disk tier and KV link. "
