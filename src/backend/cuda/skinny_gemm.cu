@@ -97,6 +97,24 @@ __device__ __forceinline__ void row_dots(const bf16* x, int x_stride, const bf16
   }
 }
 
+// Sums each row's lane partials over the warp, scales them (FP8 weights' per-tensor
+// scale; 1 for bf16, exact) and lane 0 writes y[m * y_stride + row] for m < M.
+template <int M>
+__device__ __forceinline__ void store_row(const float (&acc)[M], float scale, int lane, int row, void* y,
+                                          int y_stride, bool y_is_bf16) {
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float value = warp_sum(acc[m]) * scale;
+    if (lane == 0) {
+      if (y_is_bf16) {
+        static_cast<bf16*>(y)[static_cast<int64_t>(m) * y_stride + row] = __float2bfloat16_rn(value);
+      } else {
+        static_cast<float*>(y)[static_cast<int64_t>(m) * y_stride + row] = value;
+      }
+    }
+  }
+}
+
 // U 16-byte loads in flight per lane, W warps a CTA.
 template <int M, int U = kGemmUnroll, int W = kWarpsPerCta>
 __global__ void __launch_bounds__(W * 32)
@@ -113,17 +131,7 @@ __global__ void __launch_bounds__(W * 32)
 #pragma unroll
   for (int m = 0; m < M; ++m) acc[m] = 0.0f;
   row_dots<M, U>(x, x_stride, w_row, k, lane, head, acc);
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float value = warp_sum(acc[m]);
-    if (lane == 0) {
-      if (y_is_bf16) {
-        static_cast<bf16*>(y)[static_cast<int64_t>(m) * y_stride + row] = __float2bfloat16_rn(value);
-      } else {
-        static_cast<float*>(y)[static_cast<int64_t>(m) * y_stride + row] = value;
-      }
-    }
-  }
+  store_row<M>(acc, 1.0f, lane, row, y, y_stride, y_is_bf16);
 }
 
 // out[m, i] = silu(x[m] . w[i]) * (x[m] . w[intermediate + i]).
@@ -221,18 +229,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
     const uint4 chunk[1] = {load_streaming_bytes(w_row + column)};
     accumulate_fp8<M, 1>(x, x_stride, column, chunk, acc);
   }
-  const float scale = *w_scale;
-#pragma unroll
-  for (int m = 0; m < M; ++m) {
-    const float value = warp_sum(acc[m]) * scale;
-    if (lane == 0) {
-      if (y_is_bf16) {
-        static_cast<bf16*>(y)[static_cast<int64_t>(m) * y_stride + row] = __float2bfloat16_rn(value);
-      } else {
-        static_cast<float*>(y)[static_cast<int64_t>(m) * y_stride + row] = value;
-      }
-    }
-  }
+  store_row<M>(acc, *w_scale, lane, row, y, y_stride, y_is_bf16);
 }
 
 void check_aligned(const void* x, int x_stride, int k) {
