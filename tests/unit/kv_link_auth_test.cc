@@ -25,6 +25,7 @@
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_crypto.h"
 #include "kvtransfer/kv_link_protocol.h"
+#include "kv_link_test_util.h"
 #include "kvtransfer/kv_link_server.h"
 #include "kvtransfer/kv_link_session.h"
 #include "kvtransfer/kv_peer_allowlist.h"
@@ -33,6 +34,8 @@
 
 namespace loom {
 namespace {
+
+using test::connect_raw;
 
 const std::string kSecret = "0123456789abcdef-the-engines-secret";
 
@@ -60,16 +63,6 @@ bool reaches(Counter counter, int64_t value) {
   return counter() == value;
 }
 
-int connect_raw(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  kvlink::set_timeouts(fd, 5.0);
-  return fd;
-}
 
 int listen_loopback(int& port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -109,7 +102,7 @@ class Proxy {
   void run(int target_port) {
     const int client = ::accept(listen_fd_, nullptr, nullptr);
     if (client < 0) return;
-    const int server = connect_raw(target_port);
+    const int server = connect_raw(target_port, 5.0);
     pollfd fds[2] = {{client, POLLIN, 0}, {server, POLLIN, 0}};
     std::byte buffer[4096];
     int64_t forwarded = 0;
@@ -204,7 +197,7 @@ TEST(KvLinkAuthTest, PeersWithoutTheSecretOrWithAnotherAreRefusedAndNothingEnter
       [&] { with_secret.send(address_of(open_link.port()), blocks.hashes, blocks.sizes, sender, {}); },
       ErrorKind::kUnavailable, {"handshake failed"});
   // A peer that ignores the server's proof and pushes a block anyway is refused: the server closes.
-  const int fd = connect_raw(server.port());
+  const int fd = connect_raw(server.port(), 5.0);
   std::vector<std::byte> hello(kvlink::kClientHelloBytes, std::byte{7});
   std::memcpy(hello.data(), kvlink::kMagic, sizeof(kvlink::kMagic));
   std::vector<std::byte> reply(8 + kvlink::kNonceBytes + kvlink::kTagBytes);
@@ -273,7 +266,7 @@ TEST(KvLinkAuthTest, AReplayedMessageOrSessionIsRejected) {
   BufferedKvStore receiver(nullptr, 1 << 20);
   KvLinkServer server(receiver, "127.0.0.1", 0, {.secret = kSecret});
   // A peer with the secret sends a put; the same sealed bytes again on that connection fail their counter.
-  const int fd = connect_raw(server.port());
+  const int fd = connect_raw(server.port(), 5.0);
   std::string failure;
   std::optional<kvlink::Session> session = kvlink::client_handshake(fd, kSecret, failure);
   ASSERT_TRUE(session) << failure;
@@ -310,7 +303,7 @@ TEST(KvLinkAuthTest, AReplayedMessageOrSessionIsRejected) {
     EXPECT_EQ(client.send(address_of(recorder.port()), blocks.hashes, blocks.sizes, sender, {}).sent_blocks, 2);
     recorded = recorder.client_bytes();
   }
-  const int replay = connect_raw(target.port());
+  const int replay = connect_raw(target.port(), 5.0);
   ASSERT_GT(recorded.size(), kvlink::kClientHandshakeBytes);
   ASSERT_TRUE(kvlink::write_all(replay, std::span(recorded).first(kvlink::kClientHandshakeBytes)));
   std::vector<std::byte> server_reply(8 + kvlink::kNonceBytes + kvlink::kTagBytes + 1);
@@ -326,7 +319,7 @@ TEST(KvLinkAuthTest, AnOlderPeerGetsAClearErrorEitherWay) {
   BufferedKvStore receiver(nullptr, 1 << 20);
   KvLinkServer server(receiver, "127.0.0.1", 0, {.secret = kSecret});
   {  // a protocol 1 client: its magic, then a have query
-    const int fd = connect_raw(server.port());
+    const int fd = connect_raw(server.port(), 5.0);
     kvlink::write_all(fd, std::as_bytes(std::span(kvlink::kMagicVersion1)));
     const std::byte have[] = {std::byte{'H'}, std::byte{1}, std::byte{0}, std::byte{0}, std::byte{0}};
     kvlink::write_all(fd, have);

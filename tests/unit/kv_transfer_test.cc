@@ -24,6 +24,7 @@
 #include "kvtransfer/kv_data_plane.h"
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_protocol.h"
+#include "kv_link_test_util.h"
 #include "kvtransfer/kv_link_server.h"
 #include "kvtransfer/kv_link_session.h"
 #include "synthetic/synthetic_model.h"
@@ -33,6 +34,7 @@ namespace loom {
 namespace {
 
 using namespace std::chrono_literals;
+using test::connect_raw;
 
 KvBlockHash block_name(uint64_t n) { return hash_string("block " + std::to_string(n)); }
 
@@ -171,16 +173,6 @@ TEST(BufferedKvStoreTest, WaitForDoesNotWaitForABlockThatAlreadyLeft) {
   EXPECT_LT(std::chrono::steady_clock::now() - start, 5000ms);
 }
 
-// A raw client socket to a link server (for senders that misbehave).
-int connect_raw(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in address{};
-  address.sin_family = AF_INET;
-  address.sin_port = htons(static_cast<uint16_t>(port));
-  address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  EXPECT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
-  return fd;
-}
 
 TEST(KvLinkTest, SendsWhatThePeerLacksAndSkipsTheRest) {
   BufferedKvStore sender(nullptr, 1 << 20), receiver(nullptr, 1 << 20);
