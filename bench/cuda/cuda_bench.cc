@@ -49,6 +49,8 @@ int run(int argc, char** argv) {
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
   std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
   app.add_option("--what", parts, "Figures to measure (decode prefetch skinny rows lora sampling prefill attention sharing)");
+  bool fp8_weights = false;
+  app.add_flag("--fp8-weights", fp8_weights, "Linear weights in FP8 (--quantization fp8): the floors count their bytes");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -59,9 +61,11 @@ int run(int argc, char** argv) {
   const auto load_start = std::chrono::steady_clock::now();
   CudaBackendConfig backend_config;
   backend_config.max_adapter_slots = 8;
+  backend_config.fp8_weights = fp8_weights;
   auto owner = make_synthetic_cuda_backend_impl(config, 0, true, backend_config);
   CudaBackend& backend = *owner;
   results["model"] = {{"name", "random:llama-8b"},
+                      {"quantization", fp8_weights ? "fp8" : "none"},
                       {"weight_bytes", backend.model().weight_bytes()},
                       {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()}};
   const int blocks_per_sequence = kContext / kBlockSize;
@@ -251,6 +255,10 @@ int run(int argc, char** argv) {
                           {"tflops", flops / (times.eager_ms * 1e-3) / 1e12}};
     std::printf("\nprefill %d tokens: %.1f ms, %.1f TFLOP/s, MFU %.1f%%\n", prefill_tokens, times.eager_ms,
                 flops / (times.eager_ms * 1e-3) / 1e12, 100 * mfu);
+    if (fp8_weights) {  // Hopper's dense FP8 peak is twice its bf16 one (the attention stays bf16)
+      results["prefill"]["mfu_of_fp8_peak"] = mfu / 2;
+      std::printf("prefill with FP8 linear weights: %.1f%% of the dense FP8 peak (2x bf16's)\n", 50 * mfu);
+    }
     tune(backend, [](CudaTuning& t) { t.pingpong_prefill = false; });  // the same prefill with attention_wide.cu's kernel
     const double wgmma_ms = time_step(backend, batch, std::max(3, iterations / 4), false).eager_ms;
     tune(backend, [](CudaTuning& t) { t.pingpong_prefill = true; });

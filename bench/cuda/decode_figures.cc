@@ -113,6 +113,29 @@ void decode_figures(BenchContext& context) {
       results["skinny"].push_back(row);
       std::printf("\n");
     }
+    // The FP8 skinny GEMM's variants (--quantization fp8): the same shapes at one byte a weight.
+    DeviceBuffer scales(128256 * sizeof(float));
+    LOOM_CUDA_CHECK(cudaMemsetAsync(scales.data(), 0, scales.size(), backend.stream()));
+    std::printf("%-28s %8s %8s %8s %8s %8s   (GB/s of FP8 weights)\n", "fp8 unroll/rows/warps", "qkv", "o", "gate_up",
+                "down", "lm_head");
+    for (const std::array<int, 3>& v : std::vector<std::array<int, 3>>{
+             {8, 1, 4}, {16, 1, 4}, {4, 2, 4}, {8, 2, 4}, {2, 2, 4}, {4, 2, 8}, {4, 4, 4}, {2, 4, 4}}) {
+      std::printf("%-28s", fmt::format("{}/{}/{}", v[0], v[1], v[2]).c_str());
+      nlohmann::json row = {{"unroll", v[0]}, {"rows_per_warp", v[1]}, {"warps", v[2]}};
+      for (const auto& [n, k] : shapes) {
+        const int64_t bytes = int64_t{n} * k;
+        const int64_t slices = pool_bytes / bytes;
+        const double ms = timer.median_ms([&] {
+          for (int i = 0; i < kLaunches; ++i)
+            launch_skinny_gemm_fp8_variant(x_d.as<bf16>(), k, pool.as<uint8_t>() + (i % slices) * bytes,
+                                           scales.as<float>(), n, y_d.as<float>(), v[0], v[1], v[2], backend.stream());
+        }, 5) / kLaunches;
+        row["bytes_per_s"].push_back(bytes / (ms * 1e-3));
+        std::printf(" %8.0f", bytes / (ms * 1e6));
+      }
+      results["skinny_fp8"].push_back(row);
+      std::printf("\n");
+    }
   }
 
   // Steps of 1-4 rows on cuBLAS or the skinny GEMMs, with or without programmatic launches and the L2 read-ahead

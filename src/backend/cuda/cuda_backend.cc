@@ -154,19 +154,19 @@ cudaStream_t make_stream(int device) {
 }
 
 // --quantization fp8 (CudaBackendConfig::fp8_weights): the model's sizes the
-// FP8 kernels need, the weights converted, and no L2 prefetch (it reads the
-// bf16 matrices' addresses).
-CudaBackendConfig prepare_fp8(const ModelConfig& config, cuda::DeviceModel& model, const CudaBackendConfig& backend_config,
-                              cudaStream_t stream) {
-  CudaBackendConfig adjusted = backend_config;
-  if (!backend_config.fp8_weights) return adjusted;
+// FP8 kernels need, and the weights converted.
+void prepare_fp8(const ModelConfig& config, cuda::DeviceModel& model, const CudaBackendConfig& backend_config,
+                 cudaStream_t stream) {
+  if (!backend_config.fp8_weights) return;
   if (config.hidden_size % 16 != 0 || config.q_size() % 16 != 0 || config.intermediate_size % 16 != 0)
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("--quantization fp8: hidden ({}), q ({}) and intermediate ({}) sizes must be multiples of 16",
                             config.hidden_size, config.q_size(), config.intermediate_size));
-  model.convert_to_fp8(config, stream);
-  adjusted.tuning.l2_prefetch.o_proj = adjusted.tuning.l2_prefetch.gate_up = adjusted.tuning.l2_prefetch.qkv = 0;
-  return adjusted;
+  // Per-channel weight scales where cuBLASLt's FP8 GEMM takes them (an alpha
+  // vector), else one scale a matrix as vLLM's dynamic fp8 has.
+  const bool per_channel = cuda::Gemm(stream).supports_fp8(128, 4096, 4096, cuda::Gemm::Output::kBF16, 4096,
+                                                           cuda::Gemm::Fp8Scaling::kChannel);
+  model.convert_to_fp8(config, stream, per_channel);
 }
 
 }  // namespace
@@ -178,8 +178,8 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
   cudaStream_t stream = make_stream(backend_config.device);
   try {
     cuda::DeviceModel model = cuda::DeviceModel::upload(config, weights, backend_config.device, stream);
-    const CudaBackendConfig adjusted = prepare_fp8(config, model, backend_config, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, adjusted);
+    prepare_fp8(config, model, backend_config, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;
@@ -193,8 +193,8 @@ std::unique_ptr<cuda::CudaBackend> cuda::make_synthetic_cuda_backend_impl(const 
   cudaStream_t stream = make_stream(backend_config.device);
   try {
     cuda::DeviceModel model = cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream);
-    const CudaBackendConfig adjusted = prepare_fp8(config, model, backend_config, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, adjusted);
+    prepare_fp8(config, model, backend_config, stream);
+    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;

@@ -58,18 +58,18 @@ void DeviceModel::lay_out(const ModelConfig& config, bool tied, bool fp8) {
     lm_head_ = tied ? embed_tokens_ : arena.take<__nv_bfloat16>(vocab * hidden);
     final_norm_ = arena.take<float>(hidden);
     inverse_frequencies_ = arena.take<float>(config.head_dim / 2);
-    auto take_fp8 = [&](int64_t count) {
+    auto take_fp8 = [&](int64_t rows, int64_t cols) {
       Fp8Matrix matrix;
-      matrix.data = arena.take<uint8_t>(count);
-      matrix.scale = arena.take<float>(1);
+      matrix.data = arena.take<uint8_t>(rows * cols);
+      matrix.scale = arena.take<float>(rows);
       return matrix;
     };
     for (DeviceLayer& layer : layers_) {
       if (fp8) {
-        layer.qkv_fp8 = take_fp8(qkv * hidden);
-        layer.o_fp8 = take_fp8(hidden * config.q_size());
-        layer.gate_up_fp8 = take_fp8(2 * intermediate * hidden);
-        layer.down_fp8 = take_fp8(hidden * intermediate);
+        layer.qkv_fp8 = take_fp8(qkv, hidden);
+        layer.o_fp8 = take_fp8(hidden, config.q_size());
+        layer.gate_up_fp8 = take_fp8(2 * intermediate, hidden);
+        layer.down_fp8 = take_fp8(hidden, intermediate);
       } else {
         layer.qkv_proj = arena.take<__nv_bfloat16>(qkv * hidden);
         layer.o_proj = arena.take<__nv_bfloat16>(hidden * config.q_size());
@@ -93,7 +93,7 @@ void DeviceModel::lay_out(const ModelConfig& config, bool tied, bool fp8) {
   plan(real);
 }
 
-void DeviceModel::convert_to_fp8(const ModelConfig& config, cudaStream_t stream) {
+void DeviceModel::convert_to_fp8(const ModelConfig& config, cudaStream_t stream, bool per_channel) {
   if (fp8_) return;
   const int64_t hidden = config.hidden_size;
   const int64_t q_size = config.q_size();
@@ -111,14 +111,20 @@ void DeviceModel::convert_to_fp8(const ModelConfig& config, cudaStream_t stream)
   if (!tied) copy(next.lm_head_, lm_head_, config.vocab_size * hidden * bf16_bytes);
   copy(next.final_norm_, final_norm_, hidden * f32_bytes);
   copy(next.inverse_frequencies_, inverse_frequencies_, config.head_dim / 2 * f32_bytes);
-  DeviceBuffer amax(sizeof(uint32_t));
-  auto quantize = [&](const __nv_bfloat16* from, int64_t rows, int64_t cols, const Fp8Matrix& to) {
-    launch_fp8_quantize(from, rows, cols, cols, const_cast<uint8_t*>(to.data), const_cast<float*>(to.scale),
-                        amax.as<uint32_t>(), stream);
+  DeviceBuffer sync(kFp8QuantizeSyncWords * sizeof(uint32_t));
+  LOOM_CUDA_CHECK(cudaMemsetAsync(sync.data(), 0, sync.size(), stream));
+  auto quantize = [&](const __nv_bfloat16* from, int64_t rows, int64_t cols, Fp8Matrix& to) {
+    to.per_channel = per_channel;
+    uint8_t* data = const_cast<uint8_t*>(to.data);
+    float* scales = const_cast<float*>(to.scale);
+    if (per_channel)
+      launch_fp8_quantize_rows(from, rows, cols, cols, data, scales, stream);
+    else
+      launch_fp8_quantize_tensor(from, rows, cols, cols, data, scales, rows, sync.as<uint32_t>(), stream);
   };
   for (size_t l = 0; l < layers_.size(); ++l) {
     const DeviceLayer& from = layers_[l];
-    const DeviceLayer& to = next.layers_[l];
+    DeviceLayer& to = next.layers_[l];
     quantize(from.qkv_proj, qkv, hidden, to.qkv_fp8);
     quantize(from.o_proj, hidden, q_size, to.o_fp8);
     quantize(from.gate_up_proj, 2 * intermediate, hidden, to.gate_up_fp8);
@@ -133,8 +139,9 @@ void DeviceModel::convert_to_fp8(const ModelConfig& config, cudaStream_t stream)
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   const int64_t before = weight_bytes();
   *this = std::move(next);
-  spdlog::info("cuda backend: linear weights in FP8 (e4m3, per-tensor scales): {:.2f} GiB -> {:.2f} GiB",
-               static_cast<double>(before) / (1 << 30), static_cast<double>(weight_bytes()) / (1 << 30));
+  spdlog::info("cuda backend: linear weights in FP8 (e4m3, per-{} scales): {:.2f} GiB -> {:.2f} GiB",
+               per_channel ? "channel" : "tensor", static_cast<double>(before) / (1 << 30),
+               static_cast<double>(weight_bytes()) / (1 << 30));
 }
 
 namespace {

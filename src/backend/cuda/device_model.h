@@ -22,10 +22,12 @@
 namespace loom::cuda {
 
 // A linear weight in FP8 (--quantization fp8): e4m3 values, row-major like the
-// bf16 matrix, times one fp32 scale (device memory) for the whole matrix.
+// bf16 matrix, row r times scale[r] (fp32, device memory, one per output channel:
+// fused q/k/v and gate/up keep each part's scales exactly).
 struct Fp8Matrix {
   const uint8_t* data = nullptr;
   const float* scale = nullptr;
+  bool per_channel = false;  // false: every scale[r] is equal (one per-tensor scale)
 };
 
 // With FP8 weights the four bf16 linear pointers are null and the *_fp8 ones set.
@@ -53,10 +55,11 @@ class DeviceModel {
   static DeviceModel synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream);
 
   // Replaces the four linear weights of every layer by FP8 copies with
-  // per-tensor scales (max|w| / 448), into a new allocation that holds the rest
+  // per-channel scales (each row's max|w| / 448) or one per matrix (its max|w| /
+  // 448, repeated per row), into a new allocation that holds the rest
   // as it was (embeddings and lm_head stay bf16, as vLLM keeps them); the bf16
   // storage is freed. Needs bf16 + fp8 memory while it runs. Synchronous.
-  void convert_to_fp8(const ModelConfig& config, cudaStream_t stream);
+  void convert_to_fp8(const ModelConfig& config, cudaStream_t stream, bool per_channel);
   bool fp8() const { return fp8_; }
 
   const std::vector<DeviceLayer>& layers() const { return layers_; }

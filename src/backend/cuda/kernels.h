@@ -228,21 +228,31 @@ void launch_skinny_gemm(const bf16* x, int32_t m, int32_t x_stride, const bf16* 
 void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, const bf16* w, int32_t intermediate,
                                   int32_t k, bf16* out, Launch launch);
 // The same GEMM over FP8 weights (--quantization fp8): w is e4m3 [n, k] with one
-// fp32 scale for the whole matrix (*w_scale, device), x stays bf16, the products
-// are summed in fp32 and scaled once (k % 16 == 0).
+// fp32 scale per row (w_scale[n], device), x stays bf16, the products are summed
+// in fp32 and each row's sum scaled once (k % 16 == 0).
 void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
                             int32_t n, int32_t k, void* y, bool y_is_bf16, int32_t y_stride, Launch launch);
 
-// FP8 (e4m3) per-tensor quantization (fp8.cu): out[r, c] = e4m3(x[r * x_stride + c] / s) for
-// r < rows, c < cols (out dense), with s = max|x| / 448 (the largest e4m3 value;
-// 1 when x is all zeros) written to *scale. amax_scratch: one uint32 of device
-// scratch. Two kernels and a memset; capturable.
+// FP8 (e4m3) quantization by rows (fp8.cu), for weights at load (one scale per
+// output channel) and activations before an FP8 GEMM (one per token):
+// out[r * cols + c] = e4m3(x[r * x_stride + c] / s_r) for r < rows, c < cols,
+// with s_r = max_c |x[r, c]| / 448 (448 = the largest e4m3; s_r = 1 for a zero
+// row) written to scales[r]. One kernel, one block a row; capturable.
 inline constexpr float kFp8E4m3Max = 448.0f;
-void launch_fp8_quantize(const bf16* x, int64_t rows, int64_t cols, int64_t x_stride, uint8_t* out, float* scale,
-                         uint32_t* amax_scratch, cudaStream_t stream);
-// out[i] = bf16(e4m3(w[i]) * *scale) for i < count: an FP8 matrix as a bf16 one,
-// for the GEMMs of steps above the skinny kernel's rows (fp8.cu).
-void launch_fp8_dequantize(const uint8_t* w, const float* scale, int64_t count, bf16* out, cudaStream_t stream);
+void launch_fp8_quantize_rows(const bf16* x, int64_t rows, int64_t cols, int64_t x_stride, uint8_t* out,
+                              float* scales, cudaStream_t stream);
+// The same with one scale for the whole tensor (s = max |x| / 448), written to
+// scales[0 .. copies) (copies = rows gives a per-row vector of equal scales;
+// copies <= rows * cols). sync: kFp8QuantizeSyncWords uint32 of device memory,
+// zero before the first launch and left zero by each (one launch at a time per
+// sync). One kernel; capturable.
+inline constexpr int kFp8QuantizeSyncWords = 3;
+void launch_fp8_quantize_tensor(const bf16* x, int64_t rows, int64_t cols, int64_t x_stride, uint8_t* out,
+                                float* scales, int64_t copies, uint32_t* sync, cudaStream_t stream);
+// out[r * cols + c] = bf16(e4m3(w[r * cols + c]) * scales[r]): an FP8 matrix as a
+// bf16 one, for GEMMs the FP8 GEMM cannot take (cols % 8 == 0).
+void launch_fp8_dequantize(const uint8_t* w, const float* scales, int64_t rows, int64_t cols, bf16* out,
+                           cudaStream_t stream);
 #ifdef LOOM_CUDA_MEASURE
 // The benchmark's build only: the 1-row skinny GEMM (fp32 y) with `unroll`
 // 16-byte loads in flight per lane and `warps` a CTA, for the combinations
@@ -250,6 +260,11 @@ void launch_fp8_dequantize(const uint8_t* w, const float* scale, int64_t count, 
 // blocks x threads) for the read bandwidth it can reach.
 void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t n, float* y, int32_t unroll,
                                 int32_t warps, cudaStream_t stream);
+// The FP8 skinny GEMM (1 row, fp32 y) with `unroll` chunks in flight per lane and
+// row, `rows_per_warp` rows a warp and `warps` a CTA, for the combinations
+// skinny_gemm.cu instantiates.
+void launch_skinny_gemm_fp8_variant(const bf16* x, int32_t k, const uint8_t* w, const float* w_scale, int32_t n,
+                                    float* y, int32_t unroll, int32_t rows_per_warp, int32_t warps, cudaStream_t stream);
 void launch_read_probe(const void* data, int64_t bytes, uint32_t* sink, int32_t blocks, int32_t threads,
                        cudaStream_t stream);
 #endif

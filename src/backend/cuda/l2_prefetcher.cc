@@ -39,26 +39,32 @@ void L2Prefetcher::fork(const void* const (&begins)[3], const int64_t (&bytes)[3
   forked_ = true;
 }
 
+// FP8 weights (DeviceModel::fp8) are read at one byte a value, bf16 at two.
 void L2Prefetcher::after_qkv(const DeviceLayer& layer, cudaStream_t main) {
   if (!active_) return;
-  using bf16 = __nv_bfloat16;
+  const bool fp8 = layer.o_fp8.data != nullptr;
+  const int64_t element = fp8 ? 1 : static_cast<int64_t>(sizeof(__nv_bfloat16));
+  const auto* o = fp8 ? layer.o_fp8.data : reinterpret_cast<const uint8_t*>(layer.o_proj);
+  const auto* gate_up = fp8 ? layer.gate_up_fp8.data : reinterpret_cast<const uint8_t*>(layer.gate_up_proj);
   const int64_t hidden = config_.hidden_size, intermediate = config_.intermediate_size;
   const int64_t half = sizes_.gate_up / 2;
-  const int64_t gate_bytes = intermediate * hidden * static_cast<int64_t>(sizeof(bf16));
-  fork({layer.o_proj, layer.gate_up_proj, layer.gate_up_proj + intermediate * hidden},
-       {std::min<int64_t>(sizes_.o_proj, hidden * config_.q_size() * static_cast<int64_t>(sizeof(bf16))),
-        std::min(half, gate_bytes), std::min(half, gate_bytes)},
+  const int64_t gate_bytes = intermediate * hidden * element;
+  fork({o, gate_up, gate_up + gate_bytes},
+       {std::min<int64_t>(sizes_.o_proj, hidden * config_.q_size() * element), std::min(half, gate_bytes),
+        std::min(half, gate_bytes)},
        main);
 }
 
 void L2Prefetcher::after_down(const DeviceModel& model, int layer, cudaStream_t main) {
   if (!active_ || sizes_.qkv <= 0) return;
   const bool last = layer + 1 == config_.num_layers;
-  const void* next = last ? model.lm_head() : model.layers()[layer + 1].qkv_proj;
+  const bool fp8 = !last && model.fp8();
+  const void* next = last ? static_cast<const void*>(model.lm_head())
+                          : fp8 ? static_cast<const void*>(model.layers()[layer + 1].qkv_fp8.data)
+                                : static_cast<const void*>(model.layers()[layer + 1].qkv_proj);
   const int64_t rows = last ? config_.vocab_size : config_.q_size() + 2 * config_.kv_size();
-  fork({next, nullptr, nullptr},
-       {std::min<int64_t>(sizes_.qkv, rows * config_.hidden_size * static_cast<int64_t>(sizeof(__nv_bfloat16))), 0, 0},
-       main);
+  const int64_t element = fp8 ? 1 : static_cast<int64_t>(sizeof(__nv_bfloat16));
+  fork({next, nullptr, nullptr}, {std::min<int64_t>(sizes_.qkv, rows * config_.hidden_size * element), 0, 0}, main);
 }
 
 void L2Prefetcher::end_step(cudaStream_t main) {

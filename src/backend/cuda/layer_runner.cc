@@ -16,11 +16,22 @@ void LayerRunner::linear(const bf16* x, int32_t m, int32_t k, const bf16* w, int
       launch_skinny_gemm_fp8(x, m, k, fp8.data, fp8.scale, n, k, y, y_is_bf16, y_stride, chain());
       return;
     }
-    // W8A16: the matrix dequantized to bf16, then the bf16 GEMM (an FP8 GEMM over quantized
-    // activations would read half the bytes; not yet).
-    bf16* dequantized = parts_.buffers.fp8_weight.as<bf16>();
-    launch_fp8_dequantize(fp8.data, fp8.scale, static_cast<int64_t>(n) * k, dequantized, step_.stream);
-    parts_.gemm.linear(x, m, k, dequantized, n, y, y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32, y_stride);
+    const Gemm::Output output = y_is_bf16 ? Gemm::Output::kBF16 : Gemm::Output::kF32;
+    const Gemm::Fp8Scaling scaling = fp8.per_channel ? Gemm::Fp8Scaling::kChannel : Gemm::Fp8Scaling::kTensor;
+    StepBuffers& buffers = parts_.buffers;
+    if (parts_.gemm.supports_fp8(m, k, n, output, y_stride, scaling)) {
+      // W8A8: the activations quantized with one dynamic scale (as vLLM's per-tensor
+      // dynamic fp8), then cuBLASLt's FP8 GEMM.
+      uint8_t* xq = buffers.fp8_activations.as<uint8_t>();
+      float* x_scale = buffers.fp8_activation_scales.as<float>();
+      launch_fp8_quantize_tensor(x, m, k, k, xq, x_scale, 1, reinterpret_cast<uint32_t*>(x_scale + 1), step_.stream);
+      parts_.gemm.linear_fp8(xq, x_scale, m, k, fp8.data, fp8.scale, scaling, n, y, output, y_stride);
+      return;
+    }
+    // W8A16 for shapes cuBLASLt's FP8 GEMM refuses: the matrix dequantized to bf16.
+    bf16* dequantized = buffers.fp8_weight.as<bf16>();
+    launch_fp8_dequantize(fp8.data, fp8.scale, n, k, dequantized, step_.stream);
+    parts_.gemm.linear(x, m, k, dequantized, n, y, output, y_stride);
     return;
   }
   if (m <= parts_.tuning.skinny_max_rows) {

@@ -22,6 +22,10 @@ constexpr int kWarpsPerCta = 4;
 // (bench/README.md, "The measurements behind the CUDA defaults").
 constexpr int kUnroll = 4;
 constexpr int kGemmUnroll = 8;
+// FP8 weights: 16-byte chunks in flight per lane and per row, and rows per warp
+// (x's loads shared by them).
+constexpr int kFp8Unroll = 4;
+constexpr int kFp8RowsPerWarp = 2;
 
 __device__ __forceinline__ uint4 load_streaming(const bf16* pointer) {
   uint4 value;
@@ -97,7 +101,7 @@ __device__ __forceinline__ void row_dots(const bf16* x, int x_stride, const bf16
   }
 }
 
-// Sums each row's lane partials over the warp, scales them (FP8 weights' per-tensor
+// Sums each row's lane partials over the warp, scales them (FP8 weights' per-row
 // scale; 1 for bf16, exact) and lane 0 writes y[m * y_stride + row] for m < M.
 template <int M>
 __device__ __forceinline__ void store_row(const float (&acc)[M], float scale, int lane, int row, void* y,
@@ -166,7 +170,7 @@ __global__ void __launch_bounds__(kWarpsPerCta * 32)
 }
 
 // FP8 weights: a lane's 16-byte load is 16 e4m3 values of W, matched with two
-// 16-byte loads of x (16 bf16). The per-tensor scale multiplies the sum once.
+// 16-byte loads of x (16 bf16). The row's scale multiplies its sum once.
 __device__ __forceinline__ uint4 load_streaming_bytes(const uint8_t* pointer) {
   return load_streaming(reinterpret_cast<const bf16*>(pointer));
 }
@@ -185,51 +189,69 @@ __device__ __forceinline__ float dot16_fp8(const uint4& w, const uint4& x_low, c
   return sum;
 }
 
-template <int M, int U>
-__device__ __forceinline__ void accumulate_fp8(const bf16* x, int x_stride, int column, const uint4 (&w)[U],
-                                               float (&acc)[M]) {
+// Adds x[m] . w[r] over the U chunks of each of R rows: x's chunk is loaded
+// once and used for all R rows.
+template <int M, int U, int R>
+__device__ __forceinline__ void accumulate_fp8(const bf16* x, int x_stride, int column, const uint4 (&w)[R][U],
+                                               float (&acc)[R][M]) {
 #pragma unroll
   for (int u = 0; u < U; ++u)
 #pragma unroll
     for (int m = 0; m < M; ++m) {
       const bf16* xs = x + m * x_stride + column + u * 512;
-      acc[m] += dot16_fp8(w[u], __ldg(reinterpret_cast<const uint4*>(xs)), __ldg(reinterpret_cast<const uint4*>(xs + 8)));
+      const uint4 low = __ldg(reinterpret_cast<const uint4*>(xs)), high = __ldg(reinterpret_cast<const uint4*>(xs + 8));
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r][m] += dot16_fp8(w[r][u], low, high);
     }
 }
 
-template <int M, int U = kGemmUnroll>
-__global__ void __launch_bounds__(kWarpsPerCta * 32)
+template <int U, int R>
+__device__ __forceinline__ void load_fp8_chunks(const uint8_t* const (&rows)[R], int column, uint4 (&w)[R][U]) {
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int u = 0; u < U; ++u) w[r][u] = load_streaming_bytes(rows[r] + column + u * 512);
+}
+
+// A warp takes R consecutive rows, U 16-byte chunks of each in flight per lane,
+// W warps a CTA. The first chunks are loaded before the programmatic wait (the
+// weights do not depend on the previous kernel).
+template <int M, int U, int R, int W>
+__global__ void __launch_bounds__(W * 32)
     skinny_gemm_fp8_kernel(const bf16* x, int x_stride, const uint8_t* w, const float* w_scale, int n, int k, void* y,
                            int y_stride, bool y_is_bf16) {
   const int lane = threadIdx.x % 32;
-  const int row = blockIdx.x * kWarpsPerCta + threadIdx.x / 32;
-  const uint8_t* w_row = w + static_cast<int64_t>(row < n ? row : 0) * k;
-  const bool fits = row < n && lane * 16 + (U - 1) * 512 < k;
-  uint4 head[U];
+  const int first = (blockIdx.x * W + threadIdx.x / 32) * R;
+  const uint8_t* rows[R];
 #pragma unroll
-  for (int u = 0; u < U; ++u) head[u] = fits ? load_streaming_bytes(w_row + lane * 16 + u * 512) : make_uint4(0, 0, 0, 0);
+  for (int r = 0; r < R; ++r) rows[r] = w + static_cast<int64_t>(first + r < n ? first + r : 0) * k;
+  int column = lane * 16;
+  bool full = first < n && column + (U - 1) * 512 < k;
+  uint4 chunk[R][U];
+  if (full) load_fp8_chunks<U, R>(rows, column, chunk);
   pdl_wait();
   pdl_trigger();
-  if (row >= n) return;
-  float acc[M];
+  if (first >= n) return;
+  float acc[R][M];
 #pragma unroll
-  for (int m = 0; m < M; ++m) acc[m] = 0.0f;
-  int column = lane * 16;
-  if (fits) {
-    accumulate_fp8<M, U>(x, x_stride, column, head, acc);
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int m = 0; m < M; ++m) acc[r][m] = 0.0f;
+  while (full) {
+    accumulate_fp8<M, U, R>(x, x_stride, column, chunk, acc);
     column += U * 512;
-  }
-  for (; column + (U - 1) * 512 < k; column += U * 512) {
-    uint4 chunk[U];
-#pragma unroll
-    for (int u = 0; u < U; ++u) chunk[u] = load_streaming_bytes(w_row + column + u * 512);
-    accumulate_fp8<M, U>(x, x_stride, column, chunk, acc);
+    full = column + (U - 1) * 512 < k;
+    if (full) load_fp8_chunks<U, R>(rows, column, chunk);
   }
   for (; column < k; column += 512) {
-    const uint4 chunk[1] = {load_streaming_bytes(w_row + column)};
-    accumulate_fp8<M, 1>(x, x_stride, column, chunk, acc);
+    uint4 tail[R][1];
+#pragma unroll
+    for (int r = 0; r < R; ++r) tail[r][0] = load_streaming_bytes(rows[r] + column);
+    accumulate_fp8<M, 1, R>(x, x_stride, column, tail, acc);
   }
-  store_row<M>(acc, *w_scale, lane, row, y, y_stride, y_is_bf16);
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+    if (first + r < n) store_row<M>(acc[r], w_scale[first + r], lane, first + r, y, y_stride, y_is_bf16);
 }
 
 void check_aligned(const void* x, int x_stride, int k) {
@@ -256,12 +278,13 @@ void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const ui
                             int32_t n, int32_t k, void* y, bool y_is_bf16, int32_t y_stride, Launch launch) {
   check_aligned(x, x_stride, k);
   if (k % 16 != 0) throw_unsupported("cuda FP8 skinny GEMM: k must be a multiple of 16", k);
-  const int blocks = (n + kWarpsPerCta - 1) / kWarpsPerCta;
+  constexpr int U = kFp8Unroll, R = kFp8RowsPerWarp, W = kWarpsPerCta;
+  const int blocks = (n + W * R - 1) / (W * R);
   switch (m) {
-    case 1: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<1>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
-    case 2: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<2>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
-    case 3: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<3>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
-    case 4: launch_kernel(launch, blocks, kWarpsPerCta * 32, 0, skinny_gemm_fp8_kernel<4>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 1: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<1, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 2: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<2, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 3: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<3, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    case 4: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<4, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
     default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
   }
 }
@@ -296,6 +319,27 @@ void launch_skinny_gemm_variant(const bf16* x, int32_t k, const bf16* w, int32_t
     case 808: go(skinny_gemm_kernel<1, 8, 8>, 8); break;
     case 1604: go(skinny_gemm_kernel<1, 16, 4>, 4); break;
     default: throw_unsupported("skinny GEMM variant (unroll * 100 + warps)", unroll * 100 + warps);
+  }
+}
+
+void launch_skinny_gemm_fp8_variant(const bf16* x, int32_t k, const uint8_t* w, const float* w_scale, int32_t n,
+                                    float* y, int32_t unroll, int32_t rows_per_warp, int32_t warps, cudaStream_t stream) {
+  check_aligned(x, k, k);
+  auto go = [&](auto kernel, int w_per_cta, int r) {
+    launch_kernel(Launch(stream), (n + w_per_cta * r - 1) / (w_per_cta * r), w_per_cta * 32, 0, kernel, x, k, w,
+                  w_scale, n, k, static_cast<void*>(y), n, false);
+  };
+  switch (unroll * 10000 + rows_per_warp * 100 + warps) {
+    case 80104: go(skinny_gemm_fp8_kernel<1, 8, 1, 4>, 4, 1); break;
+    case 40204: go(skinny_gemm_fp8_kernel<1, 4, 2, 4>, 4, 2); break;
+    case 80204: go(skinny_gemm_fp8_kernel<1, 8, 2, 4>, 4, 2); break;
+    case 40404: go(skinny_gemm_fp8_kernel<1, 4, 4, 4>, 4, 4); break;
+    case 20404: go(skinny_gemm_fp8_kernel<1, 2, 4, 4>, 4, 4); break;
+    case 40208: go(skinny_gemm_fp8_kernel<1, 4, 2, 8>, 8, 2); break;
+    case 20204: go(skinny_gemm_fp8_kernel<1, 2, 2, 4>, 4, 2); break;
+    case 160104: go(skinny_gemm_fp8_kernel<1, 16, 1, 4>, 4, 1); break;
+    default: throw_unsupported("FP8 skinny GEMM variant (unroll * 10000 + rows * 100 + warps)",
+                               unroll * 10000 + rows_per_warp * 100 + warps);
   }
 }
 

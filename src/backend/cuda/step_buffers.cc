@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernels.h"
 #include "backend/cuda/plan_types.h"
 
 namespace loom::cuda {
@@ -29,8 +31,14 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
   }
   const size_t logit_rows = static_cast<size_t>(plan.num_logit_launch_rows());
   logits.reserve(logit_rows * static_cast<size_t>(config.vocab_size) * sizeof(float));
-  if (fp8)
+  if (fp8) {
+    fp8_activations.reserve(n * std::max({hidden, q_size, intermediate}));
+    if (fp8_activation_scales.size() == 0) {  // the scale, then the quantizer's sync words (zeroed once)
+      fp8_activation_scales.allocate((1 + kFp8QuantizeSyncWords) * sizeof(float));
+      LOOM_CUDA_CHECK(cudaMemset(fp8_activation_scales.data(), 0, fp8_activation_scales.size()));
+    }
     fp8_weight.reserve(std::max({qkv_size * hidden, hidden * q_size, 2 * intermediate * hidden}) * sizeof(__nv_bfloat16));
+  }
   if (capture_hidden_states)
     hidden_states.reserve((config.num_layers + 1) * plan.logit_rows().size() * hidden * sizeof(float));
 }
@@ -38,7 +46,7 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
 std::vector<const void*> StepBuffers::addresses() const {
   return {residual.data(), delta.data(),   normed.data(),      qkv.data(),         q.data(),
           attention_out.data(), gate_up.data(), activation.data(), partial_out.data(), partial_lse.data(),
-          logits.data(), fp8_weight.data()};
+          logits.data(), fp8_activations.data(), fp8_activation_scales.data(), fp8_weight.data()};
 }
 
 }  // namespace loom::cuda

@@ -24,8 +24,10 @@ struct StepBuffers {
   DeviceBuffer partial_out, partial_lse;  // split attention's partial results
   DeviceBuffer logits;         // [logit launch rows, vocab] fp32
   DeviceBuffer hidden_states;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
-  // FP8 weights only: the largest linear weight dequantized to bf16, for the
-  // GEMMs of steps above the skinny kernel's rows (one matrix at a time).
+  // FP8 weights only: a GEMM's activations quantized ([rows, max k] e4m3; its
+  // fp32 scale, then the quantizer's sync words), and the largest linear weight dequantized to
+  // bf16 for shapes the FP8 GEMM refuses (one matrix at a time).
+  DeviceBuffer fp8_activations, fp8_activation_scales;
   DeviceBuffer fp8_weight;
 
   void grow(const StepPlan& plan, const ModelConfig& config, bool capture_hidden_states, bool fp8 = false);
