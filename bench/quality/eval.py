@@ -70,6 +70,8 @@ def main():
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--kv-cache-bytes", default="2G")
+    parser.add_argument("--serve-arg", action="append", default=[],
+                        help="one more `loom serve` argument, e.g. --serve-arg=--quantization --serve-arg=fp8")
     parser.add_argument("--out")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -100,7 +102,7 @@ def main():
                         "--lora", f"icarus_isolated={adapters['icarus']}:isolated"]))
     items = make_split(args.task, "heldout", args.heldout)
     on_cpu = args.device == "cpu"
-    report = {"task": args.task, "heldout": len(items), "cpu_precision": args.cpu_precision if on_cpu else None,
+    report = {"task": args.task, "heldout": len(items), "serve_args": args.serve_arg, "cpu_precision": args.cpu_precision if on_cpu else None,
               "device": args.device, "model": os.path.basename(os.path.normpath(args.model)),
               "adapters": {kind: os.path.normpath(path) for kind, path in adapters.items()}, "complete": False,
               "rows": {}}
@@ -135,7 +137,8 @@ def run_rows(args, items, rows, lora_flags, report):
     precision = ["--cpu-precision", args.cpu_precision] if args.device == "cpu" else []
     server = subprocess.Popen([args.loom, "serve", "--model", args.model, "--port", str(port), "--device", args.device,
                                *precision, "--max-lora-rank", "16",
-                               "--served-model-name", "base", "--kv-cache-bytes", args.kv_cache_bytes, *lora_flags],
+                               "--served-model-name", "base", "--kv-cache-bytes", args.kv_cache_bytes, *lora_flags,
+                               *args.serve_arg],
                               stdout=log, stderr=subprocess.STDOUT)
     SERVERS.append(server)
     try:
