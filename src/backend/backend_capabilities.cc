@@ -18,6 +18,10 @@ bool BackendCapabilities::supports_head_dim(int32_t head_dim) const {
   return head_dims.empty() || std::find(head_dims.begin(), head_dims.end(), head_dim) != head_dims.end();
 }
 
+const char* kv_cache_dtype_name(KvCacheDtype dtype) {
+  return dtype == KvCacheDtype::kFp8E4M3 ? "fp8_e4m3" : "auto";
+}
+
 std::vector<KvSharing> all_kv_sharing_modes() {
   return {KvSharing::kIsolated, KvSharing::kActivated, KvSharing::kBase, KvSharing::kForked};
 }
@@ -38,6 +42,12 @@ void check_model_capabilities(const BackendCapabilities& capabilities, const Mod
                 fmt::format("the model's head_dim {} is not supported by the {} backend (supported: {})",
                             model.head_dim, capabilities.name, fmt::join(capabilities.head_dims, ", ")),
                 "serve this model with --device cpu");
+  if (model.quantization.fp8() && !capabilities.fp8_weights && !capabilities.dequantizes_fp8_weights)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("the model's FP8 weights ({}) are not supported by the {} backend",
+                            describe(model.quantization), capabilities.name),
+                "serve a 16-bit checkpoint of the model (cuda: with --quantization fp8 for FP8 weights), or use "
+                "--device cpu, which dequantizes FP8 checkpoints to fp32");
   const int32_t multiple = std::max(capabilities.dimension_multiple, 1);
   if (model.hidden_size % multiple != 0 || model.intermediate_size % multiple != 0 || model.q_size() % multiple != 0)
     throw Error(ErrorKind::kUnsupported,

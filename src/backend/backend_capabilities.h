@@ -19,6 +19,16 @@ namespace loom {
 
 struct ModelConfig;
 
+// The KV cache's element type (--kv-cache-dtype, vLLM's flag; the engine's
+// EngineConfig::kv_cache_dtype, the backend's pools and the blocks' content-hash
+// salt, engine/kv_pools.cc).
+//   kAuto     the backend's own: float32 on the CPU, bfloat16 on CUDA (the
+//             flag's auto, and bf16 / bfloat16 where that is the backend's own)
+//   kFp8E4M3  e4m3 (fp8, fp8_e4m3), on a backend with fp8_kv_cache
+enum class KvCacheDtype { kAuto, kFp8E4M3 };
+// "auto" / "fp8_e4m3".
+const char* kv_cache_dtype_name(KvCacheDtype dtype);
+
 struct BackendCapabilities {
   // Named in refusals: "cpu", "cuda".
   std::string name;
@@ -46,6 +56,15 @@ struct BackendCapabilities {
   bool residual_host_kv_tier = false;
   // forward() honours Batch::capture_hidden_states (divergence tooling).
   bool capture_hidden_states = false;
+  // FP8 linear weights run as FP8: e4m3 bytes and their scales on the device,
+  // FP8 products (--quantization fp8; FP8 checkpoints, model/quantization.h,
+  // uploaded as they are).
+  bool fp8_weights = false;
+  // FP8 checkpoints are accepted by dequantizing their weights at load instead
+  // (the CPU's fp32 emulation: W8A16, activations never quantized).
+  bool dequantizes_fp8_weights = false;
+  // An FP8 (e4m3) KV cache, KvCacheDtype::kFp8E4M3: every pool, sharing mode and tier.
+  bool fp8_kv_cache = false;
   // Ranks the model and its KV are sharded over (model/tensor_parallel.h); a
   // KV block's bytes are laid out by rank, so this enters its content-hash salt.
   int32_t tensor_parallel_size = 1;
@@ -62,7 +81,8 @@ std::string kv_sharing_list(const std::vector<KvSharing>& modes);
 
 // Throws Error(kUnsupported), naming the backend, the value and what it runs,
 // with a hint, when `capabilities` cannot run `model` at all (head_dim,
-// dimension multiples).
+// dimension multiples, an FP8 checkpoint without fp8_weights or
+// dequantizes_fp8_weights).
 void check_model_capabilities(const BackendCapabilities& capabilities, const ModelConfig& model);
 
 }  // namespace loom

@@ -122,6 +122,10 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
     if (options.fp8_weights)
       throw Error(ErrorKind::kInvalidArgument, "--quantization fp8 on --device cpu",
                   "FP8 weights run on --device cuda (Hopper); the CPU backend runs fp32, or a GGUF file's own blocks");
+    if (options.kv_cache_dtype == KvCacheDtype::kFp8E4M3)
+      throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype fp8 on --device cpu",
+                  "an FP8 KV cache runs on --device cuda (Hopper); the CPU backend keeps its KV cache in float32: "
+                  "give auto");
     CpuBackendConfig config;
     config.num_threads = options.threads;
     config.max_adapter_slots = options.max_adapter_slots;

@@ -31,6 +31,9 @@ struct DeviceOptions {
   // cpu: threads of one backend, fp32 weights (cpu_keep_quantized is then ignored).
   int tensor_parallel_size = 1;
   bool fp8_weights = false;  // --quantization fp8 (cuda only: CudaBackendConfig::fp8_weights)
+  // --kv-cache-dtype (cuda only for fp8; the CPU refuses it at start). The engine
+  // gets it too (EngineConfig::kv_cache_dtype) and checks the backend's capability.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
 };
 
 // --cpu-precision fp32|auto (serve, generate): auto keeps a GGUF's weights

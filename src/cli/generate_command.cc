@@ -12,6 +12,7 @@
 #include "chat/chat_renderer.h"
 #include "cli/commands.h"
 #include "cli/device_backend.h"
+#include "cli/vllm_flags.h"
 #include "engine/engine.h"
 #include "model/loader.h"
 #include "util/error.h"
@@ -42,6 +43,7 @@ struct GenerateOptions {
   int threads = 0;
   int tensor_parallel_size = 1;
   std::string quantization;  // "" or fp8 (cuda)
+  std::string kv_cache_dtype = "auto";  // parse_kv_cache_dtype (vllm_flags.h)
   std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
   std::string device = "cpu";
@@ -77,11 +79,13 @@ int run_generate(const GenerateOptions& options) {
     throw Error(ErrorKind::kNotFound, "unknown adapter '" + options.adapter + "'",
                 "load it with --lora " + options.adapter + "=PATH");
 
+  const KvCacheDtype kv_cache_dtype = parse_kv_cache_dtype(options.kv_cache_dtype, options.device);
   const auto load_start = std::chrono::steady_clock::now();
-  ModelOnDevice loaded =
-      load_model_on_device(options.model, DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
-                                                        cpu_precision_keeps_quantized(options.cpu_precision),
-                                                        options.tensor_parallel_size, options.quantization == "fp8"});
+  ModelOnDevice loaded = load_model_on_device(
+      options.model,
+      DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
+                    cpu_precision_keeps_quantized(options.cpu_precision), options.tensor_parallel_size,
+                    options.quantization == "fp8", kv_cache_dtype});
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -110,6 +114,7 @@ int run_generate(const GenerateOptions& options) {
 
   EngineConfig engine_config;
   engine_config.block_size = options.block_size;
+  engine_config.kv_cache_dtype = kv_cache_dtype;
   engine_config.disabled_kv_sharing = options.disabled_kv_sharing;
   if (options.kv_cache_bytes > 0) {
     engine_config.kv_cache_bytes = options.kv_cache_bytes;
@@ -242,6 +247,10 @@ CommandRunner register_generate(CLI::App& app) {
   app.add_option("--quantization", options->quantization,
                  "fp8 (--device cuda): linear weights quantized to e4m3 at load, one scale per matrix")
       ->check(CLI::IsMember({"", "fp8"}));
+  app.add_option("--kv-cache-dtype", options->kv_cache_dtype,
+                 "auto (the backend's own: cpu float32, cuda bfloat16), bf16 (cuda), fp8 / fp8_e4m3 (cuda, where the "
+                 "backend has an FP8 KV cache)")
+      ->capture_default_str();
   app.add_option("--cpu-precision", options->cpu_precision, kCpuPrecisionHelp)
       ->check(CLI::IsMember({"auto", "fp32"}))
       ->capture_default_str();

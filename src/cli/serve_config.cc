@@ -82,6 +82,12 @@ ResolvedServe resolve(const ServeOptions& options) {
   if (vllm.max_model_len > 0) engine.max_context_tokens = vllm.max_model_len;
   if (vllm.max_loras > 0) engine.max_loras_per_batch = vllm.max_loras;
   if (!vllm.kv_events_config.empty()) engine.kv_events = parse_kv_events_config(vllm.kv_events_config);
+  // An unknown value resolves to auto here; validate() refuses it (check_vllm_flags).
+  try {
+    engine.kv_cache_dtype = parse_kv_cache_dtype(vllm.kv_cache_dtype, options.device);
+  } catch (const Error&) {
+    engine.kv_cache_dtype = KvCacheDtype::kAuto;
+  }
 
   // The KV pool's size on a GPU: the share given, else vLLM's default unless a size is given (1 GiB held 8K
   // tokens of an 8B model).
@@ -108,7 +114,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   KvPeerAllowlist::parse(serve.kv_transfer.peers);  // a malformed list fails before the model loads
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
                                !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
-                               vllm.tensor_parallel_size, vllm.quantization == "fp8"};
+                               vllm.tensor_parallel_size, vllm.quantization == "fp8", engine.kv_cache_dtype};
   serve.dry_run = options.dry_run;
   serve.shutdown_timeout_seconds = options.shutdown_timeout_seconds;
   serve.log_stats_interval_seconds = vllm.disable_log_stats ? 0.0 : options.log_stats_interval_seconds;
@@ -170,6 +176,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"device", serve.device.device},
           {"tensor_parallel_size", serve.device.tensor_parallel_size},
           {"quantization", serve.device.fp8_weights ? nlohmann::json("fp8") : nlohmann::json()},
+          {"kv_cache_dtype", kv_cache_dtype_label(engine.kv_cache_dtype, serve.device.device)},
           {"host", server.http.host},
           {"port", server.http.port},
           {"adapters", adapters},

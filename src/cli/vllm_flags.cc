@@ -67,7 +67,10 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
           ->group(kGroup);
   app.add_option("--dtype", flags.dtype, "auto, or the backend's own: float32 (cpu), bfloat16 (cuda)")
       ->group(kGroup);
-  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype, "auto (the backend's dtype)")->group(kGroup);
+  app.add_option("--kv-cache-dtype", flags.kv_cache_dtype,
+                 "auto (the backend's own: cpu float32, cuda bfloat16), bf16 (cuda), fp8 / fp8_e4m3 (cuda, where the "
+                 "backend has an FP8 KV cache)")
+      ->group(kGroup);
   app.add_option("--quantization", flags.quantization,
                  "fp8 (cuda): linear weights quantized to e4m3 at load, one scale per matrix (vLLM's dynamic fp8); "
                  "GGUF files load as they are (--model FILE.gguf)")
@@ -125,9 +128,33 @@ void check_vllm_flags(const VllmFlags& flags, const std::string& device) {
   if (flags.quantization == "fp8" && device.rfind("cuda", 0) != 0)
     throw Error(ErrorKind::kInvalidArgument, "--quantization fp8 on --device " + device,
                 "FP8 weights run on --device cuda (Hopper); the CPU backend runs fp32, or a GGUF file's own blocks");
-  if (flags.kv_cache_dtype != "auto")
-    throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + flags.kv_cache_dtype,
-                "the KV cache uses the backend's dtype: give auto");
+  parse_kv_cache_dtype(flags.kv_cache_dtype, device);
+}
+
+KvCacheDtype parse_kv_cache_dtype(const std::string& value, const std::string& device) {
+  const bool cuda = device.rfind("cuda", 0) == 0;
+  if (value == "auto") return KvCacheDtype::kAuto;
+  if (value == "bf16" || value == "bfloat16") {
+    if (cuda) return KvCacheDtype::kAuto;
+    throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + value + " on --device " + device,
+                "the CPU backend keeps its KV cache in float32: give auto");
+  }
+  if (value == "fp8" || value == "fp8_e4m3") {
+    if (cuda) return KvCacheDtype::kFp8E4M3;
+    throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + value + " on --device " + device,
+                "an FP8 KV cache runs on --device cuda (Hopper); the CPU backend keeps its KV cache in float32: give "
+                "auto");
+  }
+  if (value == "fp8_e5m2")
+    throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype fp8_e5m2",
+                "Loom's FP8 KV cache is e4m3: give fp8 (or fp8_e4m3)");
+  throw Error(ErrorKind::kInvalidArgument, "--kv-cache-dtype " + value,
+              "give auto (the backend's own dtype), bf16 (cuda) or fp8 / fp8_e4m3 (cuda)");
+}
+
+std::string kv_cache_dtype_label(KvCacheDtype dtype, const std::string& device) {
+  if (dtype == KvCacheDtype::kFp8E4M3) return "fp8_e4m3";
+  return device.rfind("cuda", 0) == 0 ? "bfloat16" : "float32";
 }
 
 std::string long_vllm_spelling(const std::string& argument) {

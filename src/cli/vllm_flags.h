@@ -12,7 +12,9 @@
 //   --max-loras N                          --max-loras-per-batch N
 //   --seed N                               seeds of requests that give none drawn from N (reproducible runs)
 //   --dtype auto|bfloat16|float32 ...      must be auto or the backend's own (cpu float32, cuda bfloat16)
-//   --kv-cache-dtype auto                  must be auto
+//   --kv-cache-dtype auto|bf16|fp8|...     auto (the backend's own: cpu float32, cuda bfloat16); bf16 / bfloat16
+//                                          where that is the backend's own; fp8 / fp8_e4m3 on cuda when the
+//                                          backend declares an FP8 KV cache (refused on the CPU); fp8_e5m2 refused
 //   --tensor-parallel-size / -tp 1, --pipeline-parallel-size / -pp 1: one device per server (main.cc
 //   spells -tp / -pp out: CLI11 takes one-character short names only)
 //   --enable-prefix-caching, --enable-lora, --enable-chunked-prefill, --enable-auto-tool-choice,
@@ -33,6 +35,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "backend/backend_capabilities.h"
 #include "kvevents/kv_events_config.h"
 
 namespace loom::cli {
@@ -67,9 +70,19 @@ struct VllmFlags {
 void add_vllm_flags(CLI::App& app, VllmFlags& flags);
 
 // Throws Error(kInvalidArgument) for a refused flag that was given, a parallel
-// size other than 1, a dtype Loom does not run on `device`, or
-// --no-enable-prefix-caching, naming Loom's equivalent.
+// size other than 1, a dtype or KV cache dtype Loom does not run on `device`,
+// or --no-enable-prefix-caching, naming Loom's equivalent.
 void check_vllm_flags(const VllmFlags& flags, const std::string& device);
+
+// --kv-cache-dtype (serve, generate) on `device`: auto, bf16 / bfloat16 (cuda:
+// the backend's own, so auto), fp8 / fp8_e4m3 (cuda: e4m3; the engine then
+// checks BackendCapabilities::fp8_kv_cache). Throws Error(kInvalidArgument)
+// naming the flag for fp8 on the CPU (as --quantization fp8 is), bf16 on the
+// CPU, fp8_e5m2 and anything else.
+KvCacheDtype parse_kv_cache_dtype(const std::string& value, const std::string& device);
+// The KV cache's element type as the effective configuration shows it:
+// "float32" (auto on cpu), "bfloat16" (auto on cuda), "fp8_e4m3".
+std::string kv_cache_dtype_label(KvCacheDtype dtype, const std::string& device);
 
 // vLLM's multi-character short flags (-tp, -pp) in their long spelling, for CLI11.
 std::string long_vllm_spelling(const std::string& argument);

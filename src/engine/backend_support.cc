@@ -67,6 +67,11 @@ void check_engine_supported(const BackendCapabilities& capabilities, const Engin
                             "backend",
                             capabilities.name),
                 "run with --host-residual-kv-memory auto or 0");
+  if (config.kv_cache_dtype == KvCacheDtype::kFp8E4M3 && !capabilities.fp8_kv_cache)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("an FP8 KV cache (--kv-cache-dtype fp8) is not supported by the {} backend",
+                            capabilities.name),
+                "run with --kv-cache-dtype auto (the backend's own dtype)");
   if (config.residual_kv_cache_bytes > 0)
     check_kv_sharing_allowed(capabilities, config.disabled_kv_sharing, KvSharing::kForked,
                              "--residual-kv-cache-memory (the forked adapters' rCache pool)",

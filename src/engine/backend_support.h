@@ -36,8 +36,9 @@ std::vector<KvSharing> allowed_kv_sharing(const BackendCapabilities& capabilitie
 void check_kv_sharing_allowed(const BackendCapabilities& capabilities, const std::vector<KvSharing>& disabled,
                               KvSharing mode, const std::string& subject, const std::string& hint);
 
-// At engine construction: the model (check_model_capabilities), the default
-// sharing, a host tier (and one for the rCache) and an rCache pool asked for explicitly. Throws
+// At engine construction: the model (check_model_capabilities: an FP8
+// checkpoint among others), the default sharing, an FP8 KV cache, a host tier
+// (and one for the rCache) and an rCache pool asked for explicitly. Throws
 // Error(kUnsupported) with a hint.
 void check_engine_supported(const BackendCapabilities& capabilities, const EngineConfig& config,
                             const ModelConfig& model);

@@ -45,6 +45,11 @@ struct EngineConfig {
   int32_t max_loras_per_batch = 8;     // --max-loras-per-batch
   int32_t max_adapter_slots = 64;      // adapters loaded at once
   int32_t max_context_tokens = 0;      // 0: the model's max_position_embeddings
+  // --kv-cache-dtype: the KV pools' element type (backend_capabilities.h). fp8
+  // needs BackendCapabilities::fp8_kv_cache (checked when the engine is built)
+  // and enters every KV block's content-hash salt, so blocks of another dtype
+  // are never read back from the host/disk tiers, another engine or KV events.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
   // Mode for adapters whose mode nobody chose (--default-sharing; see choose_kv_sharing).
   KvSharing default_sharing = KvSharing::kIsolated;
   // Modes the operator forbids (--disable-kv-sharing MODE[,MODE], e.g. the

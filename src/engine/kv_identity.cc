@@ -27,6 +27,11 @@ void add_tensor(std::vector<KvBlockHash>& parts, const std::string& name, const 
       parts.push_back(hash_bytes(std::as_bytes(std::span<const uint8_t>(tensor.quantized.bytes + start,
                                                                         static_cast<size_t>(length)))));
     }
+    const Fp8Scales& fp8 = tensor.quantized.fp8;
+    if (tensor.is_fp8() && fp8.rows != nullptr) {  // every row scale (one float a row) and the input scale
+      parts.push_back(hash_bytes(std::as_bytes(std::span<const float>(fp8.rows, static_cast<size_t>(tensor.shape[0])))));
+      parts.push_back(hash_string(fmt::format("input_scale={}", fp8.input)));
+    }
     return;
   }
   const int64_t count = tensor.numel();
@@ -87,6 +92,13 @@ KvBlockHash adapter_fingerprint(const LoraAdapter& adapter) {
       add_tensor(parts, "b", module->b);
     }
   return combine_all(parts);
+}
+
+std::string kv_cache_layout_spelling(const KvCacheLayoutSpec& layout) {
+  std::string text = fmt::format("block_size={} bytes_per_block={}", layout.block_size, layout.bytes_per_block);
+  if (layout.tensor_parallel_size > 1) text += fmt::format(" tensor_parallel={}", layout.tensor_parallel_size);
+  if (layout.dtype != KvCacheDtype::kAuto) text += fmt::format(" kv_dtype={}", kv_cache_dtype_name(layout.dtype));
+  return text;
 }
 
 KvBlockHash kv_cache_salt(const KvBlockHash& model, const std::string& layout, const std::string& member) {

@@ -256,14 +256,11 @@ void KvPools::setup_block_names() {
   }
   if (!names_blocks()) return;
   caches_->for_each([&](KvCacheId id, KvCacheManager& member) {
-    // The chain's start: the model, the member's layout (block size and bytes per block, so a CPU fp32 pool
-    // never reads a CUDA bf16 one; the tensor-parallel size, whose ranks' shares a block lays out one after the
-    // other) and its name.
-    const int32_t tensor_parallel_size = backend_.capabilities().tensor_parallel_size;
+    // The chain's start: the model, the member's layout and its name (kv_cache_layout_spelling).
     const KvBlockHash salt = kv_cache_salt(
         model_identity_,
-        fmt::format("block_size={} bytes_per_block={}{}", config_.block_size, bytes_per_block(id),
-                    tensor_parallel_size > 1 ? fmt::format(" tensor_parallel={}", tensor_parallel_size) : ""),
+        kv_cache_layout_spelling({config_.block_size, bytes_per_block(id), backend_.capabilities().tensor_parallel_size,
+                                  config_.kv_cache_dtype}),
         kv_cache_name(id));
     member.enable_block_hashes({salt, [this](const std::string& kv_namespace) { return namespace_salt(kv_namespace); }});
     std::lock_guard lock(naming_mutex_);

@@ -29,8 +29,9 @@
 // construction (or takes EngineConfig::kv_store, a disaggregated engine's
 // buffered store, shared with the server) and, with the host tiers, enables the disk tier on every member
 // that has one (kv/disk_tier_planner.h). Block names chain from a salt
-// per member: the model's fingerprint, the member's layout (block size and
-// bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one) and its
+// per member: the model's fingerprint, the member's layout (block size,
+// bytes per block, so a CPU fp32 pool never reads a CUDA bf16 one, and the KV
+// dtype, so an fp8 block never mixes with a bf16 one: kv_identity.h) and its
 // name; an adapter's namespaces also hash its fingerprint (set_adapter_identity).
 // The worker's copy function does the I/O: an offload writes the blocks it
 // names after the device -> host copy (a failed write is logged by the store

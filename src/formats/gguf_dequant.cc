@@ -4,6 +4,7 @@
 // so the product is exact and only the sum rounds. Q6_K multiplies (d * scale) * q
 // in ggml's order.
 #include "formats/gguf_dequant.h"
+#include "formats/tensor.h"
 
 #include <cstring>
 
@@ -149,6 +150,7 @@ void dequantize_blocks(const uint8_t* source, int64_t num_blocks, const GgmlBloc
 
 std::string ggml_type_name(uint32_t type_id) {
   if (type_id < std::size(kTypeNames)) return kTypeNames[type_id];
+  if (type_id == kF8E4M3RowType) return "F8_E4M3";  // Loom's tag for e4m3 rows (formats/tensor.h)
   return "type " + std::to_string(type_id);
 }
 

@@ -14,6 +14,7 @@
 
 #include "formats/gguf_dequant.h"
 #include "util/error.h"
+#include "util/fp8.h"
 #include "util/half.h"
 #include "util/json_nesting.h"
 #include "util/mapped_file.h"
@@ -150,6 +151,25 @@ Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint
     }
     return tensor;
   }
+  if (entry.dtype == "F8_E4M3") {
+    if (entry.shape.size() == 2 && entry.shape[0] > 0 && entry.shape[1] > 0) {  // bytes viewed in place
+      tensor.quantized.ggml_type = kF8E4M3RowType;
+      tensor.quantized.row_bytes = entry.shape[1];
+      tensor.quantized.bytes = source;
+      tensor.storage = file;
+      return tensor;
+    }
+    auto values = std::make_shared<std::vector<float>>(num_bytes);  // anything else: decoded, unscaled
+    for (uint64_t i = 0; i < num_bytes; ++i) (*values)[i] = e4m3_to_float(source[i]);
+    tensor.data = values->data();
+    tensor.storage = std::move(values);
+    return tensor;
+  }
+  if (entry.dtype == "F8_E5M2")
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("{}: tensor {}: dtype F8_E5M2 is not supported", path, entry.name),
+                "Loom reads FP8 weights in e4m3 (F8_E4M3), as llm-compressor (compressed-tensors) and fbgemm_fp8 "
+                "write them");
   if (entry.dtype == "F32") {
     if (reinterpret_cast<uintptr_t>(source) % alignof(float) == 0) {
       tensor.data = reinterpret_cast<const float*>(source);
@@ -168,7 +188,7 @@ Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint
   } else {
     throw Error(ErrorKind::kUnsupported,
                 fmt::format("{}: tensor {}: dtype {} is not supported", path, entry.name, entry.dtype),
-                "store weights as F32, F16 or BF16");
+                "store weights as F32, F16 or BF16 (or F8_E4M3 with scales: docs/quantization.md)");
   }
   return tensor;
 }

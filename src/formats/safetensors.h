@@ -21,10 +21,13 @@ struct SafetensorsReadOptions {
 };
 
 // Reads every tensor of one file as fp32. F32 tensors point into the mapping
-// (no copy); F16/BF16 are converted into owned buffers. Throws Error(kFormat)
-// naming the file (and tensor) for a truncated file, bad header, offsets out
-// of range or overlapping, size that does not match dtype x shape; Error(kUnsupported)
-// for a dtype other than F32/F16/BF16.
+// (no copy); F16/BF16 are converted into owned buffers. F8_E4M3 matrices are
+// the exception: always kept as e4m3 rows viewed in the mapping
+// (Tensor::quantized, kF8E4M3RowType; formats/tensor.h), without scales (those
+// are other tensors: model/ pairs them). Throws Error(kFormat) naming the file
+// (and tensor) for a truncated file, bad header, offsets out of range or
+// overlapping, size that does not match dtype x shape; Error(kUnsupported) for
+// a dtype other than F32/F16/BF16/F8_E4M3 (F8_E5M2 among them).
 TensorMap read_safetensors(const std::string& path, const SafetensorsReadOptions& options = {});
 
 // Reads a checkpoint directory: model.safetensors, or the shards listed in
@@ -32,12 +35,19 @@ TensorMap read_safetensors(const std::string& path, const SafetensorsReadOptions
 // when neither exists or a shard named by the index is missing.
 TensorMap read_safetensors_checkpoint(const std::string& directory, const SafetensorsReadOptions& options = {});
 
-enum class StoredDtype { kF32, kF16, kBF16 };
+// kF8E4M3: e4m3 bytes (util/fp8.h), as FP8 checkpoints store linear weights.
+enum class StoredDtype { kF32, kF16, kBF16, kF8E4M3 };
 
-// Writes tensors (sorted by name, 8-byte aligned data) with optional string
-// metadata. Values are converted to `dtype` (round to nearest even).
+// Writes tensors with optional string metadata. Each tensor is stored in
+// `dtypes[name]` when named there, else as kF8E4M3 when it is kept as e4m3
+// rows (Tensor::is_fp8(): its bytes as they are, scales not included), else in
+// `dtype`. Values are converted to their dtype (round to nearest even; e4m3
+// saturates at +-448). Tensors are laid out by element size, largest first,
+// then by name (safetensors' own order), so each starts aligned to its element
+// size. A 0-dimensional tensor (Tensor::scalar) is stored as one value.
 void write_safetensors(const std::string& path, const TensorMap& tensors,
                        StoredDtype dtype = StoredDtype::kF32,
-                       const std::map<std::string, std::string>& metadata = {});
+                       const std::map<std::string, std::string>& metadata = {},
+                       const std::map<std::string, StoredDtype>& dtypes = {});
 
 }  // namespace loom

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "model/quantization.h"
+
 namespace loom {
 
 enum class Architecture { kLlama, kQwen2, kQwen3, kMistral };
@@ -47,6 +49,10 @@ struct ModelConfig {
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
   std::string torch_dtype = "float32";  // as stored on disk, informational
+  // config.json's quantization_config: how the checkpoint's linear weights are
+  // stored (FP8: their scales are attached to each weight, formats/tensor.h
+  // Fp8Scales). Method kNone for 16/32-bit checkpoints and GGUF files.
+  QuantizationScheme quantization;
 
   int q_size() const { return num_heads * head_dim; }
   int kv_size() const { return num_kv_heads * head_dim; }

@@ -255,6 +255,8 @@ ModelConfig parse_hf_config(const nlohmann::json& root, const std::string& path)
   }
   read_special_tokens(reader, root, config);
   config.torch_dtype = reader.get_string("dtype", reader.get_string("torch_dtype", "float32"));
+  if (const json* quantization = reader.object("quantization_config"))
+    config.quantization = parse_quantization_config(*quantization, path);
   config.validate(path);
   return config;
 }

@@ -14,17 +14,19 @@ namespace {
 
 bool is_power_of_two(int32_t value) { return value > 0 && (value & (value - 1)) == 0; }
 
-bool is_16bit(const Tensor& tensor) {
+// Bytes per element of rows sliced in place: 16-bit or e4m3; 0 for GGUF blocks.
+int64_t element_bytes(const Tensor& tensor) {
+  if (tensor.is_fp8()) return 1;
   const auto type = static_cast<GgmlType>(tensor.quantized.ggml_type);
-  return tensor.is_quantized() && (type == GgmlType::kF16 || type == GgmlType::kBF16);
+  return type == GgmlType::kF16 || type == GgmlType::kBF16 ? 2 : 0;
 }
 
-// Shards are cut from fp32 tensors or 16-bit rows (sliced in place), not from GGUF blocks.
+// Shards are cut from fp32 tensors, 16-bit or e4m3 rows (sliced in place), not from GGUF blocks.
 void require_sliceable(const Tensor& tensor, const std::string& what) {
-  if (tensor.is_quantized() && !is_16bit(tensor))
+  if (tensor.is_quantized() && element_bytes(tensor) == 0)
     throw Error(ErrorKind::kUnsupported,
-                fmt::format("tensor parallelism: {} is kept in the block format {}; shards are cut from fp32 or "
-                            "16-bit weights",
+                fmt::format("tensor parallelism: {} is kept in the block format {}; shards are cut from fp32, "
+                            "16-bit or FP8 weights",
                             what, ggml_type_name(tensor.quantized.ggml_type)),
                 "on the CPU, load the model with --cpu-precision fp32");
 }
@@ -90,6 +92,7 @@ Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end) {
   slice.shape[0] = end - begin;
   if (tensor.is_quantized()) {
     slice.quantized.bytes = tensor.quantized.bytes + begin * tensor.quantized.row_bytes;
+    if (tensor.quantized.fp8.rows != nullptr) slice.quantized.fp8.rows = tensor.quantized.fp8.rows + begin;
     return slice;
   }
   const int64_t row_elements = tensor.shape.size() == 1 ? 1 : tensor.numel() / tensor.shape[0];
@@ -100,10 +103,10 @@ Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end) {
 Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end) {
   require_sliceable(tensor, "a sliced tensor");
   LOOM_CHECK(tensor.shape.size() == 2 && begin >= 0 && begin <= end && end <= tensor.shape[1]);
-  if (tensor.is_quantized()) {  // 16-bit rows: a view keeping the whole tensor's row stride
+  if (tensor.is_quantized()) {  // 16-bit or e4m3 rows: a view keeping the whole tensor's row stride (and row scales)
     Tensor slice = tensor;
     slice.shape[1] = end - begin;
-    slice.quantized.bytes = tensor.quantized.bytes + begin * 2;
+    slice.quantized.bytes = tensor.quantized.bytes + begin * element_bytes(tensor);
     return slice;
   }
   const int64_t rows = tensor.shape[0];

@@ -56,14 +56,17 @@ ModelConfig rank_config(const ModelConfig& config, const TensorParallelShard& sh
 
 // The rank's weights (shapes as rank_config() says). Row slices view the
 // model's storage; column slices (o, down) are owned copies of fp32 tensors, or
-// views of 16-bit rows keeping the whole row stride (QuantizedRows::row_bytes;
-// for the CUDA upload). Error(kUnsupported) for a tensor in a GGUF block format.
+// views of 16-bit or e4m3 rows keeping the whole row stride
+// (QuantizedRows::row_bytes; for the CUDA upload). An FP8 weight's row scales
+// follow its rows (a row slice views the rank's share; a column slice keeps
+// them all, as each output row keeps its scale) and its static input scale is
+// shared. Error(kUnsupported) for a tensor in a GGUF block format.
 ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,
                                  const TensorParallelShard& shard);
 
 // Rows [begin, end) of a 2-D (or the elements of a 1-D) tensor, viewing its storage.
 Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end);
-// Columns [begin, end) of a 2-D tensor: an owned copy (fp32) or a strided view (16-bit rows).
+// Columns [begin, end) of a 2-D tensor: an owned copy (fp32) or a strided view (16-bit or e4m3 rows).
 Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end);
 
 }  // namespace loom

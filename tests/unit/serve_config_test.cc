@@ -98,10 +98,11 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["tensor_parallel_size"], 1);
   EXPECT_EQ(config["reasoning_parser"], "auto");
   EXPECT_EQ(config["quantization"], nullptr);
+  EXPECT_EQ(config["kv_cache_dtype"], "float32");  // auto: the CPU backend's own
   EXPECT_EQ(config["kv_transfer_host"], "127.0.0.1");  // loopback, whatever --host is
   EXPECT_EQ(config["kv_transfer_secret"], false);
   EXPECT_EQ(config["kv_transfer_peers"], nullptr);
-  EXPECT_EQ(config.size(), 43u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config.size(), 44u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
@@ -133,6 +134,37 @@ TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
 TEST_F(ServeConfigTest, QuantizationIsFp8OnCudaOnly) {
   expect_invalid({"--quantization", "fp8"}, {"--quantization fp8 on --device cpu", "--device cuda"});
   expect_invalid({"--device", "cuda", "--quantization", "awq"}, {"--quantization awq", "fp8"});
+}
+
+// --kv-cache-dtype (vLLM's flag): auto is the backend's own dtype; fp8 reaches the
+// CUDA backend and the engine (whose capability check refuses it on a backend
+// without an FP8 KV cache); the CPU refuses it here, as it refuses --quantization fp8.
+TEST_F(ServeConfigTest, KvCacheDtypeIsFp8OnCudaOnly) {
+  expect_invalid({"--kv-cache-dtype", "fp8"}, {"--kv-cache-dtype fp8 on --device cpu", "--device cuda"});
+  expect_invalid({"--kv-cache-dtype", "fp8_e4m3"}, {"--kv-cache-dtype fp8_e4m3 on --device cpu", "--device cuda"});
+  expect_invalid({"--kv-cache-dtype", "bf16"}, {"--kv-cache-dtype bf16 on --device cpu", "float32"});
+  expect_invalid({"--device", "cuda", "--kv-cache-dtype", "fp8_e5m2"}, {"--kv-cache-dtype fp8_e5m2", "e4m3"});
+  expect_invalid({"--device", "cuda", "--kv-cache-dtype", "int8"}, {"--kv-cache-dtype int8", "auto"});
+
+  const ResolvedServe cpu = checked({"--kv-cache-dtype", "auto"});
+  EXPECT_EQ(cpu.engine.kv_cache_dtype, KvCacheDtype::kAuto);
+  EXPECT_EQ(effective_config(cpu, 4096)["kv_cache_dtype"], "float32");
+  for (const char* spelling : {"fp8", "fp8_e4m3"}) {
+    const ResolvedServe fp8 = checked({"--device", "cuda", "--kv-cache-dtype", spelling});
+    EXPECT_EQ(fp8.engine.kv_cache_dtype, KvCacheDtype::kFp8E4M3) << spelling;
+    EXPECT_EQ(fp8.device.kv_cache_dtype, KvCacheDtype::kFp8E4M3) << spelling;
+    EXPECT_EQ(effective_config(fp8, 4096)["kv_cache_dtype"], "fp8_e4m3") << spelling;
+  }
+  for (const char* spelling : {"auto", "bf16", "bfloat16"}) {
+    const ResolvedServe native = checked({"--device", "cuda", "--kv-cache-dtype", spelling});
+    EXPECT_EQ(native.engine.kv_cache_dtype, KvCacheDtype::kAuto) << spelling;
+    EXPECT_EQ(effective_config(native, 4096)["kv_cache_dtype"], "bfloat16") << spelling;
+  }
+  // The CPU backend refuses it at start too (a DeviceOptions built by other callers).
+  DeviceOptions device;
+  device.kv_cache_dtype = KvCacheDtype::kFp8E4M3;
+  test::expect_error([&] { load_model_on_device("random:llama-tiny", device); }, ErrorKind::kInvalidArgument,
+                     {"--kv-cache-dtype fp8 on --device cpu", "--device cuda"});
 }
 
 TEST_F(ServeConfigTest, VllmSpellingsSetTheSameFieldsAsLooms) {

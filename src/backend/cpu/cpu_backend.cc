@@ -66,6 +66,17 @@ void check_quantized_weights(const ModelConfig& config, const ModelWeights& weig
                cpu::quant::simd_level_name(cpu::quant::best_simd_level()));
 }
 
+// FP8 checkpoints: the linear weights dequantized to fp32 at load (an emulation
+// for tests and references: W8A16 semantics, activations never quantized, the
+// static input scales unused). Other weights are returned as they are.
+std::shared_ptr<const ModelWeights> dequantize_fp8(std::shared_ptr<const ModelWeights> weights,
+                                                   const ModelConfig& config) {
+  if (weights == nullptr || !has_fp8_weights(*weights)) return weights;
+  spdlog::info("cpu backend: FP8 weights ({}) dequantized to fp32 at load; activations stay fp32 (W8A16)",
+               describe(config.quantization));
+  return std::make_shared<const ModelWeights>(dequantize_fp8_weights(*weights));
+}
+
 cpu::CpuRank with_model_vocab(cpu::CpuRank rank, const ModelConfig& config) {
   if (rank.model_vocab_size == 0) rank.model_vocab_size = config.vocab_size;
   if (rank.shard.size == 1) rank.shard = tensor_parallel_shard(config, 0, 1);
@@ -81,7 +92,7 @@ CpuBackend::CpuBackend(const ModelConfig& config, std::shared_ptr<const ModelWei
     : config_(config),
       rank_(with_model_vocab(rank, config)),
       layer_(layer_spec(config)),
-      weights_(std::move(weights)),
+      weights_(dequantize_fp8(std::move(weights), config)),
       num_threads_(backend_config.num_threads > 0 ? backend_config.num_threads : omp_get_max_threads()),
       rope_(config),
       pools_(config) {
@@ -346,8 +357,8 @@ void CpuBackend::compute_logits(ForwardResult& result) {
 std::unique_ptr<Backend> make_cpu_backend(const ModelConfig& config,
                                           std::shared_ptr<const ModelWeights> weights,
                                           const CpuBackendConfig& backend_config) {
-  if (backend_config.tensor_parallel_size > 1)
-    return cpu::TensorParallelCpuBackend::make(config, std::move(weights), backend_config);
+  if (backend_config.tensor_parallel_size > 1)  // shards cut from the dequantized weights
+    return cpu::TensorParallelCpuBackend::make(config, dequantize_fp8(std::move(weights), config), backend_config);
   return std::make_unique<cpu::CpuBackend>(config, std::move(weights), backend_config);
 }
 

@@ -7,6 +7,14 @@
 // dequantized when a token looks it up. LoRA, norms, KV and activations stay fp32.
 // The fp32 reference is what a model loaded without keep_quantized runs.
 //
+// FP8 checkpoints (docs/quantization.md) are emulated: each FP8 linear weight
+// is dequantized to fp32 at load (w = e4m3 x its row scale,
+// dequantize_fp8_weights), so the CPU runs the checkpoint's weights exactly
+// but with unquantized fp32 activations (W8A16 semantics: no dynamic or
+// static activation quantization; input scales are not used). The CPU declares
+// no FP8 capability (BackendCapabilities::fp8_weights, fp8_kv_cache), refuses
+// --quantization fp8 and --kv-cache-dtype fp8, and keeps its KV cache in fp32.
+//
 // Threads: forward() runs OpenMP regions of num_threads threads on the calling
 // (engine) thread. GEMMs are split across those threads with one single-threaded
 // OpenBLAS call each, so make_cpu_backend sets OpenBLAS to one thread for the

@@ -66,7 +66,7 @@ class CpuBackend final : public Backend {
   int32_t max_adapter_slots() const override { return static_cast<int32_t>(adapters_.size()); }
   ForwardResult forward(const Batch& batch) override;
   // The reference: every sharing mode, head dim (even: RoPE pairs) and rank;
-  // sampling stays on the host.
+  // sampling stays on the host; no FP8 weights or KV (FP8 checkpoints dequantized).
   BackendCapabilities capabilities() const override {
     BackendCapabilities capabilities;
     capabilities.name = "cpu";
@@ -74,6 +74,7 @@ class CpuBackend final : public Backend {
     capabilities.host_kv_tier = true;
     capabilities.residual_host_kv_tier = true;
     capabilities.capture_hidden_states = true;
+    capabilities.dequantizes_fp8_weights = true;  // FP8 checkpoints: fp32 emulation (cpu_backend.h)
     return capabilities;
   }
 
