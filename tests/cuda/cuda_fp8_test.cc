@@ -14,7 +14,9 @@
 #include "backend/cuda/kernels.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
+#include "model/quantization.h"
 #include "synthetic/synthetic_model.h"
+#include "util/fp8.h"
 
 namespace loom::cuda {
 namespace {
@@ -243,6 +245,95 @@ TEST(CudaFp8, ModelNearItsBf16SelfAndGraphsEqualEager) {
               steps.size());
   EXPECT_LT(worst, 0.1);  // per-tensor activation and weight scales on a tiny random model
   EXPECT_GT(fp8_backend->graph_stats().replays, 0);
+}
+
+// An FP8 checkpoint as llm-compressor writes one, in memory: every linear
+// weight e4m3 with one scale per module (kTensor) or per output row (kChannel),
+// built by build_model_weights as a loaded checkpoint is.
+std::shared_ptr<const ModelWeights> fp8_checkpoint(const ModelConfig& config, const ModelWeights& source) {
+  TensorMap tensors = model_weights_to_tensor_map(config, source);
+  const bool per_channel = config.quantization.weight_strategy == Fp8WeightStrategy::kChannel;
+  for (int layer = 0; layer < config.num_layers; ++layer)
+    for (const char* linear : {"self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                               "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
+      const std::string module = "model.layers." + std::to_string(layer) + "." + linear;
+      const Tensor weight = tensors.at(module + ".weight");
+      const int64_t rows = weight.shape[0], cols = weight.shape[1];
+      std::vector<float> scales(rows);
+      float tensor_max = 0.0f;
+      for (int64_t i = 0; i < rows * cols; ++i) tensor_max = std::max(tensor_max, std::fabs(weight.data[i]));
+      for (int64_t r = 0; r < rows; ++r) {
+        float row_max = 0.0f;
+        for (int64_t c = 0; c < cols; ++c) row_max = std::max(row_max, std::fabs(weight.data[r * cols + c]));
+        scales[r] = (per_channel ? row_max : tensor_max) / kFp8E4m3Max;
+      }
+      auto bytes = std::make_shared<std::vector<uint8_t>>(rows * cols);
+      for (int64_t i = 0; i < rows * cols; ++i) (*bytes)[i] = float_to_e4m3(weight.data[i] / scales[i / cols]);
+      Tensor fp8;
+      fp8.shape = weight.shape;
+      fp8.quantized.ggml_type = kF8E4M3RowType;
+      fp8.quantized.bytes = bytes->data();
+      fp8.quantized.row_bytes = cols;
+      fp8.storage = bytes;
+      tensors[module + ".weight"] = fp8;
+      tensors[module + ".weight_scale"] =
+          per_channel ? Tensor::from_vector({rows, 1}, scales) : Tensor::scalar(scales[0]);
+    }
+  return std::make_shared<const ModelWeights>(build_model_weights(config, tensors, "fp8 twin"));
+}
+
+// An FP8 checkpoint on the GPU keeps its e4m3 weights and scales, and runs as the
+// bf16 model of its dequantized weights: decode steps (the FP8 skinny GEMM,
+// exact weights) within bf16's rounding of them; prefills also within what
+// per-tensor activation quantization costs (kTensor: cuBLASLt FP8, after q/k/v
+// and gate/up are brought to one scale each) or as W8A16 (kChannel).
+TEST(CudaFp8, CheckpointsRunAsTheirDequantizedWeights) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig plain = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const auto source = test::tiny_weights(plain, 43, false);
+  for (const Fp8WeightStrategy strategy : {Fp8WeightStrategy::kTensor, Fp8WeightStrategy::kChannel}) {
+    const bool per_channel = strategy == Fp8WeightStrategy::kChannel;
+    SCOPED_TRACE(per_channel ? "per-channel scales" : "per-tensor scales");
+    ModelConfig config = plain;
+    config.quantization.method = QuantizationMethod::kCompressedTensors;
+    config.quantization.weight_strategy = strategy;
+    config.quantization.activations = Fp8Activations::kDynamicPerToken;
+    config.quantization.ignore = {"lm_head"};
+    const auto checkpoint = fp8_checkpoint(config, *source);
+    ASSERT_TRUE(has_fp8_weights(*checkpoint));
+    const auto dequantized = std::make_shared<const ModelWeights>(dequantize_fp8_weights(*checkpoint));
+    auto fp8_backend = make_cuda_backend(config, *checkpoint, {});
+    auto reference = make_cuda_backend(plain, *dequantized, {});
+    auto* fp8_impl = dynamic_cast<CudaBackend*>(fp8_backend.get());
+    ASSERT_NE(fp8_impl, nullptr);
+    EXPECT_TRUE(fp8_impl->model().fp8());
+    EXPECT_EQ(fp8_impl->model().layers()[0].qkv_fp8.per_channel, per_channel);
+    EXPECT_EQ(fp8_impl->model().layers()[0].down_fp8.per_channel, per_channel);
+    constexpr int kBlocks = 64, kBlockSize = 16;
+    fp8_backend->allocate_kv_cache({kBlocks, kBlockSize});
+    reference->allocate_kv_cache({kBlocks, kBlockSize});
+    test::Driver driver(kBlocks, kBlockSize, 5);
+    const int a = driver.add_sequence(), b = driver.add_sequence();
+    std::vector<Batch> steps = {driver.make_batch({{a, driver.random_tokens(33, plain.vocab_size), std::vector<int32_t>(33, -1), true},
+                                                   {b, driver.random_tokens(20, plain.vocab_size), std::vector<int32_t>(20, -1), false}})};
+    for (int step = 0; step < 3; ++step)
+      steps.push_back(driver.make_batch({{a, driver.random_tokens(1, plain.vocab_size), {-1}, false},
+                                         {b, driver.random_tokens(1, plain.vocab_size), {-1}, false}}));
+    for (size_t s = 0; s < steps.size(); ++s) {
+      const ForwardResult expected = reference->forward(steps[s]);
+      const ForwardResult got = fp8_backend->forward(steps[s]);
+      double error = 0, norm = 0;
+      for (size_t i = 0; i < expected.logits.size(); ++i) {
+        error += (got.logits[i] - expected.logits[i]) * (got.logits[i] - expected.logits[i]);
+        norm += expected.logits[i] * expected.logits[i];
+      }
+      const double nmse = error / norm;
+      std::printf("[ fp8 ] %s checkpoint, step %zu: logits NMSE %.3g against its dequantized weights in bf16\n",
+                  per_channel ? "per-channel" : "per-tensor", s, nmse);
+      // The prefill's K/V feed every later step, so a per-tensor prefill's W8A8 error stays in them.
+      EXPECT_LT(nmse, per_channel ? 1e-3 : 0.1) << "step " << s;
+    }
+  }
 }
 
 }  // namespace

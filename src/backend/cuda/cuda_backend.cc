@@ -153,15 +153,16 @@ cudaStream_t make_stream(int device) {
   return stream;
 }
 
-// --quantization fp8 (CudaBackendConfig::fp8_weights): the model's sizes the
-// FP8 kernels need, and the weights converted.
+// FP8 weights, from an FP8 checkpoint (uploaded as they are) or --quantization
+// fp8 (CudaBackendConfig::fp8_weights: converted here): the sizes the FP8 kernels need.
 void prepare_fp8(const ModelConfig& config, cuda::DeviceModel& model, const CudaBackendConfig& backend_config,
                  cudaStream_t stream) {
-  if (!backend_config.fp8_weights) return;
+  if (!backend_config.fp8_weights && !model.fp8()) return;
   if (config.hidden_size % 16 != 0 || config.q_size() % 16 != 0 || config.intermediate_size % 16 != 0)
     throw Error(ErrorKind::kUnsupported,
-                fmt::format("--quantization fp8: hidden ({}), q ({}) and intermediate ({}) sizes must be multiples of 16",
+                fmt::format("FP8 weights on cuda: hidden ({}), q ({}) and intermediate ({}) sizes must be multiples of 16",
                             config.hidden_size, config.q_size(), config.intermediate_size));
+  if (model.fp8()) return;
   // Per-channel weight scales where cuBLASLt's FP8 GEMM takes them (an alpha
   // vector), else one scale a matrix as vLLM's dynamic fp8 has.
   const bool per_channel = cuda::Gemm(stream).supports_fp8(128, 4096, 4096, cuda::Gemm::Output::kBF16, 4096,
@@ -221,6 +222,7 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.host_kv_tier = true;
   capabilities.residual_host_kv_tier = true;
   capabilities.capture_hidden_states = true;
+  capabilities.fp8_weights = true;
   return capabilities;
 }
 

@@ -38,10 +38,11 @@ class Arena {
   int64_t offset_ = 0;
 };
 
-// Where one host/synthetic tensor lands: bf16 or fp32, at `destination`.
+// Where one host/synthetic tensor lands: bf16, fp32 or e4m3 bytes, at `destination`.
 struct Destination {
   void* pointer = nullptr;
   bool is_bf16 = true;
+  bool fp8 = false;
 };
 
 }  // namespace
@@ -163,13 +164,26 @@ std::unordered_map<std::string, Destination> destinations(const ModelConfig& con
     const std::string prefix = fmt::format("model.layers.{}.", l);
     map[prefix + "input_layernorm.weight"] = f32_at(layer.input_norm);
     map[prefix + "post_attention_layernorm.weight"] = f32_at(layer.post_attention_norm);
-    map[prefix + "self_attn.q_proj.weight"] = bf16_at(layer.qkv_proj);
-    map[prefix + "self_attn.k_proj.weight"] = bf16_at(layer.qkv_proj + q_size * hidden);
-    map[prefix + "self_attn.v_proj.weight"] = bf16_at(layer.qkv_proj + (q_size + kv_size) * hidden);
-    map[prefix + "self_attn.o_proj.weight"] = bf16_at(layer.o_proj);
-    map[prefix + "mlp.gate_proj.weight"] = bf16_at(layer.gate_up_proj);
-    map[prefix + "mlp.up_proj.weight"] = bf16_at(layer.gate_up_proj + intermediate * hidden);
-    map[prefix + "mlp.down_proj.weight"] = bf16_at(layer.down_proj);
+    if (model.fp8()) {
+      auto fp8_at = [](const Fp8Matrix& matrix, int64_t offset) {
+        return Destination{const_cast<uint8_t*>(matrix.data) + offset, false, true};
+      };
+      map[prefix + "self_attn.q_proj.weight"] = fp8_at(layer.qkv_fp8, 0);
+      map[prefix + "self_attn.k_proj.weight"] = fp8_at(layer.qkv_fp8, q_size * hidden);
+      map[prefix + "self_attn.v_proj.weight"] = fp8_at(layer.qkv_fp8, (q_size + kv_size) * hidden);
+      map[prefix + "self_attn.o_proj.weight"] = fp8_at(layer.o_fp8, 0);
+      map[prefix + "mlp.gate_proj.weight"] = fp8_at(layer.gate_up_fp8, 0);
+      map[prefix + "mlp.up_proj.weight"] = fp8_at(layer.gate_up_fp8, intermediate * hidden);
+      map[prefix + "mlp.down_proj.weight"] = fp8_at(layer.down_fp8, 0);
+    } else {
+      map[prefix + "self_attn.q_proj.weight"] = bf16_at(layer.qkv_proj);
+      map[prefix + "self_attn.k_proj.weight"] = bf16_at(layer.qkv_proj + q_size * hidden);
+      map[prefix + "self_attn.v_proj.weight"] = bf16_at(layer.qkv_proj + (q_size + kv_size) * hidden);
+      map[prefix + "self_attn.o_proj.weight"] = bf16_at(layer.o_proj);
+      map[prefix + "mlp.gate_proj.weight"] = bf16_at(layer.gate_up_proj);
+      map[prefix + "mlp.up_proj.weight"] = bf16_at(layer.gate_up_proj + intermediate * hidden);
+      map[prefix + "mlp.down_proj.weight"] = bf16_at(layer.down_proj);
+    }
     if (layer.qkv_bias != nullptr) {
       map[prefix + "self_attn.q_proj.bias"] = f32_at(layer.qkv_bias);
       map[prefix + "self_attn.k_proj.bias"] = f32_at(layer.qkv_bias + q_size);
@@ -197,12 +211,67 @@ void upload_inverse_frequencies(const ModelConfig& config, const float* destinat
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
 }
 
+
+// An FP8 checkpoint's linear weights: all of them e4m3 (the fused device matrices
+// hold one format), or none.
+bool checkpoint_is_fp8(const ModelWeights& weights) {
+  if (!has_fp8_weights(weights)) return false;
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& layer = weights.layers[l];
+    for (const Tensor* tensor : {&layer.q_proj, &layer.k_proj, &layer.v_proj, &layer.o_proj, &layer.gate_proj,
+                                 &layer.up_proj, &layer.down_proj})
+      if (!tensor->is_fp8())
+        fail(ErrorKind::kUnsupported,
+             "cuda backend: layer {} of this FP8 checkpoint keeps some linear weights unquantized (its ignore list); "
+             "the GPU runs a checkpoint whose q/k/v/o and gate/up/down are all FP8 or none (use --device cpu)", l);
+  }
+  return true;
+}
+
 }  // namespace
+
+// The scales of an uploaded FP8 checkpoint (layer by layer, the parts of each
+// fused matrix in place). Per-channel checkpoints keep their rows' scales; with
+// per-tensor ones a fused matrix whose parts' scales differ (q, k, v; gate, up)
+// is requantized to the largest (as vLLM does), so it keeps one scale and
+// cuBLASLt's per-tensor FP8 GEMM.
+void DeviceModel::upload_fp8_scales(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream) {
+  const int64_t hidden = config.hidden_size;
+  const bool per_channel = config.quantization.weight_strategy == Fp8WeightStrategy::kChannel;
+  for (size_t l = 0; l < layers_.size(); ++l) {
+    const LayerWeights& from = weights.layers[l];
+    DeviceLayer& to = layers_[l];
+    auto place = [&](Fp8Matrix& matrix, std::initializer_list<const Tensor*> parts, int64_t cols) {
+      std::vector<float> scales;
+      for (const Tensor* part : parts)
+        scales.insert(scales.end(), part->quantized.fp8.rows, part->quantized.fp8.rows + part->shape[0]);
+      const auto rows = static_cast<int64_t>(scales.size());
+      float* device_scales = const_cast<float*>(matrix.scale);
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(device_scales, scales.data(), rows * sizeof(float), cudaMemcpyHostToDevice,
+                                      stream));
+      const float largest = *std::max_element(scales.begin(), scales.end());
+      const bool uniform = std::all_of(scales.begin(), scales.end(), [&](float s) { return s == largest; });
+      matrix.per_channel = per_channel && !uniform;
+      if (!per_channel && !uniform) {
+        launch_fp8_requantize_rows(const_cast<uint8_t*>(matrix.data), device_scales, rows, cols, largest, stream);
+        std::fill(scales.begin(), scales.end(), largest);
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(device_scales, scales.data(), rows * sizeof(float), cudaMemcpyHostToDevice,
+                                        stream));
+      }
+      LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));  // `scales` is a host buffer of this scope
+    };
+    place(to.qkv_fp8, {&from.q_proj, &from.k_proj, &from.v_proj}, hidden);
+    place(to.o_fp8, {&from.o_proj}, config.q_size());
+    place(to.gate_up_fp8, {&from.gate_proj, &from.up_proj}, hidden);
+    place(to.down_fp8, {&from.down_proj}, config.intermediate_size);
+  }
+}
 
 DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& weights, int device,
                                 cudaStream_t stream) {
   DeviceModel model;
-  model.lay_out(config, same_values(weights.lm_head, weights.embed_tokens));
+  const bool fp8 = checkpoint_is_fp8(weights);
+  model.lay_out(config, same_values(weights.lm_head, weights.embed_tokens), fp8);
   upload_inverse_frequencies(config, model.inverse_frequencies_, stream);
 
   TensorMap tensors = model_weights_to_tensor_map(config, weights);
@@ -211,7 +280,7 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
   for (const auto& [name, destination] : destinations(config, model)) {
     const auto found = tensors.find(name);
     if (found == tensors.end()) fail(ErrorKind::kFormat, "cuda backend: tensor {} is missing", name);
-    uploads.push_back({name, &found->second, destination.pointer, destination.is_bf16});
+    uploads.push_back({name, &found->second, destination.pointer, destination.is_bf16, destination.fp8});
   }
   const auto start = std::chrono::steady_clock::now();
   const WeightUploadStats stats = upload_weights(uploads, device);
@@ -219,6 +288,7 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
   spdlog::info("cuda backend: {:.2f} GiB of weights read and uploaded in {:.1f} s ({:.1f} GiB/s, {} streams)",
                static_cast<double>(stats.source_bytes) / (1 << 30), seconds,
                static_cast<double>(stats.source_bytes) / (1 << 30) / std::max(seconds, 1e-9), stats.num_workers);
+  if (fp8) model.upload_fp8_scales(config, weights, stream);
   return model;
 }
 

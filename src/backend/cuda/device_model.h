@@ -48,6 +48,7 @@ struct DeviceLayer {
 class DeviceModel {
  public:
   // Copies and converts `weights` (validated by the caller against `config`) onto `device`.
+  // An FP8 checkpoint (config.quantization) keeps its e4m3 weights and their scales.
   static DeviceModel upload(const ModelConfig& config, const ModelWeights& weights, int device, cudaStream_t stream);
   // Draws the synthetic model of `config` for `seed` on the device. With
   // round_to_bf16, fp32 tensors (norms, biases) are rounded through bf16 as in
@@ -72,6 +73,7 @@ class DeviceModel {
  private:
   DeviceModel() = default;
   void lay_out(const ModelConfig& config, bool tied, bool fp8 = false);
+  void upload_fp8_scales(const ModelConfig& config, const ModelWeights& weights, cudaStream_t stream);
 
   DeviceBuffer storage_;
   std::vector<DeviceLayer> layers_;

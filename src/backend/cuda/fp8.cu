@@ -145,7 +145,26 @@ __global__ void dequantize_kernel(const uint2* w, const float* scales, int64_t c
   }
 }
 
+__global__ void requantize_rows_kernel(uint8_t* data, const float* scales, int64_t cols, int64_t count, float common) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const float factor = scales[i / cols] / common;
+    if (factor == 1.0f) continue;
+    const float value = __half2float(__half(__nv_cvt_fp8_to_halfraw(data[i], __NV_E4M3)));
+    data[i] = __nv_cvt_float_to_fp8(value * factor, __NV_SATFINITE, __NV_E4M3);
+  }
+}
+
 }  // namespace
+
+void launch_fp8_requantize_rows(uint8_t* data, const float* scales, int64_t rows, int64_t cols, float common,
+                                cudaStream_t stream) {
+  if (rows <= 0 || cols <= 0) return;
+  const int64_t count = rows * cols;
+  const int blocks = static_cast<int>(std::min<int64_t>((count + kThreads - 1) / kThreads, 132 * 16));
+  requantize_rows_kernel<<<blocks, kThreads, 0, stream>>>(data, scales, cols, count, common);
+  LOOM_CUDA_CHECK(cudaGetLastError());
+}
 
 void launch_fp8_dequantize(const uint8_t* w, const float* scales, int64_t rows, int64_t cols, bf16* out,
                            cudaStream_t stream) {

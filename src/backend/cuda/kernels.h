@@ -249,6 +249,10 @@ void launch_fp8_quantize_rows(const bf16* x, int64_t rows, int64_t cols, int64_t
 inline constexpr int kFp8QuantizeSyncWords = 3;
 void launch_fp8_quantize_tensor(const bf16* x, int64_t rows, int64_t cols, int64_t x_stride, uint8_t* out,
                                 float* scales, int64_t copies, uint32_t* sync, cudaStream_t stream);
+// data[r * cols + c] = e4m3(e4m3(data[r * cols + c]) * scales[r] / common) in place:
+// rows with their own scales brought to one common scale (>= each of them).
+void launch_fp8_requantize_rows(uint8_t* data, const float* scales, int64_t rows, int64_t cols, float common,
+                                cudaStream_t stream);
 // out[r * cols + c] = bf16(e4m3(w[r * cols + c]) * scales[r]): an FP8 matrix as a
 // bf16 one, for GEMMs the FP8 GEMM cannot take (cols % 8 == 0).
 void launch_fp8_dequantize(const uint8_t* w, const float* scales, int64_t rows, int64_t cols, bf16* out,

@@ -29,6 +29,7 @@ enum class Path {
   kFloat,     // fp32 values (or GGUF blocks dequantized into fp32) -> fp32, or -> scratch -> bf16
   kBf16Copy,  // BF16 rows -> the bf16 destination as they are
   kHalf,      // F16 rows -> scratch -> bf16
+  kFp8Copy,   // e4m3 rows -> the FP8 destination as they are
 };
 
 struct Chunk {
@@ -39,6 +40,7 @@ struct Chunk {
 Path path_of(const WeightUpload& upload) {
   const Tensor& tensor = *upload.tensor;
   if (!tensor.is_quantized()) return Path::kFloat;
+  if (tensor.is_fp8()) return Path::kFp8Copy;
   const auto type = static_cast<GgmlType>(tensor.quantized.ggml_type);
   if (upload.to_bf16 && type == GgmlType::kBF16) return Path::kBf16Copy;
   if (upload.to_bf16 && type == GgmlType::kF16) return Path::kHalf;
@@ -46,13 +48,22 @@ Path path_of(const WeightUpload& upload) {
 }
 
 // Staging bytes one element takes on its path.
-int64_t staging_bytes_per_element(Path path) { return path == Path::kFloat ? 4 : 2; }
+int64_t staging_bytes_per_element(Path path) { return path == Path::kFloat ? 4 : path == Path::kFp8Copy ? 1 : 2; }
+
+// Bytes one row of a kept-quantized tensor packs (FP8: one a value).
+int64_t packed_row_bytes(const Tensor& tensor) {
+  return tensor.is_fp8() ? tensor.shape[1]
+                         : ggml_row_bytes(static_cast<GgmlType>(tensor.quantized.ggml_type), tensor.shape[1]);
+}
 
 void check_upload(const WeightUpload& upload) {
   const Tensor* tensor = upload.tensor;
   if (tensor == nullptr || tensor->empty() || upload.destination == nullptr)
     fail(ErrorKind::kFormat, "cuda backend: tensor {} is missing", upload.name);
-  if (!tensor->is_quantized()) return;
+  if (tensor->is_fp8() != upload.fp8_bytes)
+    fail(ErrorKind::kUnsupported, "cuda backend: tensor {} is {}FP8 where the device model holds {}", upload.name,
+         tensor->is_fp8() ? "" : "not ", upload.fp8_bytes ? "FP8" : "16-bit values");
+  if (!tensor->is_quantized() || tensor->is_fp8()) return;
   if (tensor->shape.size() != 2 || !is_supported_ggml_type(tensor->quantized.ggml_type))
     fail(ErrorKind::kUnsupported, "cuda backend: tensor {} is stored as {} [{} dims], which the GPU upload cannot read",
          upload.name, ggml_type_name(tensor->quantized.ggml_type), tensor->shape.size());
@@ -100,7 +111,7 @@ class Worker {
       const QuantizedRows& rows = tensor.quantized;
       const auto type = static_cast<GgmlType>(rows.ggml_type);
       const int64_t row = tensor.shape[1];
-      const int64_t packed = ggml_row_bytes(type, row);  // less than row_bytes in a column slice
+      const int64_t packed = packed_row_bytes(tensor);  // less than row_bytes in a column slice
       const int64_t num_rows = chunk.count / row;
       const uint8_t* source = rows.bytes + chunk.begin / row * rows.row_bytes;
       source_bytes = num_rows * packed;
@@ -120,7 +131,10 @@ class Worker {
     }
     const int64_t staged_bytes = chunk.count * staging_bytes_per_element(path);
     auto* bf16_destination = static_cast<__nv_bfloat16*>(upload.destination) + chunk.begin;
-    if (path == Path::kBf16Copy) {
+    if (path == Path::kFp8Copy) {
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(upload.destination) + chunk.begin, staging_.data(),
+                                      staged_bytes, cudaMemcpyHostToDevice, stream_));
+    } else if (path == Path::kBf16Copy) {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(bf16_destination, staging_.data(), staged_bytes, cudaMemcpyHostToDevice, stream_));
     } else if (path == Path::kHalf || upload.to_bf16) {
       LOOM_CUDA_CHECK(cudaMemcpyAsync(scratch_.data(), staging_.data(), staged_bytes, cudaMemcpyHostToDevice, stream_));
@@ -151,10 +165,8 @@ WeightUploadStats upload_weights(std::span<const WeightUpload> uploads, int devi
   if (chunks.empty()) return stats;
   for (const WeightUpload& upload : uploads)
     stats.source_bytes +=
-        upload.tensor->is_quantized()
-            ? ggml_row_bytes(static_cast<GgmlType>(upload.tensor->quantized.ggml_type), upload.tensor->shape[1]) *
-                  upload.tensor->shape[0]
-            : upload.tensor->numel() * 4;
+        upload.tensor->is_quantized() ? packed_row_bytes(*upload.tensor) * upload.tensor->shape[0]
+                                      : upload.tensor->numel() * 4;
   const unsigned cores = std::max(2u, std::thread::hardware_concurrency());
   stats.num_workers = static_cast<int32_t>(std::clamp<size_t>(cores / 2, 1, std::min<size_t>(8, chunks.size())));
 

@@ -3,7 +3,8 @@
 // F16 checkpoints viewed in their file mapping, GGUF block types). Nothing is
 // expanded on the host beyond one staging chunk: BF16 is copied as is, F16 and
 // fp32 are converted to bf16 on the device, GGUF block types are dequantized
-// chunk by chunk into the staging buffer.
+// chunk by chunk into the staging buffer, FP8 (e4m3) rows are copied as they are
+// into FP8 destinations (their scales are the caller's).
 //
 // Several chunks are in flight: a few worker threads, each with its own stream,
 // pinned staging buffer and device scratch, take row-aligned chunks of any
@@ -24,6 +25,7 @@ struct WeightUpload {
   const Tensor* tensor = nullptr;  // fp32 or Tensor::quantized; outlives the call
   void* destination = nullptr;  // device memory for numel() values
   bool to_bf16 = true;          // destination holds bf16 (else fp32)
+  bool fp8_bytes = false;       // destination holds e4m3: the tensor's FP8 rows copied as they are
 };
 
 struct WeightUploadStats {
