@@ -58,7 +58,8 @@ run_side() {  # run_side NAME AGENTS RATE TASKS SIDE
   local sharing=isolated extra=()
   case "$side" in
     base) sharing=base ;;
-    iso-swap) extra=(--preemption-mode swap --host-kv-memory "${SWAP_SPACE:-4G}") ;;
+    # (--host-kv-memory alone would be the harness's own flag: serve gets it through --compare serve.*)
+    iso-swap) extra=(--preemption-mode swap --compare "serve.host-kv-memory=${SWAP_SPACE:-4G}") ;;
   esac
   point "$name" 40 react-hotpotqa --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$kv" --synthetic-outputs \
     --no-workflow-hints --agents "$agents" --rate "$rate" --num-tasks "$tasks" --concurrency 1 \

@@ -41,14 +41,17 @@ FIXED_CONCURRENT=${FIXED_CONCURRENT:-1024}
 KV_SINGLE=${KV_SINGLE:-$(pool_bytes 23028 88 0 0)}
 KV_CONCURRENT=${KV_CONCURRENT:-$(pool_bytes 81559 88 0 0)}
 
-cache_flags() {  # cache_flags CONFIG -> CACHE_FLAGS
+# cache_flags CONFIG -> CACHE_FLAGS: `loom bench`'s cache presets (configs.py: lru = no host tier; lru+host /
+# workflow+prefetch = a host tier of --host-kv-memory, prefetch 0 / 2) and --host-load-policy.
+cache_flags() {
   case "$1" in
-    hicache) CACHE_FLAGS=(--eviction-policy lru --host-kv-memory "$HOST" --prefetch-agents 0 --host-load-policy blocking) ;;
-    kvflow) CACHE_FLAGS=(--eviction-policy workflow --host-kv-memory "$HOST" --prefetch-agents 2 --host-load-policy background) ;;
-    lru-bg) CACHE_FLAGS=(--eviction-policy lru --host-kv-memory "$HOST" --prefetch-agents 0 --host-load-policy background) ;;
-    kvflow-blocking) CACHE_FLAGS=(--eviction-policy workflow --host-kv-memory "$HOST" --prefetch-agents 2 --host-load-policy blocking) ;;
-    lru) CACHE_FLAGS=(--eviction-policy lru --host-kv-memory 0) ;;
+    hicache) CACHE_FLAGS=(--compare cache=lru+host --compare host_load=blocking) ;;
+    kvflow) CACHE_FLAGS=(--compare cache=workflow+prefetch --compare host_load=background) ;;
+    lru-bg) CACHE_FLAGS=(--compare cache=lru+host --compare host_load=background) ;;
+    kvflow-blocking) CACHE_FLAGS=(--compare cache=workflow+prefetch --compare host_load=blocking) ;;
+    lru) CACHE_FLAGS=(--compare cache=lru) ;;
   esac
+  CACHE_FLAGS+=(--host-kv-memory "$HOST")  # the harness's: the host tier of the +host presets
 }
 
 single() {

@@ -308,6 +308,46 @@ class HotpotqaShapeTest(unittest.TestCase):
                     self.assertNotIn("Observation", after.calls[0].prompt)
 
 
+class TimeLimitTest(unittest.TestCase):
+    """--time-limit: the run ends at the window; finished tasks and calls count, running ones are cut."""
+
+    class SlowClient:
+        async def complete(self, call, workflow=None):
+            import asyncio
+            await asyncio.sleep(0.2)
+            from loombench.client import CallResult
+            return CallResult(call=call, start_s=0.0, ttft_s=0.01, e2e_s=0.2, prompt_tokens=10,
+                              output_tokens=call.max_tokens, text="x")
+
+    def run_window(self, rate, limit, num_tasks=50):
+        import asyncio
+        from loombench import runner
+        p = workloads.Params(agents=2, loops=2, tool_latency_s=0.0, output_tokens=5)
+        config = configs.build("react", [], [], [], p, configs.Arrivals(num_tasks, 2, rate))[0]
+        tasks = asyncio.run(runner.run_tasks(self.SlowClient(), "react", config, MODELS, TextSource(), 0,
+                                             time_limit_s=limit))
+        return tasks, runner.compute_metrics(tasks, {}, {}, [])
+
+    def test_closed_loop_window(self):
+        tasks, metrics = self.run_window(None, 1.0)  # a task is 4 calls of 0.2 s: each slot finishes one
+        self.assertTrue(metrics["truncated"])
+        self.assertAlmostEqual(metrics["wall_s"], 1.0, delta=0.05)
+        self.assertEqual(metrics["num_tasks"] - metrics["num_unfinished_tasks"], 2)
+        self.assertEqual(metrics["num_failed_tasks"], 0)
+        self.assertAlmostEqual(metrics["tasks_per_s"], 2.0, delta=0.1)
+        self.assertEqual(metrics["num_calls"], sum(len(t["calls"]) for t in tasks))
+        self.assertGreaterEqual(metrics["num_calls"], 8)
+
+    def test_open_loop_window_and_no_limit(self):
+        _, metrics = self.run_window(10.0, 0.5)
+        self.assertTrue(metrics["truncated"])
+        self.assertGreater(metrics["num_unfinished_tasks"], 0)
+        _, metrics = self.run_window(None, 10.0, num_tasks=2)  # ends before the window: not truncated
+        self.assertFalse(metrics["truncated"])
+        self.assertEqual(metrics["num_unfinished_tasks"], 0)
+        self.assertLess(metrics["wall_s"], 2.0)
+
+
 class PrometheusTest(unittest.TestCase):
     def test_parse_labels_and_sums(self):
         samples = prometheus.parse(METRICS_BEFORE + 'odd{a="x\\"y",b="2"} +Inf\n')
