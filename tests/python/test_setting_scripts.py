@@ -101,7 +101,7 @@ class SettingScriptsTest(unittest.TestCase):
     def test_kvflow(self):
         stdout, reports, summary = self.run_script(
             "kvflow_setting.sh", "kvflow", FIXED_SINGLE="40", FIXED_CONCURRENT="24", WORKFLOWS="2",
-            TASKS_SINGLE="1", KV_SINGLE="600000", KV_CONCURRENT="600000", HOST="8M", POINT_LIMIT="3",
+            TASKS_SINGLE="1", KV_SINGLE="6000000", KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3",
             POINTS="single-hicache single-kvflow concurrent-kvflow", LOOM_BENCH_ARGS=SMALL + " --agents 3")
         self.assertEqual(sorted(reports), ["concurrent-kvflow", "single-hicache", "single-kvflow"])
         self.assertIn("blocking", reports["single-hicache"]["serve_args"])
