@@ -273,6 +273,17 @@ class HotpotqaShapeTest(unittest.TestCase):
             return [[c.max_tokens for s in st for c in s.calls] for st in some]
         self.assertNotEqual(lengths(self.tasks("react-hotpotqa", 20, seed=1, agents=4)), lengths(tasks[:20]))
 
+    def test_draws_do_not_depend_on_the_tokenizer(self):
+        # the server's tokens per word changes how many words the text takes, never the drawn turns
+        for workload in ("react-hotpotqa", "reflexion-hotpotqa"):
+            p = workloads.resolve(workload, workloads.Params(agents=3, invocation="skewed"))
+            shapes_of = []
+            for tokens_per_word in (1.0, 2.7):
+                stages = run_offline(workloads.make_task(workload, TaskContext(5, 0, 0), MODELS,
+                                                         TextSource(tokens_per_word=tokens_per_word), p))
+                shapes_of.append([(c.model, c.max_tokens, c.phase) for s in stages for c in s.calls])
+            self.assertEqual(shapes_of[0], shapes_of[1], workload)
+
     def test_react_hotpotqa_params_move_the_means(self):
         tasks = self.tasks("react-hotpotqa", 400, agents=2, output_tokens=16, steps=3.0, max_steps=6,
                            context_tokens=100)

@@ -240,6 +240,13 @@ def hotpotqa_shape(workload: str, p: Params) -> shapes.AgentTurnShape:
                              observation_tokens=p.observation_tokens)
 
 
+def length_rng(ctx: TaskContext, workload: str) -> random.Random:
+    """The generator of a task's drawn lengths, counts and routing: apart from
+    the text's (whose use depends on the server's tokens per word), so the
+    same (seed, task) gets the same turns whatever the tokenizer."""
+    return random.Random(f"{workload}-draws-{ctx.seed}-{ctx.task_index}")
+
+
 class AgentPicker:
     """Which of `agents` models serves call k of a task: round-robin (call k
     -> k mod agents, ICaRus §4.3), or skewed (ICaRus appendix F: agent 0 with
@@ -267,18 +274,19 @@ def react_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Params
     for every task (no per-copy adapters). Lengths: shapes.REACT_HOTPOTQA,
     means from Params."""
     b = Builder(ctx, text, "react-hotpotqa")
+    draws = length_rng(ctx, "react-hotpotqa")
     shape = hotpotqa_shape("react", p)
-    picker = AgentPicker(p, b.rng)
-    num_steps = shape.steps.draw(b.rng)
-    history = [b.context(0, shape.fewshot_tokens), "Question: " + b.words(shape.question.draw(b.rng))]
+    picker = AgentPicker(p, draws)
+    num_steps = shape.steps.draw(draws)
+    history = [b.context(0, shape.fewshot_tokens), "Question: " + b.words(shape.question.draw(draws))]
     for step in range(1, num_steps + 1):
         agent = picker.next()
         [thought] = yield Stage([Call(models.adapter(agent), f"agent{agent}", join(*history, f"Thought {step}:"),
-                                      shape.thought.draw(b.rng), phase="thought")],
+                                      shape.thought.draw(draws), phase="thought")],
                                 delay_s=p.tool_latency_s if step > 1 else 0.0)
         history.append(f"Thought {step}: {thought}")
         if step < num_steps:
-            history.append(f"Observation {step}: " + b.words(shape.observation.draw(b.rng)))
+            history.append(f"Observation {step}: " + b.words(shape.observation.draw(draws)))
 
 
 def reflexion_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
@@ -290,30 +298,31 @@ def reflexion_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Pa
     call goes to the next model round-robin (or skewed). Lengths:
     shapes.REFLEXION_HOTPOTQA, REFLEXION_TRIALS, REFLECTION."""
     b = Builder(ctx, text, "reflexion-hotpotqa")
+    draws = length_rng(ctx, "reflexion-hotpotqa")
     shape = hotpotqa_shape("reflexion", p)
-    picker = AgentPicker(p, b.rng)
-    num_trials = shapes.REFLEXION_TRIALS.draw(b.rng)
+    picker = AgentPicker(p, draws)
+    num_trials = shapes.REFLEXION_TRIALS.draw(draws)
     system = b.context(0, shape.fewshot_tokens)
-    question = "Question: " + b.words(shape.question.draw(b.rng))
+    question = "Question: " + b.words(shape.question.draw(draws))
     reflections: List[str] = []
     for trial in range(num_trials):
         head = [system, *reflections, question]
         scratchpad: List[str] = []
-        num_steps = shape.steps.draw(b.rng)
+        num_steps = shape.steps.draw(draws)
         for step in range(1, num_steps + 1):
             agent = picker.next()
             [thought] = yield Stage([Call(models.adapter(agent), f"agent{agent}",
-                                          join(*head, *scratchpad, f"Thought {step}:"), shape.thought.draw(b.rng),
+                                          join(*head, *scratchpad, f"Thought {step}:"), shape.thought.draw(draws),
                                           phase="thought")],
                                     delay_s=p.tool_latency_s if step > 1 else 0.0)
             scratchpad.append(f"Thought {step}: {thought}")
             if step < num_steps:
-                scratchpad.append(f"Observation {step}: " + b.words(shape.observation.draw(b.rng)))
+                scratchpad.append(f"Observation {step}: " + b.words(shape.observation.draw(draws)))
         if trial + 1 < num_trials:
             agent = picker.next()
             [reflection] = yield Stage([Call(models.adapter(agent), f"agent{agent}",
                                              join(*head, *scratchpad, "Reflection:"),
-                                             shapes.REFLECTION.draw(b.rng), phase="reflection")])
+                                             shapes.REFLECTION.draw(draws), phase="reflection")])
             reflections.append(f"Reflection {trial + 1}: {reflection}")
 
 
