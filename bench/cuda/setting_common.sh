@@ -2,7 +2,8 @@
 # kvflow_setting.sh): one device-time budget for the whole script, points run
 # in priority order, each its own `loom bench` (and so its own report.json
 # under $OUT/$STUDY/NAME), a point the budget no longer covers skipped and
-# listed in $OUT/$STUDY/skipped.txt; pool sizes of the papers' GPUs.
+# listed in $OUT/$STUDY/skipped.txt, the last points' windows (--time-limit) shrunk to what is
+# left so their reports are still written; pool sizes of the papers' GPUs.
 # Env: BUDGET (s of the whole script, default 470: one ~8-minute device call),
 # POINTS (space-separated names: run only these), LOOM_BENCH_ARGS (appended to
 # every point: e.g. --threads 2 on the CPU).
@@ -33,9 +34,20 @@ point() {
     return 0
   fi
   local began=$(date +%s)
+  # Near the end of the budget the point's windows shrink to fit (the harness ends them and still writes its
+  # report; the timeout below is the backstop): what is left minus ~30 s of start-up, over its phases.
+  local limit="" phases=1 previous="" arg
+  for arg in "$@"; do
+    [ "$previous" = --time-limit ] && limit=${arg%.*}
+    [ "$previous" = --warmup-tasks ] && phases=2
+    previous=$arg
+  done
+  local fit=$(( (left - ${POINT_OVERHEAD:-30}) / phases )) extra=()
+  [ "$fit" -lt 5 ] && fit=5
+  if [ -z "$limit" ] || [ "$limit" -gt "$fit" ]; then extra=(--time-limit "$fit"); fi
   # shellcheck disable=SC2086
-  timeout "$left" "$LOOM" bench "$workload" --no-plots --out "$OUT/$STUDY/$name" "$@" ${LOOM_BENCH_ARGS:-} \
-    > "$OUT/$STUDY/$name.log" 2>&1
+  timeout "$left" "$LOOM" bench "$workload" --no-plots --out "$OUT/$STUDY/$name" "$@" "${extra[@]}" \
+    ${LOOM_BENCH_ARGS:-} > "$OUT/$STUDY/$name.log" 2>&1
   local rc=$?
   echo "$name $rc $(( $(date +%s) - began ))" | tee -a "$OUT/$STUDY/points.txt"
   [ "$rc" -eq 0 ] || tail -n 5 "$OUT/$STUDY/$name.log"
