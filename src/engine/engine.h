@@ -84,7 +84,8 @@ struct EngineConfig {
   // bytes, so that each pool's host tier is the same multiple of its device
   // pool; 0 = no rCache host tier. num_host_kv_blocks > 0 sets the main host
   // pool's block count exactly instead (tests); the rCache's is then
-  // num_host_residual_kv_blocks when > 0, else that same multiple of its pool.
+  // num_host_residual_kv_blocks when > 0, else that same multiple of its pool
+  // (none when host_residual_kv_cache_bytes is 0).
   int64_t host_kv_cache_bytes = 0;
   int64_t host_residual_kv_cache_bytes = -1;
   int32_t num_host_kv_blocks = 0;

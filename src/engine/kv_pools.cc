@@ -207,7 +207,8 @@ KvBlockCounts KvPools::num_host_blocks(const KvPoolLayout& layout) const {
   };
   if (config_.num_host_kv_blocks > 0) {
     num_blocks[KvCacheId::kMain] = config_.num_host_kv_blocks;
-    if (residual_tier)
+    // host_residual_kv_cache_bytes == 0 means no rCache host tier here too (as below, and as documented).
+    if (residual_tier && config_.host_residual_kv_cache_bytes != 0)
       num_blocks[KvCacheId::kResidual] =
           config_.num_host_residual_kv_blocks > 0
               ? config_.num_host_residual_kv_blocks

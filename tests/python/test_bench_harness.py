@@ -2,7 +2,9 @@
 arrival processes, percentiles, workflow step generation, /metrics parsing and
 differences, --compare expansion, and the report's shape. Pure Python: no
 server, no third-party packages."""
+import math
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -11,7 +13,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.join(ROOT, "bench", "harness"))
 
-from loombench import arrivals, configs, prometheus, report, stats, workloads  # noqa: E402
+from loombench import arrivals, configs, prometheus, report, shapes, stats, workloads  # noqa: E402
 from loombench.text import TextSource  # noqa: E402
 from loombench.workflow import Models, TaskContext, run_offline  # noqa: E402
 
@@ -192,6 +194,169 @@ loom_request_queue_time_seconds_count 2
 METRICS_AFTER = METRICS_BEFORE.replace(" 100\n", " 400\n").replace("queried_tokens_total 400", "queried_tokens_total 1000") \
     .replace('le="0.1"} 2', 'le="0.1"} 4').replace('le="1"} 2', 'le="1"} 12').replace('le="+Inf"} 2', 'le="+Inf"} 12') \
     .replace("_sum 0.1", "_sum 5.1").replace("_count 2", "_count 12")
+
+
+class HotpotqaShapeTest(unittest.TestCase):
+    """The ICaRus-setting workloads' lengths follow the distributions
+    shapes.py states (means and medians within tolerance over many draws),
+    and a task's draws are a pure function of (seed, task index)."""
+    DRAWS = 20000
+
+    def test_lognormal_mean_median_and_bounds(self):
+        for dist in (shapes.REACT_HOTPOTQA.thought, shapes.REACT_HOTPOTQA.observation,
+                     shapes.REACT_HOTPOTQA.question, shapes.REFLECTION):
+            rng = random.Random(5)
+            values = [dist.draw(rng) for _ in range(self.DRAWS)]
+            self.assertTrue(all(dist.low <= v <= dist.high for v in values))
+            self.assertAlmostEqual(statistics.mean(values) / dist.mean, 1.0, delta=0.03, msg=dist)
+            self.assertAlmostEqual(statistics.median(values) / dist.median, 1.0, delta=0.04, msg=dist)
+            # the log-space spread is the stated sigma
+            logs = [math.log(v) for v in values]
+            self.assertAlmostEqual(statistics.pstdev(logs), dist.sigma, delta=0.05 * dist.sigma + 0.02, msg=dist)
+            again = random.Random(5)
+            self.assertEqual(values[:100], [dist.draw(again) for _ in range(100)])
+
+    def test_scaled_lognormal_keeps_the_shape(self):
+        dist = shapes.REACT_HOTPOTQA.observation.scaled(40)
+        rng = random.Random(1)
+        values = [dist.draw(rng) for _ in range(self.DRAWS)]
+        self.assertAlmostEqual(statistics.mean(values) / 40, 1.0, delta=0.04)
+        self.assertEqual(dist.sigma, shapes.REACT_HOTPOTQA.observation.sigma)
+
+    def test_shifted_geometric_mean_and_limits(self):
+        for dist in (shapes.REACT_HOTPOTQA.steps, shapes.REFLEXION_HOTPOTQA.steps, shapes.REFLEXION_TRIALS):
+            rng = random.Random(2)
+            values = [dist.draw(rng) for _ in range(self.DRAWS)]
+            self.assertEqual(min(values), dist.minimum)
+            self.assertLessEqual(max(values), dist.maximum)
+            self.assertAlmostEqual(statistics.mean(values), dist.exact_mean(), delta=0.03 * dist.exact_mean())
+            # truncation only trims: the exact mean lies between the minimum and the untruncated mean
+            self.assertLessEqual(dist.exact_mean(), dist.mean + 1e-9)
+            self.assertGreater(dist.exact_mean(), dist.minimum)
+        # P(count = minimum) = p
+        dist = shapes.REACT_HOTPOTQA.steps
+        rng = random.Random(3)
+        values = [dist.draw(rng) for _ in range(self.DRAWS)]
+        self.assertAlmostEqual(values.count(dist.minimum) / self.DRAWS, dist.p, delta=0.015)
+
+    def tasks(self, workload, num_tasks, seed=0, **params):
+        return [stages_of(workload, task=t, seed=seed, **params) for t in range(num_tasks)]
+
+    def test_react_hotpotqa_steps_lengths_and_round_robin(self):
+        tasks = self.tasks("react-hotpotqa", 600, agents=4)
+        steps = [len(stages) for stages in tasks]
+        shape = shapes.REACT_HOTPOTQA
+        self.assertAlmostEqual(statistics.mean(steps), shape.steps.exact_mean(),
+                               delta=0.06 * shape.steps.exact_mean())
+        self.assertGreaterEqual(min(steps), shape.steps.minimum)
+        self.assertLessEqual(max(steps), shape.steps.maximum)
+        outputs = [stage.calls[0].max_tokens for stages in tasks for stage in stages]
+        self.assertAlmostEqual(statistics.mean(outputs) / shape.thought.mean, 1.0, delta=0.04)
+        few_shot = tasks[0][0].calls[0].prompt.split("\nQuestion: ")[0]
+        for stages in tasks[:50]:
+            self.assertEqual([s.calls[0].model for s in stages], [f"a{k % 4}" for k in range(len(stages))])
+            self.assertEqual([s.calls[0].agent for s in stages], [f"agent{k % 4}" for k in range(len(stages))])
+            prompts = [s.calls[0].prompt for s in stages]
+            self.assertTrue(prompts[0].startswith(few_shot + "\nQuestion: "))  # every task shares the few-shot
+            for earlier, later in zip(prompts, prompts[1:]):  # each turn's prompt extends the last one's
+                self.assertTrue(later.startswith(earlier.rsplit("\n", 1)[0] + "\n"))
+            self.assertEqual(stages[0].delay_s, 0.0)
+            self.assertTrue(all(s.delay_s == 0.1 for s in stages[1:]))
+        # the few-shot prompt is context_tokens long, the observations observation_tokens on average
+        self.assertEqual(len(few_shot.split("\n", 1)[1].split()), shape.fewshot_tokens)
+        observations = [len(line.split()) - 2 for stages in tasks[:200]
+                        for line in stages[-1].calls[0].prompt.split("\n") if line.startswith("Observation ")]
+        self.assertAlmostEqual(statistics.mean(observations) / shape.observation.mean, 1.0, delta=0.06)
+        # deterministic per (seed, task); another seed draws other lengths
+        self.assertEqual(stages_of("react-hotpotqa", task=7, agents=4), tasks[7])
+        def lengths(some):
+            return [[c.max_tokens for s in st for c in s.calls] for st in some]
+        self.assertNotEqual(lengths(self.tasks("react-hotpotqa", 20, seed=1, agents=4)), lengths(tasks[:20]))
+
+    def test_draws_do_not_depend_on_the_tokenizer(self):
+        # the server's tokens per word changes how many words the text takes, never the drawn turns
+        for workload in ("react-hotpotqa", "reflexion-hotpotqa"):
+            p = workloads.resolve(workload, workloads.Params(agents=3, invocation="skewed"))
+            shapes_of = []
+            for tokens_per_word in (1.0, 2.7):
+                stages = run_offline(workloads.make_task(workload, TaskContext(5, 0, 0), MODELS,
+                                                         TextSource(tokens_per_word=tokens_per_word), p))
+                shapes_of.append([(c.model, c.max_tokens, c.phase) for s in stages for c in s.calls])
+            self.assertEqual(shapes_of[0], shapes_of[1], workload)
+
+    def test_react_hotpotqa_params_move_the_means(self):
+        tasks = self.tasks("react-hotpotqa", 400, agents=2, output_tokens=16, steps=3.0, max_steps=6,
+                           context_tokens=100)
+        steps = [len(stages) for stages in tasks]
+        self.assertLessEqual(max(steps), 6)
+        self.assertAlmostEqual(statistics.mean(steps), shapes.ShiftedGeometric(2, 3.0, 6).exact_mean(), delta=0.2)
+        outputs = [stage.calls[0].max_tokens for stages in tasks for stage in stages]
+        self.assertAlmostEqual(statistics.mean(outputs) / 16, 1.0, delta=0.06)
+        self.assertEqual({s.calls[0].model for st in tasks for s in st}, {"a0", "a1"})
+
+    def test_react_hotpotqa_skewed(self):
+        tasks = self.tasks("react-hotpotqa", 300, agents=8, invocation="skewed")
+        models = [s.calls[0].model for st in tasks for s in st]
+        self.assertAlmostEqual(models.count("a0") / len(models), 0.5, delta=0.04)
+        self.assertEqual(set(models), {f"a{i}" for i in range(8)})
+        self.assertIsNone(workloads.graph("react-hotpotqa", workloads.resolve(
+            "react-hotpotqa", workloads.Params(agents=8, invocation="skewed"))))
+
+    def test_reflexion_hotpotqa_trials_and_reflections(self):
+        tasks = self.tasks("reflexion-hotpotqa", 600, agents=4)
+        trials = [1 + sum(1 for s in st if s.calls[0].phase == "reflection") for st in tasks]
+        self.assertAlmostEqual(statistics.mean(trials), shapes.REFLEXION_TRIALS.exact_mean(), delta=0.1)
+        self.assertLessEqual(max(trials), shapes.REFLEXION_TRIALS.maximum)
+        reflections = [s.calls[0].max_tokens for st in tasks for s in st if s.calls[0].phase == "reflection"]
+        self.assertAlmostEqual(statistics.mean(reflections) / shapes.REFLECTION.mean, 1.0, delta=0.06)
+        for stages in tasks[:50]:
+            # every call goes to the next model, reflections included
+            self.assertEqual([s.calls[0].model for s in stages], [f"a{k % 4}" for k in range(len(stages))])
+            # a trial after a reflection restarts its scratchpad with the reflection before the question
+            for before, after in zip(stages, stages[1:]):
+                if before.calls[0].phase == "reflection":
+                    self.assertIn("Reflection 1:", after.calls[0].prompt.split("Question:")[0])
+                    self.assertNotIn("Observation", after.calls[0].prompt)
+
+
+class TimeLimitTest(unittest.TestCase):
+    """--time-limit: the run ends at the window; finished tasks and calls count, running ones are cut."""
+
+    class SlowClient:
+        async def complete(self, call, workflow=None):
+            import asyncio
+            await asyncio.sleep(0.2)
+            from loombench.client import CallResult
+            return CallResult(call=call, start_s=0.0, ttft_s=0.01, e2e_s=0.2, prompt_tokens=10,
+                              output_tokens=call.max_tokens, text="x")
+
+    def run_window(self, rate, limit, num_tasks=50):
+        import asyncio
+        from loombench import runner
+        p = workloads.Params(agents=2, loops=2, tool_latency_s=0.0, output_tokens=5)
+        config = configs.build("react", [], [], [], p, configs.Arrivals(num_tasks, 2, rate))[0]
+        tasks = asyncio.run(runner.run_tasks(self.SlowClient(), "react", config, MODELS, TextSource(), 0,
+                                             time_limit_s=limit))
+        return tasks, runner.compute_metrics(tasks, {}, {}, [])
+
+    def test_closed_loop_window(self):
+        tasks, metrics = self.run_window(None, 1.0)  # a task is 4 calls of 0.2 s: each slot finishes one
+        self.assertTrue(metrics["truncated"])
+        self.assertAlmostEqual(metrics["wall_s"], 1.0, delta=0.05)
+        self.assertEqual(metrics["num_tasks"] - metrics["num_unfinished_tasks"], 2)
+        self.assertEqual(metrics["num_failed_tasks"], 0)
+        self.assertAlmostEqual(metrics["tasks_per_s"], 2.0, delta=0.1)
+        self.assertEqual(metrics["num_calls"], sum(len(t["calls"]) for t in tasks))
+        self.assertGreaterEqual(metrics["num_calls"], 8)
+
+    def test_open_loop_window_and_no_limit(self):
+        _, metrics = self.run_window(10.0, 0.5)
+        self.assertTrue(metrics["truncated"])
+        self.assertGreater(metrics["num_unfinished_tasks"], 0)
+        _, metrics = self.run_window(None, 10.0, num_tasks=2)  # ends before the window: not truncated
+        self.assertFalse(metrics["truncated"])
+        self.assertEqual(metrics["num_unfinished_tasks"], 0)
+        self.assertLess(metrics["wall_s"], 2.0)
 
 
 class PrometheusTest(unittest.TestCase):

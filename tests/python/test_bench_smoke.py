@@ -85,6 +85,22 @@ class BenchSmokeTest(unittest.TestCase):
             report, _ = self.bench(workload, "--agents", "2", "--trials", "1")
             self.check_config(report["configs"][0], num_calls=2 * 3)
 
+    def test_hotpotqa_agents(self):
+        # ICaRus's setting: drawn turn counts and lengths; the calls made are the ones the generator yields
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        sys.path.insert(0, os.path.join(root, "bench", "harness"))
+        from loombench import workloads
+        from loombench.text import TextSource
+        from loombench.workflow import Models, TaskContext, run_offline
+        for workload in ("react-hotpotqa", "reflexion-hotpotqa"):
+            args = ["--agents", "2", "--steps", "2.5", "--max-steps", "3"]
+            report, _ = self.bench(workload, *args)
+            config = report["configs"][0]
+            params = workloads.Params(**config["params"])
+            expected = sum(len(stage.calls) for task in range(2) for stage in run_offline(workloads.make_task(
+                workload, TaskContext(task, task % 2, 0), Models("b", ["a0", "a1"]), TextSource(), params)))
+            self.check_config(config, num_calls=expected)
+
     def test_pipeline_open_loop(self):
         report, _ = self.bench("pipeline", "--rate", "20", "--pipeline-adapters", "2")
         config = report["configs"][0]

@@ -82,6 +82,9 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--share-fixed", action="store_true", help="sequential: copies share fixed prompts")
     w.add_argument("--invocation-text", default="", help="pipeline: text before each adapter's answer (aLoRA)")
     w.add_argument("--context-file", help="static contexts from this text file (default: synthesised)")
+    w.add_argument("--steps", type=float, help="react-hotpotqa / reflexion-hotpotqa: mean thought/action steps "
+                   "per episode (default: bench/harness/loombench/shapes.py)")
+    w.add_argument("--max-steps", type=int, help="react-hotpotqa / reflexion-hotpotqa: the step limit")
     r = p.add_argument_group("requests and output")
     r.add_argument("--no-ignore-eos", dest="ignore_eos", action="store_false")
     r.add_argument("--synthetic-outputs", action="store_true",
@@ -93,6 +96,10 @@ def parser() -> argparse.ArgumentParser:
                    help="PUT /v1/workflows/{id} with each copy's agent graph before measuring")
     r.add_argument("--sample-interval", type=float, default=0.25, help="seconds between /metrics samples")
     r.add_argument("--request-timeout", type=float, default=600.0)
+    r.add_argument("--time-limit", type=float, default=0.0, metavar="S",
+                   help="end the warm-up tasks and the measured phase after S seconds each (0 = none): tasks not "
+                        "started are dropped, running ones are cancelled; throughput counts what finished inside "
+                        "the window (metrics.truncated says whether the window ended the run)")
     r.add_argument("--out", help="output directory (default: loom-bench-WORKLOAD)")
     r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     r.add_argument("--dry-run", action="store_true", help="print the first task's calls and exit (no server)")
@@ -108,7 +115,8 @@ def params_from(args) -> workloads.Params:
         final_tokens=args.final_tokens, pipeline_adapters=args.pipeline_adapters, num_contexts=args.num_contexts,
         distinct_adapters=not args.same_adapters, invocation=args.invocation,
         skew_probability=args.skew_probability, agent_models=args.agent_models, reducer=args.reducer,
-        share_fixed=args.share_fixed, invocation_text=args.invocation_text)
+        share_fixed=args.share_fixed, invocation_text=args.invocation_text, steps=args.steps,
+        max_steps=args.max_steps)
 
 
 def find_loom(args) -> str:

@@ -118,13 +118,17 @@ def replies(done: List[CallResult], text: TextSource, stand_ins: Optional[random
 
 
 async def run_task(client: Client, workload: str, ctx: TaskContext, models: Models, text: TextSource,
-                   params: workloads.Params, synthetic_outputs: bool = False) -> dict:
-    """Runs one task to the end, or to its first failed call."""
+                   params: workloads.Params, synthetic_outputs: bool = False, record: Optional[dict] = None) -> dict:
+    """Runs one task to the end, or to its first failed call. `record` (a
+    fresh dict by default) is filled as the task goes, so a task cancelled by
+    --time-limit leaves its finished calls there (end_s stays None)."""
     start = time.perf_counter()
+    record = {} if record is None else record
+    record.update({"index": ctx.task_index, "copy": ctx.copy_index, "start_s": start, "end_s": None, "calls": [],
+                   "error": None})
     task = workloads.make_task(workload, ctx, models, text, params)
     stand_ins = random.Random(f"outputs-{ctx.seed}-{ctx.task_index}") if synthetic_outputs else None
-    results: List[CallResult] = []
-    error = None
+    results: List[CallResult] = record["calls"]
     try:
         stage = next(task)
         while True:
@@ -135,41 +139,65 @@ async def run_task(client: Client, workload: str, ctx: TaskContext, models: Mode
             results.extend(done)
             failed = [r for r in done if r.error]
             if failed:
-                error = failed[0].error
+                record["error"] = failed[0].error
                 task.close()
                 break
             stage = task.send(replies(done, text, stand_ins))
     except StopIteration:
         pass
-    return {"index": ctx.task_index, "copy": ctx.copy_index, "start_s": start, "end_s": time.perf_counter(),
-            "calls": results, "error": error}
+    record["end_s"] = time.perf_counter()
+    return record
 
 
 async def run_tasks(client: Client, workload: str, config: Config, models: Models, text: TextSource,
                     seed: int, task_offset: int = 0, num_tasks: Optional[int] = None,
-                    synthetic_outputs: bool = False) -> List[dict]:
+                    synthetic_outputs: bool = False, time_limit_s: float = 0.0) -> List[dict]:
+    """Runs the tasks of `config`'s arrival plan. With time_limit_s > 0 the
+    run ends that many seconds after it began: tasks not started are dropped,
+    running ones cancelled (their records keep end_s None and the calls that
+    finished); the returned records then carry "window_s"."""
     a = config.arrivals
     num_tasks = num_tasks or a.num_tasks
     plan = arrivals.make_plan(num_tasks, a.concurrency, a.rate, seed)
+    records: List[dict] = []
 
     def ctx(index: int, copy: int) -> TaskContext:
         return TaskContext(task_index=task_offset + index, copy_index=copy, seed=seed)
 
-    if plan.is_closed_loop:
-        async def slot_worker(slot: int, indices: List[int]) -> List[dict]:
-            return [await run_task(client, workload, ctx(i, slot), models, text, config.params,
-                                   synthetic_outputs) for i in indices]
-        per_slot = await asyncio.gather(*(slot_worker(slot, indices) for slot, indices in
-                                          enumerate(arrivals.closed_loop_assignment(num_tasks, plan.concurrency))))
-        return sorted((t for slot in per_slot for t in slot), key=lambda t: t["index"])
+    def new_record() -> dict:
+        record: dict = {}
+        records.append(record)
+        return record
 
     began = time.perf_counter()
-
-    async def delayed(index: int, offset: float) -> dict:
-        await asyncio.sleep(max(0.0, began + offset - time.perf_counter()))
-        return await run_task(client, workload, ctx(index, index % plan.concurrency), models, text, config.params,
-                              synthetic_outputs)
-    return list(await asyncio.gather(*(delayed(i, off) for i, off in enumerate(plan.offsets_s))))
+    if plan.is_closed_loop:
+        async def slot_worker(slot: int, indices: List[int]) -> None:
+            for i in indices:
+                await run_task(client, workload, ctx(i, slot), models, text, config.params, synthetic_outputs,
+                               new_record())
+        everything = asyncio.gather(*(slot_worker(slot, indices) for slot, indices in
+                                      enumerate(arrivals.closed_loop_assignment(num_tasks, plan.concurrency))))
+    else:
+        async def delayed(index: int, offset: float) -> None:
+            await asyncio.sleep(max(0.0, began + offset - time.perf_counter()))
+            await run_task(client, workload, ctx(index, index % plan.concurrency), models, text, config.params,
+                           synthetic_outputs, new_record())
+        everything = asyncio.gather(*(delayed(i, off) for i, off in enumerate(plan.offsets_s)))
+    truncated = False
+    if time_limit_s > 0:
+        try:
+            await asyncio.wait_for(everything, timeout=time_limit_s)
+        except asyncio.TimeoutError:
+            truncated = True
+    else:
+        await everything
+    records = [r for r in records if "start_s" in r]
+    records.sort(key=lambda r: r["index"])
+    if truncated:
+        for record in records:
+            record["window_s"] = time_limit_s
+            record["window_start_s"] = began
+    return records
 
 
 async def warm_up(client: Client, models: Models, num_requests: int):
@@ -197,13 +225,20 @@ def phase_summary(calls: List[CallResult]) -> Dict[str, dict]:
 
 def compute_metrics(tasks: List[dict], before: prometheus.Samples, after: prometheus.Samples,
                     samples: List[Dict[str, float]]) -> dict:
-    ok_tasks = [t for t in tasks if not t["error"]]
+    finished = [t for t in tasks if t["end_s"] is not None]
+    ok_tasks = [t for t in finished if not t["error"]]
     calls = [c for t in tasks for c in t["calls"]]
     ok_calls = [c for c in calls if not c.error]
-    wall = (max(t["end_s"] for t in tasks) - min(t["start_s"] for t in tasks)) if tasks else 0.0
+    truncated = any("window_s" in t for t in tasks)
+    if truncated:  # --time-limit ended the run: the window from the first start to the limit
+        wall = tasks[0]["window_start_s"] + tasks[0]["window_s"] - min(t["start_s"] for t in tasks)
+    else:
+        wall = (max(t["end_s"] for t in tasks) - min(t["start_s"] for t in tasks)) if tasks else 0.0
     output_tokens = sum(c.output_tokens for c in ok_calls)
     metrics = {
-        "num_tasks": len(tasks), "num_failed_tasks": len(tasks) - len(ok_tasks),
+        "truncated": truncated, "num_unfinished_tasks": len(tasks) - len(finished),
+        "calls_per_s": stats.ratio(len(ok_calls), wall),
+        "num_tasks": len(tasks), "num_failed_tasks": len(finished) - len(ok_tasks),
         "num_calls": len(calls), "num_failed_calls": len(calls) - len(ok_calls), "wall_s": wall,
         "tasks_per_s": stats.ratio(len(ok_tasks), wall),
         "output_tokens_per_s": stats.ratio(output_tokens, wall),
@@ -266,10 +301,14 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
             options.calibrate = False
         if options.warmup_requests > 0:
             await warm_up(client, models, options.warmup_requests)
+        time_limit_s = getattr(options, "time_limit", 0.0) or 0.0
+        warmup_truncated = None
         if options.warmup_tasks > 0:
             warmup_seed = options.seed if getattr(options, "steady_state", False) else options.seed + 7777
-            await run_tasks(client, workload, config, models, text, warmup_seed, task_offset=10**6,
-                            num_tasks=options.warmup_tasks, synthetic_outputs=options.synthetic_outputs)
+            warmed = await run_tasks(client, workload, config, models, text, warmup_seed, task_offset=10**6,
+                                     num_tasks=options.warmup_tasks, synthetic_outputs=options.synthetic_outputs,
+                                     time_limit_s=time_limit_s)
+            warmup_truncated = any("window_s" in t for t in warmed)
         graph = workloads.graph(workload, config.params)
         declared = []
         if options.declare_workflows and graph:
@@ -281,11 +320,12 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         sampler.start()
         try:
             tasks = await run_tasks(client, workload, config, models, text, options.seed,
-                                    synthetic_outputs=options.synthetic_outputs)
+                                    synthetic_outputs=options.synthetic_outputs, time_limit_s=time_limit_s)
         finally:
             await sampler.stop()
         after = prometheus.parse(await client.get_text("/metrics"))
         metrics = compute_metrics(tasks, before, after, sampler.samples)
+        metrics["warmup_truncated"] = warmup_truncated
         calls = [c for t in tasks for c in t["calls"] if not c.error]
         errors = [t["error"] for t in tasks if t["error"]]
         return {"name": config.name, "compare": config.compare, "metrics": metrics, "phases": phase_summary(calls),

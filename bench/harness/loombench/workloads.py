@@ -10,6 +10,7 @@ import random
 from dataclasses import dataclass, fields, replace
 from typing import Callable, Dict, List, Optional
 
+from . import shapes
 from .text import TextSource
 from .workflow import Call, Models, Stage, TaskContext, TaskGenerator, agent_graph
 
@@ -36,6 +37,8 @@ class Params:
     reducer: str = "adapter"                # mapreduce: adapter | base
     share_fixed: bool = False               # sequential: copies share the agents' fixed prompts
     invocation_text: str = ""               # pipeline: text before each adapter's answer (aLoRA)
+    steps: Optional[float] = None           # *-hotpotqa: mean thought/action/observation steps per episode
+    max_steps: Optional[int] = None         # *-hotpotqa: the step limit
 
 
 DEFAULTS: Dict[str, Dict[str, object]] = {
@@ -46,6 +49,20 @@ DEFAULTS: Dict[str, Dict[str, object]] = {
     "reflexion": dict(agents=4, context_tokens=512, instruction_tokens=24, output_tokens=64),
     "reflexion-skewed": dict(agents=4, context_tokens=512, instruction_tokens=24, output_tokens=64,
                              invocation="skewed"),
+    # ICaRus §4.3 (Fig. 4/5, appendices A.2, E, F) in its own setting: HotPotQA agents whose per-turn
+    # lengths are drawn from shapes.REACT_HOTPOTQA / REFLEXION_HOTPOTQA (assumptions stated there), every
+    # turn routed round-robin (or skewed) over `agents` models shared by all tasks.
+    "react-hotpotqa": dict(agents=4, context_tokens=shapes.REACT_HOTPOTQA.fewshot_tokens,
+                           instruction_tokens=round(shapes.REACT_HOTPOTQA.question.mean),
+                           output_tokens=round(shapes.REACT_HOTPOTQA.thought.mean),
+                           observation_tokens=round(shapes.REACT_HOTPOTQA.observation.mean),
+                           steps=shapes.REACT_HOTPOTQA.steps.mean, max_steps=shapes.REACT_HOTPOTQA.steps.maximum),
+    "reflexion-hotpotqa": dict(agents=4, context_tokens=shapes.REFLEXION_HOTPOTQA.fewshot_tokens,
+                               instruction_tokens=round(shapes.REFLEXION_HOTPOTQA.question.mean),
+                               output_tokens=round(shapes.REFLEXION_HOTPOTQA.thought.mean),
+                               observation_tokens=round(shapes.REFLEXION_HOTPOTQA.observation.mean),
+                               steps=shapes.REFLEXION_HOTPOTQA.steps.mean,
+                               max_steps=shapes.REFLEXION_HOTPOTQA.steps.maximum),
     # alora-serving §4: prompt 256, base generation 256, 5 adapters x 16 tokens, final base call.
     "pipeline": dict(agents=5, context_tokens=256, instruction_tokens=0, output_tokens=256),
     # KVFlow: 10-agent sequential workflow, fixed/dynamic/output = 8192/32/32 (scaled down here).
@@ -81,6 +98,8 @@ def with_value(params: Params, key: str, text: str) -> Params:
     if key not in names:
         raise KeyError(key)
     current = getattr(Params(), key)
+    if key == "steps":
+        return replace(params, steps=float(text))
     if isinstance(current, bool):
         value: object = text.lower() in ("1", "true", "yes", "on")
     elif isinstance(current, float):
@@ -213,16 +232,112 @@ def sequential(ctx: TaskContext, models: Models, text: TextSource, p: Params) ->
         yield Stage([Call(model, f"agent{agent}", prompt, p.output_tokens)])
 
 
+def hotpotqa_shape(workload: str, p: Params) -> shapes.AgentTurnShape:
+    """The workload's length distributions with the means Params sets."""
+    base = shapes.REACT_HOTPOTQA if workload.startswith("react") else shapes.REFLEXION_HOTPOTQA
+    return shapes.shape_with(base, fewshot_tokens=p.context_tokens, question_tokens=p.instruction_tokens,
+                             mean_steps=p.steps, max_steps=p.max_steps, thought_tokens=p.output_tokens,
+                             observation_tokens=p.observation_tokens)
+
+
+def length_rng(ctx: TaskContext, workload: str) -> random.Random:
+    """The generator of a task's drawn lengths, counts and routing: apart from
+    the text's (whose use depends on the server's tokens per word), so the
+    same (seed, task) gets the same turns whatever the tokenizer."""
+    return random.Random(f"{workload}-draws-{ctx.seed}-{ctx.task_index}")
+
+
+class AgentPicker:
+    """Which of `agents` models serves call k of a task: round-robin (call k
+    -> k mod agents, ICaRus §4.3), or skewed (ICaRus appendix F: agent 0 with
+    skew_probability, else a uniformly random other agent)."""
+
+    def __init__(self, p: Params, rng: random.Random):
+        self.p, self.rng, self.calls = p, rng, 0
+
+    def next(self) -> int:
+        self.calls += 1
+        if self.p.invocation == "round-robin" or self.p.agents == 1:
+            return (self.calls - 1) % self.p.agents
+        if self.rng.random() < self.p.skew_probability:
+            return 0
+        return 1 + self.rng.randrange(self.p.agents - 1)
+
+
+def react_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """ICaRus's ReAct on HotPotQA (Kim et al.'s agent): one system prompt of
+    few-shot trajectories shared by every task (context_tokens), the task's
+    question, then `steps` thought/action turns, each generating a drawn
+    length and followed (but the last, Finish[]) by a drawn-length tool
+    observation after tool_latency_s. Turn k goes to model k mod agents
+    (round-robin; skewed with --invocation skewed); the models are the same
+    for every task (no per-copy adapters). Lengths: shapes.REACT_HOTPOTQA,
+    means from Params."""
+    b = Builder(ctx, text, "react-hotpotqa")
+    draws = length_rng(ctx, "react-hotpotqa")
+    shape = hotpotqa_shape("react", p)
+    picker = AgentPicker(p, draws)
+    num_steps = shape.steps.draw(draws)
+    history = [b.context(0, shape.fewshot_tokens), "Question: " + b.words(shape.question.draw(draws))]
+    for step in range(1, num_steps + 1):
+        agent = picker.next()
+        [thought] = yield Stage([Call(models.adapter(agent), f"agent{agent}", join(*history, f"Thought {step}:"),
+                                      shape.thought.draw(draws), phase="thought")],
+                                delay_s=p.tool_latency_s if step > 1 else 0.0)
+        history.append(f"Thought {step}: {thought}")
+        if step < num_steps:
+            history.append(f"Observation {step}: " + b.words(shape.observation.draw(draws)))
+
+
+def reflexion_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """ICaRus's Reflexion on HotPotQA (Kim et al.'s agent): trials of a ReAct
+    episode (as react_hotpotqa, over a shorter few-shot prompt) judged by exact
+    match (no model call); a failed trial (all but the last) is followed by a
+    reflection call over the trial's scratchpad, and the next trial restarts
+    from the system prompt, the reflections so far and the question. Every
+    call goes to the next model round-robin (or skewed). Lengths:
+    shapes.REFLEXION_HOTPOTQA, REFLEXION_TRIALS, REFLECTION."""
+    b = Builder(ctx, text, "reflexion-hotpotqa")
+    draws = length_rng(ctx, "reflexion-hotpotqa")
+    shape = hotpotqa_shape("reflexion", p)
+    picker = AgentPicker(p, draws)
+    num_trials = shapes.REFLEXION_TRIALS.draw(draws)
+    system = b.context(0, shape.fewshot_tokens)
+    question = "Question: " + b.words(shape.question.draw(draws))
+    reflections: List[str] = []
+    for trial in range(num_trials):
+        head = [system, *reflections, question]
+        scratchpad: List[str] = []
+        num_steps = shape.steps.draw(draws)
+        for step in range(1, num_steps + 1):
+            agent = picker.next()
+            [thought] = yield Stage([Call(models.adapter(agent), f"agent{agent}",
+                                          join(*head, *scratchpad, f"Thought {step}:"), shape.thought.draw(draws),
+                                          phase="thought")],
+                                    delay_s=p.tool_latency_s if step > 1 else 0.0)
+            scratchpad.append(f"Thought {step}: {thought}")
+            if step < num_steps:
+                scratchpad.append(f"Observation {step}: " + b.words(shape.observation.draw(draws)))
+        if trial + 1 < num_trials:
+            agent = picker.next()
+            [reflection] = yield Stage([Call(models.adapter(agent), f"agent{agent}",
+                                             join(*head, *scratchpad, "Reflection:"),
+                                             shapes.REFLECTION.draw(draws), phase="reflection")])
+            reflections.append(f"Reflection {trial + 1}: {reflection}")
+
+
 WORKLOADS: Dict[str, Callable[[TaskContext, Models, TextSource, Params], TaskGenerator]] = {
     "react": react, "mapreduce": mapreduce, "reflexion": reflexion, "reflexion-skewed": reflexion,
     "pipeline": pipeline, "sequential": sequential,
+    "react-hotpotqa": react_hotpotqa, "reflexion-hotpotqa": reflexion_hotpotqa,
 }
 
 
 def graph(workload: str, p: Params) -> Optional[dict]:
     """The agent step graph a workflow copy declares, or None when
     the order is random (skewed reflexion)."""
-    if workload in ("react", "sequential") or (workload == "reflexion" and p.invocation == "round-robin"):
+    if workload in ("react", "sequential") or (workload in ("reflexion", "react-hotpotqa", "reflexion-hotpotqa")
+                                                and p.invocation == "round-robin"):
         return agent_graph([f"agent{a}" for a in range(p.agents)], cyclic=True)
     if workload == "mapreduce":
         mappers = [f"mapper{k}" for k in range(p.agents)]

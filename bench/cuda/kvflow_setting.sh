@@ -1,0 +1,80 @@
+#!/bin/bash
+# KVFlow in its own setting (issue 42, item 3; "KVFlow: Efficient Prefix
+# Caching for Accelerating LLM-Based Multi-Agent Workflows", §5): the
+# 10-agent sequential workflow (`loom bench sequential`: each agent its own
+# fixed prompt + fresh dynamic tokens, base model, greedy), on the Llama-3.1-8B
+# shape (random:llama-8b), after warm-up passes on the same fixed prompts
+# (--steady-state), a host tier of HOST (32G) over the H200's PCIe.
+#   single      one workflow, fixed/dynamic/output 8192/32/32 (Fig. 5's largest; the 1.83x over
+#               HiCache is on the paper's A10G), pool = what an A10G leaves (SGLang's static memory
+#               fraction 0.88 assumed): 23028 MiB x 0.88 - 16,060,522,496 B weights - 2 GiB activations
+#               = 3,041,009,008 B (~23K tokens: 2.8 of the 10 fixed prompts); 1 warm-up task, TASKS_SINGLE
+#               (2) measured: end-to-end workflow latency.
+#   concurrent  64 concurrent workflows, 1024/32/32 (Fig. 6's largest concurrency; the 2.19x over
+#               HiCache), pool = what an H100-80GB leaves: 81559 MiB x 0.88 - weights - 2 GiB =
+#               57,050,306,641 B (~435K tokens; the 640 fixed prompts need ~700K with their tails);
+#               a closed loop of 64 workflows, warm-up and measurement each a POINT_LIMIT (40 s)
+#               window: throughput as agent calls/s (tasks are too long to count inside a window).
+# Configurations (each its own server), in priority order per setting:
+#   hicache          lru + host tier, --host-load-policy blocking, no prefetch   (the paper's "SGLang w/ HiCache")
+#   kvflow           workflow eviction + prefetch, background loads              (KVFlow)
+#   lru-bg           lru + host tier, background loads (Loom's status-aware admission, no workflow policy)
+#   kvflow-blocking  workflow eviction + prefetch, blocking loads
+#   lru              lru, no host tier                                           (the paper's "SGLang")
+# One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
+# concurrent/hicache, concurrent/kvflow, then the others as the budget allows (skipped.txt
+# lists what it did not reach). PRESET=single or PRESET=concurrent runs one setting's five.
+#   bench/cuda/kvflow_setting.sh
+# Env: PRESET (both | single | concurrent), HOST (32G), POINT_LIMIT (40), WORKFLOWS (64),
+# TASKS_SINGLE (2), FIXED_SINGLE (8192), FIXED_CONCURRENT (1024), KV_SINGLE / KV_CONCURRENT
+# (override the pools), BUDGET, POINTS.
+set -u
+STUDY=kvflow
+. "$(dirname "$0")/setting_common.sh"
+PRESET=${PRESET:-both}
+HOST=${HOST:-32G}
+POINT_LIMIT=${POINT_LIMIT:-40}
+WORKFLOWS=${WORKFLOWS:-64}
+TASKS_SINGLE=${TASKS_SINGLE:-2}
+FIXED_SINGLE=${FIXED_SINGLE:-8192}
+FIXED_CONCURRENT=${FIXED_CONCURRENT:-1024}
+KV_SINGLE=${KV_SINGLE:-$(pool_bytes 23028 88 0 0)}
+KV_CONCURRENT=${KV_CONCURRENT:-$(pool_bytes 81559 88 0 0)}
+
+# cache_flags CONFIG -> CACHE_FLAGS: `loom bench`'s cache presets (configs.py: lru = no host tier; lru+host /
+# workflow+prefetch = a host tier of --host-kv-memory, prefetch 0 / 2) and --host-load-policy.
+cache_flags() {
+  case "$1" in
+    hicache) CACHE_FLAGS=(--compare cache=lru+host --compare host_load=blocking) ;;
+    kvflow) CACHE_FLAGS=(--compare cache=workflow+prefetch --compare host_load=background) ;;
+    lru-bg) CACHE_FLAGS=(--compare cache=lru+host --compare host_load=background) ;;
+    kvflow-blocking) CACHE_FLAGS=(--compare cache=workflow+prefetch --compare host_load=blocking) ;;
+    lru) CACHE_FLAGS=(--compare cache=lru) ;;
+  esac
+  CACHE_FLAGS+=(--host-kv-memory "$HOST")  # the harness's: the host tier of the +host presets
+}
+
+single() {
+  cache_flags "$1"
+  point "single-$1" 30 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_SINGLE" \
+    --fixed-tokens "$FIXED_SINGLE" --dynamic-tokens 32 --output-tokens 32 --workflows 1 --declare-workflows \
+    --warmup-tasks 1 --steady-state --num-tasks "$TASKS_SINGLE" --time-limit "$(( POINT_LIMIT * 3 ))" "${CACHE_FLAGS[@]}"
+}
+
+concurrent() {
+  cache_flags "$1"
+  point "concurrent-$1" 50 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
+    --fixed-tokens "$FIXED_CONCURRENT" --dynamic-tokens 32 --output-tokens 32 --workflows "$WORKFLOWS" \
+    --declare-workflows --warmup-tasks "$WORKFLOWS" --steady-state --num-tasks "$(( 4 * WORKFLOWS ))" \
+    --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
+}
+
+case "$PRESET" in
+  single) for c in hicache kvflow lru-bg kvflow-blocking lru; do single $c; done ;;
+  concurrent) for c in hicache kvflow lru-bg kvflow-blocking lru; do concurrent $c; done ;;
+  *)
+    single hicache; single kvflow; concurrent hicache; concurrent kvflow
+    single lru-bg; single kvflow-blocking; concurrent lru-bg; concurrent kvflow-blocking
+    single lru; concurrent lru ;;
+esac
+summarize
