@@ -59,6 +59,17 @@ Quantized quantize(const DeviceBuffer& x, int64_t rows, int64_t cols, bool per_t
   return q;
 }
 
+// sum (got - expected)^2 / sum expected^2.
+double nmse(const std::vector<float>& got, const std::vector<float>& expected) {
+  EXPECT_EQ(got.size(), expected.size());
+  double error = 0, norm = 0;
+  for (size_t i = 0; i < std::min(got.size(), expected.size()); ++i) {
+    error += (got[i] - static_cast<double>(expected[i])) * (got[i] - static_cast<double>(expected[i]));
+    norm += static_cast<double>(expected[i]) * expected[i];
+  }
+  return error / norm;
+}
+
 // y[r, c] = sum_k x[r, k] w[c, k] in double, and sum |x| |w| (the scale an fp32 sum's error follows).
 void reference(const std::vector<float>& x, const std::vector<float>& w, int m, int n, int k, std::vector<double>& y,
                std::vector<double>& magnitude) {
@@ -231,12 +242,7 @@ TEST(CudaFp8, ModelNearItsBf16SelfAndGraphsEqualEager) {
     const ForwardResult reference = bf16_backend->forward(steps[s]);
     const ForwardResult fp8 = fp8_backend->forward(steps[s]);
     const ForwardResult eager = eager_backend->forward(steps[s]);
-    double error = 0, norm = 0;
-    for (size_t i = 0; i < reference.logits.size(); ++i) {
-      error += (fp8.logits[i] - reference.logits[i]) * (fp8.logits[i] - reference.logits[i]);
-      norm += reference.logits[i] * reference.logits[i];
-    }
-    worst = std::max(worst, error / norm);
+    worst = std::max(worst, nmse(fp8.logits, reference.logits));
     if (s > 0) {
       EXPECT_EQ(fp8.logits, eager.logits) << "decode step " << s << ": graph replay against eager";
     }
@@ -322,16 +328,11 @@ TEST(CudaFp8, CheckpointsRunAsTheirDequantizedWeights) {
     for (size_t s = 0; s < steps.size(); ++s) {
       const ForwardResult expected = reference->forward(steps[s]);
       const ForwardResult got = fp8_backend->forward(steps[s]);
-      double error = 0, norm = 0;
-      for (size_t i = 0; i < expected.logits.size(); ++i) {
-        error += (got.logits[i] - expected.logits[i]) * (got.logits[i] - expected.logits[i]);
-        norm += expected.logits[i] * expected.logits[i];
-      }
-      const double nmse = error / norm;
+      const double error = nmse(got.logits, expected.logits);
       std::printf("[ fp8 ] %s checkpoint, step %zu: logits NMSE %.3g against its dequantized weights in bf16\n",
-                  per_channel ? "per-channel" : "per-tensor", s, nmse);
+                  per_channel ? "per-channel" : "per-tensor", s, error);
       // The prefill's K/V feed every later step, so a per-tensor prefill's W8A8 error stays in them.
-      EXPECT_LT(nmse, per_channel ? 1e-3 : 0.1) << "step " << s;
+      EXPECT_LT(error, per_channel ? 1e-3 : 0.1) << "step " << s;
     }
   }
 }
