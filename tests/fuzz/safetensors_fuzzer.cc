@@ -50,7 +50,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   loom::fuzz::run_clean([&] {
     const loom::TensorMap rows = loom::read_safetensors(path, {.keep_16bit = true, .keep_fp8 = true});
     loom::fuzz::keep(touch(rows));
-    for (const auto& [name, tensor] : rows) loom::fuzz::run_clean([&] { loom::fuzz::keep(touch({{name, loom::to_fp32(tensor)}})); });
+    for (const auto& entry : rows)  // (a structured binding cannot be captured before C++20 clang 16)
+      loom::fuzz::run_clean([&] { loom::fuzz::keep(touch({{entry.first, loom::to_fp32(entry.second)}})); });
   });
 
   loom::fuzz::write_scratch_file("adapter/adapter_model.safetensors", bytes);
