@@ -111,8 +111,13 @@ def safetensors_corpus():
         header["w"]["shape"] = [0, 4611686018427387904, 4611686018427387904]
     write(t, "huge_empty_shape", safetensors([("w", "F32", [0], b"")], header_patch=huge_shape))
     write(t, "truncated_header", struct.pack("<Q", 64) + b'{"w":{"dtype":"F32"')
+    # An FP8 linear as llm-compressor stores it: e4m3 rows (a NaN byte 0x7f among them), scales beside.
+    write(t, "fp8_linear", safetensors([("l.weight", "F8_E4M3", [2, 4], bytes([0x38, 0xb8, 0x7e, 0x01, 0x00, 0x80, 0x7f, 0x40])),
+                                        ("l.weight_scale", "F32", [2, 1], f32([0.5, 2.0])),
+                                        ("l.input_scale", "F32", [], f32([0.25]))], {"format": "pt"}))
+    write(t, "f8_e5m2_refused", safetensors([("w", "F8_E5M2", [2, 2], bytes([0x3c, 0xbc, 0x7c, 0x00]))]))
     write_dict(t, JSON_TOKENS + ["dtype", "shape", "data_offsets", "__metadata__", "F32", "F16", "BF16", "I64",
-                                 "F8_E4M3", "base_model.model.model.layers.", ".self_attn.", ".mlp.", "q_proj",
+                                 "F8_E4M3", "F8_E5M2", "base_model.model.model.layers.", ".self_attn.", ".mlp.", "q_proj",
                                  "down_proj", ".lora_A.weight", ".lora_B.weight", "lora_magnitude_vector",
                                  "lora_embedding_A", ".bias"])
 
@@ -340,6 +345,13 @@ def model_config_corpus():
                                     if k != "architectures"})
     write(t, "huge_heads", dict(llama, num_attention_heads=65536, num_key_value_heads=65536, head_dim=65536))
     write(t, "wrong_types", dict(llama, hidden_size="8", eos_token_id={"a": 1}, rope_scaling=[1]))
+    float8 = {"num_bits": 8, "type": "float", "symmetric": True, "group_size": None, "block_structure": None}
+    write(t, "compressed_tensors_fp8", dict(llama, quantization_config={
+        "quant_method": "compressed-tensors", "format": "float-quantized", "ignore": ["lm_head", "re:.*down_proj"],
+        "config_groups": {"group_0": {"targets": ["Linear"], "weights": dict(float8, strategy="channel", dynamic=False),
+                                      "input_activations": dict(float8, strategy="token", dynamic=True)}}}))
+    write(t, "fbgemm_fp8", dict(llama, quantization_config={
+        "quant_method": "fbgemm_fp8", "activation_scale_ub": 1200.0, "modules_to_not_convert": ["lm_head"]}))
     write_dict(t, JSON_TOKENS + ["architectures", "LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
                                  "MistralForCausalLM", "model_type", "vocab_size", "hidden_size",
                                  "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -348,7 +360,11 @@ def model_config_corpus():
                                  "high_freq_factor", "original_max_position_embeddings", "max_position_embeddings",
                                  "sliding_window", "use_sliding_window", "attention_bias", "mlp_bias",
                                  "hidden_act", "silu", "tie_word_embeddings", "bos_token_id", "eos_token_id",
-                                 "torch_dtype", "dtype"])
+                                 "torch_dtype", "dtype", "quantization_config", "quant_method", "compressed-tensors",
+                                 "fbgemm_fp8", "format", "float-quantized", "config_groups", "targets", "Linear",
+                                 "weights", "input_activations", "num_bits", "type", "float", "strategy", "tensor",
+                                 "channel", "token", "dynamic", "symmetric", "ignore", "re:", "activation_scale_ub",
+                                 "modules_to_not_convert", "kv_cache_scheme"])
 
 
 # --- request bodies ----------------------------------------------------------------------

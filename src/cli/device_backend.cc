@@ -118,6 +118,11 @@ CudaBackendConfig cuda_backend_config(const DeviceOptions& options) {
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
   check_device_name(options.device);
   if (model.weights == nullptr) fail(ErrorKind::kInvalidArgument, "{}: no host weights to put on a device", model.path);
+  if (options.fp8_weights && model.config.quantization.fp8())  // as vLLM refuses a method other than the checkpoint's
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("--quantization fp8 with {}, an FP8 checkpoint already ({})", model.path,
+                            describe(model.config.quantization)),
+                "drop --quantization: the checkpoint's own scales are used");
   if (options.device == "cpu") {
     if (options.fp8_weights)
       throw Error(ErrorKind::kInvalidArgument, "--quantization fp8 on --device cpu",

@@ -152,7 +152,7 @@ Tensor make_tensor(const std::string& path, const TensorEntry& entry, const uint
     return tensor;
   }
   if (entry.dtype == "F8_E4M3") {
-    if (entry.shape.size() == 2 && entry.shape[0] > 0 && entry.shape[1] > 0) {  // bytes viewed in place
+    if (options.keep_fp8 && entry.shape.size() == 2 && entry.shape[0] > 0 && entry.shape[1] > 0) {  // viewed in place
       tensor.quantized.ggml_type = kF8E4M3RowType;
       tensor.quantized.row_bytes = entry.shape[1];
       tensor.quantized.bytes = source;

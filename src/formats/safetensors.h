@@ -18,13 +18,16 @@ struct SafetensorsReadOptions {
   // Tensor::quantized rows (GgmlType kF16 / kBF16), for the CPU backend's
   // kernels (--cpu-precision auto); others are read as below.
   bool keep_16bit = false;
+  // 2-D F8_E4M3 tensors stay e4m3 rows viewed in place (Tensor::quantized,
+  // kF8E4M3RowType; formats/tensor.h), their scales being other tensors that
+  // model/ pairs with them: what loading an FP8 checkpoint needs. Otherwise
+  // (and for other shapes) e4m3 values are decoded to fp32 as they are, unscaled.
+  bool keep_fp8 = false;
 };
 
-// Reads every tensor of one file as fp32. F32 tensors point into the mapping
-// (no copy); F16/BF16 are converted into owned buffers. F8_E4M3 matrices are
-// the exception: always kept as e4m3 rows viewed in the mapping
-// (Tensor::quantized, kF8E4M3RowType; formats/tensor.h), without scales (those
-// are other tensors: model/ pairs them). Throws Error(kFormat) naming the file
+// Reads every tensor of one file as fp32 (but see the options). F32 tensors
+// point into the mapping (no copy); F16/BF16 and F8_E4M3 are converted into
+// owned buffers. Throws Error(kFormat) naming the file
 // (and tensor) for a truncated file, bad header, offsets out of range or
 // overlapping, size that does not match dtype x shape; Error(kUnsupported) for
 // a dtype other than F32/F16/BF16/F8_E4M3 (F8_E5M2 among them).

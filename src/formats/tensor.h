@@ -11,15 +11,16 @@
 // elements, each row_bytes long, back to back; `storage` keeps them alive. Only
 // the CPU backend reads such tensors; everything else wants fp32 (to_fp32).
 //
-// FP8 tensors: a safetensors F8_E4M3 matrix is always kept as it is stored, one
-// byte per element viewed in the file mapping (quantized.ggml_type ==
-// kF8E4M3RowType, row_bytes == shape[1] unless a column slice). Its scales are
+// FP8 tensors: a safetensors F8_E4M3 matrix read with keep_fp8 (as model
+// loading reads them) is kept as it is stored, one byte per element viewed in
+// the file mapping (quantized.ggml_type == kF8E4M3RowType, row_bytes ==
+// shape[1] unless a column slice). Its scales are
 // not in the file's tensor: model/weights.cc attaches them to a linear weight
 // (QuantizedRows::fp8) from the checkpoint's `weight_scale` / `input_scale`
 // (model/quantization.h). to_fp32 multiplies each row by its scale (the CPU
 // backend's dequantization at load); a device upload copies the bytes and the
-// scales as they are. Other F8_E4M3 tensors (not 2-D, or empty) are decoded
-// to fp32 at read, unscaled.
+// scales as they are. Other F8_E4M3 tensors (not 2-D, empty, or read without
+// keep_fp8) are decoded to fp32 at read, unscaled.
 #pragma once
 
 #include <cstdint>

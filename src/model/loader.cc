@@ -22,7 +22,8 @@ LoadedModel load_hf_directory(const std::string& directory, const LoadOptions& o
   LoadedModel model;
   model.path = directory;
   model.config = read_hf_config(config_path);
-  TensorMap tensors = read_safetensors_checkpoint(directory, {.keep_16bit = options.keep_quantized});
+  // FP8 weights stay e4m3 whatever the options: build_model_weights attaches their scales.
+  TensorMap tensors = read_safetensors_checkpoint(directory, {.keep_16bit = options.keep_quantized, .keep_fp8 = true});
   model.weights = std::make_shared<const ModelWeights>(build_model_weights(model.config, tensors, directory));
   model.tokenizer = Tokenizer::from_hf_directory(directory);
   return model;

@@ -3,11 +3,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <regex>
 
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include "tokenizer/regex.h"
 #include "util/error.h"
 
 namespace loom {
@@ -155,13 +155,20 @@ bool same_scheme(const QuantizationScheme& a, const QuantizationScheme& b) {
   return a.method == b.method && a.weight_strategy == b.weight_strategy && a.activations == b.activations;
 }
 
+// An ignore entry "re:REGEX" as a pattern anchored at the name's start (Python's re.match; PCRE2, whose
+// syntax is Python's for what these lists use).
+Regex ignore_pattern(const std::string& entry) {
+  return Regex("\\A(?:" + entry.substr(3) + ")", "quantization_config ignore entry \"" + entry + "\"");
+}
+
 void check_ignore_patterns(const Reader& reader, const std::vector<std::string>& ignore) {
   for (const std::string& entry : ignore) {
     if (entry.rfind(kRegexPrefix, 0) != 0) continue;
     try {
-      std::regex pattern(entry.substr(3));
-    } catch (const std::regex_error& error) {
-      reader.malformed(fmt::format("ignore entry \"{}\" is not a valid regular expression: {}", entry, error.what()));
+      ignore_pattern(entry);
+    } catch (const Error& error) {
+      reader.malformed(fmt::format("ignore entry \"{}\" is not a valid regular expression ({})", entry,
+                                   error.message()));
     }
   }
 }
@@ -211,18 +218,32 @@ QuantizationScheme parse_fbgemm_fp8(const Reader& reader, const json& config) {
 
 }  // namespace
 
-bool QuantizationScheme::ignores(const std::string& module) const {
-  for (const std::string& entry : ignore) {
+struct IgnoreMatcher::Patterns {
+  std::vector<Regex> regexes;  // compressed-tensors' "re:" entries
+};
+
+IgnoreMatcher::IgnoreMatcher(const QuantizationScheme& scheme)
+    : scheme_(scheme), patterns_(std::make_unique<Patterns>()) {
+  if (scheme.method == QuantizationMethod::kFbgemmFp8) return;
+  for (const std::string& entry : scheme.ignore)
+    if (entry.rfind(kRegexPrefix, 0) == 0) patterns_->regexes.push_back(ignore_pattern(entry));
+}
+
+IgnoreMatcher::~IgnoreMatcher() = default;
+
+bool IgnoreMatcher::ignores(const std::string& module) const {
+  for (const std::string& entry : scheme_.ignore) {
     if (entry == module) return true;
-    if (method == QuantizationMethod::kFbgemmFp8) {
-      if (!entry.empty() && module.find(entry) != std::string::npos) return true;  // transformers' rule
-    } else if (entry.rfind(kRegexPrefix, 0) == 0) {
-      const std::regex pattern(entry.substr(3));  // checked when parsed; matched from the start, like re.match
-      if (std::regex_search(module, pattern, std::regex_constants::match_continuous)) return true;
-    }
+    // transformers' rule for modules_to_not_convert: a part of the name
+    if (scheme_.method == QuantizationMethod::kFbgemmFp8 && !entry.empty() && module.find(entry) != std::string::npos)
+      return true;
   }
+  for (const Regex& regex : patterns_->regexes)
+    if (!regex.find_all(module).empty()) return true;
   return false;
 }
+
+bool QuantizationScheme::ignores(const std::string& module) const { return IgnoreMatcher(*this).ignores(module); }
 
 const char* quantization_method_name(QuantizationMethod method) {
   switch (method) {

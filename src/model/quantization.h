@@ -32,6 +32,7 @@
 // several config groups with different schemes.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -69,9 +70,23 @@ struct QuantizationScheme {
   // The checkpoint's linear weights are FP8.
   bool fp8() const { return method != QuantizationMethod::kNone; }
   // Whether `module` (an HF module name: "model.layers.0.self_attn.q_proj",
-  // "lm_head") is left unquantized by the config.
+  // "lm_head") is left unquantized by the config (IgnoreMatcher, built for the call).
   bool ignores(const std::string& module) const;
   bool static_input_scales() const { return activations == Fp8Activations::kStaticPerTensor; }
+};
+
+// QuantizationScheme::ignore with its regular expressions compiled once (PCRE2),
+// for asking about every module of a model.
+class IgnoreMatcher {
+ public:
+  explicit IgnoreMatcher(const QuantizationScheme& scheme);
+  ~IgnoreMatcher();
+  bool ignores(const std::string& module) const;
+
+ private:
+  struct Patterns;
+  const QuantizationScheme& scheme_;
+  std::unique_ptr<Patterns> patterns_;
 };
 
 // "compressed-tensors" / "fbgemm_fp8" / "none".

@@ -16,7 +16,7 @@ namespace {
 class TensorPicker {
  public:
   TensorPicker(const TensorMap& tensors, const std::string& source, const QuantizationScheme& scheme)
-      : tensors_(tensors), source_(source), scheme_(scheme) {}
+      : tensors_(tensors), source_(source), scheme_(scheme), ignore_(scheme) {}
 
   bool has(const std::string& name) const { return tensors_.count(name) != 0; }
 
@@ -50,7 +50,7 @@ class TensorPicker {
   Tensor linear(const std::string& module, std::vector<int64_t> expected_shape) const {
     const std::string name = module + ".weight";
     Tensor weight = require(name, expected_shape);
-    const bool quantized = scheme_.fp8() && !scheme_.ignores(module);
+    const bool quantized = scheme_.fp8() && !ignore_.ignores(module);
     if (!weight.is_fp8()) {
       if (quantized)
         fail(ErrorKind::kFormat,
@@ -117,6 +117,7 @@ class TensorPicker {
   const TensorMap& tensors_;
   const std::string& source_;
   const QuantizationScheme& scheme_;
+  const IgnoreMatcher ignore_;
 };
 
 std::string layer_prefix(int layer) { return fmt::format("model.layers.{}.", layer); }

@@ -157,7 +157,13 @@ TEST(Fp8SafetensorsTest, F8E4M3RoundTripsBesideOtherDtypesAndScalars) {
   EXPECT_LT(header["a.weight_scale"]["data_offsets"][0].get<int>(), header["b.weight"]["data_offsets"][0].get<int>());
   EXPECT_LT(header["b.weight"]["data_offsets"][0].get<int>(), header["a.weight"]["data_offsets"][0].get<int>());
 
-  const TensorMap read = read_safetensors(path);
+  // Without keep_fp8 (an adapter, a plain read) e4m3 is decoded to fp32, unscaled.
+  const TensorMap decoded = read_safetensors(path);
+  ASSERT_FALSE(decoded.at("a.weight").is_quantized());
+  for (int64_t i = 0; i < 35; ++i)
+    EXPECT_EQ(decoded.at("a.weight").data[i], static_cast<float>(e4m3_definition((*bytes)[i])));
+
+  const TensorMap read = read_safetensors(path, {.keep_fp8 = true});
   const Tensor& weight = read.at("a.weight");
   ASSERT_TRUE(weight.is_fp8());
   EXPECT_EQ(weight.data, nullptr);
@@ -200,7 +206,7 @@ TEST(Fp8SafetensorsTest, OtherF8ShapesAreDecodedAndE5M2IsRefused) {
     tensors["v"] = Tensor::from_vector({4}, {1.0f, -2.0f, 0.5f, 448.0f});
     write_safetensors(path, tensors, StoredDtype::kF8E4M3);
   }
-  const TensorMap read = read_safetensors(path);
+  const TensorMap read = read_safetensors(path, {.keep_fp8 = true});  // not a matrix: decoded all the same
   ASSERT_FALSE(read.at("v").is_quantized());
   EXPECT_EQ(std::vector<float>(read.at("v").data, read.at("v").data + 4), (std::vector<float>{1.0f, -2.0f, 0.5f, 448.0f}));
 

@@ -167,6 +167,19 @@ TEST_F(ServeConfigTest, KvCacheDtypeIsFp8OnCudaOnly) {
                      {"--kv-cache-dtype fp8 on --device cpu", "--device cuda"});
 }
 
+// An FP8 checkpoint is not quantized again: --quantization fp8 is refused with it, as vLLM refuses a method
+// other than the checkpoint's.
+TEST_F(ServeConfigTest, QuantizationFp8IsRefusedWithAnFp8Checkpoint) {
+  LoadedModel model;
+  model.path = "/models/llama-fp8";
+  model.config.quantization.method = QuantizationMethod::kFbgemmFp8;
+  model.weights = std::make_shared<const ModelWeights>();
+  DeviceOptions device;
+  device.fp8_weights = true;
+  test::expect_error([&] { make_backend_for_device(model, device); }, ErrorKind::kInvalidArgument,
+                     {"--quantization fp8", "/models/llama-fp8", "fbgemm_fp8", "already"});
+}
+
 TEST_F(ServeConfigTest, VllmSpellingsSetTheSameFieldsAsLooms) {
   const json loom = effective({"--max-running-requests", "7", "--max-batch-tokens", "512", "--max-context-tokens",
                                "1024", "--max-loras-per-batch", "3", "--lora", "a=/adapters/a", "--lora",
