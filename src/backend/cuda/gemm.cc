@@ -114,9 +114,12 @@ bool Gemm::supports_fp8(int64_t m, int64_t k, int64_t n, Output output, int64_t 
   if (m == 0 || n == 0) return true;
   const int64_t y_bytes = output == Output::kF32 ? 4 : 2;
   if (k % 16 != 0 || (y_stride * y_bytes) % 16 != 0) return false;
+  const ShapeKey key{m, n, k, fp8_key(output, scaling), k, y_stride};
+  // Asked before every FP8 GEMM of a step: a shape seen before needs no descriptors.
+  if (const auto found = algos_.find(key); found != algos_.end()) return found->second.has_value();
   Descriptors d;
   describe_fp8(d, m, k, n, output, y_stride, scaling);
-  return choose_algo({m, n, k, fp8_key(output, scaling), k, y_stride}, d.desc, d.a, d.b, d.c) != nullptr;
+  return choose_algo(key, d.desc, d.a, d.b, d.c) != nullptr;
 }
 
 void Gemm::linear_fp8(const uint8_t* xq, const float* x_scale, int64_t m, int64_t k, const uint8_t* wq,
