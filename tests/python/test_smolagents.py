@@ -51,9 +51,11 @@ class SmolagentsTest(loom_server.ServerTestCase):
         # A random model picks a tool by chance: the weather tool's name is favoured, so every step calls
         # it and smolagents asks for the final answer after max_steps; and strings end at once (the closing
         # quote favoured; the grammar still decides where one may stand), as a random one would not within
-        # a token budget.
+        # a token budget. One call per step (parallel_tool_calls false, passed through by smolagents): a random
+        # model may otherwise start a second call that max_tokens cuts short, and whether it does depends on
+        # the machine's float rounding.
         model = OpenAIServerModel(model_id="tiny", api_base=self.server.base_url + "/v1", api_key="unused",
-                                  temperature=0.0, max_tokens=60,
+                                  temperature=0.0, max_tokens=60, parallel_tool_calls=False,
                                   logit_bias={first_token("weather"): 20, first_token('"'): 40})
         weather = Weather()
         agent = ToolCallingAgent(tools=[weather], model=model, max_steps=2, verbosity_level=0)
