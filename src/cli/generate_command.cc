@@ -115,6 +115,7 @@ int run_generate(const GenerateOptions& options) {
   EngineConfig engine_config;
   engine_config.block_size = options.block_size;
   engine_config.kv_cache_dtype = kv_cache_dtype;
+  engine_config.fp8_weights = options.quantization == "fp8";
   engine_config.disabled_kv_sharing = options.disabled_kv_sharing;
   if (options.kv_cache_bytes > 0) {
     engine_config.kv_cache_bytes = options.kv_cache_bytes;

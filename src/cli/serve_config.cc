@@ -76,6 +76,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   engine.workflow_aware_eviction = options.eviction_policy == "workflow";
   engine.blocking_host_loads = options.host_load_policy == "blocking";
   engine.swap_preemption = options.preemption_mode == "swap";
+  engine.fp8_weights = vllm.quantization == "fp8";
   if (options.kv_cache_bytes) engine.kv_cache_bytes = *options.kv_cache_bytes;
   if (vllm.max_num_seqs > 0) engine.max_running_requests = vllm.max_num_seqs;
   if (vllm.max_num_batched_tokens > 0) engine.max_batch_tokens = vllm.max_num_batched_tokens;

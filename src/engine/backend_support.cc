@@ -72,6 +72,10 @@ void check_engine_supported(const BackendCapabilities& capabilities, const Engin
                 fmt::format("an FP8 KV cache (--kv-cache-dtype fp8) is not supported by the {} backend",
                             capabilities.name),
                 "run with --kv-cache-dtype auto (the backend's own dtype)");
+  if (config.fp8_weights && !capabilities.fp8_weights)
+    throw Error(ErrorKind::kUnsupported,
+                fmt::format("FP8 weights (--quantization fp8) are not supported by the {} backend", capabilities.name),
+                "run without --quantization");
   if (config.residual_kv_cache_bytes > 0)
     check_kv_sharing_allowed(capabilities, config.disabled_kv_sharing, KvSharing::kForked,
                              "--residual-kv-cache-memory (the forked adapters' rCache pool)",

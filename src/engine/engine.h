@@ -50,6 +50,12 @@ struct EngineConfig {
   // and enters every KV block's content-hash salt, so blocks of another dtype
   // are never read back from the host/disk tiers, another engine or KV events.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  // --quantization fp8: the backend quantizes the model's 16-bit weights to FP8
+  // at load (the CLI sets both from the flag). The host weights the model
+  // fingerprint samples are the 16-bit ones, so this enters the model's
+  // identity (kv_identity.h): blocks computed with FP8 weights never share a
+  // name with the 16-bit model's.
+  bool fp8_weights = false;
   // Mode for adapters whose mode nobody chose (--default-sharing; see choose_kv_sharing).
   KvSharing default_sharing = KvSharing::kIsolated;
   // Modes the operator forbids (--disable-kv-sharing MODE[,MODE], e.g. the

@@ -22,7 +22,8 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
       kv_events_(config.kv_events.enabled ? std::make_unique<KvEventPublisher>(config.kv_events) : nullptr),
       residency_(config.kv_store ? std::make_unique<KvResidency>(kv_events_ ? &kv_events_->sink() : nullptr) : nullptr),
       pools_(*backend_, config,
-             config.disk_kv_path.empty() && !config.kv_store && !kv_events_ ? KvBlockHash{} : model_fingerprint(model_),
+             config.disk_kv_path.empty() && !config.kv_store && !kv_events_ ? KvBlockHash{}
+                                                                              : engine_model_identity(model_, config.fp8_weights),
              residency_ ? static_cast<KvEventSink*>(residency_.get())
                         : kv_events_ ? &kv_events_->sink() : nullptr),
       workflow_sync_(workflows_, config) {

@@ -81,6 +81,11 @@ KvBlockHash model_fingerprint(const LoadedModel& model) {
   return hash_combine(model_fingerprint(model.config, ModelWeights{}), hash_string("path=" + model.path));
 }
 
+KvBlockHash engine_model_identity(const LoadedModel& model, bool fp8_weights) {
+  const KvBlockHash fingerprint = model_fingerprint(model);
+  return fp8_weights ? hash_combine(fingerprint, hash_string("weights quantized at load: fp8_e4m3")) : fingerprint;
+}
+
 KvBlockHash adapter_fingerprint(const LoraAdapter& adapter) {
   std::vector<KvBlockHash> parts;
   for (size_t l = 0; l < adapter.layers.size(); ++l)

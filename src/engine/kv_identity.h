@@ -29,6 +29,11 @@ KvBlockHash model_fingerprint(const ModelConfig& config, const ModelWeights& wei
 // on the device, `random:SPEC`) is named by its path (the spec, seed included)
 // and its config.
 KvBlockHash model_fingerprint(const LoadedModel& model);
+// The identity an engine names its blocks under: the model's fingerprint, and
+// the weight format the backend computes with when that is not the file's
+// (`--quantization fp8`: quantized at load, EngineConfig::fp8_weights). The
+// file's own format needs nothing more: its weights are what is sampled.
+KvBlockHash engine_model_identity(const LoadedModel& model, bool fp8_weights);
 KvBlockHash adapter_fingerprint(const LoraAdapter& adapter);
 // What a cache's blocks are laid out as, beside the model.
 struct KvCacheLayoutSpec {

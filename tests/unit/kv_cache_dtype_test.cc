@@ -95,5 +95,33 @@ TEST(KvCacheDtypeTest, TheCpuEngineRefusesAnFp8KvCacheAtStart) {
   EXPECT_NO_THROW(EngineImpl(model, make_cpu_backend(model.config, model.weights), small_config(KvCacheDtype::kAuto)));
 }
 
+// --quantization fp8 quantizes 16-bit weights at load, after the host weights
+// were fingerprinted: the engine's identity adds the weight format, so an FP8
+// engine's blocks never share a name with the 16-bit model's.
+TEST(KvCacheDtypeTest, WeightsQuantizedAtLoadChangeTheModelIdentity) {
+  test::TempDir directory;
+  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
+  const KvBlockHash file = model_fingerprint(model);
+  EXPECT_EQ(engine_model_identity(model, false), file);  // the file's own format: the names of before
+  const KvBlockHash fp8 = engine_model_identity(model, true);
+  EXPECT_NE(fp8, file);
+  EXPECT_EQ(fp8, engine_model_identity(model, true));  // stable across processes
+  EXPECT_NE(block_names(KvCacheDtype::kAuto, fp8), block_names(KvCacheDtype::kAuto, file));
+}
+
+TEST(KvCacheDtypeTest, Fp8WeightsNeedTheCapability) {
+  ModelConfig model;
+  model.head_dim = 16;
+  BackendCapabilities capabilities;
+  capabilities.name = "gpu";
+  capabilities.kv_sharing_modes = all_kv_sharing_modes();
+  EngineConfig config = small_config(KvCacheDtype::kAuto);
+  config.fp8_weights = true;
+  test::expect_error([&] { check_engine_supported(capabilities, config, model); }, ErrorKind::kUnsupported,
+                     {"FP8 weights", "--quantization fp8", "gpu backend"});
+  capabilities.fp8_weights = true;
+  EXPECT_NO_THROW(check_engine_supported(capabilities, config, model));
+}
+
 }  // namespace
 }  // namespace loom
