@@ -14,6 +14,7 @@
 #include "backend/cuda/kernels.h"
 #include "cuda_model_test_util.h"
 #include "cuda_test_util.h"
+#include "fp8_test_util.h"
 #include "model/quantization.h"
 #include "synthetic/synthetic_model.h"
 #include "util/fp8.h"
@@ -264,26 +265,10 @@ std::shared_ptr<const ModelWeights> fp8_checkpoint(const ModelConfig& config, co
                                "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"}) {
       const std::string module = "model.layers." + std::to_string(layer) + "." + linear;
       const Tensor weight = tensors.at(module + ".weight");
-      const int64_t rows = weight.shape[0], cols = weight.shape[1];
-      std::vector<float> scales(rows);
-      float tensor_max = 0.0f;
-      for (int64_t i = 0; i < rows * cols; ++i) tensor_max = std::max(tensor_max, std::fabs(weight.data[i]));
-      for (int64_t r = 0; r < rows; ++r) {
-        float row_max = 0.0f;
-        for (int64_t c = 0; c < cols; ++c) row_max = std::max(row_max, std::fabs(weight.data[r * cols + c]));
-        scales[r] = (per_channel ? row_max : tensor_max) / kFp8E4m3Max;
-      }
-      auto bytes = std::make_shared<std::vector<uint8_t>>(rows * cols);
-      for (int64_t i = 0; i < rows * cols; ++i) (*bytes)[i] = float_to_e4m3(weight.data[i] / scales[i / cols]);
-      Tensor fp8;
-      fp8.shape = weight.shape;
-      fp8.quantized.ggml_type = kF8E4M3RowType;
-      fp8.quantized.bytes = bytes->data();
-      fp8.quantized.row_bytes = cols;
-      fp8.storage = bytes;
-      tensors[module + ".weight"] = fp8;
+      const loom::test::Fp8Linear fp8 = loom::test::quantize_fp8_linear(weight, per_channel);
+      tensors[module + ".weight"] = fp8.rows;
       tensors[module + ".weight_scale"] =
-          per_channel ? Tensor::from_vector({rows, 1}, scales) : Tensor::scalar(scales[0]);
+          per_channel ? Tensor::from_vector({weight.shape[0], 1}, fp8.scales) : Tensor::scalar(fp8.scales[0]);
     }
   return std::make_shared<const ModelWeights>(build_model_weights(config, tensors, "fp8 twin"));
 }

@@ -23,6 +23,7 @@
 #include "model/tensor_parallel.h"
 #include "reference_model.h"
 #include "synthetic/synthetic_model.h"
+#include "fp8_test_util.h"
 #include "test_util.h"
 #include "util/fp8.h"
 #include "util/half.h"
@@ -34,6 +35,8 @@ namespace {
 
 using nlohmann::json;
 using test::expect_error;
+using test::Fp8Linear;
+using test::quantize_fp8_linear;
 using test::TempDir;
 
 constexpr const char* kPath = "config.json";
@@ -250,32 +253,12 @@ TensorMap quantize_checkpoint(const ModelConfig& config, const TensorMap& source
       const std::string module = "model.layers." + std::to_string(layer) + "." + linear;
       if (options.scheme.ignores(module)) continue;
       const Tensor& weight = source.at(module + ".weight");
-      const int64_t rows = weight.shape[0], columns = weight.shape[1];
-      std::vector<float> scales(rows);
-      float tensor_max = 0.0f;
-      for (int64_t i = 0; i < rows * columns; ++i) tensor_max = std::max(tensor_max, std::abs(weight.data[i]));
-      for (int64_t r = 0; r < rows; ++r) {
-        float row_max = 0.0f;
-        for (int64_t c = 0; c < columns; ++c) row_max = std::max(row_max, std::abs(weight.data[r * columns + c]));
-        const float max = options.scheme.weight_strategy == Fp8WeightStrategy::kChannel ? row_max : tensor_max;
-        scales[r] = stored(max / kE4M3Max, options.scale_dtype);
-      }
-      auto bytes = std::make_shared<std::vector<uint8_t>>(rows * columns);
-      std::vector<float> dequantized(rows * columns);
-      for (int64_t r = 0; r < rows; ++r)
-        for (int64_t c = 0; c < columns; ++c) {
-          const uint8_t q = float_to_e4m3(weight.data[r * columns + c] / scales[r]);
-          (*bytes)[r * columns + c] = q;
-          dequantized[r * columns + c] = e4m3_to_float(q) * scales[r];
-        }
-      Tensor rows_tensor;
-      rows_tensor.shape = weight.shape;
-      rows_tensor.quantized.ggml_type = kF8E4M3RowType;
-      rows_tensor.quantized.bytes = bytes->data();
-      rows_tensor.quantized.row_bytes = columns;
-      rows_tensor.storage = bytes;
-      out[module + ".weight"] = rows_tensor;
-      expected[module + ".weight"] = Tensor::from_vector(weight.shape, std::move(dequantized));
+      const int64_t rows = weight.shape[0];
+      Fp8Linear fp8 = quantize_fp8_linear(weight, options.scheme.weight_strategy == Fp8WeightStrategy::kChannel,
+                                          [&](float scale) { return stored(scale, options.scale_dtype); });
+      const std::vector<float>& scales = fp8.scales;
+      out[module + ".weight"] = fp8.rows;
+      expected[module + ".weight"] = Tensor::from_vector(weight.shape, std::move(fp8.dequantized));
       if (options.scheme.weight_strategy == Fp8WeightStrategy::kChannel)
         out[module + ".weight_scale"] = Tensor::from_vector({rows, 1}, scales);
       else
