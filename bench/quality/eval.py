@@ -20,6 +20,9 @@ Rows (ADAPTER:MODE):
                           exact for it
   icarus:isolated         the ICaRus adapter as a plain LoRA over its own K/V (not how it was trained)
   base model              no adapter
+  LABEL (--external)      any OpenAI-compatible server already running at URL (e.g. llama.cpp's
+                          llama-server with the adapter as a GGUF LoRA: bench/quality/llama_cpp_rows.sh),
+                          sent the same token ids through /v1/completions
 
 Each row keeps its per-item scores ("correct", in held-out order; a smaller --heldout scores a prefix
 of the same items), so two rows or two reports compare item by item. The report is rewritten after every row ("complete": false until the last), so a run cut short keeps
@@ -72,6 +75,8 @@ def main():
     parser.add_argument("--kv-cache-bytes", default="2G")
     parser.add_argument("--serve-arg", action="append", default=[],
                         help="one more `loom serve` argument, e.g. --serve-arg=--quantization --serve-arg=fp8")
+    parser.add_argument("--external", action="append", default=[],
+                        help="LABEL=URL: one more row, scored against the server at URL (token-id prompts)")
     parser.add_argument("--out")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
@@ -81,7 +86,11 @@ def main():
         parser.error(f"unknown adapter kind {unknown[0]} (lora, alora or icarus)")
 
     # Each group of rows gets a fresh server: an inheriting row must not find its own earlier bCache.
-    groups = [([("base model", None)], [])]
+    external = [tuple(spec.split("=", 1)) for spec in args.external]
+    if any(len(row) != 2 or not row[1].startswith("http") for row in external):
+        parser.error("--external takes LABEL=http://HOST:PORT")
+    # The first group's server also tokenizes the external rows' prompts.
+    groups = [([("base model", None)] + [(label, None, url) for label, url in external], [])]
     if "lora" in adapters:
         flags = []
         for mode in ["isolated", "forked", "base"]:
@@ -155,16 +164,17 @@ def run_rows(args, items, rows, lora_flags, report):
         prompts = [post(base_url, "/tokenize", {"model": "base", "prompt": item["prompt"][: -len(INVOCATION)],
                                                 "add_special_tokens": False})["tokens"] + invocation for item in items]
 
-        def complete(model, prompt):
+        def complete(model, prompt, url=base_url):
             body = {"model": model, "prompt": prompt, "max_tokens": args.max_tokens, "temperature": 0.0}
-            return post(base_url, "/v1/completions", body)["choices"][0]["text"]
+            return post(url, "/v1/completions", body)["choices"][0]["text"]
 
-        for label, model in rows:
+        for label, model, *external_url in rows:
+            url = external_url[0] if external_url else base_url
             start = time.time()
             with concurrent.futures.ThreadPoolExecutor(args.concurrency) as pool:
                 if label.endswith("forked-inherits"):  # the other agent writes each prompt's bCache first
                     list(pool.map(lambda prompt: complete("writer_forked", prompt), prompts))
-                texts = list(pool.map(lambda prompt: complete(model or "base", prompt), prompts))
+                texts = list(pool.map(lambda prompt: complete(model or "base", prompt, url), prompts))
             scores = [TASKS[args.task].score(text, item["answer"]) for text, item in zip(texts, items)]
             correct = sum(scores)
             report["rows"][label] = {"accuracy": round(correct / len(items), 4),
