@@ -11,8 +11,9 @@ accuracy with a 95% Wilson interval. One server serves every row:
 Rows (ADAPTER:MODE):
   lora:isolated           the adapter's own K/V (what vLLM serves)
   lora:forked             ForkKV, the agent writing its own shared bCache (exact in math)
-  lora:forked-inherits    ForkKV, the prompt's bCache written first by another agent (the aLoRA
-                          adapter's weights served as a second forked adapter): ForkKV's inheritance
+  lora:forked-inherits    ForkKV, the prompt's bCache written first by another agent (--adapter writer=DIR,
+                          e.g. another task's trained LoRA; else the aLoRA adapter's weights) served as a
+                          second forked adapter: ForkKV's inheritance
   lora:base               ICaRus: every K/V the base model's (lossy for a plain LoRA)
   alora:activated         aLoRA: the base model's K/V up to the invocation
   alora:isolated          the aLoRA adapter as a plain LoRA over the whole prompt
@@ -66,7 +67,8 @@ def main():
     parser.add_argument("--loom", default=os.environ.get("LOOM_BINARY", "build/loom"))
     parser.add_argument("--model", required=True)
     parser.add_argument("--task", required=True, choices=sorted(TASKS))
-    parser.add_argument("--adapter", action="append", default=[], help="lora=DIR, alora=DIR or icarus=DIR")
+    parser.add_argument("--adapter", action="append", default=[],
+                        help="lora=DIR, alora=DIR, icarus=DIR or writer=DIR (the other agent of lora:forked-inherits)")
     parser.add_argument("--cpu-precision", default="fp32", help="cpu only: fp32 or auto")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N")
     parser.add_argument("--heldout", type=int, default=200)
@@ -77,13 +79,14 @@ def main():
                         help="one more `loom serve` argument, e.g. --serve-arg=--quantization --serve-arg=fp8")
     parser.add_argument("--external", action="append", default=[],
                         help="LABEL=URL: one more row, scored against the server at URL (token-id prompts)")
+    parser.add_argument("--rows", help="comma-separated labels: score only these rows (default all)")
     parser.add_argument("--out")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, on_sigterm)
     adapters = dict(spec.split("=", 1) for spec in args.adapter)
-    unknown = sorted(set(adapters) - {"lora", "alora", "icarus"})
+    unknown = sorted(set(adapters) - {"lora", "alora", "icarus", "writer"})
     if unknown:
-        parser.error(f"unknown adapter kind {unknown[0]} (lora, alora or icarus)")
+        parser.error(f"unknown adapter kind {unknown[0]} (lora, alora, icarus or writer)")
 
     # Each group of rows gets a fresh server: an inheriting row must not find its own earlier bCache.
     external = [tuple(spec.split("=", 1)) for spec in args.external]
@@ -97,10 +100,11 @@ def main():
             flags += ["--lora", f"lora_{mode}={adapters['lora']}:{mode}"]
         groups.append(([("lora:isolated", "lora_isolated"), ("lora:forked", "lora_forked"), ("lora:base", "lora_base")],
                        flags))
-        if "alora" in adapters:  # another agent (the aLoRA weights as a forked adapter) writes the shared bCache
+        writer = adapters.get("writer", adapters.get("alora"))
+        if writer:  # another agent, served forked, writes the shared bCache first
             groups.append(([("lora:forked-inherits", "lora_forked")],
                            ["--lora", f"lora_forked={adapters['lora']}:forked",
-                            "--lora", f"writer_forked={adapters['alora']}:forked"]))
+                            "--lora", f"writer_forked={writer}:forked"]))
     if "alora" in adapters:
         groups.append(([("alora:activated", "alora_activated"), ("alora:isolated", "alora_isolated")],
                        ["--lora", f"alora_activated={adapters['alora']}:activated",
@@ -109,6 +113,13 @@ def main():
         groups.append(([("icarus:base", "icarus_base"), ("icarus:isolated", "icarus_isolated")],
                        ["--lora", f"icarus_base={adapters['icarus']}:base",
                         "--lora", f"icarus_isolated={adapters['icarus']}:isolated"]))
+    if args.rows:
+        wanted = set(args.rows.split(","))
+        known = {row[0] for rows, _ in groups for row in rows}
+        if wanted - known:
+            parser.error(f"--rows: no row {sorted(wanted - known)[0]} with these adapters ({', '.join(sorted(known))})")
+        groups = [([row for row in rows if row[0] in wanted], flags) for rows, flags in groups]
+        groups = [(rows, flags) for rows, flags in groups if rows]
     items = make_split(args.task, "heldout", args.heldout)
     on_cpu = args.device == "cpu"
     report = {"task": args.task, "heldout": len(items), "serve_args": args.serve_arg, "cpu_precision": args.cpu_precision if on_cpu else None,

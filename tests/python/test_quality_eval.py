@@ -67,6 +67,29 @@ class QualityEvalTest(unittest.TestCase):
              "--external", f"another server={external_url}", "--out", report_path],
             capture_output=True, text=True, timeout=240)
 
+    def test_rows_and_another_agent_as_the_writer(self):
+        """--rows scores only the rows named; writer=DIR is the agent writing the inherited bCache."""
+        with tempfile.TemporaryDirectory() as directory:
+            model = os.path.join(directory, "model")
+            subprocess.run([loom_server.loom_binary(), "make-model", "--arch", "llama", "--preset", "tiny",
+                            "--adapters", "2", "--out", model], check=True, stdout=subprocess.DEVNULL)
+            report_path = os.path.join(directory, "report.json")
+            command = [sys.executable, EVAL, "--loom", loom_server.loom_binary(), "--model", model, "--task",
+                       "labelling", "--adapter", f"lora={model}/adapters/adapter0", "--adapter",
+                       f"writer={model}/adapters/adapter1", "--heldout", "4", "--max-tokens", "2", "--concurrency",
+                       "2", "--kv-cache-bytes", "16M", "--out", report_path]
+            result = subprocess.run(command + ["--rows", "lora:forked-inherits,lora:isolated"], capture_output=True,
+                                    text=True, timeout=240)
+            self.assertEqual(result.returncode, 0, result.stdout + result.stderr)
+            with open(report_path) as report_file:
+                report = json.load(report_file)
+            self.assertEqual(sorted(report["rows"]), ["lora:forked-inherits", "lora:isolated"])
+            self.assertEqual(report["adapters"]["writer"], os.path.normpath(f"{model}/adapters/adapter1"))
+            refused = subprocess.run(command + ["--rows", "alora:activated"], capture_output=True, text=True,
+                                     timeout=60)
+            self.assertNotEqual(refused.returncode, 0)
+            self.assertIn("no row alora:activated", refused.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
