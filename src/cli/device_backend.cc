@@ -109,6 +109,7 @@ CudaBackendConfig cuda_backend_config(const DeviceOptions& options) {
   config.max_adapter_slots = options.max_adapter_slots;
   config.tuning.cuda_graphs = options.cuda_graphs;
   config.fp8_weights = options.fp8_weights;
+  config.kv_cache_dtype = options.kv_cache_dtype;  // refused by the engine until the backend declares fp8_kv_cache
   return config;
 }
 #endif

@@ -22,6 +22,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_plan.h"
 #include "cuda_test_util.h"
+#include "util/fp8.h"
 
 namespace loom::cuda {
 namespace {
@@ -39,6 +40,10 @@ struct AttentionCase {
   int num_sms = 132;  // 1: any prefill list is wide enough to run wide
   bool pingpong = false;  // wide items on the warp-specialized kernel (kPrefillWidePingPong)
   bool cpu_reference = true;  // false: no CPU reference (the SDPA check's long contexts)
+  // > 0: the cache is FP8 (kv_fp8.cuh) with this scale for K and its double for V; the
+  // reference runs over its dequantized values, and the same kernels over a bf16 cache
+  // of those values must give the same bits.
+  float fp8_kv_scale = 0.0f;
   // Non-empty (one sequence only): Q, the sequence's K and V in position order
   // and the output, as raw bf16, to dump_prefix + {q,k,v,out}.bin.
   std::string dump_prefix;
@@ -95,8 +100,21 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   const int q_size = c.num_heads * c.head_dim, kv_size = c.num_kv_heads * c.head_dim;
   const int64_t num_slots = static_cast<int64_t>(num_blocks) * c.block_size;
   const std::vector<float> q = random_values(prng, static_cast<size_t>(n) * q_size, 2.0f);
-  const std::vector<float> k_pool = random_values(prng, num_slots * kv_size, 1.0f);
-  const std::vector<float> v_pool = random_values(prng, num_slots * kv_size, 1.0f);
+  std::vector<float> k_pool = random_values(prng, num_slots * kv_size, 1.0f);
+  std::vector<float> v_pool = random_values(prng, num_slots * kv_size, 1.0f);
+  std::vector<uint8_t> k_fp8, v_fp8;  // CPU layout
+  if (c.fp8_kv_scale > 0.0f) {
+    // Entries e4m3(x / scale); what a kernel reads is bf16(e4m3 * scale).
+    auto quantize = [](std::vector<float>& pool, std::vector<uint8_t>& bytes, float scale) {
+      bytes.resize(pool.size());
+      for (size_t i = 0; i < pool.size(); ++i) {
+        bytes[i] = float_to_e4m3(pool[i] / scale);
+        pool[i] = test::round_to_bf16(e4m3_to_float(bytes[i]) * scale);
+      }
+    };
+    quantize(k_pool, k_fp8, c.fp8_kv_scale);
+    quantize(v_pool, v_fp8, 2.0f * c.fp8_kv_scale);
+  }
 
   cpu::TokenPlacement placement;
   cpu::place_tokens(batch, c.block_size, placement);
@@ -114,6 +132,11 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   };
   DeviceBuffer plan_d = upload(plan.words()), q_d = upload_bf16(q), k_d = upload_bf16(device_layout(k_pool)),
                v_d = upload_bf16(device_layout(v_pool)), out_d(static_cast<size_t>(n) * q_size * 2);
+  auto device_bytes = [&](const std::vector<uint8_t>& bytes) {  // the same reordering, of bytes
+    const std::vector<float> ordered = device_layout(std::vector<float>(bytes.begin(), bytes.end()));
+    return upload(std::vector<uint8_t>(ordered.begin(), ordered.end()));
+  };
+  DeviceBuffer k_fp8_d = device_bytes(k_fp8), v_fp8_d = device_bytes(v_fp8);
   const size_t partial_rows = static_cast<size_t>(std::max(plan.num_partials(), 1)) * c.num_kv_heads * kAttentionMaxRows;
   DeviceBuffer partial_out(partial_rows * c.head_dim * 4), partial_lse(partial_rows * 4);
   LOOM_CUDA_CHECK(cudaMemset(out_d.data(), 0xff, out_d.size()));  // NaN poison: every element must be written
@@ -125,22 +148,43 @@ AttentionVariant run_case(const AttentionCase& c) {  // returns the plan's prefi
   params.out = out_d.as<bf16>();
   params.partial_out = partial_out.as<float>();
   params.partial_lse = partial_lse.as<float>();
+  const AttentionParams bf16_params = params;
+  if (c.fp8_kv_scale > 0.0f) {
+    params.k_cache = params.v_cache = nullptr;
+    params.k_cache_fp8 = k_fp8_d.as<uint8_t>();
+    params.v_cache_fp8 = v_fp8_d.as<uint8_t>();
+    params.k_scale = c.fp8_kv_scale;
+    params.v_scale = 2.0f * c.fp8_kv_scale;
+  }
   // The plan's prefill path: the wide kernel when any sequence's own items fill the GPU.
   const AttentionVariant variant =
       plan.num_wide_prefill_items() > 0 ? AttentionVariant::kPrefillWide : AttentionVariant::kPrefill;
   const AttentionVariant prefill = c.pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide;
-  launch_attention(params, AttentionVariant::kPrefill,
-                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
-                   plan.num_prefill_items(), nullptr);
-  launch_attention(params, prefill, reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().wide_prefill_items),
-                   plan.num_wide_prefill_items(), nullptr);
-  launch_attention(params, AttentionVariant::kDecode,
-                   reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
-                   plan.num_decode_items(), nullptr);
-  launch_attention_combine(params, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
-                           plan.num_combine_items(), nullptr);
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  auto run_all = [&](const AttentionParams& run) {
+    launch_attention(run, AttentionVariant::kPrefill,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().prefill_items),
+                     plan.num_prefill_items(), nullptr);
+    launch_attention(run, prefill, reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().wide_prefill_items),
+                     plan.num_wide_prefill_items(), nullptr);
+    launch_attention(run, AttentionVariant::kDecode,
+                     reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().decode_items),
+                     plan.num_decode_items(), nullptr);
+    launch_attention_combine(run, reinterpret_cast<const AttentionCombineItem*>(words + plan.sections().combine_items),
+                             plan.num_combine_items(), nullptr);
+    LOOM_CUDA_CHECK(cudaDeviceSynchronize());
+  };
+  run_all(params);
   const std::vector<float> out = download_bf16(out_d.data(), static_cast<size_t>(n) * q_size);
+  if (c.fp8_kv_scale > 0.0f) {  // the FP8 cache reads as the bf16 cache of its values, bit for bit
+    DeviceBuffer bf16_out_d(out_d.size());
+    AttentionParams plain = bf16_params;
+    plain.out = bf16_out_d.as<bf16>();
+    run_all(plain);
+    std::vector<uint16_t> fp8_bits(out_d.size() / 2), bf16_bits(out_d.size() / 2);
+    LOOM_CUDA_CHECK(cudaMemcpy(fp8_bits.data(), out_d.data(), out_d.size(), cudaMemcpyDeviceToHost));
+    LOOM_CUDA_CHECK(cudaMemcpy(bf16_bits.data(), bf16_out_d.data(), out_d.size(), cudaMemcpyDeviceToHost));
+    EXPECT_EQ(fp8_bits, bf16_bits) << "an FP8 cache read otherwise than the bf16 cache of its values";
+  }
   if (c.pingpong && plan.num_wide_prefill_items() > 0) {
     // The same arithmetic in the same order as the wgmma kernel: equal bit for bit
     // (a stage read before it landed or after it was refilled would show here).
@@ -324,6 +368,38 @@ std::string sdpa_check_script() {
 // The backend's default kernels (decode, the ping-pong prefill) against torch's
 // scaled_dot_product_attention in fp32 on the device, with SDPA's own bf16
 // error as the yardstick: contexts 1 to 128K, cached prefixes 0 to 127K.
+// An FP8 KV cache (--kv-cache-dtype fp8): every variant (decode, split-KV decode,
+// prefill, wide and ping-pong prefill) reads bf16(e4m3 * scale), equal bit for bit
+// to the same kernels over a bf16 cache of those values, and near the CPU
+// reference over them; scales 1 (vLLM's default) and an arbitrary one.
+TEST(CudaAttention, Fp8CacheReadsAsItsDequantizedValues) {
+  LOOM_REQUIRE_GPU();
+  for (const float scale : {1.0f, 0.0137f}) {
+    for (const bool pingpong : {false, true}) {
+      AttentionCase c;
+      c.fp8_kv_scale = scale;
+      c.pingpong = pingpong;
+      c.num_sms = 1;  // the prefills run wide
+      c.sequences = {{0, 700}, {1500, 1}, {9000, 1}, {33, 200}};
+      c.seed = 71;
+      run_case(c);
+      c.head_dim = 64;
+      c.block_size = 32;
+      c.seed = 72;
+      run_case(c);
+    }
+    AttentionCase narrow;  // the mma.sync prefill and every head size
+    narrow.fp8_kv_scale = scale;
+    narrow.wide = false;
+    for (int head_dim : {16, 32, 64, 128}) {
+      narrow.head_dim = head_dim;
+      narrow.sequences = {{0, 130}, {2000, 1}, {40, 9}};
+      narrow.seed = 73 + head_dim;
+      run_case(narrow);
+    }
+  }
+}
+
 TEST(CudaAttention, MatchesTorchSdpaToLongContexts) {
   LOOM_REQUIRE_GPU();
   if (std::system("python3 -c 'import torch; assert torch.cuda.is_available()' > /dev/null 2>&1") != 0)

@@ -56,6 +56,7 @@ DeviceBuffer upload(const std::vector<T>& values) {
 }
 template DeviceBuffer upload(const std::vector<int32_t>&);
 template DeviceBuffer upload(const std::vector<uint16_t>&);
+template DeviceBuffer upload(const std::vector<uint8_t>&);
 template DeviceBuffer upload(const std::vector<float>&);
 template DeviceBuffer upload(const std::vector<LoraModuleRef>&);
 

@@ -23,6 +23,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/residual_keys.cuh"
@@ -73,7 +74,8 @@ struct RowWriter {
   }
 };
 
-template <int kHeadDim, int kRowWarps, int kRankPad>
+// kFp8: the main pool is an FP8 cache (AttentionParams::k_cache_fp8), decoded into the bf16 tiles as it is loaded.
+template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8>
 __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, const AttentionWorkItem* items) {
   pdl_wait();
   pdl_trigger();
@@ -214,8 +216,13 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       const int r = load_row + i * kLoadRows;
       const bool valid = tile_start + r < item.kv_end;
       const int destination = (buffer * kTileKeys + r) * kStride + load_chunk * 8;
-      cp_async_16(k_shared + destination, p.k_cache + offset[i], valid);
-      cp_async_16(v_shared + destination, p.v_cache + offset[i], valid);
+      if constexpr (kFp8) {  // synchronous: visible after the barrier that follows the wait for this tile
+        kv_fp8_load8(k_shared + destination, p.k_cache_fp8 + offset[i], valid, p.k_scale);
+        kv_fp8_load8(v_shared + destination, p.v_cache_fp8 + offset[i], valid, p.v_scale);
+      } else {
+        cp_async_16(k_shared + destination, p.k_cache + offset[i], valid);
+        cp_async_16(v_shared + destination, p.v_cache + offset[i], valid);
+      }
     }
     cp_async_commit();
   };
@@ -491,12 +498,12 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
 // The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
 int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
 
-template <int kHeadDim, int kRowWarps, int kRankPad>
+template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8 = false>
 void ensure_shared_attribute() {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
   // Once per instantiation (a magic static: thread-safe, retried if it threw).
   static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps, kRankPad>,
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps, kRankPad, kFp8>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
     return true;
   }();
@@ -507,7 +514,7 @@ template <int kHeadDim, int kRankPad>
 int32_t decode_ctas_per_sm() {
   ensure_shared_attribute<kHeadDim, 1, kRankPad>();
   int count = 0;
-  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1, kRankPad>, kThreads,
+  LOOM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&count, attention_kernel<kHeadDim, 1, kRankPad, false>, kThreads,
                                                                 attention_shared_bytes<kHeadDim, 1, kRankPad>()));
   return count;
 }
@@ -522,39 +529,46 @@ int32_t decode_ctas_per_sm_for_rank(int32_t residual_rank) {
   }
 }
 
-template <int kHeadDim, int kRowWarps, int kRankPad>
+template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8>
 void launch_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, Launch launch) {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
   static_assert(4 * 16 * kHeadDim * sizeof(float) + 2 * 4 * 16 * sizeof(float) <= 4 * kTileKeys * (kHeadDim + 8) * sizeof(bf16),
                 "the decode merge must fit in the K/V buffers");
-  ensure_shared_attribute<kHeadDim, kRowWarps, kRankPad>();
+  ensure_shared_attribute<kHeadDim, kRowWarps, kRankPad, kFp8>();
   const dim3 grid(num_items, params.num_kv_heads);
-  launch_kernel(launch, grid, kThreads, kShared, attention_kernel<kHeadDim, kRowWarps, kRankPad>, params, items);
+  launch_kernel(launch, grid, kThreads, kShared, attention_kernel<kHeadDim, kRowWarps, kRankPad, kFp8>, params, items);
 }
 
-template <int kRowWarps, int kRankPad>
+template <int kRowWarps, int kRankPad, bool kFp8>
 void dispatch_head_dim(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                        Launch launch) {
   switch (params.head_dim) {
-    case 16: return launch_for<16, kRowWarps, kRankPad>(params, items, num_items, launch);
-    case 32: return launch_for<32, kRowWarps, kRankPad>(params, items, num_items, launch);
-    case 64: return launch_for<64, kRowWarps, kRankPad>(params, items, num_items, launch);
-    case 128: return launch_for<128, kRowWarps, kRankPad>(params, items, num_items, launch);
+    case 16: return launch_for<16, kRowWarps, kRankPad, kFp8>(params, items, num_items, launch);
+    case 32: return launch_for<32, kRowWarps, kRankPad, kFp8>(params, items, num_items, launch);
+    case 64: return launch_for<64, kRowWarps, kRankPad, kFp8>(params, items, num_items, launch);
+    case 128: return launch_for<128, kRowWarps, kRankPad, kFp8>(params, items, num_items, launch);
     default: throw_unsupported("cuda attention: head_dim (supported: 16, 32, 64, 128)", params.head_dim);
   }
 }
 
-template <int kRowWarps>
+template <int kRowWarps, bool kFp8>
 void dispatch_rank(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                    Launch launch, int32_t residual_rank) {
-  if (residual_rank <= 0) return dispatch_head_dim<kRowWarps, 0>(params, items, num_items, launch);
+  if (residual_rank <= 0) return dispatch_head_dim<kRowWarps, 0, kFp8>(params, items, num_items, launch);
   if (residual_rank > kResidualMaxRank)
     throw_unsupported("cuda residual attention: k/v LoRA rank (supported: up to 64)", residual_rank);
   switch (residual_rank_pad(residual_rank)) {
-    case 16: return dispatch_head_dim<kRowWarps, 16>(params, items, num_items, launch);
-    case 32: return dispatch_head_dim<kRowWarps, 32>(params, items, num_items, launch);
-    default: return dispatch_head_dim<kRowWarps, 64>(params, items, num_items, launch);
+    case 16: return dispatch_head_dim<kRowWarps, 16, kFp8>(params, items, num_items, launch);
+    case 32: return dispatch_head_dim<kRowWarps, 32, kFp8>(params, items, num_items, launch);
+    default: return dispatch_head_dim<kRowWarps, 64, kFp8>(params, items, num_items, launch);
   }
+}
+
+template <int kRowWarps>
+void dispatch_dtype(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items, Launch launch,
+                    int32_t residual_rank) {
+  if (params.k_cache_fp8 != nullptr) return dispatch_rank<kRowWarps, true>(params, items, num_items, launch, residual_rank);
+  dispatch_rank<kRowWarps, false>(params, items, num_items, launch, residual_rank);
 }
 
 template <int kHeadDim>
@@ -597,9 +611,9 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
     return launch_attention_pingpong(params, items, num_items, launch.stream);
   }
   if (variant == AttentionVariant::kPrefill) {
-    dispatch_rank<4>(params, items, num_items, launch, residual_rank);
+    dispatch_dtype<4>(params, items, num_items, launch, residual_rank);
   } else {
-    dispatch_rank<1>(params, items, num_items, launch, residual_rank);
+    dispatch_dtype<1>(params, items, num_items, launch, residual_rank);
   }
 }
 

@@ -25,6 +25,7 @@
 
 #include "backend/cuda/attention_wide.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace loom::cuda {
 
@@ -79,7 +80,9 @@ __device__ __forceinline__ void named_arrive(int barrier, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
 }
 
-template <int kHeadDim>
+// kFp8: the main pool is an FP8 cache; the producer decodes each tile into the bf16 stage
+// with plain stores (kv_fp8.cuh) and publishes it as soon as its stores are done.
+template <int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
     attention_pingpong_kernel(AttentionParams p, const AttentionWorkItem* items) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
@@ -155,8 +158,18 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
         const bool valid = tile_start + r < item.kv_end;
         const int64_t offset = valid ? kv_gather.index_in_block(block, tile_start + r) + load_chunk * 8 : 0;
         const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
-        cp_async_16(k_stage + destination, p.k_cache + offset, valid);
-        cp_async_16(v_stage + destination, p.v_cache + offset, valid);
+        if constexpr (kFp8) {
+          kv_fp8_load8(k_stage + destination, p.k_cache_fp8 + offset, valid, p.k_scale);
+          kv_fp8_load8(v_stage + destination, p.v_cache_fp8 + offset, valid, p.v_scale);
+        } else {
+          cp_async_16(k_stage + destination, p.k_cache + offset, valid);
+          cp_async_16(v_stage + destination, p.v_cache + offset, valid);
+        }
+      }
+      if constexpr (kFp8) {
+        blocks = tile_blocks(t + 1);
+        publish(t);  // this thread's stores of tile t are done
+        continue;
       }
       cp_async_commit();
       blocks = tile_blocks(t + 1);  // in flight while the copies land
@@ -165,7 +178,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
         publish(t - 1);
       }
     }
-    if (num_tiles > 0) {
+    if (!kFp8 && num_tiles > 0) {
       cp_async_wait<0>();
       publish(num_tiles - 1);
     }
@@ -278,19 +291,26 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   wide_store_rows<kHeadDim>(p, item, sequence, kv_head, group, total_rows, warpgroup, warp, g, quad, o, row_sum);
 }
 
-template <int kHeadDim>
-void launch_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
-                     cudaStream_t stream) {
+template <int kHeadDim, bool kFp8>
+void launch_pingpong_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                         cudaStream_t stream) {
   constexpr size_t kShared = pingpong_shared_bytes<kHeadDim>();
   static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_pingpong_kernel<kHeadDim>,
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_pingpong_kernel<kHeadDim, kFp8>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
     return true;
   }();
   (void)attribute_set;
   const dim3 grid(num_items, params.num_kv_heads);
-  attention_pingpong_kernel<kHeadDim><<<grid, kPingPongThreads, kShared, stream>>>(params, items);
+  attention_pingpong_kernel<kHeadDim, kFp8><<<grid, kPingPongThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHeadDim>
+void launch_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                     cudaStream_t stream) {
+  if (params.k_cache_fp8 != nullptr) return launch_pingpong_for<kHeadDim, true>(params, items, num_items, stream);
+  launch_pingpong_for<kHeadDim, false>(params, items, num_items, stream);
 }
 
 }  // namespace

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/attention_wide.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kv_fp8.cuh"
 
 namespace loom::cuda {
 
@@ -36,7 +37,8 @@ constexpr size_t wide_shared_bytes() {
   return static_cast<size_t>(kWideRows + 4 * kWideKeys) * kHeadDim * sizeof(bf16) + 1024;
 }
 
-template <int kHeadDim>
+// kFp8: the main pool is an FP8 cache, decoded into the bf16 stages as it is loaded (kv_fp8.cuh).
+template <int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(AttentionParams p, const AttentionWorkItem* items) {
   constexpr int kChunks = kHeadDim / 8;  // 16-byte chunks a row
   constexpr uint32_t kQBytes = kWideRows * kHeadDim * sizeof(bf16);
@@ -83,8 +85,13 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
       const int r = load_row + i * kLoadRows;
       const bool valid = tile_start + r < item.kv_end;
       const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kWideKeys);
-      cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
-      cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
+      if constexpr (kFp8) {  // plain stores: the fence and barrier after the wait publish them to wgmma
+        kv_fp8_load8(k_stage + destination, p.k_cache_fp8 + offset[i], valid, p.k_scale);
+        kv_fp8_load8(v_stage + destination, p.v_cache_fp8 + offset[i], valid, p.v_scale);
+      } else {
+        cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
+        cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
+      }
     }
     cp_async_commit();
   };
@@ -135,19 +142,26 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
   wide_store_rows<kHeadDim>(p, item, sequence, kv_head, group, total_rows, warpgroup, warp, g, quad, o, row_sum);
 }
 
-template <int kHeadDim>
-void launch_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
-                 cudaStream_t stream) {
+template <int kHeadDim, bool kFp8>
+void launch_wide_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                     cudaStream_t stream) {
   constexpr size_t kShared = wide_shared_bytes<kHeadDim>();
   static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_wide_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(kShared)));
+    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_wide_kernel<kHeadDim, kFp8>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
     return true;
   }();
   (void)attribute_set;
   const dim3 grid(num_items, params.num_kv_heads);
-  attention_wide_kernel<kHeadDim><<<grid, kWideThreads, kShared, stream>>>(params, items);
+  attention_wide_kernel<kHeadDim, kFp8><<<grid, kWideThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();
+}
+
+template <int kHeadDim>
+void launch_wide(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
+                 cudaStream_t stream) {
+  if (params.k_cache_fp8 != nullptr) return launch_wide_for<kHeadDim, true>(params, items, num_items, stream);
+  launch_wide_for<kHeadDim, false>(params, items, num_items, stream);
 }
 
 }  // namespace

@@ -50,7 +50,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
       stream_(stream),
       model_(std::move(model)),
       gemm_(stream),
-      pools_(config, device, wide_prefill_ ? tuning_.forked_wide_prefill_keys : 0),
+      pools_(config, device, wide_prefill_ ? tuning_.forked_wide_prefill_keys : 0, backend_config.kv_cache_dtype),
       lora_(config, backend_config.max_adapter_slots, tuning_.lora_side_stream),
       prefetcher_(config, tuning_.l2_prefetch),
       runner_(StepParts{config_, layer_, tuning_, model_, gemm_, pools_, lora_, plan_, buffers_, prefetcher_, rank_}),

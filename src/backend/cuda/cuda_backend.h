@@ -95,6 +95,9 @@ struct CudaBackendConfig {
   // skinny GEMM), larger steps dequantize each matrix to bf16 before its GEMM
   // (W8A16). LoRA, embeddings, lm_head and the KV cache stay bf16. No L2 prefetch.
   bool fp8_weights = false;
+  // --kv-cache-dtype fp8: the main KV pool in e4m3 (kv_fp8.cuh), scales 1.0; every
+  // attention kernel decodes it as it loads its tiles. The rCache stays bf16.
+  KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
 };
 
 // Uploads `weights` in their stored format (fp32 tensors, or 16-bit and GGUF

@@ -75,7 +75,7 @@ std::vector<const void*> CudaBackend::graph_addresses() const {
   for (const void* address : lora_.buffers()) addresses.push_back(address);
   addresses.push_back(sampler_.device_address());
   addresses.push_back(plan_.device_data());
-  addresses.push_back(pools_.k_pool(0));
+  addresses.push_back(pools_.main_base());
   addresses.push_back(pools_.residual_pool(0));
   return addresses;
 }

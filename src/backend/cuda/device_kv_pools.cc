@@ -26,11 +26,13 @@ void allocate_or_explain(DeviceBuffer& buffer, size_t bytes, const std::string& 
 
 }  // namespace
 
-DeviceKvPools::DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys)
-    : config_(config), device_(device), forked_wide_prefill_keys_(std::max(forked_wide_prefill_keys, 0)) {}
+DeviceKvPools::DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys,
+                             KvCacheDtype kv_dtype)
+    : config_(config), device_(device), kv_dtype_(kv_dtype),
+      forked_wide_prefill_keys_(std::max(forked_wide_prefill_keys, 0)) {}
 
 int64_t DeviceKvPools::main_bytes_per_token() const {
-  return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * static_cast<int64_t>(sizeof(__nv_bfloat16));
+  return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * main_element_bytes();
 }
 
 int64_t DeviceKvPools::residual_bytes_per_token(int32_t max_rank) const {
@@ -85,16 +87,27 @@ int64_t DeviceKvPools::scratch_keys() const {
   return static_cast<int64_t>(scratch_.size() / (2 * config_.kv_size() * sizeof(__nv_bfloat16)));
 }
 
-__nv_bfloat16* DeviceKvPools::k_pool(int layer) const {
+std::byte* DeviceKvPools::main_array(int64_t index) const {
   if (main_.data() == nullptr) return nullptr;
-  const int64_t elements = static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size * config_.kv_size();
-  return main_.as<__nv_bfloat16>() + (2LL * layer) * elements;
+  const int64_t bytes = static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size * config_.kv_size() *
+                        main_element_bytes();
+  return static_cast<std::byte*>(main_.data()) + index * bytes;
+}
+
+__nv_bfloat16* DeviceKvPools::k_pool(int layer) const {
+  return fp8() ? nullptr : reinterpret_cast<__nv_bfloat16*>(main_array(2LL * layer));
 }
 
 __nv_bfloat16* DeviceKvPools::v_pool(int layer) const {
-  if (main_.data() == nullptr) return nullptr;
-  const int64_t elements = static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size * config_.kv_size();
-  return main_.as<__nv_bfloat16>() + (2LL * layer + 1) * elements;
+  return fp8() ? nullptr : reinterpret_cast<__nv_bfloat16*>(main_array(2LL * layer + 1));
+}
+
+uint8_t* DeviceKvPools::k_pool_fp8(int layer) const {
+  return fp8() ? reinterpret_cast<uint8_t*>(main_array(2LL * layer)) : nullptr;
+}
+
+uint8_t* DeviceKvPools::v_pool_fp8(int layer) const {
+  return fp8() ? reinterpret_cast<uint8_t*>(main_array(2LL * layer + 1)) : nullptr;
 }
 
 __nv_bfloat16* DeviceKvPools::residual_pool(int layer) const {
@@ -129,13 +142,13 @@ int32_t DeviceKvPools::num_host_blocks(KvPoolKind pool) const {
 
 size_t DeviceKvPools::device_bytes_per_block(KvPoolKind pool) const {
   if (pool == KvPoolKind::kMain)
-    return static_cast<size_t>(main_shape_.block_size) * config_.kv_size() * sizeof(__nv_bfloat16);
+    return static_cast<size_t>(main_shape_.block_size) * config_.kv_size() * main_element_bytes();
   return static_cast<size_t>(residual_shape_.block_size) * 2 * residual_rank_stride_ * sizeof(__nv_bfloat16);
 }
 
 HostKvTier::DevicePool DeviceKvPools::device_pool(KvPoolKind pool) const {
   if (pool == KvPoolKind::kMain)
-    return {k_pool(0), main_shape_.num_blocks,
+    return {main_array(0), main_shape_.num_blocks,
             static_cast<size_t>(main_shape_.num_blocks) * device_bytes_per_block(pool)};
   return {residual_pool(0), residual_shape_.num_blocks,
           static_cast<size_t>(residual_shape_.num_blocks) * device_bytes_per_block(pool)};

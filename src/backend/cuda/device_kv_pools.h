@@ -3,9 +3,11 @@
 // pool (host_kv_tier.h). Owns all of it; an address it hands out is valid until
 // the next allocate of that pool.
 //
-// Layouts: main pool [layer][K|V][num_blocks * block_size][kv_size] bf16 (slots
+// Layouts: main pool [layer][K|V][num_blocks * block_size][kv_size] bf16, or
+// e4m3 bytes for an FP8 cache (--kv-cache-dtype fp8, kv_fp8.cuh; slots
 // head-major within a block, plan_types.h); rCache [layer][num_blocks *
-// block_size][2 * residual_rank_stride] bf16; scratch [K|V][keys][kv_size] bf16.
+// block_size][2 * residual_rank_stride] bf16 (also with an FP8 main pool: it
+// is rank-sized, a few per cent of the main pool); scratch [K|V][keys][kv_size] bf16.
 //
 // Thread: the engine thread, except copy_blocks (host_kv_tier.h's rules).
 #pragma once
@@ -28,7 +30,9 @@ namespace loom::cuda {
 class DeviceKvPools {
  public:
   // forked_wide_prefill_keys: the scratch's KV entries, taken with the rCache (CudaTuning).
-  DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys);
+  // kv_dtype: the main pool's element type (kFp8E4M3: one byte an entry).
+  DeviceKvPools(const ModelConfig& config, int device, int32_t forked_wide_prefill_keys,
+                KvCacheDtype kv_dtype = KvCacheDtype::kAuto);
 
   // (Re)allocate a pool, zeroed (a slot read before it is written gives no NaN),
   // on `stream`, synchronously; previous contents are lost. Error(kCapacity)
@@ -42,9 +46,18 @@ class DeviceKvPools {
   int64_t main_bytes_per_token() const;
   int64_t residual_bytes_per_token(int32_t max_rank) const;
 
-  // This layer's K / V pool or rCache (nullptr before its allocate).
+  bool fp8() const { return kv_dtype_ == KvCacheDtype::kFp8E4M3; }
+  // This layer's K / V pool or rCache (nullptr before its allocate); k_pool and
+  // v_pool are nullptr for an FP8 main pool, k_pool_fp8 and v_pool_fp8 for a bf16 one.
   __nv_bfloat16* k_pool(int layer) const;
   __nv_bfloat16* v_pool(int layer) const;
+  uint8_t* k_pool_fp8(int layer) const;
+  uint8_t* v_pool_fp8(int layer) const;
+  // This layer's FP8 scales (1.0: vLLM's default without checkpoint or calibrated scales).
+  float k_scale(int /*layer*/) const { return 1.0f; }
+  float v_scale(int /*layer*/) const { return 1.0f; }
+  // The main pool's first byte (graph capture keys), nullptr before its allocate.
+  const void* main_base() const { return main_.data(); }
   __nv_bfloat16* residual_pool(int layer) const;
   // The scratch's K half (V follows after scratch_keys() entries), and its size in entries.
   __nv_bfloat16* scratch_k() const { return scratch_.as<__nv_bfloat16>(); }
@@ -64,9 +77,13 @@ class DeviceKvPools {
   HostKvTier::DevicePool device_pool(KvPoolKind pool) const;
 
  private:
+  // The main pool's layer array `index` (2 layer + 0 for K, + 1 for V), nullptr before allocate.
+  std::byte* main_array(int64_t index) const;
+  int64_t main_element_bytes() const { return fp8() ? 1 : static_cast<int64_t>(sizeof(__nv_bfloat16)); }
 
   const ModelConfig config_;
   const int device_;
+  const KvCacheDtype kv_dtype_;
   const int32_t forked_wide_prefill_keys_;
   KvCacheShape main_shape_{0, 0};
   DeviceBuffer main_;

@@ -6,6 +6,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch.cuh"
 
 namespace loom::cuda {
@@ -158,12 +159,15 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
     if (head >= p.num_heads + p.num_kv_heads) {
       if (slot < 0) continue;
       const int kv_head = head - p.num_heads - p.num_kv_heads;
-      bf16* destination = p.v_cache + kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
+      const int64_t entry = kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
       for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
         if (kv_lora != nullptr) value += kv_lora[column + d];
         if (p.bias != nullptr) value += p.bias[column + d];
-        destination[d] = __float2bfloat16_rn(value);
+        if (p.v_cache_fp8 != nullptr)
+          p.v_cache_fp8[entry + d] = kv_fp8_encode(value, p.v_scale);
+        else
+          p.v_cache[entry + d] = __float2bfloat16_rn(value);
       }
       continue;
     }
@@ -203,17 +207,25 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
         }
       }
     }
-    bf16* destination =
-        is_query ? p.q_out + token * q_size + column
-                 : p.k_cache + kv_element_index(slot, head - p.num_heads, p.block_size, p.num_kv_heads, head_dim);
+    const bool fp8_key = !is_query && p.k_cache_fp8 != nullptr;
+    const int64_t key_entry =
+        is_query ? 0 : kv_element_index(slot, head - p.num_heads, p.block_size, p.num_kv_heads, head_dim);
+    bf16* destination = is_query ? p.q_out + token * q_size + column : fp8_key ? nullptr : p.k_cache + key_entry;
 #pragma unroll
     for (int k = 0; k < 4; ++k) {
       const int i = lane + 32 * k;
       if (i < half) {
         const float c = cos_table[i];
         const float s = sin_table[i];
-        destination[i] = __float2bfloat16_rn(first[k] * c - second[k] * s);
-        destination[i + half] = __float2bfloat16_rn(second[k] * c + first[k] * s);
+        const float rotated_first = first[k] * c - second[k] * s;
+        const float rotated_second = second[k] * c + first[k] * s;
+        if (fp8_key) {
+          p.k_cache_fp8[key_entry + i] = kv_fp8_encode(rotated_first, p.k_scale);
+          p.k_cache_fp8[key_entry + i + half] = kv_fp8_encode(rotated_second, p.k_scale);
+        } else {
+          destination[i] = __float2bfloat16_rn(rotated_first);
+          destination[i + half] = __float2bfloat16_rn(rotated_second);
+        }
       }
     }
   }

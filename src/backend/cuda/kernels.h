@@ -61,6 +61,10 @@ struct QkvParams {
   bf16* q_out = nullptr;           // [num_tokens, q_size]
   bf16* k_cache = nullptr;         // this layer's pools (plan_types.h's kv_element_index layout)
   bf16* v_cache = nullptr;
+  // An FP8 cache (kv_fp8.cuh) instead of k_cache / v_cache, with this layer's scales.
+  uint8_t* k_cache_fp8 = nullptr;
+  uint8_t* v_cache_fp8 = nullptr;
+  float k_scale = 1.0f, v_scale = 1.0f;
   int32_t num_tokens = 0, num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float eps = 1e-6f;
   // Optional LoRA output [LoRA rows, q_size + 2 kv_size] added to qkv for
@@ -96,6 +100,12 @@ struct AttentionParams {
   const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
   const bf16* k_cache = nullptr;     // kv_element_index layout (plan_types.h)
   const bf16* v_cache = nullptr;
+  // An FP8 cache (kv_fp8.cuh) in the same layout instead, with this layer's
+  // scales: every variant reads it as bf16(e4m3 * scale). The forked wide
+  // path's rebuild reads it too, then runs the wide kernel on its bf16 scratch.
+  const uint8_t* k_cache_fp8 = nullptr;
+  const uint8_t* v_cache_fp8 = nullptr;
+  float k_scale = 1.0f, v_scale = 1.0f;
   const int32_t* block_tables = nullptr;
   const AttentionSequence* sequences = nullptr;
   bf16* out = nullptr;               // [num_tokens, num_heads * head_dim]

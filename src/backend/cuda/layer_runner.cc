@@ -105,6 +105,10 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
   post.q_out = buffers.q.as<bf16>();
   post.k_cache = parts_.pools.k_pool(layer);
   post.v_cache = parts_.pools.v_pool(layer);
+  post.k_cache_fp8 = parts_.pools.k_pool_fp8(layer);
+  post.v_cache_fp8 = parts_.pools.v_pool_fp8(layer);
+  post.k_scale = parts_.pools.k_scale(layer);
+  post.v_scale = parts_.pools.v_scale(layer);
   post.num_tokens = n;
   post.num_heads = spec.num_heads;
   post.num_kv_heads = spec.num_kv_heads;
@@ -183,6 +187,10 @@ void LayerRunner::attention(int layer) {
   attention.q = buffers.q.as<bf16>();
   attention.k_cache = pools.k_pool(layer);
   attention.v_cache = pools.v_pool(layer);
+  attention.k_cache_fp8 = pools.k_pool_fp8(layer);
+  attention.v_cache_fp8 = pools.v_pool_fp8(layer);
+  attention.k_scale = pools.k_scale(layer);
+  attention.v_scale = pools.v_scale(layer);
   attention.block_tables = plan_pointer<int32_t>(sections.block_tables);
   attention.sequences = plan_pointer<AttentionSequence>(sections.sequences);
   attention.out = buffers.attention_out.as<bf16>();

@@ -18,6 +18,7 @@
 // applies it to P rV after the loop.
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
+#include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/residual_keys.cuh"
 
 namespace loom::cuda {
@@ -94,11 +95,17 @@ __global__ void __launch_bounds__(kRebuildThreads)
     float sine, cosine;
     reduced_sincos(__fmul_rn(inv_freq, static_cast<float>(key)), sine, cosine);
     const int64_t source = base.index(key) + d, destination = out.index(key) + d;
-    scratch_k[destination] = __float2bfloat16_rn(__bfloat162float(p.k_cache[source]) + (x * cosine - y * sine));
-    scratch_k[destination + kHalf] =
-        __float2bfloat16_rn(__bfloat162float(p.k_cache[source + kHalf]) + (y * cosine + x * sine));
-    scratch_v[destination] = __float2bfloat16_rn(__bfloat162float(p.v_cache[source]) + module_v.scale * vx);
-    scratch_v[destination + kHalf] = __float2bfloat16_rn(__bfloat162float(p.v_cache[source + kHalf]) + module_v.scale * vy);
+    // The bCache entry as the attention kernels read it (an FP8 cache: bf16(e4m3 * scale), kv_fp8.cuh).
+    auto cached = [&](bool is_key, int64_t index) {
+      if (p.k_cache_fp8 != nullptr)
+        return __bfloat162float(__float2bfloat16_rn(is_key ? kv_fp8_decode(p.k_cache_fp8[index], p.k_scale)
+                                                           : kv_fp8_decode(p.v_cache_fp8[index], p.v_scale)));
+      return __bfloat162float(is_key ? p.k_cache[index] : p.v_cache[index]);
+    };
+    scratch_k[destination] = __float2bfloat16_rn(cached(true, source) + (x * cosine - y * sine));
+    scratch_k[destination + kHalf] = __float2bfloat16_rn(cached(true, source + kHalf) + (y * cosine + x * sine));
+    scratch_v[destination] = __float2bfloat16_rn(cached(false, source) + module_v.scale * vx);
+    scratch_v[destination + kHalf] = __float2bfloat16_rn(cached(false, source + kHalf) + module_v.scale * vy);
   }
 }
 
@@ -140,6 +147,7 @@ void launch_forked_wide_prefill(const AttentionParams& params, const ResidualReb
   AttentionParams wide = params;
   wide.k_cache = scratch_k;
   wide.v_cache = scratch_v;
+  wide.k_cache_fp8 = wide.v_cache_fp8 = nullptr;  // the scratch is bf16 whatever the pool's dtype
   launch_attention(wide, variant, wide_items, num_wide_items, stream);
 }
 

@@ -1,0 +1,139 @@
+// An FP8 KV cache (--kv-cache-dtype fp8, CudaBackendConfig::kv_cache_dtype):
+// the model with every sharing mode in one batch (isolated, activated, base,
+// forked: its wide prefill's rebuild and the ResidualAttention decode read the
+// FP8 bCache) against the same model over a bf16 cache, graph replay against
+// eager steps, half the pool's bytes, and blocks that go to the host tier and
+// back unchanged. Kernel-level checks: CudaAttention.Fp8CacheReadsAsItsDequantizedValues.
+#include <cstdio>
+
+#include <gtest/gtest.h>
+
+#include "backend/cuda/cuda_backend_impl.h"
+#include "backend/cuda/cuda_check.h"
+#include "cuda_model_test_util.h"
+#include "cuda_test_util.h"
+#include "synthetic/synthetic_model.h"
+
+namespace loom::cuda {
+namespace {
+
+using Mode = test::SharingMode;
+constexpr int kBlockSize = 16;
+constexpr int kBlocks = 512;
+
+ModelConfig small_qwen2() {  // head_dim 64: the wide and ping-pong prefills run
+  ModelConfig config = synthetic_model_config(Architecture::kQwen2, SyntheticPreset::kTiny);
+  config.hidden_size = 512;
+  config.intermediate_size = 1024;
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  config.max_position_embeddings = 8192;
+  return config;
+}
+
+std::unique_ptr<CudaBackend> backend_with(const ModelConfig& config, const ModelWeights& weights, KvCacheDtype dtype,
+                                          bool graphs) {
+  CudaBackendConfig backend_config;
+  backend_config.kv_cache_dtype = dtype;
+  backend_config.tuning.cuda_graphs = graphs;
+  std::unique_ptr<Backend> made = make_cuda_backend(config, weights, backend_config);
+  std::unique_ptr<CudaBackend> backend(static_cast<CudaBackend*>(made.release()));
+  backend->allocate_kv_cache({kBlocks, kBlockSize});
+  backend->allocate_residual_cache({kBlocks, kBlockSize, kResidualMaxRank});
+  SyntheticModelOptions options;
+  options.arch = Architecture::kQwen2;
+  options.num_adapters = 4;
+  const std::vector<SyntheticAdapterSpec> specs = synthetic_adapter_specs(options, config);
+  for (int slot = 0; slot < 4; ++slot)
+    backend->set_adapter(slot, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[slot], config, 5)));
+  return backend;
+}
+
+// One prefill (700 tokens each; the forked one, 2200, fills the GPU alone and so
+// takes the wide path's rebuild) then decode steps, the four modes in every step.
+std::vector<Batch> four_mode_steps(const ModelConfig& config) {
+  test::Driver driver(kBlocks, kBlockSize, 31, true);
+  const int isolated = driver.add_sequence(), activated = driver.add_sequence();
+  const int base = driver.add_sequence(Mode::kBase, 2), forked = driver.add_sequence(Mode::kForked, 3);
+  const int lengths[4] = {700, 700, 700, 2200};
+  std::vector<Batch> steps;
+  for (int step = 0; step < 6; ++step) {
+    std::vector<test::Driver::Part> parts;
+    for (int s : {isolated, activated, base, forked}) {
+      const int length = step == 0 ? lengths[s] : 1;
+      std::vector<int32_t> slots(length, -1);
+      if (s == isolated) std::fill(slots.begin(), slots.end(), 0);
+      if (s == activated) std::fill(slots.begin() + (step == 0 ? 300 : 0), slots.end(), 1);
+      parts.push_back({s, driver.random_tokens(length, config.vocab_size), slots, false});
+    }
+    steps.push_back(driver.make_batch(parts));
+  }
+  return steps;
+}
+
+TEST(CudaFp8Kv, EveryModeNearItsBf16CacheAndGraphsEqualEager) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = small_qwen2();
+  const std::shared_ptr<ModelWeights> weights = test::tiny_weights(config, 17, false);
+  auto bf16 = backend_with(config, *weights, KvCacheDtype::kAuto, true);
+  auto fp8 = backend_with(config, *weights, KvCacheDtype::kFp8E4M3, true);
+  auto eager = backend_with(config, *weights, KvCacheDtype::kFp8E4M3, false);
+  EXPECT_TRUE(fp8->kv_pools().fp8());
+  EXPECT_EQ(2 * fp8->kv_bytes_per_token(), bf16->kv_bytes_per_token());
+  const std::vector<Batch> steps = four_mode_steps(config);
+  const char* names[4] = {"isolated", "activated", "base", "forked"};
+  double worst[4] = {0, 0, 0, 0};
+  for (size_t s = 0; s < steps.size(); ++s) {
+    const ForwardResult reference = bf16->forward(steps[s]);
+    const ForwardResult got = fp8->forward(steps[s]);
+    const ForwardResult eager_got = eager->forward(steps[s]);
+    ASSERT_EQ(got.logits.size(), reference.logits.size());
+    if (s > 0) {
+      EXPECT_EQ(got.logits, eager_got.logits) << "decode step " << s << ": graph replay against eager";
+    }
+    for (int m = 0; m < 4; ++m) {
+      const std::vector<float> row(got.logits.begin() + m * got.vocab_size,
+                                   got.logits.begin() + (m + 1) * got.vocab_size);
+      const std::vector<float> ref(reference.logits.begin() + m * reference.vocab_size,
+                                   reference.logits.begin() + (m + 1) * reference.vocab_size);
+      const test::Closeness closeness = test::compare(row, ref);
+      EXPECT_FALSE(closeness.has_nan) << names[m] << " step " << s;
+      worst[m] = std::max(worst[m], closeness.nmse);
+    }
+  }
+  for (int m = 0; m < 4; ++m) {
+    std::printf("[ fp8 kv ] %s: worst logits NMSE against the bf16 cache %.3g\n", names[m], worst[m]);
+    EXPECT_LT(worst[m], 0.05) << names[m];  // e4m3 keeps 3 mantissa bits of each K/V entry
+  }
+  EXPECT_GT(fp8->graph_stats().replays, 0);
+}
+
+TEST(CudaFp8Kv, BlocksGoToTheHostTierAndBackUnchanged) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = small_qwen2();
+  const std::shared_ptr<ModelWeights> weights = test::tiny_weights(config, 19, false);
+  auto backend = backend_with(config, *weights, KvCacheDtype::kFp8E4M3, true);
+  test::Driver driver(kBlocks, kBlockSize, 37, true);
+  const int s = driver.add_sequence();
+  backend->forward(driver.make_batch({{s, driver.random_tokens(100, config.vocab_size), std::vector<int32_t>(100, -1),
+                                       false}}));
+  const std::vector<int32_t> blocks = driver.sequence(s).main_blocks;
+  const Batch next = driver.make_batch({{s, {5}, {-1}, false}});
+  const ForwardResult before = backend->forward(next);
+  const size_t pool_bytes = static_cast<size_t>(kBlocks) * kBlockSize * backend->kv_bytes_per_token();
+  backend->allocate_host_kv_cache(KvPoolKind::kMain, static_cast<int32_t>(blocks.size()));
+  EXPECT_EQ(backend->host_kv_block(KvPoolKind::kMain, 0).size(),
+            static_cast<size_t>(kBlockSize) * backend->kv_bytes_per_token());  // one byte an entry
+  std::vector<int32_t> host_ids(blocks.size());
+  for (size_t i = 0; i < host_ids.size(); ++i) host_ids[i] = static_cast<int32_t>(i);
+  backend->copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kDeviceToHost, blocks, host_ids);
+  LOOM_CUDA_CHECK(cudaMemset(const_cast<void*>(backend->kv_pools().main_base()), 0, pool_bytes));
+  backend->copy_kv_blocks(KvPoolKind::kMain, KvCopyDirection::kHostToDevice, blocks, host_ids);
+  // The last step wrote its token's entry into the last block, which went and came back too: rerun it.
+  const ForwardResult after = backend->forward(next);
+  EXPECT_EQ(before.logits, after.logits);
+}
+
+}  // namespace
+}  // namespace loom::cuda
