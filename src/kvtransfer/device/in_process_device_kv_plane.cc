@@ -79,12 +79,21 @@ size_t InProcessDeviceKvFabric::num_held() const {
 
 void InProcessDeviceKvFabric::deliver_held(std::span<const size_t> order) {
   std::lock_guard<std::mutex> lock(mutex_);
-  std::vector<Held> held = std::move(held_);
-  held_.clear();
+  std::vector<bool> delivered(held_.size(), false);
   for (size_t index : order) {
-    LOOM_CHECK(index < held.size());
-    land(held[index], nullptr, {}, {});
+    LOOM_CHECK(index < held_.size() && !delivered[index]);
+    land(held_[index], nullptr, {}, {});
+    delivered[index] = true;
   }
+  std::vector<Held> rest;
+  for (size_t i = 0; i < held_.size(); ++i)
+    if (!delivered[i]) rest.push_back(std::move(held_[i]));
+  held_ = std::move(rest);
+}
+
+void InProcessDeviceKvFabric::drop_held() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  held_.clear();
 }
 
 int64_t InProcessDeviceKvFabric::num_copies() const {

@@ -37,11 +37,12 @@ class InProcessDeviceKvFabric {
   // ("peer NAME died"), and its own sends fail from now on.
   void kill(const std::string& name);
   // While held, sent pieces are copied out of the sender at send time and
-  // wait; deliver_held lands them (in `order`, indices into the held list;
-  // the rest are dropped: lost in flight).
+  // wait; deliver_held lands those at `order` (indices into the held list, in
+  // that order), the others stay held; drop_held loses them all in flight.
   void hold_deliveries(bool hold);
   size_t num_held() const;
   void deliver_held(std::span<const size_t> order);
+  void drop_held();
 
   int64_t num_copies() const;  // memcpy runs into receivers since start (one per run and array)
   int64_t num_pieces() const;  // layer pieces landed since start
