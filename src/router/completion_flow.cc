@@ -185,7 +185,11 @@ class CompletionFlow {
     if (kv_path.path == KvPath::kDevice)
       kv_path = {KvPath::kStaged, "device_flow_unavailable",
                  "the router does not drive device-to-device transfers between processes yet"};
-    spdlog::debug("KV of a request to {} goes staged: {}", de.url(), kv_path.detail);
+    // A fallback between two engines that both have a plane is worth a warning; no plane is the rule today.
+    if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
+      spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    else
+      spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
     metrics_.count_kv_path(kv_path_name(kv_path.path), de.url(), kv_path.reason);
     EngineResult<KvSendResult> pushed = pe.send_blocks(
         {probe.value.blocks, probe.value.block_bytes, decode_address, /*read_storage=*/false,
