@@ -109,10 +109,8 @@ std::string RouterMetrics::prometheus_text() const {
                kv_paths_, {"device", "staged"});
   write_family(out, "loom_router_kv_path_fallbacks_total", "Requests whose KV went staged, by why device to device "
                "was not possible", "reason", kv_path_fallbacks_, {});
-  out += "# HELP loom_router_engine_kv_path_total Disaggregated requests by decode engine and KV path
-"
-         "# TYPE loom_router_engine_kv_path_total counter
-";
+  out += "# HELP loom_router_engine_kv_path_total Disaggregated requests by decode engine and KV path\n"
+         "# TYPE loom_router_engine_kv_path_total counter\n";
   for (const auto& [key, count] : engine_kv_paths_)
     out += fmt::format("loom_router_engine_kv_path_total{{engine=\"{}\",path=\"{}\"}} {}\n", escape_label(key.first),
                        key.second, count);
