@@ -187,7 +187,9 @@ TEST_P(EngineDeviceKvTest, TransferredBlocksDecodeAsOneEngine) {
   EXPECT_EQ(decoded.num_cached_prompt_tokens, 5 * kBlockSize);
   const PoolCounts after = counts(*de, mode, req.prompt_tokens);
   EXPECT_EQ(after.cached_main, 5);
-  if (forked(mode)) EXPECT_EQ(after.cached_residual, 5);
+  if (forked(mode)) {
+    EXPECT_EQ(after.cached_residual, 5);
+  }
   const EngineMetrics pe_metrics = pe->take_metrics();
   const EngineMetrics de_metrics = de->take_metrics();
   EXPECT_EQ(pe_metrics.num_device_kv_sent, 1);
@@ -231,7 +233,9 @@ TEST_P(EngineDeviceKvTest, BlocksJoinTheTreesOnlyWhenEveryLayerLanded) {
   EXPECT_EQ(decoded.num_cached_prompt_tokens, 5 * kBlockSize);
   const PoolCounts after = counts(*de, mode, req.prompt_tokens);
   EXPECT_EQ(after.cached_main, 5);
-  if (forked(mode)) EXPECT_EQ(after.cached_residual, 5);
+  if (forked(mode)) {
+    EXPECT_EQ(after.cached_residual, 5);
+  }
   pe->shutdown(false);
   de->shutdown(false);
 }
@@ -249,7 +253,9 @@ TEST_P(EngineDeviceKvTest, PeerDeathFreesTheReservationAndTheRequestRecomputes) 
   const DeviceKvReservation reservation = de->reserve_device_kv(req, "pe", 30.0);
   const PoolCounts reserved = counts(*de, mode, req.prompt_tokens);
   EXPECT_EQ(reserved.free_main, before.free_main - 5);
-  if (forked(mode)) EXPECT_EQ(reserved.free_residual, before.free_residual - 5);
+  if (forked(mode)) {
+    EXPECT_EQ(reserved.free_residual, before.free_residual - 5);
+  }
 
   fabric->hold_deliveries(true);
   prefill_with_send(*pe, req, reservation);
@@ -269,7 +275,9 @@ TEST_P(EngineDeviceKvTest, PeerDeathFreesTheReservationAndTheRequestRecomputes) 
     const KvCacheStats stats = de->kv_cache().stats();
     EXPECT_EQ(stats.num_in_use_blocks, 0);
     EXPECT_EQ(stats.num_free_blocks + stats.num_cached_blocks, stats.num_total_blocks);
-    if (KvCacheManager* residual = de->residual_kv_cache()) EXPECT_EQ(residual->stats().num_in_use_blocks, 0);
+    if (KvCacheManager* residual = de->residual_kv_cache()) {
+      EXPECT_EQ(residual->stats().num_in_use_blocks, 0);
+    }
   });
   EXPECT_EQ(after.cached_main, 5);  // the recompute's own commit
   EXPECT_EQ(de->take_metrics().num_device_kv_receive_failures, 1);
