@@ -23,6 +23,10 @@ void Backend::copy_kv_blocks(KvPoolKind, KvCopyDirection, std::span<const int32_
   throw Error(ErrorKind::kUnsupported, "this backend has no host tier for the KV cache", "");
 }
 
+KvPoolMemory Backend::kv_pool_memory(KvPoolKind) {
+  fail(ErrorKind::kUnsupported, "this backend cannot stream its KV to another engine's device pools");
+}
+
 void Backend::enqueue_forward(const Batch& batch) { enqueued_ = &batch; }
 
 ForwardResult Backend::finish_forward(std::span<const uint32_t> token_masks) {

@@ -49,6 +49,49 @@ namespace loom {
 
 struct LoraAdapter;
 
+// Device-to-device KV transfer (docs/disaggregation.md "Device to device"):
+// when a step's KV is being streamed to another engine, the backend tells a
+// listener as each layer's K/V (and rCache) writes of the step are issued.
+//
+// KvLayerFence: when the layer's writes are complete. CPU: already (event is
+// null). CUDA: a cudaEvent_t recorded on the compute stream right after the
+// layer's KV writes; the listener (the data plane) makes its copy stream wait
+// on it, so nothing blocks the compute stream. The event belongs to the
+// backend and stays valid until the step's finish_forward returns; a step
+// with a listener runs without CUDA graphs (recording per-layer events into a
+// replayed graph would pin the listener's identity into the capture).
+struct KvLayerFence {
+  void* event = nullptr;
+};
+
+// Thread: called on the thread running the forward (the engine thread), in
+// layer order, once per layer of a step whose Batch::kv_layer_listener is set.
+// Must not throw; must return quickly (it may only enqueue work).
+class KvLayerListener {
+ public:
+  virtual ~KvLayerListener() = default;
+  virtual void layer_written(int32_t layer, const KvLayerFence& fence) = 0;
+};
+
+// Where a pool's KV lives, for a data plane that moves blocks between two
+// engines' pools without the backend (kvtransfer/device/). Every array holds
+// num_blocks blocks of bytes_per_block bytes back to back: block b of an
+// array starts at base + b * bytes_per_block.
+//   main pool:   per layer, K then V (2 arrays per layer)
+//   rCache pool: per layer, one array
+struct KvPoolMemory {
+  enum class Kind : uint8_t { kHost, kCuda };
+  Kind kind = Kind::kHost;
+  int32_t device = -1;  // kCuda: the ordinal in this process
+  int32_t arrays_per_layer = 0;
+  int32_t num_blocks = 0;
+  int64_t bytes_per_block = 0;  // of one array
+  std::vector<std::byte*> arrays;  // [layer * arrays_per_layer + i]
+
+  int32_t num_layers() const { return arrays_per_layer == 0 ? 0 : static_cast<int32_t>(arrays.size()) / arrays_per_layer; }
+  bool empty() const { return arrays.empty(); }
+};
+
 struct BatchSequence {
   int32_t num_computed_tokens = 0;  // KV entries already written by earlier steps
   int32_t num_new_tokens = 0;       // tokens of this sequence in Batch::token_ids
@@ -126,6 +169,10 @@ struct Batch {
   int32_t num_token_mask_rows = 0;
   // DeviceSampling::edits_begin / num_edits index this.
   std::vector<LogitEdit> logit_edits;
+  // Set (capabilities().kv_layer_notifications only) when some sequence's KV
+  // is being streamed to another engine this step: told as each layer's KV
+  // writes are issued. Borrowed; null (the rule) costs nothing.
+  KvLayerListener* kv_layer_listener = nullptr;
 
   int32_t num_tokens() const { return static_cast<int32_t>(token_ids.size()); }
 };
@@ -211,6 +258,11 @@ class Backend {
   // and the block is not read by a copy while the caller writes it. Throws
   // Error(kInvalidArgument) on a bad id, Error(kUnsupported) without a host tier.
   virtual std::span<std::byte> host_kv_block(KvPoolKind pool, int32_t host_block_id);
+
+  // Where `pool`'s device KV lives (KvPoolMemory above), for a device-to-device
+  // data plane; valid until that pool is reallocated. Throws Error(kUnsupported)
+  // where the backend has no kv_layer_notifications. Engine thread.
+  virtual KvPoolMemory kv_pool_memory(KvPoolKind pool);
 
   // Binds an adapter to a slot (0 <= slot < max_adapter_slots()); nullptr frees it.
   // The backend keeps the shared_ptr while bound.

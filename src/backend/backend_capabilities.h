@@ -65,6 +65,9 @@ struct BackendCapabilities {
   bool dequantizes_fp8_weights = false;
   // An FP8 (e4m3) KV cache, KvCacheDtype::kFp8E4M3: every pool, sharing mode and tier.
   bool fp8_kv_cache = false;
+  // forward() honours Batch::kv_layer_listener and kv_pool_memory() answers:
+  // the KV of a step can stream to another engine layer by layer.
+  bool kv_layer_notifications = false;
   // Ranks the model and its KV are sharded over (model/tensor_parallel.h); a
   // KV block's bytes are laid out by rank, so this enters its content-hash salt.
   int32_t tensor_parallel_size = 1;

@@ -101,6 +101,7 @@ BackendCapabilities TensorParallelBackend::capabilities() const {
   capabilities.device_logit_processing = false;
   capabilities.host_kv_tier = false;
   capabilities.residual_host_kv_tier = false;
+  capabilities.kv_layer_notifications = false;  // each rank holds a shard of every block: not one plane's pools
   return capabilities;
 }
 

@@ -25,6 +25,7 @@
 #include "grammar/compiled_grammar.h"
 #include "kv/kv_block_hash.h"
 #include "kvevents/kv_events_config.h"
+#include "kvtransfer/device/device_kv_plane.h"
 #include "lora/kv_sharing.h"
 #include "model/loader.h"
 #include "tokenizer/tokenizer.h"
@@ -137,6 +138,12 @@ struct EngineConfig {
   // generate`) instead of residual_kv_cache_bytes' worth; 0: derived from it.
   // Whether there is one still follows residual_kv_cache_bytes.
   int32_t num_residual_kv_blocks = 0;
+  // The device-to-device KV data plane (kvtransfer/device/device_kv_plane.h;
+  // docs/disaggregation.md "Device to device"): null, the default, leaves the
+  // engine with the staged path only. Needs BackendCapabilities::
+  // kv_layer_notifications (checked when the engine is built). Shared: the
+  // server reports its endpoint.
+  std::shared_ptr<DeviceKvPlane> device_kv_plane;
   // "At start" above means: before the first request is submitted. Until then,
   // loading a forked adapter (re)sizes both pools (contents are lost; there are
   // none yet); afterwards a forked adapter that does not fit the pools fails.
@@ -146,6 +153,23 @@ struct EngineConfig {
 struct KvBlockName {
   KvBlockHash hash;
   int64_t bytes = 0;
+};
+
+// PE side of a device-to-device transfer: the prompt's full blocks from
+// first_block on stream, layer by layer as the prefill writes them, into the
+// DE's reservation (Engine::reserve_device_kv) at `peer` (its plane endpoint's
+// address). Blocks already cached here go at once.
+struct DeviceKvSend {
+  std::string peer;
+  DeviceKvDestination destination;  // the reservation's
+  int32_t first_block = 0;          // the reservation's: prompt block of transfer block 0
+};
+
+// DE side: what reserve_device_kv set aside for one request.
+struct DeviceKvReservation {
+  DeviceKvDestination destination;  // transfer block i = prompt block first_block + i
+  int32_t first_block = 0;          // prompt blocks [0, first_block) the DE holds already (leased too)
+  int32_t num_layers = 0;
 };
 
 struct EngineRequest {
@@ -175,6 +199,13 @@ struct EngineRequest {
   // then sampling is free and EOS ends the request. "" = from the first token.
   // Read on each token's raw bytes (special tokens' text included).
   std::string constraint_after;
+  // Disaggregation over the device-to-device path (DeviceKvSend above). On a
+  // DE: the transfer (from reserve_device_kv) this request waits for; it is
+  // admitted once the transfer landed (its blocks are then a prefix hit) or
+  // failed (it recomputes). An id the engine does not know is ignored.
+  std::optional<DeviceKvTransferId> device_kv_receive;
+  // On a PE: stream the prompt's KV to a DE while prefilling it.
+  std::optional<DeviceKvSend> device_kv_send;
 };
 
 // One message from the engine about a request. Text never splits a UTF-8
@@ -249,6 +280,12 @@ struct EngineMetrics {
   // Prefetched tokens a request then found ready ("in time") or still loading ("late").
   int64_t num_prefetch_hit_tokens = 0, num_prefetch_late_tokens = 0;
   int64_t num_failed_kv_transfers = 0;
+  // Device-to-device transfers (engine/device_kv_receiver.h, device_kv_sender.h),
+  // since start: received whole; failed or timed out at the receiver (the
+  // request recomputed); sent whole; abandoned by the sender.
+  int64_t num_device_kv_received = 0, num_device_kv_receive_failures = 0;
+  int64_t num_device_kv_sent = 0, num_device_kv_send_failures = 0;
+  int64_t device_kv_received_blocks = 0;
   // Disk tier (all 0 without one): blocks and bytes its directory holds as this
   // process knows it; since start: blocks stored, blocks read back into the
   // host tier (tokens: num_disk_loaded_tokens), failed reads and writes,
@@ -321,6 +358,20 @@ class Engine {
   virtual bool caches_kv_block(const KvBlockHash& hash) const {
     (void)hash;
     return false;
+  }
+  // DE side of a device-to-device transfer: reserves device blocks for the
+  // full blocks of `request`'s prompt that this engine does not cache (main
+  // pool and, forked, the rCache), allocated and leased so nothing evicts or
+  // reuses them, and tells the plane to expect them from `peer` within
+  // `timeout_seconds`. They join the radix trees only once every layer
+  // landed; on failure or timeout they are freed. A reservation no request
+  // claims (device_kv_receive) within the timeout is freed too. Throws
+  // Error(kUnsupported) without a plane, kCapacity when the blocks cannot be
+  // had now, kNotFound for an unknown adapter. Any thread.
+  virtual DeviceKvReservation reserve_device_kv(const EngineRequest& request, const std::string& peer,
+                                                double timeout_seconds) {
+    (void)request, (void)peer, (void)timeout_seconds;
+    throw Error(ErrorKind::kUnsupported, "this engine has no device-to-device KV plane");
   }
   // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).
   virtual WorkflowRegistry& workflows() {

@@ -13,6 +13,7 @@ namespace loom {
 void EngineImpl::allocate_pools(const KvPoolLayout& layout) {
   const std::optional<KvPoolLayout> previous = pools_.layout_in_use();
   scheduler_.reset();  // it refers into the group that allocate() replaces
+  if (kv_receiver_) kv_receiver_->drop();
   try {
     pools_.allocate(layout);
   } catch (...) {
@@ -28,6 +29,11 @@ void EngineImpl::allocate_pools(const KvPoolLayout& layout) {
 }
 
 void EngineImpl::rebuild_scheduler() {
+  if (config_.device_kv_plane)
+    config_.device_kv_plane->bind_pools(backend_->kv_pool_memory(KvPoolKind::kMain),
+                                        pools_.num_residual_kv_blocks() > 0
+                                            ? backend_->kv_pool_memory(KvPoolKind::kResidual)
+                                            : KvPoolMemory{});
   scheduler_ = std::make_unique<Scheduler>(
       SchedulerConfig{config_.max_batch_tokens, config_.max_running_requests, config_.max_loras_per_batch,
                       config_.blocking_host_loads ? HostLoadPolicy::kBlocking : HostLoadPolicy::kBackground,

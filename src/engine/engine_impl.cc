@@ -34,6 +34,15 @@ EngineImpl::EngineImpl(LoadedModel model, std::unique_ptr<Backend> backend, Engi
   if (config_.max_lora_rank < 0) fail(ErrorKind::kInvalidArgument, "max LoRA rank must be >= 0, got {}", config_.max_lora_rank);
   max_context_tokens_ = config_.max_context_tokens > 0 ? config_.max_context_tokens
                                                        : model_.config.max_position_embeddings;
+  if (config_.device_kv_plane) {
+    if (!capabilities_.kv_layer_notifications)
+      throw Error(ErrorKind::kUnsupported,
+                  fmt::format("the {} backend cannot stream KV layer by layer (device-to-device KV plane '{}')",
+                              capabilities_.name, config_.device_kv_plane->endpoint().plane),
+                  "run without a device KV plane: the staged KV path serves disaggregation");
+    kv_sender_ = std::make_unique<DeviceKvSender>(*config_.device_kv_plane, model_.config.num_layers, config_.block_size);
+    kv_receiver_ = std::make_unique<DeviceKvReceiver>(*config_.device_kv_plane, model_.config.num_layers);
+  }
   allocate_pools(pools_.layout(pools_.initial_sizing()));
   eos_ids_ = model_.tokenizer->eos_token_ids();
   thread_ = std::thread([this] { thread_main(); });
@@ -53,6 +62,23 @@ std::vector<KvBlockName> EngineImpl::kv_block_hashes(const EngineRequest& reques
                                              adapter ? adapter->sharing : KvSharing::kIsolated,
                                              adapter ? adapter->slot : -1, request.prompt_tokens, config_.block_size);
   return pools_.block_names(plan.kv, request.prompt_tokens);  // not on the engine thread: a long step never delays it
+}
+
+DeviceKvReservation EngineImpl::reserve_device_kv(const EngineRequest& request, const std::string& peer,
+                                                  double timeout_seconds) {
+  if (!kv_receiver_) return Engine::reserve_device_kv(request, peer, timeout_seconds);
+  EngineRequest probe = request;
+  probe.max_new_tokens = 0;  // checked as a request, never queued
+  probe.min_new_tokens = 0;
+  const CheckedRequest checked = check_request(std::move(probe));
+  DeviceKvReservation reservation;
+  run_on_engine_thread([&] {
+    any_request_admitted_ = true;  // the pools are fixed from now on: the plane writes into them
+    reservation = kv_receiver_->reserve(pools_.caches(), checked.pending->kv_plan.kv, request.prompt_tokens, peer,
+                                        timeout_seconds);
+    inbox_->cv.notify_all();
+  });
+  return reservation;
 }
 
 EngineImpl::CheckedRequest EngineImpl::check_request(EngineRequest request) {

@@ -41,6 +41,8 @@
 #include <vector>
 
 #include "engine/adapter_registry.h"
+#include "engine/device_kv_receiver.h"
+#include "engine/device_kv_sender.h"
 #include "engine/engine.h"
 #include "engine/engine_request.h"
 #include "engine/kv_pools.h"
@@ -70,6 +72,8 @@ class EngineImpl final : public Engine {
   EngineMetrics take_metrics() override;
   std::vector<KvBlockName> kv_block_hashes(const EngineRequest& request) override;
   bool caches_kv_block(const KvBlockHash& hash) const override;
+  DeviceKvReservation reserve_device_kv(const EngineRequest& request, const std::string& peer,
+                                        double timeout_seconds) override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }
@@ -110,6 +114,10 @@ class EngineImpl final : public Engine {
   InboxBatch take_inbox();
   void check_integrity_once();
   void admit(std::unique_ptr<PendingRequest> request);
+  // Device-to-device KV (DE): polls the transfers, admits the requests whose transfer settled, ends cancelled parked ones.
+  void poll_device_kv();
+  // Ends a request that is not (or no longer) in the scheduler.
+  void end_unscheduled(std::unique_ptr<PendingRequest> request, RequestOutput final_output);
   void handle_cancellations();
   void end_request(int64_t id, RequestOutput final_output);
   void fail_all(const Error& error);
@@ -167,6 +175,10 @@ class EngineImpl final : public Engine {
   std::unique_ptr<KvResidency> residency_;       // with a KV store (the KV link asks it); outlives pools_
   KvPools pools_;
   std::unique_ptr<Scheduler> scheduler_;  // over pools_.caches(); declared after pools_, destroyed first
+  // With EngineConfig::device_kv_plane: the PE's and DE's halves of device-to-device
+  // KV transfers (the receiver's leases are over pools_: declared after it).
+  std::unique_ptr<DeviceKvSender> kv_sender_;
+  std::unique_ptr<DeviceKvReceiver> kv_receiver_;
   WorkflowSync workflow_sync_;
   StepStats step_stats_;
   ActiveRequests active_;

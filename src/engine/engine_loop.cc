@@ -18,6 +18,7 @@ void EngineImpl::thread_main() {
     pools_.pump_transfers();
     for (auto& command : input.commands) command();  // packaged tasks: exceptions go to the caller
     for (auto& request : input.new_requests) admit(std::move(request));
+    poll_device_kv();
     handle_cancellations();
     if (input.stopping && !input.drain) {
       fail_all(Error(ErrorKind::kUnavailable, "the engine is shutting down", "retry on another server"));
@@ -25,6 +26,7 @@ void EngineImpl::thread_main() {
     }
     const bool has_work = scheduler_->has_work();
     if (has_work) step();
+    if (kv_receiver_) kv_receiver_->release_claimed();  // the step admitted their requests: they hold the blocks now
     publish();
     if (!has_work && input.stopping) break;
   }
@@ -44,7 +46,10 @@ EngineImpl::InboxBatch EngineImpl::take_inbox() {
   auto has_input = [&] {
     return !inbox_->new_requests.empty() || !inbox_->commands.empty() || inbox_->cancel_pending || inbox_->stopping;
   };
-  if (!scheduler_->has_work() && !has_input() && pools_.has_transfers_in_flight()) {
+  if (!scheduler_->has_work() && !has_input() && kv_receiver_ && kv_receiver_->has_pending()) {
+    // Device KV transfers landing or parked requests waiting: come back to poll them.
+    inbox_->cv.wait_for(lock, std::chrono::milliseconds(1), has_input);
+  } else if (!scheduler_->has_work() && !has_input() && pools_.has_transfers_in_flight()) {
     // Idle but copying: come back soon to apply the finished transfers.
     inbox_->cv.wait_for(lock, std::chrono::milliseconds(1), has_input);
   } else if (!scheduler_->has_work() && !has_input()) {
@@ -71,10 +76,25 @@ void EngineImpl::check_integrity_once() {
 void EngineImpl::admit(std::unique_ptr<PendingRequest> request) {
   const int64_t id = request->id;
   any_request_admitted_ = true;
+  if (kv_receiver_ && kv_receiver_->park_if_waiting(request)) return;  // admitted once its transfer settles
+  if (request->request.device_kv_send) {
+    if (kv_sender_) kv_sender_->start(id, *request->request.device_kv_send, static_cast<int32_t>(request->request.prompt_tokens.size()));
+    else spdlog::warn("{}: a device KV send, but this engine has no device KV plane: not sent", request->request_id);
+  }
   workflow_sync_.observe_hints(*request);
   scheduler_->add(id, request->request.prompt_tokens, request->kv_plan.scheduler_adapter, request->kv_plan.kv,
                   request->request.priority);
   active_.emplace(id, std::move(request));
+}
+
+void EngineImpl::poll_device_kv() {
+  if (!kv_receiver_) return;
+  kv_receiver_->poll();
+  for (auto& request : kv_receiver_->take_ready()) admit(std::move(request));
+  for (auto& request : kv_receiver_->take_cancelled()) {
+    RequestOutput output = request->failed(Error(ErrorKind::kCancelled, "the request was cancelled"));
+    end_unscheduled(std::move(request), std::move(output));
+  }
 }
 
 void EngineImpl::handle_cancellations() {
@@ -91,6 +111,11 @@ void EngineImpl::end_request(int64_t id, RequestOutput final_output) {
   std::unique_ptr<PendingRequest> request = std::move(it->second);
   active_.erase(it);
   scheduler_->finish(id);
+  if (kv_sender_) kv_sender_->end_request(id);
+  end_unscheduled(std::move(request), std::move(final_output));
+}
+
+void EngineImpl::end_unscheduled(std::unique_ptr<PendingRequest> request, RequestOutput final_output) {
   if (!request->request.adapter.empty()) adapters_.release_request(request->request.adapter);
   const SteadyTime now = std::chrono::steady_clock::now();
   step_stats_.add_finished(finished_reason_label(final_output), seconds_between(request->submitted_at, now),
@@ -100,6 +125,11 @@ void EngineImpl::end_request(int64_t id, RequestOutput final_output) {
 }
 
 void EngineImpl::fail_all(const Error& error) {
+  if (kv_receiver_)
+    for (auto& request : kv_receiver_->take_all_parked()) {
+      RequestOutput output = request->failed(error);
+      end_unscheduled(std::move(request), std::move(output));
+    }
   std::vector<int64_t> ids;
   for (const auto& [id, request] : active_) ids.push_back(id);
   for (int64_t id : ids) end_request(id, active_.at(id)->failed(error));
@@ -116,6 +146,13 @@ void EngineImpl::publish() {
     std::lock_guard<std::mutex> lock(metrics_mutex_);
     step_stats_.publish_into(metrics_);
     gauges.apply_to(metrics_);
+    if (kv_sender_) {
+      metrics_.num_device_kv_sent = kv_sender_->num_sent();
+      metrics_.num_device_kv_send_failures = kv_sender_->num_failures();
+      metrics_.num_device_kv_received = kv_receiver_->num_received();
+      metrics_.num_device_kv_receive_failures = kv_receiver_->num_failures();
+      metrics_.device_kv_received_blocks = kv_receiver_->num_received_blocks();
+    }
   }
   if (kv_events_) kv_events_->flush();
   for (auto& [channel, output] : queued_outputs_) channel->push(std::move(output));

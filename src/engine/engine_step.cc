@@ -39,6 +39,7 @@ void EngineImpl::step() {
   note_scheduled(scheduled, scheduled_at);
   const std::optional<ForwardResult> result = forward(scheduled);
   if (!result) return;  // forward failed: the batch's requests ended with its error
+  if (kv_sender_) kv_sender_->finish_step();
   scheduler_->complete_step(scheduled);
   workflow_sync_.declare_fixed_prefixes(scheduled, active_, pools_.caches());
   pools_.pump_transfers();  // the backups complete_step planned start while we sample
@@ -132,6 +133,7 @@ WorkerPool::Job EngineImpl::start_constraint_masks(const ScheduledBatch& schedul
 
 std::optional<ForwardResult> EngineImpl::forward(const ScheduledBatch& scheduled) {
   Batch batch = build_step_batch(scheduled);
+  if (kv_sender_) batch.kv_layer_listener = kv_sender_->prepare_step(scheduled);
   // Structured outputs' masks are computed while the model's work runs; the
   // tasks end before this returns (so before any request they touch can end).
   WorkerPool::Job masks = start_constraint_masks(scheduled);

@@ -177,7 +177,20 @@ class CompletionFlow {
     if (!prefilled.ok()) return pe_failed("prefill: " + prefilled.error);
     if (path == ReadPath::kPrefill) metrics_.add_storage_read("prefill", storage_bytes);
 
-    // 7. PE -> DE
+    // 7. PE -> DE, staged: device to device where both ends can (choose_kv_path). The
+    // cross-process device flow (reserve on the DE, prefill streaming into it) needs a
+    // plane between processes, which no engine offers yet (docs/disaggregation.md
+    // "Device to device"): a device choice is counted and logged as a fallback.
+    KvPathChoice kv_path = choose_kv_path(prefill_status->device_kv, decode_status->device_kv);
+    if (kv_path.path == KvPath::kDevice)
+      kv_path = {KvPath::kStaged, "device_flow_unavailable",
+                 "the router does not drive device-to-device transfers between processes yet"};
+    // A fallback between two engines that both have a plane is worth a warning; no plane is the rule today.
+    if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
+      spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    else
+      spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    metrics_.count_kv_path(kv_path_name(kv_path.path), de.url(), kv_path.reason);
     EngineResult<KvSendResult> pushed = pe.send_blocks(
         {probe.value.blocks, probe.value.block_bytes, decode_address, /*read_storage=*/false,
          context_.config->prefill_send_wait_seconds});

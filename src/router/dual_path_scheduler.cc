@@ -69,4 +69,24 @@ ReadPath choose_read_path(int64_t storage_bytes, const EngineLoad& prefill, cons
   return decode_seconds < prefill_seconds ? ReadPath::kDecode : ReadPath::kPrefill;
 }
 
+const char* kv_path_name(KvPath path) { return path == KvPath::kDevice ? "device" : "staged"; }
+
+KvPathChoice choose_kv_path(const DeviceKvInfo& prefill, const DeviceKvInfo& decode) {
+  auto staged = [](const char* reason, std::string detail) {
+    return KvPathChoice{KvPath::kStaged, reason, std::move(detail)};
+  };
+  if (prefill.plane == "none" || prefill.plane.empty())
+    return staged("prefill_no_plane", "the prefill engine has no device KV plane");
+  if (decode.plane == "none" || decode.plane.empty())
+    return staged("decode_no_plane", "the decode engine has no device KV plane");
+  if (prefill.plane != decode.plane)
+    return staged("plane_mismatch", "device KV planes differ (" + prefill.plane + " vs " + decode.plane + ")");
+  if (prefill.device.empty() || decode.device.empty() || decode.address.empty())
+    return staged("no_device", "an engine does not name its device or its plane address");
+  if ((prefill.same_host_only || decode.same_host_only) && (prefill.host.empty() || prefill.host != decode.host))
+    return staged("different_hosts", "the engines are on different hosts (" + prefill.host + " vs " + decode.host +
+                                         ") and the " + prefill.plane + " plane reaches its own host only");
+  return {KvPath::kDevice, "", ""};
+}
+
 }  // namespace loom::router

@@ -22,6 +22,7 @@
 #include <cstdint>
 #include <optional>
 #include <span>
+#include <string>
 #include <string_view>
 
 namespace loom::router {
@@ -66,5 +67,31 @@ std::optional<size_t> choose_decode_engine(std::span<const EngineLoad> engines);
 // A forced policy (kPrefill / kDecode) wins whenever storage_bytes > 0.
 ReadPath choose_read_path(int64_t storage_bytes, const EngineLoad& prefill, const EngineLoad& decode,
                           double link_bandwidth, PathPolicy policy);
+
+// ---- How the PE's KV reaches the DE (issue 41) ----
+// An engine's device-to-device endpoint as /loom/kv/status reports it
+// ("device_kv"; kvtransfer/device/device_kv_plane.h DeviceKvEndpoint).
+struct DeviceKvInfo {
+  std::string plane = "none";  // "none": no device-to-device path
+  std::string host, device, address;
+  bool same_host_only = true;
+};
+
+enum class KvPath { kStaged, kDevice };
+const char* kv_path_name(KvPath path);  // "staged", "device"
+
+struct KvPathChoice {
+  KvPath path = KvPath::kStaged;
+  // kStaged: why not device, as a metric label ("prefill_no_plane",
+  // "decode_no_plane", "plane_mismatch", "no_device", "different_hosts") and
+  // as a sentence for the log.
+  std::string reason, detail;
+};
+
+// kDevice when both ends have the same plane (not "none"), each names its
+// device and the DE its address, and, for a plane that reaches only its own
+// host, both are on the same host; kStaged with the first rule that failed
+// otherwise (the staged path through the KV link always works).
+KvPathChoice choose_kv_path(const DeviceKvInfo& prefill, const DeviceKvInfo& decode);
 
 }  // namespace loom::router

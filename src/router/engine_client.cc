@@ -149,6 +149,19 @@ EngineResult<KvStatus> EngineClient::kv_status() const {
     status.num_waiting = count_field(object, "num_waiting");
     status.buffer_bytes = count_field(object, "buffer_bytes");
     status.buffer_capacity_bytes = count_field(object, "buffer_capacity_bytes");
+    auto device = object.find("device_kv");
+    if (device != object.end() && device->is_object()) {
+      auto text = [&](const char* key) {
+        auto field = device->find(key);
+        return field != device->end() && field->is_string() ? field->get<std::string>() : std::string();
+      };
+      status.device_kv.plane = text("plane").empty() ? "none" : text("plane");
+      status.device_kv.host = text("host");
+      status.device_kv.device = text("device");
+      status.device_kv.address = text("address");
+      auto same_host = device->find("same_host_only");
+      status.device_kv.same_host_only = same_host == device->end() || !same_host->is_boolean() || same_host->get<bool>();
+    }
     status.raw = std::move(object);
     return status;
   });

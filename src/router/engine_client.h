@@ -28,6 +28,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "router/dual_path_scheduler.h"
+
 namespace loom::router {
 
 struct EngineClientConfig {
@@ -70,6 +72,7 @@ struct KvStatus {
   int64_t num_waiting = 0;
   int64_t buffer_bytes = 0;
   int64_t buffer_capacity_bytes = 0;
+  DeviceKvInfo device_kv;  // "device_kv"; an older engine without it: plane "none"
   nlohmann::json raw;  // the whole reply, for /loom/router/status
 };
 

@@ -56,6 +56,20 @@ void RouterMetrics::count_retry() {
   ++retries_;
 }
 
+void RouterMetrics::count_kv_path(const std::string& path, const std::string& decode_url,
+                                  const std::string& fallback_reason) {
+  std::lock_guard lock(mutex_);
+  ++kv_paths_[path];
+  ++engine_kv_paths_[{decode_url, path}];
+  if (!fallback_reason.empty()) ++kv_path_fallbacks_[fallback_reason];
+}
+
+int64_t RouterMetrics::kv_paths(const std::string& path) const {
+  std::lock_guard lock(mutex_);
+  auto found = kv_paths_.find(path);
+  return found == kv_paths_.end() ? 0 : found->second;
+}
+
 double RouterMetrics::link_bandwidth() const {
   std::lock_guard lock(mutex_);
   int64_t bytes = 0;
@@ -90,6 +104,16 @@ std::string RouterMetrics::prometheus_text() const {
                "side", storage_read_bytes_, {"prefill", "decode"});
   write_family(out, "loom_router_engine_failures_total", "Engine calls that failed (no connection, timeout, 5xx, "
                "malformed reply)", "engine", engine_failures_, {});
+  write_family(out, "loom_router_kv_path_total", "Disaggregated requests by how the prompt's KV reached the decode "
+               "engine: device (device to device) or staged (through host buffers and the KV link)", "path",
+               kv_paths_, {"device", "staged"});
+  write_family(out, "loom_router_kv_path_fallbacks_total", "Requests whose KV went staged, by why device to device "
+               "was not possible", "reason", kv_path_fallbacks_, {});
+  out += "# HELP loom_router_engine_kv_path_total Disaggregated requests by decode engine and KV path\n"
+         "# TYPE loom_router_engine_kv_path_total counter\n";
+  for (const auto& [key, count] : engine_kv_paths_)
+    out += fmt::format("loom_router_engine_kv_path_total{{engine=\"{}\",path=\"{}\"}} {}\n", escape_label(key.first),
+                       key.second, count);
   out += fmt::format("# HELP loom_router_retries_total Requests moved to another engine after a failure\n"
                      "# TYPE loom_router_retries_total counter\nloom_router_retries_total {}\n",
                      retries_);

@@ -5,6 +5,9 @@
 //   loom_router_storage_read_bytes_total{side="prefill"|"decode"}
 //   loom_router_engine_failures_total{engine="URL"}
 //   loom_router_retries_total
+//   loom_router_kv_path_total{path="device"|"staged"}: how each disaggregated request's KV went
+//   loom_router_kv_path_fallbacks_total{reason=...}: why a request went staged (KvPathChoice::reason)
+//   loom_router_engine_kv_path_total{engine="URL",path=...}: the same per decode engine
 // The measured PE <-> DE link bandwidth (link_bandwidth()) is the ratio of the
 // two transfer totals.
 //
@@ -26,6 +29,10 @@ class RouterMetrics {
   void add_storage_read(const std::string& side, int64_t bytes);
   void count_engine_failure(const std::string& url);
   void count_retry();
+  // One disaggregated request's KV path ("device" or "staged") to the DE at
+  // `decode_url`; `fallback_reason` (a short label, KvPathChoice::reason) when staged.
+  void count_kv_path(const std::string& path, const std::string& decode_url, const std::string& fallback_reason);
+  int64_t kv_paths(const std::string& path) const;
 
   // Bytes/s over every transfer so far; 0 before any (unknown).
   double link_bandwidth() const;
@@ -41,6 +48,9 @@ class RouterMetrics {
   std::map<std::string, int64_t> storage_read_bytes_;
   std::map<std::string, int64_t> engine_failures_;
   int64_t retries_ = 0;
+  std::map<std::string, int64_t> kv_paths_;
+  std::map<std::string, int64_t> kv_path_fallbacks_;
+  std::map<std::pair<std::string, std::string>, int64_t> engine_kv_paths_;  // (url, path)
 };
 
 }  // namespace loom::router

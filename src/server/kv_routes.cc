@@ -86,6 +86,11 @@ std::string kv_status_body(const KvRouteContext& context) {
   status["channel_bytes_sent"] = client.num_channel_bytes;
   status["channel_bytes_received"] = link.num_channel_bytes;
   status["channels"] = client.num_channels + link.num_channels;
+  // What the router compares to choose the device-to-device path (router/dual_path_scheduler.h choose_kv_path).
+  const DeviceKvEndpoint device = setup.device_plane ? setup.device_plane->endpoint() : DeviceKvEndpoint{};
+  status["device_kv"] = {{"plane", device.plane},     {"host", device.host},
+                         {"device", device.device},   {"address", device.address},
+                         {"same_host_only", device.same_host_only}};
   return dump_json(status);
 }
 

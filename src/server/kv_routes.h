@@ -37,6 +37,7 @@
 
 #include "engine/engine.h"
 #include "kvstore/buffered_kv_store.h"
+#include "kvtransfer/device/device_kv_plane.h"
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_server.h"
 #include "server/openai_request.h"
@@ -48,6 +49,9 @@ struct KvTransferSetup {
   std::string role = "both";                // "prefill", "decode" or "both"
   std::shared_ptr<BufferedKvStore> store;   // null: no KV buffer (role both without a link)
   std::shared_ptr<KvDataPlane> plane;       // null: payloads inline on the link's TCP (declared before its users)
+  // The device-to-device plane (kvtransfer/device/device_kv_plane.h; the
+  // engine's EngineConfig::device_kv_plane); null: "none" in the status.
+  std::shared_ptr<DeviceKvPlane> device_plane;
   std::shared_ptr<KvLinkServer> link;       // null: no KV link
   std::shared_ptr<KvLinkClient> client;     // sends (pooled connections); null: no KV link
   std::string link_address;                 // "host:port" the router hands to peers ("" without a link)

@@ -75,8 +75,10 @@ class CpuBackend final : public Backend {
     capabilities.residual_host_kv_tier = true;
     capabilities.capture_hidden_states = true;
     capabilities.dequantizes_fp8_weights = true;  // FP8 checkpoints: fp32 emulation (cpu_backend.h)
+    capabilities.kv_layer_notifications = true;
     return capabilities;
   }
+  KvPoolMemory kv_pool_memory(KvPoolKind pool) override { return pools_.memory(pool); }
 
   // The KV pools (what the tensor-parallel group's host tier copies).
   CpuKvPools& kv_pools() { return pools_; }

@@ -68,6 +68,15 @@ int64_t CpuKvPools::device_floats_per_block(KvPoolKind pool) const {
   return static_cast<int64_t>(residual_shape_.block_size) * 2 * residual_shape_.max_rank;
 }
 
+KvPoolMemory CpuKvPools::memory(KvPoolKind pool) {
+  KvPoolMemory memory;
+  memory.arrays_per_layer = pool == KvPoolKind::kMain ? 2 : 1;
+  memory.num_blocks = num_device_blocks(pool);
+  memory.bytes_per_block = device_floats_per_block(pool) * static_cast<int64_t>(sizeof(float));
+  for (float* array : device_arrays(pool)) memory.arrays.push_back(reinterpret_cast<std::byte*>(array));
+  return memory;
+}
+
 void CpuKvPools::allocate_host(KvPoolKind pool, int32_t num_blocks) {
   const bool is_main = pool == KvPoolKind::kMain;
   HostKvPool& host = is_main ? host_main_ : host_residual_;

@@ -42,6 +42,8 @@ class CpuKvPools {
   }
   // Floats one block of one array holds (0 before the pool is allocated).
   int64_t device_floats_per_block(KvPoolKind pool) const;
+  // device_arrays as backend.h's KvPoolMemory (host memory; empty before the pool is allocated).
+  KvPoolMemory memory(KvPoolKind pool);
 
   // Host tiers (backend.h "Host tier"): a pool's host tier needs its device pool first.
   void allocate_host(KvPoolKind pool, int32_t num_blocks);

@@ -1,0 +1,98 @@
+// The DE's half of device-to-device KV transfers (kvtransfer/device/
+// device_kv_plane.h): reservations, their landing in the radix trees, and
+// the requests that wait for them.
+//
+// reserve(): the prompt's full blocks this engine does not hold on the
+// device get fresh blocks in every cache the request uses (main, and the
+// rCache for forked), allocated on leases so that nothing evicts or reuses
+// them; the blocks it holds are leased too (so they stay). The plane then
+// expects exactly those destination blocks from the peer. Until the transfer
+// is done the blocks are private to the reservation: in no tree, read by no
+// request.
+//
+// poll() (each engine loop): a transfer done (every layer of every block
+// landed) is committed into each cache's tree under the request's key, so
+// the request finds it as a device prefix hit; a failed one (peer died, gave
+// up, deadline) is finished at the plane and its leases released: the fresh
+// blocks go back to the free list (no orphans) and the request recomputes.
+// A reservation whose request never comes is released at its deadline plus
+// kClaimGraceSeconds (landed blocks then stay cached as any committed block).
+//
+// Requests: one submitted with device_kv_receive of a transfer still in
+// flight is parked here (outside the scheduler) and handed back by
+// take_ready() once its transfer settled; its reservation's leases are
+// released after the step that admitted it (release_claimed).
+//
+// Thread: engine thread only. The KvCacheGroup must outlive the receiver's
+// leases (drop() before the pools are reallocated).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <random>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/engine_request.h"
+#include "kv/kv_cache_group.h"
+#include "kvtransfer/device/device_kv_plane.h"
+
+namespace loom {
+
+class DeviceKvReceiver {
+ public:
+  static constexpr double kClaimGraceSeconds = 30.0;
+
+  DeviceKvReceiver(DeviceKvPlane& plane, int32_t num_layers);
+  ~DeviceKvReceiver();
+
+  // Throws Error(kCapacity) when the blocks cannot be had now (nothing changed).
+  DeviceKvReservation reserve(KvCacheGroup& caches, const RequestKvKeys& keys, std::span<const int32_t> prompt,
+                              const std::string& peer, double timeout_seconds);
+  void poll();
+  // Whether `request` must wait (its transfer is known and in flight): then it is kept here.
+  bool park_if_waiting(std::unique_ptr<PendingRequest>& request);
+  // Parked requests whose transfer settled, in arrival order.
+  std::vector<std::unique_ptr<PendingRequest>> take_ready();
+  // Parked requests whose channel was cancelled.
+  std::vector<std::unique_ptr<PendingRequest>> take_cancelled();
+  std::vector<std::unique_ptr<PendingRequest>> take_all_parked();
+  void release_claimed();
+  // Ends every transfer and releases every lease (shutdown, pool reallocation).
+  void drop();
+  // Reservations or parked requests exist: the engine loop must keep polling.
+  bool has_pending() const;
+
+  int64_t num_received() const { return num_received_; }
+  int64_t num_failures() const { return num_failures_; }
+  int64_t num_received_blocks() const { return num_received_blocks_; }
+  size_t num_reservations() const { return reservations_.size(); }
+
+ private:
+  enum class State { kPending, kLanded, kFailed };
+  struct Reservation {
+    State state = State::kPending;
+    std::vector<int32_t> tokens;  // the prompt's full blocks' tokens
+    KvCacheManager* main_cache = nullptr;
+    KvCacheManager* residual_cache = nullptr;  // forked only
+    KvLease main, residual;
+    int32_t num_blocks = 0;       // fresh blocks
+    bool claimed = false;
+    std::chrono::steady_clock::time_point release_at;
+  };
+  void settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress);
+
+  DeviceKvPlane& plane_;
+  const int32_t num_layers_;
+  std::mt19937_64 ids_;
+  std::map<DeviceKvTransferId, Reservation> reservations_;
+  std::deque<std::pair<DeviceKvTransferId, std::unique_ptr<PendingRequest>>> parked_;
+  int64_t num_received_ = 0, num_failures_ = 0, num_received_blocks_ = 0;
+};
+
+}  // namespace loom
