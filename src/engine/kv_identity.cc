@@ -70,6 +70,8 @@ KvBlockHash model_fingerprint(const ModelConfig& config, const ModelWeights& wei
         {"qn", &layer.q_norm},          {"kn", &layer.k_norm},      {"post_norm", &layer.post_attention_norm},
         {"gate", &layer.gate_proj},     {"up", &layer.up_proj},     {"down", &layer.down_proj}};
     for (const auto& [name, tensor] : tensors) add_tensor(parts, fmt::format("{}.{}", l, name), *tensor);
+    if (layer.k_cache_scale > 0.0f || layer.v_cache_scale > 0.0f)  // only where given: other names unchanged
+      parts.push_back(hash_string(fmt::format("{}.kv_cache_scales={},{}", l, layer.k_cache_scale, layer.v_cache_scale)));
   }
   add_tensor(parts, "final_norm", weights.final_norm);
   add_tensor(parts, "lm_head", weights.lm_head);

@@ -195,8 +195,16 @@ QuantizationScheme parse_compressed_tensors(const Reader& reader, const json& co
   }
   scheme.ignore = reader.strings(config, "ignore", "ignore");
   check_ignore_patterns(reader, scheme.ignore);
-  if (const json* kv = Reader::find(config, "kv_cache_scheme"))
-    read_float8_args(reader, *kv, "kv_cache_scheme");  // checked; its k/v scales are not read yet
+  if (const json* kv = Reader::find(config, "kv_cache_scheme"); kv != nullptr && !kv->is_null()) {
+    const std::string strategy = read_float8_args(reader, *kv, "kv_cache_scheme");
+    if (strategy != "tensor")
+      reader.unsupported(fmt::format("kv_cache_scheme.strategy \"{}\" is not supported: one FP8 KV scale per "
+                                     "tensor (k_scale, v_scale per layer) only", strategy));
+    if (reader.boolean(*kv, "dynamic", "kv_cache_scheme.dynamic", false))
+      reader.unsupported("kv_cache_scheme.dynamic true is not supported: the KV cache's scales come from the "
+                         "checkpoint");
+    scheme.kv_cache_scales = true;
+  }
   return scheme;
 }
 

@@ -66,6 +66,10 @@ struct QuantizationScheme {
   // fbgemm_fp8's `modules_to_not_convert` (names, or parts of names as
   // transformers matches them).
   std::vector<std::string> ignore;
+  // compressed-tensors' kv_cache_scheme (FP8, static, one scale per tensor):
+  // every layer carries self_attn.k_scale and self_attn.v_scale (LayerWeights::
+  // k_cache_scale), the scales of an FP8 KV cache (--kv-cache-dtype fp8).
+  bool kv_cache_scales = false;
 
   // The checkpoint's linear weights are FP8.
   bool fp8() const { return method != QuantizationMethod::kNone; }

@@ -150,6 +150,8 @@ ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& 
     part.gate_proj = slice_rows(layer.gate_proj, ff_begin, ff_end);
     part.up_proj = slice_rows(layer.up_proj, ff_begin, ff_end);
     part.down_proj = slice_columns(layer.down_proj, ff_begin, ff_end);
+    part.k_cache_scale = layer.k_cache_scale;  // per tensor: every rank's heads share them
+    part.v_cache_scale = layer.v_cache_scale;
     rank.layers.push_back(std::move(part));
   }
   return rank;

@@ -114,6 +114,19 @@ class TensorPicker {
     return scale_values(module + ".input_scale", "the static FP8 activation scale", {{}, {1}})[0];
   }
 
+ public:
+  // The FP8 KV cache scale `which` ("k" or "v") of the attention module `attention`
+  // ("model.layers.0.self_attn."): self_attn.k_scale as llm-compressor writes it, or
+  // the older self_attn.k_proj.output_scale.
+  float kv_cache_scale(const std::string& attention, const std::string& which) const {
+    const std::string name = attention + which + "_scale";
+    const std::string older = attention + which + "_proj.output_scale";
+    return scale_values(has(name) || !has(older) ? name : older,
+                        "the FP8 KV cache's " + which + " scale (kv_cache_scheme)", {{}, {1}})[0];
+  }
+
+ private:
+
   const TensorMap& tensors_;
   const std::string& source_;
   const QuantizationScheme& scheme_;
@@ -166,6 +179,10 @@ ModelWeights build_model_weights(const ModelConfig& config, const TensorMap& ten
     out.gate_proj = picker.linear(prefix + "mlp.gate_proj", {intermediate, hidden});
     out.up_proj = picker.linear(prefix + "mlp.up_proj", {intermediate, hidden});
     out.down_proj = picker.linear(prefix + "mlp.down_proj", {hidden, intermediate});
+    if (config.quantization.kv_cache_scales) {
+      out.k_cache_scale = picker.kv_cache_scale(attention, "k");
+      out.v_cache_scale = picker.kv_cache_scale(attention, "v");
+    }
   }
   return weights;
 }

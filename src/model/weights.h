@@ -46,6 +46,9 @@ struct LayerWeights {
   Tensor post_attention_norm;  // [hidden]
   Tensor gate_proj, up_proj;   // [intermediate, hidden]
   Tensor down_proj;            // [hidden, intermediate]
+  // An FP8 KV cache's scales from the checkpoint (QuantizationScheme::kv_cache_scales;
+  // an entry is e4m3(x / scale)); 0 when it gives none (the backend then uses 1.0).
+  float k_cache_scale = 0.0f, v_cache_scale = 0.0f;
 };
 
 struct ModelWeights {

@@ -97,8 +97,10 @@ TEST(Fp8ConfigTest, CompressedTensorsSchemesParse) {
   two_groups["config_groups"]["group_1"] = two_groups["config_groups"]["group_0"];
   EXPECT_EQ(parse_quantization_config(two_groups, kPath).activations, Fp8Activations::kDynamicPerToken);
   json kv = compressed_tensors("channel", "token", true);
-  kv["kv_cache_scheme"] = float8_args("tensor", false);  // accepted (its scales are not read yet)
+  kv["kv_cache_scheme"] = float8_args("tensor", false);  // llm-compressor's FP8 KV cache: k/v scales per layer
   EXPECT_TRUE(parse_quantization_config(kv, kPath).fp8());
+  EXPECT_TRUE(parse_quantization_config(kv, kPath).kv_cache_scales);
+  EXPECT_FALSE(dynamic.kv_cache_scales);  // "kv_cache_scheme": null
   EXPECT_EQ(describe(dynamic), "compressed-tensors fp8: weights per channel, activations dynamic per token, 1 ignore entry");
 }
 
@@ -188,6 +190,14 @@ TEST(Fp8ConfigTest, EveryUnsupportedOrMalformedSchemeIsRefusedByName) {
       {"bits as text", [&](json& c) { group(c)["weights"]["num_bits"] = "8"; }, ErrorKind::kFormat, {"num_bits"}},
       {"sparsity", [](json& c) { c["sparsity_config"] = {{"format", "sparse-24-bitmask"}}; }, ErrorKind::kUnsupported,
        {"sparsity_config"}},
+      {"kv scales per head", [](json& c) { c["kv_cache_scheme"] = float8_args("attn_head", false); },
+       ErrorKind::kUnsupported, {"kv_cache_scheme.strategy \"attn_head\"", "per tensor"}},
+      {"dynamic kv scales", [](json& c) { c["kv_cache_scheme"] = float8_args("tensor", true); },
+       ErrorKind::kUnsupported, {"kv_cache_scheme.dynamic"}},
+      {"int8 kv cache", [](json& c) {
+         c["kv_cache_scheme"] = float8_args("tensor", false);
+         c["kv_cache_scheme"]["type"] = "int";
+       }, ErrorKind::kUnsupported, {"kv_cache_scheme.type"}},
   };
   for (const BadConfig& bad : cases) {
     SCOPED_TRACE(bad.what);
@@ -513,6 +523,43 @@ TEST(Fp8CheckpointTest, TheModelFingerprintCoversTheScales) {
   EXPECT_EQ(base, model_fingerprint(model.config, build_model_weights(model.config, model.tensors, "again")));
   EXPECT_NE(base, model_fingerprint(model.config, build_model_weights(model.config, rescaled.tensors, "ckpt")));
   EXPECT_NE(base, model_fingerprint(model.config, build_model_weights(model.config, other_input.tensors, "ckpt")));
+}
+
+// compressed-tensors' kv_cache_scheme: every layer's self_attn.k_scale and
+// v_scale (or the older k_proj/v_proj.output_scale) become LayerWeights'
+// KV cache scales, checked as the other scales are, and enter the fingerprint.
+TEST(Fp8CheckpointTest, KvCacheScalesAreReadCheckedAndFingerprinted) {
+  json config = compressed_tensors("channel", "token", true);
+  config["kv_cache_scheme"] = float8_args("tensor", false);
+  InMemory model = quantized_in_memory(config);
+  auto build = [](const InMemory& m) { return build_model_weights(m.config, m.tensors, "ckpt"); };
+  const std::string attention0 = "model.layers.0.self_attn.", attention1 = "model.layers.1.self_attn.";
+  expect_error([&] { build(model); }, ErrorKind::kNotFound, {"ckpt", attention0 + "k_scale", "kv_cache_scheme"});
+  model.tensors[attention0 + "k_scale"] = Tensor::scalar(0.02f);
+  model.tensors[attention0 + "v_scale"] = Tensor::from_vector({1}, {0.04f});
+  model.tensors[attention1 + "k_proj.output_scale"] = Tensor::scalar(0.5f);  // the older names
+  model.tensors[attention1 + "v_proj.output_scale"] = Tensor::scalar(0.25f);
+  const ModelWeights weights = build(model);
+  EXPECT_EQ(weights.layers[0].k_cache_scale, 0.02f);
+  EXPECT_EQ(weights.layers[0].v_cache_scale, 0.04f);
+  EXPECT_EQ(weights.layers[1].k_cache_scale, 0.5f);
+  EXPECT_EQ(weights.layers[1].v_cache_scale, 0.25f);
+  InMemory bad = model;
+  bad.tensors[attention1 + "v_proj.output_scale"] = Tensor::scalar(-1.0f);
+  expect_error([&] { build(bad); }, ErrorKind::kFormat, {attention1 + "v_proj.output_scale", "finite and > 0"});
+  bad = model;
+  bad.tensors[attention0 + "k_scale"] = Tensor::from_vector({2}, {0.1f, 0.2f});  // per head: not read
+  expect_error([&] { build(bad); }, ErrorKind::kFormat, {attention0 + "k_scale", "shape [2]"});
+  InMemory rescaled = model;
+  rescaled.tensors[attention0 + "v_scale"] = Tensor::scalar(0.08f);
+  EXPECT_NE(model_fingerprint(model.config, weights), model_fingerprint(model.config, build(rescaled)));
+  // Without the scheme the tensors are not read (a bf16 cache has no use for them).
+  InMemory plain = quantized_in_memory(compressed_tensors("channel", "token", true));
+  plain.tensors[attention0 + "k_scale"] = Tensor::scalar(0.02f);
+  EXPECT_EQ(build(plain).layers[0].k_cache_scale, 0.0f);
+  // Tensor-parallel ranks keep every layer's scales.
+  const ModelWeights rank = shard_model_weights(model.config, weights, tensor_parallel_shard(model.config, 1, 2));
+  EXPECT_EQ(rank.layers[1].v_cache_scale, 0.25f);
 }
 
 // ---- backends ----

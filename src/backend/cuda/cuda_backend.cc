@@ -55,6 +55,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
       prefetcher_(config, tuning_.l2_prefetch),
       runner_(StepParts{config_, layer_, tuning_, model_, gemm_, pools_, lora_, plan_, buffers_, prefetcher_, rank_}),
       sampler_(config.vocab_size) {
+  pools_.set_fp8_scales(model_.k_cache_scales(), model_.v_cache_scales());
   // A group whose all-reduce cannot be captured runs every step eagerly.
   if (rank_.communicator != nullptr && !rank_.communicator->capturable()) tuning_.cuda_graphs = false;
   if (tuning_.skinny_max_rows < 0 || tuning_.skinny_max_rows > kSkinnyGemmMaxRows)

@@ -31,6 +31,19 @@ DeviceKvPools::DeviceKvPools(const ModelConfig& config, int device, int32_t fork
     : config_(config), device_(device), kv_dtype_(kv_dtype),
       forked_wide_prefill_keys_(std::max(forked_wide_prefill_keys, 0)) {}
 
+void DeviceKvPools::set_fp8_scales(std::vector<float> k_scales, std::vector<float> v_scales) {
+  const auto layers = static_cast<size_t>(config_.num_layers);
+  if ((!k_scales.empty() && k_scales.size() != layers) || k_scales.size() != v_scales.size())
+    fail(ErrorKind::kInvalidArgument, "cuda backend: {} k and {} v KV cache scales for {} layers", k_scales.size(),
+         v_scales.size(), layers);
+  for (size_t l = 0; l < k_scales.size(); ++l)
+    if (!(k_scales[l] > 0.0f && v_scales[l] > 0.0f))
+      fail(ErrorKind::kInvalidArgument, "cuda backend: layer {}'s KV cache scales {} / {} must be > 0", l, k_scales[l],
+           v_scales[l]);
+  k_scales_ = std::move(k_scales);
+  v_scales_ = std::move(v_scales);
+}
+
 int64_t DeviceKvPools::main_bytes_per_token() const {
   return static_cast<int64_t>(config_.num_layers) * 2 * config_.kv_size() * main_element_bytes();
 }

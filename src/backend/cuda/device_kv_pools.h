@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <vector>
 
 #include <cuda_bf16.h>
 #include <cuda_runtime_api.h>
@@ -53,9 +54,11 @@ class DeviceKvPools {
   __nv_bfloat16* v_pool(int layer) const;
   uint8_t* k_pool_fp8(int layer) const;
   uint8_t* v_pool_fp8(int layer) const;
-  // This layer's FP8 scales (1.0: vLLM's default without checkpoint or calibrated scales).
-  float k_scale(int /*layer*/) const { return 1.0f; }
-  float v_scale(int /*layer*/) const { return 1.0f; }
+  // An FP8 cache's scales per layer (a checkpoint's: DeviceModel::k_cache_scales);
+  // empty: 1.0 everywhere, vLLM's default without checkpoint or calibrated scales.
+  void set_fp8_scales(std::vector<float> k_scales, std::vector<float> v_scales);
+  float k_scale(int layer) const { return k_scales_.empty() ? 1.0f : k_scales_[layer]; }
+  float v_scale(int layer) const { return v_scales_.empty() ? 1.0f : v_scales_[layer]; }
   // The main pool's first byte (graph capture keys), nullptr before its allocate.
   const void* main_base() const { return main_.data(); }
   __nv_bfloat16* residual_pool(int layer) const;
@@ -92,6 +95,7 @@ class DeviceKvPools {
   DeviceBuffer residual_;
   DeviceBuffer scratch_;
   std::unique_ptr<HostKvTier> host_tiers_[2];  // [KvPoolKind], created by allocate_host
+  std::vector<float> k_scales_, v_scales_;      // [num_layers] or empty
 };
 
 }  // namespace loom::cuda

@@ -289,6 +289,11 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
                static_cast<double>(stats.source_bytes) / (1 << 30), seconds,
                static_cast<double>(stats.source_bytes) / (1 << 30) / std::max(seconds, 1e-9), stats.num_workers);
   if (fp8) model.upload_fp8_scales(config, weights, stream);
+  if (config.quantization.kv_cache_scales)
+    for (const LayerWeights& layer : weights.layers) {
+      model.k_cache_scales_.push_back(layer.k_cache_scale);
+      model.v_cache_scales_.push_back(layer.v_cache_scale);
+    }
   return model;
 }
 

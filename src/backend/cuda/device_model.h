@@ -69,6 +69,10 @@ class DeviceModel {
   const float* final_norm() const { return final_norm_; }
   const float* inverse_frequencies() const { return inverse_frequencies_; }  // [head_dim / 2]
   int64_t weight_bytes() const { return static_cast<int64_t>(storage_.size()); }
+  // A checkpoint's FP8 KV cache scales per layer (LayerWeights::k_cache_scale; host
+  // values), empty when it gives none: an FP8 cache then uses 1.0.
+  const std::vector<float>& k_cache_scales() const { return k_cache_scales_; }
+  const std::vector<float>& v_cache_scales() const { return v_cache_scales_; }
 
  private:
   DeviceModel() = default;
@@ -82,6 +86,7 @@ class DeviceModel {
   const float* final_norm_ = nullptr;
   const float* inverse_frequencies_ = nullptr;
   bool fp8_ = false;
+  std::vector<float> k_cache_scales_, v_cache_scales_;
 };
 
 }  // namespace loom::cuda
