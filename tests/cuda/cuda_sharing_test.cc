@@ -483,9 +483,10 @@ TEST(CudaSharing, EachModeGivesTheSameLogitsAloneAndInCompany) {
       // The greedy token, unless its top two are within what those roundings move.
       std::vector<float> sorted = together[s][step];
       std::partial_sort(sorted.begin(), sorted.begin() + 2, sorted.end(), std::greater<float>());
-      if (sorted[0] - sorted[1] > test::kNearTie)
+      if (sorted[0] - sorted[1] > test::kNearTie) {
         EXPECT_EQ(argmax(together[s][step].data(), config.vocab_size), argmax(alone[s][step].data(), config.vocab_size))
             << names[s] << " step " << step;
+      }
     }
   }
 }

@@ -67,6 +67,7 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
 
 CudaBackend::~CudaBackend() {
   cudaStreamSynchronize(stream_);
+  for (cudaEvent_t event : layer_events_) cudaEventDestroy(event);
   graphs_.clear();
   cudaStreamDestroy(stream_);
 }

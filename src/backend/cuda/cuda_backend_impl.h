@@ -73,6 +73,12 @@ class CudaBackend final : public Backend {
   BackendCapabilities capabilities() const override { return cuda_backend_capabilities(); }
   // "cuda_graphs" (GraphCache::kCapacity) and "cublas_algos" (Gemm's heuristic choices by shape).
   std::vector<CacheGauge> cache_gauges() const override;
+  // The pools' device arrays (backend.h KvPoolMemory, kind kCuda). A step whose
+  // Batch::kv_layer_listener is set runs eagerly, with plain launches, and tells
+  // the listener after each layer's K/V writes with an event recorded after them
+  // (reused by later steps). Not yet declared in capabilities(): its GPU test
+  // (CudaKvLayerListener.*) has not run.
+  KvPoolMemory kv_pool_memory(KvPoolKind pool) override;
 
   // For tests and benchmarks. One whole step enqueued eagerly with no host
   // synchronisation (so it can be captured in a CUDA graph once the buffers
@@ -143,6 +149,7 @@ class CudaBackend final : public Backend {
   DeviceSampler sampler_;
   GraphCache graphs_;
   PinnedBuffer logits_host_;
+  std::vector<cudaEvent_t> layer_events_;  // [num_layers], created by the first step with a KV listener
 
   // The step between enqueue_forward and finish_forward.
   const Batch* batch_ = nullptr;

@@ -36,10 +36,20 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   }
   StepPlan& plan = plan_.plan();
   plan.build(batch, shape, residual.block_size);
-  if (for_graph && !batch.capture_hidden_states) plan.pad_for_graph(tuning_.max_graph_rows);
-  // LoRA groups on the side stream fork and join through events; those steps keep plain launches.
-  step_ = {stream_, plan.num_rows() <= tuning_.programmatic_max_rows && !lora_.forks(plan), residual_rank,
+  const bool listened = batch.kv_layer_listener != nullptr;  // per-layer events: an eager step
+  if (for_graph && !batch.capture_hidden_states && !listened) plan.pad_for_graph(tuning_.max_graph_rows);
+  // LoRA groups on the side stream fork and join through events; those steps keep plain launches (as do
+  // steps with a KV listener, whose events sit between the layers' kernels).
+  step_ = {stream_, plan.num_rows() <= tuning_.programmatic_max_rows && !lora_.forks(plan) && !listened, residual_rank,
            batch.capture_hidden_states};
+  if (listened) {
+    if (layer_events_.empty()) {
+      layer_events_.resize(config_.num_layers);
+      for (cudaEvent_t& event : layer_events_) LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    }
+    step_.kv_listener = batch.kv_layer_listener;
+    step_.layer_events = layer_events_.data();
+  }
   guided_ = DeviceSampler::guided(plan.sampling_rows(), batch.num_token_mask_rows);
 }
 
@@ -68,6 +78,21 @@ void CudaBackend::enqueue_guided_draw(std::span<const uint32_t> token_masks) {
   sampler_.enqueue_guided_draw(buffers_.logits.as<float>(), plan.num_logit_launch_rows(),
                                plan_.pointer<SamplingRow>(plan.sections().sampling), token_masks,
                                batch_->num_token_mask_rows, batch_->logit_edits, stream_);
+}
+
+KvPoolMemory CudaBackend::kv_pool_memory(KvPoolKind pool) {
+  KvPoolMemory memory;
+  memory.kind = KvPoolMemory::Kind::kCuda;
+  memory.device = device_;
+  const bool main = pool == KvPoolKind::kMain;
+  memory.arrays_per_layer = main ? 2 : 1;
+  memory.num_blocks = main ? pools_.main_shape().num_blocks : pools_.residual_shape().num_blocks;
+  memory.bytes_per_block = static_cast<int64_t>(pools_.device_bytes_per_block(pool));
+  if (memory.num_blocks == 0) return memory;
+  const HostKvTier::DevicePool arrays = pools_.device_pool(pool);  // array a at data + a * stride
+  for (int32_t a = 0; a < pools_.num_arrays(pool); ++a)
+    memory.arrays.push_back(static_cast<std::byte*>(arrays.data) + static_cast<size_t>(a) * arrays.array_stride_bytes);
+  return memory;
 }
 
 std::vector<const void*> CudaBackend::graph_addresses() const {

@@ -44,6 +44,10 @@ struct StepLaunch {
   bool programmatic = false;           // the step's own kernels launch programmatically
   int32_t residual_rank = 0;           // max k/v rank of the forked sequences' adapters
   bool capture_hidden_states = false;  // Batch::capture_hidden_states
+  // Batch::kv_layer_listener (an eager step): told after each layer's K/V writes are
+  // enqueued, with layer_events[layer] recorded on `stream` right after them.
+  KvLayerListener* kv_listener = nullptr;
+  cudaEvent_t* layer_events = nullptr;
 };
 
 class LayerRunner {
