@@ -1,6 +1,6 @@
 // The router's calls to one engine (`loom serve --role prefill|decode|both`),
 // over HTTP with cpp-httplib's client: the KV routes of the disaggregation
-// contract (GET /loom/kv/status, POST /loom/kv/probe, POST /loom/kv/send) as
+// contract (GET /loom/kv/status, POST /loom/kv/probe, /send, /reserve) as
 // typed results, plain OpenAI calls as raw replies, and a streamed call whose
 // body is read piece by piece (UpstreamResponse) for relaying SSE.
 //
