@@ -9,6 +9,7 @@
 
 #include "cli/device_backend.h"
 #include "engine/kv_pools.h"
+#include "kvtransfer/device/socket/socket_device_kv_plane.h"
 #include "kvtransfer/kv_peer_allowlist.h"
 #include "util/error.h"
 #ifdef LOOM_HAVE_CUDA
@@ -41,8 +42,21 @@ std::string read_kv_secret(const std::string& secret, const std::string& secret_
   return text;
 }
 
+std::string resolve_device_kv_plane(const std::string& requested, const std::string& device,
+                                    int tensor_parallel_size) {
+  if (requested == "none") return "none";
+  if (requested == "auto") return is_cuda(device) || tensor_parallel_size > 1 ? "none" : SocketDeviceKvPlane::kName;
+  if (requested != SocketDeviceKvPlane::kName)
+    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane " + requested, "use auto, none or socket");
+  if (is_cuda(device))
+    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane socket on --device " + device,
+                "the socket plane moves CPU engines' KV; GPU engines have no device plane yet (use none or auto)");
+  return requested;
+}
+
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
-                                            int64_t kv_bytes_per_token) {
+                                            int64_t kv_bytes_per_token, const std::string& device,
+                                            int tensor_parallel_size) {
   if (options.role != "prefill" && options.role != "decode" && options.role != "both")
     throw Error(ErrorKind::kInvalidArgument, "--role " + options.role, "use prefill, decode or both");
   server::KvTransferSetup setup;
@@ -64,6 +78,18 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
   std::unique_ptr<DiskKvStore> storage = engine.disk_kv_path.empty() ? nullptr : open_disk_tier(engine);
   setup.store = std::make_shared<BufferedKvStore>(std::move(storage), buffer_bytes);
   engine.kv_store = setup.store;
+  if (resolve_device_kv_plane(options.device_plane, device, tensor_parallel_size) == SocketDeviceKvPlane::kName) {
+    SocketDeviceKvPlaneOptions plane;
+    plane.host = options.host;
+    plane.port = options.device_plane_port;
+    plane.secret = options.secret;
+    plane.peers = KvPeerAllowlist::parse(options.peers);
+    auto socket = std::make_shared<SocketDeviceKvPlane>(std::move(plane));
+    spdlog::info("KV transfer: device KV plane socket on {} (CPU engines' KV layer by layer; {})",
+                 socket->endpoint().address, options.secret.empty() ? "unauthenticated" : "authenticated");
+    setup.device_plane = socket;
+    engine.device_kv_plane = socket;
+  }
   return setup;
 }
 

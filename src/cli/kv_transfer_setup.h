@@ -34,6 +34,13 @@ struct KvTransferOptions {
                                  // resolved (serve_config), the secret from either flag
   std::string secret_file;       // --kv-transfer-secret-file (cleared once read)
   std::string peers;             // --kv-transfer-peers: HOST:PORT,... ("" = loopback only)
+  // --kv-device-plane: the device-to-device KV plane (docs/disaggregation.md "Device to
+  // device"): none (the default: the staged path only), auto (the plane the backend
+  // supports: socket for a single-rank CPU engine; none on CUDA until the GPU plane
+  // exists) or socket (kvtransfer/device/socket/socket_device_kv_plane.h). Role
+  // prefill / decode engines only.
+  std::string device_plane = "none";
+  int device_plane_port = 0;     // --kv-device-plane-port: the plane's listener (0: a free port)
 
   // Whether this engine gets a KV buffer and a link: role prefill / decode, or a --kv-transfer-port.
   bool has_buffer() const { return role != "both" || port >= 0; }
@@ -47,12 +54,19 @@ struct KvTransferOptions {
 inline constexpr size_t kMinKvSecretBytes = 16;
 std::string read_kv_secret(const std::string& secret, const std::string& secret_file);
 
-// Before the engine is made: the buffer (as engine.kv_store) and a default
-// host tier. Returns the server's view with the store filled in (no link yet)
-// and options.secret (already resolved by read_kv_secret); role "both"
-// without a port returns it without a store.
+// Before the engine is made: the buffer (as engine.kv_store), a default
+// host tier and the device KV plane (as engine.device_kv_plane, listening on
+// options.host with the secret; `device` and `tensor_parallel_size` decide
+// what auto means). Returns the server's view with the store and the device
+// plane filled in (no link yet) and options.secret (already resolved by
+// read_kv_secret); role "both" without a port returns it without a store or a plane.
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
-                                            int64_t kv_bytes_per_token);
+                                            int64_t kv_bytes_per_token, const std::string& device = "cpu",
+                                            int tensor_parallel_size = 1);
+// What --kv-device-plane resolves to on `device`: "none" or a plane's name.
+// Throws Error(kInvalidArgument) for an unknown plane, or socket on a CUDA device.
+std::string resolve_device_kv_plane(const std::string& requested, const std::string& device,
+                                    int tensor_parallel_size);
 // Once the engine runs: starts the link (when the setup has a store) on
 // options.host with setup.secret, its data plane (--kv-transfer-backend;
 // nccl needs `device` to be cuda or cuda:N) and its client, and fills in its

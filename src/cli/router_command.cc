@@ -83,6 +83,11 @@ CommandRunner register_router(CLI::App& app) {
   app.add_option("--engine-timeout", options->engine_timeout_seconds,
                  "Seconds to wait at start for engines to answer /loom/kv/status (they may still be loading)")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
+  app.add_option("--device-kv-timeout", config.device_kv_timeout_seconds,
+                 "Seconds a decode engine keeps blocks reserved for a device-to-device KV transfer (engines with "
+                 "--kv-device-plane); past it the decode engine recomputes")
+      ->check(CLI::Range(0.1, 600.0))
+      ->capture_default_str();
   app.add_option("--retry-seconds", config.retry_seconds, "Seconds a failed engine is skipped")
       ->check(CLI::NonNegativeNumber)->capture_default_str();
   app.add_option("--max-engine-tokens", config.scheduler.max_engine_tokens,

@@ -106,7 +106,8 @@ int run_serve(const ServeOptions& options) {
                  static_cast<double>(engine_config.kv_cache_bytes) / (1 << 30),
                  per_token > 0 ? engine_config.kv_cache_bytes / per_token : 0, serve.gpu_memory_fraction);
   }
-  config.kv_transfer = prepare_kv_transfer(serve.kv_transfer, engine_config, loaded.backend->kv_bytes_per_token());
+  config.kv_transfer = prepare_kv_transfer(serve.kv_transfer, engine_config, loaded.backend->kv_bytes_per_token(),
+                                           serve.device.device, serve.device.tensor_parallel_size);
   std::unique_ptr<Engine> engine = make_engine(std::move(loaded.model), std::move(loaded.backend), engine_config);
   // Loaded before any request: forked adapters here size the rCache pool.
   for (const LoraSpec& spec : serve.adapters) engine->load_adapter(spec.name, spec.path, spec.sharing);

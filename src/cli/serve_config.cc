@@ -113,6 +113,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   serve.kv_transfer.secret = read_kv_secret(options.kv_transfer.secret, options.kv_transfer.secret_file);
   serve.kv_transfer.secret_file.clear();
   KvPeerAllowlist::parse(serve.kv_transfer.peers);  // a malformed list fails before the model loads
+  resolve_device_kv_plane(serve.kv_transfer.device_plane, options.device, vllm.tensor_parallel_size);  // likewise
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
                                !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
                                vllm.tensor_parallel_size, vllm.quantization == "fp8", engine.kv_cache_dtype};
@@ -202,6 +203,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"kv_transfer_host", kv_transfer.host},
           {"kv_transfer_secret", !kv_transfer.secret.empty()},  // whether one is set, never the secret
           {"kv_transfer_peers", or_null(kv_transfer.peers)},
+          {"kv_device_plane", kv_transfer.device_plane},
           {"kv_buffer_bytes", kv_transfer.has_buffer() ? nlohmann::json(kv_transfer.buffer_bytes)
                                                        : nlohmann::json(nullptr)},
           {"disk_kv_warm_start", engine.disk_kv_warm_start},

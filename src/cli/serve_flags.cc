@@ -219,6 +219,19 @@ void add_kv_transfer_flags(CLI::App& app, KvTransferOptions& kv_transfer) {
                  "tcp). A peer without the same plane gets payloads inline")
       ->check(CLI::IsMember({"auto", "tcp", "nccl"}))
       ->capture_default_str();
+  app.add_option("--kv-device-plane", kv_transfer.device_plane,
+                 "Device-to-device KV between prefill and decode engines (layer by layer into the decode engine's "
+                 "reserved blocks, chosen by loom router when both engines report the same plane): none (staged "
+                 "path only), auto (the plane the backend supports: socket on a CPU engine, none on CUDA until the "
+                 "GPU plane exists) or socket (CPU engines, over TCP with the KV link's handshake and sealed "
+                 "messages)")
+      ->check(CLI::IsMember({"auto", "none", "socket"}))
+      ->capture_default_str();
+  app.add_option("--kv-device-plane-port", kv_transfer.device_plane_port,
+                 "Port the device KV plane listens on, on --kv-transfer-host (0 = a free one; /loom/kv/status "
+                 "reports it)")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
   app.add_option("--kv-buffer-bytes", kv_transfer.buffer_bytes,
                  "Memory for KV blocks moving between engines (DualPath's engine buffer): BYTES, suffix K, M, G")
       ->transform(byte_size_transform("--kv-buffer-bytes"))

@@ -6,6 +6,7 @@
 #include <spdlog/spdlog.h>
 
 #include "server/api_error.h"
+#include "server/device_kv_fields.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
 
@@ -15,6 +16,7 @@ namespace {
 using Json = nlohmann::json;
 using server::ApiError;
 using server::HttpResponse;
+using server::kDeviceKvField;
 
 // A completions prompt that is a list of prompts (strings or token lists), not
 // one prompt given as a token list.
@@ -27,7 +29,16 @@ bool is_multi_prompt(const Json& body) {
 
 // The PE's copy of the request: one output token, not streamed. min_tokens
 // and n go too (they would ask more than one token of the PE).
-std::string prefill_body(Json body) {
+// On the device path (`reservation`), with the send into the DE's reservation at its plane address.
+std::string prefill_body(Json body, const KvReservation* reservation = nullptr,
+                         const std::string& decode_plane_address = "") {
+  if (reservation != nullptr)  // server/device_kv_fields.h: stream the prompt's KV into the DE's reservation
+    body[kDeviceKvField] = {{"send",
+                                     {{"peer", decode_plane_address},
+                                      {"transfer_id", reservation->transfer_id},
+                                      {"main_blocks", reservation->main_blocks},
+                                      {"residual_blocks", reservation->residual_blocks},
+                                      {"first_block", reservation->first_block}}}};
   body["max_tokens"] = 1;
   if (body.contains("max_completion_tokens")) body["max_completion_tokens"] = 1;
   body["stream"] = false;
@@ -35,6 +46,22 @@ std::string prefill_body(Json body) {
   body.erase("min_tokens");
   if (body.contains("n")) body["n"] = 1;
   return server::dump_json(body);
+}
+
+// The client's body for the DE that reserved blocks: it waits for transfer `transfer_id`.
+std::string receive_body(const std::string& client_body, const std::string& transfer_id) {
+  Json body = server::parse_json_object_body(client_body);
+  body[kDeviceKvField] = {{"receive", transfer_id}};
+  return server::dump_json(body);
+}
+
+// Whether a 4xx from a PE refuses the device send itself (its fields, signature or peer), not the request.
+bool refuses_device_fields(const HttpReply& reply) {
+  const Json body = Json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
+  if (!body.is_object() || !body.contains("error") || !body["error"].is_object()) return false;
+  const Json& error = body["error"];
+  const std::string param = error.value("param", Json()).is_string() ? error["param"].get<std::string>() : "";
+  return param.rfind(kDeviceKvField, 0) == 0;
 }
 
 HttpResponse relayed(const HttpReply& reply) {
@@ -168,29 +195,54 @@ class CompletionFlow {
       }
     }
 
-    // 6. prefill
+    // How the KV will reach the DE: device to device where both ends can (choose_kv_path),
+    // the DE's blocks reserved first so that the PE streams into them while it prefills.
+    KvPathChoice kv_path = choose_kv_path(prefill_status->device_kv, decode_status->device_kv);
+    std::optional<KvReservation> reservation;
+    if (kv_path.path == KvPath::kDevice) {
+      EngineResult<KvReservation> reserved =
+          de.reserve({chat_ ? "chat" : "completions", body, prefill_status->device_kv.address,
+                      context_.config->device_kv_timeout_seconds});
+      if (reserved.ok()) {
+        reservation = std::move(reserved.value);
+      } else {
+        kv_path = {KvPath::kStaged, "reserve_failed",
+                   "the decode engine did not reserve blocks: " +
+                       (reserved.error.empty() ? "status " + std::to_string(reserved.reply.status) : reserved.error)};
+      }
+    }
+
+    // 6. prefill (streaming its KV into the reservation on the device path)
     if (path == ReadPath::kPrefill) assignment.set_routed_read_bytes(storage_bytes);
-    EngineResult<HttpReply> prefilled = pe.post(path_, prefill_body(body));
+    EngineResult<HttpReply> prefilled =
+        reservation ? pe.post(path_, prefill_body(body, &*reservation, decode_status->device_kv.address), /*sign=*/true)
+                    : pe.post(path_, prefill_body(body));
+    if (reservation && prefilled.status == CallStatus::kRejected && refuses_device_fields(prefilled.reply)) {
+      kv_path = {KvPath::kStaged, "prefill_refused_send",
+                 "the prefill engine refused the device send: " + prefilled.reply.body};
+      reservation.reset();  // unclaimed: the DE frees it at its deadline
+      prefilled = pe.post(path_, prefill_body(body));
+    }
     assignment.set_routed_read_bytes(0);
     if (prefilled.status == CallStatus::kRejected)
       return PrefillOutcome::reply_now(prefilled.reply);
     if (!prefilled.ok()) return pe_failed("prefill: " + prefilled.error);
     if (path == ReadPath::kPrefill) metrics_.add_storage_read("prefill", storage_bytes);
 
-    // 7. PE -> DE, staged: device to device where both ends can (choose_kv_path). The
-    // cross-process device flow (reserve on the DE, prefill streaming into it) needs a
-    // plane between processes, which no engine offers yet (docs/disaggregation.md
-    // "Device to device"): a device choice is counted and logged as a fallback.
-    KvPathChoice kv_path = choose_kv_path(prefill_status->device_kv, decode_status->device_kv);
-    if (kv_path.path == KvPath::kDevice)
-      kv_path = {KvPath::kStaged, "device_flow_unavailable",
-                 "the router does not drive device-to-device transfers between processes yet"};
-    // A fallback between two engines that both have a plane is worth a warning; no plane is the rule today.
-    if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
-      spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
-    else
-      spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    if (kv_path.path == KvPath::kStaged) {
+      // A fallback between two engines that both have a plane is worth a warning; no plane is the default.
+      if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
+        spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
+      else
+        spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    }
     metrics_.count_kv_path(kv_path_name(kv_path.path), de.url(), kv_path.reason);
+    if (reservation) {  // the KV went (or is going) device to device: the DE's request waits for it
+      receive_ = Receive{decode_, reservation->transfer_id};
+      return PrefillOutcome::done(path);
+    }
+
+    // 7. PE -> DE, staged
     EngineResult<KvSendResult> pushed = pe.send_blocks(
         {probe.value.blocks, probe.value.block_bytes, decode_address, /*read_storage=*/false,
          context_.config->prefill_send_wait_seconds});
@@ -213,7 +265,11 @@ class CompletionFlow {
         if (!choose_next_decode_engine()) throw no_decode_engine();
       }
       const EngineClient& de = engines_.client(EngineGroup::kDecode, decode_);
-      std::shared_ptr<UpstreamResponse> upstream = de.post_streaming(path_, request_.body);
+      // The DE that reserved blocks waits for them; any other DE recomputes.
+      const bool receives = receive_ && receive_->decode == decode_;
+      std::shared_ptr<UpstreamResponse> upstream =
+          receives ? de.post_streaming(path_, receive_body(request_.body, receive_->transfer_id), true)
+                   : de.post_streaming(path_, request_.body);
       HttpReply head;
       std::string why;
       if (!upstream->wait_head(head)) {
@@ -276,6 +332,12 @@ class CompletionFlow {
   const std::string path_;
   size_t decode_ = 0;
   std::vector<size_t> tried_decode_;
+  // The device path: the DE (index) that reserved blocks and the transfer its request waits for.
+  struct Receive {
+    size_t decode = 0;
+    std::string transfer_id;
+  };
+  std::optional<Receive> receive_;
   EngineRegistry::Assignment decode_assignment_;
 };
 

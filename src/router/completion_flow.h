@@ -8,6 +8,14 @@
 //   4. choose the read path for those storage blocks ("none", "prefill", "decode");
 //   5. path decode: the DE reads them from storage and pushes them to the PE;
 //   6. prefill on the PE (the body with max_tokens 1, not streamed; output dropped);
+//   6'. device path instead (choose_kv_path: both engines report one device KV
+//      plane): POST /loom/kv/reserve on the DE first, then the prefill carries
+//      loom_device_kv.send (server/device_kv_fields.h, signed), so the PE streams
+//      the KV into the reservation layer by layer; no step 7, and step 8's body
+//      carries loom_device_kv.receive (signed) for that DE. A reserve that fails
+//      (reason reserve_failed) or a PE that refuses the send fields
+//      (prefill_refused_send, the prefill then runs again without them) falls
+//      back to the staged push; every fallback is counted and logged;
 //   7. the PE pushes the prompt's blocks to the DE (waiting for its own writes);
 //   8. the client's original body goes to the DE; its answer is relayed as it
 //      comes (status, content type, body; SSE piece by piece).

@@ -30,9 +30,15 @@ void set_timeouts(httplib::Client& client, const EngineClientConfig& config, dou
   client.set_write_timeout(io_seconds, io_micros);
 }
 
-httplib::Headers request_headers(const EngineClientConfig& config) {
+// The API key, and the KV secret's signature on /loom/kv/* calls and on those asked to be signed.
+httplib::Headers request_headers(const EngineClientConfig& config, const std::string& method = "",
+                                 const std::string& path = "", const std::string& body = "", bool sign = false) {
   httplib::Headers headers;
   if (!config.api_key.empty()) headers.emplace("Authorization", "Bearer " + config.api_key);
+  if (!config.kv_secret.empty() && (sign || path.rfind("/loom/kv/", 0) == 0))
+    headers.emplace(server::kKvAuthHeader,
+                    server::sign_kv_request(config.kv_secret, method, path, method == "GET" ? "" : body,
+                                            server::unix_seconds_now()));
   return headers;
 }
 
@@ -92,7 +98,7 @@ CallStatus status_of(int http_status) {
 EngineClient::EngineClient(EngineClientConfig config) : config_(std::move(config)) {}
 
 EngineResult<HttpReply> EngineClient::call(const std::string& method, const std::string& path,
-                                           const std::string& body, double timeout_seconds) const {
+                                           const std::string& body, double timeout_seconds, bool sign) const {
   EngineResult<HttpReply> result;
   httplib::Client client(config_.url);
   if (!client.is_valid()) {
@@ -100,11 +106,7 @@ EngineResult<HttpReply> EngineClient::call(const std::string& method, const std:
     return result;
   }
   set_timeouts(client, config_, timeout_seconds);
-  httplib::Headers headers = request_headers(config_);
-  if (!config_.kv_secret.empty() && path.rfind("/loom/kv/", 0) == 0)
-    headers.emplace(server::kKvAuthHeader,
-                    server::sign_kv_request(config_.kv_secret, method, path, method == "GET" ? "" : body,
-                                            server::unix_seconds_now()));
+  httplib::Headers headers = request_headers(config_, method, path, body, sign);
   httplib::Result reply =
       method == "GET" ? client.Get(path, headers) : client.Post(path, headers, body, "application/json");
   if (!reply) {
@@ -120,8 +122,8 @@ EngineResult<HttpReply> EngineClient::call(const std::string& method, const std:
   return result;
 }
 
-EngineResult<HttpReply> EngineClient::post(const std::string& path, const std::string& body) const {
-  return call("POST", path, body, config_.generate_timeout_seconds);
+EngineResult<HttpReply> EngineClient::post(const std::string& path, const std::string& body, bool sign) const {
+  return call("POST", path, body, config_.generate_timeout_seconds, sign);
 }
 
 EngineResult<HttpReply> EngineClient::get(const std::string& path) const {
@@ -217,15 +219,43 @@ EngineResult<KvSendResult> EngineClient::send_blocks(const KvSendRequest& reques
   });
 }
 
-std::unique_ptr<UpstreamResponse> EngineClient::post_streaming(const std::string& path, std::string body) const {
+EngineResult<KvReservation> EngineClient::reserve(const KvReserveRequest& request) const {
+  const std::string body = server::dump_json(Json{{"endpoint", request.endpoint},
+                                                  {"request", request.request},
+                                                  {"peer", request.peer},
+                                                  {"timeout_seconds", request.timeout_seconds}});
+  return typed<KvReservation>(call("POST", "/loom/kv/reserve", body, config_.control_timeout_seconds),
+                              [](const Json& object) {
+    KvReservation reservation;
+    auto id = object.find("transfer_id");
+    if (id == object.end() || !id->is_string() || id->get<std::string>().size() != 16)
+      throw BadReply{"'transfer_id' is missing or not 16 hex digits"};
+    reservation.transfer_id = id->get<std::string>();
+    auto ids = [&](const char* key, std::vector<int64_t>& out) {
+      auto list = object.find(key);
+      if (list == object.end() || !list->is_array()) throw BadReply{fmt::format("'{}' is missing or not a list", key)};
+      for (const Json& block : *list) {
+        if (!block.is_number_integer() || block.get<int64_t>() < 0) throw BadReply{fmt::format("'{}' holds a bad id", key)};
+        out.push_back(block.get<int64_t>());
+      }
+    };
+    ids("main_blocks", reservation.main_blocks);
+    ids("residual_blocks", reservation.residual_blocks);
+    reservation.first_block = count_field(object, "first_block", std::nullopt);
+    return reservation;
+  });
+}
+
+std::unique_ptr<UpstreamResponse> EngineClient::post_streaming(const std::string& path, std::string body,
+                                                               bool sign) const {
   std::unique_ptr<UpstreamResponse> response(new UpstreamResponse());
-  response->start(config_, path, std::move(body));
+  response->start(config_, path, std::move(body), sign);
   return response;
 }
 
 // ---- UpstreamResponse ----
 
-void UpstreamResponse::start(const EngineClientConfig& config, std::string path, std::string body) {
+void UpstreamResponse::start(const EngineClientConfig& config, std::string path, std::string body, bool sign) {
   auto client = std::make_shared<httplib::Client>(config.url);
   client_ = client;
   if (!client->is_valid()) {
@@ -235,7 +265,7 @@ void UpstreamResponse::start(const EngineClientConfig& config, std::string path,
     return;
   }
   set_timeouts(*client, config, config.generate_timeout_seconds);
-  httplib::Headers headers = request_headers(config);
+  httplib::Headers headers = request_headers(config, "POST", path, body, sign);
   thread_ = std::thread([this, client, path = std::move(path), body = std::move(body), headers]() mutable {
     httplib::Request request;
     request.method = "POST";

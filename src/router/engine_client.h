@@ -1,6 +1,6 @@
 // The router's calls to one engine (`loom serve --role prefill|decode|both`),
 // over HTTP with cpp-httplib's client: the KV routes of the disaggregation
-// contract (GET /loom/kv/status, POST /loom/kv/probe, POST /loom/kv/send) as
+// contract (GET /loom/kv/status, POST /loom/kv/probe, /send, /reserve) as
 // typed results, plain OpenAI calls as raw replies, and a streamed call whose
 // body is read piece by piece (UpstreamResponse) for relaying SSE.
 //
@@ -100,6 +100,21 @@ struct KvSendResult {
   double seconds = 0.0;
 };
 
+// POST /loom/kv/reserve on a DE (server/kv_routes.h): blocks reserved for a
+// device-to-device transfer from the PE whose plane address is `peer`.
+struct KvReserveRequest {
+  std::string endpoint;  // "chat" or "completions"
+  nlohmann::json request;  // the client's OpenAI body
+  std::string peer;
+  double timeout_seconds = 60.0;
+};
+
+struct KvReservation {
+  std::string transfer_id;  // 16 hex digits
+  std::vector<int64_t> main_blocks, residual_blocks;
+  int64_t first_block = 0;
+};
+
 // A POST whose reply is read as it arrives, on a thread of its own: the head
 // (status, content type) first, then the body in pieces. Owned by one handler
 // thread; the destructor cancels the call and joins its thread.
@@ -123,7 +138,7 @@ class UpstreamResponse {
  private:
   friend class EngineClient;
   UpstreamResponse() = default;
-  void start(const EngineClientConfig& config, std::string path, std::string body);
+  void start(const EngineClientConfig& config, std::string path, std::string body, bool sign);
 
   static constexpr size_t kMaxBufferedBytes = 1u << 20;  // back-pressure on the engine beyond
   mutable std::mutex mutex_;
@@ -147,15 +162,17 @@ class EngineClient {
   // `endpoint`: "chat" or "completions"; `request`: the client's OpenAI body.
   EngineResult<KvProbe> probe(std::string_view endpoint, const nlohmann::json& request) const;
   EngineResult<KvSendResult> send_blocks(const KvSendRequest& request) const;
+  EngineResult<KvReservation> reserve(const KvReserveRequest& request) const;
   // A whole POST (a prefill) or GET (/v1/models): kOk for 2xx, with the reply.
-  EngineResult<HttpReply> post(const std::string& path, const std::string& body) const;
+  // `sign`: signed with the KV secret (a body carrying loom_device_kv: server/device_kv_fields.h).
+  EngineResult<HttpReply> post(const std::string& path, const std::string& body, bool sign = false) const;
   EngineResult<HttpReply> get(const std::string& path) const;
-  // A POST read as it arrives (generation, streamed or not).
-  std::unique_ptr<UpstreamResponse> post_streaming(const std::string& path, std::string body) const;
+  // A POST read as it arrives (generation, streamed or not); `sign` as for post.
+  std::unique_ptr<UpstreamResponse> post_streaming(const std::string& path, std::string body, bool sign = false) const;
 
  private:
   EngineResult<HttpReply> call(const std::string& method, const std::string& path, const std::string& body,
-                               double timeout_seconds) const;
+                               double timeout_seconds, bool sign = false) const;
   EngineClientConfig config_;
 };
 

@@ -6,7 +6,8 @@
 //   loom_router_engine_failures_total{engine="URL"}
 //   loom_router_retries_total
 //   loom_router_kv_path_total{path="device"|"staged"}: how each disaggregated request's KV went
-//   loom_router_kv_path_fallbacks_total{reason=...}: why a request went staged (KvPathChoice::reason)
+//   loom_router_kv_path_fallbacks_total{reason=...}: why a request went staged (KvPathChoice::reason, or
+//     reserve_failed / prefill_refused_send when the device flow failed before the prefill: completion_flow.h)
 //   loom_router_engine_kv_path_total{engine="URL",path=...}: the same per decode engine
 // The measured PE <-> DE link bandwidth (link_bandwidth()) is the ratio of the
 // two transfer totals.

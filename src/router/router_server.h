@@ -46,6 +46,9 @@ struct RouterConfig {
   double retry_seconds = 5.0;    // a failed engine is skipped this long
   double status_refresh_seconds = 0.1;
   double prefill_send_wait_seconds = 5.0;  // the PE's wait for its own blocks before pushing them
+  // A device-to-device transfer's deadline at the DE (--device-kv-timeout): the PE's prefill
+  // (queueing included) must stream every layer within it, else the DE recomputes.
+  double device_kv_timeout_seconds = 60.0;
   EngineClientConfig engine_client;  // timeouts and api key of every engine call (url unused)
 };
 

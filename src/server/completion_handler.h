@@ -10,6 +10,7 @@
 #include <string>
 
 #include "engine/engine.h"
+#include "server/device_kv_fields.h"
 #include "server/generation.h"  // kSchemaUnenforcedHeader
 #include "server/http_types.h"
 #include "server/openai_request.h"
@@ -26,6 +27,8 @@ struct CompletionContext {
   // OpenAI's system_fingerprint of every response ("" = none): the build and model served.
   std::string system_fingerprint;
   bool log_requests = true;  // a log line per finished request (ServerConfig::log_requests)
+  // Who may name device-to-device KV transfers in a body (server/device_kv_fields.h).
+  DeviceKvFieldsPolicy device_kv;
 };
 
 // The response: a whole body, or a stream. Throws ApiError for a request that

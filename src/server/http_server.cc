@@ -169,6 +169,8 @@ struct HttpServer::Impl {
                  config.reasoning_parser, config.reasoning_parser == "auto" ? ": " + reasoning_parser.reason : "");
 
     kv_routes = {&engine, &completion.parse, &config.kv_transfer, &num_completions, &kv_counters};
+    completion.device_kv = {config.kv_transfer.device_plane != nullptr, config.kv_transfer.secret,
+                            config.kv_transfer.client ? &config.kv_transfer.client->peers() : nullptr};
     completion.system_fingerprint = system_fingerprint(config, engine.max_context_tokens());
     completion.log_requests = config.log_requests;
 
@@ -316,10 +318,11 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
     if (auto refused = wrong_method({"GET"})) return *refused;
     return json_response(kv_status_body(kv_routes));
   }
-  if (path == "/loom/kv/probe" || path == "/loom/kv/send") {
+  if (path == "/loom/kv/probe" || path == "/loom/kv/send" || path == "/loom/kv/reserve") {
     if (auto refused = wrong_method({"POST"})) return *refused;
-    return json_response(path == "/loom/kv/probe" ? kv_probe_body(kv_routes, request.body)
-                                                  : kv_send_body(kv_routes, request.body));
+    return json_response(path == "/loom/kv/probe"  ? kv_probe_body(kv_routes, request.body)
+                         : path == "/loom/kv/send" ? kv_send_body(kv_routes, request.body)
+                                                   : kv_reserve_body(kv_routes, request.body));
   }
   // As in vLLM, the runtime adapter routes exist only when enabled (404 otherwise).
   if (config.allow_runtime_lora && path == "/v1/load_lora_adapter") {

@@ -8,7 +8,7 @@
 // (server/responses_handler.h), PUT/GET/DELETE /v1/workflows/{id} and POST
 // /v1/workflows/{id}/progress (server/workflow_routes.h), and with allow_runtime_lora POST
 // /v1/load_lora_adapter and /v1/unload_lora_adapter (vLLM bodies), and the KV
-// transfer routes GET /loom/kv/status, POST /loom/kv/probe and /loom/kv/send
+// transfer routes GET /loom/kv/status, POST /loom/kv/probe, /loom/kv/send and /loom/kv/reserve
 // that `loom router` drives (server/kv_routes.h). Unknown
 // paths get 404, a known path with another method 405 (with Allow).
 //

@@ -8,6 +8,7 @@
 
 #include "kvtransfer/kv_link_client.h"
 #include "server/api_error.h"
+#include "server/device_kv_fields.h"
 #include "server/json_input.h"
 #include "server/json_output.h"
 
@@ -94,18 +95,61 @@ std::string kv_status_body(const KvRouteContext& context) {
   return dump_json(status);
 }
 
-std::string kv_probe_body(const KvRouteContext& context, std::string_view body) {
-  const Json probe = parse_json_object_body(body);
-  const std::string endpoint = probe.value("endpoint", std::string("chat"));
+namespace {
+
+// {"endpoint": "chat" | "completions", "request": {an OpenAI body}} -> the engine request of its first prompt,
+// parsed exactly as the completion routes parse it.
+EngineRequest first_prompt_request(const KvRouteContext& context, const Json& call) {
+  const std::string endpoint = call.value("endpoint", std::string("chat"));
   if (endpoint != "chat" && endpoint != "completions")
     throw ApiError(400, "'endpoint' must be \"chat\" or \"completions\"", "invalid_request_error", "endpoint");
-  if (!probe.contains("request") || !probe["request"].is_object())
+  if (!call.contains("request") || !call["request"].is_object())
     throw ApiError(400, "'request' must be the OpenAI request body (an object)", "invalid_request_error", "request");
   const ParsedRequest parsed = parse_openai_request(
-      endpoint == "chat" ? Endpoint::kChatCompletions : Endpoint::kCompletions, dump_json(probe["request"]),
+      endpoint == "chat" ? Endpoint::kChatCompletions : Endpoint::kCompletions, dump_json(call["request"]),
       *context.parse);
   EngineRequest request = parsed.engine_request(0);
   request.prompt_tokens = parsed.prompts.front();
+  return request;
+}
+
+}  // namespace
+
+std::string kv_reserve_body(const KvRouteContext& context, std::string_view body) {
+  const Json reserve = parse_json_object_body(body);
+  if (!context.setup->device_plane)
+    throw ApiError(400, "this engine has no device KV plane (--kv-device-plane)", "invalid_request_error", "",
+                   "device_kv_unavailable");
+  if (!reserve.contains("peer") || !reserve["peer"].is_string() || reserve["peer"].get<std::string>().empty())
+    throw ApiError(400, "'peer' must be the prefill engine's device plane address (its /loom/kv/status device_kv)",
+                   "invalid_request_error", "peer");
+  const double timeout = read_seconds(reserve, "timeout_seconds");
+  if (timeout <= 0)
+    throw ApiError(400, "'timeout_seconds' must be a number of seconds in (0, 600]", "invalid_request_error",
+                   "timeout_seconds");
+  const EngineRequest request = first_prompt_request(context, reserve);
+  DeviceKvReservation reservation;
+  try {
+    reservation = context.engine->reserve_device_kv(request, reserve["peer"].get<std::string>(), timeout);
+  } catch (const Error& error) {
+    if (error.kind() == ErrorKind::kCapacity)
+      throw ApiError(503, error.what(), "server_error", "", "device_kv_no_room");
+    if (error.kind() == ErrorKind::kUnsupported)
+      throw ApiError(400, error.what(), "invalid_request_error", "", "device_kv_unavailable");
+    throw;
+  }
+  return dump_json(Json{{"transfer_id", transfer_id_text(reservation.destination.id)},
+                        {"main_blocks", reservation.destination.main_blocks},
+                        {"residual_blocks", reservation.destination.residual_blocks},
+                        {"first_block", reservation.first_block},
+                        {"num_blocks", reservation.destination.num_blocks()},
+                        {"num_layers", reservation.num_layers},
+                        {"timeout_seconds", timeout}});
+}
+
+std::string kv_probe_body(const KvRouteContext& context, std::string_view body) {
+  const Json probe = parse_json_object_body(body);
+  const EngineRequest request = first_prompt_request(context, probe);
   const std::vector<KvBlockName> names = context.engine->kv_block_hashes(request);
   Json blocks = Json::array(), block_bytes = Json::array();
   int64_t in_buffer = 0, in_storage = 0;

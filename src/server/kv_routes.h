@@ -25,6 +25,17 @@
 //        (kvtransfer/kv_link_client.h); 403 (kv_peer_not_allowed) when `to` is not
 //        an allowed peer (--kv-transfer-peers; loopback only without it), 502 when
 //        the link fails (its handshake included), 400 on an engine without a KV buffer.
+//   POST /loom/kv/reserve {"endpoint", "request" (as for probe), "peer": the prefill engine's device
+//                          plane address, "timeout_seconds": (0, 600]}
+//                        -> {"transfer_id": 16 hex digits, "main_blocks": [ids], "residual_blocks": [ids]
+//                            (forked; else []), "first_block", "num_blocks", "num_layers", "timeout_seconds"}
+//        the decode engine's half of a device-to-device transfer (Engine::reserve_device_kv):
+//        blocks for the prompt's full blocks it does not hold, leased, expected from `peer`
+//        until the timeout; the prefill request then names them (server/device_kv_fields.h
+//        "send"), the decode request the id ("receive"). 400 (device_kv_unavailable) on an
+//        engine without a device plane, 503 (device_kv_no_room) when the blocks cannot be had now.
+//   "device_kv" in the status: {"plane", "host", "device", "address", "same_host_only"}
+//        (kvtransfer/device/device_kv_plane.h DeviceKvEndpoint; plane "none" without one).
 //
 // Runs on HTTP handler threads; everything it touches is thread-safe.
 #pragma once
@@ -79,6 +90,7 @@ struct KvRouteContext {
 std::string kv_status_body(const KvRouteContext& context);
 std::string kv_probe_body(const KvRouteContext& context, std::string_view body);
 std::string kv_send_body(const KvRouteContext& context, std::string_view body);
+std::string kv_reserve_body(const KvRouteContext& context, std::string_view body);
 // Prometheus samples of the KV buffer, the link and the sends, each labelled
 // `model_label` first (MetricsExporter::model_label); "" without a KV buffer:
 //   loom_kv_buffer_bytes / _blocks / _capacity_bytes (gauges),

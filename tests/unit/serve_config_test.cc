@@ -102,7 +102,17 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["kv_transfer_host"], "127.0.0.1");  // loopback, whatever --host is
   EXPECT_EQ(config["kv_transfer_secret"], false);
   EXPECT_EQ(config["kv_transfer_peers"], nullptr);
-  EXPECT_EQ(config.size(), 44u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config["kv_device_plane"], "none");  // opt in: the staged path only by default
+  EXPECT_EQ(config.size(), 45u) << config.dump(2);  // the keys --dry-run prints, no more
+}
+
+TEST_F(ServeConfigTest, DeviceKvPlaneAutoIsSocketOnASingleRankCpuEngineAndNoneOnCuda) {
+  EXPECT_EQ(checked({"--role", "prefill", "--kv-device-plane", "socket"}).kv_transfer.device_plane, "socket");
+  EXPECT_EQ(resolve_device_kv_plane("auto", "cpu", 1), "socket");
+  EXPECT_EQ(resolve_device_kv_plane("auto", "cpu", 2), "none");  // tensor-parallel: no layer notifications
+  EXPECT_EQ(resolve_device_kv_plane("auto", "cuda:0", 1), "none");  // until the GPU plane exists
+  EXPECT_EQ(resolve_device_kv_plane("none", "cpu", 1), "none");
+  EXPECT_THROW(resolve_device_kv_plane("socket", "cuda:1", 1), Error);
 }
 
 TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {

@@ -31,10 +31,11 @@
 // set-up suffices (only a peer that proved the secret gets a handle).
 //
 // What exists: this interface, the receiver's bookkeeping
-// (device_kv_assembly.h), run coalescing (device_kv_runs.h) and an
-// in-process test double over host memory (in_process_device_kv_plane.h).
-// No plane that crosses processes exists yet: the staged path
-// (kv_link_client.h) is the only real data path between engines.
+// (device_kv_assembly.h), run coalescing (device_kv_runs.h), an in-process
+// test double over host memory (in_process_device_kv_plane.h) and the
+// "socket" plane between CPU engines across processes
+// (socket/socket_device_kv_plane.h: host memory over TCP, each piece sealed).
+// No GPU plane exists yet: GPU engines use the staged path (kv_link_client.h).
 //
 // Ownership: one plane per engine, shared by the engine (which binds its
 // pools) and the server (which reports the endpoint).

@@ -1,0 +1,138 @@
+"""Device-to-device KV across processes (docs/disaggregation.md "Device to
+device") between CPU engines over the socket plane (--kv-device-plane): `loom
+router` reserves blocks on the decode engine (/loom/kv/reserve), the prefill
+engine streams the prompt's KV into them layer by layer while it prefills, the
+decode engine decodes from them. Greedy outputs equal one `--role both`
+engine's in every sharing mode, the device path is counted by the router and
+both engines and nothing goes staged; with the plane off on one engine the
+staged path serves and the fallback is counted; a reservation nobody fills
+ends at its deadline and the decode engine recomputes; the send / receive
+fields are refused unsigned, and on an engine without a plane."""
+import json
+import os
+import sys
+import time
+import unittest
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import loom_server  # noqa: E402
+
+loom_server.require_openai()
+import openai  # noqa: E402
+
+import test_disaggregation  # noqa: E402
+from test_disaggregation import SECRET, Deployment, complete, counter, kv_auth_header, token_prompt  # noqa: E402
+
+SOCKET = ["--kv-device-plane", "socket"]
+
+
+def signed_post(engine, path, body):
+    raw = json.dumps(body).encode()
+    code, _, reply = engine.request("POST", path, raw=raw, headers=kv_auth_header(SECRET, "POST", path, raw))
+    return code, json.loads(reply)
+
+
+class DevicePathTest(Deployment):
+    jobs = test_disaggregation.RouterOutputsTest.jobs  # the same requests as the staged path's test
+
+    def test_outputs_equal_one_engine_in_every_mode_and_the_device_path_is_counted(self):
+        both = self.engine("both")
+        prefill = self.engine("prefill", SOCKET)
+        decode = self.engine("decode", ["--kv-device-plane", "auto"])  # auto on a CPU engine: socket
+        router = self.router([prefill], [decode])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        routed = router.client()
+        code, _, body = decode.request("GET", "/loom/kv/status", headers=kv_auth_header(SECRET, "GET", "/loom/kv/status"))
+        self.assertEqual(code, 200)
+        self.assertEqual(json.loads(body)["device_kv"]["plane"], "socket")
+        requests = 0
+        for model, prompt in self.jobs():
+            with self.subTest(model=model, prompt=len(prompt)):
+                expected = complete(alone, model, prompt)
+                self.assertEqual(complete(routed, model, prompt), expected)
+                self.assertEqual(complete(routed, model, prompt, stream=True), expected)
+                requests += 2
+        messages = [{"role": "user", "content": "the same words again and again " * 6}]
+        expected = alone.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                                 extra_body={"ignore_eos": True}).choices[0].message.content
+        got = routed.chat.completions.create(model="tiny", messages=messages, max_tokens=8, temperature=0.0,
+                                             extra_body={"ignore_eos": True}).choices[0].message.content
+        self.assertEqual(got, expected)
+        requests += 1
+
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="device"), requests)
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="staged"), 0)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total"), 0)
+        decoded = decode.metrics()
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"),
+                         requests)
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"), 0)
+        self.assertGreater(counter(decoded, "loom_kv_device_received_blocks_total"), 0)
+        self.assertEqual(counter(decoded, "loom_kv_link_blocks_total", direction="received"), 0)  # nothing staged
+        self.assertGreater(decoded.get("loom_prefix_cache_hit_tokens_total", 0), 0)
+        prefilled = prefill.metrics()
+        self.assertEqual(counter(prefilled, "loom_kv_device_transfers_total", direction="sent", outcome="ok"), requests)
+        self.assertEqual(counter(prefilled, "loom_kv_link_blocks_total", direction="sent"), 0)
+
+    def test_with_the_plane_off_on_one_engine_the_staged_path_serves_and_the_fallback_is_counted(self):
+        both = self.engine("both")
+        prefill = self.engine("prefill", SOCKET)
+        decode = self.engine("decode")  # --kv-device-plane none, the default
+        router = self.router([prefill], [decode])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        prompts = [token_prompt(30, seed) for seed in (5, 6)]
+        for prompt in prompts:
+            self.assertEqual(complete(router.client(), "tiny", prompt), complete(alone, "tiny", prompt))
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="staged"), len(prompts))
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="device"), 0)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="decode_no_plane"), len(prompts))
+        self.assertGreater(counter(decode.metrics(), "loom_kv_link_blocks_total", direction="received"), 0)
+
+
+class DeviceRoutesTest(Deployment):
+    def test_an_unfilled_reservation_ends_at_its_deadline_and_the_decode_engine_recomputes(self):
+        both = self.engine("both")
+        prefill, decode = self.engine("prefill", SOCKET), self.engine("decode", SOCKET)
+        plain = self.engine("decode")
+        prompt = token_prompt(30, 9)
+        expected = complete(openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0),
+                            "tiny", prompt)
+        request = {"model": "tiny", "prompt": prompt, "max_tokens": 8, "temperature": 0.0, "ignore_eos": True}
+        status = json.loads(prefill.request("GET", "/loom/kv/status",
+                                            headers=kv_auth_header(SECRET, "GET", "/loom/kv/status"))[2])
+        reserve = {"endpoint": "completions", "request": request, "peer": status["device_kv"]["address"],
+                   "timeout_seconds": 1.0}
+        code, reservation = signed_post(decode, "/loom/kv/reserve", reserve)
+        self.assertEqual(code, 200, reservation)
+        self.assertEqual(reservation["num_blocks"], 30 // 4)
+        self.assertEqual(len(reservation["main_blocks"]), 30 // 4)
+        # Nobody sends: the request waits for the deadline, then recomputes with the same output.
+        started = time.time()
+        code, answer = signed_post(decode, "/v1/completions",
+                                   {**request, "loom_device_kv": {"receive": reservation["transfer_id"]}})
+        self.assertEqual(code, 200, answer)
+        self.assertEqual(answer["choices"][0]["text"], expected)
+        self.assertGreaterEqual(time.time() - started, 0.9)
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="failed"), 1)
+
+        # Unsigned, the fields are refused; an engine without a plane refuses them and /loom/kv/reserve.
+        raw = json.dumps({**request, "loom_device_kv": {"receive": reservation["transfer_id"]}}).encode()
+        code, _, body = decode.request("POST", "/v1/completions", raw=raw)
+        self.assertEqual(code, 401, body)
+        code, body = signed_post(plain, "/v1/completions", {**request, "loom_device_kv": {"receive": "00" * 8}})
+        self.assertEqual((code, body["error"]["code"]), (400, "device_kv_unavailable"))
+        code, body = signed_post(plain, "/loom/kv/reserve", reserve)
+        self.assertEqual((code, body["error"]["code"]), (400, "device_kv_unavailable"))
+        # A send to a peer outside --kv-transfer-peers is refused before anything is queued.
+        send = {"peer": "10.9.8.7:4000", "transfer_id": "00" * 8, "main_blocks": [1], "first_block": 0}
+        code, body = signed_post(prefill, "/v1/completions", {**request, "loom_device_kv": {"send": send}})
+        self.assertEqual((code, body["error"]["code"]), (403, "kv_peer_not_allowed"))
+        code, body = signed_post(decode, "/v1/completions", {**request, "loom_device_kv": {"receive": "xyz"}})
+        self.assertEqual((code, body["error"]["param"]), (400, "loom_device_kv.receive"))
+
+
+if __name__ == "__main__":
+    unittest.main()
