@@ -13,7 +13,7 @@
 # THREADS (2), CONCURRENCY (16), STORE_DIR (.models/quality), RESULTS_DIR (bench/results/quality), PYTHON.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
-: "${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the directory holding llama.cpp's llama-server}"
+: "${LLAMA_CPP_BIN:?set LLAMA_CPP_BIN to the directory holding the llama-server binary of llama.cpp}"
 HELDOUT=${HELDOUT:-48}
 TASKS=${TASKS:-"arithmetic extraction sorting labelling tool_call"}
 MODEL=${MODEL:-$HOME/.cache/loom/models/SmolLM2-135M-Instruct.Q4_1.gguf}
@@ -24,7 +24,7 @@ PY=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python3
 STORE=${STORE_DIR:-.models/quality}
 RESULTS=${RESULTS_DIR:-bench/results/quality}
 mkdir -p "$STORE/gguf" "$RESULTS"
-"$LLAMA_CPP_BIN/llama-server" --version 2>&1 | tail -1 > "$RESULTS/llama_cpp_version.txt"
+"$LLAMA_CPP_BIN/llama-server" --version 2>&1 | grep -E "^(version|built)" > "$RESULTS/llama_cpp_version.txt"
 
 server=
 trap '[ -n "$server" ] && kill "$server" 2>/dev/null' EXIT

@@ -267,7 +267,12 @@ class AuthenticationTest(Deployment):
         code, body = send(status(stranger)["kv_transfer_address"])
         self.assertEqual(code, 502)
         self.assertIn("handshake failed", body["error"]["message"])
+        # The stranger's connection thread counts its refusal after the sender already saw the closed link.
+        deadline = time.time() + 10
         stranger_status = status(stranger)
+        while stranger_status["refused_connections"] < 1 and time.time() < deadline:
+            time.sleep(0.05)
+            stranger_status = status(stranger)
         self.assertEqual(stranger_status["received_blocks"], 0)
         self.assertEqual(stranger_status["buffer_blocks"], 0)
         self.assertGreaterEqual(stranger_status["refused_connections"], 1)
