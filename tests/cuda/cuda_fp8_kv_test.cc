@@ -21,17 +21,6 @@ using Mode = test::SharingMode;
 constexpr int kBlockSize = 16;
 constexpr int kBlocks = 512;
 
-ModelConfig small_qwen2() {  // head_dim 64: the wide and ping-pong prefills run
-  ModelConfig config = synthetic_model_config(Architecture::kQwen2, SyntheticPreset::kTiny);
-  config.hidden_size = 512;
-  config.intermediate_size = 1024;
-  config.num_heads = 8;
-  config.num_kv_heads = 2;
-  config.head_dim = 64;
-  config.max_position_embeddings = 8192;
-  return config;
-}
-
 std::unique_ptr<CudaBackend> backend_with(const ModelConfig& config, const ModelWeights& weights, KvCacheDtype dtype,
                                           bool graphs) {
   CudaBackendConfig backend_config;
@@ -74,7 +63,7 @@ std::vector<Batch> four_mode_steps(const ModelConfig& config) {
 
 TEST(CudaFp8Kv, EveryModeNearItsBf16CacheAndGraphsEqualEager) {
   LOOM_REQUIRE_GPU();
-  const ModelConfig config = small_qwen2();
+  const ModelConfig config = test::wide_qwen2_config();
   const std::shared_ptr<ModelWeights> weights = test::tiny_weights(config, 17, false);
   auto bf16 = backend_with(config, *weights, KvCacheDtype::kAuto, true);
   auto fp8 = backend_with(config, *weights, KvCacheDtype::kFp8E4M3, true);
@@ -111,7 +100,7 @@ TEST(CudaFp8Kv, EveryModeNearItsBf16CacheAndGraphsEqualEager) {
 
 TEST(CudaFp8Kv, BlocksGoToTheHostTierAndBackUnchanged) {
   LOOM_REQUIRE_GPU();
-  const ModelConfig config = small_qwen2();
+  const ModelConfig config = test::wide_qwen2_config();
   const std::shared_ptr<ModelWeights> weights = test::tiny_weights(config, 19, false);
   auto backend = backend_with(config, *weights, KvCacheDtype::kFp8E4M3, true);
   test::Driver driver(kBlocks, kBlockSize, 37, true);

@@ -13,6 +13,17 @@
 
 namespace loom::cuda::test {
 
+ModelConfig wide_qwen2_config() {
+  ModelConfig config = synthetic_model_config(Architecture::kQwen2, SyntheticPreset::kTiny);
+  config.hidden_size = 512;
+  config.intermediate_size = 1024;
+  config.num_heads = 8;
+  config.num_kv_heads = 2;
+  config.head_dim = 64;
+  config.max_position_embeddings = 8192;
+  return config;
+}
+
 std::shared_ptr<ModelWeights> tiny_weights(const ModelConfig& config, uint64_t seed, bool bf16_matrices) {
   TensorMap tensors;
   for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) {

@@ -28,6 +28,10 @@ std::vector<std::shared_ptr<const LoraAdapter>> synthetic_adapters(const ModelCo
 
 int argmax(const float* row, int count);
 
+// The tiny Qwen2 model grown to head_dim 64 (hidden 512, 8 heads over 2 kv heads,
+// 8K positions): the wide and ping-pong prefill kernels and the forked wide path run.
+ModelConfig wide_qwen2_config();
+
 // End to end the GPU rounds activations to bf16 at every GEMM input and keeps
 // K/V in bf16; on the tiny models, whose q/k gains make attention very sharp,
 // that moves logits by up to ~0.3. The check: the same rows, no NaN, NMSE <=

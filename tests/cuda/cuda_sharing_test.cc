@@ -417,13 +417,7 @@ namespace {
 // the H200), the same as the two attention kernels differ by.
 TEST(CudaSharing, EachModeGivesTheSameLogitsAloneAndInCompany) {
   LOOM_REQUIRE_GPU();
-  ModelConfig config = synthetic_model_config(Architecture::kQwen2, SyntheticPreset::kTiny);
-  config.hidden_size = 512;
-  config.intermediate_size = 1024;
-  config.num_heads = 8;
-  config.num_kv_heads = 2;
-  config.head_dim = 64;
-  config.max_position_embeddings = 8192;
+  const ModelConfig config = test::wide_qwen2_config();
   const std::shared_ptr<ModelWeights> weights = tiny_weights(config, 9, false);
   SyntheticModelOptions options;
   options.arch = Architecture::kQwen2;
