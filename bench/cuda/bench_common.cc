@@ -172,6 +172,8 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
   params.q = q.as<bf16>();
   params.k_cache = backend.k_pool(0);
   params.v_cache = backend.v_pool(0);
+  params.k_cache_fp8 = backend.kv_pools().k_pool_fp8(0);  // set (and k_cache null) for an FP8 cache
+  params.v_cache_fp8 = backend.kv_pools().v_pool_fp8(0);
   const int32_t* words = plan_d.as<int32_t>();
   params.block_tables = words + plan.sections().block_tables;
   params.sequences = reinterpret_cast<const AttentionSequence*>(words + plan.sections().sequences);

@@ -51,6 +51,8 @@ int run(int argc, char** argv) {
   app.add_option("--what", parts, "Figures to measure (decode prefetch skinny rows lora sampling prefill attention sharing)");
   bool fp8_weights = false;
   app.add_flag("--fp8-weights", fp8_weights, "Linear weights in FP8 (--quantization fp8): the floors count their bytes");
+  bool fp8_kv = false;
+  app.add_flag("--fp8-kv", fp8_kv, "An FP8 KV cache (--kv-cache-dtype fp8, scales 1): the floors count its bytes");
   CLI11_PARSE(app, argc, argv);
 
   nlohmann::json results;
@@ -62,18 +64,31 @@ int run(int argc, char** argv) {
   CudaBackendConfig backend_config;
   backend_config.max_adapter_slots = 8;
   backend_config.fp8_weights = fp8_weights;
+  if (fp8_kv) backend_config.kv_cache_dtype = KvCacheDtype::kFp8E4M3;
   auto owner = make_synthetic_cuda_backend_impl(config, 0, true, backend_config);
   CudaBackend& backend = *owner;
   results["model"] = {{"name", "random:llama-8b"},
                       {"quantization", fp8_weights ? "fp8" : "none"},
+                      {"kv_cache_dtype", fp8_kv ? "fp8_e4m3" : "bf16"},
                       {"weight_bytes", backend.model().weight_bytes()},
                       {"load_seconds", std::chrono::duration<double>(std::chrono::steady_clock::now() - load_start).count()}};
   const int blocks_per_sequence = kContext / kBlockSize;
   const int num_blocks = kContextGroups * (blocks_per_sequence - 1) + 256;
   backend.allocate_kv_cache({num_blocks, kBlockSize});
-  // Random K/V (never time on zeros).
-  const int64_t kv_elements = static_cast<int64_t>(num_blocks) * kBlockSize * backend.kv_bytes_per_token() / 2;
-  launch_synthetic_fill_bf16(backend.k_pool(0), kv_elements, 12345, false, 1.0f, backend.stream());
+  // Random K/V (never time on zeros); an FP8 cache gets them quantized per slot, array by array.
+  if (fp8_kv) {
+    const KvPoolMemory memory = backend.kv_pool_memory(KvPoolKind::kMain);
+    const int64_t slots = static_cast<int64_t>(num_blocks) * kBlockSize;
+    DeviceBuffer values(static_cast<size_t>(slots) * config.kv_size() * 2), scales(static_cast<size_t>(slots) * 4);
+    for (size_t a = 0; a < memory.arrays.size(); ++a) {
+      launch_synthetic_fill_bf16(values.as<bf16>(), slots * config.kv_size(), 12345 + a, false, 1.0f, backend.stream());
+      launch_fp8_quantize_rows(values.as<bf16>(), slots, config.kv_size(), config.kv_size(),
+                               reinterpret_cast<uint8_t*>(memory.arrays[a]), scales.as<float>(), backend.stream());
+    }
+  } else {
+    const int64_t kv_elements = static_cast<int64_t>(num_blocks) * kBlockSize * backend.kv_bytes_per_token() / 2;
+    launch_synthetic_fill_bf16(backend.k_pool(0), kv_elements, 12345, false, 1.0f, backend.stream());
+  }
   LOOM_CUDA_CHECK(cudaStreamSynchronize(backend.stream()));
   const double copy_bandwidth = measure_copy_bandwidth(backend.stream());
   results["measured_copy_bandwidth_bytes_per_s"] = copy_bandwidth;
@@ -271,13 +286,14 @@ int run(int argc, char** argv) {
   if (wanted("attention")) {
     const Batch decode16 = decode_batch(16, {}, prng, config.vocab_size);
     const double decode16_ms = time_attention(backend, decode16, iterations);
-    const double decode16_bytes = 16.0 * kContext * config.kv_size() * 2 * 2;
+    const double kv_element_bytes = fp8_kv ? 1.0 : 2.0;
+    const double decode16_bytes = 16.0 * kContext * config.kv_size() * 2 * kv_element_bytes;
     results["attention_decode16"] = {{"batch", 16}, {"ms", decode16_ms}, {"bandwidth_bytes_per_s", decode16_bytes / (decode16_ms * 1e-3)}};
     std::printf("\nattention alone, one layer: decode 16x2K %.3f ms (%.2f TB/s of K/V)\n", decode16_ms,
                 decode16_bytes / (decode16_ms * 1e-3) / 1e12);
     const Batch decode = decode_batch(64, {}, prng, config.vocab_size);
     const double decode_ms = time_attention(backend, decode, iterations);
-    const double decode_bytes = 64.0 * kContext * config.kv_size() * 2 * 2;
+    const double decode_bytes = 64.0 * kContext * config.kv_size() * 2 * kv_element_bytes;
     results["attention"] = {
         {"decode", {{"batch", 64}, {"context", kContext}, {"heads", config.num_heads}, {"kv_heads", config.num_kv_heads},
                     {"head_dim", config.head_dim}, {"ms", decode_ms}, {"kv_bytes", decode_bytes},
