@@ -74,6 +74,7 @@ class EngineImpl final : public Engine {
   bool caches_kv_block(const KvBlockHash& hash) const override;
   DeviceKvReservation reserve_device_kv(const EngineRequest& request, const std::string& peer,
                                         double timeout_seconds) override;
+  DeviceKvCancel cancel_device_kv(DeviceKvTransferId id, const std::string& reason) override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }
