@@ -9,13 +9,19 @@
 //   5. path decode: the DE reads them from storage and pushes them to the PE;
 //   6. prefill on the PE (the body with max_tokens 1, not streamed; output dropped);
 //   6'. device path instead (choose_kv_path: both engines report one device KV
-//      plane): POST /loom/kv/reserve on the DE first, then the prefill carries
-//      loom_device_kv.send (server/device_kv_fields.h, signed), so the PE streams
-//      the KV into the reservation layer by layer; no step 7, and step 8's body
-//      carries loom_device_kv.receive (signed) for that DE. A reserve that fails
-//      (reason reserve_failed) or a PE that refuses the send fields
-//      (prefill_refused_send, the prefill then runs again without them) falls
-//      back to the staged push; every fallback is counted and logged;
+//      plane): POST /loom/kv/reserve on the DE first; then, at once, step 8's
+//      request goes to that DE carrying loom_device_kv.receive (signed), beside
+//      the prefill (overlap: the DE parks it until the last layer landed and
+//      decodes at once); the prefill carries loom_device_kv.send
+//      (server/device_kv_fields.h, signed), so the PE streams the KV into the
+//      reservation layer by layer; no step 7. A reserve that fails (reason
+//      reserve_failed) falls back to the staged push. A PE that then fails or
+//      refuses the send fields (prefill_failed, prefill_refused_send) gets the
+//      reservation cancelled (POST /loom/kv/reserve/cancel): the DE's request
+//      recomputes at once, no other PE is tried (path "recompute"). A PE that
+//      rejects the request itself (4xx): cancel, the DE's request is dropped,
+//      the client gets the 4xx. router/device_kv_flow.h; every fallback is
+//      counted and logged;
 //   7. the PE pushes the prompt's blocks to the DE (waiting for its own writes);
 //   8. the client's original body goes to the DE; its answer is relayed as it
 //      comes (status, content type, body; SSE piece by piece).
