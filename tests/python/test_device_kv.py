@@ -5,9 +5,14 @@ engine streams the prompt's KV into them layer by layer while it prefills, the
 decode engine decodes from them. Greedy outputs equal one `--role both`
 engine's in every sharing mode, the device path is counted by the router and
 both engines and nothing goes staged; with the plane off on one engine the
-staged path serves and the fallback is counted; a reservation nobody fills
-ends at its deadline and the decode engine recomputes; the send / receive
-fields are refused unsigned, and on an engine without a plane."""
+staged path serves and the fallback is counted; a prefill engine that
+refuses the send after the reservation gets the reservation cancelled (the
+router's request to the decode engine, sent beside the prefill, recomputes
+at once, long before a 300 s deadline; counted as a fallback); a reservation
+nobody fills ends at its deadline and the decode engine recomputes; POST
+/loom/kv/reserve/cancel (signed; 404 for an unknown id) fails one at once;
+the send / receive fields are refused unsigned, and on an engine without a
+plane."""
 import json
 import os
 import sys
@@ -91,6 +96,33 @@ class DevicePathTest(Deployment):
         self.assertGreater(counter(decode.metrics(), "loom_kv_link_blocks_total", direction="received"), 0)
 
 
+    def test_a_prefill_engine_refusing_the_send_cancels_the_reservation_and_the_decode_engine_recomputes(self):
+        both = self.engine("both")
+        # The PE may send only to a port nobody uses: it refuses every send into the DE's plane (403).
+        prefill = self.engine("prefill", [*SOCKET, "--kv-transfer-peers", "127.0.0.1:1"])
+        decode = self.engine("decode", SOCKET)
+        router = self.router([prefill], [decode], ["--device-kv-timeout", "300"])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        # Each prompt new to the DE (one it held already would need no transfer: nothing to cancel).
+        for seed, stream in ((11, False), (12, True), (13, False), (14, True)):
+            prompt = token_prompt(30, seed)
+            expected = complete(alone, "tiny", prompt)
+            started = time.time()
+            self.assertEqual(complete(router.client(), "tiny", prompt, stream=stream), expected)
+            self.assertLess(time.time() - started, 60)  # not the 300 s deadline
+        requests = 4
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="recompute"), requests)
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="device"), 0)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="prefill_refused_send"),
+                         requests)
+        self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 0)  # the PE is fine
+        decoded = decode.metrics()
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"),
+                         requests)
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"), 0)
+
+
 class DeviceRoutesTest(Deployment):
     def test_an_unfilled_reservation_ends_at_its_deadline_and_the_decode_engine_recomputes(self):
         both = self.engine("both")
@@ -117,6 +149,40 @@ class DeviceRoutesTest(Deployment):
         self.assertGreaterEqual(time.time() - started, 0.9)
         self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
                                  outcome="failed"), 1)
+
+        # A cancelled reservation: the request recomputes at once, not at the (long) deadline.
+        other = {**request, "prompt": token_prompt(30, 10)}  # not held by the DE yet: a transfer to wait for
+        other_expected = complete(openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0),
+                                  "tiny", other["prompt"])
+        code, long_lived = signed_post(decode, "/loom/kv/reserve",
+                                       {**reserve, "request": other, "timeout_seconds": 300.0})
+        self.assertEqual(code, 200, long_lived)
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": long_lived["transfer_id"],
+                                                                     "reason": "the test's prefill failed"})
+        self.assertEqual((code, body), (200, {"transfer_id": long_lived["transfer_id"], "state": "cancelled"}))
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": long_lived["transfer_id"]})
+        self.assertEqual((code, body["state"]), (200, "settled"))  # already failed: nothing changes
+        started = time.time()
+        code, answer = signed_post(decode, "/v1/completions",
+                                   {**other, "loom_device_kv": {"receive": long_lived["transfer_id"]}})
+        self.assertEqual(code, 200, answer)
+        self.assertEqual(answer["choices"][0]["text"], other_expected)
+        self.assertLess(time.time() - started, 60)
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="failed"), 2)
+        # The cancel route: signed only (401), unknown ids 404, malformed 400, none on an engine without a plane.
+        cancel = json.dumps({"transfer_id": long_lived["transfer_id"]}).encode()
+        code, _, body = decode.request("POST", "/loom/kv/reserve/cancel", raw=cancel)
+        self.assertEqual(code, 401, body)
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": "0123456789abcdef"})
+        self.assertEqual((code, body["error"]["code"]), (404, "device_kv_unknown_transfer"))
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": "xyz"})
+        self.assertEqual((code, body["error"]["param"]), (400, "transfer_id"))
+        code, body = signed_post(plain, "/loom/kv/reserve/cancel", {"transfer_id": "0123456789abcdef"})
+        self.assertEqual((code, body["error"]["code"]), (400, "device_kv_unavailable"))
+        # The engine still serves after all that.
+        code, answer = signed_post(decode, "/v1/completions", request)
+        self.assertEqual((code, answer["choices"][0]["text"]), (200, expected))
 
         # Unsigned, the fields are refused; an engine without a plane refuses them and /loom/kv/reserve.
         raw = json.dumps({**request, "loom_device_kv": {"receive": reservation["transfer_id"]}}).encode()
