@@ -111,7 +111,7 @@ class EngineImpl final : public Engine {
   };
   void thread_main();
   // Waits while there is nothing to do (checking integrity once per idle
-  // spell), then takes what the inbox holds.
+  // spell, once it lasted a second), then takes what the inbox holds.
   InboxBatch take_inbox();
   void check_integrity_once();
   void admit(std::unique_ptr<PendingRequest> request);
