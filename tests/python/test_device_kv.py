@@ -8,14 +8,18 @@ both engines and nothing goes staged; with the plane off on one engine the
 staged path serves and the fallback is counted; a prefill engine that
 refuses the send after the reservation gets the reservation cancelled (the
 router's request to the decode engine, sent beside the prefill, recomputes
-at once, long before a 300 s deadline; counted as a fallback); a reservation
+at once, long before a 300 s deadline; counted as a fallback), and so does
+one that fails the prefill (a stand-in PE answering 500: prefill_failed, no
+other PE tried); a reservation
 nobody fills ends at its deadline and the decode engine recomputes; POST
 /loom/kv/reserve/cancel (signed; 404 for an unknown id) fails one at once;
 the send / receive fields are refused unsigned, and on an engine without a
 plane."""
+import http.server
 import json
 import os
 import sys
+import threading
 import time
 import unittest
 
@@ -35,6 +39,56 @@ def signed_post(engine, path, body):
     raw = json.dumps(body).encode()
     code, _, reply = engine.request("POST", path, raw=raw, headers=kv_auth_header(SECRET, "POST", path, raw))
     return code, json.loads(reply)
+
+
+class FailingPrefillEngine:
+    """A stand-in PE that reports the socket plane and probes like one, then fails every prefill with a 500
+    (a PE that breaks after the router reserved blocks on the DE). `prefills` counts the failed calls."""
+
+    def __init__(self):
+        engine = self
+        self.prefills = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self, code, body):
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                if self.path == "/loom/kv/status":
+                    return self.answer(200, {
+                        "role": "prefill", "kv_transfer_address": "127.0.0.1:9", "block_size": 4,
+                        "bytes_per_block": 1024, "num_requests": 0, "queued_read_bytes": 0, "has_storage": False,
+                        "device_kv": {"plane": "socket", "host": "stand-in", "device": "cpu",
+                                      "address": "127.0.0.1:9", "same_host_only": False}})
+                return self.answer(200, {"status": "ok"} if self.path == "/health" else {"object": "list", "data": []})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/loom/kv/probe":
+                    blocks = len(body["request"]["prompt"]) // 4
+                    return self.answer(200, {"prompt_tokens": len(body["request"]["prompt"]),
+                                             "blocks": ["%032x" % i for i in range(blocks)],
+                                             "block_bytes": [1024] * blocks, "bytes_per_block": 1024,
+                                             "in_buffer": 0, "in_storage": 0})
+                engine.prefills += 1
+                return self.answer(500, {"error": {"message": "the stand-in prefill engine fails", "type": "server_error"}})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class DevicePathTest(Deployment):
@@ -121,6 +175,26 @@ class DevicePathTest(Deployment):
         self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"),
                          requests)
         self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"), 0)
+
+
+    def test_a_prefill_engine_failing_after_the_reservation_cancels_it_and_the_decode_engine_recomputes(self):
+        both = self.engine("both")
+        decode = self.engine("decode", SOCKET)
+        failing = FailingPrefillEngine()
+        self.addCleanup(failing.stop)
+        router = self.router([failing], [decode], ["--device-kv-timeout", "300"])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        prompt = token_prompt(30, 21)
+        started = time.time()
+        self.assertEqual(complete(router.client(), "tiny", prompt), complete(alone, "tiny", prompt))
+        self.assertLess(time.time() - started, 60)  # not the 300 s deadline
+        self.assertEqual(failing.prefills, 1)  # no retry: the DE's request was committed to the transfer
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="recompute"), 1)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="prefill_failed"), 1)
+        self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 1)  # the PE, marked failed
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="failed"), 1)
 
 
 class DeviceRoutesTest(Deployment):
