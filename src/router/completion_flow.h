@@ -28,7 +28,10 @@
 //
 // Failures: a PE that fails in 3-7 (no connection, timeout, 5xx, malformed
 // reply) is marked failed and the request goes once to another PE; with none
-// left, straight to 8 (the DE prefills itself). A 502 from the PE's push is
+// left, straight to 8 (the DE prefills itself). On the device path a PE that
+// fails its prefill is marked failed too, but no other PE is tried: the DE's
+// request is in flight already and recomputes once the reservation is
+// cancelled (6'). A 502 from the PE's push is
 // the link's failure, not the PE's: the request goes on to 8, where the DE
 // recomputes what it did not receive. A DE that fails before anything was
 // relayed is marked failed and another DE is tried; none left: 503. 4xx from
