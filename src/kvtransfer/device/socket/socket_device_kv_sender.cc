@@ -36,6 +36,7 @@ struct SocketDeviceKvPlane::Outgoing {
   bool broken = false;  // the peer refused, died or the connection failed
   std::condition_variable changed;
 };
+
 void SocketDeviceKvPlane::wake_senders() {
   std::lock_guard lock(mutex_);
   for (auto& [id, outgoing] : outgoing_) outgoing->changed.notify_all();
