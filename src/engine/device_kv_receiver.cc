@@ -96,6 +96,25 @@ void DeviceKvReceiver::poll() {
   }
 }
 
+DeviceKvCancel DeviceKvReceiver::cancel(DeviceKvTransferId id, const std::string& reason) {
+  auto it = reservations_.find(id);
+  if (it == reservations_.end()) return DeviceKvCancel::kUnknown;
+  Reservation& reservation = it->second;
+  if (reservation.state != State::kPending) return DeviceKvCancel::kSettled;
+  const DeviceKvProgress progress = plane_.progress(id);
+  if (progress.state == DeviceKvProgress::State::kDone) {  // every layer is here already: keep them
+    settle(id, reservation, progress);
+    return DeviceKvCancel::kSettled;
+  }
+  DeviceKvProgress failed;
+  failed.state = DeviceKvProgress::State::kFailed;
+  failed.failure = "cancelled: " + reason;
+  settle(id, reservation, failed);
+  reservation.release_at = std::min(reservation.release_at, std::chrono::steady_clock::now() +
+                                                                std::chrono::seconds(static_cast<int64_t>(kClaimGraceSeconds)));
+  return DeviceKvCancel::kCancelled;
+}
+
 bool DeviceKvReceiver::park_if_waiting(std::unique_ptr<PendingRequest>& request) {
   const std::optional<DeviceKvTransferId>& id = request->request.device_kv_receive;
   if (!id) return false;

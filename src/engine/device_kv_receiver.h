@@ -17,6 +17,9 @@
 // blocks go back to the free list (no orphans) and the request recomputes.
 // A reservation whose request never comes is released at its deadline plus
 // kClaimGraceSeconds (landed blocks then stay cached as any committed block).
+// cancel() (the router, when the PE side failed) fails one in flight at once,
+// as its deadline would; its record stays kClaimGraceSeconds more so that a
+// request still on its way finds it failed and recomputes.
 //
 // Requests: one submitted with device_kv_receive of a transfer still in
 // flight is parked here (outside the scheduler) and handed back by
@@ -55,6 +58,10 @@ class DeviceKvReceiver {
   DeviceKvReservation reserve(KvCacheGroup& caches, const RequestKvKeys& keys, std::span<const int32_t> prompt,
                               const std::string& peer, double timeout_seconds);
   void poll();
+  // Engine::cancel_device_kv: fails reservation `id` now if it is still in
+  // flight (settled as a failure: plane finished, leases released, its
+  // parked request ready); one the plane finished landing commits as usual.
+  DeviceKvCancel cancel(DeviceKvTransferId id, const std::string& reason);
   // Whether `request` must wait (its transfer is known and in flight): then it is kept here.
   bool park_if_waiting(std::unique_ptr<PendingRequest>& request);
   // Parked requests whose transfer settled, in arrival order.

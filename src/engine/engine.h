@@ -172,6 +172,13 @@ struct DeviceKvReservation {
   int32_t num_layers = 0;
 };
 
+// DE side: what Engine::cancel_device_kv found.
+enum class DeviceKvCancel {
+  kCancelled,  // it was in flight: failed now, its fresh blocks freed, its request recomputes
+  kSettled,    // it had landed or failed already: nothing changed
+  kUnknown,    // no reservation of that id here (never made, or released since)
+};
+
 struct EngineRequest {
   std::vector<TokenId> prompt_tokens;  // non-empty
   std::string adapter;                 // "" = base model; else a loaded adapter's name
@@ -371,6 +378,18 @@ class Engine {
   virtual DeviceKvReservation reserve_device_kv(const EngineRequest& request, const std::string& peer,
                                                 double timeout_seconds) {
     (void)request, (void)peer, (void)timeout_seconds;
+    throw Error(ErrorKind::kUnsupported, "this engine has no device-to-device KV plane");
+  }
+  // DE side: the PE side of transfer `id` failed after the reservation (the
+  // prefill failed, refused the send): fail it now rather than at its
+  // deadline. Nothing more lands in its blocks (the plane's transfer is
+  // finished), the fresh ones go back to the free list, and its request,
+  // parked or still to come, recomputes at once. A transfer whose every
+  // layer landed already is committed as usual (kSettled), never discarded.
+  // `reason` goes to the log. Throws Error(kUnsupported) without a plane.
+  // Any thread.
+  virtual DeviceKvCancel cancel_device_kv(DeviceKvTransferId id, const std::string& reason) {
+    (void)id, (void)reason;
     throw Error(ErrorKind::kUnsupported, "this engine has no device-to-device KV plane");
   }
   // The workflow registry (thread-safe; the HTTP routes of /v1/workflows call it directly).

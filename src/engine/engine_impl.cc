@@ -81,6 +81,13 @@ DeviceKvReservation EngineImpl::reserve_device_kv(const EngineRequest& request, 
   return reservation;
 }
 
+DeviceKvCancel EngineImpl::cancel_device_kv(DeviceKvTransferId id, const std::string& reason) {
+  if (!kv_receiver_) return Engine::cancel_device_kv(id, reason);
+  DeviceKvCancel outcome = DeviceKvCancel::kUnknown;
+  run_on_engine_thread([&] { outcome = kv_receiver_->cancel(id, reason); });  // the loop then admits its request
+  return outcome;
+}
+
 EngineImpl::CheckedRequest EngineImpl::check_request(EngineRequest request) {
   if (request.prompt_tokens.empty()) fail(ErrorKind::kInvalidArgument, "the prompt is empty");
   const int32_t vocab_size = model_.config.vocab_size;

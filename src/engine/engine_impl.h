@@ -74,6 +74,7 @@ class EngineImpl final : public Engine {
   bool caches_kv_block(const KvBlockHash& hash) const override;
   DeviceKvReservation reserve_device_kv(const EngineRequest& request, const std::string& peer,
                                         double timeout_seconds) override;
+  DeviceKvCancel cancel_device_kv(DeviceKvTransferId id, const std::string& reason) override;
   WorkflowRegistry& workflows() override { return workflows_; }
   const LoadedModel& model() const override { return model_; }
   int32_t max_context_tokens() const override { return max_context_tokens_; }
@@ -110,7 +111,7 @@ class EngineImpl final : public Engine {
   };
   void thread_main();
   // Waits while there is nothing to do (checking integrity once per idle
-  // spell), then takes what the inbox holds.
+  // spell, once it lasted a second), then takes what the inbox holds.
   InboxBatch take_inbox();
   void check_integrity_once();
   void admit(std::unique_ptr<PendingRequest> request);

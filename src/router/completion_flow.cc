@@ -5,10 +5,9 @@
 #include <nlohmann/json.hpp>
 #include <spdlog/spdlog.h>
 
+#include "router/device_kv_flow.h"
 #include "server/api_error.h"
-#include "server/device_kv_fields.h"
 #include "server/json_input.h"
-#include "server/json_output.h"
 
 namespace loom::router {
 namespace {
@@ -16,7 +15,6 @@ namespace {
 using Json = nlohmann::json;
 using server::ApiError;
 using server::HttpResponse;
-using server::kDeviceKvField;
 
 // A completions prompt that is a list of prompts (strings or token lists), not
 // one prompt given as a token list.
@@ -25,43 +23,6 @@ bool is_multi_prompt(const Json& body) {
   if (prompt == body.end() || !prompt->is_array() || prompt->size() < 2) return false;
   const Json& first = prompt->front();
   return first.is_string() || first.is_array();
-}
-
-// The PE's copy of the request: one output token, not streamed. min_tokens
-// and n go too (they would ask more than one token of the PE).
-// On the device path (`reservation`), with the send into the DE's reservation at its plane address.
-std::string prefill_body(Json body, const KvReservation* reservation = nullptr,
-                         const std::string& decode_plane_address = "") {
-  if (reservation != nullptr)  // server/device_kv_fields.h: stream the prompt's KV into the DE's reservation
-    body[kDeviceKvField] = {{"send",
-                                     {{"peer", decode_plane_address},
-                                      {"transfer_id", reservation->transfer_id},
-                                      {"main_blocks", reservation->main_blocks},
-                                      {"residual_blocks", reservation->residual_blocks},
-                                      {"first_block", reservation->first_block}}}};
-  body["max_tokens"] = 1;
-  if (body.contains("max_completion_tokens")) body["max_completion_tokens"] = 1;
-  body["stream"] = false;
-  body.erase("stream_options");
-  body.erase("min_tokens");
-  if (body.contains("n")) body["n"] = 1;
-  return server::dump_json(body);
-}
-
-// The client's body for the DE that reserved blocks: it waits for transfer `transfer_id`.
-std::string receive_body(const std::string& client_body, const std::string& transfer_id) {
-  Json body = server::parse_json_object_body(client_body);
-  body[kDeviceKvField] = {{"receive", transfer_id}};
-  return server::dump_json(body);
-}
-
-// Whether a 4xx from a PE refuses the device send itself (its fields, signature or peer), not the request.
-bool refuses_device_fields(const HttpReply& reply) {
-  const Json body = Json::parse(reply.body, nullptr, /*allow_exceptions=*/false);
-  if (!body.is_object() || !body.contains("error") || !body["error"].is_object()) return false;
-  const Json& error = body["error"];
-  const std::string param = error.value("param", Json()).is_string() ? error["param"].get<std::string>() : "";
-  return param.rfind(kDeviceKvField, 0) == 0;
 }
 
 HttpResponse relayed(const HttpReply& reply) {
@@ -212,35 +173,32 @@ class CompletionFlow {
       }
     }
 
+    // 6'. overlap: the DE's request goes now, beside the prefill; the DE parks it until the last layer
+    // landed and decodes at once (router/device_kv_flow.h).
+    if (reservation) {
+      std::shared_ptr<UpstreamResponse> receiving =
+          de.post_streaming(path_, receive_body(request_.body, reservation->transfer_id), /*sign=*/true);
+      receive_ = Receive{decode_, reservation->transfer_id, std::move(receiving)};
+    }
+
     // 6. prefill (streaming its KV into the reservation on the device path)
     if (path == ReadPath::kPrefill) assignment.set_routed_read_bytes(storage_bytes);
     EngineResult<HttpReply> prefilled =
         reservation ? pe.post(path_, prefill_body(body, &*reservation, decode_status->device_kv.address), /*sign=*/true)
                     : pe.post(path_, prefill_body(body));
-    if (reservation && prefilled.status == CallStatus::kRejected && refuses_device_fields(prefilled.reply)) {
-      kv_path = {KvPath::kStaged, "prefill_refused_send",
-                 "the prefill engine refused the device send: " + prefilled.reply.body};
-      reservation.reset();  // unclaimed: the DE frees it at its deadline
-      prefilled = pe.post(path_, prefill_body(body));
-    }
     assignment.set_routed_read_bytes(0);
+    if (reservation) return after_device_prefill(prefill, de, prefilled, path, storage_bytes);
     if (prefilled.status == CallStatus::kRejected)
       return PrefillOutcome::reply_now(prefilled.reply);
     if (!prefilled.ok()) return pe_failed("prefill: " + prefilled.error);
     if (path == ReadPath::kPrefill) metrics_.add_storage_read("prefill", storage_bytes);
 
-    if (kv_path.path == KvPath::kStaged) {
-      // A fallback between two engines that both have a plane is worth a warning; no plane is the default.
-      if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
-        spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
-      else
-        spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
-    }
+    // A fallback between two engines that both have a plane is worth a warning; no plane is the default.
+    if (prefill_status->device_kv.plane != "none" && decode_status->device_kv.plane != "none")
+      spdlog::warn("KV for {} goes staged: {}", de.url(), kv_path.detail);
+    else
+      spdlog::debug("KV for {} goes staged: {}", de.url(), kv_path.detail);
     metrics_.count_kv_path(kv_path_name(kv_path.path), de.url(), kv_path.reason);
-    if (reservation) {  // the KV went (or is going) device to device: the DE's request waits for it
-      receive_ = Receive{decode_, reservation->transfer_id};
-      return PrefillOutcome::done(path);
-    }
 
     // 7. PE -> DE, staged
     EngineResult<KvSendResult> pushed = pe.send_blocks(
@@ -258,6 +216,39 @@ class CompletionFlow {
     return PrefillOutcome::done(path);
   }
 
+  // The device path once the PE's prefill answered; the DE's request (receive_) is in flight already.
+  PrefillOutcome after_device_prefill(size_t prefill, const EngineClient& de,
+                                      const EngineResult<HttpReply>& prefilled, ReadPath path, int64_t storage_bytes) {
+    const DevicePrefillVerdict verdict = device_prefill_verdict(
+        prefilled.status, prefilled.status == CallStatus::kRejected && refuses_device_fields(prefilled.reply));
+    if (verdict.action == DevicePrefillAction::kReceive) {
+      if (path == ReadPath::kPrefill) metrics_.add_storage_read("prefill", storage_bytes);
+      metrics_.count_kv_path(kv_path_name(KvPath::kDevice), de.url(), "");
+      return PrefillOutcome::done(path);
+    }
+    const std::string why = prefilled.status == CallStatus::kFailed
+                                ? "the prefill failed: " + prefilled.error
+                                : "the prefill engine refused (status " + std::to_string(prefilled.reply.status) +
+                                      "): " + prefilled.reply.body.substr(0, 300);
+    // Fail the reservation now: the DE's waiting request recomputes at once instead of at the deadline.
+    EngineResult<std::string> cancelled = de.cancel_reservation(receive_->transfer_id, why);
+    if (cancelled.ok() || cancelled.status == CallStatus::kRejected)  // 404: released already; it recomputes anyway
+      spdlog::debug("device KV transfer {} on {}: cancel: {}", receive_->transfer_id, de.url(),
+                    cancelled.ok() ? cancelled.value : cancelled.reply.body);
+    else  // the DE is likely gone: its request fails too, and step 8 tries another DE
+      spdlog::warn("device KV transfer {}: could not cancel it on {}: {}", receive_->transfer_id, de.url(),
+                   cancelled.error);
+    if (verdict.action == DevicePrefillAction::kCancelReplyNow) {
+      receive_->upstream->cancel();  // the DE's copy of a request the PE refused: the client gets the PE's answer
+      receive_.reset();
+      return PrefillOutcome::reply_now(prefilled.reply);
+    }
+    spdlog::warn("device KV for {} cancelled, the decode engine recomputes: {}", de.url(), why);
+    if (verdict.prefill_engine_failed) engines_.mark_failed(EngineGroup::kPrefill, prefill, "prefill: " + prefilled.error);
+    metrics_.count_kv_path(kv_path_name(KvPath::kRecompute), de.url(), verdict.fallback_reason);
+    return PrefillOutcome::direct();  // no other PE: the DE's request is committed to this transfer
+  }
+
   // Step 8 on the chosen DE, then on others while one fails before answering.
   HttpResponse relay_from_decode_engines() {
     while (true) {
@@ -265,11 +256,10 @@ class CompletionFlow {
         if (!choose_next_decode_engine()) throw no_decode_engine();
       }
       const EngineClient& de = engines_.client(EngineGroup::kDecode, decode_);
-      // The DE that reserved blocks waits for them; any other DE recomputes.
-      const bool receives = receive_ && receive_->decode == decode_;
-      std::shared_ptr<UpstreamResponse> upstream =
-          receives ? de.post_streaming(path_, receive_body(request_.body, receive_->transfer_id), true)
-                   : de.post_streaming(path_, request_.body);
+      // The DE that reserved blocks has the request already (sent beside the prefill); any other DE recomputes.
+      std::shared_ptr<UpstreamResponse> upstream;
+      if (receive_ && receive_->decode == decode_ && receive_->upstream) upstream = std::move(receive_->upstream);
+      else upstream = de.post_streaming(path_, request_.body);
       HttpReply head;
       std::string why;
       if (!upstream->wait_head(head)) {
@@ -336,6 +326,7 @@ class CompletionFlow {
   struct Receive {
     size_t decode = 0;
     std::string transfer_id;
+    std::shared_ptr<UpstreamResponse> upstream;  // its request, sent at step 6' (null once relayed)
   };
   std::optional<Receive> receive_;
   EngineRegistry::Assignment decode_assignment_;

@@ -9,20 +9,29 @@
 //   5. path decode: the DE reads them from storage and pushes them to the PE;
 //   6. prefill on the PE (the body with max_tokens 1, not streamed; output dropped);
 //   6'. device path instead (choose_kv_path: both engines report one device KV
-//      plane): POST /loom/kv/reserve on the DE first, then the prefill carries
-//      loom_device_kv.send (server/device_kv_fields.h, signed), so the PE streams
-//      the KV into the reservation layer by layer; no step 7, and step 8's body
-//      carries loom_device_kv.receive (signed) for that DE. A reserve that fails
-//      (reason reserve_failed) or a PE that refuses the send fields
-//      (prefill_refused_send, the prefill then runs again without them) falls
-//      back to the staged push; every fallback is counted and logged;
+//      plane): POST /loom/kv/reserve on the DE first; then, at once, step 8's
+//      request goes to that DE carrying loom_device_kv.receive (signed), beside
+//      the prefill (overlap: the DE parks it until the last layer landed and
+//      decodes at once); the prefill carries loom_device_kv.send
+//      (server/device_kv_fields.h, signed), so the PE streams the KV into the
+//      reservation layer by layer; no step 7. A reserve that fails (reason
+//      reserve_failed) falls back to the staged push. A PE that then fails or
+//      refuses the send fields (prefill_failed, prefill_refused_send) gets the
+//      reservation cancelled (POST /loom/kv/reserve/cancel): the DE's request
+//      recomputes at once, no other PE is tried (path "recompute"). A PE that
+//      rejects the request itself (4xx): cancel, the DE's request is dropped,
+//      the client gets the 4xx. router/device_kv_flow.h; every fallback is
+//      counted and logged;
 //   7. the PE pushes the prompt's blocks to the DE (waiting for its own writes);
 //   8. the client's original body goes to the DE; its answer is relayed as it
 //      comes (status, content type, body; SSE piece by piece).
 //
 // Failures: a PE that fails in 3-7 (no connection, timeout, 5xx, malformed
 // reply) is marked failed and the request goes once to another PE; with none
-// left, straight to 8 (the DE prefills itself). A 502 from the PE's push is
+// left, straight to 8 (the DE prefills itself). On the device path a PE that
+// fails its prefill is marked failed too, but no other PE is tried: the DE's
+// request is in flight already and recomputes once the reservation is
+// cancelled (6'). A 502 from the PE's push is
 // the link's failure, not the PE's: the request goes on to 8, where the DE
 // recomputes what it did not receive. A DE that fails before anything was
 // relayed is marked failed and another DE is tried; none left: 503. 4xx from

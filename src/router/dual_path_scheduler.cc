@@ -69,7 +69,14 @@ ReadPath choose_read_path(int64_t storage_bytes, const EngineLoad& prefill, cons
   return decode_seconds < prefill_seconds ? ReadPath::kDecode : ReadPath::kPrefill;
 }
 
-const char* kv_path_name(KvPath path) { return path == KvPath::kDevice ? "device" : "staged"; }
+const char* kv_path_name(KvPath path) {
+  switch (path) {
+    case KvPath::kDevice: return "device";
+    case KvPath::kRecompute: return "recompute";
+    case KvPath::kStaged: break;
+  }
+  return "staged";
+}
 
 KvPathChoice choose_kv_path(const DeviceKvInfo& prefill, const DeviceKvInfo& decode) {
   auto staged = [](const char* reason, std::string detail) {

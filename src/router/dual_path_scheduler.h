@@ -77,8 +77,11 @@ struct DeviceKvInfo {
   bool same_host_only = true;
 };
 
-enum class KvPath { kStaged, kDevice };
-const char* kv_path_name(KvPath path);  // "staged", "device"
+// kRecompute: the device path was chosen and reserved, but the PE side failed
+// (router/device_kv_flow.h): the DE recomputes the prompt. Set by the flow,
+// never by choose_kv_path.
+enum class KvPath { kStaged, kDevice, kRecompute };
+const char* kv_path_name(KvPath path);  // "staged", "device", "recompute"
 
 struct KvPathChoice {
   KvPath path = KvPath::kStaged;

@@ -246,6 +246,17 @@ EngineResult<KvReservation> EngineClient::reserve(const KvReserveRequest& reques
   });
 }
 
+EngineResult<std::string> EngineClient::cancel_reservation(const std::string& transfer_id,
+                                                           const std::string& reason) const {
+  const std::string body = server::dump_json(Json{{"transfer_id", transfer_id}, {"reason", reason}});
+  return typed<std::string>(call("POST", "/loom/kv/reserve/cancel", body, config_.control_timeout_seconds),
+                            [](const Json& object) {
+    auto state = object.find("state");
+    if (state == object.end() || !state->is_string()) throw BadReply{"'state' is missing or not a string"};
+    return state->get<std::string>();
+  });
+}
+
 std::unique_ptr<UpstreamResponse> EngineClient::post_streaming(const std::string& path, std::string body,
                                                                bool sign) const {
   std::unique_ptr<UpstreamResponse> response(new UpstreamResponse());

@@ -1,6 +1,7 @@
 // The router's calls to one engine (`loom serve --role prefill|decode|both`),
 // over HTTP with cpp-httplib's client: the KV routes of the disaggregation
-// contract (GET /loom/kv/status, POST /loom/kv/probe, /send, /reserve) as
+// contract (GET /loom/kv/status, POST /loom/kv/probe, /send, /reserve,
+// /reserve/cancel) as
 // typed results, plain OpenAI calls as raw replies, and a streamed call whose
 // body is read piece by piece (UpstreamResponse) for relaying SSE.
 //
@@ -163,6 +164,9 @@ class EngineClient {
   EngineResult<KvProbe> probe(std::string_view endpoint, const nlohmann::json& request) const;
   EngineResult<KvSendResult> send_blocks(const KvSendRequest& request) const;
   EngineResult<KvReservation> reserve(const KvReserveRequest& request) const;
+  // POST /loom/kv/reserve/cancel: fails reservation `transfer_id` on this DE now (the PE side failed);
+  // the value is the engine's "state" ("cancelled" or "settled"). An unknown id is kRejected (404).
+  EngineResult<std::string> cancel_reservation(const std::string& transfer_id, const std::string& reason) const;
   // A whole POST (a prefill) or GET (/v1/models): kOk for 2xx, with the reply.
   // `sign`: signed with the KV secret (a body carrying loom_device_kv: server/device_kv_fields.h).
   EngineResult<HttpReply> post(const std::string& path, const std::string& body, bool sign = false) const;

@@ -105,10 +105,11 @@ std::string RouterMetrics::prometheus_text() const {
   write_family(out, "loom_router_engine_failures_total", "Engine calls that failed (no connection, timeout, 5xx, "
                "malformed reply)", "engine", engine_failures_, {});
   write_family(out, "loom_router_kv_path_total", "Disaggregated requests by how the prompt's KV reached the decode "
-               "engine: device (device to device) or staged (through host buffers and the KV link)", "path",
-               kv_paths_, {"device", "staged"});
-  write_family(out, "loom_router_kv_path_fallbacks_total", "Requests whose KV went staged, by why device to device "
-               "was not possible", "reason", kv_path_fallbacks_, {});
+               "engine: device (device to device), staged (through host buffers and the KV link) or recompute (the "
+               "device transfer was cancelled: the prefill engine failed after the reservation)", "path",
+               kv_paths_, {"device", "staged", "recompute"});
+  write_family(out, "loom_router_kv_path_fallbacks_total", "Requests whose KV did not go device to device, by why",
+               "reason", kv_path_fallbacks_, {});
   out += "# HELP loom_router_engine_kv_path_total Disaggregated requests by decode engine and KV path\n"
          "# TYPE loom_router_engine_kv_path_total counter\n";
   for (const auto& [key, count] : engine_kv_paths_)

@@ -5,9 +5,11 @@
 //   loom_router_storage_read_bytes_total{side="prefill"|"decode"}
 //   loom_router_engine_failures_total{engine="URL"}
 //   loom_router_retries_total
-//   loom_router_kv_path_total{path="device"|"staged"}: how each disaggregated request's KV went
-//   loom_router_kv_path_fallbacks_total{reason=...}: why a request went staged (KvPathChoice::reason, or
-//     reserve_failed / prefill_refused_send when the device flow failed before the prefill: completion_flow.h)
+//   loom_router_kv_path_total{path="device"|"staged"|"recompute"}: how each disaggregated request's KV went
+//     (recompute: reserved for device to device, then the PE side failed: the DE recomputed)
+//   loom_router_kv_path_fallbacks_total{reason=...}: why a request did not go device to device
+//     (KvPathChoice::reason, reserve_failed: staged; prefill_refused_send / prefill_failed: recompute;
+//     router/device_kv_flow.h)
 //   loom_router_engine_kv_path_total{engine="URL",path=...}: the same per decode engine
 // The measured PE <-> DE link bandwidth (link_bandwidth()) is the ratio of the
 // two transfer totals.

@@ -318,6 +318,10 @@ HttpResponse HttpServer::Impl::route(HttpRequest& request) {
     if (auto refused = wrong_method({"GET"})) return *refused;
     return json_response(kv_status_body(kv_routes));
   }
+  if (path == "/loom/kv/reserve/cancel") {
+    if (auto refused = wrong_method({"POST"})) return *refused;
+    return json_response(kv_reserve_cancel_body(kv_routes, request.body));
+  }
   if (path == "/loom/kv/probe" || path == "/loom/kv/send" || path == "/loom/kv/reserve") {
     if (auto refused = wrong_method({"POST"})) return *refused;
     return json_response(path == "/loom/kv/probe"  ? kv_probe_body(kv_routes, request.body)

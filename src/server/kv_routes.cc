@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <vector>
 
 #include <fmt/format.h>
@@ -145,6 +146,34 @@ std::string kv_reserve_body(const KvRouteContext& context, std::string_view body
                         {"num_blocks", reservation.destination.num_blocks()},
                         {"num_layers", reservation.num_layers},
                         {"timeout_seconds", timeout}});
+}
+
+std::string kv_reserve_cancel_body(const KvRouteContext& context, std::string_view body) {
+  const Json cancel = parse_json_object_body(body);
+  if (!context.setup->device_plane)
+    throw ApiError(400, "this engine has no device KV plane (--kv-device-plane)", "invalid_request_error", "",
+                   "device_kv_unavailable");
+  const auto id_field = cancel.find("transfer_id");
+  const std::optional<DeviceKvTransferId> id = id_field != cancel.end() && id_field->is_string()
+                                                   ? parse_transfer_id(id_field->get<std::string>())
+                                                   : std::nullopt;
+  if (!id)
+    throw ApiError(400, "'transfer_id' must be a transfer id (16 hex digits, as /loom/kv/reserve gave it)",
+                   "invalid_request_error", "transfer_id");
+  std::string reason = "the router cancelled it";
+  if (const auto given = cancel.find("reason"); given != cancel.end() && !given->is_null()) {
+    if (!given->is_string() || given->get<std::string>().size() > 512)
+      throw ApiError(400, "'reason' must be a string of at most 512 bytes", "invalid_request_error", "reason");
+    reason = given->get<std::string>();
+  }
+  const DeviceKvCancel outcome = context.engine->cancel_device_kv(*id, reason);
+  if (outcome == DeviceKvCancel::kUnknown)
+    throw ApiError(404,
+                   fmt::format("no device KV reservation '{}' here (never made, or released since)",
+                               transfer_id_text(*id)),
+                   "invalid_request_error", "transfer_id", "device_kv_unknown_transfer");
+  return dump_json(Json{{"transfer_id", transfer_id_text(*id)},
+                        {"state", outcome == DeviceKvCancel::kCancelled ? "cancelled" : "settled"}});
 }
 
 std::string kv_probe_body(const KvRouteContext& context, std::string_view body) {

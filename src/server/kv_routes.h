@@ -34,6 +34,14 @@
 //        until the timeout; the prefill request then names them (server/device_kv_fields.h
 //        "send"), the decode request the id ("receive"). 400 (device_kv_unavailable) on an
 //        engine without a device plane, 503 (device_kv_no_room) when the blocks cannot be had now.
+//   POST /loom/kv/reserve/cancel {"transfer_id": 16 hex digits, "reason": text (optional, for the log)}
+//                        -> {"transfer_id", "state": "cancelled" | "settled"}
+//        fails a reservation now rather than at its deadline (Engine::cancel_device_kv): the
+//        router calls it when the PE side failed after reserving. Nothing more lands, the
+//        fresh blocks are freed, the request waiting for it (or still to come) recomputes at
+//        once. "settled": it had landed (then it stays) or failed already. 404
+//        (device_kv_unknown_transfer) for an id this engine does not hold (nothing changes),
+//        400 for a malformed id, 400 (device_kv_unavailable) without a device plane.
 //   "device_kv" in the status: {"plane", "host", "device", "address", "same_host_only"}
 //        (kvtransfer/device/device_kv_plane.h DeviceKvEndpoint; plane "none" without one).
 //
@@ -91,6 +99,7 @@ std::string kv_status_body(const KvRouteContext& context);
 std::string kv_probe_body(const KvRouteContext& context, std::string_view body);
 std::string kv_send_body(const KvRouteContext& context, std::string_view body);
 std::string kv_reserve_body(const KvRouteContext& context, std::string_view body);
+std::string kv_reserve_cancel_body(const KvRouteContext& context, std::string_view body);
 // Prometheus samples of the KV buffer, the link and the sends, each labelled
 // `model_label` first (MetricsExporter::model_label); "" without a KV buffer:
 //   loom_kv_buffer_bytes / _blocks / _capacity_bytes (gauges),

@@ -5,12 +5,21 @@ engine streams the prompt's KV into them layer by layer while it prefills, the
 decode engine decodes from them. Greedy outputs equal one `--role both`
 engine's in every sharing mode, the device path is counted by the router and
 both engines and nothing goes staged; with the plane off on one engine the
-staged path serves and the fallback is counted; a reservation nobody fills
-ends at its deadline and the decode engine recomputes; the send / receive
-fields are refused unsigned, and on an engine without a plane."""
+staged path serves and the fallback is counted; a prefill engine that
+refuses the send after the reservation gets the reservation cancelled (the
+router's request to the decode engine, sent beside the prefill, recomputes
+at once, long before a 300 s deadline; counted as a fallback), and so does
+one that fails the prefill (a stand-in PE answering 500: prefill_failed, no
+other PE tried); a reservation
+nobody fills ends at its deadline and the decode engine recomputes; POST
+/loom/kv/reserve/cancel (signed; 404 for an unknown id) fails one at once;
+the send / receive fields are refused unsigned, and on an engine without a
+plane."""
+import http.server
 import json
 import os
 import sys
+import threading
 import time
 import unittest
 
@@ -30,6 +39,56 @@ def signed_post(engine, path, body):
     raw = json.dumps(body).encode()
     code, _, reply = engine.request("POST", path, raw=raw, headers=kv_auth_header(SECRET, "POST", path, raw))
     return code, json.loads(reply)
+
+
+class FailingPrefillEngine:
+    """A stand-in PE that reports the socket plane and probes like one, then fails every prefill with a 500
+    (a PE that breaks after the router reserved blocks on the DE). `prefills` counts the failed calls."""
+
+    def __init__(self):
+        engine = self
+        self.prefills = 0
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def answer(self, code, body):
+                raw = json.dumps(body).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(raw)))
+                self.end_headers()
+                self.wfile.write(raw)
+
+            def do_GET(self):
+                if self.path == "/loom/kv/status":
+                    return self.answer(200, {
+                        "role": "prefill", "kv_transfer_address": "127.0.0.1:9", "block_size": 4,
+                        "bytes_per_block": 1024, "num_requests": 0, "queued_read_bytes": 0, "has_storage": False,
+                        "device_kv": {"plane": "socket", "host": "stand-in", "device": "cpu",
+                                      "address": "127.0.0.1:9", "same_host_only": False}})
+                return self.answer(200, {"status": "ok"} if self.path == "/health" else {"object": "list", "data": []})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
+                if self.path == "/loom/kv/probe":
+                    blocks = len(body["request"]["prompt"]) // 4
+                    return self.answer(200, {"prompt_tokens": len(body["request"]["prompt"]),
+                                             "blocks": ["%032x" % i for i in range(blocks)],
+                                             "block_bytes": [1024] * blocks, "bytes_per_block": 1024,
+                                             "in_buffer": 0, "in_storage": 0})
+                engine.prefills += 1
+                return self.answer(500, {"error": {"message": "the stand-in prefill engine fails", "type": "server_error"}})
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.base_url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def stop(self):
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class DevicePathTest(Deployment):
@@ -91,6 +150,53 @@ class DevicePathTest(Deployment):
         self.assertGreater(counter(decode.metrics(), "loom_kv_link_blocks_total", direction="received"), 0)
 
 
+    def test_a_prefill_engine_refusing_the_send_cancels_the_reservation_and_the_decode_engine_recomputes(self):
+        both = self.engine("both")
+        # The PE may send only to a port nobody uses: it refuses every send into the DE's plane (403).
+        prefill = self.engine("prefill", [*SOCKET, "--kv-transfer-peers", "127.0.0.1:1"])
+        decode = self.engine("decode", SOCKET)
+        router = self.router([prefill], [decode], ["--device-kv-timeout", "300"])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        # Each prompt new to the DE (one it held already would need no transfer: nothing to cancel).
+        for seed, stream in ((11, False), (12, True), (13, False), (14, True)):
+            prompt = token_prompt(30, seed)
+            expected = complete(alone, "tiny", prompt)
+            started = time.time()
+            self.assertEqual(complete(router.client(), "tiny", prompt, stream=stream), expected)
+            self.assertLess(time.time() - started, 60)  # not the 300 s deadline
+        requests = 4
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="recompute"), requests)
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="device"), 0)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="prefill_refused_send"),
+                         requests)
+        self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 0)  # the PE is fine
+        decoded = decode.metrics()
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"),
+                         requests)
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"), 0)
+
+
+    def test_a_prefill_engine_failing_after_the_reservation_cancels_it_and_the_decode_engine_recomputes(self):
+        both = self.engine("both")
+        decode = self.engine("decode", SOCKET)
+        failing = FailingPrefillEngine()
+        self.addCleanup(failing.stop)
+        router = self.router([failing], [decode], ["--device-kv-timeout", "300"])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        prompt = token_prompt(30, 21)
+        started = time.time()
+        self.assertEqual(complete(router.client(), "tiny", prompt), complete(alone, "tiny", prompt))
+        self.assertLess(time.time() - started, 60)  # not the 300 s deadline
+        self.assertEqual(failing.prefills, 1)  # no retry: the DE's request was committed to the transfer
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="recompute"), 1)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="prefill_failed"), 1)
+        self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 1)  # the PE, marked failed
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="failed"), 1)
+
+
 class DeviceRoutesTest(Deployment):
     def test_an_unfilled_reservation_ends_at_its_deadline_and_the_decode_engine_recomputes(self):
         both = self.engine("both")
@@ -117,6 +223,40 @@ class DeviceRoutesTest(Deployment):
         self.assertGreaterEqual(time.time() - started, 0.9)
         self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
                                  outcome="failed"), 1)
+
+        # A cancelled reservation: the request recomputes at once, not at the (long) deadline.
+        other = {**request, "prompt": token_prompt(30, 10)}  # not held by the DE yet: a transfer to wait for
+        other_expected = complete(openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0),
+                                  "tiny", other["prompt"])
+        code, long_lived = signed_post(decode, "/loom/kv/reserve",
+                                       {**reserve, "request": other, "timeout_seconds": 300.0})
+        self.assertEqual(code, 200, long_lived)
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": long_lived["transfer_id"],
+                                                                     "reason": "the test's prefill failed"})
+        self.assertEqual((code, body), (200, {"transfer_id": long_lived["transfer_id"], "state": "cancelled"}))
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": long_lived["transfer_id"]})
+        self.assertEqual((code, body["state"]), (200, "settled"))  # already failed: nothing changes
+        started = time.time()
+        code, answer = signed_post(decode, "/v1/completions",
+                                   {**other, "loom_device_kv": {"receive": long_lived["transfer_id"]}})
+        self.assertEqual(code, 200, answer)
+        self.assertEqual(answer["choices"][0]["text"], other_expected)
+        self.assertLess(time.time() - started, 60)
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="failed"), 2)
+        # The cancel route: signed only (401), unknown ids 404, malformed 400, none on an engine without a plane.
+        cancel = json.dumps({"transfer_id": long_lived["transfer_id"]}).encode()
+        code, _, body = decode.request("POST", "/loom/kv/reserve/cancel", raw=cancel)
+        self.assertEqual(code, 401, body)
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": "0123456789abcdef"})
+        self.assertEqual((code, body["error"]["code"]), (404, "device_kv_unknown_transfer"))
+        code, body = signed_post(decode, "/loom/kv/reserve/cancel", {"transfer_id": "xyz"})
+        self.assertEqual((code, body["error"]["param"]), (400, "transfer_id"))
+        code, body = signed_post(plain, "/loom/kv/reserve/cancel", {"transfer_id": "0123456789abcdef"})
+        self.assertEqual((code, body["error"]["code"]), (400, "device_kv_unavailable"))
+        # The engine still serves after all that.
+        code, answer = signed_post(decode, "/v1/completions", request)
+        self.assertEqual((code, answer["choices"][0]["text"]), (200, expected))
 
         # Unsigned, the fields are refused; an engine without a plane refuses them and /loom/kv/reserve.
         raw = json.dumps({**request, "loom_device_kv": {"receive": reservation["transfer_id"]}}).encode()

@@ -4,11 +4,13 @@
 // blocks join the DE's radix trees (main, and the rCache for forked) only
 // once every layer landed, the DE's greedy tokens equal one engine's in every
 // sharing mode; a transfer whose peer dies or that misses its deadline frees
-// its blocks and the request recomputes.
+// its blocks and the request recomputes, as does one whose reservation is
+// cancelled (Engine::cancel_device_kv).
 #include <gtest/gtest.h>
 
 #include <chrono>
 #include <numeric>
+#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine_impl.h"
@@ -321,6 +323,73 @@ TEST(EngineDeviceKvDeadlineTest, ATransferPastItsDeadlineRecomputes) {
     EXPECT_EQ(de.kv_cache().stats().num_in_use_blocks, 0);
   });
   EXPECT_EQ(de.take_metrics().num_device_kv_receive_failures, 1);
+  de.shutdown(false);
+}
+
+// The router cancels a reservation whose PE failed: the parked request
+// recomputes at once (long before the deadline), the fresh blocks go back to
+// the pool; a second cancel finds it settled, an unknown id is kUnknown.
+TEST(EngineDeviceKvDeadlineTest, ACancelledReservationRecomputesAtOnce) {
+  test::TempDir directory;
+  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
+  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
+  EngineConfig config = test::small_sharing_engine_config();
+  config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(fabric, "de");
+  EngineImpl de(model, make_cpu_backend(model.config, model.weights, {1, 8}), config);
+  EngineRequest req;
+  for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
+  req.max_new_tokens = 3;
+  req.ignore_eos = true;
+  int32_t free_before = 0;
+  de.run_on_engine_thread([&] { free_before = de.kv_cache().stats().num_free_blocks; });
+  const DeviceKvReservation reservation = de.reserve_device_kv(req, "pe-that-failed", 300.0);
+  EXPECT_EQ(de.cancel_device_kv(reservation.destination.id + 1, "a stranger"), DeviceKvCancel::kUnknown);
+  req.device_kv_receive = reservation.destination.id;
+  const auto started = std::chrono::steady_clock::now();
+  auto stream = de.submit(req);
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // parked by now (or soon: either way it recomputes)
+  EXPECT_EQ(de.cancel_device_kv(reservation.destination.id, "the prefill failed"), DeviceKvCancel::kCancelled);
+  const Collected decoded = collect(*stream);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  EXPECT_FALSE(decoded.error.has_value());
+  EXPECT_EQ(decoded.tokens.size(), 3u);
+  EXPECT_EQ(decoded.num_cached_prompt_tokens, 0);  // recomputed
+  de.run_on_engine_thread([&] {
+    EXPECT_EQ(de.kv_cache().integrity_error(), "");
+    const KvCacheStats stats = de.kv_cache().stats();
+    EXPECT_EQ(stats.num_in_use_blocks, 0);
+    EXPECT_EQ(stats.num_free_blocks + stats.num_cached_blocks, stats.num_total_blocks);
+    EXPECT_EQ(stats.num_free_blocks + stats.num_cached_blocks, free_before);
+  });
+  const DeviceKvCancel again = de.cancel_device_kv(reservation.destination.id, "again");
+  EXPECT_TRUE(again == DeviceKvCancel::kSettled || again == DeviceKvCancel::kUnknown);  // released after its step
+  EXPECT_EQ(de.take_metrics().num_device_kv_receive_failures, 1);
+  de.shutdown(false);
+}
+
+// A cancel before the request came: the request, when it comes, recomputes at once.
+TEST(EngineDeviceKvDeadlineTest, ARequestAfterTheCancelRecomputesAtOnce) {
+  test::TempDir directory;
+  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
+  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
+  EngineConfig config = test::small_sharing_engine_config();
+  config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(fabric, "de");
+  EngineImpl de(model, make_cpu_backend(model.config, model.weights, {1, 8}), config);
+  EngineRequest req;
+  for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
+  req.max_new_tokens = 3;
+  req.ignore_eos = true;
+  const DeviceKvReservation reservation = de.reserve_device_kv(req, "pe-that-failed", 300.0);
+  EXPECT_EQ(de.cancel_device_kv(reservation.destination.id, "refused"), DeviceKvCancel::kCancelled);
+  EXPECT_EQ(de.cancel_device_kv(reservation.destination.id, "again"), DeviceKvCancel::kSettled);
+  req.device_kv_receive = reservation.destination.id;
+  const auto started = std::chrono::steady_clock::now();
+  auto stream = de.submit(req);
+  const Collected decoded = collect(*stream);
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+  EXPECT_FALSE(decoded.error.has_value());
+  EXPECT_EQ(decoded.tokens.size(), 3u);
+  de.run_on_engine_thread([&] { EXPECT_EQ(de.kv_cache().stats().num_in_use_blocks, 0); });
   de.shutdown(false);
 }
 

@@ -57,6 +57,11 @@
 // Every public method may be called from any thread. finish() holds the
 // plane's mutex, which every copy into a reserved block holds too, so when
 // it returns no write into the blocks is in flight or will start.
+//
+// Files: socket_device_kv_plane.cc (listener, endpoint, pools, threads),
+// socket_device_kv_sender.cc (PE: begin_send .. end_send, the sending
+// thread), socket_device_kv_receiver.cc (DE: expect .. finish, accept, the
+// connection thread), socket_device_kv_wire.h (ops, limits, piece layout).
 #pragma once
 
 #include <atomic>
@@ -140,6 +145,7 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   // false (the transfer failed) when it does not fit the reservation.
   bool land_piece(DeviceKvTransferId id, std::span<const std::byte> body);
   void reap_finished();  // requires threads_mutex_
+  void wake_senders();   // takes mutex_: wakes every sending thread (shutdown)
   void start_thread(std::function<void()> run);
 
   const SocketDeviceKvPlaneOptions options_;

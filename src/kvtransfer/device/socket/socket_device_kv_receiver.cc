@@ -1,0 +1,236 @@
+// The socket plane's receiving half (DE): expectations, progress, finish,
+// the listener's accept loop and the thread per incoming connection
+// (socket_device_kv_plane.h).
+#include "kvtransfer/device/socket/socket_device_kv_plane.h"
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <optional>
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include "kvtransfer/device/socket/socket_device_kv_wire.h"
+#include "kvtransfer/kv_link_protocol.h"
+#include "kvtransfer/kv_link_session.h"
+#include "util/error.h"
+
+namespace loom {
+
+using namespace socket_plane_wire;  // NOLINT(google-build-using-namespace): this file speaks the wire format
+
+void SocketDeviceKvPlane::expect(const DeviceKvExpectation& expectation) {
+  std::lock_guard lock(mutex_);
+  const DeviceKvDestination& destination = expectation.destination;
+  if (incoming_.count(destination.id))
+    fail(ErrorKind::kInvalidArgument, "device KV transfer {} is already expected", destination.id);
+  const bool forked = !destination.residual_blocks.empty();
+  if (!ids_in_pool(destination.main_blocks, main_) ||
+      (forked && (destination.residual_blocks.size() != destination.main_blocks.size() ||
+                  !ids_in_pool(destination.residual_blocks, residual_))))
+    fail(ErrorKind::kInvalidArgument, "device KV transfer {}: block ids outside the bound pools", destination.id);
+  incoming_.emplace(destination.id,
+                    Incoming{expectation.peer, destination,
+                             DeviceKvAssembly(expectation.num_layers, destination.num_blocks(), expectation.deadline),
+                             expectation.deadline, false});
+}
+
+DeviceKvProgress SocketDeviceKvPlane::progress(DeviceKvTransferId id) const {
+  std::lock_guard lock(mutex_);
+  auto it = incoming_.find(id);
+  if (it == incoming_.end()) return {};
+  return it->second.assembly.progress(std::chrono::steady_clock::now());  // a deadline's verdict sticks
+}
+
+void SocketDeviceKvPlane::finish(DeviceKvTransferId id) {
+  std::lock_guard lock(mutex_);
+  incoming_.erase(id);  // a connection still carrying it finds it gone and closes
+}
+void SocketDeviceKvPlane::accept_loop() {
+  while (!stopping_) {
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      if (stopping_) return;
+      if (errno == EMFILE || errno == ENFILE) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        continue;
+      }
+      return;
+    }
+    {
+      std::lock_guard lock(threads_mutex_);
+      if (stopping_ || sockets_.size() >= 256) {
+        ::close(fd);
+        continue;
+      }
+      sockets_.insert(fd);
+    }
+    start_thread([this, fd] {
+      serve(fd);
+      std::lock_guard lock(threads_mutex_);
+      sockets_.erase(fd);
+      ::close(fd);
+    });
+  }
+}
+
+bool SocketDeviceKvPlane::land_piece(DeviceKvTransferId id, std::span<const std::byte> body) {
+  auto it = incoming_.find(id);
+  if (it == incoming_.end()) return false;  // finished at this end: nothing lands any more
+  Incoming& transfer = it->second;
+  if (transfer.assembly.progress(std::chrono::steady_clock::now()).state != DeviceKvProgress::State::kPending)
+    return false;
+  kvlink::MessageReader reader(body.subspan(1));
+  uint32_t layer = 0, first = 0, count = 0;
+  const bool forked = !transfer.destination.residual_blocks.empty();
+  const int64_t block_bytes = piece_block_bytes(main_.arrays_per_layer, main_.bytes_per_block,
+                                                forked ? residual_.arrays_per_layer : 0, residual_.bytes_per_block);
+  if (!reader.u32(layer) || !reader.u32(first) || !reader.u32(count) ||
+      layer >= static_cast<uint32_t>(transfer.assembly.num_layers()) || count == 0 ||
+      static_cast<int64_t>(first) + count > transfer.destination.num_blocks() ||
+      static_cast<int64_t>(reader.remaining()) != static_cast<int64_t>(count) * block_bytes) {
+    ++stats_.rejected_pieces;
+    transfer.assembly.fail("a piece outside the reservation or of the wrong size");
+    return false;
+  }
+  const std::byte* payload = body.data() + kLayerHeaderBytes;
+  auto slice = [&](const std::vector<int32_t>& ids) { return std::span<const int32_t>(ids).subspan(first, count); };
+  size_t used = scatter_layer(main_, static_cast<int32_t>(layer), slice(transfer.destination.main_blocks), payload);
+  if (forked)
+    used += scatter_layer(residual_, static_cast<int32_t>(layer), slice(transfer.destination.residual_blocks),
+                          payload + used);
+  ++stats_.pieces_received;
+  stats_.bytes_received += static_cast<int64_t>(used);
+  return transfer.assembly.land(static_cast<int32_t>(layer), static_cast<int32_t>(first), static_cast<int32_t>(count),
+                                static_cast<int64_t>(used));
+}
+
+void SocketDeviceKvPlane::serve(int fd) {
+  const int yes = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
+  kvlink::set_timeouts(fd, std::min(kHandshakeTimeoutSeconds, options_.io_timeout_seconds));
+  kvlink::HandshakeFailure handshake = kvlink::HandshakeFailure::kNone;
+  std::optional<kvlink::Session> session = kvlink::server_handshake(fd, options_.secret, handshake);
+  if (!session) {
+    {
+      std::lock_guard lock(mutex_);
+      ++stats_.refused_connections;
+    }
+    spdlog::warn("device KV plane on port {}: refused a connection: {}", port_,
+                 kvlink::handshake_failure_text(handshake));
+    return;
+  }
+  kvlink::set_timeouts(fd, options_.io_timeout_seconds);
+  std::vector<std::byte> body;
+  if (session->receive(fd, body, kMaxControlBytes) != kvlink::Session::Received::kOk) return;
+  kvlink::MessageReader open(body);
+  uint8_t op = 0;
+  uint64_t id = 0, main_bytes = 0, residual_bytes = 0;
+  uint32_t layers = 0, blocks = 0, main_arrays = 0, residual_arrays = 0;
+  if (!open.u8(op) || op != static_cast<uint8_t>(kOpOpen) || !open.u64(id) || !open.u32(layers) || !open.u32(blocks) ||
+      !open.u32(main_arrays) || !open.u64(main_bytes) || !open.u32(residual_arrays) || !open.u64(residual_bytes) ||
+      open.remaining() > kMaxAddressBytes)
+    return;
+  const std::string sender = text_of(open);
+  std::string refusal;
+  uint32_t max_body = 0;
+  std::chrono::steady_clock::time_point deadline;
+  {
+    std::lock_guard lock(mutex_);
+    auto it = incoming_.find(id);
+    if (it == incoming_.end()) {
+      refusal = fmt::format("transfer {} is not expected here", id);
+    } else if (it->second.peer != sender) {
+      refusal = fmt::format("transfer {} is expected from {}, not {}", id, it->second.peer, sender);
+    } else {
+      Incoming& transfer = it->second;
+      const bool forked = !transfer.destination.residual_blocks.empty();
+      if (transfer.opened) {
+        refusal = "the transfer is open on another connection";
+      } else if (static_cast<int32_t>(layers) != transfer.assembly.num_layers() ||
+                 static_cast<int32_t>(blocks) != transfer.destination.num_blocks()) {
+        refusal = fmt::format("the sender has {} layers x {} blocks, the reservation {} x {}", layers, blocks,
+                              transfer.assembly.num_layers(), transfer.destination.num_blocks());
+      } else if (static_cast<int32_t>(main_arrays) != main_.arrays_per_layer ||
+                 static_cast<int64_t>(main_bytes) != main_.bytes_per_block ||
+                 (forked && (static_cast<int32_t>(residual_arrays) != residual_.arrays_per_layer ||
+                             static_cast<int64_t>(residual_bytes) != residual_.bytes_per_block)) ||
+                 (!forked && residual_arrays != 0)) {
+        refusal = "the engines lay a block out differently (model, dtype, block size or rank differ)";
+      } else {
+        transfer.opened = true;
+        deadline = transfer.deadline;
+        const int64_t block_bytes = piece_block_bytes(main_arrays, static_cast<int64_t>(main_bytes),
+                                                      forked ? residual_arrays : 0, static_cast<int64_t>(residual_bytes));
+        const int64_t largest = static_cast<int64_t>(kLayerHeaderBytes) + static_cast<int64_t>(blocks) * block_bytes;
+        if (largest > int64_t{0xFFFFFFFF} - 64) refusal = "a layer of this transfer is too large for one message";
+        max_body = static_cast<uint32_t>(std::min<int64_t>(largest, 0xFFFFFFFF));
+      }
+      if (!refusal.empty()) transfer.assembly.fail("refused the sender: " + refusal);
+    }
+    if (!refusal.empty()) ++stats_.rejected_pieces;
+  }
+  if (!refusal.empty()) {
+    spdlog::warn("device KV plane on port {}: refused transfer {} from {}: {}", port_, id, sender, refusal);
+    session->send(fd, verdict(false, refusal));
+    return;
+  }
+  if (!session->send(fd, verdict(true, ""))) return;
+  // The connection lives until the transfer's deadline at most (pieces come as the PE's prefill runs).
+  const double until_deadline =
+      std::chrono::duration<double>(deadline - std::chrono::steady_clock::now()).count();
+  kvlink::set_timeouts(fd, std::max(1.0, until_deadline + 1.0));
+  auto fail_transfer = [&](const std::string& why) {
+    std::lock_guard lock(mutex_);
+    auto it = incoming_.find(id);
+    if (it != incoming_.end()) it->second.assembly.fail(why);
+  };
+  while (!stopping_) {
+    const kvlink::Session::Received received = session->receive(fd, body, max_body);
+    if (received == kvlink::Session::Received::kForged) {
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.forged_messages;
+      }
+      spdlog::warn("device KV plane on port {}: a piece of transfer {} failed its authentication tag (changed, "
+                   "replayed or reordered on the way): nothing of it lands, the transfer fails",
+                   port_, id);
+      return fail_transfer("a piece failed its authentication tag");
+    }
+    if (received != kvlink::Session::Received::kOk) return fail_transfer("peer " + sender + " died (connection lost)");
+    if (body.empty()) return fail_transfer("an empty message");
+    const char code = static_cast<char>(body[0]);
+    if (code == kOpLayer) {
+      std::lock_guard lock(mutex_);
+      if (!land_piece(id, body)) return;  // failed, finished here or past its deadline: the connection closes
+    } else if (code == kOpEnd) {
+      kvlink::MessageReader end(std::span<const std::byte>(body).subspan(1));
+      uint8_t ok = 0;
+      end.u8(ok);
+      const std::string reason = text_of(end);
+      std::lock_guard lock(mutex_);
+      auto it = incoming_.find(id);
+      if (it == incoming_.end()) return;
+      if (ok != 1) {
+        it->second.assembly.fail("the sender gave up: " + reason);
+      } else if (!it->second.assembly.complete()) {
+        it->second.assembly.fail("the sender ended with slices missing");
+      }
+      return;
+    } else {
+      {
+        std::lock_guard lock(mutex_);
+        ++stats_.rejected_pieces;
+      }
+      return fail_transfer("an unknown message");
+    }
+  }
+}
+
+}  // namespace loom
