@@ -9,8 +9,10 @@
 
 #include <cerrno>
 #include <cmath>
+#include <chrono>
 #include <cstring>
 #include <string>
+#include <thread>
 
 #include <fmt/format.h>
 
@@ -162,6 +164,53 @@ bool is_loopback(const sockaddr* address) {
     return IN6_IS_ADDR_V4MAPPED(&ipv6) && ipv6.s6_addr[12] == 127;
   }
   return false;
+}
+
+Listener listen_for_kv(const std::string& host, int port, bool has_secret, const std::string& what,
+                       const std::string& port_hint) {
+  std::string failure;
+  Listener listener;
+  listener.fd = open_socket(
+      host, port, /*passive=*/true,
+      [](int fd, const sockaddr* address, socklen_t length) {
+        const int yes = 1;
+        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+        return ::bind(fd, address, length) == 0 && ::listen(fd, 64) == 0;
+      },
+      failure);
+  if (listener.fd < 0)
+    throw Error(ErrorKind::kInvalidArgument, fmt::format("{}: cannot listen on {}:{}: {}", what, host, port, failure),
+                port_hint);
+  sockaddr_storage bound{};
+  socklen_t length = sizeof(bound);
+  ::getsockname(listener.fd, reinterpret_cast<sockaddr*>(&bound), &length);
+  listener.port = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
+                                              : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+  if (!has_secret && !is_loopback(reinterpret_cast<const sockaddr*>(&bound))) {
+    ::close(listener.fd);
+    throw Error(ErrorKind::kInvalidArgument,
+                fmt::format("{}: refusing to listen on {} without a shared secret: any host that reaches it could "
+                            "write KV blocks other requests then read",
+                            what, host),
+                "give every engine and the router the same --kv-transfer-secret-file, or keep the link on "
+                "loopback (--kv-transfer-host 127.0.0.1, the default)");
+  }
+  return listener;
+}
+
+int accept_connection(int listen_fd, const std::atomic<bool>& stopping) {
+  while (!stopping) {
+    const int fd = ::accept4(listen_fd, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd >= 0) return fd;
+    if (errno == EINTR || errno == ECONNABORTED) continue;
+    if (stopping) return -1;
+    if (errno == EMFILE || errno == ENFILE) {  // out of descriptors: wait for some to close
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      continue;
+    }
+    return -1;  // the listening socket is gone
+  }
+  return -1;
 }
 
 }  // namespace loom::kvlink

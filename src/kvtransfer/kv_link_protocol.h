@@ -45,6 +45,7 @@
 #include <cstddef>
 #include <sys/socket.h>
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <span>
@@ -113,5 +114,22 @@ std::pair<std::string, int> split_address(const std::string& address);
 
 // Whether a socket address is a loopback one (127.0.0.0/8, ::1, or ::ffff:127.x.y.z).
 bool is_loopback(const sockaddr* address);
+
+// A listening socket on host:port (0: a free port) for a KV endpoint named
+// `what` ("KV link", "device KV plane socket"), and the port it got. Throws
+// Error(kInvalidArgument) when it cannot listen (hint: `port_hint`), or when
+// the address is not loopback and there is no secret (has_secret false): any
+// host that reaches it could write KV blocks other requests then read.
+struct Listener {
+  int fd = -1;
+  int port = 0;
+};
+Listener listen_for_kv(const std::string& host, int port, bool has_secret, const std::string& what,
+                       const std::string& port_hint);
+
+// The next connection on `listen_fd` (SOCK_CLOEXEC), riding out EINTR,
+// ECONNABORTED and descriptor exhaustion; -1 once `stopping` is set or the
+// listening socket is gone.
+int accept_connection(int listen_fd, const std::atomic<bool>& stopping);
 
 }  // namespace loom::kvlink

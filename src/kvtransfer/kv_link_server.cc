@@ -21,32 +21,10 @@ namespace loom {
 
 KvLinkServer::KvLinkServer(BufferedKvStore& store, const std::string& host, int port, KvLinkServerOptions options)
     : store_(store), options_(std::move(options)), host_(host) {
-  std::string failure;
-  listen_fd_ = kvlink::open_socket(
-      host, port, /*passive=*/true,
-      [](int fd, const sockaddr* address, socklen_t length) {
-        const int yes = 1;
-        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-        return ::bind(fd, address, length) == 0 && ::listen(fd, 64) == 0;
-      },
-      failure);
-  if (listen_fd_ < 0)
-    throw Error(ErrorKind::kInvalidArgument, fmt::format("KV link: cannot listen on {}:{}: {}", host, port, failure),
-                "choose another --kv-transfer-port (0 picks a free one)");
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length);
-  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  if (options_.secret.empty() && !kvlink::is_loopback(reinterpret_cast<const sockaddr*>(&bound))) {
-    ::close(listen_fd_);
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("KV link: refusing to listen on {} without a shared secret: any host that reaches it "
-                            "could write KV blocks other requests then read",
-                            host),
-                "give every engine and the router the same --kv-transfer-secret-file, or keep the link on "
-                "loopback (--kv-transfer-host 127.0.0.1, the default)");
-  }
+  const kvlink::Listener listener = kvlink::listen_for_kv(host, port, !options_.secret.empty(), "KV link",
+                                                           "choose another --kv-transfer-port (0 picks a free one)");
+  listen_fd_ = listener.fd;
+  port_ = listener.port;
   accept_thread_ = std::thread([this] { accept_loop(); });
 }
 
@@ -79,16 +57,8 @@ KvLinkServerStats KvLinkServer::stats() const {
 
 void KvLinkServer::accept_loop() {
   while (!stopping_) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (stopping_) return;
-      if (errno == EMFILE || errno == ENFILE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      return;  // the listening socket is gone
-    }
+    const int fd = kvlink::accept_connection(listen_fd_, stopping_);
+    if (fd < 0) return;
     std::lock_guard lock(mutex_);
     if (stopping_ || static_cast<int>(connections_.size()) >= kMaxConnections) {
       ::close(fd);

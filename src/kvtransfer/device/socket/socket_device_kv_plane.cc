@@ -16,32 +16,11 @@
 namespace loom {
 
 SocketDeviceKvPlane::SocketDeviceKvPlane(SocketDeviceKvPlaneOptions options) : options_(std::move(options)) {
-  std::string failure;
-  listen_fd_ = kvlink::open_socket(
-      options_.host, options_.port, /*passive=*/true,
-      [](int fd, const sockaddr* address, socklen_t length) {
-        const int yes = 1;
-        ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
-        return ::bind(fd, address, length) == 0 && ::listen(fd, 64) == 0;
-      },
-      failure);
-  if (listen_fd_ < 0)
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("device KV plane socket: cannot listen on {}:{}: {}", options_.host, options_.port, failure),
-                "choose another --kv-device-plane-port (0 picks a free one)");
-  sockaddr_storage bound{};
-  socklen_t length = sizeof(bound);
-  ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&bound), &length);
-  port_ = bound.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port)
-                                      : ntohs(reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-  if (options_.secret.empty() && !kvlink::is_loopback(reinterpret_cast<const sockaddr*>(&bound))) {
-    ::close(listen_fd_);
-    throw Error(ErrorKind::kInvalidArgument,
-                fmt::format("device KV plane socket: refusing to listen on {} without a shared secret: any host that "
-                            "reaches it could write KV blocks other requests then read",
-                            options_.host),
-                "give every engine and the router the same --kv-transfer-secret-file, or keep the link on loopback");
-  }
+  const kvlink::Listener listener =
+      kvlink::listen_for_kv(options_.host, options_.port, !options_.secret.empty(), "device KV plane socket",
+                            "choose another --kv-device-plane-port (0 picks a free one)");
+  listen_fd_ = listener.fd;
+  port_ = listener.port;
   const std::string& host = options_.host;
   announced_host_ = host == "0.0.0.0" || host == "::" || host.empty() ? "127.0.0.1" : host;
   char name[256] = {};

@@ -53,16 +53,8 @@ void SocketDeviceKvPlane::finish(DeviceKvTransferId id) {
 }
 void SocketDeviceKvPlane::accept_loop() {
   while (!stopping_) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      if (stopping_) return;
-      if (errno == EMFILE || errno == ENFILE) {
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-        continue;
-      }
-      return;
-    }
+    const int fd = kvlink::accept_connection(listen_fd_, stopping_);
+    if (fd < 0) return;
     {
       std::lock_guard lock(threads_mutex_);
       if (stopping_ || sockets_.size() >= 256) {
