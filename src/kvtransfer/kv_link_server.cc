@@ -33,13 +33,13 @@ KvLinkServer::~KvLinkServer() {
   ::shutdown(listen_fd_, SHUT_RDWR);
   accept_thread_.join();
   ::close(listen_fd_);
-  std::vector<Connection> threads;
+  std::vector<kvlink::WorkerThreads::Worker> threads;
   {
     std::lock_guard lock(mutex_);
     for (int fd : connections_) ::shutdown(fd, SHUT_RDWR);
-    threads.swap(threads_);
+    threads = threads_.take_all();
   }
-  for (Connection& connection : threads) connection.thread.join();
+  for (auto& worker : threads) worker.thread.join();
 }
 
 KvLinkServerStats KvLinkServer::stats() const {
@@ -64,26 +64,9 @@ void KvLinkServer::accept_loop() {
       ::close(fd);
       continue;
     }
-    reap_finished();
     connections_.insert(fd);
     ++connections_total_;
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    threads_.push_back({std::thread([this, fd, done] {
-                          serve(fd);
-                          *done = true;
-                        }),
-                        done});
-  }
-}
-
-void KvLinkServer::reap_finished() {
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    if (*it->done) {
-      it->thread.join();
-      it = threads_.erase(it);
-    } else {
-      ++it;
-    }
+    threads_.start([this, fd] { serve(fd); });
   }
 }
 

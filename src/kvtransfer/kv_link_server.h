@@ -39,6 +39,7 @@
 #include "kvtransfer/kv_data_plane.h"
 #include "kvtransfer/kv_link_protocol.h"
 #include "kvtransfer/kv_link_session.h"
+#include "kvtransfer/worker_threads.h"
 
 namespace loom {
 
@@ -83,7 +84,6 @@ class KvLinkServer {
  private:
   void accept_loop();
   void serve(int fd);
-  void reap_finished();  // requires mutex_
   // One put request's blocks (count headers already framed by the op); false closes the connection.
   // `request`: the rest of the 'P' / 'B' message after its op.
   bool receive_put(int fd, kvlink::Session& session, kvlink::MessageReader& request, KvBulkChannel* channel);
@@ -96,11 +96,7 @@ class KvLinkServer {
   std::atomic<bool> stopping_{false};
   mutable std::mutex mutex_;  // guards the connections and threads
   std::set<int> connections_;
-  struct Connection {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Connection> threads_;
+  kvlink::WorkerThreads threads_;  // one per connection
   std::thread accept_thread_;
   std::atomic<int64_t> received_blocks_{0}, received_bytes_{0}, rejected_blocks_{0}, connections_total_{0};
   std::atomic<int64_t> refused_connections_{0}, forged_messages_{0};

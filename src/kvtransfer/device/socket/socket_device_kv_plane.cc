@@ -34,14 +34,14 @@ SocketDeviceKvPlane::~SocketDeviceKvPlane() {
   ::shutdown(listen_fd_, SHUT_RDWR);
   accept_thread_.join();
   ::close(listen_fd_);
-  std::vector<Worker> threads;
+  std::vector<kvlink::WorkerThreads::Worker> threads;
   {
     std::lock_guard lock(threads_mutex_);
     for (int fd : sockets_) ::shutdown(fd, SHUT_RDWR);
-    threads.swap(threads_);
+    threads = threads_.take_all();
   }
   // Sending threads wait on their transfer's condition: wake them until they see stopping_.
-  for (Worker& worker : threads) {
+  for (auto& worker : threads) {
     while (!*worker.done) {
       wake_senders();
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -70,24 +70,7 @@ void SocketDeviceKvPlane::bind_pools(const KvPoolMemory& main, const KvPoolMemor
 
 void SocketDeviceKvPlane::start_thread(std::function<void()> run) {
   std::lock_guard lock(threads_mutex_);
-  reap_finished();
-  auto done = std::make_shared<std::atomic<bool>>(false);
-  threads_.push_back({std::thread([run = std::move(run), done] {
-                        run();
-                        *done = true;
-                      }),
-                      done});
-}
-
-void SocketDeviceKvPlane::reap_finished() {
-  for (auto it = threads_.begin(); it != threads_.end();) {
-    if (*it->done) {
-      it->thread.join();
-      it = threads_.erase(it);
-    } else {
-      ++it;
-    }
-  }
+  threads_.start(std::move(run));
 }
 
 }  // namespace loom

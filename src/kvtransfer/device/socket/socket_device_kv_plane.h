@@ -80,6 +80,7 @@
 #include "kvtransfer/device/device_kv_assembly.h"
 #include "kvtransfer/device/device_kv_plane.h"
 #include "kvtransfer/kv_peer_allowlist.h"
+#include "kvtransfer/worker_threads.h"
 
 namespace loom {
 
@@ -144,7 +145,6 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   // Requires mutex_: lands one verified 'L' body's piece into transfer `id`;
   // false (the transfer failed) when it does not fit the reservation.
   bool land_piece(DeviceKvTransferId id, std::span<const std::byte> body);
-  void reap_finished();  // requires threads_mutex_
   void wake_senders();   // takes mutex_: wakes every sending thread (shutdown)
   void start_thread(std::function<void()> run);
 
@@ -162,11 +162,7 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   SocketDeviceKvPlaneStats stats_;
 
   std::mutex threads_mutex_;  // guards the threads and open sockets
-  struct Worker {
-    std::thread thread;
-    std::shared_ptr<std::atomic<bool>> done;
-  };
-  std::vector<Worker> threads_;
+  kvlink::WorkerThreads threads_;
   std::set<int> sockets_;
   std::thread accept_thread_;
 };
