@@ -172,6 +172,11 @@ void DeviceKvReceiver::drop() {
   reservations_.clear();
 }
 
-bool DeviceKvReceiver::has_pending() const { return !reservations_.empty() || !parked_.empty(); }
+bool DeviceKvReceiver::has_pending() const {
+  if (!parked_.empty()) return true;
+  for (const auto& [id, reservation] : reservations_)
+    if (reservation.state == State::kPending) return true;
+  return false;
+}
 
 }  // namespace loom

@@ -72,7 +72,9 @@ class DeviceKvReceiver {
   void release_claimed();
   // Ends every transfer and releases every lease (shutdown, pool reallocation).
   void drop();
-  // Reservations or parked requests exist: the engine loop must keep polling.
+  // A transfer in flight or a parked request: the engine loop must keep polling.
+  // (Settled reservations kept for a late request need no polling: the next
+  // loop iteration, which any request causes, releases those past their grace.)
   bool has_pending() const;
 
   int64_t num_received() const { return num_received_; }
