@@ -4,6 +4,7 @@
 # answers 20 concurrent OpenAI completions (4 per model, the base model
 # included) over one shared prompt; prints each model's answers and the
 # server's per-mode prefix hits and decode batch sizes. Carries .carry/cuda.
+# Extra `loom serve` arguments in LOOM_SERVE_ARGS (e.g. "--quantization fp8 --kv-cache-dtype fp8").
 set -u
 . "$(dirname "$0")/device_env.sh"
 LOOM=/tmp/loom/bin/loom
@@ -13,7 +14,8 @@ LOOM=/tmp/loom/bin/loom
 LOG="$OUT/serve_modes.log"
 "$LOOM" serve --device cuda --model random:llama-8b --port 8123 --kv-cache-bytes 8589934592 \
   --lora iso=/tmp/loom/modes/adapter0:isolated --lora icarus=/tmp/loom/modes/adapter1:base \
-  --lora fork=/tmp/loom/modes/adapter2:forked --lora judge=/tmp/loom/alora/adapter0:activated > "$LOG" 2>&1 &
+  --lora fork=/tmp/loom/modes/adapter2:forked --lora judge=/tmp/loom/alora/adapter0:activated ${LOOM_SERVE_ARGS:-} \
+  > "$LOG" 2>&1 &
 PID=$!
 for i in $(seq 1 240); do curl -sf localhost:8123/health > /dev/null && break; sleep 0.5; done
 python3 - <<'PY'

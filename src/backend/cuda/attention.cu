@@ -192,6 +192,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   const int residual_load_row = tid / kRankChunks;
   const int residual_load_chunk = tid % kRankChunks;
 
+  uint2 fetched_k[kFp8 ? kLoadPasses : 1], fetched_v[kFp8 ? kLoadPasses : 1];  // FP8: the next tile, in flight
   auto load_tile = [&](int tile_start, int buffer) {
     if constexpr (kForked) {
 #pragma unroll
@@ -215,20 +216,30 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = load_row + i * kLoadRows;
       const bool valid = tile_start + r < item.kv_end;
-      const int destination = (buffer * kTileKeys + r) * kStride + load_chunk * 8;
-      if constexpr (kFp8) {  // synchronous: visible after the barrier that follows the wait for this tile
-        kv_fp8_load8(k_shared + destination, p.k_cache_fp8 + offset[i], valid, p.k_scale);
-        kv_fp8_load8(v_shared + destination, p.v_cache_fp8 + offset[i], valid, p.v_scale);
+      if constexpr (kFp8) {  // into registers; store_fetched puts them in `buffer` after this tile's math
+        fetched_k[i] = kv_fp8_fetch8(p.k_cache_fp8 + offset[i], valid);
+        fetched_v[i] = kv_fp8_fetch8(p.v_cache_fp8 + offset[i], valid);
       } else {
+        const int destination = (buffer * kTileKeys + r) * kStride + load_chunk * 8;
         cp_async_16(k_shared + destination, p.k_cache + offset[i], valid);
         cp_async_16(v_shared + destination, p.v_cache + offset[i], valid);
       }
     }
     cp_async_commit();
   };
+  // FP8: the fetched tile's entries, decoded into `buffer` (plain stores: the next barrier publishes them).
+  auto store_fetched = [&](int buffer) {
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const int destination = (buffer * kTileKeys + load_row + i * kLoadRows) * kStride + load_chunk * 8;
+      kv_fp8_store8(k_shared + destination, fetched_k[i], p.k_scale);
+      kv_fp8_store8(v_shared + destination, fetched_v[i], p.v_scale);
+    }
+  };
 
   const int num_tiles = (item.kv_end - item.kv_begin + kTileKeys - 1) / kTileKeys;
   load_tile(item.kv_begin, 0);
+  if constexpr (kFp8) store_fetched(0);
   __syncthreads();  // q_shared written with plain stores
 
   uint32_t q_fragments[kDimSteps][4];
@@ -375,6 +386,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
           }
         }
       }
+    }
+    if constexpr (kFp8) {
+      if (tile + 1 < num_tiles) store_fetched(buffer ^ 1);  // read by no one since the last barrier
     }
     __syncthreads();  // everyone is done with `buffer` before it is refilled
   }

@@ -39,15 +39,19 @@ constexpr int kProducerRegisters = 40;
 constexpr int kConsumerRegisters = 232;
 constexpr int kRows = kAttentionWideRows;
 constexpr int kKeys = kWideTileKeys;
-constexpr int kStages = 3;
+// bf16 K/V stages: three, or two for an FP8 cache, whose shared memory also holds
+// two raw stages of e4m3 bytes (the same total: 224 KB at head_dim 128).
+template <bool kFp8>
+constexpr int kStagesOf = kFp8 ? 2 : 3;
 constexpr int kQBarrier = 1;     // named barrier: the consumers, once Q has landed
 constexpr int kTurnBarrier = 2;  // + w: warpgroup w's turn at the tensor cores
 
-template <int kHeadDim>
+template <int kHeadDim, bool kFp8>
 constexpr size_t pingpong_shared_bytes() {
-  // Q [128][d], kStages stages of K and V [128][d], the mbarriers, + slack to align to 1024 bytes.
-  return static_cast<size_t>(kRows + 2 * kStages * kKeys) * kHeadDim * sizeof(bf16) + 2 * kStages * sizeof(uint64_t) +
-         1024;
+  // Q [128][d], the stages of K and V [128][d] (FP8: + two raw stages of K and V bytes), the mbarriers, + slack to align to 1024 bytes.
+  constexpr int kStages = kStagesOf<kFp8>;
+  return static_cast<size_t>(kRows + 2 * kStages * kKeys) * kHeadDim * sizeof(bf16) + (kFp8 ? 2 * 2 * kKeys * kHeadDim : 0) +
+         2 * kStages * sizeof(uint64_t) + 1024;
 }
 
 __device__ __forceinline__ void mbarrier_init(uint32_t barrier, int count) {
@@ -80,8 +84,8 @@ __device__ __forceinline__ void named_arrive(int barrier, int threads) {
   asm volatile("bar.arrive %0, %1;\n" ::"r"(barrier), "r"(threads) : "memory");
 }
 
-// kFp8: the main pool is an FP8 cache; the producer decodes each tile into the bf16 stage
-// with plain stores (kv_fp8.cuh) and publishes it as soon as its stores are done.
+// kFp8: the main pool is an FP8 cache; the producer copies each tile's bytes into a
+// raw stage with cp.async, decodes them into the bf16 stage (kv_fp8.cuh) and publishes it.
 template <int kHeadDim, bool kFp8>
 __global__ void __launch_bounds__(kPingPongThreads, 1)
     attention_pingpong_kernel(AttentionParams p, const AttentionWorkItem* items) {
@@ -89,6 +93,8 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   constexpr uint32_t kQBytes = kRows * kHeadDim * sizeof(bf16);
   constexpr uint32_t kTileBytes = kKeys * kHeadDim * sizeof(bf16);
   constexpr int kOut = kHeadDim / 2;  // O accumulators a thread
+  constexpr int kStages = kStagesOf<kFp8>;
+  constexpr uint32_t kRawTileBytes = kKeys * kHeadDim;  // FP8: one raw stage's K (V follows)
 
   extern __shared__ __align__(16) unsigned char shared_raw[];
   const WideShared shared = wide_shared_base(shared_raw);
@@ -98,6 +104,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   const uint32_t v_address = k_address + kStages * kTileBytes;         // [kStages]
   const uint32_t full_barriers = v_address + kStages * kTileBytes;     // [kStages] x 8 bytes
   const uint32_t empty_barriers = full_barriers + kStages * 8;         // [kStages] x 8 bytes
+  unsigned char* raw_stages = base + kQBytes + 2 * kStages * kTileBytes + 2 * kStages * 8;  // FP8: [2][K|V], 16-byte aligned
 
   const AttentionWorkItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // the whole CTA, before any barrier
@@ -144,43 +151,90 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
       mbarrier_arrive(full_barriers + 8 * (t % kStages));
     };
     int32_t blocks = tile_blocks(0);
-    // Two tiles in flight: tile t - 1 is published once tile t's copies are issued.
-    for (int t = 0; t < num_tiles; ++t) {
-      const int stage = t % kStages;
-      if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
-      unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
-      unsigned char* v_stage = base + kQBytes + (kStages + stage) * kTileBytes;
-      const int tile_start = t * kKeys;
-#pragma unroll 4
-      for (int pass = 0; pass < kPasses; ++pass) {
-        const int r = load_row + pass * kLoadRows;
-        const int32_t block = __shfl_sync(0xffffffffu, blocks, r >> shift);
-        const bool valid = tile_start + r < item.kv_end;
-        const int64_t offset = valid ? kv_gather.index_in_block(block, tile_start + r) + load_chunk * 8 : 0;
-        const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
-        if constexpr (kFp8) {
-          kv_fp8_load8(k_stage + destination, p.k_cache_fp8 + offset, valid, p.k_scale);
-          kv_fp8_load8(v_stage + destination, p.v_cache_fp8 + offset, valid, p.v_scale);
+    if constexpr (kFp8) {
+      // Tile t's e4m3 bytes land in raw stage t % 2 by cp.async, 16 entries a copy
+      // (tile t + 1's in flight while tile t is decoded); then this thread decodes
+      // its own copies into the bf16 stage the consumers read, and publishes it.
+      constexpr int kRawChunks = kHeadDim / 16;
+      constexpr int kRawRows = kProducerThreads / kRawChunks;
+      constexpr int kRawPasses = kKeys / kRawRows;
+      static_assert(kProducerThreads % kRawChunks == 0 && kKeys % kRawRows == 0, "whole rows per pass");
+      const int raw_row = producer_tid / kRawChunks;
+      const int raw_chunk = producer_tid % kRawChunks;
+      auto issue = [&](int t, int32_t tile_block_entries) {
+        unsigned char* raw = raw_stages + (t % 2) * 2 * kRawTileBytes;
+#pragma unroll
+        for (int pass = 0; pass < kRawPasses; ++pass) {
+          const int r = raw_row + pass * kRawRows;
+          const int32_t block = __shfl_sync(0xffffffffu, tile_block_entries, r >> shift);
+          const bool valid = t * kKeys + r < item.kv_end;
+          const int64_t offset = valid ? kv_gather.index_in_block(block, t * kKeys + r) + raw_chunk * 16 : 0;
+          const int destination = (r * kRawChunks + raw_chunk) * 16;
+          cp_async_16(raw + destination, p.k_cache_fp8 + offset, valid);
+          cp_async_16(raw + kRawTileBytes + destination, p.v_cache_fp8 + offset, valid);
+        }
+        cp_async_commit();
+      };
+      auto decode = [&](int t) {
+        const unsigned char* raw = raw_stages + (t % 2) * 2 * kRawTileBytes;
+        unsigned char* k_stage = base + kQBytes + (t % kStages) * kTileBytes;
+        unsigned char* v_stage = base + kQBytes + (kStages + t % kStages) * kTileBytes;
+#pragma unroll
+        for (int pass = 0; pass < kRawPasses; ++pass) {
+          const int r = raw_row + pass * kRawRows;
+          const int source = (r * kRawChunks + raw_chunk) * 16;
+          const uint4 k_bits = *reinterpret_cast<const uint4*>(raw + source);
+          const uint4 v_bits = *reinterpret_cast<const uint4*>(raw + kRawTileBytes + source);
+          const uint32_t first = swizzled_chunk_offset(r, 2 * raw_chunk, kKeys);
+          const uint32_t second = swizzled_chunk_offset(r, 2 * raw_chunk + 1, kKeys);
+          kv_fp8_store8(k_stage + first, make_uint2(k_bits.x, k_bits.y), p.k_scale);
+          kv_fp8_store8(k_stage + second, make_uint2(k_bits.z, k_bits.w), p.k_scale);
+          kv_fp8_store8(v_stage + first, make_uint2(v_bits.x, v_bits.y), p.v_scale);
+          kv_fp8_store8(v_stage + second, make_uint2(v_bits.z, v_bits.w), p.v_scale);
+        }
+      };
+      if (num_tiles > 0) issue(0, blocks);
+      for (int t = 0; t < num_tiles; ++t) {
+        if (t + 1 < num_tiles) {
+          blocks = tile_blocks(t + 1);
+          issue(t + 1, blocks);  // into the raw stage tile t - 1 was decoded from
+          cp_async_wait<1>();
         } else {
+          cp_async_wait<0>();
+        }
+        if (t >= kStages) mbarrier_wait(empty_barriers + 8 * (t % kStages), ((t / kStages) - 1) & 1);
+        decode(t);
+        publish(t);
+      }
+    } else {
+      // Two tiles in flight: tile t - 1 is published once tile t's copies are issued.
+      for (int t = 0; t < num_tiles; ++t) {
+        const int stage = t % kStages;
+        if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
+        unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
+        unsigned char* v_stage = base + kQBytes + (kStages + stage) * kTileBytes;
+        const int tile_start = t * kKeys;
+#pragma unroll 4
+        for (int pass = 0; pass < kPasses; ++pass) {
+          const int r = load_row + pass * kLoadRows;
+          const int32_t block = __shfl_sync(0xffffffffu, blocks, r >> shift);
+          const bool valid = tile_start + r < item.kv_end;
+          const int64_t offset = valid ? kv_gather.index_in_block(block, tile_start + r) + load_chunk * 8 : 0;
+          const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
           cp_async_16(k_stage + destination, p.k_cache + offset, valid);
           cp_async_16(v_stage + destination, p.v_cache + offset, valid);
         }
+        cp_async_commit();
+        blocks = tile_blocks(t + 1);  // in flight while the copies land
+        if (t >= 1) {
+          cp_async_wait<1>();
+          publish(t - 1);
+        }
       }
-      if constexpr (kFp8) {
-        blocks = tile_blocks(t + 1);
-        publish(t);  // this thread's stores of tile t are done
-        continue;
+      if (num_tiles > 0) {
+        cp_async_wait<0>();
+        publish(num_tiles - 1);
       }
-      cp_async_commit();
-      blocks = tile_blocks(t + 1);  // in flight while the copies land
-      if (t >= 1) {
-        cp_async_wait<1>();
-        publish(t - 1);
-      }
-    }
-    if (!kFp8 && num_tiles > 0) {
-      cp_async_wait<0>();
-      publish(num_tiles - 1);
     }
     return;
   }
@@ -294,7 +348,7 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
 template <int kHeadDim, bool kFp8>
 void launch_pingpong_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                          cudaStream_t stream) {
-  constexpr size_t kShared = pingpong_shared_bytes<kHeadDim>();
+  constexpr size_t kShared = pingpong_shared_bytes<kHeadDim, kFp8>();
   static const bool attribute_set = [] {
     LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_pingpong_kernel<kHeadDim, kFp8>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
@@ -316,7 +370,9 @@ void launch_pingpong(const AttentionParams& params, const AttentionWorkItem* ite
 }  // namespace
 
 size_t attention_pingpong_shared_bytes(int32_t head_dim) {
-  return head_dim == 128 ? pingpong_shared_bytes<128>() : pingpong_shared_bytes<64>();
+  // The larger of the two layouts (bf16's three stages; FP8's two and its raw stages).
+  return head_dim == 128 ? std::max(pingpong_shared_bytes<128, false>(), pingpong_shared_bytes<128, true>())
+                         : std::max(pingpong_shared_bytes<64, false>(), pingpong_shared_bytes<64, true>());
 }
 
 void launch_attention_pingpong(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,

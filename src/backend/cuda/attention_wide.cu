@@ -75,6 +75,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
   const PagedGather kv_gather = PagedGather::kv(block_table, kv_head, p.block_size, p.num_kv_heads, kHeadDim);
   const int load_row = tid / kChunks;
   const int load_chunk = tid % kChunks;
+  uint2 fetched_k[kFp8 ? kLoadPasses : 1], fetched_v[kFp8 ? kLoadPasses : 1];  // FP8: the next tile, in flight
   auto load_tile = [&](int tile_start, int stage) {
     unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
     unsigned char* v_stage = base + kQBytes + (2 + stage) * kTileBytes;
@@ -84,16 +85,27 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
     for (int i = 0; i < kLoadPasses; ++i) {
       const int r = load_row + i * kLoadRows;
       const bool valid = tile_start + r < item.kv_end;
-      const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kWideKeys);
-      if constexpr (kFp8) {  // plain stores: the fence and barrier after the wait publish them to wgmma
-        kv_fp8_load8(k_stage + destination, p.k_cache_fp8 + offset[i], valid, p.k_scale);
-        kv_fp8_load8(v_stage + destination, p.v_cache_fp8 + offset[i], valid, p.v_scale);
+      if constexpr (kFp8) {  // into registers; store_fetched puts them in `stage` after this tile's math
+        fetched_k[i] = kv_fp8_fetch8(p.k_cache_fp8 + offset[i], valid);
+        fetched_v[i] = kv_fp8_fetch8(p.v_cache_fp8 + offset[i], valid);
       } else {
+        const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kWideKeys);
         cp_async_16(k_stage + destination, p.k_cache + offset[i], valid);
         cp_async_16(v_stage + destination, p.v_cache + offset[i], valid);
       }
     }
     cp_async_commit();
+  };
+  // FP8: the fetched tile decoded into `stage` (plain stores: the fence and barrier at the next tile publish them to wgmma).
+  auto store_fetched = [&](int stage) {
+    unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
+    unsigned char* v_stage = base + kQBytes + (2 + stage) * kTileBytes;
+#pragma unroll
+    for (int i = 0; i < kLoadPasses; ++i) {
+      const uint32_t destination = swizzled_chunk_offset(load_row + i * kLoadRows, load_chunk, kWideKeys);
+      kv_fp8_store8(k_stage + destination, fetched_k[i], p.k_scale);
+      kv_fp8_store8(v_stage + destination, fetched_v[i], p.v_scale);
+    }
   };
 
   const WideRowLimits limits = wide_row_limits(sequence, item, group, total_rows, warpgroup, warp, g);
@@ -111,6 +123,7 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
 
   const int num_tiles = (item.kv_end + kWideKeys - 1) / kWideKeys;
   load_tile(0, 0);  // the same commit group as Q
+  if constexpr (kFp8) store_fetched(0);
   for (int tile = 0; tile < num_tiles; ++tile) {
     const int stage = tile & 1;
     const int tile_start = tile * kWideKeys;
@@ -135,6 +148,9 @@ __global__ void __launch_bounds__(kWideThreads, 1) attention_wide_kernel(Attenti
       wide_issue_pv<kHeadDim>(o, a, v_address + stage * kTileBytes);
       wgmma_wait<0>();
       fence_accumulators(o);
+    }
+    if constexpr (kFp8) {
+      if (tile + 1 < num_tiles) store_fetched(stage ^ 1);  // read by no one since the last barrier
     }
     __syncthreads();  // both warpgroups are done with `stage` before it is refilled
   }

@@ -225,6 +225,8 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.residual_host_kv_tier = true;
   capabilities.capture_hidden_states = true;
   capabilities.fp8_weights = true;
+  capabilities.fp8_kv_cache = true;            // CudaFp8Kv.*, CudaAttention.Fp8CacheReadsAsItsDequantizedValues
+  capabilities.kv_layer_notifications = true;  // CudaKvLayerListener.*
   return capabilities;
 }
 

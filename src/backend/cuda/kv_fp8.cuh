@@ -33,12 +33,23 @@ __device__ __forceinline__ uint4 kv_fp8_decode8(uint2 bits, float scale) {
   return out;
 }
 
-// The FP8 counterpart of cp_async_16 of eight bf16 K/V entries: loads eight
-// e4m3 entries (`valid`: else zeros, the source is not read) and stores them
-// to shared memory as bf16, synchronously (the caller's barrier publishes them).
-__device__ __forceinline__ void kv_fp8_load8(void* shared, const uint8_t* global, bool valid, float scale) {
-  const uint2 bits = valid ? __ldg(reinterpret_cast<const uint2*>(global)) : make_uint2(0u, 0u);
+// Eight e4m3 entries (8 bytes, 8-byte aligned) from global memory; zeros where
+// not `valid` (the source is not read). The load is in flight until the bits are
+// used: a kernel fetches its next tile here before the current tile's math and
+// stores it (kv_fp8_store8) after, which hides the latency as cp.async does for bf16.
+__device__ __forceinline__ uint2 kv_fp8_fetch8(const uint8_t* global, bool valid) {
+  return valid ? __ldg(reinterpret_cast<const uint2*>(global)) : make_uint2(0u, 0u);
+}
+
+// Fetched entries to shared memory as eight bf16 values times `scale` (16 bytes,
+// a plain store: the caller's barrier publishes it).
+__device__ __forceinline__ void kv_fp8_store8(void* shared, uint2 bits, float scale) {
   *reinterpret_cast<uint4*>(shared) = kv_fp8_decode8(bits, scale);
+}
+
+// Fetch and store at once (the first tile, and loaders that have nothing to overlap).
+__device__ __forceinline__ void kv_fp8_load8(void* shared, const uint8_t* global, bool valid, float scale) {
+  kv_fp8_store8(shared, kv_fp8_fetch8(global, valid), scale);
 }
 
 __device__ __forceinline__ float kv_fp8_decode(uint8_t bits, float scale) {
