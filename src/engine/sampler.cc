@@ -5,6 +5,7 @@
 #include <limits>
 
 #include "util/error.h"
+#include "util/vector_math.h"
 
 namespace loom {
 
@@ -79,12 +80,10 @@ void Sampler::note_output_token(int32_t token_id) {
 
 SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
   LOOM_CHECK(vocab_size > 0);
-  // log-softmax of the raw logits, in double for stable logprobs.
-  float max_raw = raw_logits[0];
-  for (int32_t i = 1; i < vocab_size; ++i) max_raw = std::max(max_raw, raw_logits[i]);
-  double sum = 0.0;
-  for (int32_t i = 0; i < vocab_size; ++i) sum += std::exp(static_cast<double>(raw_logits[i] - max_raw));
-  const double log_normalizer = static_cast<double>(max_raw) + std::log(sum);
+  // log-softmax of the raw logits: fp32 terms (vectorised: a 128K vocabulary in
+  // tens of microseconds, not milliseconds a row) summed in fp64.
+  const float max_raw = max_value(raw_logits, vocab_size);
+  const double log_normalizer = static_cast<double>(max_raw) + std::log(exp_shifted_sum(raw_logits, vocab_size, max_raw));
   auto logprob_of = [&](int32_t id) { return static_cast<float>(raw_logits[id] - log_normalizer); };
 
   // The choice is made on the adjusted logits.
@@ -94,9 +93,10 @@ SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
     adjust(adjusted_);
     logits = adjusted_.data();
   }
-  int32_t argmax = 0;
-  for (int32_t i = 1; i < vocab_size; ++i)
-    if (logits[i] > logits[argmax]) argmax = i;
+  // The first index holding the largest value (lowest id on ties; 0 where none compares, as for a NaN first entry).
+  const float best = logits == raw_logits ? max_raw : max_value(logits, vocab_size);
+  const float* found = std::find(logits, logits + vocab_size, best);
+  const int32_t argmax = found == logits + vocab_size ? 0 : static_cast<int32_t>(found - logits);
 
   SampledToken result;
   result.token_id = argmax;

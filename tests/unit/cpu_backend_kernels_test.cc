@@ -4,12 +4,13 @@
 #include <omp.h>
 
 #include <cmath>
+#include <limits>
 #include <vector>
 
 #include "backend/cpu/cpu_kernels.h"
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/vector_math.h"
 #include "util/prng.h"
+#include "util/vector_math.h"
 
 namespace loom::cpu {
 namespace {
@@ -108,6 +109,26 @@ TEST(CpuKernels, VectorisedExpIsWithinThreeUlpsOfExp) {
   exp_shifted_in_place(tiny, 9, 0.0f);
   for (int i = 0; i < 8; ++i) EXPECT_TRUE(tiny[i] >= 0.0f && tiny[i] < 1e-20f) << i;
   EXPECT_EQ(tiny[8], 1.0f);
+}
+
+// The host sampler's log-softmax (util/vector_math.h): the largest logit and the
+// sum of exp(logit - max) over a vocabulary-sized row, against a scalar fp64 pass;
+// lengths that are and are not multiples of the vector width, and masked (-inf) entries.
+TEST(CpuKernels, VectorisedMaxAndExpSumMatchAScalarPass) {
+  Prng prng(11);
+  for (int64_t count : {1, 7, 8, 9, 1000, 128257}) {
+    std::vector<float> logits = random_values(prng, count);
+    for (float& x : logits) x *= 12.0f;
+    if (count > 100) logits[count / 3] = -std::numeric_limits<float>::infinity();
+    float expected_max = logits[0];
+    for (float x : logits) expected_max = std::max(expected_max, x);
+    EXPECT_EQ(max_value(logits.data(), count), expected_max) << count;
+    double expected_sum = 0.0;
+    for (float x : logits) expected_sum += std::exp(static_cast<double>(x) - expected_max);
+    EXPECT_NEAR(exp_shifted_sum(logits.data(), count, expected_max), expected_sum, 1e-6 * expected_sum) << count;
+  }
+  const float tail_max[9] = {1, 2, 3, 4, 5, 6, 7, 8, 9.5f};  // the largest past the last full vector
+  EXPECT_EQ(max_value(tail_max, 9), 9.5f);
 }
 
 TEST(CpuKernels, SiluMultiplyMatchesTorchFormula) {

@@ -6,7 +6,7 @@
 #include <cmath>
 
 #include "backend/cpu/gemm.h"
-#include "backend/cpu/vector_math.h"
+#include "util/vector_math.h"
 #include "util/error.h"
 
 namespace loom::cpu {

@@ -6,7 +6,7 @@
 #include <limits>
 #include <vector>
 
-#include "backend/cpu/vector_math.h"
+#include "util/vector_math.h"
 
 namespace loom::cpu {
 namespace {

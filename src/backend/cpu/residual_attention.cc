@@ -8,7 +8,7 @@
 #include <limits>
 
 #include "backend/cpu/cpu_kernels.h"
-#include "backend/cpu/vector_math.h"
+#include "util/vector_math.h"
 
 namespace loom::cpu {
 

@@ -22,6 +22,7 @@
 #include <cfloat>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_attributes.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch.cuh"
@@ -515,13 +516,7 @@ int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 
 template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8 = false>
 void ensure_shared_attribute() {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
-  // Once per instantiation (a magic static: thread-safe, retried if it threw).
-  static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_kernel<kHeadDim, kRowWarps, kRankPad, kFp8>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
-    return true;
-  }();
-  (void)attribute_set;
+  allow_dynamic_shared_memory<attention_kernel<kHeadDim, kRowWarps, kRankPad, kFp8>>(kShared);
 }
 
 template <int kHeadDim, int kRankPad>

@@ -21,6 +21,7 @@
 
 #include "backend/cuda/attention_wide.cuh"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_attributes.cuh"
 #include "backend/cuda/kv_fp8.cuh"
 
 namespace loom::cuda {
@@ -162,12 +163,7 @@ template <int kHeadDim, bool kFp8>
 void launch_wide_for(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
                      cudaStream_t stream) {
   constexpr size_t kShared = wide_shared_bytes<kHeadDim>();
-  static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(attention_wide_kernel<kHeadDim, kFp8>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(kShared)));
-    return true;
-  }();
-  (void)attribute_set;
+  allow_dynamic_shared_memory<attention_wide_kernel<kHeadDim, kFp8>>(kShared);
   const dim3 grid(num_items, params.num_kv_heads);
   attention_wide_kernel<kHeadDim, kFp8><<<grid, kWideThreads, kShared, stream>>>(params, items);
   LOOM_CUDA_CHECK_LAUNCH();

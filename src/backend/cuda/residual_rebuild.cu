@@ -17,6 +17,7 @@
 // s_v rV B_v^T the same way: rounded into V here, where ResidualAttention
 // applies it to P rV after the loop.
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/kernel_attributes.cuh"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/residual_keys.cuh"
@@ -113,13 +114,8 @@ template <int kHeadDim>
 void launch_rebuild(const AttentionParams& params, const ResidualRebuildItem* items, int32_t num_items,
                     int32_t max_rank, bf16* scratch_k, bf16* scratch_v, cudaStream_t stream) {
   const size_t shared = rebuild_shared_bytes(kHeadDim, max_rank);
-  // The opt-in above 48 KB (rank 64: 96 KB), once per instantiation (a magic static).
-  static const bool attribute_set = [] {
-    LOOM_CUDA_CHECK(cudaFuncSetAttribute(residual_rebuild_kernel<kHeadDim>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         static_cast<int>(rebuild_shared_bytes(kHeadDim, kResidualMaxRank))));
-    return true;
-  }();
-  (void)attribute_set;
+  // The opt-in above 48 KB (rank 64: 96 KB), for the largest rank.
+  allow_dynamic_shared_memory<residual_rebuild_kernel<kHeadDim>>(rebuild_shared_bytes(kHeadDim, kResidualMaxRank));
   residual_rebuild_kernel<kHeadDim><<<dim3(num_items, params.num_kv_heads), kRebuildThreads, shared, stream>>>(
       params, items, max_rank, scratch_k, scratch_v);
   LOOM_CUDA_CHECK_LAUNCH();

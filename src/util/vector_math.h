@@ -1,9 +1,11 @@
-// Vectorised exp for the CPU backend's softmax and SiLU: glibc's expf is scalar
-// (~6 ns an element) and without -ffast-math the compiler will not vectorise it.
+// Vectorised exp for the CPU backend's softmax and SiLU and the host sampler's
+// log-softmax: glibc's expf is scalar (~6 ns an element) and without
+// -ffast-math the compiler will not vectorise it.
 // Cephes-style range reduction + degree-5 polynomial: within 2 ulp of expf for
 // x in [-87, 88]; below that it gives ~1e-38, above it saturates at ~1.65e38.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 
@@ -11,7 +13,7 @@
 #include <immintrin.h>
 #endif
 
-namespace loom::cpu {
+namespace loom {
 
 #if defined(__AVX2__) && defined(__FMA__)
 
@@ -58,6 +60,43 @@ inline float exp_shifted_in_place(float* values, int64_t count, float shift) {
   return sum;
 }
 
+// The largest of values[0..count) (count > 0; NaN entries are skipped, as std::max does past the first).
+inline float max_value(const float* values, int64_t count) {
+  int64_t i = 0;
+  float best = values[0];
+#if defined(__AVX2__) && defined(__FMA__)
+  if (count >= 8) {
+    __m256 best_vector = _mm256_loadu_ps(values);
+    for (i = 8; i + 8 <= count; i += 8) best_vector = _mm256_max_ps(_mm256_loadu_ps(values + i), best_vector);
+    alignas(32) float lanes[8];
+    _mm256_store_ps(lanes, best_vector);
+    for (float lane : lanes) best = std::max(best, lane);
+  }
+#endif
+  for (; i < count; ++i) best = std::max(best, values[i]);
+  return best;
+}
+
+// The sum of exp(values[i] - shift), each term in fp32 (within 2 ulp), summed in fp64.
+inline double exp_shifted_sum(const float* values, int64_t count, float shift) {
+  int64_t i = 0;
+  double sum = 0.0;
+#if defined(__AVX2__) && defined(__FMA__)
+  const __m256 shift_vector = _mm256_set1_ps(shift);
+  __m256d low = _mm256_setzero_pd(), high = _mm256_setzero_pd();
+  for (; i + 8 <= count; i += 8) {
+    const __m256 e = exp_avx2(_mm256_sub_ps(_mm256_loadu_ps(values + i), shift_vector));
+    low = _mm256_add_pd(low, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    high = _mm256_add_pd(high, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(low, high));
+  for (double lane : lanes) sum += lane;
+#endif
+  for (; i < count; ++i) sum += static_cast<double>(std::exp(values[i] - shift));
+  return sum;
+}
+
 // gate[i] = gate[i] / (1 + exp(-gate[i])) * up[i] (torch's silu, then the product).
 inline void silu_multiply_span(float* gate, const float* up, int64_t count) {
   int64_t i = 0;
@@ -73,4 +112,4 @@ inline void silu_multiply_span(float* gate, const float* up, int64_t count) {
   for (; i < count; ++i) gate[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
 }
 
-}  // namespace loom::cpu
+}  // namespace loom

@@ -1,0 +1,33 @@
+#!/bin/bash
+# On a machine of two or more GPUs (nvidia-h200-x2 / -x4): tensor parallelism over NCCL.
+#   1. the multi-GPU tests (CudaNcclTensorParallel: TP=2 (and 4) logits against the unsharded model, every
+#      architecture and sharing mode mixed; CudaNcclGroup: abort ends a rank waiting for its peer; the NCCL KV link);
+#   2. `loom serve --device cuda -tp N --model random:llama-8b` with an adapter in every sharing mode
+#      (serve_modes_check.sh: 20 concurrent completions, the base model included);
+#   3. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left.
+# Carries .carry/cuda (bench/cuda/pack.sh). TP (default 2), BUDGET seconds for the whole (default 560).
+set -u
+TP=${TP:-2}
+BUDGET=${BUDGET:-560}
+START=$(date +%s)
+left() { echo $((START + BUDGET - $(date +%s))); }
+. "$(dirname "$0")/device_env.sh"
+nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/tp_env.txt"
+nvidia-smi topo -m >> "$OUT/tp_env.txt" 2>&1
+T=/tmp/loom/bin/cuda_backend_test
+timeout 220 "$T" --gtest_filter='CudaNccl*:CudaKvNcclLink*:CudaTensorParallel*:AllArchs/CudaNcclTensorParallel*:AllArchs/CudaTensorParallel*' \
+  > "$OUT/tp_tests.log" 2>&1
+echo "== tests: exit status $?"
+grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure" "$OUT/tp_tests.log" | tail -30
+LOOM_SERVE_ARGS="-tp $TP" timeout $(( $(left) < 230 ? $(left) : 230 )) bash "$(dirname "$0")/serve_modes_check.sh" > "$OUT/tp_modes.log" 2>&1
+echo "== serve -tp $TP, every mode: exit status $?"
+grep -E "all 20|FAILED|decode_batch|error" "$OUT/tp_modes.log" | head
+[ -f "$OUT/serve_modes.log" ] && mv "$OUT/serve_modes.log" "$OUT/tp_serve_modes.log"
+if [ "$(left)" -gt 150 ]; then
+  L=/tmp/loom/bin/loom
+  timeout $(( $(left) - 10 )) python3 bench/serve/serve_bench.py --out-dir "$OUT" --tag tp$TP --skip-prefix --startup-timeout 200 \
+    --concurrency ${CONCURRENCY:-1 64} --output-tokens 128 \
+    --server "tp$TP=$L serve --device cuda --model random:llama-8b --port {port} -tp $TP --gpu-memory-fraction 0.8" \
+    --server "tp1=$L serve --device cuda --model random:llama-8b --port {port} --gpu-memory-fraction 0.8" 2>&1 | tail -12
+fi
+echo "== done in $(( $(date +%s) - START )) s"
