@@ -54,6 +54,10 @@ struct BackendCapabilities {
   bool host_kv_tier = false;
   // ... and for the rCache pool (KvPoolKind::kResidual) of forked sharing.
   bool residual_host_kv_tier = false;
+  // forward() leaves the host's cores idle (the work runs on a device), so the
+  // engine may use them meanwhile: it samples the rows that come back as
+  // logits in parallel. False for the CPU backend, whose forward owns them.
+  bool host_cores_idle = false;
   // forward() honours Batch::capture_hidden_states (divergence tooling).
   bool capture_hidden_states = false;
   // FP8 linear weights run as FP8: e4m3 bytes and their scales on the device,

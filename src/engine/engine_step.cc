@@ -179,7 +179,9 @@ void EngineImpl::sample_and_emit(const ScheduledBatch& scheduled, const ForwardR
   // cores are otherwise idle) several run in parallel (a structured-output row
   // masks and reads its whole vocabulary row; one drawn on the device still
   // moves its grammar on); what they produce is emitted in row order on this
-  // thread. The CPU backend keeps its cores for the forward.
+  // thread (backend_capabilities.h host_cores_idle: not on the CPU backend,
+  // which keeps its cores for the forward; a CUDA tensor-parallel group, which
+  // samples on the host, is where it pays most).
   std::vector<std::optional<RequestOutput>> outputs(scheduled.requests.size());
   struct RowWork {
     size_t row;
@@ -203,7 +205,7 @@ void EngineImpl::sample_and_emit(const ScheduledBatch& scheduled, const ForwardR
             : request.on_device_token({result.sampled_token_ids[item.row], result.sampled_logprobs[item.row], {}},
                                       eos_ids_);
   };
-  if (!capabilities_.device_sampling || work.size() <= 1) {
+  if (!capabilities_.host_cores_idle || work.size() <= 1) {
     for (const RowWork& item : work) run_row(item);
   } else {
     host_workers().start(work.size(), [&](size_t i) { run_row(work[i]); }).wait();  // rethrows what a row threw

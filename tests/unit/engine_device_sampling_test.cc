@@ -33,6 +33,7 @@ class ArgmaxSamplingBackend final : public test::ForwardingBackend {
   BackendCapabilities capabilities() const override {
     BackendCapabilities capabilities = inner().capabilities();
     capabilities.device_sampling = true;
+    capabilities.host_cores_idle = true;  // as on a GPU: the host rows are sampled in parallel
     capabilities.device_token_masks = token_masks_;
     capabilities.device_logit_processing = logit_processing_;
     return capabilities;

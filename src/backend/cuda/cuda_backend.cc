@@ -219,6 +219,7 @@ BackendCapabilities cuda_backend_capabilities() {
   capabilities.dimension_multiple = 8;  // the LoRA and skinny GEMM kernels' 16-byte loads
   capabilities.max_lora_rank = cuda::kLoraMaxRank;
   capabilities.device_sampling = true;
+  capabilities.host_cores_idle = true;
   capabilities.device_token_masks = true;
   capabilities.device_logit_processing = true;
   capabilities.host_kv_tier = true;
