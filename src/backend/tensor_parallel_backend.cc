@@ -77,6 +77,8 @@ ForwardResult TensorParallelBackend::forward(const Batch& batch) {
   std::vector<ForwardResult> parts(ranks_.size());
   run_on_ranks([&](int32_t r) { parts[r] = ranks_[r]->forward(batch); });
   ForwardResult result = std::move(parts[0]);
+  // Ranks that gather the vocabulary themselves (CUDA's VocabGather): rank 0's result is whole.
+  if (result.vocab_size == config_.vocab_size) return result;
   const int64_t num_rows = static_cast<int64_t>(result.logit_token_index.size());
   const int64_t vocab = config_.vocab_size;
   std::vector<float> logits(num_rows * vocab);
@@ -96,7 +98,7 @@ ForwardResult TensorParallelBackend::forward(const Batch& batch) {
 BackendCapabilities TensorParallelBackend::capabilities() const {
   BackendCapabilities capabilities = ranks_[0]->capabilities();
   capabilities.tensor_parallel_size = static_cast<int32_t>(ranks_.size());
-  capabilities.device_sampling = false;
+  capabilities.device_sampling = false;  // a group that gathers its logits on the device says otherwise
   capabilities.device_token_masks = false;
   capabilities.device_logit_processing = false;
   capabilities.host_kv_tier = false;

@@ -6,8 +6,10 @@
 // group's collectives when a rank fails. The backends (cpu, cuda) build the
 // ranks and the group; they add the host tier, which depends on their memory.
 //
-// Logits come back whole on the host: sampling on the device, token masks and
-// logit processing are not declared (the host Sampler runs them).
+// Logits come back whole on the host, joined here from the ranks' slices,
+// unless the ranks join them on the device (rank 0's result is then whole:
+// the CUDA group, which also samples on the device). Token masks and logit
+// processing are not declared (the host Sampler runs those rows).
 //
 // Threads: as Backend (engine thread); forward() uses its own worker threads,
 // one per rank, and returns when all are done. On failure it rethrows the

@@ -34,6 +34,7 @@ const NcclLibrary& nccl_library() {
     resolve(loaded.group_start, "ncclGroupStart");
     resolve(loaded.group_end, "ncclGroupEnd");
     resolve(loaded.all_reduce, "ncclAllReduce");
+    resolve(loaded.all_gather, "ncclAllGather");
     resolve(loaded.send, "ncclSend");
     resolve(loaded.recv, "ncclRecv");
     resolve(loaded.error_string, "ncclGetErrorString");

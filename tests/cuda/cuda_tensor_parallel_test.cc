@@ -92,6 +92,23 @@ class SameDeviceGroup {
       LOOM_CUDA_CHECK(
           cudaMemcpyAsync(data, scratch_.data(), count * sizeof(float), cudaMemcpyDeviceToDevice, stream));
     }
+    // Each rank publishes its send buffer, copies every rank's into its receive
+    // buffer once all are ready, and returns its buffer to use only when every
+    // rank has read it.
+    void all_gather(const float* send, float* receive, int64_t count, cudaStream_t stream) override {
+      const int32_t size = group_.barrier_.size();
+      group_.buffers_[rank_] = const_cast<float*>(send);
+      LOOM_CUDA_CHECK(cudaEventRecord(group_.ready_[rank_], stream));
+      group_.barrier_.arrive_and_wait();
+      for (int32_t r = 0; r < size; ++r) {
+        LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, group_.ready_[r], 0));
+        LOOM_CUDA_CHECK(cudaMemcpyAsync(receive + r * count, group_.buffers_[r], count * sizeof(float),
+                                        cudaMemcpyDeviceToDevice, stream));
+      }
+      LOOM_CUDA_CHECK(cudaEventRecord(group_.read_[rank_], stream));
+      group_.barrier_.arrive_and_wait();
+      for (int32_t r = 0; r < size; ++r) LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream, group_.read_[r], 0));
+    }
     bool capturable() const override { return false; }
 
    private:
@@ -213,7 +230,60 @@ void expect_every_mode_unsharded(Architecture arch, Joined joined, std::vector<i
   }
 }
 
+// Device sampling under TP (vocab_gather.h): each rank gathers the vocabulary
+// slices into whole logits on its device and draws there; the group returns rank
+// 0's draws and the host rows' whole logits. Greedy rows and seeded temperature
+// rows (one at a high temperature, so the draw reaches far into the vocabulary,
+// past the first rank's slice) against the unsharded backend's draws.
+void expect_device_sampling_unsharded(Joined joined, int32_t size) {
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const auto weights = test::tiny_weights(config, 41, false);
+  auto whole = make_cuda_backend(config, *weights);
+  CudaBackendConfig gathering;
+  gathering.tuning.tensor_parallel_vocab_gather = true;
+  Sharded sharded = make_sharded(config, *weights, size, joined, gathering);
+  EXPECT_TRUE(sharded.backend->capabilities().device_sampling);
+  for (Backend* backend : {whole.get(), sharded.backend.get()}) backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+  Driver driver(kNumBlocks, kBlockSize, 9, /*with_residual_pool=*/false);
+  std::vector<int> sequences;
+  for (int s = 0; s < 5; ++s) sequences.push_back(driver.add_sequence());
+  const float temperatures[5] = {0.0f, 0.7f, 1.0f, 50.0f, 0.0f};
+  int32_t far_draws = 0;
+  for (int step = 0; step < 4; ++step) {
+    std::vector<Driver::Part> parts;
+    for (int s : sequences)
+      parts.push_back({s, driver.random_tokens(step == 0 ? 11 + 3 * s : 1, config.vocab_size),
+                       std::vector<int32_t>(step == 0 ? 11 + 3 * s : 1, -1), false});
+    Batch batch = driver.make_batch(parts);
+    for (int s = 0; s < 5; ++s) {
+      DeviceSampling row;
+      row.on_device = s != 4;  // the last row comes back as logits
+      row.temperature = temperatures[s];
+      row.seed = 1000 + s;
+      row.step = static_cast<uint64_t>(step);
+      batch.sampling.push_back(row);
+    }
+    const ForwardResult reference = whole->forward(batch);
+    const ForwardResult got = sharded.backend->forward(batch);
+    const std::string where = "TP=" + std::to_string(size) + " step " + std::to_string(step);
+    ASSERT_EQ(got.sampled_token_ids.size(), reference.sampled_token_ids.size()) << where;
+    EXPECT_EQ(got.sampled_token_ids, reference.sampled_token_ids) << where;
+    for (size_t r = 0; r < got.sampled_logprobs.size(); ++r)
+      if (reference.sampled_token_ids[r] >= 0)
+        EXPECT_NEAR(got.sampled_logprobs[r], reference.sampled_logprobs[r], 1e-3) << where << " row " << r;
+    EXPECT_EQ(got.vocab_size, config.vocab_size) << where;
+    test::expect_logits_close(got, reference, where + " (the host row)", 1e-4);
+    for (int32_t token : got.sampled_token_ids) far_draws += token >= config.vocab_size / size;
+  }
+  EXPECT_GT(far_draws, 0) << "no draw came from past rank 0's slice of the vocabulary";
+}
+
 class CudaTensorParallel : public ::testing::TestWithParam<Architecture> {};
+
+TEST(CudaTensorParallelSampling, RanksDrawOnTheirGatheredLogitsAsOneGpuDoes) {
+  LOOM_REQUIRE_GPU();
+  for (int32_t size : {2, 4}) expect_device_sampling_unsharded(Joined::kSameDevice, size);
+}
 
 TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
   LOOM_REQUIRE_GPU();
@@ -279,6 +349,14 @@ namespace loom::cuda {
 namespace {
 
 bool nccl_loads() { return nccl_library().loaded(); }
+
+TEST(CudaNcclTensorParallelSampling, RanksDrawOnTheirGatheredLogitsAsOneGpuDoes) {
+  LOOM_REQUIRE_GPU();
+  if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
+  if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
+  expect_device_sampling_unsharded(Joined::kNccl, 2);
+  if (visible_gpus() >= 4) expect_device_sampling_unsharded(Joined::kNccl, 4);
+}
 
 // Over NCCL, rank r on GPU r: the same every-mode check at 2 (and 4) GPUs.
 class CudaNcclTensorParallel : public ::testing::TestWithParam<Architecture> {};

@@ -54,7 +54,9 @@ CudaBackend::CudaBackend(const ModelConfig& config, DeviceModel model, cudaStrea
       lora_(config, backend_config.max_adapter_slots, tuning_.lora_side_stream),
       prefetcher_(config, tuning_.l2_prefetch),
       runner_(StepParts{config_, layer_, tuning_, model_, gemm_, pools_, lora_, plan_, buffers_, prefetcher_, rank_}),
-      sampler_(config.vocab_size) {
+      vocab_gather_(rank_.shard, config.vocab_size, rank_.model_vocab_size,
+                    tuning_.tensor_parallel_vocab_gather ? rank_.communicator : nullptr),
+      sampler_(vocab_gather_.vocab_size()) {
   pools_.set_fp8_scales(model_.k_cache_scales(), model_.v_cache_scales());
   // A group whose all-reduce cannot be captured runs every step eagerly.
   if (rank_.communicator != nullptr && !rank_.communicator->capturable()) tuning_.cuda_graphs = false;

@@ -31,6 +31,11 @@ struct CudaTuning {
   // Decode steps of up to max_graph_rows rows (tokens + ICaRus decoder rows)
   // replay CUDA graphs captured per launch shape; false: every step eager.
   bool cuda_graphs = true;
+  // A tensor-parallel rank gathers the vocabulary slices of its logits on the
+  // device (vocab_gather.h) and the group samples there (device_sampling). Off
+  // until its GPU tests (CudaTensorParallelSampling, CudaNcclTensorParallelSampling)
+  // have run: the group then returns its slices to the host, which joins and samples them.
+  bool tensor_parallel_vocab_gather = false;
   int max_graph_rows = 256;
   // Large non-forked prefills on the wgmma kernels (attention_wide.cu,
   // attention_pingpong.cu); false: the mma.sync kernel.

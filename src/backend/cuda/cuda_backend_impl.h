@@ -34,6 +34,7 @@
 #include "backend/cuda/layer_runner.h"
 #include "backend/cuda/lora_launcher.h"
 #include "backend/cuda/step_buffers.h"
+#include "backend/cuda/vocab_gather.h"
 #include "lora/adapter.h"
 
 namespace loom::cuda {
@@ -124,6 +125,8 @@ class CudaBackend final : public Backend {
   // The model's pass, then the draw unless it is guided (finish_forward draws those).
   void enqueue_kernels(bool with_sampling);
   void enqueue_guided_draw(std::span<const uint32_t> token_masks);
+  // What the draw reads: the step's logits, made whole first on a tensor-parallel rank.
+  float* whole_logits();
   std::vector<const void*> graph_addresses() const;
   // Makes device_ current on the calling thread (every entry point the engine calls first).
   void use_device() const;
@@ -146,7 +149,8 @@ class CudaBackend final : public Backend {
   StepBuffers buffers_;
   L2Prefetcher prefetcher_;
   LayerRunner runner_;
-  DeviceSampler sampler_;
+  VocabGather vocab_gather_;  // a tensor-parallel rank's logits made whole before the draw
+  DeviceSampler sampler_;     // over vocab_gather_.vocab_size()
   GraphCache graphs_;
   PinnedBuffer logits_host_;
   std::vector<cudaEvent_t> layer_events_;  // [num_layers], created by the first step with a KV listener

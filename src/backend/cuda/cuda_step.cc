@@ -58,16 +58,22 @@ void CudaBackend::prepare_step() {
   buffers_.grow(plan, config_, step_.capture_hidden_states, model_.fp8());
   lora_.prepare(plan);
   sampler_.grow(plan.num_logit_launch_rows());
+  vocab_gather_.grow(plan.num_logit_launch_rows());
   // The scratch was taken with the rCache for the plan's whole budget (allocate_residual_cache).
   LOOM_CHECK(plan.num_scratch_keys() <= pools_.scratch_keys());
   plan_.upload(stream_);
 }
 
+float* CudaBackend::whole_logits() {
+  return vocab_gather_.active() ? vocab_gather_.whole() : buffers_.logits.as<float>();
+}
+
 void CudaBackend::enqueue_kernels(bool with_sampling) {
   runner_.enqueue(step_);
   const StepPlan& plan = plan_.plan();
+  vocab_gather_.enqueue(buffers_.logits.as<float>(), plan.num_logit_launch_rows(), stream_);
   if (with_sampling && !plan.sampling_rows().empty())
-    sampler_.enqueue_draw(buffers_.logits.as<float>(), plan.num_logit_launch_rows(),
+    sampler_.enqueue_draw(whole_logits(), plan.num_logit_launch_rows(),
                           plan_.pointer<SamplingRow>(plan.sections().sampling), Launch(stream_, step_.programmatic));
   prefetcher_.end_step(stream_);  // a captured step must join every stream it forked
 }
@@ -75,7 +81,7 @@ void CudaBackend::enqueue_kernels(bool with_sampling) {
 void CudaBackend::enqueue_guided_draw(std::span<const uint32_t> token_masks) {
   const StepPlan& plan = plan_.plan();
   LOOM_CHECK(!plan.sampling_rows().empty());  // check_device_sampling: masks and edits come with sampling rows
-  sampler_.enqueue_guided_draw(buffers_.logits.as<float>(), plan.num_logit_launch_rows(),
+  sampler_.enqueue_guided_draw(whole_logits(), plan.num_logit_launch_rows(),
                                plan_.pointer<SamplingRow>(plan.sections().sampling), token_masks,
                                batch_->num_token_mask_rows, batch_->logit_edits, stream_);
 }
@@ -99,6 +105,7 @@ std::vector<const void*> CudaBackend::graph_addresses() const {
   std::vector<const void*> addresses = buffers_.addresses();
   for (const void* address : lora_.buffers()) addresses.push_back(address);
   addresses.push_back(sampler_.device_address());
+  for (const void* address : vocab_gather_.addresses()) addresses.push_back(address);
   addresses.push_back(plan_.device_data());
   addresses.push_back(pools_.main_base());
   addresses.push_back(pools_.residual_pool(0));
@@ -148,23 +155,27 @@ ForwardResult CudaBackend::finish_forward(std::span<const uint32_t> token_masks)
     ~Done() { batch = nullptr; }
   } done{batch_};
   ForwardResult result;
-  result.vocab_size = config_.vocab_size;
+  result.vocab_size = vocab_gather_.vocab_size();  // a tensor-parallel rank's: the whole vocabulary
   const StepPlan& plan = plan_.plan();
   if (plan.num_tokens() == 0) return result;
   if (guided_) enqueue_guided_draw(token_masks);
   const size_t num_rows = plan.logit_rows().size();
-  const size_t vocab = static_cast<size_t>(config_.vocab_size);
+  const size_t vocab = static_cast<size_t>(result.vocab_size);
   const std::vector<SamplingRow>& sampling = plan.sampling_rows();
-  const float* logits = buffers_.logits.as<float>();
-  // With device sampling only the rows left to the host travel, packed in row order.
-  const size_t num_host_rows = sampling.empty() ? num_rows : num_rows - plan.num_device_sampled_rows();
+  const float* logits = whole_logits();
+  // With device sampling only the rows left to the host travel, packed in row
+  // order; of a tensor-parallel group's whole logits, rank 0's copy alone.
+  const size_t num_host_rows = vocab_gather_.active() && rank_.shard.rank != 0 ? 0
+                               : sampling.empty()                              ? num_rows
+                                                                               : num_rows - plan.num_device_sampled_rows();
   logits_host_.reserve(std::max<size_t>(num_host_rows * vocab, 1) * sizeof(float));
   if (sampling.empty()) {
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits, num_rows * vocab * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream_));
+    if (num_host_rows > 0)
+      LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.data(), logits, num_rows * vocab * sizeof(float),
+                                      cudaMemcpyDeviceToHost, stream_));
   } else {
     sampler_.enqueue_copy_to_host(plan.num_logit_launch_rows(), stream_);
-    for (size_t row = 0, host_row = 0; row < num_rows; ++row) {
+    for (size_t row = 0, host_row = 0; row < num_rows && num_host_rows > 0; ++row) {
       if (sampling[row].on_device) continue;
       LOOM_CUDA_CHECK(cudaMemcpyAsync(logits_host_.as<float>() + host_row++ * vocab, logits + row * vocab,
                                       vocab * sizeof(float), cudaMemcpyDeviceToHost, stream_));

@@ -51,6 +51,17 @@ class NcclGroup::Rank final : public DeviceCommunicator {
       throw Error(ErrorKind::kInternal, fmt::format("tensor parallelism: rank {}'s ncclAllReduce of {} floats: {}",
                                                     rank_, count, nccl.error_string(result)));
   }
+  void all_gather(const float* send, float* receive, int64_t count, cudaStream_t stream) override {
+    const NcclLibrary& nccl = nccl_library();
+    std::shared_lock lock(group_.calls_);
+    if (group_.aborted()) ended();
+    ncclResult_t result = nccl.all_gather(send, receive, static_cast<size_t>(count), ncclFloat, comm, stream);
+    if (result == ncclInProgress) result = settle(nccl, comm, group_.failed_rank_);
+    if (group_.aborted()) ended();
+    if (result != ncclSuccess)
+      throw Error(ErrorKind::kInternal, fmt::format("tensor parallelism: rank {}'s ncclAllGather of {} floats: {}",
+                                                    rank_, count, nccl.error_string(result)));
+  }
   bool capturable() const override { return true; }
 
   ncclComm_t comm = nullptr;

@@ -31,6 +31,8 @@ class TensorParallelCudaBackend final : public TensorParallelBackend {
 
   BackendCapabilities capabilities() const override {
     BackendCapabilities capabilities = TensorParallelBackend::capabilities();
+    // On the logits each rank gathers (vocab_gather.h), as on one GPU.
+    capabilities.device_sampling = cuda_rank(0).tuning().tensor_parallel_vocab_gather;
     capabilities.host_kv_tier = true;
     capabilities.residual_host_kv_tier = true;
     return capabilities;
