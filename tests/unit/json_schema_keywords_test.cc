@@ -161,8 +161,12 @@ TEST(SchemaNumberBounds, SoundAndCoveringTheCommonCases) {
             const std::string text = (minus ? "-" : "") + std::to_string(whole) + fraction;
             const double value = std::stod(text);
             const bool inside = (exclusive ? value > lo : value >= lo) && (exclusive ? value < hi : value <= hi);
-            if (compiled.accepts(text)) ASSERT_TRUE(inside) << schema.dump() << " accepted " << text;
-            if (inside && *fraction == '\0' && !minus) ASSERT_TRUE(compiled.accepts(text)) << schema.dump() << " " << text;
+            if (compiled.accepts(text)) {
+              ASSERT_TRUE(inside) << schema.dump() << " accepted " << text;
+            }
+            if (inside && *fraction == '\0' && !minus) {
+              ASSERT_TRUE(compiled.accepts(text)) << schema.dump() << " " << text;
+            }
           }
         }
       }

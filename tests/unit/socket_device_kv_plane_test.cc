@@ -155,6 +155,10 @@ TEST_F(SocketDeviceKvPlaneTest, ASenderWithAnotherSecretIsRefusedAndTheDeadlineF
   while (stranger.send_layer(42, {1, 0, kMainSources, {}, {}}) && std::chrono::steady_clock::now() < until)
     std::this_thread::sleep_for(2ms);
   EXPECT_FALSE(stranger.send_layer(42, {1, 0, kMainSources, {}, {}}));
+  // The receiver counts the refusal once its side of the handshake returns, which
+  // can be after the stranger has seen the connection end.
+  while (de_->stats().refused_connections < 1 && std::chrono::steady_clock::now() < until)
+    std::this_thread::sleep_for(2ms);
   EXPECT_GE(de_->stats().refused_connections, 1);
   const DeviceKvProgress progress = wait_settled(*de_, 42);
   ASSERT_EQ(progress.state, State::kFailed);
