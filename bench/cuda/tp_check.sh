@@ -4,7 +4,9 @@
 #      architecture and sharing mode mixed; CudaNcclGroup: abort ends a rank waiting for its peer; the NCCL KV link);
 #   2. `loom serve --device cuda -tp N --model random:llama-8b` with an adapter in every sharing mode
 #      (serve_modes_check.sh: 20 concurrent completions, the base model included);
-#   3. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left.
+#   3. loom_tp_bench: the decode step at TP=1 and TP=N against the per-GPU floor, and the all-reduces' share
+#      (VOCAB_GATHER=1: with CudaTuning::tensor_parallel_vocab_gather);
+#   4. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left.
 # Carries .carry/cuda (bench/cuda/pack.sh). TP (default 2), BUDGET seconds for the whole (default 560).
 set -u
 TP=${TP:-2}
@@ -23,6 +25,10 @@ LOOM_SERVE_ARGS="-tp $TP" timeout $(( $(left) < 230 ? $(left) : 230 )) bash "$(d
 echo "== serve -tp $TP, every mode: exit status $?"
 grep -E "all 20|FAILED|decode_batch|error" "$OUT/tp_modes.log" | head
 [ -f "$OUT/serve_modes.log" ] && mv "$OUT/serve_modes.log" "$OUT/tp_serve_modes.log"
+if [ "$(left)" -gt 150 ] && [ -x /tmp/loom/bin/loom_tp_bench ]; then
+  timeout $(( $(left) - 120 )) /tmp/loom/bin/loom_tp_bench --sizes 1 "$TP" --batch-sizes 1 16 64 --iterations 10 \
+    ${VOCAB_GATHER:+--vocab-gather} --out "$OUT/tp_bench.json" 2>&1 | grep -E "TP=|GPUs|wrote|loom_tp_bench"
+fi
 if [ "$(left)" -gt 150 ]; then
   L=/tmp/loom/bin/loom
   timeout $(( $(left) - 10 )) python3 bench/serve/serve_bench.py --out-dir "$OUT" --tag tp$TP --skip-prefix --startup-timeout 200 \

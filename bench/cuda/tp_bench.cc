@@ -1,0 +1,175 @@
+// Tensor parallelism's decode step (issue 37): the 8B shape (random bf16
+// weights, drawn once on the host as bf16 rows) at each --sizes N that fits
+// the visible GPUs, N ranks joined by NCCL (N = 1: the backend alone), timed
+// through Backend::forward as the engine calls it (each rank's plan, upload
+// and graph replay, the group's threads and the logits' way back), at
+// --batch-sizes decode rows over 2K contexts (bench_common.h's decode_batch).
+// Beside each step: the floor (the bytes one GPU must read, its shard of the
+// weights and of the attended KV, over the datasheet bandwidth) and, for N > 1,
+// the step's all-reduces alone (2 per layer + the embedding's, B x hidden fp32
+// each) timed on the same communicators.
+//   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--vocab-gather] --out tp_bench.json
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/device_buffer.h"
+#include "backend/cuda/device_communicator.h"
+#include "backend/cuda/nccl_group.h"
+#include "backend/cuda/tensor_parallel_cuda_backend.h"
+#include "bench_common.h"
+#include "model/weights.h"
+#include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
+#include "util/worker_pool.h"
+
+namespace loom::cuda {
+namespace {
+
+using namespace bench;
+
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// What one GPU of an N-rank group must read in a decode step of `batch` rows.
+double floor_ms(const ModelConfig& config, int32_t size, int batch) {
+  const double hidden = config.hidden_size, q = config.q_size(), kv = config.kv_size(),
+               inter = config.intermediate_size;
+  const double layer_params = hidden * (q + 2 * kv) + q * hidden + 3 * hidden * inter;
+  const double weights = 2.0 * (config.num_layers * layer_params + hidden * config.vocab_size) / size;
+  const int32_t kv_shards = std::min(size, config.num_kv_heads);  // kv heads replicated past their count
+  const double kv_bytes = 2.0 * 2 * config.num_layers * kv * static_cast<double>(batch) * kContext / kv_shards;
+  return (weights + kv_bytes) / peaks().bandwidth * 1e3;
+}
+
+// The step's all-reduces alone: every rank on its own thread, count floats, `calls` of them, median of `iterations`.
+double all_reduce_ms(NcclGroup& group, const std::vector<int>& devices, int64_t count, int calls, int iterations) {
+  const std::vector<DeviceCommunicator*> ranks = group.communicators();
+  std::vector<std::vector<double>> times(ranks.size());
+  std::vector<std::thread> threads;
+  for (size_t r = 0; r < ranks.size(); ++r) {
+    threads.emplace_back([&, r] {
+      LOOM_CUDA_CHECK(cudaSetDevice(devices[r]));
+      cudaStream_t stream = nullptr;
+      LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+      DeviceBuffer data(static_cast<size_t>(count) * sizeof(float));
+      LOOM_CUDA_CHECK(cudaMemsetAsync(data.data(), 0, data.size(), stream));
+      for (int i = 0; i < iterations + 2; ++i) {
+        const auto start = std::chrono::steady_clock::now();
+        for (int c = 0; c < calls; ++c) ranks[r]->all_reduce_sum(data.as<float>(), count, stream);
+        LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+        if (i >= 2) times[r].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  return median(times[0]);
+}
+
+int run(int argc, char** argv) {
+  CLI::App app{"Tensor-parallel decode steps (8B shape, random bf16 weights, NCCL)"};
+  std::vector<int> sizes = {1, 2, 4}, batch_sizes = {1, 16, 64};
+  int iterations = 20;
+  bool vocab_gather = false;
+  std::string out_path = "tp_bench.json";
+  app.add_option("--sizes", sizes, "Tensor-parallel sizes (those the visible GPUs allow)");
+  app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
+  app.add_option("--iterations", iterations, "Timed steps per figure (median)");
+  app.add_flag("--vocab-gather", vocab_gather, "CudaTuning::tensor_parallel_vocab_gather (logits made whole on the device)");
+  app.add_option("--out", out_path, "JSON results");
+  CLI11_PARSE(app, argc, argv);
+
+  int visible = 0;
+  if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k8b);
+  const auto draw_start = std::chrono::steady_clock::now();
+  TensorMap tensors;
+  {
+    WorkerPool pool(std::max(1u, std::thread::hardware_concurrency()));
+    for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config))
+      tensors[spec.name] = make_synthetic_bf16_tensor(spec, 0, &pool);
+  }
+  const ModelWeights weights = build_model_weights(config, tensors, "random:llama-8b");
+  nlohmann::json results;
+  results["device"] = cuda_device_description(0);
+  results["visible_gpus"] = visible;
+  results["vocab_gather"] = vocab_gather;
+  results["host_weights_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - draw_start).count();
+  std::printf("%d GPUs: %s; weights drawn in %.1f s\n", visible, results["device"].get<std::string>().c_str(),
+              results["host_weights_seconds"].get<double>());
+
+  const int blocks_per_sequence = kContext / kBlockSize;
+  const int num_blocks = kContextGroups * (blocks_per_sequence - 1) + 256;
+  Prng prng(1);
+  for (int size : sizes) {
+    if (size > visible) {
+      std::printf("TP=%d: %d GPUs visible, skipped\n", size, visible);
+      continue;
+    }
+    std::vector<int> devices;
+    for (int r = 0; r < size; ++r) devices.push_back(r);
+    CudaBackendConfig backend_config;
+    backend_config.tuning.tensor_parallel_vocab_gather = vocab_gather;
+    std::shared_ptr<NcclGroup> group;
+    std::unique_ptr<Backend> backend;
+    if (size == 1) {
+      backend = make_cuda_backend(config, weights, backend_config);
+    } else {
+      group = std::make_shared<NcclGroup>(devices);
+      backend = make_tensor_parallel_cuda_backend(config, weights, backend_config, devices, group->communicators(),
+                                                  nccl_tensor_parallel_group(group));
+    }
+    backend->allocate_kv_cache({num_blocks, kBlockSize});
+    nlohmann::json& figures = results["sizes"][std::to_string(size)];
+    for (int batch_size : batch_sizes) {
+      Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
+      if (backend->capabilities().device_sampling)
+        batch.sampling.assign(batch.sequences.size(), DeviceSampling{.on_device = true});
+      std::vector<double> steps;
+      for (int i = 0; i < iterations + 3; ++i) {  // the first steps capture the graphs
+        const auto start = std::chrono::steady_clock::now();
+        backend->forward(batch);
+        if (i >= 3) steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      }
+      const double step_ms = median(steps), floor = floor_ms(config, size, batch_size);
+      nlohmann::json figure = {{"step_ms", step_ms}, {"floor_ms", floor}, {"x_floor", step_ms / floor}};
+      if (group) {
+        const double reduce_ms =
+            all_reduce_ms(*group, devices, static_cast<int64_t>(batch_size) * config.hidden_size, 2 * config.num_layers + 1,
+                          iterations);
+        figure["all_reduce_ms"] = reduce_ms;
+        figure["all_reduce_share"] = reduce_ms / step_ms;
+      }
+      figures[std::to_string(batch_size)] = figure;
+      std::printf("TP=%d batch %3d: step %.3f ms, floor %.3f ms (%.2fx)%s\n", size, batch_size, step_ms, floor,
+                  step_ms / floor,
+                  group ? (", all-reduces alone " + std::to_string(figure["all_reduce_ms"].get<double>()) + " ms").c_str()
+                        : "");
+    }
+  }
+  std::ofstream(out_path) << results.dump(2) << "\n";
+  std::printf("wrote %s\n", out_path.c_str());
+  return 0;
+}
+
+}  // namespace
+}  // namespace loom::cuda
+
+int main(int argc, char** argv) {
+  try {
+    return loom::cuda::run(argc, argv);
+  } catch (const std::exception& error) {
+    std::fprintf(stderr, "loom_tp_bench: %s\n", error.what());
+    return 1;
+  }
+}
