@@ -60,7 +60,8 @@ DeviceKvReservation DeviceKvReceiver::reserve(KvCacheGroup& caches, const Reques
   return result;
 }
 
-void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress) {
+void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress,
+                              bool cancelled) {
   plane_.finish(id);  // from here on nothing writes into the blocks
   if (progress.state == DeviceKvProgress::State::kDone) {
     const int32_t num_tokens = static_cast<int32_t>(reservation.tokens.size());
@@ -77,7 +78,7 @@ void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, c
   reservation.main.release();
   reservation.residual.release();
   reservation.state = State::kFailed;
-  ++num_failures_;
+  ++(cancelled ? num_cancelled_ : num_failures_);
 }
 
 void DeviceKvReceiver::poll() {
@@ -109,7 +110,7 @@ DeviceKvCancel DeviceKvReceiver::cancel(DeviceKvTransferId id, const std::string
   DeviceKvProgress failed;
   failed.state = DeviceKvProgress::State::kFailed;
   failed.failure = "cancelled: " + reason;
-  settle(id, reservation, failed);
+  settle(id, reservation, failed, /*cancelled=*/true);
   reservation.release_at = std::min(reservation.release_at, std::chrono::steady_clock::now() +
                                                                 std::chrono::seconds(static_cast<int64_t>(kClaimGraceSeconds)));
   return DeviceKvCancel::kCancelled;

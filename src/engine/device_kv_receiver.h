@@ -59,8 +59,9 @@ class DeviceKvReceiver {
                               const std::string& peer, double timeout_seconds);
   void poll();
   // Engine::cancel_device_kv: fails reservation `id` now if it is still in
-  // flight (settled as a failure: plane finished, leases released, its
-  // parked request ready); one the plane finished landing commits as usual.
+  // flight (settled as a failure, counted as cancelled: plane finished,
+  // leases released, its parked request ready); one the plane finished
+  // landing commits as usual.
   DeviceKvCancel cancel(DeviceKvTransferId id, const std::string& reason);
   // Whether `request` must wait (its transfer is known and in flight): then it is kept here.
   bool park_if_waiting(std::unique_ptr<PendingRequest>& request);
@@ -78,7 +79,8 @@ class DeviceKvReceiver {
   bool has_pending() const;
 
   int64_t num_received() const { return num_received_; }
-  int64_t num_failures() const { return num_failures_; }
+  int64_t num_failures() const { return num_failures_; }      // failed at the plane (not cancelled)
+  int64_t num_cancelled() const { return num_cancelled_; }
   int64_t num_received_blocks() const { return num_received_blocks_; }
   size_t num_reservations() const { return reservations_.size(); }
 
@@ -94,14 +96,16 @@ class DeviceKvReceiver {
     bool claimed = false;
     std::chrono::steady_clock::time_point release_at;
   };
-  void settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress);
+  // `cancelled`: a failure the router asked for (cancel()), counted apart from the plane's.
+  void settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress,
+              bool cancelled = false);
 
   DeviceKvPlane& plane_;
   const int32_t num_layers_;
   std::mt19937_64 ids_;
   std::map<DeviceKvTransferId, Reservation> reservations_;
   std::deque<std::pair<DeviceKvTransferId, std::unique_ptr<PendingRequest>>> parked_;
-  int64_t num_received_ = 0, num_failures_ = 0, num_received_blocks_ = 0;
+  int64_t num_received_ = 0, num_failures_ = 0, num_cancelled_ = 0, num_received_blocks_ = 0;
 };
 
 }  // namespace loom

@@ -290,7 +290,7 @@ struct EngineMetrics {
   // Device-to-device transfers (engine/device_kv_receiver.h, device_kv_sender.h),
   // since start: received whole; failed or timed out at the receiver (the
   // request recomputed); sent whole; abandoned by the sender.
-  int64_t num_device_kv_received = 0, num_device_kv_receive_failures = 0;
+  int64_t num_device_kv_received = 0, num_device_kv_receive_failures = 0, num_device_kv_cancelled = 0;
   int64_t num_device_kv_sent = 0, num_device_kv_send_failures = 0;
   int64_t device_kv_received_blocks = 0;
   // Disk tier (all 0 without one): blocks and bytes its directory holds as this

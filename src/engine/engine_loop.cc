@@ -159,6 +159,7 @@ void EngineImpl::publish() {
       metrics_.num_device_kv_send_failures = kv_sender_->num_failures();
       metrics_.num_device_kv_received = kv_receiver_->num_received();
       metrics_.num_device_kv_receive_failures = kv_receiver_->num_failures();
+      metrics_.num_device_kv_cancelled = kv_receiver_->num_cancelled();
       metrics_.device_kv_received_blocks = kv_receiver_->num_received_blocks();
     }
   }

@@ -343,11 +343,12 @@ std::string MetricsExporter::render_locked() const {
   out.scalar("loom_kv_transfer_failures_total", "counter",
              "Host-tier copies that failed or were refused (the blocks are recomputed)", m.num_failed_kv_transfers);
   out.family("loom_kv_device_transfers_total", "counter",
-             "Device-to-device KV transfers (docs/disaggregation.md): received whole or failed at this engine (the "
-             "request recomputed), sent whole or abandoned by it");
+             "Device-to-device KV transfers (docs/disaggregation.md): received whole, failed at this engine or "
+             "cancelled by the router (the request recomputed), sent whole or abandoned by it");
   out.sample("loom_kv_device_transfers_total", "direction=\"received\",outcome=\"ok\"", m.num_device_kv_received);
   out.sample("loom_kv_device_transfers_total", "direction=\"received\",outcome=\"failed\"",
              m.num_device_kv_receive_failures);
+  out.sample("loom_kv_device_transfers_total", "direction=\"received\",outcome=\"cancelled\"", m.num_device_kv_cancelled);
   out.sample("loom_kv_device_transfers_total", "direction=\"sent\",outcome=\"ok\"", m.num_device_kv_sent);
   out.sample("loom_kv_device_transfers_total", "direction=\"sent\",outcome=\"failed\"", m.num_device_kv_send_failures);
   out.scalar("loom_kv_device_received_blocks_total", "counter",

@@ -172,8 +172,9 @@ class DevicePathTest(Deployment):
                          requests)
         self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 0)  # the PE is fine
         decoded = decode.metrics()
-        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"),
-                         requests)
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received",
+                                 outcome="cancelled"), requests)
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="failed"), 0)
         self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"), 0)
 
 
@@ -194,7 +195,7 @@ class DevicePathTest(Deployment):
         self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total", reason="prefill_failed"), 1)
         self.assertEqual(counter(samples, "loom_router_engine_failures_total"), 1)  # the PE, marked failed
         self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
-                                 outcome="failed"), 1)
+                                 outcome="cancelled"), 1)
 
 
 class DeviceRoutesTest(Deployment):
@@ -243,7 +244,9 @@ class DeviceRoutesTest(Deployment):
         self.assertEqual(answer["choices"][0]["text"], other_expected)
         self.assertLess(time.time() - started, 60)
         self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
-                                 outcome="failed"), 2)
+                                 outcome="failed"), 1)  # the deadline's, above
+        self.assertEqual(counter(decode.metrics(), "loom_kv_device_transfers_total", direction="received",
+                                 outcome="cancelled"), 1)
         # The cancel route: signed only (401), unknown ids 404, malformed 400, none on an engine without a plane.
         cancel = json.dumps({"transfer_id": long_lived["transfer_id"]}).encode()
         code, _, body = decode.request("POST", "/loom/kv/reserve/cancel", raw=cancel)
