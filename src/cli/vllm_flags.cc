@@ -34,7 +34,10 @@ const std::map<std::string, std::string>& refused_flags() {
       {"--max-cpu-loras", "every adapter loaded stays in memory; --max-loras-per-batch bounds one batch"},
       {"--lora-dtype", "adapters run in the backend's dtype"},
       {"--distributed-executor-backend", "Loom's tensor-parallel ranks are threads of one process: no executor to choose"},
-      {"--data-parallel-size", "run one `loom serve` per device (and `loom router` in front, when it exists)"},
+      {"--data-parallel-size", "run one `loom serve` per device, with `loom router` in front"},
+      {"--calculate-kv-scales",
+       "Loom's FP8 KV cache (--kv-cache-dtype fp8) takes its scales from the checkpoint (compressed-tensors "
+       "kv_cache_scheme, k_scale / v_scale) or uses 1.0, as vLLM does without this flag; it does not calibrate"},
       {"--response-role", "chat responses always use the role \"assistant\""},
       {"--ssl-keyfile", "Loom serves plain HTTP: terminate TLS in a proxy"},
       {"--ssl-certfile", "Loom serves plain HTTP: terminate TLS in a proxy"},

@@ -221,6 +221,7 @@ TEST_F(CliTest, VllmFlagsLoomLacksAndBadDeploymentsFailNamingWhatToDo) {
            {"--disk-kv-path /tmp/loom-cli-disk", "--host-kv-memory"},
            {"--disk-kv-path /tmp/loom-cli-disk --host-kv-memory 1M", "--disk-kv-bytes"},
            {"--kv-transfer-config '{}'", "--disk-kv-path"},
+           {"--calculate-kv-scales", "kv_cache_scheme"},
            {"--generation-config /nonexistent-loom-dir", "not a directory"},
        }) {
     CommandResult result = run("serve --model " + model() + " --dry-run " + c.flags);
