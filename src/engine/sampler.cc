@@ -80,8 +80,8 @@ void Sampler::note_output_token(int32_t token_id) {
 
 SampledToken Sampler::sample(const float* raw_logits, int32_t vocab_size) {
   LOOM_CHECK(vocab_size > 0);
-  // log-softmax of the raw logits: fp32 terms (vectorised: a 128K vocabulary in
-  // tens of microseconds, not milliseconds a row) summed in fp64.
+  // log-softmax of the raw logits: fp32 terms, vectorised, summed in fp64 (a
+  // 128K vocabulary in ~0.2 ms a row on one core, where a scalar fp64 exp took 1.5 ms).
   const float max_raw = max_value(raw_logits, vocab_size);
   const double log_normalizer = static_cast<double>(max_raw) + std::log(exp_shifted_sum(raw_logits, vocab_size, max_raw));
   auto logprob_of = [&](int32_t id) { return static_cast<float>(raw_logits[id] - log_normalizer); };
