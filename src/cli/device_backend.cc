@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <thread>
 
 #include "backend/cpu/cpu_backend.h"
@@ -191,9 +192,10 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
                   "use --device cuda, or write it with `loom make-model` first");
     TensorMap tensors;
     const bool bf16_rows = options.device != "cpu" && spec.preset != SyntheticPreset::kTiny;
-    WorkerPool pool(std::max(1u, std::thread::hardware_concurrency()));
+    std::unique_ptr<WorkerPool> pool;  // the draw's threads, for bf16 rows only (tiny models are drawn at once)
+    if (bf16_rows) pool = std::make_unique<WorkerPool>(std::max(1u, std::thread::hardware_concurrency()));
     for (const SyntheticTensorSpec& tensor_spec : synthetic_base_tensor_specs(result.model.config))
-      tensors[tensor_spec.name] = bf16_rows ? make_synthetic_bf16_tensor(tensor_spec, spec.seed, &pool)
+      tensors[tensor_spec.name] = bf16_rows ? make_synthetic_bf16_tensor(tensor_spec, spec.seed, pool.get())
                                             : make_synthetic_tensor(tensor_spec, spec.seed);
     result.model.weights =
         std::make_shared<ModelWeights>(build_model_weights(result.model.config, tensors, model_flag));

@@ -294,19 +294,31 @@ INSTANTIATE_TEST_SUITE_P(Modes, EngineDeviceKvTest,
                                            Mode{"forked", "a", KvSharing::kForked}),
                          [](const ::testing::TestParamInfo<Mode>& info) { return std::string(info.param.label); });
 
+// A decode engine with an in-process plane and a 22-token request for it.
+class EngineDeviceKvDeadlineTest : public ::testing::Test {
+ protected:
+  static EngineConfig with_plane() {
+    EngineConfig config = test::small_sharing_engine_config();
+    config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(std::make_shared<InProcessDeviceKvFabric>(), "de");
+    return config;
+  }
+  static EngineRequest request() {
+    EngineRequest req;
+    for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
+    req.max_new_tokens = 3;
+    req.ignore_eos = true;
+    return req;
+  }
+
+  test::TempDir directory_;
+  const LoadedModel model_ = test::write_and_load_synthetic_model(directory_, 0);
+  EngineImpl de{model_, make_cpu_backend(model_.config, model_.weights, {1, 8}), with_plane()};
+  EngineRequest req = request();
+};
+
 // A sender that never sends: the DE's request waits no longer than the
 // deadline, then recomputes; the reservation leaves nothing behind.
-TEST(EngineDeviceKvDeadlineTest, ATransferPastItsDeadlineRecomputes) {
-  test::TempDir directory;
-  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  EngineConfig config = test::small_sharing_engine_config();
-  config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(fabric, "de");
-  EngineImpl de(model, make_cpu_backend(model.config, model.weights, {1, 8}), config);
-  EngineRequest req;
-  for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
-  req.max_new_tokens = 3;
-  req.ignore_eos = true;
+TEST_F(EngineDeviceKvDeadlineTest, ATransferPastItsDeadlineRecomputes) {
   const DeviceKvReservation reservation = de.reserve_device_kv(req, "pe-that-never-sends", 0.3);
   req.device_kv_receive = reservation.destination.id;
   const auto started = std::chrono::steady_clock::now();
@@ -329,17 +341,7 @@ TEST(EngineDeviceKvDeadlineTest, ATransferPastItsDeadlineRecomputes) {
 // The router cancels a reservation whose PE failed: the parked request
 // recomputes at once (long before the deadline), the fresh blocks go back to
 // the pool; a second cancel finds it settled, an unknown id is kUnknown.
-TEST(EngineDeviceKvDeadlineTest, ACancelledReservationRecomputesAtOnce) {
-  test::TempDir directory;
-  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  EngineConfig config = test::small_sharing_engine_config();
-  config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(fabric, "de");
-  EngineImpl de(model, make_cpu_backend(model.config, model.weights, {1, 8}), config);
-  EngineRequest req;
-  for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
-  req.max_new_tokens = 3;
-  req.ignore_eos = true;
+TEST_F(EngineDeviceKvDeadlineTest, ACancelledReservationRecomputesAtOnce) {
   int32_t free_before = 0;
   de.run_on_engine_thread([&] { free_before = de.kv_cache().stats().num_free_blocks; });
   const DeviceKvReservation reservation = de.reserve_device_kv(req, "pe-that-failed", 300.0);
@@ -370,17 +372,7 @@ TEST(EngineDeviceKvDeadlineTest, ACancelledReservationRecomputesAtOnce) {
 }
 
 // A cancel before the request came: the request, when it comes, recomputes at once.
-TEST(EngineDeviceKvDeadlineTest, ARequestAfterTheCancelRecomputesAtOnce) {
-  test::TempDir directory;
-  const LoadedModel model = test::write_and_load_synthetic_model(directory, 0);
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  EngineConfig config = test::small_sharing_engine_config();
-  config.device_kv_plane = std::make_shared<InProcessDeviceKvPlane>(fabric, "de");
-  EngineImpl de(model, make_cpu_backend(model.config, model.weights, {1, 8}), config);
-  EngineRequest req;
-  for (int32_t i = 0; i < 22; ++i) req.prompt_tokens.push_back(20 + i);
-  req.max_new_tokens = 3;
-  req.ignore_eos = true;
+TEST_F(EngineDeviceKvDeadlineTest, ARequestAfterTheCancelRecomputesAtOnce) {
   const DeviceKvReservation reservation = de.reserve_device_kv(req, "pe-that-failed", 300.0);
   EXPECT_EQ(de.cancel_device_kv(reservation.destination.id, "refused"), DeviceKvCancel::kCancelled);
   EXPECT_EQ(de.cancel_device_kv(reservation.destination.id, "again"), DeviceKvCancel::kSettled);
@@ -396,7 +388,7 @@ TEST(EngineDeviceKvDeadlineTest, ARequestAfterTheCancelRecomputesAtOnce) {
 }
 
 // A backend without per-layer notifications cannot take a plane.
-TEST(EngineDeviceKvDeadlineTest, ABackendWithoutLayerNotificationsRefusesAPlane) {
+TEST(EngineDeviceKvPlaneSetupTest, ABackendWithoutLayerNotificationsRefusesAPlane) {
   class NoNotifications : public test::ForwardingBackend {
    public:
     using ForwardingBackend::ForwardingBackend;
