@@ -140,13 +140,20 @@ def icarus_generate(model, encoder, ids, mask, max_new_tokens, eos):
     return ids
 
 
+def progress(what, since):
+    """One line on stderr as it happens, so that a run cut at its time limit shows where it was."""
+    print(f"[{time.time() - since:.1f}s] {what}", file=sys.stderr, flush=True)
+
+
 @torch.no_grad()
 def score(model, tokenizer, items, max_new_tokens, batch_size=100, encoder=None):
     """Held-out accuracy, greedy, prompts left-padded in batches; with `encoder` (FrozenEncoderKV), the
     adapter's queries over the base model's K/V (ICaRus, Loom's `base` mode)."""
     model.eval()
     correct = 0.0
+    begin = time.time()
     for start in range(0, len(items), batch_size):
+        progress(f"score: items {start}..{min(len(items), start + batch_size)} of {len(items)}", begin)
         chunk = items[start:start + batch_size]
         prompts = [encode(tokenizer, item)[0] for item in chunk]
         width = max(len(p) for p in prompts)
@@ -219,6 +226,7 @@ def main():
         optimizer.zero_grad()
         if step % 20 == 0 or step == args.steps - 1:
             losses.append([step, round(loss.item(), 4)])
+            progress(f"step {step}: loss {loss.item():.4f}", start)
     train_seconds = time.time() - start
     score_start = time.time()
     accuracy = score(model, tokenizer, heldout, args.max_new_tokens, encoder=encoder)
