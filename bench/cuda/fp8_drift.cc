@@ -11,6 +11,11 @@
 //              the vocabulary, and whether the FP8 run's argmax is the reference token
 //   free-running  each configuration greedy on its own: tokens equal to the
 //              reference's before the first difference
+//   floor      (tiny models) the CPU backend in fp32 against the same bf16
+//              reference: how far bf16 itself is from exact on these models
+// Random weights give flat next-token distributions (the reference's mean entropy
+// and top-1 probability are reported beside the figures), so greedy agreement here
+// is a harsher test than on a trained model's peaked ones.
 // Writes one JSON object (--out) and prints a table. One configuration's backend
 // lives at a time (the 8B shape in bf16 is 16 GB).
 #include <algorithm>
@@ -23,8 +28,11 @@
 #include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
 
+#include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
+#include "model/weights.h"
 #include "synthetic/synthetic_model.h"
+#include "synthetic/synthetic_weights.h"
 #include "util/prng.h"
 
 namespace loom::cuda {
@@ -53,7 +61,7 @@ int32_t argmax(const float* row, int32_t vocab) {
 
 // Prefill of every prompt, then decode steps; each step's token is forced[s][step]
 // when `forced` is given, else the run's own argmax.
-Run run_sequences(CudaBackend& backend, const std::vector<std::vector<int32_t>>& prompts, int generated,
+Run run_sequences(Backend& backend, const std::vector<std::vector<int32_t>>& prompts, int generated,
                   const std::vector<std::vector<int32_t>>* forced) {
   const int sequences = static_cast<int>(prompts.size());
   const int prompt_tokens = static_cast<int>(prompts[0].size());
@@ -136,6 +144,38 @@ nlohmann::json compare(const Run& reference, const Run& forced, const Run& free_
           {"free_running_identical_sequences", identical / sequences}};
 }
 
+// The reference's next-token distributions: mean entropy (nats) and mean top-1 probability.
+nlohmann::json sharpness(const Run& reference, int32_t vocab) {
+  double entropy = 0, top = 0;
+  int rows = 0;
+  for (const std::vector<float>& step : reference.logits) {
+    for (size_t s = 0; s < reference.tokens.size(); ++s) {
+      const std::vector<double> p = log_softmax(step.data() + s * vocab, vocab);
+      double h = 0;
+      for (double lp : p) h -= std::exp(lp) * lp;
+      entropy += h;
+      top += std::exp(*std::max_element(p.begin(), p.end()));
+      ++rows;
+    }
+  }
+  return {{"entropy_mean", entropy / rows}, {"top1_probability_mean", top / rows}};
+}
+
+// The tiny preset on the CPU backend in fp32 (make-model's f32 tensors).
+std::unique_ptr<Backend> cpu_fp32_backend(const ModelConfig& config) {
+  TensorMap tensors;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) tensors[spec.name] = make_synthetic_tensor(spec, 0);
+  return make_cpu_backend(config, std::make_shared<ModelWeights>(build_model_weights(config, tensors, "synthetic")));
+}
+
+void print_row(const std::string& model, const char* variant, const nlohmann::json& figures, int generated) {
+  std::printf("%-14s %-20s %10.4f %10.4f %10.5f %8.3f %9.1f/%d\n", model.c_str(), variant,
+              figures["logprob_drift_mean"].get<double>(), figures["logprob_drift_p99"].get<double>(),
+              figures["kl_mean"].get<double>(), figures["greedy_agreement_teacher_forced"].get<double>(),
+              figures["free_running_tokens_before_first_difference"].get<double>(), generated);
+  std::fflush(stdout);
+}
+
 int run(int argc, char** argv) {
   CLI::App app{"FP8 weights and KV cache against bf16: logprob drift and greedy agreement on random models"};
   std::string out_path = "fp8_drift.json";
@@ -174,18 +214,25 @@ int run(int argc, char** argv) {
       backend->allocate_kv_cache({blocks, kBlockSize});
       if (!variant.fp8_weights && !variant.fp8_kv) {
         reference = run_sequences(*backend, prompts, generated, nullptr);
+        results["models"][name]["bf16_reference"] = sharpness(reference, config.vocab_size);
+        if (preset == SyntheticPreset::kTiny) {
+          std::unique_ptr<Backend> cpu = cpu_fp32_backend(config);
+          cpu->allocate_kv_cache({blocks, kBlockSize});
+          const Run forced = run_sequences(*cpu, prompts, generated, &reference.tokens);
+          const Run free_running = run_sequences(*cpu, prompts, generated, nullptr);
+          results["models"][name]["cpu_fp32"] = compare(reference, forced, free_running, config.vocab_size);
+          print_row(name, "cpu_fp32 (floor)", results["models"][name]["cpu_fp32"], generated);
+        }
         continue;
       }
       const Run forced = run_sequences(*backend, prompts, generated, &reference.tokens);
       const Run free_running = run_sequences(*backend, prompts, generated, nullptr);
-      nlohmann::json figures = compare(reference, forced, free_running, config.vocab_size);
-      std::printf("%-14s %-20s %10.4f %10.4f %10.5f %8.3f %9.1f/%d\n", name.c_str(), variant.name,
-                  figures["logprob_drift_mean"].get<double>(), figures["logprob_drift_p99"].get<double>(),
-                  figures["kl_mean"].get<double>(), figures["greedy_agreement_teacher_forced"].get<double>(),
-                  figures["free_running_tokens_before_first_difference"].get<double>(), generated);
-      std::fflush(stdout);
-      results["models"][name][variant.name] = figures;
+      results["models"][name][variant.name] = compare(reference, forced, free_running, config.vocab_size);
+      print_row(name, variant.name, results["models"][name][variant.name], generated);
     }
+    const nlohmann::json& sharp = results["models"][name]["bf16_reference"];
+    std::printf("%-14s bf16 reference: entropy %.2f nats, top-1 probability %.3f\n", name.c_str(),
+                sharp["entropy_mean"].get<double>(), sharp["top1_probability_mean"].get<double>());
   }
   std::ofstream(out_path) << results.dump(1) << "\n";
   return 0;
