@@ -1,5 +1,5 @@
 // Tensor parallelism's decode step (issue 37): the 8B shape (random bf16
-// weights, drawn once on the host as bf16 rows) at each --sizes N that fits
+// weights, each GPU drawing its own slices as `--model random:llama-8b` does) at each --sizes N that fits
 // the visible GPUs, N ranks joined by NCCL (N = 1: the backend alone), timed
 // through Backend::forward as the engine calls it (each rank's plan, upload
 // and graph replay, the group's threads and the logits' way back), at
@@ -25,10 +25,7 @@
 #include "backend/cuda/nccl_group.h"
 #include "backend/cuda/tensor_parallel_cuda_backend.h"
 #include "bench_common.h"
-#include "model/weights.h"
 #include "synthetic/synthetic_model.h"
-#include "synthetic/synthetic_weights.h"
-#include "util/worker_pool.h"
 
 namespace loom::cuda {
 namespace {
@@ -92,21 +89,11 @@ int run(int argc, char** argv) {
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
   const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k8b);
-  const auto draw_start = std::chrono::steady_clock::now();
-  TensorMap tensors;
-  {
-    WorkerPool pool(std::max(1u, std::thread::hardware_concurrency()));
-    for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config))
-      tensors[spec.name] = make_synthetic_bf16_tensor(spec, 0, &pool);
-  }
-  const ModelWeights weights = build_model_weights(config, tensors, "random:llama-8b");
   nlohmann::json results;
   results["device"] = cuda_device_description(0);
   results["visible_gpus"] = visible;
   results["vocab_gather"] = vocab_gather;
-  results["host_weights_seconds"] = std::chrono::duration<double>(std::chrono::steady_clock::now() - draw_start).count();
-  std::printf("%d GPUs: %s; weights drawn in %.1f s\n", visible, results["device"].get<std::string>().c_str(),
-              results["host_weights_seconds"].get<double>());
+  std::printf("%d GPUs: %s\n", visible, results["device"].get<std::string>().c_str());
 
   const int blocks_per_sequence = kContext / kBlockSize;
   const int num_blocks = kContextGroups * (blocks_per_sequence - 1) + 256;
@@ -122,12 +109,13 @@ int run(int argc, char** argv) {
     backend_config.tuning.tensor_parallel_vocab_gather = vocab_gather;
     std::shared_ptr<NcclGroup> group;
     std::unique_ptr<Backend> backend;
+    // Random weights drawn on each GPU, a rank its slices only (as `--model random:llama-8b -tp N`).
     if (size == 1) {
-      backend = make_cuda_backend(config, weights, backend_config);
+      backend = make_synthetic_cuda_backend(config, 0, true, backend_config);
     } else {
       group = std::make_shared<NcclGroup>(devices);
-      backend = make_tensor_parallel_cuda_backend(config, weights, backend_config, devices, group->communicators(),
-                                                  nccl_tensor_parallel_group(group));
+      backend = make_synthetic_tensor_parallel_cuda_backend(config, 0, true, backend_config, devices,
+                                                            group->communicators(), nccl_tensor_parallel_group(group));
     }
     backend->allocate_kv_cache({num_blocks, kBlockSize});
     nlohmann::json& figures = results["sizes"][std::to_string(size)];

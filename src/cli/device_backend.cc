@@ -117,6 +117,15 @@ CudaBackendConfig cuda_backend_config(const DeviceOptions& options) {
 }
 #endif
 
+#ifdef LOOM_HAVE_CUDA
+// Rank r on GPU device + r (--device cuda:K starts at K), as vLLM takes the first N visible GPUs.
+std::vector<int> tensor_parallel_devices(const CudaBackendConfig& config, const DeviceOptions& options) {
+  std::vector<int> devices;
+  for (int32_t r = 0; r < options.tensor_parallel_size; ++r) devices.push_back(config.device + r);
+  return devices;
+}
+#endif
+
 }  // namespace
 
 std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const DeviceOptions& options) {
@@ -144,9 +153,7 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
 #ifdef LOOM_HAVE_CUDA
   const CudaBackendConfig config = cuda_backend_config(options);
   if (options.tensor_parallel_size > 1) {
-    // Rank r on GPU device + r (--device cuda:K starts at K), as vLLM takes the first N visible GPUs.
-    std::vector<int> devices;
-    for (int32_t r = 0; r < options.tensor_parallel_size; ++r) devices.push_back(config.device + r);
+    const std::vector<int> devices = tensor_parallel_devices(config, options);
     auto group = std::make_shared<cuda::NcclGroup>(devices);
     const std::vector<cuda::DeviceCommunicator*> communicators = group->communicators();
     return cuda::make_tensor_parallel_cuda_backend(model.config, *model.weights, config, devices, communicators,
@@ -183,20 +190,15 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   }
   const RandomSpec spec = parse_random_spec(model_flag);
   result.model = load_model_description(model_flag);
-  // Drawn on the host (then sharded like a checkpoint) on the CPU and for tensor-parallel ranks;
-  // a single GPU draws its weights itself. GPU ranks get bf16 rows, as from a bf16
-  // checkpoint (half the host memory: 16 GB for 8B, 140 GB for 70B), drawn on every core.
-  if (options.device == "cpu" || options.tensor_parallel_size > 1) {
-    if (options.device == "cpu" && spec.preset != SyntheticPreset::kTiny)
+  // Drawn on the host on the CPU (tiny only); on the GPU each device draws its
+  // weights itself, a tensor-parallel rank only its slices: no host copy.
+  if (options.device == "cpu") {
+    if (spec.preset != SyntheticPreset::kTiny)
       throw Error(ErrorKind::kUnsupported, "--model " + model_flag + " on --device cpu",
                   "use --device cuda, or write it with `loom make-model` first");
     TensorMap tensors;
-    const bool bf16_rows = options.device != "cpu" && spec.preset != SyntheticPreset::kTiny;
-    std::unique_ptr<WorkerPool> pool;  // the draw's threads, for bf16 rows only (tiny models are drawn at once)
-    if (bf16_rows) pool = std::make_unique<WorkerPool>(std::max(1u, std::thread::hardware_concurrency()));
     for (const SyntheticTensorSpec& tensor_spec : synthetic_base_tensor_specs(result.model.config))
-      tensors[tensor_spec.name] = bf16_rows ? make_synthetic_bf16_tensor(tensor_spec, spec.seed, pool.get())
-                                            : make_synthetic_tensor(tensor_spec, spec.seed);
+      tensors[tensor_spec.name] = make_synthetic_tensor(tensor_spec, spec.seed);
     result.model.weights =
         std::make_shared<ModelWeights>(build_model_weights(result.model.config, tensors, model_flag));
     result.backend = make_backend_for_device(result.model, options);
@@ -204,8 +206,18 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   }
 #ifdef LOOM_HAVE_CUDA
   // make-model stores the 8b and 70b presets in bf16 (norms included) and tiny in f32.
-  result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, spec.preset != SyntheticPreset::kTiny,
-                                               cuda_backend_config(options));
+  const bool round_to_bf16 = spec.preset != SyntheticPreset::kTiny;
+  const CudaBackendConfig config = cuda_backend_config(options);
+  if (options.tensor_parallel_size > 1) {
+    const std::vector<int> devices = tensor_parallel_devices(config, options);
+    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    const std::vector<cuda::DeviceCommunicator*> communicators = group->communicators();
+    result.backend = cuda::make_synthetic_tensor_parallel_cuda_backend(
+        result.model.config, spec.seed, round_to_bf16, config, devices, communicators,
+        cuda::nccl_tensor_parallel_group(std::move(group)));
+    return result;
+  }
+  result.backend = make_synthetic_cuda_backend(result.model.config, spec.seed, round_to_bf16, config);
 #endif
   return result;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "formats/gguf_dequant.h"
@@ -115,6 +116,29 @@ Tensor slice_columns(const Tensor& tensor, int64_t begin, int64_t end) {
   for (int64_t r = 0; r < rows; ++r)
     std::memcpy(values.data() + r * columns, tensor.data + r * tensor.shape[1] + begin, columns * sizeof(float));
   return Tensor::from_vector({rows, columns}, std::move(values));
+}
+
+TensorParallelSlice tensor_parallel_slice(const ModelConfig& config, const TensorParallelShard& shard,
+                                          const std::string& name) {
+  using Kind = TensorParallelSlice::Kind;
+  const int64_t head_dim = config.head_dim;
+  const int64_t q_begin = shard.q_head_begin * head_dim, q_end = q_begin + shard.num_q_heads * head_dim;
+  const int64_t kv_begin = shard.kv_head_begin * head_dim, kv_end = kv_begin + shard.num_kv_heads * head_dim;
+  const int64_t ff_begin = shard.intermediate_begin, ff_end = ff_begin + shard.intermediate_size;
+  auto ends_with = [&name](std::string_view suffix) {
+    return name.size() >= suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  if (name == "model.embed_tokens.weight" || name == "lm_head.weight")
+    return {Kind::kRows, shard.vocab_begin, shard.vocab_end};
+  if (ends_with(".self_attn.q_proj.weight") || ends_with(".self_attn.q_proj.bias")) return {Kind::kRows, q_begin, q_end};
+  if (ends_with(".self_attn.k_proj.weight") || ends_with(".self_attn.k_proj.bias") ||
+      ends_with(".self_attn.v_proj.weight") || ends_with(".self_attn.v_proj.bias"))
+    return {Kind::kRows, kv_begin, kv_end};
+  if (ends_with(".self_attn.o_proj.weight")) return {Kind::kColumns, q_begin, q_end};
+  if (ends_with(".self_attn.o_proj.bias")) return {shard.adds_o_bias ? Kind::kWhole : Kind::kNone, 0, 0};
+  if (ends_with(".mlp.gate_proj.weight") || ends_with(".mlp.up_proj.weight")) return {Kind::kRows, ff_begin, ff_end};
+  if (ends_with(".mlp.down_proj.weight")) return {Kind::kColumns, ff_begin, ff_end};
+  return {};  // norms (q/k norms act per head_dim): replicated
 }
 
 ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,

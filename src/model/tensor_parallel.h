@@ -24,6 +24,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 #include "model/config.h"
 #include "model/weights.h"
@@ -63,6 +64,20 @@ ModelConfig rank_config(const ModelConfig& config, const TensorParallelShard& sh
 // shared. Error(kUnsupported) for a tensor in a GGUF block format.
 ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,
                                  const TensorParallelShard& shard);
+
+// What rank `shard` holds of the whole model's tensor `name` (an HF name, as
+// model_weights_to_tensor_map and synthetic_base_tensor_specs give them): the
+// cut shard_model_weights makes, named, for code that fills a rank's tensors
+// itself (synthetic weights drawn on each rank's GPU). begin/end index rows
+// (kRows: dimension 0, also of a 1-D bias) or columns (kColumns); kNone: the
+// rank has no such tensor (o's bias off rank 0).
+struct TensorParallelSlice {
+  enum class Kind { kWhole, kRows, kColumns, kNone };
+  Kind kind = Kind::kWhole;
+  int64_t begin = 0, end = 0;
+};
+TensorParallelSlice tensor_parallel_slice(const ModelConfig& config, const TensorParallelShard& shard,
+                                          const std::string& name);
 
 // Rows [begin, end) of a 2-D (or the elements of a 1-D) tensor, viewing its storage.
 Tensor slice_rows(const Tensor& tensor, int64_t begin, int64_t end);

@@ -14,7 +14,6 @@
 #include "util/half.h"
 #include "util/prng.h"
 #include "util/progress.h"
-#include "util/worker_pool.h"
 
 namespace loom {
 
@@ -109,48 +108,6 @@ void SyntheticValueStream::next(float* out, int64_t count) {
   } else {
     for (int64_t i = 0; i < count; ++i) out[i] = prng_.next_symmetric_float() * scale_;
   }
-}
-
-namespace {
-
-// Draw `index` of the stream seeded with `tensor_seed` (Prng's SplitMix64 after index + 1 steps).
-float synthetic_value_at(uint64_t tensor_seed, int64_t index, bool is_norm, float scale) {
-  Prng prng(tensor_seed + static_cast<uint64_t>(index) * 0x9e3779b97f4a7c15ull);
-  const float symmetric = prng.next_symmetric_float();
-  return is_norm ? (1.0f + symmetric * 0.125f) * scale : symmetric * scale;
-}
-
-}  // namespace
-
-Tensor make_synthetic_bf16_tensor(const SyntheticTensorSpec& spec, uint64_t seed, WorkerPool* pool) {
-  if (spec.shape.size() != 2 || spec.numel() == 0) {
-    Tensor tensor = make_synthetic_tensor(spec, seed);  // norms: f32, as keep_16bit leaves 1-D tensors
-    std::vector<float> rounded(tensor.data, tensor.data + tensor.numel());
-    for (float& value : rounded) value = bf16_to_float(float_to_bf16(value));
-    return Tensor::from_vector(spec.shape, std::move(rounded));
-  }
-  const int64_t count = spec.numel();
-  auto bits = std::make_shared<std::vector<uint16_t>>(static_cast<size_t>(count));
-  const uint64_t tensor_seed = synthetic_tensor_seed(seed, spec.name);
-  constexpr int64_t kChunk = int64_t{1} << 20;
-  const int64_t num_chunks = (count + kChunk - 1) / kChunk;
-  auto draw_chunk = [&](size_t chunk) {
-    const int64_t end = std::min(count, (static_cast<int64_t>(chunk) + 1) * kChunk);
-    for (int64_t i = static_cast<int64_t>(chunk) * kChunk; i < end; ++i)
-      (*bits)[static_cast<size_t>(i)] = float_to_bf16(synthetic_value_at(tensor_seed, i, spec.is_norm, spec.scale));
-  };
-  if (pool != nullptr && num_chunks > 1) {
-    pool->start(static_cast<size_t>(num_chunks), draw_chunk).wait();
-  } else {
-    for (int64_t chunk = 0; chunk < num_chunks; ++chunk) draw_chunk(static_cast<size_t>(chunk));
-  }
-  Tensor tensor;
-  tensor.shape = spec.shape;
-  tensor.quantized.ggml_type = static_cast<uint32_t>(GgmlType::kBF16);
-  tensor.quantized.row_bytes = spec.shape[1] * 2;
-  tensor.quantized.bytes = reinterpret_cast<const uint8_t*>(bits->data());
-  tensor.storage = std::move(bits);
-  return tensor;
 }
 
 Tensor make_synthetic_tensor(const SyntheticTensorSpec& spec, uint64_t seed) {

@@ -14,8 +14,6 @@
 
 namespace loom {
 
-class WorkerPool;
-
 // Gains that keep a random model "alive": sharper attention (q and k, or the
 // q/k norms, times 3), a residual stream dominated by the layers rather than
 // the token's own embedding (o_proj and down_proj times 4), and logits with a
@@ -60,15 +58,6 @@ class SyntheticValueStream {
 
 // The whole tensor in memory (f32).
 Tensor make_synthetic_tensor(const SyntheticTensorSpec& spec, uint64_t seed);
-
-// The tensor as a bf16 checkpoint read with keep_16bit holds it (formats/
-// safetensors.h): a 2-D tensor as bf16 rows (QuantizedRows, GgmlType::kBF16,
-// half make_synthetic_tensor's bytes), others in f32; every value is
-// make_synthetic_tensor's rounded to bf16 (what the CUDA backend keeps). Drawn
-// on `pool`'s threads when given: the stream is counter-based (SplitMix64),
-// so element i needs no other. For tensor-parallel GPU groups, whose ranks
-// cut their shards from such rows in place.
-Tensor make_synthetic_bf16_tensor(const SyntheticTensorSpec& spec, uint64_t seed, WorkerPool* pool = nullptr);
 
 // Writes the tensors to one safetensors file without holding any of them:
 // header first (names sorted, tensors tiling the data section, header padded

@@ -159,6 +159,22 @@ Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int
   return sharded;
 }
 
+// Ranks on one device, each drawing its own slices of the synthetic model of
+// `config` and `seed` (make_synthetic_tensor_parallel_cuda_backend).
+Sharded make_sharded_synthetic(const ModelConfig& config, uint64_t seed, int32_t size) {
+  Sharded sharded;
+  auto group = std::make_shared<SameDeviceGroup>(size);
+  sharded.group = group;
+  const std::vector<int> devices(size, 0);
+  const std::vector<DeviceCommunicator*> communicators = group->communicators();
+  SameDeviceGroup* raw = group.get();
+  TensorParallelGroup hooks{[raw](int32_t failed) { raw->barrier().abort(failed); },
+                            [raw] { raw->barrier().reset(); }, group, AbortableBarrier::kAbortedPrefix};
+  sharded.backend =
+      make_synthetic_tensor_parallel_cuda_backend(config, seed, false, {}, devices, communicators, hooks);
+  return sharded;
+}
+
 int visible_gpus() {
   int count = 0;
   return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
@@ -268,9 +284,11 @@ void expect_device_sampling_unsharded(Joined joined, int32_t size) {
     const std::string where = "TP=" + std::to_string(size) + " step " + std::to_string(step);
     ASSERT_EQ(got.sampled_token_ids.size(), reference.sampled_token_ids.size()) << where;
     EXPECT_EQ(got.sampled_token_ids, reference.sampled_token_ids) << where;
-    for (size_t r = 0; r < got.sampled_logprobs.size(); ++r)
-      if (reference.sampled_token_ids[r] >= 0)
+    for (size_t r = 0; r < got.sampled_logprobs.size(); ++r) {
+      if (reference.sampled_token_ids[r] >= 0) {
         EXPECT_NEAR(got.sampled_logprobs[r], reference.sampled_logprobs[r], 1e-3) << where << " row " << r;
+      }
+    }
     EXPECT_EQ(got.vocab_size, config.vocab_size) << where;
     // logits: the host rows alone (the last sequence's), whole.
     ASSERT_EQ(got.logits.size(), static_cast<size_t>(config.vocab_size)) << where;
@@ -292,6 +310,40 @@ TEST(CudaTensorParallelSampling, RanksDrawOnTheirGatheredLogitsAsOneGpuDoes) {
 TEST_P(CudaTensorParallel, EveryModeMixedGivesTheUnshardedLogits) {
   LOOM_REQUIRE_GPU();
   expect_every_mode_unsharded(GetParam(), Joined::kSameDevice, {2, 4});
+}
+
+// `--model random:... -tp N`: each rank draws its slices on its GPU. The
+// values are make-model's, so the group equals one sharded from the host
+// weights of the same seed bit for bit, prefill and decode, every architecture
+// (q/k/v biases, o's columns, replicated kv heads at TP=4, uneven vocab slices).
+TEST_P(CudaTensorParallel, RanksDrawingTheirSlicesEqualTheHostsShards) {
+  LOOM_REQUIRE_GPU();
+  const ModelConfig config = synthetic_model_config(GetParam(), SyntheticPreset::kTiny);
+  const auto weights = test::tiny_weights(config, 17, false);
+  for (int32_t size : {2, 4}) {
+    try {
+      check_tensor_parallel_size(config, size);
+    } catch (const Error&) {
+      continue;
+    }
+    Sharded drawn = make_sharded_synthetic(config, 17, size);
+    Sharded cut = make_sharded(config, *weights, size);
+    Driver driver(kNumBlocks, kBlockSize, 3, /*with_residual_pool=*/false);
+    const int a = driver.add_sequence(), b = driver.add_sequence();
+    for (Backend* backend : {drawn.backend.get(), cut.backend.get()}) backend->allocate_kv_cache({kNumBlocks, kBlockSize});
+    for (int step = 0; step < 3; ++step) {
+      std::vector<Driver::Part> parts;
+      for (int s : {a, b}) {
+        const int length = step == 0 ? 13 + 10 * s : 1;
+        parts.push_back({s, driver.random_tokens(length, config.vocab_size), std::vector<int32_t>(length, -1), step == 0});
+      }
+      const Batch batch = driver.make_batch(parts);
+      const ForwardResult want = cut.backend->forward(batch);
+      const ForwardResult got = drawn.backend->forward(batch);
+      EXPECT_EQ(got.logits, want.logits) << "TP=" << size << " step " << step;
+      EXPECT_EQ(got.vocab_size, config.vocab_size);
+    }
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(AllArchs, CudaTensorParallel,

@@ -22,7 +22,6 @@
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
 #include "util/half.h"
-#include "util/worker_pool.h"
 
 namespace loom {
 namespace {
@@ -248,41 +247,6 @@ TEST(SyntheticModel, Bf16CheckpointStreamsTheSameValues) {
 // models from `loom make-model` (tools/golden/make_fixtures.sh). Regenerating
 // those models here must give the same bytes on every machine, and Loom must
 // resolve every adapter module to the rank and scaling PEFT used.
-// The bf16 rows a GPU tensor-parallel group's random model is drawn as
-// (make_synthetic_bf16_tensor): each value is the sequential f32 stream's,
-// rounded to bf16, whether drawn on one thread or in chunks on several; 2-D
-// tensors as bf16 rows (a bf16 checkpoint read with keep_16bit), norms in f32.
-TEST(SyntheticModel, Bf16RowsHoldTheStreamRoundedOnAnyNumberOfThreads) {
-  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
-  WorkerPool pool(3);
-  int checked_matrices = 0, checked_norms = 0;
-  for (SyntheticTensorSpec spec : synthetic_base_tensor_specs(config)) {
-    if (spec.shape.size() == 2) spec.shape[0] *= 40;  // past one 1M-element chunk: several chunks, several threads
-    const Tensor reference = make_synthetic_tensor(spec, 7);
-    for (WorkerPool* threads : {static_cast<WorkerPool*>(nullptr), &pool}) {
-      const Tensor rows = make_synthetic_bf16_tensor(spec, 7, threads);
-      ASSERT_EQ(rows.shape, spec.shape) << spec.name;
-      if (spec.shape.size() == 2) {
-        ASSERT_TRUE(rows.is_quantized()) << spec.name;
-        EXPECT_EQ(rows.quantized.ggml_type, static_cast<uint32_t>(GgmlType::kBF16));
-        EXPECT_EQ(rows.quantized.row_bytes, spec.shape[1] * 2);
-        const auto* bits = reinterpret_cast<const uint16_t*>(rows.quantized.bytes);
-        int64_t differing = 0;
-        for (int64_t i = 0; i < spec.numel(); ++i) differing += bits[i] != float_to_bf16(reference.data[i]);
-        EXPECT_EQ(differing, 0) << spec.name;
-        ++checked_matrices;
-      } else {
-        ASSERT_FALSE(rows.is_quantized()) << spec.name;
-        for (int64_t i = 0; i < spec.numel(); ++i)
-          ASSERT_EQ(rows.data[i], bf16_to_float(float_to_bf16(reference.data[i]))) << spec.name << " " << i;
-        ++checked_norms;
-      }
-    }
-  }
-  EXPECT_GT(checked_matrices, 0);
-  EXPECT_GT(checked_norms, 0);
-}
-
 TEST(SyntheticModel, GoldenFixturesBelongToTheseModels) {
   struct Fixture {
     const char* name;

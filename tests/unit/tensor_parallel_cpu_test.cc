@@ -235,6 +235,51 @@ TEST(TensorParallelCpu, ShardsCoverTheModelOnce) {
   EXPECT_EQ(tensor_parallel_shard(config, 2, 4).kv_head_begin, 1);
 }
 
+// tensor_parallel_slice names the cut shard_model_weights makes: for every
+// architecture (with o's bias too), size and rank, each tensor of the rank's
+// weights holds the whole tensor's values at the rows or columns it names, and
+// the tensors it names kNone are the ones the rank lacks.
+TEST(TensorParallelCpu, NamedSlicesAreTheShardsCuts) {
+  for (Architecture arch : {Architecture::kLlama, Architecture::kQwen2, Architecture::kQwen3, Architecture::kMistral}) {
+    const Model model = make_model(arch, /*o_bias=*/arch == Architecture::kQwen2);
+    const TensorMap whole = model_weights_to_tensor_map(model.config, *model.weights);
+    for (int32_t size : {2, 4}) {
+      for (int32_t r = 0; r < size; ++r) {
+        const TensorParallelShard shard = tensor_parallel_shard(model.config, r, size);
+        const ModelWeights rank_weights = shard_model_weights(model.config, *model.weights, shard);
+        const TensorMap part = model_weights_to_tensor_map(rank_config(model.config, shard), rank_weights);
+        const std::string where = std::string(architecture_short_name(arch)) + " TP=" + std::to_string(size) +
+                                  " rank " + std::to_string(r);
+        for (const auto& [name, tensor] : whole) {
+          const TensorParallelSlice slice = tensor_parallel_slice(model.config, shard, name);
+          const auto found = part.find(name);
+          if (slice.kind == TensorParallelSlice::Kind::kNone) {
+            EXPECT_TRUE(found == part.end()) << where << ": " << name << " named absent";
+            continue;
+          }
+          ASSERT_TRUE(found != part.end()) << where << ": " << name;
+          const Tensor& cut = found->second;
+          const int64_t columns = tensor.shape.size() == 2 ? tensor.shape[1] : 1;
+          const int64_t cut_columns = cut.shape.size() == 2 ? cut.shape[1] : 1;
+          int64_t row0 = 0, column0 = 0, rows = tensor.shape[0], want_columns = columns;
+          if (slice.kind == TensorParallelSlice::Kind::kRows) row0 = slice.begin, rows = slice.end - slice.begin;
+          if (slice.kind == TensorParallelSlice::Kind::kColumns)
+            column0 = slice.begin, want_columns = slice.end - slice.begin;
+          ASSERT_EQ(cut.shape[0], rows) << where << ": " << name;
+          ASSERT_EQ(cut_columns, want_columns) << where << ": " << name;
+          for (int64_t i = 0; i < rows; ++i)
+            for (int64_t j = 0; j < want_columns; ++j)
+              ASSERT_EQ(cut.data[i * cut_columns + j], tensor.data[(row0 + i) * columns + column0 + j])
+                  << where << ": " << name << " [" << i << ", " << j << "]";
+        }
+        EXPECT_EQ(part.size() + (shard.adds_o_bias || !model.config.o_bias ? 0 : model.config.num_layers),
+                  whole.size())
+            << where;
+      }
+    }
+  }
+}
+
 TEST(InProcessGroup, SumsInRankOrderAndAbortEndsEveryWaiter) {
   cpu::InProcessGroup group(3);
   std::vector<std::vector<float>> buffers = {{1, 2, 3, 4, 5}, {10, 20, 30, 40, 50}, {100, 200, 300, 400, 500}};

@@ -194,12 +194,15 @@ std::unique_ptr<Backend> make_cuda_backend(const ModelConfig& config, const Mode
 std::unique_ptr<cuda::CudaBackend> cuda::make_synthetic_cuda_backend_impl(const ModelConfig& config, uint64_t seed,
                                                                          bool round_to_bf16,
                                                                          const CudaBackendConfig& backend_config) {
-  cuda::check_model_supported(config);
+  const bool sharded = backend_config.rank.shard.size > 1;
+  const ModelConfig held = sharded ? rank_config(config, backend_config.rank.shard) : config;
+  cuda::check_model_supported(held);
   cudaStream_t stream = make_stream(backend_config.device);
   try {
-    cuda::DeviceModel model = cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream);
-    prepare_fp8(config, model, backend_config, stream);
-    return std::make_unique<cuda::CudaBackend>(config, std::move(model), stream, backend_config.device, backend_config);
+    cuda::DeviceModel model =
+        cuda::DeviceModel::synthetic(config, seed, round_to_bf16, stream, sharded ? &backend_config.rank.shard : nullptr);
+    prepare_fp8(held, model, backend_config, stream);
+    return std::make_unique<cuda::CudaBackend>(held, std::move(model), stream, backend_config.device, backend_config);
   } catch (...) {
     cudaStreamDestroy(stream);
     throw;

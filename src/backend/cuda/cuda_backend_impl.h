@@ -161,7 +161,9 @@ class CudaBackend final : public Backend {
   bool guided_ = false;  // its draw needs the host's masks or edits (DeviceSampler::guided)
 };
 
-// make_synthetic_cuda_backend as a CudaBackend (tests and benchmarks).
+// make_synthetic_cuda_backend as a CudaBackend (tests and benchmarks). With a
+// tensor-parallel rank (backend_config.rank.shard.size > 1), `config` is the
+// whole model's: the rank draws its slices only and runs rank_config().
 std::unique_ptr<CudaBackend> make_synthetic_cuda_backend_impl(const ModelConfig& config, uint64_t seed,
                                                               bool round_to_bf16,
                                                               const CudaBackendConfig& backend_config = {});

@@ -297,26 +297,44 @@ DeviceModel DeviceModel::upload(const ModelConfig& config, const ModelWeights& w
   return model;
 }
 
-DeviceModel DeviceModel::synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream) {
+DeviceModel DeviceModel::synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream,
+                                   const TensorParallelShard* shard) {
+  using Kind = TensorParallelSlice::Kind;
+  const ModelConfig held = shard != nullptr ? rank_config(config, *shard) : config;
   DeviceModel model;
-  model.lay_out(config, config.tie_word_embeddings);
-  upload_inverse_frequencies(config, model.inverse_frequencies_, stream);
-  const std::unordered_map<std::string, Destination> map = destinations(config, model);
-  const std::vector<SyntheticTensorSpec> specs = synthetic_base_tensor_specs(config);
-  if (specs.size() != map.size())
-    fail(ErrorKind::kInternal, "cuda backend: {} synthetic tensors for {} device tensors", specs.size(), map.size());
-  for (const SyntheticTensorSpec& spec : specs) {
+  model.lay_out(held, held.tie_word_embeddings);
+  upload_inverse_frequencies(held, model.inverse_frequencies_, stream);
+  const std::unordered_map<std::string, Destination> map = destinations(held, model);
+  size_t drawn = 0;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(config)) {
+    const TensorParallelSlice slice = shard != nullptr ? tensor_parallel_slice(config, *shard, spec.name)
+                                                       : TensorParallelSlice{};
+    if (slice.kind == Kind::kNone) continue;
     const auto found = map.find(spec.name);
     if (found == map.end()) fail(ErrorKind::kInternal, "cuda backend: no device tensor for synthetic {}", spec.name);
+    // The rank's block of the tensor seen as rows of `columns` values (a 1-D tensor: one value a row).
+    const int64_t columns = spec.shape.size() == 2 ? spec.shape[1] : 1;
+    int64_t count = spec.numel();
+    SyntheticWindow window;
+    if (slice.kind == Kind::kRows) {
+      window = {columns, columns, slice.begin, 0};
+      count = (slice.end - slice.begin) * columns;
+    } else if (slice.kind == Kind::kColumns) {
+      window = {slice.end - slice.begin, columns, 0, slice.begin};
+      count = spec.shape[0] * (slice.end - slice.begin);
+    }
     const uint64_t tensor_seed = synthetic_tensor_seed(seed, spec.name);
     if (found->second.is_bf16) {
-      launch_synthetic_fill_bf16(static_cast<__nv_bfloat16*>(found->second.pointer), spec.numel(), tensor_seed,
-                                 spec.is_norm, spec.scale, stream);
+      launch_synthetic_fill_bf16(static_cast<__nv_bfloat16*>(found->second.pointer), count, tensor_seed, spec.is_norm,
+                                 spec.scale, stream, window);
     } else {
-      launch_synthetic_fill_f32(static_cast<float*>(found->second.pointer), spec.numel(), tensor_seed, spec.is_norm,
-                                spec.scale, round_to_bf16, stream);
+      launch_synthetic_fill_f32(static_cast<float*>(found->second.pointer), count, tensor_seed, spec.is_norm,
+                                spec.scale, round_to_bf16, stream, window);
     }
+    ++drawn;
   }
+  if (drawn != map.size())
+    fail(ErrorKind::kInternal, "cuda backend: {} synthetic tensors for {} device tensors", drawn, map.size());
   LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
   return model;
 }

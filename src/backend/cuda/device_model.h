@@ -17,6 +17,7 @@
 
 #include "backend/cuda/device_buffer.h"
 #include "model/config.h"
+#include "model/tensor_parallel.h"
 #include "model/weights.h"
 
 namespace loom::cuda {
@@ -53,7 +54,10 @@ class DeviceModel {
   // Draws the synthetic model of `config` for `seed` on the device. With
   // round_to_bf16, fp32 tensors (norms, biases) are rounded through bf16 as in
   // make-model's bf16 files (the 8b preset); otherwise they are exact fp32 (tiny).
-  static DeviceModel synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream);
+  // With a shard, `config` is the whole model's and the device holds rank_config()'s
+  // model: each tensor's slice (tensor_parallel_slice) drawn in place, nothing else.
+  static DeviceModel synthetic(const ModelConfig& config, uint64_t seed, bool round_to_bf16, cudaStream_t stream,
+                               const TensorParallelShard* shard = nullptr);
 
   // Replaces the four linear weights of every layer by FP8 copies with
   // per-channel scales (each row's max|w| / 448) or one per matrix (its max|w| /

@@ -300,10 +300,16 @@ void launch_prefetch_l2(const L2PrefetchRanges& ranges, cudaStream_t stream);
 // SplitMix64 at state tensor_seed + (i + 1) * golden: value-for-value what
 // SyntheticValueStream draws. bf16 output rounds to nearest even as make-model's
 // bf16 files do; fp32 output optionally rounds through bf16 first.
+// With a window, out holds a block of the tensor seen as rows of full_columns
+// values: out[r * columns + c] = value (row_begin + r) * full_columns + column_begin + c,
+// count = rows * columns (a tensor-parallel rank's rows or columns; columns 0: no window).
+struct SyntheticWindow {
+  int64_t columns = 0, full_columns = 0, row_begin = 0, column_begin = 0;
+};
 void launch_synthetic_fill_bf16(bf16* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
-                                cudaStream_t stream);
+                                cudaStream_t stream, const SyntheticWindow& window = {});
 void launch_synthetic_fill_f32(float* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
-                               bool round_to_bf16, cudaStream_t stream);
+                               bool round_to_bf16, cudaStream_t stream, const SyntheticWindow& window = {});
 
 // out[i] = bf16(in[i]) (weights uploaded in fp32 chunks are converted on the device).
 void launch_f32_to_bf16(const float* in, int64_t count, bf16* out, cudaStream_t stream);

@@ -23,17 +23,25 @@ __device__ __forceinline__ float synthetic_value(uint64_t tensor_seed, int64_t i
   return __fmul_rn(symmetric, scale);
 }
 
-__global__ void synthetic_bf16_kernel(bf16* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale) {
+// Output element i's index in the whole tensor (SyntheticWindow in kernels.h).
+__device__ __forceinline__ int64_t window_index(int64_t i, const SyntheticWindow& window) {
+  if (window.columns == 0) return i;
+  const int64_t row = i / window.columns;
+  return (window.row_begin + row) * window.full_columns + window.column_begin + (i - row * window.columns);
+}
+
+__global__ void synthetic_bf16_kernel(bf16* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
+                                      SyntheticWindow window) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-    out[i] = __float2bfloat16_rn(synthetic_value(tensor_seed, i, is_norm, scale));
+    out[i] = __float2bfloat16_rn(synthetic_value(tensor_seed, window_index(i, window), is_norm, scale));
 }
 
 __global__ void synthetic_f32_kernel(float* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
-                                     bool round_to_bf16) {
+                                     bool round_to_bf16, SyntheticWindow window) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const float value = synthetic_value(tensor_seed, i, is_norm, scale);
+    const float value = synthetic_value(tensor_seed, window_index(i, window), is_norm, scale);
     out[i] = round_to_bf16 ? __bfloat162float(__float2bfloat16_rn(value)) : value;
   }
 }
@@ -46,16 +54,17 @@ int grid_for(int64_t count) {
 }  // namespace
 
 void launch_synthetic_fill_bf16(bf16* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
-                                cudaStream_t stream) {
+                                cudaStream_t stream, const SyntheticWindow& window) {
   if (count == 0) return;
-  synthetic_bf16_kernel<<<grid_for(count), 256, 0, stream>>>(out, count, tensor_seed, is_norm, scale);
+  synthetic_bf16_kernel<<<grid_for(count), 256, 0, stream>>>(out, count, tensor_seed, is_norm, scale, window);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
 void launch_synthetic_fill_f32(float* out, int64_t count, uint64_t tensor_seed, bool is_norm, float scale,
-                               bool round_to_bf16, cudaStream_t stream) {
+                               bool round_to_bf16, cudaStream_t stream, const SyntheticWindow& window) {
   if (count == 0) return;
-  synthetic_f32_kernel<<<grid_for(count), 256, 0, stream>>>(out, count, tensor_seed, is_norm, scale, round_to_bf16);
+  synthetic_f32_kernel<<<grid_for(count), 256, 0, stream>>>(out, count, tensor_seed, is_norm, scale, round_to_bf16,
+                                                            window);
   LOOM_CUDA_CHECK_LAUNCH();
 }
 

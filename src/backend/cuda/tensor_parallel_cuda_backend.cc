@@ -1,5 +1,7 @@
 #include "backend/cuda/tensor_parallel_cuda_backend.h"
 
+#include <functional>
+
 #include <fmt/format.h>
 
 #include "backend/batch_checks.h"
@@ -117,17 +119,14 @@ class TensorParallelCudaBackend final : public TensorParallelBackend {
   std::vector<std::unique_ptr<HostKvTier>> views_[2];  // [KvPoolKind][rank]
 };
 
-}  // namespace
-
-std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
-                                                           const CudaBackendConfig& backend_config,
-                                                           std::span<const int> devices,
-                                                           std::span<DeviceCommunicator* const> communicators,
-                                                           TensorParallelGroup group) {
+// The group of ranks, rank r made by make_rank(its backend config: device, shard, communicator).
+std::unique_ptr<Backend> make_group(const ModelConfig& config, const CudaBackendConfig& backend_config,
+                                    std::span<const int> devices, std::span<DeviceCommunicator* const> communicators,
+                                    TensorParallelGroup group,
+                                    const std::function<std::unique_ptr<Backend>(const CudaBackendConfig&)>& make_rank) {
   const int32_t size = static_cast<int32_t>(devices.size());
   check_tensor_parallel_size(config, size);
   LOOM_CHECK(communicators.size() == devices.size());
-  validate_weights(weights, config);
   std::vector<TensorParallelShard> shards;
   std::vector<std::unique_ptr<Backend>> ranks;
   for (int32_t r = 0; r < size; ++r) {
@@ -135,10 +134,34 @@ std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& co
     CudaBackendConfig rank_backend = backend_config;
     rank_backend.device = devices[r];
     rank_backend.rank = {shards[r], communicators[r], config.vocab_size};
-    ranks.push_back(
-        make_cuda_backend(rank_config(config, shards[r]), shard_model_weights(config, weights, shards[r]), rank_backend));
+    ranks.push_back(make_rank(rank_backend));
   }
   return std::make_unique<TensorParallelCudaBackend>(config, std::move(shards), std::move(ranks), std::move(group));
+}
+
+}  // namespace
+
+std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& config, const ModelWeights& weights,
+                                                           const CudaBackendConfig& backend_config,
+                                                           std::span<const int> devices,
+                                                           std::span<DeviceCommunicator* const> communicators,
+                                                           TensorParallelGroup group) {
+  validate_weights(weights, config);
+  return make_group(config, backend_config, devices, communicators, std::move(group),
+                    [&](const CudaBackendConfig& rank_backend) {
+                      const TensorParallelShard& shard = rank_backend.rank.shard;
+                      return make_cuda_backend(rank_config(config, shard), shard_model_weights(config, weights, shard),
+                                               rank_backend);
+                    });
+}
+
+std::unique_ptr<Backend> make_synthetic_tensor_parallel_cuda_backend(
+    const ModelConfig& config, uint64_t seed, bool round_to_bf16, const CudaBackendConfig& backend_config,
+    std::span<const int> devices, std::span<DeviceCommunicator* const> communicators, TensorParallelGroup group) {
+  return make_group(config, backend_config, devices, communicators, std::move(group),
+                    [&](const CudaBackendConfig& rank_backend) -> std::unique_ptr<Backend> {
+                      return make_synthetic_cuda_backend_impl(config, seed, round_to_bf16, rank_backend);
+                    });
 }
 
 }  // namespace loom::cuda

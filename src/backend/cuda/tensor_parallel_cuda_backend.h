@@ -26,4 +26,12 @@ std::unique_ptr<Backend> make_tensor_parallel_cuda_backend(const ModelConfig& co
                                                            std::span<DeviceCommunicator* const> communicators,
                                                            TensorParallelGroup group);
 
+// `--model random:...` under tensor parallelism: `config` is the whole model's,
+// and each rank draws only its slices of make-model's tensors on its own GPU
+// (DeviceModel::synthetic with a shard), so no host copy of the model exists:
+// the same values as sharding make-model's checkpoint of `seed`.
+std::unique_ptr<Backend> make_synthetic_tensor_parallel_cuda_backend(
+    const ModelConfig& config, uint64_t seed, bool round_to_bf16, const CudaBackendConfig& backend_config,
+    std::span<const int> devices, std::span<DeviceCommunicator* const> communicators, TensorParallelGroup group);
+
 }  // namespace loom::cuda
