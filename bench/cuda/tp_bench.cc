@@ -8,7 +8,7 @@
 // weights and of the attended KV, over the datasheet bandwidth) and, for N > 1,
 // the step's all-reduces alone (2 per layer + the embedding's, B x hidden fp32
 // each) timed on the same communicators.
-//   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--vocab-gather] --out tp_bench.json
+//   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--no-vocab-gather] --out tp_bench.json
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -77,12 +77,13 @@ int run(int argc, char** argv) {
   CLI::App app{"Tensor-parallel decode steps (8B shape, random bf16 weights, NCCL)"};
   std::vector<int> sizes = {1, 2, 4}, batch_sizes = {1, 16, 64};
   int iterations = 20;
-  bool vocab_gather = false;
+  bool vocab_gather = CudaTuning{}.tensor_parallel_vocab_gather;
   std::string out_path = "tp_bench.json";
   app.add_option("--sizes", sizes, "Tensor-parallel sizes (those the visible GPUs allow)");
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--iterations", iterations, "Timed steps per figure (median)");
-  app.add_flag("--vocab-gather", vocab_gather, "CudaTuning::tensor_parallel_vocab_gather (logits made whole on the device)");
+  app.add_flag("--vocab-gather,!--no-vocab-gather", vocab_gather,
+               "CudaTuning::tensor_parallel_vocab_gather (logits made whole on the device; the default)");
   app.add_option("--out", out_path, "JSON results");
   CLI11_PARSE(app, argc, argv);
 

@@ -32,10 +32,10 @@ struct CudaTuning {
   // replay CUDA graphs captured per launch shape; false: every step eager.
   bool cuda_graphs = true;
   // A tensor-parallel rank gathers the vocabulary slices of its logits on the
-  // device (vocab_gather.h) and the group samples there (device_sampling). Off
-  // until its GPU tests (CudaTensorParallelSampling, CudaNcclTensorParallelSampling)
-  // have run: the group then returns its slices to the host, which joins and samples them.
-  bool tensor_parallel_vocab_gather = false;
+  // device (vocab_gather.h) and the group samples there (device_sampling), as one
+  // GPU does. false: the group returns its slices to the host, which joins and
+  // samples them (bench/README.md: host-bound at 64 streams).
+  bool tensor_parallel_vocab_gather = true;
   int max_graph_rows = 256;
   // Large non-forked prefills on the wgmma kernels (attention_wide.cu,
   // attention_pingpong.cu); false: the mma.sync kernel.
