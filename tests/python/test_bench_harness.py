@@ -341,6 +341,9 @@ class TimeLimitTest(unittest.TestCase):
 
     def test_closed_loop_window(self):
         tasks, metrics = self.run_window(None, 1.0)  # a task is 4 calls of 0.2 s: each slot finishes one
+        # Two finished tasks of ~0.8 s and two cut after ~0.2 s: the censored median sits between them.
+        self.assertGreater(metrics["task_censored_p95_s"], 0.7)
+        self.assertLess(metrics["task_censored_p50_s"], metrics["task_p50_s"])
         self.assertTrue(metrics["truncated"])
         self.assertAlmostEqual(metrics["wall_s"], 1.0, delta=0.05)
         self.assertEqual(metrics["num_tasks"] - metrics["num_unfinished_tasks"], 2)
@@ -353,6 +356,9 @@ class TimeLimitTest(unittest.TestCase):
         _, metrics = self.run_window(10.0, 0.5)
         self.assertTrue(metrics["truncated"])
         self.assertGreater(metrics["num_unfinished_tasks"], 0)
+        # Running tasks count with the time they had run: never below the finished ones' figures.
+        self.assertGreaterEqual(metrics["task_censored_p95_s"], metrics["task_p95_s"] or 0.0)
+        self.assertLessEqual(metrics["task_censored_p95_s"], 0.5 + 0.05)
         _, metrics = self.run_window(None, 10.0, num_tasks=2)  # ends before the window: not truncated
         self.assertFalse(metrics["truncated"])
         self.assertEqual(metrics["num_unfinished_tasks"], 0)
