@@ -1,18 +1,19 @@
 #!/bin/bash
-# On the GPU machine: one `loom serve --device cuda` (random:llama-8b) with an
+# On the GPU machine: one `loom serve --device cuda` (MODEL, default random:llama-8b) with an
 # isolated, an activated (aLoRA), a base (ICaRus) and a forked (ForkKV) adapter
 # answers 20 concurrent OpenAI completions (4 per model, the base model
 # included) over one shared prompt; prints each model's answers and the
 # server's per-mode prefix hits and decode batch sizes. Carries .carry/cuda.
-# Extra `loom serve` arguments in LOOM_SERVE_ARGS (e.g. "--quantization fp8 --kv-cache-dtype fp8").
+# Extra `loom serve` arguments in LOOM_SERVE_ARGS (e.g. "--quantization fp8 --kv-cache-dtype fp8", "-tp 4").
 set -u
+MODEL=${MODEL:-random:llama-8b}
 . "$(dirname "$0")/device_env.sh"
 LOOM=/tmp/loom/bin/loom
-"$LOOM" make-adapters --model random:llama-8b --adapters 3 --rank 16 --out /tmp/loom/modes > /dev/null 2>&1
-"$LOOM" make-adapters --model random:llama-8b --adapters 1 --rank 16 --alora-invocation-text " judge:" \
+"$LOOM" make-adapters --model "$MODEL" --adapters 3 --rank 16 --out /tmp/loom/modes > /dev/null 2>&1
+"$LOOM" make-adapters --model "$MODEL" --adapters 1 --rank 16 --alora-invocation-text " judge:" \
   --out /tmp/loom/alora > /dev/null 2>&1
 LOG="$OUT/serve_modes.log"
-"$LOOM" serve --device cuda --model random:llama-8b --port 8123 --kv-cache-bytes 8589934592 \
+"$LOOM" serve --device cuda --model "$MODEL" --port 8123 --kv-cache-bytes 8589934592 \
   --lora iso=/tmp/loom/modes/adapter0:isolated --lora icarus=/tmp/loom/modes/adapter1:base \
   --lora fork=/tmp/loom/modes/adapter2:forked --lora judge=/tmp/loom/alora/adapter0:activated ${LOOM_SERVE_ARGS:-} \
   > "$LOG" 2>&1 &

@@ -6,7 +6,9 @@
 #      (serve_modes_check.sh: 20 concurrent completions, the base model included);
 #   3. loom_tp_bench: the decode step at TP=1 and TP=N against the per-GPU floor, and the all-reduces' share
 #      (VOCAB_GATHER=1: with CudaTuning::tensor_parallel_vocab_gather);
-#   4. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left.
+#   4. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left;
+#   5. (BIG=1) the 70B shape at -tp N: every sharing mode in one server (issue 37's "done when" at N = 4), then
+#      serve_bench at 1/16/64/128 streams in bf16 and with FP8 weights + FP8 KV (issue 40).
 # Carries .carry/cuda (bench/cuda/pack.sh). TP (default 2), BUDGET seconds for the whole (default 560).
 set -u
 TP=${TP:-2}
@@ -35,5 +37,20 @@ if [ "$(left)" -gt 150 ]; then
     --concurrency ${CONCURRENCY:-1 64} --output-tokens 128 \
     --server "tp$TP=$L serve --device cuda --model random:llama-8b --port {port} -tp $TP --gpu-memory-fraction 0.8" \
     --server "tp1=$L serve --device cuda --model random:llama-8b --port {port} --gpu-memory-fraction 0.8" 2>&1 | tail -12
+fi
+if [ -n "${BIG:-}" ] && [ "$(left)" -gt 120 ]; then
+  MODEL=random:llama-70b LOOM_SERVE_ARGS="-tp $TP" timeout $(( $(left) < 200 ? $(left) : 200 )) \
+    bash "$(dirname "$0")/serve_modes_check.sh" > "$OUT/tp_modes_70b.log" 2>&1
+  echo "== serve 70B -tp $TP, every mode: exit status $?"
+  grep -E "all 20|FAILED" "$OUT/tp_modes_70b.log" | head -3
+  [ -f "$OUT/serve_modes.log" ] && mv "$OUT/serve_modes.log" "$OUT/tp_serve_modes_70b.log"
+  for variant in bf16 fp8; do
+    [ "$(left)" -gt 100 ] || break
+    extra=""; [ "$variant" = fp8 ] && extra="--quantization fp8 --kv-cache-dtype fp8"
+    timeout $(( $(left) - 10 )) python3 bench/serve/serve_bench.py --out-dir "$OUT" --tag "tp$TP-70b-$variant" --skip-prefix \
+      --startup-timeout 150 --concurrency 1 16 64 128 --output-tokens 128 \
+      --server "tp$TP-70b-$variant=/tmp/loom/bin/loom serve --device cuda --model random:llama-70b --port {port} -tp $TP $extra --gpu-memory-fraction 0.92" \
+      2>&1 | tail -8
+  done
 fi
 echo "== done in $(( $(date +%s) - START )) s"
