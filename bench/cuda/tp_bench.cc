@@ -7,16 +7,19 @@
 // Beside each step: the floor (the bytes one GPU must read, its shard of the
 // weights and of the attended KV, over the datasheet bandwidth) and, for N > 1,
 // the step's all-reduces alone (2 per layer + the embedding's, B x hidden fp32
-// each) timed on the same communicators.
+// each) on the same communicators, captured in a CUDA graph as the step's are
+// (its share of the step), and launched eagerly one by one for comparison.
 //   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--no-vocab-gather] --out tp_bench.json
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <thread>
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/cuda_backend.h"
@@ -48,10 +51,17 @@ double floor_ms(const ModelConfig& config, int32_t size, int batch) {
   return (weights + kv_bytes) / peaks().bandwidth * 1e3;
 }
 
-// The step's all-reduces alone: every rank on its own thread, count floats, `calls` of them, median of `iterations`.
-double all_reduce_ms(NcclGroup& group, const std::vector<int>& devices, int64_t count, int calls, int iterations) {
+struct AllReduceTimes {
+  double eager_ms = 0;  // launched one by one from the host, then a sync
+  double graph_ms = 0;  // captured in one CUDA graph per rank and replayed: as inside a captured step
+};
+
+// The step's all-reduces alone: every rank on its own thread, `calls` all-reduces of count floats,
+// median of `iterations`.
+AllReduceTimes all_reduce_ms(NcclGroup& group, const std::vector<int>& devices, int64_t count, int calls,
+                             int iterations) {
   const std::vector<DeviceCommunicator*> ranks = group.communicators();
-  std::vector<std::vector<double>> times(ranks.size());
+  std::vector<std::vector<double>> eager(ranks.size()), replay(ranks.size());
   std::vector<std::thread> threads;
   for (size_t r = 0; r < ranks.size(); ++r) {
     threads.emplace_back([&, r] {
@@ -60,17 +70,34 @@ double all_reduce_ms(NcclGroup& group, const std::vector<int>& devices, int64_t 
       LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
       DeviceBuffer data(static_cast<size_t>(count) * sizeof(float));
       LOOM_CUDA_CHECK(cudaMemsetAsync(data.data(), 0, data.size(), stream));
-      for (int i = 0; i < iterations + 2; ++i) {
-        const auto start = std::chrono::steady_clock::now();
+      auto all = [&] {
         for (int c = 0; c < calls; ++c) ranks[r]->all_reduce_sum(data.as<float>(), count, stream);
-        LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-        if (i >= 2) times[r].push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+      };
+      auto timed = [&](const std::function<void()>& work, std::vector<double>& into) {
+        for (int i = 0; i < iterations + 2; ++i) {
+          const auto start = std::chrono::steady_clock::now();
+          work();
+          LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
+          if (i >= 2) into.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+        }
+      };
+      timed(all, eager[r]);
+      if (ranks[r]->capturable()) {
+        cudaGraph_t graph = nullptr;
+        cudaGraphExec_t exec = nullptr;
+        LOOM_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+        all();
+        LOOM_CUDA_CHECK(cudaStreamEndCapture(stream, &graph));
+        LOOM_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+        timed([&] { LOOM_CUDA_CHECK(cudaGraphLaunch(exec, stream)); }, replay[r]);
+        cudaGraphExecDestroy(exec);
+        cudaGraphDestroy(graph);
       }
       cudaStreamDestroy(stream);
     });
   }
   for (std::thread& thread : threads) thread.join();
-  return median(times[0]);
+  return {median(eager[0]), replay[0].empty() ? 0.0 : median(replay[0])};
 }
 
 int run(int argc, char** argv) {
@@ -132,18 +159,19 @@ int run(int argc, char** argv) {
       }
       const double step_ms = median(steps), floor = floor_ms(config, size, batch_size);
       nlohmann::json figure = {{"step_ms", step_ms}, {"floor_ms", floor}, {"x_floor", step_ms / floor}};
+      std::string reduces;
       if (group) {
-        const double reduce_ms =
-            all_reduce_ms(*group, devices, static_cast<int64_t>(batch_size) * config.hidden_size, 2 * config.num_layers + 1,
-                          iterations);
-        figure["all_reduce_ms"] = reduce_ms;
-        figure["all_reduce_share"] = reduce_ms / step_ms;
+        const AllReduceTimes reduce = all_reduce_ms(*group, devices, static_cast<int64_t>(batch_size) * config.hidden_size,
+                                                    2 * config.num_layers + 1, iterations);
+        figure["all_reduce_eager_ms"] = reduce.eager_ms;
+        figure["all_reduce_graph_ms"] = reduce.graph_ms;
+        figure["all_reduce_share"] = reduce.graph_ms / step_ms;  // the graph figure: the step replays its graphs
+        reduces = fmt::format(", the step's all-reduces alone {:.3f} ms in a graph ({:.0f}% of the step), {:.3f} ms eager",
+                              reduce.graph_ms, 100.0 * reduce.graph_ms / step_ms, reduce.eager_ms);
       }
       figures[std::to_string(batch_size)] = figure;
       std::printf("TP=%d batch %3d: step %.3f ms, floor %.3f ms (%.2fx)%s\n", size, batch_size, step_ms, floor,
-                  step_ms / floor,
-                  group ? (", all-reduces alone " + std::to_string(figure["all_reduce_ms"].get<double>()) + " ms").c_str()
-                        : "");
+                  step_ms / floor, reduces.c_str());
     }
   }
   std::ofstream(out_path) << results.dump(2) << "\n";
