@@ -28,6 +28,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/cuda/sampling.h"
+#include "bench_main.h"
 #include "bench_common.h"
 #include "engine/sampler.h"
 #include "synthetic/synthetic_model.h"
@@ -385,10 +386,5 @@ int run(int argc, char** argv) {
 }  // namespace loom::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return loom::cuda::run(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "loom_cuda_bench: %s\n", error.what());
-    return 1;
-  }
+  return loom::cuda::bench::bench_main("loom_cuda_bench", loom::cuda::run, argc, argv);
 }

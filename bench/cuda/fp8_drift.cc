@@ -30,6 +30,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_backend_impl.h"
+#include "bench_main.h"
 #include "model/weights.h"
 #include "synthetic/synthetic_model.h"
 #include "synthetic/synthetic_weights.h"
@@ -242,10 +243,5 @@ int run(int argc, char** argv) {
 }  // namespace loom::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return loom::cuda::run(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "loom_fp8_drift: %s\n", error.what());
-    return 1;
-  }
+  return loom::cuda::bench::bench_main("loom_fp8_drift", loom::cuda::run, argc, argv);
 }

@@ -27,6 +27,7 @@
 #include "backend/cuda/device_communicator.h"
 #include "backend/cuda/nccl_group.h"
 #include "backend/cuda/tensor_parallel_cuda_backend.h"
+#include "bench_main.h"
 #include "bench_common.h"
 #include "synthetic/synthetic_model.h"
 
@@ -183,10 +184,5 @@ int run(int argc, char** argv) {
 }  // namespace loom::cuda
 
 int main(int argc, char** argv) {
-  try {
-    return loom::cuda::run(argc, argv);
-  } catch (const std::exception& error) {
-    std::fprintf(stderr, "loom_tp_bench: %s\n", error.what());
-    return 1;
-  }
+  return loom::cuda::bench::bench_main("loom_tp_bench", loom::cuda::run, argc, argv);
 }

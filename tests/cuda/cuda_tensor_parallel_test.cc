@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstring>
 #include <memory>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
@@ -136,6 +137,21 @@ struct Sharded {
 // GPU r joined by NCCL (kNccl: the production group, nccl_group.h).
 enum class Joined { kSameDevice, kNccl };
 
+// `size` ranks on device 0 joined by a SameDeviceGroup; make(devices, communicators, hooks) builds the group.
+template <typename Make>
+Sharded on_one_device(int32_t size, Make make) {
+  Sharded sharded;
+  auto group = std::make_shared<SameDeviceGroup>(size);
+  sharded.group = group;
+  const std::vector<int> devices(size, 0);
+  const std::vector<DeviceCommunicator*> communicators = group->communicators();
+  SameDeviceGroup* raw = group.get();
+  sharded.backend = make(devices, communicators,
+                         TensorParallelGroup{[raw](int32_t failed) { raw->barrier().abort(failed); },
+                                             [raw] { raw->barrier().reset(); }, group, AbortableBarrier::kAbortedPrefix});
+  return sharded;
+}
+
 Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int32_t size,
                      Joined joined = Joined::kSameDevice, const CudaBackendConfig& backend_config = {}) {
   Sharded sharded;
@@ -148,31 +164,20 @@ Sharded make_sharded(const ModelConfig& config, const ModelWeights& weights, int
                                                         group->communicators(), nccl_tensor_parallel_group(group));
     return sharded;
   }
-  auto group = std::make_shared<SameDeviceGroup>(size);
-  sharded.group = group;
-  const std::vector<int> devices(size, 0);
-  const std::vector<DeviceCommunicator*> communicators = group->communicators();
-  SameDeviceGroup* raw = group.get();
-  TensorParallelGroup hooks{[raw](int32_t failed) { raw->barrier().abort(failed); },
-                            [raw] { raw->barrier().reset(); }, group, AbortableBarrier::kAbortedPrefix};
-  sharded.backend = make_tensor_parallel_cuda_backend(config, weights, backend_config, devices, communicators, hooks);
-  return sharded;
+  return on_one_device(size, [&](std::span<const int> devices, std::span<DeviceCommunicator* const> communicators,
+                                 TensorParallelGroup hooks) {
+    return make_tensor_parallel_cuda_backend(config, weights, backend_config, devices, communicators, std::move(hooks));
+  });
 }
 
 // Ranks on one device, each drawing its own slices of the synthetic model of
 // `config` and `seed` (make_synthetic_tensor_parallel_cuda_backend).
 Sharded make_sharded_synthetic(const ModelConfig& config, uint64_t seed, int32_t size) {
-  Sharded sharded;
-  auto group = std::make_shared<SameDeviceGroup>(size);
-  sharded.group = group;
-  const std::vector<int> devices(size, 0);
-  const std::vector<DeviceCommunicator*> communicators = group->communicators();
-  SameDeviceGroup* raw = group.get();
-  TensorParallelGroup hooks{[raw](int32_t failed) { raw->barrier().abort(failed); },
-                            [raw] { raw->barrier().reset(); }, group, AbortableBarrier::kAbortedPrefix};
-  sharded.backend =
-      make_synthetic_tensor_parallel_cuda_backend(config, seed, false, {}, devices, communicators, hooks);
-  return sharded;
+  return on_one_device(size, [&](std::span<const int> devices, std::span<DeviceCommunicator* const> communicators,
+                                 TensorParallelGroup hooks) {
+    return make_synthetic_tensor_parallel_cuda_backend(config, seed, false, {}, devices, communicators,
+                                                       std::move(hooks));
+  });
 }
 
 int visible_gpus() {
