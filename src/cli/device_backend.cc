@@ -2,11 +2,9 @@
 
 #include <unistd.h>
 
-#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <memory>
-#include <thread>
 
 #include "backend/cpu/cpu_backend.h"
 #include "cli/commands.h"
@@ -15,7 +13,6 @@
 #include "synthetic/synthetic_weights.h"
 #include "tokenizer/tokenizer.h"
 #include "util/error.h"
-#include "util/worker_pool.h"
 #ifdef LOOM_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/nccl_group.h"
