@@ -223,15 +223,15 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
   return timer.median_ms(run, iterations);
 }
 
-std::vector<int32_t> bind_rank16_adapters(CudaBackend& backend) {
+std::vector<int32_t> bind_rank16_adapters(Backend& backend, const ModelConfig& config) {
   SyntheticModelOptions options;
   options.num_adapters = 8;
   options.rank = 16;
   options.targets = {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"};
-  const auto specs = synthetic_adapter_specs(options, backend.config());
+  const auto specs = synthetic_adapter_specs(options, config);
   std::vector<int32_t> slots;
   for (int a = 0; a < 8; ++a) {
-    backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], backend.config(), 0)));
+    backend.set_adapter(a, std::make_shared<LoraAdapter>(make_synthetic_adapter(specs[a], config, 0)));
     slots.push_back(a);
   }
   return slots;

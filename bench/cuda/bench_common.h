@@ -113,7 +113,7 @@ void make_base(Batch& batch);
 double time_attention(CudaBackend& backend, const Batch& batch, int iterations, int32_t residual_rank = 0,
                       bool wide = true, bool pingpong = false);
 // Binds 8 synthetic rank-16 adapters on all seven projections to slots 0..7; returns the slots.
-std::vector<int32_t> bind_rank16_adapters(CudaBackend& backend);
+std::vector<int32_t> bind_rank16_adapters(Backend& backend, const ModelConfig& config);
 
 // decode_figures.cc: the --what parts decode (steps against the floor), prefetch
 // (L2 read-ahead settings), skinny (GEMV variants, a streaming-read probe) and

@@ -102,7 +102,7 @@ int run(int argc, char** argv) {
   decode_figures(context);
 
   if (wanted("lora")) {
-    const std::vector<int32_t> slots = bind_rank16_adapters(backend);
+    const std::vector<int32_t> slots = bind_rank16_adapters(backend, config);
     const Batch base = decode_batch(64, {}, prng, config.vocab_size);
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
@@ -326,7 +326,7 @@ int run(int argc, char** argv) {
   }
 
   if (wanted("sharing")) {
-    const std::vector<int32_t> slots = bind_rank16_adapters(backend);
+    const std::vector<int32_t> slots = bind_rank16_adapters(backend, config);
     backend.allocate_residual_cache({num_blocks, kBlockSize, 16});
     const int64_t residual_elements = static_cast<int64_t>(num_blocks) * kBlockSize *
                                       backend.residual_bytes_per_token(16) / 2;

@@ -1,15 +1,21 @@
-// Tensor parallelism's decode step (issue 37): the 8B shape (random bf16
-// weights, each GPU drawing its own slices as `--model random:llama-8b` does) at each --sizes N that fits
-// the visible GPUs, N ranks joined by NCCL (N = 1: the backend alone), timed
-// through Backend::forward as the engine calls it (each rank's plan, upload
-// and graph replay, the group's threads and the logits' way back), at
-// --batch-sizes decode rows over 2K contexts (bench_common.h's decode_batch).
-// Beside each step: the floor (the bytes one GPU must read, its shard of the
-// weights and of the attended KV, over the datasheet bandwidth) and, for N > 1,
-// the step's all-reduces alone (2 per layer + the embedding's, B x hidden fp32
-// each) on the same communicators, captured in a CUDA graph as the step's are
-// (its share of the step), and launched eagerly one by one for comparison.
-//   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--no-vocab-gather] --out tp_bench.json
+// Tensor parallelism's figures (issue 37): the 8B or 70B shape (--preset; random
+// bf16 weights, each GPU drawing its own slices as `--model random:llama-8b` does)
+// at each --sizes N that fits the visible GPUs and the model, N ranks joined by
+// NCCL (N = 1: the backend alone), timed through Backend::forward as the engine
+// calls it (each rank's plan, upload and graph replay, the group's threads and
+// the results' way back):
+//   decode   --batch-sizes rows over 2K contexts (bench_common.h's decode_batch)
+//            against the floor (the bytes one GPU must read, its shard of the
+//            weights and of the attended KV, over the datasheet bandwidth) and,
+//            for N > 1, the step's all-reduces alone (2 per layer + the
+//            embedding's, B x hidden fp32 each) on the same communicators,
+//            captured in a CUDA graph as the step's are (their share of the
+//            step), and launched eagerly one by one for comparison
+//   lora     a decode-64 step with 8 rank-16 adapters on all seven projections
+//            against the base model's
+//   prefill  one --prefill-tokens prompt: MFU against N GPUs' dense bf16 peak
+//   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--preset 70b] [--what decode lora prefill]
+//                 [--no-vocab-gather] --out tp_bench.json
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -30,6 +36,7 @@
 #include "bench_main.h"
 #include "bench_common.h"
 #include "synthetic/synthetic_model.h"
+#include "util/error.h"
 
 namespace loom::cuda {
 namespace {
@@ -101,9 +108,23 @@ AllReduceTimes all_reduce_ms(NcclGroup& group, const std::vector<int>& devices, 
   return {median(eager[0]), replay[0].empty() ? 0.0 : median(replay[0])};
 }
 
+// Median wall time of `backend.forward(batch)` over `iterations` calls after `warmup` (graph capture).
+double forward_ms(Backend& backend, const Batch& batch, int iterations, int warmup = 3) {
+  std::vector<double> steps;
+  for (int i = 0; i < iterations + warmup; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    backend.forward(batch);
+    if (i >= warmup) steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
+  }
+  return median(steps);
+}
+
 int run(int argc, char** argv) {
-  CLI::App app{"Tensor-parallel decode steps (8B shape, random bf16 weights, NCCL)"};
+  CLI::App app{"Tensor-parallel decode steps, LoRA and prefill (8B or 70B shape, random bf16 weights, NCCL)"};
   std::vector<int> sizes = {1, 2, 4}, batch_sizes = {1, 16, 64};
+  std::vector<std::string> parts = {"decode", "lora", "prefill"};
+  std::string preset = "8b";
+  int prefill_tokens = 8192;
   int iterations = 20;
   bool vocab_gather = CudaTuning{}.tensor_parallel_vocab_gather;
   std::string out_path = "tp_bench.json";
@@ -113,12 +134,18 @@ int run(int argc, char** argv) {
   app.add_flag("--vocab-gather,!--no-vocab-gather", vocab_gather,
                "CudaTuning::tensor_parallel_vocab_gather (logits made whole on the device; the default)");
   app.add_option("--out", out_path, "JSON results");
+  app.add_option("--preset", preset, "Model shape: 8b or 70b (70b needs TP >= 2 on 141 GB GPUs)")->capture_default_str();
+  app.add_option("--what", parts, "decode (steps against the floor, the all-reduces' share), lora (8 rank-16 adapters "
+                                  "in a decode-64 step against the base model's), prefill (one prompt: MFU)");
+  app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
+  auto wanted = [&](const char* part) { return std::find(parts.begin(), parts.end(), part) != parts.end(); };
 
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess) visible = 0;
-  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::k8b);
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, synthetic_preset_from_name(preset));
   nlohmann::json results;
+  results["model"] = "random:llama-" + preset;
   results["device"] = cuda_device_description(0);
   results["visible_gpus"] = visible;
   results["vocab_gather"] = vocab_gather;
@@ -139,6 +166,12 @@ int run(int argc, char** argv) {
     std::shared_ptr<NcclGroup> group;
     std::unique_ptr<Backend> backend;
     // Random weights drawn on each GPU, a rank its slices only (as `--model random:llama-8b -tp N`).
+    try {
+      check_tensor_parallel_size(config, size);
+    } catch (const Error& error) {
+      std::printf("TP=%d: %s, skipped\n", size, error.what());
+      continue;
+    }
     if (size == 1) {
       backend = make_synthetic_cuda_backend(config, 0, true, backend_config);
     } else {
@@ -148,17 +181,16 @@ int run(int argc, char** argv) {
     }
     backend->allocate_kv_cache({num_blocks, kBlockSize});
     nlohmann::json& figures = results["sizes"][std::to_string(size)];
+    const bool device_sampling = backend->capabilities().device_sampling;
+    auto decode = [&](int batch_size, const std::vector<int32_t>& slots) {
+      Batch batch = decode_batch(batch_size, slots, prng, config.vocab_size);
+      if (device_sampling) batch.sampling.assign(batch.sequences.size(), DeviceSampling{.on_device = true});
+      return batch;
+    };
     for (int batch_size : batch_sizes) {
-      Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
-      if (backend->capabilities().device_sampling)
-        batch.sampling.assign(batch.sequences.size(), DeviceSampling{.on_device = true});
-      std::vector<double> steps;
-      for (int i = 0; i < iterations + 3; ++i) {  // the first steps capture the graphs
-        const auto start = std::chrono::steady_clock::now();
-        backend->forward(batch);
-        if (i >= 3) steps.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count());
-      }
-      const double step_ms = median(steps), floor = floor_ms(config, size, batch_size);
+      if (!wanted("decode")) break;
+      const double step_ms = forward_ms(*backend, decode(batch_size, {}), iterations);
+      const double floor = floor_ms(config, size, batch_size);
       nlohmann::json figure = {{"step_ms", step_ms}, {"floor_ms", floor}, {"x_floor", step_ms / floor}};
       std::string reduces;
       if (group) {
@@ -173,6 +205,22 @@ int run(int argc, char** argv) {
       figures[std::to_string(batch_size)] = figure;
       std::printf("TP=%d batch %3d: step %.3f ms, floor %.3f ms (%.2fx)%s\n", size, batch_size, step_ms, floor,
                   step_ms / floor, reduces.c_str());
+    }
+    if (wanted("lora")) {  // issue 37: multi-LoRA under TP, each rank its shard of every adapter
+      const double base_ms = forward_ms(*backend, decode(64, {}), iterations);
+      const std::vector<int32_t> slots = bind_rank16_adapters(*backend, config);
+      const double lora_ms = forward_ms(*backend, decode(64, slots), iterations);
+      for (int32_t slot : slots) backend->set_adapter(slot, nullptr);
+      figures["lora_decode_64"] = {{"base_ms", base_ms}, {"lora_ms", lora_ms}, {"ratio", lora_ms / base_ms}};
+      std::printf("TP=%d decode 64, 8 rank-16 adapters: %.3f ms against the base model's %.3f ms (%.2fx)\n", size,
+                  lora_ms, base_ms, lora_ms / base_ms);
+    }
+    if (wanted("prefill")) {
+      const double prefill = forward_ms(*backend, prefill_batch(prefill_tokens, prng, config.vocab_size), 3, 1);
+      const double mfu = prefill_flops(config, prefill_tokens) / (prefill * 1e-3) / (peaks().bf16 * size);
+      figures["prefill"] = {{"tokens", prefill_tokens}, {"ms", prefill}, {"mfu", mfu}};
+      std::printf("TP=%d prefill %d tokens: %.1f ms, %.1f%% of %d GPUs' dense bf16 peak\n", size, prefill_tokens,
+                  prefill, 100.0 * mfu, size);
     }
   }
   std::ofstream(out_path) << results.dump(2) << "\n";

@@ -7,8 +7,9 @@
 #   3. loom_tp_bench: the decode step at TP=1 and TP=N against the per-GPU floor, and the all-reduces' share
 #      (VOCAB_GATHER=1: with CudaTuning::tensor_parallel_vocab_gather);
 #   4. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left;
-#   5. (BIG=1) the 70B shape at -tp N: every sharing mode in one server (issue 37's "done when" at N = 4), then
-#      serve_bench at 1/16/64/128 streams in bf16 and with FP8 weights + FP8 KV (issue 40).
+#   5. (BIG=1) the 70B shape at -tp N: loom_tp_bench (decode steps against the floor, LoRA, 8K prefill MFU),
+#      every sharing mode in one server (issue 37's "done when" at N = 4), then serve_bench at 1/16/64/128
+#      streams in bf16 and with FP8 weights + FP8 KV (issue 40).
 # Carries .carry/cuda (bench/cuda/pack.sh). TP (default 2), BUDGET seconds for the whole (default 560).
 set -u
 TP=${TP:-2}
@@ -37,6 +38,10 @@ if [ "$(left)" -gt 150 ]; then
     --concurrency ${CONCURRENCY:-1 64} --output-tokens 128 \
     --server "tp$TP=$L serve --device cuda --model random:llama-8b --port {port} -tp $TP --gpu-memory-fraction 0.8" \
     --server "tp1=$L serve --device cuda --model random:llama-8b --port {port} --gpu-memory-fraction 0.8" 2>&1 | tail -12
+fi
+if [ -n "${BIG:-}" ] && [ "$(left)" -gt 150 ]; then
+  timeout 120 /tmp/loom/bin/loom_tp_bench --preset 70b --sizes "$TP" --batch-sizes 1 64 --iterations 10 \
+    --out "$OUT/tp_bench_70b.json" 2>&1 | grep -E "TP=|GPUs|wrote|loom_tp_bench"
 fi
 if [ -n "${BIG:-}" ] && [ "$(left)" -gt 120 ]; then
   MODEL=random:llama-70b LOOM_SERVE_ARGS="-tp $TP" timeout $(( $(left) < 200 ? $(left) : 200 )) \
