@@ -22,10 +22,12 @@
 #   kvflow-blocking  workflow eviction + prefetch, blocking loads
 #   lru              lru, no host tier                                           (the paper's "SGLang")
 # One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
-# concurrent/hicache, concurrent/kvflow, then the others as the budget allows (skipped.txt
-# lists what it did not reach). PRESET=single or PRESET=concurrent runs one setting's five.
+# concurrent/hicache, concurrent/kvflow, single/lru, concurrent/lru, then the ablations as the
+# budget allows (skipped.txt lists what it did not reach). PRESET=single or PRESET=concurrent runs
+# one setting's five; PRESET=baselines the two lru points alone.
 #   bench/cuda/kvflow_setting.sh
-# Env: PRESET (both | single | concurrent), HOST (32G), POINT_LIMIT (40), WORKFLOWS (64),
+# Env: PRESET (both | single | concurrent | baselines), HOST (32G; SGLang's HiCache default, a host pool
+# twice the device pool, is HOST=114G for the concurrent setting), POINT_LIMIT (40), WORKFLOWS (64),
 # TASKS_SINGLE (2), FIXED_SINGLE (8192), FIXED_CONCURRENT (1024), KV_SINGLE / KV_CONCURRENT
 # (override the pools), BUDGET, POINTS.
 set -u
@@ -69,12 +71,15 @@ concurrent() {
     --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
 }
 
+# The paper's two baselines first (hicache, lru), then Loom's ablations (lru-bg, kvflow-blocking).
+# PRESET=baselines: the points the first H200 run did not reach (the two lru ones) and nothing else.
 case "$PRESET" in
-  single) for c in hicache kvflow lru-bg kvflow-blocking lru; do single $c; done ;;
-  concurrent) for c in hicache kvflow lru-bg kvflow-blocking lru; do concurrent $c; done ;;
+  single) for c in hicache kvflow lru lru-bg kvflow-blocking; do single $c; done ;;
+  concurrent) for c in hicache kvflow lru lru-bg kvflow-blocking; do concurrent $c; done ;;
+  baselines) single lru; concurrent lru ;;
   *)
     single hicache; single kvflow; concurrent hicache; concurrent kvflow
-    single lru-bg; single kvflow-blocking; concurrent lru-bg; concurrent kvflow-blocking
-    single lru; concurrent lru ;;
+    single lru; concurrent lru
+    single lru-bg; single kvflow-blocking; concurrent lru-bg; concurrent kvflow-blocking ;;
 esac
 summarize
