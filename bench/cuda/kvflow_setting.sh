@@ -8,13 +8,16 @@
 #   single      one workflow, fixed/dynamic/output 8192/32/32 (Fig. 5's largest; the 1.83x over
 #               HiCache is on the paper's A10G), pool = what an A10G leaves (SGLang's static memory
 #               fraction 0.88 assumed): 23028 MiB x 0.88 - 16,060,522,496 B weights - 2 GiB activations
-#               = 3,041,009,008 B (~23K tokens: 2.8 of the 10 fixed prompts); 1 warm-up task, TASKS_SINGLE
+#               = 3,041,009,008 B (~23K tokens: 2.8 of the 10 fixed prompts); 2 warm-up tasks, TASKS_SINGLE
 #               (2) measured: end-to-end workflow latency.
 #   concurrent  64 concurrent workflows, 1024/32/32 (Fig. 6's largest concurrency; the 2.19x over
 #               HiCache), pool = what an H100-80GB leaves: 81559 MiB x 0.88 - weights - 2 GiB =
 #               57,050,306,641 B (~435K tokens; the 640 fixed prompts need ~700K with their tails);
 #               a closed loop of 64 workflows, warm-up and measurement each a POINT_LIMIT (40 s)
 #               window: throughput as agent calls/s (tasks are too long to count inside a window).
+# Two warm-up passes per workflow: the server learns an agent's fixed prefix from its second prompt
+# (workflow/fixed_prefix_tracker.h) and can prefetch it only from then on; with one, the first measured
+# pass loaded every prompt on demand (the "prefetch gap", bench/README.md).
 # Configurations (each its own server), in priority order per setting:
 #   hicache          lru + host tier, --host-load-policy blocking, no prefetch   (the paper's "SGLang w/ HiCache")
 #   kvflow           workflow eviction + prefetch, background loads              (KVFlow)
@@ -60,14 +63,14 @@ single() {
   cache_flags "$1"
   point "single-$1" 30 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_SINGLE" \
     --fixed-tokens "$FIXED_SINGLE" --dynamic-tokens 32 --output-tokens 32 --workflows 1 --declare-workflows \
-    --warmup-tasks 1 --steady-state --num-tasks "$TASKS_SINGLE" --time-limit "$(( POINT_LIMIT * 3 ))" "${CACHE_FLAGS[@]}"
+    --warmup-tasks 2 --steady-state --num-tasks "$TASKS_SINGLE" --time-limit "$(( POINT_LIMIT * 3 ))" "${CACHE_FLAGS[@]}"
 }
 
 concurrent() {
   cache_flags "$1"
   point "concurrent-$1" 50 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
     --fixed-tokens "$FIXED_CONCURRENT" --dynamic-tokens 32 --output-tokens 32 --workflows "$WORKFLOWS" \
-    --declare-workflows --warmup-tasks "$WORKFLOWS" --steady-state --num-tasks "$(( 4 * WORKFLOWS ))" \
+    --declare-workflows --warmup-tasks "$(( 2 * WORKFLOWS ))" --steady-state --num-tasks "$(( 4 * WORKFLOWS ))" \
     --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
 }
 
