@@ -15,9 +15,10 @@
 #               57,050,306,641 B (~435K tokens; the 640 fixed prompts need ~700K with their tails);
 #               a closed loop of 64 workflows, warm-up and measurement each a POINT_LIMIT (40 s)
 #               window: throughput as agent calls/s (tasks are too long to count inside a window).
-# Two warm-up passes per workflow: the server learns an agent's fixed prefix from its second prompt
-# (workflow/fixed_prefix_tracker.h) and can prefetch it only from then on; with one, the first measured
-# pass loaded every prompt on demand (the "prefetch gap", bench/README.md).
+# Two warm-up passes per workflow: the server takes an agent's first prompt as its fixed prefix and
+# detects the real one from the second (workflow/fixed_prefix_tracker.h), so the measured passes see
+# the steady state. (Before the first-prompt rule, one pass left the first measured pass loading every
+# prompt on demand: the "prefetch gap", bench/README.md.)
 # Configurations (each its own server), in priority order per setting:
 #   hicache          lru + host tier, --host-load-policy blocking, no prefetch   (the paper's "SGLang w/ HiCache")
 #   kvflow           workflow eviction + prefetch, background loads              (KVFlow)

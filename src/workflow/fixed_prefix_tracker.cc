@@ -50,6 +50,9 @@ FixedPrefix FixedPrefixTracker::observe(std::string_view workflow, std::string_v
   } else if (!history.common_lengths.empty()) {
     prefix.num_tokens = *std::min_element(history.common_lengths.begin(), history.common_lengths.end());
     prefix.source = FixedPrefixSource::kDetected;
+  } else {
+    prefix.num_tokens = static_cast<int32_t>(num_kept);
+    prefix.source = FixedPrefixSource::kFirstPrompt;
   }
   history.latest_prefix = prefix;
 

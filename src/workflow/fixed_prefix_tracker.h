@@ -11,7 +11,12 @@
 //      longest common prefix of the agent's last num_prompts_compared prompts,
 //      this one included. It is what those requests would all have hit in the
 //      prefix cache, at token granularity (the cache rounds to its blocks).
-//   3. None: the agent's first prompt, with nothing explicit (num_tokens 0).
+//   3. First prompt: the agent's first prompt, with nothing explicit, counts as
+//      fixed whole (provisionally), so the agent's prefix is prefetched and
+//      kept before its second call, when the next rule corrects it (the few
+//      blocks of the first call's own input go along once). Without this the
+//      second call could not be prefetched: its fixed part is learned only
+//      when it arrives (bench/README.md, KVFlow's "prefetch gap").
 //
 //   prompt 1:  [S S S S S S | a a a]
 //   prompt 2:  [S S S S S S | b b]        detected 6 (lcp with prompt 1)
@@ -49,9 +54,10 @@ struct FixedPrefixTrackerConfig {
 };
 
 enum class FixedPrefixSource : uint8_t {
-  kNone,      // nothing known yet (first prompt, nothing explicit): num_tokens is 0
-  kExplicit,  // the request's fixed_prefix_tokens
-  kDetected,  // the common prefix of the agent's recent prompts
+  kNone,         // no request observed (FixedPrefix's default): num_tokens is 0
+  kExplicit,     // the request's fixed_prefix_tokens
+  kDetected,     // the common prefix of the agent's recent prompts
+  kFirstPrompt,  // the agent's first prompt, whole (rule 3)
 };
 
 struct FixedPrefix {

@@ -88,7 +88,7 @@ class EngineHostTierTest : public ::testing::Test {
     for (int32_t i = 0; i < length; ++i) ids.push_back(10 + (seed * 13 + i * 7 + (i * i * (seed + 1)) % 11) % 200);
     return ids;
   }
-  static EngineRequest agent_request(const std::string& agent, int32_t agent_seed, int32_t call) {
+  EngineRequest agent_request(const std::string& agent, int32_t agent_seed, int32_t call) const {
     EngineRequest request;
     request.prompt_tokens = tokens(kFixedTokens, agent_seed);
     const std::vector<int32_t> dynamic = tokens(kDynamicTokens, 100 + agent_seed * 10 + call);
@@ -97,7 +97,7 @@ class EngineHostTierTest : public ::testing::Test {
     request.ignore_eos = true;
     request.workflow = "w1";
     request.agent = agent;
-    request.fixed_prefix_tokens = kFixedTokens;
+    if (explicit_prefixes_) request.fixed_prefix_tokens = kFixedTokens;
     return request;
   }
   Outcome run(Engine& engine, const EngineRequest& request) {
@@ -183,6 +183,7 @@ class EngineHostTierTest : public ::testing::Test {
   static test::TempDir* directory_;
   static LoadedModel* model_;
   std::unique_ptr<EngineImpl> engine_;
+  bool explicit_prefixes_ = true;  // requests give fixed_prefix_tokens; false: the engine detects the prefixes
 };
 test::TempDir* EngineHostTierTest::directory_ = nullptr;
 LoadedModel* EngineHostTierTest::model_ = nullptr;
@@ -231,6 +232,23 @@ TEST_F(EngineHostTierTest, WorkflowPolicyPrefetchesTheNextAgents) {
   // not run again here.
   EXPECT_EQ(metrics.num_prefetch_hit_tokens, 4 * kBlockSize);
   EXPECT_GE(metrics.num_prefetched_tokens, metrics.num_prefetch_hit_tokens);
+  EXPECT_EQ(metrics.num_prefetch_late_tokens, 0);
+  EXPECT_TRUE(metrics.load_wait_time.empty());  // no request waited on a load
+}
+
+// The same without fixed_prefix_tokens: an agent's fixed part is detected from
+// its prompts, and its first prompt counts as fixed whole until its second call
+// (workflow/fixed_prefix_tracker.h rule 3). So the second calls are still
+// prefetched before their turn and no request waits on a load; each hits its
+// fixed prefix (its first call's input, prefetched along, does not match).
+TEST_F(EngineHostTierTest, DetectedPrefixesArePrefetchedFromTheAgentsFirstPrompt) {
+  explicit_prefixes_ = false;
+  start({.workflow_aware = true, .num_host_blocks = 64, .prefetch_agents = 2});
+  const std::vector<Outcome> outcomes = run_fig1_cycle();
+  EXPECT_EQ(hits(outcomes), (std::vector<int32_t>{0, 0, 0, 0, kFixedTokens, kFixedTokens, kFixedTokens, kFixedTokens}));
+  expect_reference_tokens(outcomes);
+  const EngineMetrics metrics = engine_->take_metrics();
+  EXPECT_GT(metrics.num_prefetch_hit_tokens, 0);
   EXPECT_EQ(metrics.num_prefetch_late_tokens, 0);
   EXPECT_TRUE(metrics.load_wait_time.empty());  // no request waited on a load
 }

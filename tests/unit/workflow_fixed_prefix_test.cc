@@ -23,11 +23,12 @@ Tokens prompt(int32_t num_fixed, const Tokens& dynamic) {
 
 FixedPrefix detected(int32_t num_tokens) { return {num_tokens, FixedPrefixSource::kDetected}; }
 FixedPrefix explicit_prefix(int32_t num_tokens) { return {num_tokens, FixedPrefixSource::kExplicit}; }
-const FixedPrefix kUnknown{0, FixedPrefixSource::kNone};
+// An agent's first prompt counts as fixed whole, until a second one shows its fixed part.
+FixedPrefix first(const Tokens& prompt) { return {static_cast<int32_t>(prompt.size()), FixedPrefixSource::kFirstPrompt}; }
 
 TEST(WorkflowFixedPrefixTest, DetectsTheCommonPrefixOfRecentPrompts) {
   FixedPrefixTracker tracker;
-  EXPECT_EQ(tracker.observe("w", "planner", prompt(6, {1, 2, 3})), kUnknown);
+  EXPECT_EQ(tracker.observe("w", "planner", prompt(6, {1, 2, 3})), first(prompt(6, {1, 2, 3})));
   EXPECT_EQ(tracker.observe("w", "planner", prompt(6, {7, 8})), detected(6));
   // This prompt shares 8 tokens with the previous one, but only 6 with the first.
   EXPECT_EQ(tracker.observe("w", "planner", prompt(6, {7, 8, 9})), detected(6));
@@ -63,10 +64,10 @@ TEST(WorkflowFixedPrefixTest, ExplicitValuesWinAndAreClampedToThePrompt) {
 TEST(WorkflowFixedPrefixTest, AgentsAreScopedPerWorkflow) {
   FixedPrefixTracker tracker;
   tracker.observe("client-a", "planner", prompt(5, {1}));
-  EXPECT_EQ(tracker.observe("client-b", "planner", prompt(9, {1})), kUnknown);
+  EXPECT_EQ(tracker.observe("client-b", "planner", prompt(9, {1})), first(prompt(9, {1})));
   EXPECT_EQ(tracker.observe("client-a", "planner", prompt(5, {2})), detected(5));
   EXPECT_EQ(tracker.observe("client-b", "planner", prompt(9, {2})), detected(9));
-  EXPECT_EQ(tracker.observe("client-a", "executor", prompt(5, {2})), kUnknown);
+  EXPECT_EQ(tracker.observe("client-a", "executor", prompt(5, {2})), first(prompt(5, {2})));
   EXPECT_EQ(tracker.num_tracked_agents(), 3);
 }
 
@@ -76,8 +77,8 @@ TEST(WorkflowFixedPrefixTest, LatestGivesThePrefixTokensForPrefetch) {
   tracker.observe("w", "a", Tokens{5, 6, 7, 8});
   auto latest = tracker.latest("w", "a");
   ASSERT_TRUE(latest.has_value());
-  EXPECT_EQ(latest->prefix, kUnknown);
-  EXPECT_TRUE(latest->tokens.empty());
+  EXPECT_EQ(latest->prefix, first(Tokens{5, 6, 7, 8}));
+  EXPECT_EQ(Tokens(latest->tokens.begin(), latest->tokens.end()), (Tokens{5, 6, 7, 8}));
   tracker.observe("w", "a", Tokens{5, 6, 9});
   latest = tracker.latest("w", "a");
   ASSERT_TRUE(latest.has_value());
@@ -100,7 +101,7 @@ TEST(WorkflowFixedPrefixTest, ForgetsWorkflowsAndTheLeastRecentAgents) {
   EXPECT_EQ(tracker.latest("w", "a")->prefix, detected(4));
   tracker.forget_workflow("w");
   EXPECT_EQ(tracker.num_tracked_agents(), 1);
-  EXPECT_EQ(tracker.observe("w", "a", prompt(4, {3})), kUnknown);
+  EXPECT_EQ(tracker.observe("w", "a", prompt(4, {3})), first(prompt(4, {3})));
   EXPECT_NE(tracker.latest("v", "c"), std::nullopt);
   tracker.forget_workflow("nothing");
   EXPECT_EQ(tracker.num_tracked_agents(), 2);

@@ -60,8 +60,8 @@ def parser() -> argparse.ArgumentParser:
     a.add_argument("--steady-state", action="store_true",
                    help="warm-up tasks use the measured seed (the same contexts and fixed prompts per workflow "
                         "copy, other task inputs), so the measured tasks see a warm cache, as KVFlow measures; "
-                        "give two warm-up tasks per workflow: the server learns an agent's fixed prefix from its "
-                        "second prompt, and only then prefetches it")
+                        "two warm-up tasks per workflow reach the steady state (the server takes an agent's first "
+                        "prompt as its fixed prefix and detects the real one from the second)")
     w = p.add_argument_group("workload (defaults per workload: see bench/README.md)")
     w.add_argument("--agents", type=int)
     w.add_argument("--context-tokens", "--prompt-tokens", "--fixed-tokens", type=int, dest="context_tokens")
