@@ -110,8 +110,11 @@ class EngineSwapTest : public ::testing::Test {
     CountingBackend* counting = backend.get();
     EngineImpl engine(*model_, std::move(backend), config);
     if (forked) engine.load_adapter("agent", directory_->str() + "/adapters/adapter0", KvSharing::kForked);
-    std::vector<std::unique_ptr<RequestStream>> streams;
-    for (int32_t i = 0; i < kNumRequests; ++i) streams.push_back(engine.submit(request(i, forked)));
+    // Queued together (submit_all): submitted one by one, a loaded machine could let the first finish
+    // before the last arrived, and then nothing would need preempting.
+    std::vector<EngineRequest> requests;
+    for (int32_t i = 0; i < kNumRequests; ++i) requests.push_back(request(i, forked));
+    std::vector<std::unique_ptr<RequestStream>> streams = engine.submit_all(std::move(requests));
     SwapRun result;
     for (auto& stream : streams) {
       std::vector<int32_t>& tokens = result.tokens.emplace_back();
