@@ -8,14 +8,15 @@
 //            against the floor (the bytes one GPU must read, its shard of the
 //            weights and of the attended KV, over the datasheet bandwidth) and,
 //            for N > 1, the step's all-reduces alone (2 per layer + the
-//            embedding's, B x hidden fp32 each) on the same communicators,
-//            captured in a CUDA graph as the step's are (their share of the
-//            step), and launched eagerly one by one for comparison
+//            embedding's, B x hidden fp32 each), captured in a CUDA graph as
+//            the step's are (their share of the step), on the step's path
+//            (the peer-access kernel for sums of up to --peer-all-reduce-bytes,
+//            NCCL above) and on NCCL alone, and launched eagerly one by one
 //   lora     a decode-64 step with 8 rank-16 adapters on all seven projections
 //            against the base model's
 //   prefill  one --prefill-tokens prompt: MFU against N GPUs' dense bf16 peak
 //   loom_tp_bench --sizes 1 2 4 --batch-sizes 1 16 64 [--preset 70b] [--what decode lora prefill]
-//                 [--no-vocab-gather] --out tp_bench.json
+//                 [--no-vocab-gather] [--peer-all-reduce-bytes 0] --out tp_bench.json
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -127,12 +128,15 @@ int run(int argc, char** argv) {
   int prefill_tokens = 8192;
   int iterations = 20;
   bool vocab_gather = CudaTuning{}.tensor_parallel_vocab_gather;
+  int64_t peer_bytes = CudaTuning{}.tensor_parallel_peer_all_reduce_bytes;
   std::string out_path = "tp_bench.json";
   app.add_option("--sizes", sizes, "Tensor-parallel sizes (those the visible GPUs allow)");
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--iterations", iterations, "Timed steps per figure (median)");
   app.add_flag("--vocab-gather,!--no-vocab-gather", vocab_gather,
                "CudaTuning::tensor_parallel_vocab_gather (logits made whole on the device; the default)");
+  app.add_option("--peer-all-reduce-bytes", peer_bytes,
+                 "CudaTuning::tensor_parallel_peer_all_reduce_bytes (0: every sum on NCCL)")->capture_default_str();
   app.add_option("--out", out_path, "JSON results");
   app.add_option("--preset", preset, "Model shape: 8b or 70b (70b needs TP >= 2 on 141 GB GPUs)")->capture_default_str();
   app.add_option("--what", parts, "decode (steps against the floor, the all-reduces' share), lora (8 rank-16 adapters "
@@ -149,6 +153,7 @@ int run(int argc, char** argv) {
   results["device"] = cuda_device_description(0);
   results["visible_gpus"] = visible;
   results["vocab_gather"] = vocab_gather;
+  results["peer_all_reduce_bytes"] = peer_bytes;
   std::printf("%d GPUs: %s\n", visible, results["device"].get<std::string>().c_str());
 
   const int blocks_per_sequence = kContext / kBlockSize;
@@ -163,7 +168,8 @@ int run(int argc, char** argv) {
     for (int r = 0; r < size; ++r) devices.push_back(r);
     CudaBackendConfig backend_config;
     backend_config.tuning.tensor_parallel_vocab_gather = vocab_gather;
-    std::shared_ptr<NcclGroup> group;
+    backend_config.tuning.tensor_parallel_peer_all_reduce_bytes = peer_bytes;
+    std::shared_ptr<NcclGroup> group, nccl_only;
     std::unique_ptr<Backend> backend;
     // Random weights drawn on each GPU, a rank its slices only (as `--model random:llama-8b -tp N`).
     try {
@@ -175,7 +181,9 @@ int run(int argc, char** argv) {
     if (size == 1) {
       backend = make_synthetic_cuda_backend(config, 0, true, backend_config);
     } else {
-      group = std::make_shared<NcclGroup>(devices);
+      group = std::make_shared<NcclGroup>(devices, peer_bytes);
+      if (group->peer_all_reduce()) nccl_only = std::make_shared<NcclGroup>(devices, 0);
+      results["sizes"][std::to_string(size)]["peer_all_reduce"] = group->peer_all_reduce();
       backend = make_synthetic_tensor_parallel_cuda_backend(config, 0, true, backend_config, devices,
                                                             group->communicators(), nccl_tensor_parallel_group(group));
     }
@@ -201,6 +209,13 @@ int run(int argc, char** argv) {
         figure["all_reduce_share"] = reduce.graph_ms / step_ms;  // the graph figure: the step replays its graphs
         reduces = fmt::format(", the step's all-reduces alone {:.3f} ms in a graph ({:.0f}% of the step), {:.3f} ms eager",
                               reduce.graph_ms, 100.0 * reduce.graph_ms / step_ms, reduce.eager_ms);
+        if (nccl_only) {
+          const AllReduceTimes nccl = all_reduce_ms(*nccl_only, devices, static_cast<int64_t>(batch_size) * config.hidden_size,
+                                                    2 * config.num_layers + 1, iterations);
+          figure["all_reduce_nccl_graph_ms"] = nccl.graph_ms;
+          figure["all_reduce_nccl_eager_ms"] = nccl.eager_ms;
+          reduces += fmt::format("; NCCL alone {:.3f} ms in a graph", nccl.graph_ms);
+        }
       }
       figures[std::to_string(batch_size)] = figure;
       std::printf("TP=%d batch %3d: step %.3f ms, floor %.3f ms (%.2fx)%s\n", size, batch_size, step_ms, floor,

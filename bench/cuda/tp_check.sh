@@ -5,7 +5,7 @@
 #   2. `loom serve --device cuda -tp N --model random:llama-8b` with an adapter in every sharing mode
 #      (serve_modes_check.sh: 20 concurrent completions, the base model included);
 #   3. loom_tp_bench: the decode step at TP=1 and TP=N against the per-GPU floor, and the all-reduces' share
-#      (VOCAB_GATHER=1: with CudaTuning::tensor_parallel_vocab_gather);
+#      (peer-access kernel against NCCL alone), then TP=N again with every sum on NCCL (--peer-all-reduce-bytes 0);
 #   4. bench/serve/serve_bench.py of -tp N against -tp 1 (output tok/s at CONCURRENCY streams), while time is left;
 #   5. (BIG=1) the 70B shape at -tp N: loom_tp_bench (decode steps against the floor, LoRA, 8K prefill MFU),
 #      every sharing mode in one server (issue 37's "done when" at N = 4), then serve_bench at 1/16/64/128
@@ -20,7 +20,7 @@ left() { echo $((START + BUDGET - $(date +%s))); }
 nvidia-smi --query-gpu=index,name,memory.total --format=csv,noheader | tee "$OUT/tp_env.txt"
 nvidia-smi topo -m >> "$OUT/tp_env.txt" 2>&1
 T=/tmp/loom/bin/cuda_backend_test
-timeout 220 "$T" --gtest_filter='CudaNccl*:CudaKvNcclLink*:CudaTensorParallel*:AllArchs/CudaNcclTensorParallel*:AllArchs/CudaTensorParallel*' \
+timeout 220 "$T" --gtest_filter='CudaPeerAllReduce*:CudaNccl*:CudaKvNcclLink*:CudaTensorParallel*:AllArchs/CudaNcclTensorParallel*:AllArchs/CudaTensorParallel*' \
   > "$OUT/tp_tests.log" 2>&1
 echo "== tests: exit status $?"
 grep -E "^\[  (FAILED|PASSED|SKIPPED) |OK \]|Failure" "$OUT/tp_tests.log" | tail -30
@@ -30,7 +30,9 @@ grep -E "all 20|FAILED|decode_batch|error" "$OUT/tp_modes.log" | head
 [ -f "$OUT/serve_modes.log" ] && mv "$OUT/serve_modes.log" "$OUT/tp_serve_modes.log"
 if [ "$(left)" -gt 150 ] && [ -x /tmp/loom/bin/loom_tp_bench ]; then
   timeout $(( $(left) - 120 )) /tmp/loom/bin/loom_tp_bench --sizes 1 "$TP" --batch-sizes 1 16 64 --iterations 10 \
-    ${VOCAB_GATHER:+--vocab-gather} --out "$OUT/tp_bench.json" 2>&1 | grep -E "TP=|GPUs|wrote|loom_tp_bench"
+    --what decode lora --out "$OUT/tp_bench.json" 2>&1 | grep -E "TP=|GPUs|wrote|loom_tp_bench"
+  timeout 90 /tmp/loom/bin/loom_tp_bench --sizes "$TP" --batch-sizes 1 16 64 --iterations 10 --what decode \
+    --peer-all-reduce-bytes 0 --out "$OUT/tp_bench_nccl.json" 2>&1 | grep -E "TP=|wrote"
 fi
 if [ "$(left)" -gt 150 ]; then
   L=/tmp/loom/bin/loom

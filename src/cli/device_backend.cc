@@ -108,6 +108,7 @@ CudaBackendConfig cuda_backend_config(const DeviceOptions& options) {
   config.device = cuda_device_index(options.device);
   config.max_adapter_slots = options.max_adapter_slots;
   config.tuning.cuda_graphs = options.cuda_graphs;
+  if (!options.custom_all_reduce) config.tuning.tensor_parallel_peer_all_reduce_bytes = 0;
   config.fp8_weights = options.fp8_weights;
   config.kv_cache_dtype = options.kv_cache_dtype;  // refused by the engine until the backend declares fp8_kv_cache
   return config;
@@ -151,7 +152,7 @@ std::unique_ptr<Backend> make_backend_for_device(const LoadedModel& model, const
   const CudaBackendConfig config = cuda_backend_config(options);
   if (options.tensor_parallel_size > 1) {
     const std::vector<int> devices = tensor_parallel_devices(config, options);
-    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    auto group = std::make_shared<cuda::NcclGroup>(devices, config.tuning.tensor_parallel_peer_all_reduce_bytes);
     const std::vector<cuda::DeviceCommunicator*> communicators = group->communicators();
     return cuda::make_tensor_parallel_cuda_backend(model.config, *model.weights, config, devices, communicators,
                                                    cuda::nccl_tensor_parallel_group(std::move(group)));
@@ -207,7 +208,7 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
   const CudaBackendConfig config = cuda_backend_config(options);
   if (options.tensor_parallel_size > 1) {
     const std::vector<int> devices = tensor_parallel_devices(config, options);
-    auto group = std::make_shared<cuda::NcclGroup>(devices);
+    auto group = std::make_shared<cuda::NcclGroup>(devices, config.tuning.tensor_parallel_peer_all_reduce_bytes);
     const std::vector<cuda::DeviceCommunicator*> communicators = group->communicators();
     result.backend = cuda::make_synthetic_tensor_parallel_cuda_backend(
         result.model.config, spec.seed, round_to_bf16, config, devices, communicators,

@@ -34,6 +34,8 @@ struct DeviceOptions {
   // --kv-cache-dtype (cuda only for fp8; the CPU refuses it at start). The engine
   // gets it too (EngineConfig::kv_cache_dtype) and checks the backend's capability.
   KvCacheDtype kv_cache_dtype = KvCacheDtype::kAuto;
+  // cuda -tp: small sums on the peer-access kernel (--disable-custom-all-reduce: false, NCCL for all).
+  bool custom_all_reduce = true;
 };
 
 // --cpu-precision fp32|auto (serve, generate): auto keeps a GGUF's weights

@@ -117,6 +117,7 @@ ResolvedServe resolve(const ServeOptions& options) {
   serve.device = DeviceOptions{options.device, options.threads, options.engine.max_adapter_slots,
                                !options.enforce_eager, cpu_precision_keeps_quantized(options.cpu_precision),
                                vllm.tensor_parallel_size, vllm.quantization == "fp8", engine.kv_cache_dtype};
+  serve.device.custom_all_reduce = !vllm.disable_custom_all_reduce;
   serve.dry_run = options.dry_run;
   serve.shutdown_timeout_seconds = options.shutdown_timeout_seconds;
   serve.log_stats_interval_seconds = vllm.disable_log_stats ? 0.0 : options.log_stats_interval_seconds;
@@ -177,6 +178,7 @@ nlohmann::json effective_config(const ResolvedServe& serve, int32_t max_context_
           {"served_model_names", server.served_model_names},
           {"device", serve.device.device},
           {"tensor_parallel_size", serve.device.tensor_parallel_size},
+          {"custom_all_reduce", serve.device.custom_all_reduce},
           {"quantization", serve.device.fp8_weights ? nlohmann::json("fp8") : nlohmann::json()},
           {"kv_cache_dtype", kv_cache_dtype_label(engine.kv_cache_dtype, serve.device.device)},
           {"host", server.http.host},

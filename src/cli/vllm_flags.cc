@@ -82,6 +82,10 @@ void add_vllm_flags(CLI::App& app, VllmFlags& flags) {
                  "Ranks the model is sharded over (-tp; a power of two that divides the attention heads). cpu: "
                  "threads of one process, fp32 weights; cuda: one GPU per rank (cuda:K..K+N-1), NCCL all-reduces")
       ->check(CLI::PositiveNumber)->group(kGroup);
+  app.add_flag("--disable-custom-all-reduce", flags.disable_custom_all_reduce,
+               "cuda, -tp above 1: every all-reduce on NCCL (default: sums of up to 4 MiB, a decode step's, on one "
+               "kernel over NVLink peer access)")
+      ->group(kGroup);
   app.add_option("--pipeline-parallel-size", flags.pipeline_parallel_size, "1: Loom shards a model over GPUs with --tensor-parallel-size only")
       ->group(kGroup);
   app.add_flag("--no-enable-prefix-caching", flags.no_enable_prefix_caching,

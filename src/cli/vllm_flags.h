@@ -17,6 +17,8 @@
 //                                          backend declares an FP8 KV cache (refused on the CPU); fp8_e5m2 refused
 //   --tensor-parallel-size / -tp 1, --pipeline-parallel-size / -pp 1: one device per server (main.cc
 //   spells -tp / -pp out: CLI11 takes one-character short names only)
+//   --disable-custom-all-reduce            cuda -tp: every sum on NCCL (default: decode-sized sums on
+//                                          Loom's peer-access kernel, backend/cuda/peer_all_reduce.h)
 //   --enable-prefix-caching, --enable-lora, --enable-chunked-prefill, --enable-auto-tool-choice,
 //   --trust-remote-code, --disable-log-stats, --disable-log-requests: accepted (Loom always does / never
 //   runs model code); --no-enable-prefix-caching refused (sharing KV is what Loom is for)
@@ -57,6 +59,7 @@ struct VllmFlags {
   bool no_enable_prefix_caching = false;
   bool disable_log_requests = false;
   bool disable_log_stats = false;
+  bool disable_custom_all_reduce = false;
   std::string kv_events_config;  // --kv-events-config JSON ("" = none)
   // Flags Loom does not have, with what to use instead (given when count() > 0).
   std::vector<std::pair<const CLI::Option*, std::string>> refused;

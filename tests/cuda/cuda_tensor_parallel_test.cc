@@ -479,39 +479,47 @@ TEST(CudaNcclGroup, RefusesBadDevicesAndThrowsOnceAborted) {
 
 // Two GPUs: rank 0 enters an all-reduce rank 1 never joins; abort() from
 // another thread (what a failing rank does) ends rank 0's wait.
+// Sums of up to 4 MiB take the peer-access kernel (its abort flag ends the wait), larger ones NCCL.
 TEST(CudaNcclGroup, AbortEndsARankWaitingForItsPeer) {
   LOOM_REQUIRE_GPU();
   if (!nccl_loads()) GTEST_SKIP() << "NCCL does not load: " << nccl_library().failure;
   if (visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
-  NcclGroup group(std::vector<int>{0, 1});
-  LOOM_CUDA_CHECK(cudaSetDevice(0));
-  DeviceBuffer buffer(1 << 20);
-  cudaStream_t stream = nullptr;
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
-  // The abort comes from another thread while rank 0 waits: in the call itself (NCCL
-  // connects to the peer at its first collective, and rank 0's enqueue waits for it)
-  // or on the stream (the collective's kernel waits for rank 1's data).
-  std::thread failing_rank([&] {
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    group.abort(1);
-  });
-  bool call_ended = false;
-  try {
-    group.communicators()[0]->all_reduce_sum(buffer.as<float>(), (1 << 20) / sizeof(float), stream);
-  } catch (const Error& error) {
-    call_ended = true;
-    EXPECT_NE(std::string(error.what()).find("rank 1 failed"), std::string::npos) << error.what();
+  for (const size_t bytes : {size_t{1} << 20, size_t{16} << 20}) {
+    SCOPED_TRACE(bytes);
+    NcclGroup group(std::vector<int>{0, 1});
+    LOOM_CUDA_CHECK(cudaSetDevice(0));
+    DeviceBuffer buffer(bytes);
+    cudaStream_t stream = nullptr;
+    LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    // The abort comes from another thread while rank 0 waits: in the call itself (NCCL
+    // connects to the peer at its first collective, and rank 0's enqueue waits for it)
+    // or on the stream (the collective's kernel waits for rank 1's data).
+    std::thread failing_rank([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(300));
+      group.abort(1);
+    });
+    bool call_ended = false;
+    try {
+      group.communicators()[0]->all_reduce_sum(buffer.as<float>(), static_cast<int64_t>(bytes / sizeof(float)), stream);
+    } catch (const Error& error) {
+      call_ended = true;
+      EXPECT_NE(std::string(error.what()).find("rank 1 failed"), std::string::npos) << error.what();
+    }
+    cudaError_t state = cudaErrorNotReady;
+    if (!call_ended) {
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+      while ((state = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    failing_rank.join();
+    EXPECT_TRUE(call_ended || state != cudaErrorNotReady) << "rank 0 still waits 20 s after the abort";
+    cudaGetLastError();
+    EXPECT_TRUE(group.aborted());
+    // Every later call is refused.
+    loom::test::expect_error([&] { group.communicators()[0]->all_reduce_sum(buffer.as<float>(), 16, stream); },
+                       ErrorKind::kInternal, {"rank 1 failed"});
+    cudaStreamDestroy(stream);
   }
-  cudaError_t state = cudaErrorNotReady;
-  if (!call_ended) {
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
-    while ((state = cudaStreamQuery(stream)) == cudaErrorNotReady && std::chrono::steady_clock::now() < deadline)
-      std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  failing_rank.join();
-  EXPECT_TRUE(call_ended || state != cudaErrorNotReady) << "rank 0 still waits 20 s after the abort";
-  cudaGetLastError();
-  EXPECT_TRUE(group.aborted());
 }
 
 }  // namespace

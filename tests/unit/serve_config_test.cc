@@ -91,6 +91,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["preemption_mode"], "recompute");
   EXPECT_EQ(config["default_sharing"], "isolated");
   EXPECT_EQ(config["cuda_graphs"], true);
+  EXPECT_EQ(config["custom_all_reduce"], true);
   EXPECT_EQ(config["api_key"], false);
   EXPECT_EQ(config["seed"], nullptr);
   EXPECT_EQ(config["kv_events"], nullptr);
@@ -133,6 +134,10 @@ TEST_F(ServeConfigTest, DefaultsOnCudaSizeThePoolFromTheGpuUnlessASizeIsGiven) {
   EXPECT_TRUE(effective_config(both, 4096)["kv_cache_bytes"].is_null());
   EXPECT_EQ(checked({"--device", "cuda", "--block-size", "8"}).engine.block_size, 8);
   EXPECT_FALSE(checked({"--device", "cuda", "--enforce-eager"}).device.cuda_graphs);
+  // --disable-custom-all-reduce (vLLM's flag): every tensor-parallel sum on NCCL.
+  const ResolvedServe nccl_only = checked({"--device", "cuda", "--tensor-parallel-size", "2", "--disable-custom-all-reduce"});
+  EXPECT_FALSE(nccl_only.device.custom_all_reduce);
+  EXPECT_EQ(effective_config(nccl_only, 4096)["custom_all_reduce"], false);
   // --quantization fp8 (vLLM's flag) reaches the CUDA backend and the effective configuration.
   const ResolvedServe fp8 = checked({"--device", "cuda", "--quantization", "fp8"});
   EXPECT_TRUE(fp8.device.fp8_weights);

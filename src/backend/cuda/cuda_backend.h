@@ -36,6 +36,10 @@ struct CudaTuning {
   // GPU does. false: the group returns its slices to the host, which joins and
   // samples them (bench/README.md: host-bound at 64 streams).
   bool tensor_parallel_vocab_gather = true;
+  // A tensor-parallel group's sums of up to this many bytes (decode steps, short
+  // chunks) run peer_all_reduce.h's one kernel over NVLink peer access instead of
+  // ncclAllReduce; 0: NCCL for every sum. Read where the group is made (NcclGroup).
+  int64_t tensor_parallel_peer_all_reduce_bytes = 4 << 20;
   int max_graph_rows = 256;
   // Large non-forked prefills on the wgmma kernels (attention_wide.cu,
   // attention_pingpong.cu); false: the mma.sync kernel.

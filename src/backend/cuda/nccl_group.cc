@@ -43,6 +43,10 @@ class NcclGroup::Rank final : public DeviceCommunicator {
     const NcclLibrary& nccl = nccl_library();
     std::shared_lock lock(group_.calls_);
     if (group_.aborted()) ended();
+    if (group_.peer_ != nullptr && group_.peer_->takes(data, count)) {
+      group_.peer_->all_reduce_sum(rank_, data, count, stream);
+      return;
+    }
     ncclResult_t result =
         nccl.all_reduce(data, data, static_cast<size_t>(count), ncclFloat, ncclSum, comm, stream);
     if (result == ncclInProgress) result = settle(nccl, comm, group_.failed_rank_);
@@ -78,7 +82,7 @@ class NcclGroup::Rank final : public DeviceCommunicator {
   friend class NcclGroup;
 };
 
-NcclGroup::NcclGroup(std::span<const int> devices) {
+NcclGroup::NcclGroup(std::span<const int> devices, int64_t peer_all_reduce_bytes) {
   const NcclLibrary& nccl = nccl_library();
   if (!nccl.loaded()) unavailable(nccl.failure);
   int num_devices = 0;
@@ -118,9 +122,15 @@ NcclGroup::NcclGroup(std::span<const int> devices) {
       if (rank->comm != nullptr) nccl.comm_abort(rank->comm);
     unavailable(fmt::format("making {} communicators: {}", size(), nccl.error_string(result)));
   }
+  try {
+    if (peer_all_reduce_bytes > 0) peer_ = PeerAllReduce::create(devices, peer_all_reduce_bytes);
+  } catch (const Error& error) {  // NCCL alone still serves
+    spdlog::warn("tensor parallelism: no peer all-reduce ({}); every sum goes to NCCL", error.what());
+  }
   int version = 0;
   nccl.get_version(&version);
-  spdlog::info("tensor parallelism: NCCL {} communicators over {} GPUs", version, size());
+  spdlog::info("tensor parallelism: NCCL {} communicators over {} GPUs{}", version, size(),
+               peer_ ? fmt::format("; sums of up to {} KiB over peer access", peer_all_reduce_bytes >> 10) : "");
 }
 
 NcclGroup::~NcclGroup() {
@@ -138,6 +148,7 @@ std::vector<DeviceCommunicator*> NcclGroup::communicators() const {
 void NcclGroup::abort(int32_t failed_rank) {
   int32_t expected = -1;
   if (!failed_rank_.compare_exchange_strong(expected, std::max(failed_rank, 0))) return;  // already ended
+  if (peer_ != nullptr) peer_->abort();  // ends the peer kernels waiting for the failed rank
   // Calls in progress see the flag and leave; then no rank is inside NCCL.
   std::unique_lock lock(calls_);
   spdlog::error("tensor parallelism: rank {} failed; aborting the NCCL communicators", failed_rank);

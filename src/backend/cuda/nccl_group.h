@@ -1,7 +1,10 @@
 // The production DeviceCommunicator: NCCL, one communicator per GPU of this
 // process, made together (docs/tensor-parallel.md: one process, a thread per
 // GPU). all_reduce_sum is ncclAllReduce in place on the rank's stream, so it
-// is captured into the rank's CUDA graphs like any kernel.
+// is captured into the rank's CUDA graphs like any kernel; sums of up to
+// peer_all_reduce_bytes go to a PeerAllReduce instead (one kernel over NVLink
+// peer access, a few microseconds where NCCL takes 10-20) when the GPUs reach
+// each other's memory.
 //
 // Failure: abort() (TensorParallelGroup::abort, called when a rank fails)
 // aborts every communicator, which ends the collectives in flight (a rank
@@ -23,16 +26,20 @@
 #include <vector>
 
 #include "backend/cuda/device_communicator.h"
+#include "backend/cuda/peer_all_reduce.h"
 #include "backend/tensor_parallel_backend.h"
 
 namespace loom::cuda {
 
 class NcclGroup {
  public:
+  static constexpr int64_t kDefaultPeerAllReduceBytes = 4 << 20;
+
   // One rank per entry of `devices` (distinct CUDA devices, rank r on
   // devices[r]). Throws Error(kUnavailable) when NCCL cannot be loaded, a
   // device is missing or listed twice, or NCCL cannot make the communicators.
-  explicit NcclGroup(std::span<const int> devices);
+  // peer_all_reduce_bytes: the largest sum the peer kernel takes (0: NCCL for all).
+  explicit NcclGroup(std::span<const int> devices, int64_t peer_all_reduce_bytes = kDefaultPeerAllReduceBytes);
   ~NcclGroup();
   NcclGroup(const NcclGroup&) = delete;
   NcclGroup& operator=(const NcclGroup&) = delete;
@@ -41,11 +48,14 @@ class NcclGroup {
   std::vector<DeviceCommunicator*> communicators() const;
   void abort(int32_t failed_rank);
   bool aborted() const { return failed_rank_.load() >= 0; }
+  // Whether small sums take the peer kernel (peer_all_reduce_bytes > 0 and the GPUs reach each other).
+  bool peer_all_reduce() const { return peer_ != nullptr; }
 
  private:
   class Rank;
   friend class Rank;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  std::unique_ptr<PeerAllReduce> peer_;
   std::atomic<int32_t> failed_rank_{-1};
   // Shared by calls into a communicator, exclusive while abort() frees them.
   std::shared_mutex calls_;
