@@ -118,6 +118,33 @@ TEST(CudaFp8, QuantizerAndSkinnyGemmEqualTheDequantizedWeights) {
   }
 }
 
+// The fused gate/up + SwiGLU over FP8 weights gives the unfused path's bits: the FP8
+// skinny GEMM to bf16 over [gate; up], then the SwiGLU kernel.
+TEST(CudaFp8, FusedGateUpSwigluEqualsTheUnfusedPath) {
+  LOOM_REQUIRE_GPU();
+  struct Shape { int intermediate, k; };
+  for (Shape shape : {Shape{304, 576}, Shape{96, 4112}, Shape{64, 16}}) {  // SwiGLU's kernel: multiples of 8
+    SCOPED_TRACE("intermediate " + std::to_string(shape.intermediate) + " k " + std::to_string(shape.k));
+    Prng prng(shape.k + 5);
+    const int n = 2 * shape.intermediate;
+    const DeviceBuffer w_d = upload_bf16(random_values(prng, n * shape.k, 0.05f));
+    const Quantized q = quantize(w_d, n, shape.k);
+    for (int m = 1; m <= kSkinnyGemmMaxRows; ++m) {
+      const DeviceBuffer x_d = upload_bf16(random_values(prng, m * shape.k, 1.0f));
+      DeviceBuffer gate_up(m * n * sizeof(bf16)), unfused(m * shape.intermediate * sizeof(bf16)),
+          fused(m * shape.intermediate * sizeof(bf16));
+      launch_skinny_gemm_fp8(x_d.as<bf16>(), m, shape.k, q.data.as<uint8_t>(), q.scales.as<float>(), n, shape.k,
+                             gate_up.data(), true, n, nullptr);
+      launch_swiglu(gate_up.as<bf16>(), m, shape.intermediate, unfused.as<bf16>(), nullptr);
+      launch_skinny_gate_up_swiglu_fp8(x_d.as<bf16>(), m, shape.k, q.data.as<uint8_t>(), q.scales.as<float>(),
+                                       shape.intermediate, shape.k, fused.as<bf16>(), nullptr);
+      const std::vector<float> want = test::download_bf16(unfused.data(), m * shape.intermediate);
+      const std::vector<float> got = test::download_bf16(fused.data(), m * shape.intermediate);
+      EXPECT_EQ(got, want) << "m " << m;
+    }
+  }
+}
+
 // The one-launch per-tensor quantizer: one scale (max |x| / 448) for all, written
 // `copies` times, and its sync words left zero so the next launch starts clean.
 TEST(CudaFp8, TensorQuantizerGivesOneScaleAndResetsItsSync) {

@@ -60,10 +60,16 @@ class PeerRanks {
       RankState& rank = ranks_[r];
       rank.values = test::random_values(prng, static_cast<size_t>(count), 4.0f, false);
       for (int64_t i = 0; i < count; ++i) sum[i] = r == 0 ? rank.values[i] : sum[i] + rank.values[i];
-      LOOM_CUDA_CHECK(cudaSetDevice(rank.device));
-      LOOM_CUDA_CHECK(cudaMemcpy(rank.data.data(), rank.values.data(), count * sizeof(float), cudaMemcpyHostToDevice));
+      upload(rank, rank.data.data(), rank.values);
     }
     return sum;
+  }
+  // On the rank's own stream, waited for: a pageable cudaMemcpy may return before its DMA lands,
+  // and the kernels run on non-blocking streams that do not wait for it.
+  static void upload(RankState& rank, void* to, const std::vector<float>& values) {
+    LOOM_CUDA_CHECK(cudaSetDevice(rank.device));
+    LOOM_CUDA_CHECK(cudaMemcpyAsync(to, values.data(), values.size() * sizeof(float), cudaMemcpyHostToDevice, rank.stream));
+    LOOM_CUDA_CHECK(cudaStreamSynchronize(rank.stream));
   }
   // Every rank's call enqueued (one thread: the kernels of ranks sharing a device run side by side).
   void all_reduce(int64_t count) {
@@ -154,8 +160,7 @@ TEST(CudaPeerAllReduce, GraphReplaysEqualTheSums) {
       for (size_t r = 0; r < states.size(); ++r) {
         const std::vector<float> values = test::random_values(prng, large, 4.0f, false);
         for (int64_t i = 0; i < large; ++i) large_sum[i] = r == 0 ? values[i] : large_sum[i] + values[i];
-        LOOM_CUDA_CHECK(cudaSetDevice(states[r].device));
-        LOOM_CUDA_CHECK(cudaMemcpy(second[r].data(), values.data(), large * sizeof(float), cudaMemcpyHostToDevice));
+        PeerRanks::upload(states[r], second[r].data(), values);
       }
       for (size_t r = 0; r < states.size(); ++r) {
         LOOM_CUDA_CHECK(cudaSetDevice(states[r].device));

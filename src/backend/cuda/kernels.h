@@ -242,6 +242,10 @@ void launch_skinny_gate_up_swiglu(const bf16* x, int32_t m, int32_t x_stride, co
 // in fp32 and each row's sum scaled once (k % 16 == 0).
 void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
                             int32_t n, int32_t k, void* y, bool y_is_bf16, int32_t y_stride, Launch launch);
+// launch_skinny_gate_up_swiglu over an FP8 [2 intermediate, k] weight (w_scale[2 intermediate]): the
+// unfused path's bits (launch_skinny_gemm_fp8 to bf16, then launch_swiglu) in one kernel.
+void launch_skinny_gate_up_swiglu_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
+                                      int32_t intermediate, int32_t k, bf16* out, Launch launch);
 
 // FP8 (e4m3) quantization by rows (fp8.cu), for weights at load (one scale per
 // output channel) and activations before an FP8 GEMM (one per token):

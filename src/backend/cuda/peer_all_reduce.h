@@ -1,7 +1,7 @@
 // A one-shot all-reduce over peer access (NVLink) for the small sums of a
-// tensor-parallel step: decode steps and short chunks, where NCCL's all-reduce
-// costs ~10-20 us a call in a graph and a decode step makes two per layer
-// (docs/tensor-parallel.md). One kernel per call: each rank copies its data into
+// tensor-parallel step: decode steps and short chunks, two per layer
+// (docs/tensor-parallel.md). On two H200s in a graph: 5.8 us a call at 16 KiB
+// against NCCL's 6.7, half NCCL's time at 2 MiB. One kernel per call: each rank copies its data into
 // its own staging slot, signals every peer, waits for every peer's signal, then
 // adds every rank's slot in rank order into its data.
 //

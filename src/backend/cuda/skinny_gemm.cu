@@ -213,26 +213,19 @@ __device__ __forceinline__ void load_fp8_chunks(const uint8_t* const (&rows)[R],
     for (int u = 0; u < U; ++u) w[r][u] = load_streaming_bytes(rows[r] + column + u * 512);
 }
 
-// A warp takes R consecutive rows, U 16-byte chunks of each in flight per lane,
-// W warps a CTA. The first chunks are loaded before the programmatic wait (the
-// weights do not depend on the previous kernel).
-template <int M, int U, int R, int W>
-__global__ void __launch_bounds__(W * 32)
-    skinny_gemm_fp8_kernel(const bf16* x, int x_stride, const uint8_t* w, const float* w_scale, int n, int k, void* y,
-                           int y_stride, bool y_is_bf16) {
-  const int lane = threadIdx.x % 32;
-  const int first = (blockIdx.x * W + threadIdx.x / 32) * R;
-  const uint8_t* rows[R];
-#pragma unroll
-  for (int r = 0; r < R; ++r) rows[r] = w + static_cast<int64_t>(first + r < n ? first + r : 0) * k;
+// acc[r][m] = x[m] . rows[r] (this lane's part), U 16-byte chunks of each row in
+// flight per lane. The first chunks are loaded before the programmatic wait (the
+// weights do not depend on the previous kernel). Returns valid, after the wait.
+template <int M, int U, int R>
+__device__ __forceinline__ bool fp8_row_dots(const bf16* x, int x_stride, const uint8_t* const (&rows)[R], bool valid,
+                                             int k, int lane, float (&acc)[R][M]) {
   int column = lane * 16;
-  bool full = first < n && column + (U - 1) * 512 < k;
+  bool full = valid && column + (U - 1) * 512 < k;
   uint4 chunk[R][U];
   if (full) load_fp8_chunks<U, R>(rows, column, chunk);
   pdl_wait();
   pdl_trigger();
-  if (first >= n) return;
-  float acc[R][M];
+  if (!valid) return false;
 #pragma unroll
   for (int r = 0; r < R; ++r)
 #pragma unroll
@@ -249,9 +242,45 @@ __global__ void __launch_bounds__(W * 32)
     for (int r = 0; r < R; ++r) tail[r][0] = load_streaming_bytes(rows[r] + column);
     accumulate_fp8<M, 1, R>(x, x_stride, column, tail, acc);
   }
+  return true;
+}
+
+// A warp takes R consecutive rows, W warps a CTA.
+template <int M, int U, int R, int W>
+__global__ void __launch_bounds__(W * 32)
+    skinny_gemm_fp8_kernel(const bf16* x, int x_stride, const uint8_t* w, const float* w_scale, int n, int k, void* y,
+                           int y_stride, bool y_is_bf16) {
+  const int lane = threadIdx.x % 32;
+  const int first = (blockIdx.x * W + threadIdx.x / 32) * R;
+  const uint8_t* rows[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) rows[r] = w + static_cast<int64_t>(first + r < n ? first + r : 0) * k;
+  float acc[R][M];
+  if (!fp8_row_dots<M, U, R>(x, x_stride, rows, first < n, k, lane, acc)) return;
 #pragma unroll
   for (int r = 0; r < R; ++r)
     if (first + r < n) store_row<M>(acc[r], w_scale[first + r], lane, first + r, y, y_stride, y_is_bf16);
+}
+
+// out[m, i] = silu(g) * u over FP8 weights: a warp takes gate row i and up row
+// intermediate + i, with the unfused path's roundings (each scaled sum to bf16,
+// then SwiGLU).
+template <int M, int U, int W>
+__global__ void __launch_bounds__(W * 32)
+    skinny_gate_up_fp8_kernel(const bf16* x, int x_stride, const uint8_t* w, const float* w_scale, int intermediate,
+                              int k, bf16* out) {
+  const int lane = threadIdx.x % 32;
+  const int row = blockIdx.x * W + threadIdx.x / 32;
+  const int safe = row < intermediate ? row : 0;
+  const uint8_t* rows[2] = {w + static_cast<int64_t>(safe) * k, w + static_cast<int64_t>(intermediate + safe) * k};
+  float acc[2][M];
+  if (!fp8_row_dots<M, U, 2>(x, x_stride, rows, row < intermediate, k, lane, acc)) return;
+#pragma unroll
+  for (int m = 0; m < M; ++m) {
+    const float g16 = __bfloat162float(__float2bfloat16_rn(warp_sum(acc[0][m]) * w_scale[row]));
+    const float u16 = __bfloat162float(__float2bfloat16_rn(warp_sum(acc[1][m]) * w_scale[intermediate + row]));
+    if (lane == 0) out[static_cast<int64_t>(m) * intermediate + row] = __float2bfloat16_rn(g16 / (1.0f + __expf(-g16)) * u16);
+  }
 }
 
 void check_aligned(const void* x, int x_stride, int k) {
@@ -285,6 +314,21 @@ void launch_skinny_gemm_fp8(const bf16* x, int32_t m, int32_t x_stride, const ui
     case 2: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<2, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
     case 3: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<3, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
     case 4: launch_kernel(launch, blocks, W * 32, 0, skinny_gemm_fp8_kernel<4, U, R, W>, x, x_stride, w, w_scale, n, k, y, y_stride, y_is_bf16); break;
+    default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
+  }
+}
+
+void launch_skinny_gate_up_swiglu_fp8(const bf16* x, int32_t m, int32_t x_stride, const uint8_t* w, const float* w_scale,
+                                      int32_t intermediate, int32_t k, bf16* out, Launch launch) {
+  check_aligned(x, x_stride, k);
+  if (k % 16 != 0) throw_unsupported("cuda FP8 skinny GEMM: k must be a multiple of 16", k);
+  constexpr int U = kFp8Unroll, W = kWarpsPerCta;
+  const int blocks = (intermediate + W - 1) / W;
+  switch (m) {
+    case 1: launch_kernel(launch, blocks, W * 32, 0, skinny_gate_up_fp8_kernel<1, U, W>, x, x_stride, w, w_scale, intermediate, k, out); break;
+    case 2: launch_kernel(launch, blocks, W * 32, 0, skinny_gate_up_fp8_kernel<2, U, W>, x, x_stride, w, w_scale, intermediate, k, out); break;
+    case 3: launch_kernel(launch, blocks, W * 32, 0, skinny_gate_up_fp8_kernel<3, U, W>, x, x_stride, w, w_scale, intermediate, k, out); break;
+    case 4: launch_kernel(launch, blocks, W * 32, 0, skinny_gate_up_fp8_kernel<4, U, W>, x, x_stride, w, w_scale, intermediate, k, out); break;
     default: throw_unsupported("cuda skinny GEMM: rows (1..4)", m);
   }
 }
