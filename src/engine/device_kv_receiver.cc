@@ -62,7 +62,7 @@ DeviceKvReservation DeviceKvReceiver::reserve(KvCacheGroup& caches, const Reques
 
 void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress,
                               bool cancelled) {
-  plane_.finish(id);  // from here on nothing writes into the blocks
+  const bool free_now = plane_.finish(id);  // true: from here on nothing writes into the blocks
   if (progress.state == DeviceKvProgress::State::kDone) {
     const int32_t num_tokens = static_cast<int32_t>(reservation.tokens.size());
     reservation.main_cache->commit(reservation.main, reservation.tokens, num_tokens);
@@ -72,17 +72,49 @@ void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, c
     num_received_blocks_ += reservation.num_blocks;
     return;
   }
-  spdlog::warn("device KV transfer {} failed ({}): its {} blocks are freed, the request recomputes", id,
+  spdlog::warn("device KV transfer {} failed ({}): its {} blocks are {}, the request recomputes", id,
                progress.state == DeviceKvProgress::State::kUnknown ? "unknown to the plane" : progress.failure,
-               reservation.num_blocks);
-  reservation.main.release();
-  reservation.residual.release();
+               reservation.num_blocks, free_now ? "freed" : "held until the peer's copies stop");
+  if (free_now) {
+    reservation.main.release();
+    reservation.residual.release();
+  } else {
+    quarantine_.push_back({id, std::move(reservation.main), std::move(reservation.residual),
+                           std::chrono::steady_clock::now(), false});
+  }
   reservation.state = State::kFailed;
   ++(cancelled ? num_cancelled_ : num_failures_);
 }
 
+void DeviceKvReceiver::release_quiesced(std::chrono::steady_clock::time_point now) {
+  for (auto it = quarantine_.begin(); it != quarantine_.end();) {
+    if (plane_.quiesced(it->id)) {
+      spdlog::info("device KV transfer {}: the peer's copies stopped; {} held blocks are freed", it->id,
+                   it->main.block_ids().size());
+      it->main.release();
+      it->residual.release();
+      it = quarantine_.erase(it);
+      continue;
+    }
+    if (!it->reported && now - it->since > std::chrono::seconds(60)) {
+      spdlog::error("device KV transfer {}: its peer may still write {} blocks a minute after the transfer failed; "
+                    "they stay out of the pool", it->id, it->main.block_ids().size());
+      it->reported = true;
+    }
+    ++it;
+  }
+}
+
+int64_t DeviceKvReceiver::num_quarantined_blocks() const {
+  int64_t blocks = 0;
+  for (const Quarantined& entry : quarantine_)
+    blocks += static_cast<int64_t>(entry.main.block_ids().size() + entry.residual.block_ids().size());
+  return blocks;
+}
+
 void DeviceKvReceiver::poll() {
   const auto now = std::chrono::steady_clock::now();
+  release_quiesced(now);
   for (auto it = reservations_.begin(); it != reservations_.end();) {
     Reservation& reservation = it->second;
     if (reservation.state == State::kPending) {
@@ -169,8 +201,11 @@ void DeviceKvReceiver::release_claimed() {
 }
 
 void DeviceKvReceiver::drop() {
+  // Shutdown or a pool reallocation: every lease goes, quarantined or not (a plane with remote writers must
+  // have ended its peers' access to the old pools before bind_pools; device_kv_plane.h).
   for (auto& [id, reservation] : reservations_) plane_.finish(id);
   reservations_.clear();
+  quarantine_.clear();
 }
 
 bool DeviceKvReceiver::has_pending() const {

@@ -20,6 +20,13 @@
 // cancel() (the router, when the PE side failed) fails one in flight at once,
 // as its deadline would; its record stays kClaimGraceSeconds more so that a
 // request still on its way finds it failed and recomputes.
+// Late writes: on a plane whose peer writes into this engine's memory itself
+// (CUDA IPC), a failed transfer's finish() may answer that the peer can still
+// write. Its leases then move to a quarantine instead of being released: the
+// blocks stay out of the free list (nothing allocates or reads them) until the
+// plane says quiesced(), checked at each poll(); a peer that never quiesces
+// keeps them for good (counted in num_quarantined_blocks, logged), which costs
+// capacity but never correctness.
 //
 // Requests: one submitted with device_kv_receive of a transfer still in
 // flight is parked here (outside the scheduler) and handed back by
@@ -82,6 +89,8 @@ class DeviceKvReceiver {
   int64_t num_failures() const { return num_failures_; }      // failed at the plane (not cancelled)
   int64_t num_cancelled() const { return num_cancelled_; }
   int64_t num_received_blocks() const { return num_received_blocks_; }
+  // Blocks (main and rCache) held back because a failed transfer's peer may still write them.
+  int64_t num_quarantined_blocks() const;
   size_t num_reservations() const { return reservations_.size(); }
 
  private:
@@ -100,8 +109,18 @@ class DeviceKvReceiver {
   void settle(DeviceKvTransferId id, Reservation& reservation, const DeviceKvProgress& progress,
               bool cancelled = false);
 
+  struct Quarantined {
+    DeviceKvTransferId id = 0;
+    KvLease main, residual;
+    std::chrono::steady_clock::time_point since;
+    bool reported = false;  // logged as stuck
+  };
+  // poll(): releases the quarantined leases whose peer has quiesced.
+  void release_quiesced(std::chrono::steady_clock::time_point now);
+
   DeviceKvPlane& plane_;
   const int32_t num_layers_;
+  std::vector<Quarantined> quarantine_;
   std::mt19937_64 ids_;
   std::map<DeviceKvTransferId, Reservation> reservations_;
   std::deque<std::pair<DeviceKvTransferId, std::unique_ptr<PendingRequest>>> parked_;

@@ -161,6 +161,7 @@ void EngineImpl::publish() {
       metrics_.num_device_kv_receive_failures = kv_receiver_->num_failures();
       metrics_.num_device_kv_cancelled = kv_receiver_->num_cancelled();
       metrics_.device_kv_received_blocks = kv_receiver_->num_received_blocks();
+      metrics_.device_kv_quarantined_blocks = kv_receiver_->num_quarantined_blocks();
     }
   }
   if (kv_events_) kv_events_->flush();

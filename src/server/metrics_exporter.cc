@@ -353,6 +353,9 @@ std::string MetricsExporter::render_locked() const {
   out.sample("loom_kv_device_transfers_total", "direction=\"sent\",outcome=\"failed\"", m.num_device_kv_send_failures);
   out.scalar("loom_kv_device_received_blocks_total", "counter",
              "KV blocks that joined this engine's caches through device-to-device transfers", m.device_kv_received_blocks);
+  out.scalar("loom_kv_device_quarantined_blocks", "gauge",
+             "KV blocks held out of the pools because a failed device-to-device transfer's peer may still write them",
+             m.device_kv_quarantined_blocks);
   out.scalar("loom_num_requests_waiting_on_load", "gauge",
              "Waiting requests held back last step because their prefix is loading from the host tier",
              m.num_waiting_on_load);

@@ -287,6 +287,54 @@ TEST_P(EngineDeviceKvTest, PeerDeathFreesTheReservationAndTheRequestRecomputes) 
   de->shutdown(false);
 }
 
+// A plane whose peer writes into the DE's memory itself (CUDA IPC; the double's remote_writes): the
+// router cancels while the PE's copies are still in flight. The reservation's blocks stay out of the pool
+// (quarantined, counted) while the copies land late into them, and go back once the peer has quiesced; the
+// request recomputes meanwhile, and nothing it reads was written late.
+TEST_P(EngineDeviceKvTest, LateWritesKeepTheBlocksOutOfThePoolUntilThePeerQuiesces) {
+  const Mode mode = GetParam();
+  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
+  auto pe = make(mode, fabric, "pe");
+  auto de = make(mode, fabric, "de");
+  const EngineRequest req = request(mode, 4);
+  const std::vector<int32_t> expected = reference(mode, req);
+  const PoolCounts before = counts(*de, mode, req.prompt_tokens);
+  const DeviceKvReservation reservation = de->reserve_device_kv(req, "pe", 300.0);
+  fabric->remote_writes(true);
+  fabric->hold_deliveries(true);
+  prefill_with_send(*pe, req, reservation);  // its copies issued, none landed yet
+  ASSERT_GT(fabric->num_held(), 0u);
+
+  EXPECT_EQ(de->cancel_device_kv(reservation.destination.id, "the prefill answered late"), DeviceKvCancel::kCancelled);
+  const Collected decoded = run_on(*de, receiving(req, reservation));
+  EXPECT_EQ(decoded.tokens, expected);
+  EXPECT_EQ(decoded.num_cached_prompt_tokens, 0);  // recomputed, into other blocks
+  const int64_t quarantined = de->take_metrics().device_kv_quarantined_blocks;
+  EXPECT_GE(quarantined, 5 * (forked(mode) ? 2 : 1));  // the 5 fresh blocks in each cache the request uses
+  de->run_on_engine_thread([&] {
+    EXPECT_EQ(de->kv_cache().stats().num_in_use_blocks, 5) << "the reservation's fresh blocks stay leased";
+  });
+
+  fabric->deliver_held(std::vector<size_t>{0});  // a copy lands after the DE finished the transfer
+  EXPECT_EQ(fabric->num_late_writes(), 1);
+  std::vector<size_t> rest(fabric->num_held());
+  std::iota(rest.begin(), rest.end(), size_t{0});
+  fabric->deliver_held(rest);  // the peer's copies have drained: it has quiesced
+  EXPECT_EQ(run_on(*de, req).tokens, expected);  // another loop iteration polls the quarantine
+  de->run_on_engine_thread([&] {
+    const KvCacheStats stats = de->kv_cache().stats();
+    EXPECT_EQ(stats.num_in_use_blocks, 0);
+    EXPECT_EQ(stats.num_free_blocks + stats.num_cached_blocks, stats.num_total_blocks);
+    EXPECT_EQ(stats.num_total_blocks, before.free_main);  // nothing was cached before: every block is back
+    if (KvCacheManager* residual = de->residual_kv_cache()) {
+      EXPECT_EQ(residual->stats().num_in_use_blocks, 0);
+    }
+  });
+  EXPECT_EQ(de->take_metrics().device_kv_quarantined_blocks, 0);
+  pe->shutdown(false);
+  de->shutdown(false);
+}
+
 INSTANTIATE_TEST_SUITE_P(Modes, EngineDeviceKvTest,
                          ::testing::Values(Mode{"none", ""}, Mode{"isolated", "a", KvSharing::kIsolated},
                                            Mode{"activated", "a", KvSharing::kActivated},

@@ -18,7 +18,12 @@
 //       landed (the engine then commits the blocks into its radix trees),
 //       kFailed when the peer died, gave up or the deadline passed (the
 //       engine frees the reservation and the request recomputes); finish()
-//       in both cases, after which the plane writes nothing into the blocks.
+//       in both cases. Where the receiver writes the bytes itself (the socket
+//       plane, the double) nothing lands after finish(); where the peer writes
+//       straight into this engine's memory (CUDA IPC) the receiver cannot stop
+//       a copy already issued, so finish() of a failed transfer may answer
+//       "not yet" and the engine keeps the blocks out of its pools until
+//       quiesced() (the peer acknowledged its copies drained, or is gone).
 //
 // Set-up and trust: endpoint() is what /loom/kv/status reports and what the
 // router compares to choose this path (router/dual_path_scheduler.h
@@ -117,9 +122,18 @@ class DeviceKvPlane {
   virtual void expect(const DeviceKvExpectation& expectation) = 0;
   // kUnknown for an id not expected (or finished).
   virtual DeviceKvProgress progress(DeviceKvTransferId id) const = 0;
-  // Ends `id` at the receiver, whatever its state; when it returns no write
-  // into its blocks is in flight or will start.
-  virtual void finish(DeviceKvTransferId id) = 0;
+  // Ends `id` at the receiver, whatever its state. Returns whether its blocks
+  // are free now: true when no write into them is in flight or will start
+  // (always for a kDone transfer: every write landed); false when the peer may
+  // still write (a plane whose peer writes into this memory itself): then
+  // quiesced(id) turns true once it cannot, and until then the blocks must
+  // not be reused.
+  virtual bool finish(DeviceKvTransferId id) = 0;
+  // After finish(id) returned false: whether the peer's writes into its blocks
+  // have stopped (its copies acknowledged drained, or the peer gone). May stay
+  // false for good (a peer that neither answers nor goes): the blocks then stay
+  // out of the pools.
+  virtual bool quiesced(DeviceKvTransferId id) const { return true; }
 
   // ---- sending (PE) ----
   // Registers a transfer to `peer` of num_layers layers. false: the peer is

@@ -96,6 +96,28 @@ void InProcessDeviceKvFabric::drop_held() {
   held_.clear();
 }
 
+void InProcessDeviceKvFabric::remote_writes(bool on) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  remote_writes_ = on;
+}
+
+int64_t InProcessDeviceKvFabric::num_late_writes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return num_late_writes_;
+}
+
+bool InProcessDeviceKvFabric::may_still_write(const std::string& receiver, DeviceKvTransferId id) const {
+  for (const auto& [name, endpoint] : endpoints_) {
+    if (!endpoint.alive) continue;  // a dead sender writes nothing more
+    auto outgoing = endpoint.outgoing.find(id);
+    if (outgoing == endpoint.outgoing.end() || outgoing->second.peer != receiver) continue;
+    if (!outgoing->second.ended) return true;
+    for (const Held& piece : held_)
+      if (piece.sender == name && piece.id == id) return true;
+  }
+  return false;
+}
+
 int64_t InProcessDeviceKvFabric::num_copies() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return num_copies_;
@@ -116,6 +138,23 @@ bool InProcessDeviceKvFabric::land(const Held& piece, const Endpoint* source, st
   if (receiver == endpoints_.end() || !receiver->second.alive) return false;
   Endpoint& to = receiver->second;
   auto incoming = to.incoming.find(piece.id);
+  if (incoming == to.incoming.end() && remote_writes_ && source == nullptr) {
+    // A copy the receiver cannot stop: its bytes land in the blocks the sender was given, finished or not.
+    const DeviceKvDestination& destination = outgoing->second.destination;
+    if (piece.first_block < 0 || piece.first_block + piece.count > destination.num_blocks()) return false;
+    std::vector<int32_t> positions(static_cast<size_t>(piece.count));
+    std::iota(positions.begin(), positions.end(), 0);
+    const auto slice = [&](const std::vector<int32_t>& ids) {
+      return std::span<const int32_t>(ids).subspan(static_cast<size_t>(piece.first_block),
+                                                   static_cast<size_t>(piece.count));
+    };
+    num_copies_ += copy_layer(nullptr, piece.main.data(), to.main, piece.layer, positions, slice(destination.main_blocks));
+    if (!destination.residual_blocks.empty())
+      num_copies_ += copy_layer(nullptr, piece.residual.data(), to.residual, piece.layer, positions,
+                                slice(destination.residual_blocks));
+    ++num_late_writes_;
+    return false;
+  }
   if (incoming == to.incoming.end() || incoming->second.peer != piece.sender) return false;
   Incoming& transfer = incoming->second;
   if (transfer.assembly.progress(std::chrono::steady_clock::now()).state != DeviceKvProgress::State::kPending)
@@ -202,9 +241,15 @@ DeviceKvProgress InProcessDeviceKvPlane::progress(DeviceKvTransferId id) const {
   return it->second.assembly.progress(std::chrono::steady_clock::now());
 }
 
-void InProcessDeviceKvPlane::finish(DeviceKvTransferId id) {
+bool InProcessDeviceKvPlane::finish(DeviceKvTransferId id) {
   std::lock_guard<std::mutex> lock(fabric_->mutex_);
   fabric_->endpoints_.at(name_).incoming.erase(id);
+  return !fabric_->remote_writes_ || !fabric_->may_still_write(name_, id);
+}
+
+bool InProcessDeviceKvPlane::quiesced(DeviceKvTransferId id) const {
+  std::lock_guard<std::mutex> lock(fabric_->mutex_);
+  return !fabric_->remote_writes_ || !fabric_->may_still_write(name_, id);
 }
 
 bool InProcessDeviceKvPlane::begin_send(const std::string& peer, const DeviceKvDestination& destination,
@@ -249,8 +294,10 @@ void InProcessDeviceKvPlane::end_send(DeviceKvTransferId id, const std::string& 
       if (incoming != receiver->second.incoming.end()) incoming->second.assembly.fail("the sender gave up: " + failure);
     }
   }
-  // Held pieces still land after a successful end: they were sent.
-  if (!failure.empty() || !fabric_->hold_) self.outgoing.erase(outgoing);
+  // Held pieces still land after a successful end: they were sent. Under remote_writes they land after a
+  // failed one too: copies already issued into the receiver's memory are not called back.
+  if (fabric_->hold_ && (failure.empty() || fabric_->remote_writes_)) outgoing->second.ended = true;
+  else self.outgoing.erase(outgoing);
 }
 
 }  // namespace loom

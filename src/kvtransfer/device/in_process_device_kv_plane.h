@@ -12,7 +12,11 @@
 // reservation and the transfer is still open. Test controls: kill() (an
 // engine dies: its transfers fail at their peers, its sends fail),
 // hold_deliveries() (pieces are snapshotted at send and land only when
-// deliver_held() says, in any order, or never).
+// deliver_held() says, in any order, or never), remote_writes() (the sender
+// writes into the receiver's memory itself, as CUDA IPC will: a held piece is
+// a copy the receiver cannot stop, landing even after finish(), which then
+// answers "not free" until the sender's pieces are delivered or dropped and
+// its send ended, or the sender died: quiesced()).
 //
 // Thread: all of it, from any thread (one mutex; copies run under it, so a
 // finish() that returns leaves no copy in flight).
@@ -43,6 +47,9 @@ class InProcessDeviceKvFabric {
   size_t num_held() const;
   void deliver_held(std::span<const size_t> order);
   void drop_held();
+  void remote_writes(bool on);
+  // Pieces that landed in blocks after their receiver finished the transfer (remote_writes only).
+  int64_t num_late_writes() const;
 
   int64_t num_copies() const;  // memcpy runs into receivers since start (one per run and array)
   int64_t num_pieces() const;  // layer pieces landed since start
@@ -52,6 +59,7 @@ class InProcessDeviceKvFabric {
   struct Outgoing {
     std::string peer;
     DeviceKvDestination destination;
+    bool ended = false;  // end_send came (kept while held pieces may still land)
   };
   struct Incoming {
     std::string peer;
@@ -75,12 +83,14 @@ class InProcessDeviceKvFabric {
   // Requires mutex_. Lands a piece at its receiver; false when the transfer is over there.
   bool land(const Held& piece, const Endpoint* source, std::span<const int32_t> main_sources,
             std::span<const int32_t> residual_sources);
+  // Requires mutex_. remote_writes: whether a live sender may still write transfer `id` into `receiver`.
+  bool may_still_write(const std::string& receiver, DeviceKvTransferId id) const;
 
   mutable std::mutex mutex_;
   std::map<std::string, Endpoint> endpoints_;
-  bool hold_ = false;
+  bool hold_ = false, remote_writes_ = false;
   std::vector<Held> held_;
-  int64_t num_copies_ = 0, num_pieces_ = 0;
+  int64_t num_copies_ = 0, num_pieces_ = 0, num_late_writes_ = 0;
 };
 
 class InProcessDeviceKvPlane final : public DeviceKvPlane {
@@ -93,7 +103,8 @@ class InProcessDeviceKvPlane final : public DeviceKvPlane {
   void bind_pools(const KvPoolMemory& main, const KvPoolMemory& residual) override;
   void expect(const DeviceKvExpectation& expectation) override;
   DeviceKvProgress progress(DeviceKvTransferId id) const override;
-  void finish(DeviceKvTransferId id) override;
+  bool finish(DeviceKvTransferId id) override;
+  bool quiesced(DeviceKvTransferId id) const override;
   bool begin_send(const std::string& peer, const DeviceKvDestination& destination, int32_t num_layers) override;
   bool send_layer(DeviceKvTransferId id, const DeviceKvLayerPiece& piece) override;
   void end_send(DeviceKvTransferId id, const std::string& failure) override;

@@ -120,7 +120,7 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   void bind_pools(const KvPoolMemory& main, const KvPoolMemory& residual) override;
   void expect(const DeviceKvExpectation& expectation) override;
   DeviceKvProgress progress(DeviceKvTransferId id) const override;
-  void finish(DeviceKvTransferId id) override;
+  bool finish(DeviceKvTransferId id) override;
   // false (nothing started) for a peer the allowlist refuses, an id already
   // sending or unbound pools; an unreachable peer shows later (send_layer false).
   bool begin_send(const std::string& peer, const DeviceKvDestination& destination, int32_t num_layers) override;

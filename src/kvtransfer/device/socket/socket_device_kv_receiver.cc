@@ -47,9 +47,10 @@ DeviceKvProgress SocketDeviceKvPlane::progress(DeviceKvTransferId id) const {
   return it->second.assembly.progress(std::chrono::steady_clock::now());  // a deadline's verdict sticks
 }
 
-void SocketDeviceKvPlane::finish(DeviceKvTransferId id) {
+bool SocketDeviceKvPlane::finish(DeviceKvTransferId id) {
   std::lock_guard lock(mutex_);
   incoming_.erase(id);  // a connection still carrying it finds it gone and closes
+  return true;          // this plane's own threads copy, under mutex_: nothing lands after this
 }
 void SocketDeviceKvPlane::accept_loop() {
   while (!stopping_) {
