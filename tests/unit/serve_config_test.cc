@@ -104,7 +104,7 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
   EXPECT_EQ(config["kv_transfer_secret"], false);
   EXPECT_EQ(config["kv_transfer_peers"], nullptr);
   EXPECT_EQ(config["kv_device_plane"], "none");  // opt in: the staged path only by default
-  EXPECT_EQ(config.size(), 45u) << config.dump(2);  // the keys --dry-run prints, no more
+  EXPECT_EQ(config.size(), 46u) << config.dump(2);  // the keys --dry-run prints, no more
 }
 
 TEST_F(ServeConfigTest, DeviceKvPlaneAutoIsSocketOnASingleRankCpuEngineAndNoneOnCuda) {
