@@ -82,6 +82,20 @@ class EngineDeviceKvTest : public ::testing::TestWithParam<Mode> {
     }
     return ids;
   }
+  // A PE and a DE on one fabric, the request of `seed` and one engine's tokens for it.
+  struct Pair {
+    std::shared_ptr<InProcessDeviceKvFabric> fabric;
+    std::unique_ptr<EngineImpl> pe, de;
+    EngineRequest req;
+    std::vector<int32_t> expected;
+  };
+  static Pair pair(const Mode& mode, int32_t seed, int32_t pe_max_batch_tokens = 32) {
+    Pair made{std::make_shared<InProcessDeviceKvFabric>(), nullptr, nullptr, request(mode, seed), {}};
+    made.pe = make(mode, made.fabric, "pe", pe_max_batch_tokens);
+    made.de = make(mode, made.fabric, "de");
+    made.expected = reference(mode, made.req);
+    return made;
+  }
   static EngineRequest request(const Mode& mode, int32_t seed, int32_t max_new_tokens = 6) {
     EngineRequest request;
     request.prompt_tokens = prompt(mode, seed);
@@ -163,11 +177,7 @@ LoadedModel* EngineDeviceKvTest::model_ = nullptr;
 // greedy tokens equal one engine's.
 TEST_P(EngineDeviceKvTest, TransferredBlocksDecodeAsOneEngine) {
   const Mode mode = GetParam();
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  auto pe = make(mode, fabric, "pe", /*max_batch_tokens=*/8);
-  auto de = make(mode, fabric, "de");
-  const EngineRequest req = request(mode, 1);
-  const std::vector<int32_t> expected = reference(mode, req);
+  auto [fabric, pe, de, req, expected] = pair(mode, 1, /*pe_max_batch_tokens=*/8);
   const PoolCounts before = counts(*de, mode, req.prompt_tokens);
   EXPECT_EQ(before.cached_main, 0);
 
@@ -208,11 +218,7 @@ TEST_P(EngineDeviceKvTest, TransferredBlocksDecodeAsOneEngine) {
 // waits; then it reuses them all.
 TEST_P(EngineDeviceKvTest, BlocksJoinTheTreesOnlyWhenEveryLayerLanded) {
   const Mode mode = GetParam();
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  auto pe = make(mode, fabric, "pe");
-  auto de = make(mode, fabric, "de");
-  const EngineRequest req = request(mode, 2);
-  const std::vector<int32_t> expected = reference(mode, req);
+  auto [fabric, pe, de, req, expected] = pair(mode, 2);
   const DeviceKvReservation reservation = de->reserve_device_kv(req, "pe", 30.0);
   fabric->hold_deliveries(true);
   prefill_with_send(*pe, req, reservation);
@@ -246,11 +252,7 @@ TEST_P(EngineDeviceKvTest, BlocksJoinTheTreesOnlyWhenEveryLayerLanded) {
 // the reservation's blocks go back to the free list, the request recomputes.
 TEST_P(EngineDeviceKvTest, PeerDeathFreesTheReservationAndTheRequestRecomputes) {
   const Mode mode = GetParam();
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  auto pe = make(mode, fabric, "pe");
-  auto de = make(mode, fabric, "de");
-  const EngineRequest req = request(mode, 3);
-  const std::vector<int32_t> expected = reference(mode, req);
+  auto [fabric, pe, de, req, expected] = pair(mode, 3);
   const PoolCounts before = counts(*de, mode, req.prompt_tokens);
   const DeviceKvReservation reservation = de->reserve_device_kv(req, "pe", 30.0);
   const PoolCounts reserved = counts(*de, mode, req.prompt_tokens);
@@ -293,11 +295,7 @@ TEST_P(EngineDeviceKvTest, PeerDeathFreesTheReservationAndTheRequestRecomputes) 
 // request recomputes meanwhile, and nothing it reads was written late.
 TEST_P(EngineDeviceKvTest, LateWritesKeepTheBlocksOutOfThePoolUntilThePeerQuiesces) {
   const Mode mode = GetParam();
-  auto fabric = std::make_shared<InProcessDeviceKvFabric>();
-  auto pe = make(mode, fabric, "pe");
-  auto de = make(mode, fabric, "de");
-  const EngineRequest req = request(mode, 4);
-  const std::vector<int32_t> expected = reference(mode, req);
+  auto [fabric, pe, de, req, expected] = pair(mode, 4);
   const PoolCounts before = counts(*de, mode, req.prompt_tokens);
   const DeviceKvReservation reservation = de->reserve_device_kv(req, "pe", 300.0);
   fabric->remote_writes(true);
