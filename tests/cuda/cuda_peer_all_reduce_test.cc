@@ -14,6 +14,7 @@
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/peer_all_reduce.h"
 #include "cuda_test_util.h"
+#include "util/error.h"
 #include "util/prng.h"
 
 namespace loom::cuda {
@@ -205,16 +206,18 @@ TEST(CudaPeerAllReduce, AbortEndsARankWaitingForItsPeer) {
   EXPECT_EQ(after, before) << "an aborted sum leaves the data as it was";
 }
 
-TEST(CudaPeerAllReduce, TooFewOrTooManyRanksGetNone) {
+TEST(CudaPeerAllReduce, RefusesTooFewOrTooManyRanksLargeSumsAndUnalignedData) {
   LOOM_REQUIRE_GPU();
   EXPECT_EQ(PeerAllReduce::create(std::vector<int>{0}, kMaxBytes), nullptr);
   EXPECT_EQ(PeerAllReduce::create(std::vector<int>(PeerAllReduce::kMaxRanks + 1, 0), kMaxBytes), nullptr);
   const auto reduce = PeerAllReduce::create(std::vector<int>{0, 0}, kMaxBytes);
   ASSERT_NE(reduce, nullptr);
   DeviceBuffer data(kMaxBytes + 64);
-  EXPECT_TRUE(reduce->takes(data.as<float>(), kMaxBytes / 4));
-  EXPECT_FALSE(reduce->takes(data.as<float>(), kMaxBytes / 4 + 1));  // over the staging slot: NCCL's
-  EXPECT_FALSE(reduce->takes(data.as<float>() + 1, 16));             // not 16-byte aligned: NCCL's
+  EXPECT_TRUE(reduce->takes(kMaxBytes / 4));
+  EXPECT_FALSE(reduce->takes(kMaxBytes / 4 + 1));  // over the staging slot: NCCL's
+  // Unaligned data is refused on the spot (by count alone every rank chose this kernel: a rank falling
+  // back to NCCL would leave its peers waiting), before anything is enqueued.
+  EXPECT_THROW(reduce->all_reduce_sum(0, data.as<float>() + 1, 16, nullptr), Error);
 }
 
 }  // namespace

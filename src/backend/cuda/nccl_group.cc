@@ -43,7 +43,7 @@ class NcclGroup::Rank final : public DeviceCommunicator {
     const NcclLibrary& nccl = nccl_library();
     std::shared_lock lock(group_.calls_);
     if (group_.aborted()) ended();
-    if (group_.peer_ != nullptr && group_.peer_->takes(data, count)) {
+    if (group_.peer_ != nullptr && group_.peer_->takes(count)) {
       group_.peer_->all_reduce_sum(rank_, data, count, stream);
       return;
     }

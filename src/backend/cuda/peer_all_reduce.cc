@@ -70,7 +70,8 @@ PeerAllReduce::~PeerAllReduce() {
 }
 
 void PeerAllReduce::all_reduce_sum(int32_t rank, float* data, int64_t count, cudaStream_t stream) {
-  LOOM_CHECK(rank >= 0 && rank < static_cast<int32_t>(ranks_.size()) && takes(data, count));
+  LOOM_CHECK(rank >= 0 && rank < static_cast<int32_t>(ranks_.size()) && takes(count) &&
+             reinterpret_cast<uintptr_t>(data) % 16 == 0);
   detail::PeerAllReduceArgs args{};
   for (size_t r = 0; r < ranks_.size(); ++r) {
     args.staging[r] = ranks_[r].staging.as<float>();

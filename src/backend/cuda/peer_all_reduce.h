@@ -1,9 +1,9 @@
 // A one-shot all-reduce over peer access (NVLink) for the small sums of a
 // tensor-parallel step: decode steps and short chunks, two per layer
 // (docs/tensor-parallel.md). On two H200s in a graph: 5.8 us a call at 16 KiB
-// against NCCL's 6.7, half NCCL's time at 2 MiB. One kernel per call: each rank copies its data into
-// its own staging slot, signals every peer, waits for every peer's signal, then
-// adds every rank's slot in rank order into its data.
+// against NCCL's 6.7, half NCCL's time at 2 MiB. One kernel per call: each rank
+// copies its data into its own staging slot, signals every peer, waits for every
+// peer's signal, then adds every rank's slot in rank order into its data.
 //
 // Ranks are GPUs of this process (one process, a thread per GPU), so a kernel
 // reads a peer's staging memory directly (cudaDeviceEnablePeerAccess). Two ranks
@@ -52,12 +52,13 @@ class PeerAllReduce {
   PeerAllReduce(const PeerAllReduce&) = delete;
   PeerAllReduce& operator=(const PeerAllReduce&) = delete;
 
-  // Whether all_reduce_sum takes this sum (at most max_bytes, data 16-byte aligned).
-  bool takes(const float* data, int64_t count) const {
-    return count <= max_count_ && reinterpret_cast<uintptr_t>(data) % 16 == 0;
-  }
-  // data[0, count) (rank `rank`'s device memory) becomes every rank's sum, after the
-  // work already on `stream` and before the work enqueued on it next.
+  // Whether all_reduce_sum takes a sum of `count` floats (at most max_bytes). By count alone, so every
+  // rank of a call decides alike (a rank on NCCL and another on this kernel would wait for each other).
+  bool takes(int64_t count) const { return count <= max_count_; }
+  // data[0, count) (rank `rank`'s device memory, 16-byte aligned, as cudaMalloc's) becomes every rank's
+  // sum, after the work already on `stream` and before the work enqueued on it next. Throws
+  // Error(kInternal) for unaligned data or a count it does not take (the group then aborts, which ends
+  // the peers' kernels waiting for this rank).
   void all_reduce_sum(int32_t rank, float* data, int64_t count, cudaStream_t stream);
   void abort();
 
