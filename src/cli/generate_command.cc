@@ -46,6 +46,7 @@ struct GenerateOptions {
   std::string kv_cache_dtype = "auto";  // parse_kv_cache_dtype (vllm_flags.h)
   std::string cpu_precision = "auto";
   bool enforce_eager = false;  // cuda: no CUDA graphs
+  bool disable_custom_all_reduce = false;  // cuda -tp: every sum on NCCL
   std::string device = "cpu";
   std::vector<KvSharing> disabled_kv_sharing;
 };
@@ -81,11 +82,11 @@ int run_generate(const GenerateOptions& options) {
 
   const KvCacheDtype kv_cache_dtype = parse_kv_cache_dtype(options.kv_cache_dtype, options.device);
   const auto load_start = std::chrono::steady_clock::now();
-  ModelOnDevice loaded = load_model_on_device(
-      options.model,
-      DeviceOptions{options.device, options.threads, 64, !options.enforce_eager,
-                    cpu_precision_keeps_quantized(options.cpu_precision), options.tensor_parallel_size,
-                    options.quantization == "fp8", kv_cache_dtype});
+  DeviceOptions device_options{options.device, options.threads, 64, !options.enforce_eager,
+                               cpu_precision_keeps_quantized(options.cpu_precision), options.tensor_parallel_size,
+                               options.quantization == "fp8", kv_cache_dtype};
+  device_options.custom_all_reduce = !options.disable_custom_all_reduce;
+  ModelOnDevice loaded = load_model_on_device(options.model, device_options);
   LoadedModel model = std::move(loaded.model);
   std::unique_ptr<Backend> backend = std::move(loaded.backend);
   std::shared_ptr<const Tokenizer> tokenizer_owner = model.tokenizer;
@@ -257,6 +258,9 @@ CommandRunner register_generate(CLI::App& app) {
       ->capture_default_str();
   app.add_flag("--enforce-eager", options->enforce_eager,
                "cuda: run every step eagerly (default: decode steps replay CUDA graphs captured per batch shape)");
+  app.add_flag("--disable-custom-all-reduce", options->disable_custom_all_reduce,
+               "cuda, -tp above 1: every all-reduce on NCCL (default: decode-sized sums on one kernel over NVLink "
+               "peer access)");
   app.add_option("--device", options->device, "cpu, cuda or cuda:N (builds with the CUDA backend)");
   add_disable_kv_sharing_option(app, options->disabled_kv_sharing);
   return [options] { return run_generate(*options); };
