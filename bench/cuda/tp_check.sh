@@ -11,6 +11,7 @@
 #      every sharing mode in one server (issue 37's "done when" at N = 4), then serve_bench at 1/16/64/128
 #      streams in bf16 and with FP8 weights + FP8 KV (issue 40).
 # Carries .carry/cuda (bench/cuda/pack.sh). TP (default 2), BUDGET seconds for the whole (default 560).
+# Every result file ends in $OUT/tp_results.tgz (the device tool returns 8 files a call).
 set -u
 TP=${TP:-2}
 BUDGET=${BUDGET:-560}
@@ -61,3 +62,6 @@ if [ -n "${BIG:-}" ] && [ "$(left)" -gt 120 ]; then
   done
 fi
 echo "== done in $(( $(date +%s) - START )) s"
+# The device tool returns at most 8 files a call: everything but the caller's own log goes back as one archive.
+(cd "$OUT" && find . -maxdepth 1 -type f ! -name 'tp_check*.log' ! -name tp_results.tgz -printf '%P\n' |
+  tar czf tp_results.tgz --remove-files -T -) && echo "== results in $OUT/tp_results.tgz"
