@@ -4,10 +4,10 @@
 // channel is made once per pooled connection; a peer that goes away is an
 // Unavailable error for the sender and nothing else. Needs two GPUs and a
 // loadable libnccl.so.2 (LOOM_NCCL_LIBRARY); skipped otherwise.
-#include <cuda_runtime_api.h>
 
 #include <gtest/gtest.h>
 
+#include "cuda_test_util.h"
 #include "kvtransfer/kv_link_client.h"
 #include "kvtransfer/kv_link_server.h"
 #include "kvtransfer/nccl/nccl_data_plane.h"
@@ -34,8 +34,7 @@ std::shared_ptr<KvPayload> pattern(uint64_t seed, size_t size) {
 class CudaKvNcclLinkTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices < 2) GTEST_SKIP() << "needs two GPUs";
+    if (cuda::test::visible_gpus() < 2) GTEST_SKIP() << "needs two GPUs";
     sender_plane_ = nccl_plane(0, 1 << 20);  // 1 MiB pieces: a 2.5 MiB block spans three
     receiver_plane_ = nccl_plane(1, 1 << 20);
     if (!sender_plane_ || !receiver_plane_) GTEST_SKIP() << "NCCL does not load (LOOM_NCCL_LIBRARY)";

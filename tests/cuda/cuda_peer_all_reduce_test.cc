@@ -20,11 +20,7 @@
 namespace loom::cuda {
 namespace {
 
-int visible_gpus() {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) count = 0;
-  return count;
-}
+using test::visible_gpus;
 
 // One rank's buffer and stream on its device.
 struct RankState {

@@ -180,10 +180,7 @@ Sharded make_sharded_synthetic(const ModelConfig& config, uint64_t seed, int32_t
   });
 }
 
-int visible_gpus() {
-  int count = 0;
-  return cudaGetDeviceCount(&count) == cudaSuccess ? count : 0;
-}
+using test::visible_gpus;
 
 // Every sharing mode and the base model in one batch, prefill then decode, at
 // every size in `sizes` the model splits into: the sharded logits are the

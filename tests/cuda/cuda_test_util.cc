@@ -23,6 +23,15 @@ bool has_hopper_gpu() {
   return major >= 9;
 }
 
+int visible_gpus() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    return 0;
+  }
+  return count;
+}
+
 float round_to_bf16(float value) { return bf16_to_float(float_to_bf16(value)); }
 
 std::vector<float> round_to_bf16(std::vector<float> values) {

@@ -23,6 +23,8 @@ namespace loom::cuda::test {
     if (!::loom::cuda::test::has_hopper_gpu()) GTEST_SKIP() << "no sm_90 GPU here"; \
   } while (0)
 bool has_hopper_gpu();
+// CUDA devices this process sees (0 when the runtime finds none).
+int visible_gpus();
 
 float round_to_bf16(float value);
 std::vector<float> round_to_bf16(std::vector<float> values);

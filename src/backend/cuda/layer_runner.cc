@@ -148,11 +148,12 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
                       chain(), o_lora, lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
-  if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows && weights.gate_up_fp8.data != nullptr) {
+  const bool fused_swiglu = plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows;
+  if (fused_swiglu && weights.gate_up_fp8.data != nullptr) {
     launch_skinny_gate_up_swiglu_fp8(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_fp8.data,
                                      weights.gate_up_fp8.scale, intermediate, hidden, buffers.activation.as<bf16>(),
                                      chain());
-  } else if (plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows && weights.gate_up_proj != nullptr) {
+  } else if (fused_swiglu && weights.gate_up_proj != nullptr) {
     launch_skinny_gate_up_swiglu(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, intermediate, hidden,
                                  buffers.activation.as<bf16>(), chain());
   } else {
