@@ -143,37 +143,44 @@ TensorParallelSlice tensor_parallel_slice(const ModelConfig& config, const Tenso
 
 ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& weights,
                                  const TensorParallelShard& shard) {
-  const int64_t head_dim = config.head_dim;
-  const int64_t q_begin = shard.q_head_begin * head_dim, q_end = q_begin + shard.num_q_heads * head_dim;
-  const int64_t kv_begin = shard.kv_head_begin * head_dim, kv_end = kv_begin + shard.num_kv_heads * head_dim;
-  const int64_t ff_begin = shard.intermediate_begin, ff_end = ff_begin + shard.intermediate_size;
-  auto optional_rows = [](const Tensor& tensor, int64_t begin, int64_t end) {
-    return tensor.empty() ? Tensor{} : slice_rows(tensor, begin, end);
-  };
   for (const auto& [name, tensor] : model_weights_to_tensor_map(config, weights)) require_sliceable(tensor, name);
+  // Every cut is tensor_parallel_slice's, by the tensor's HF name (the one place that says how a tensor shards).
+  auto cut = [&](const Tensor& tensor, const std::string& name) -> Tensor {
+    if (tensor.empty()) return {};  // an optional tensor the config does not have
+    const TensorParallelSlice slice = tensor_parallel_slice(config, shard, name);
+    switch (slice.kind) {
+      case TensorParallelSlice::Kind::kRows: return slice_rows(tensor, slice.begin, slice.end);
+      case TensorParallelSlice::Kind::kColumns: return slice_columns(tensor, slice.begin, slice.end);
+      case TensorParallelSlice::Kind::kNone: return {};
+      case TensorParallelSlice::Kind::kWhole: break;
+    }
+    return tensor;
+  };
 
   ModelWeights rank;
-  rank.embed_tokens = slice_rows(weights.embed_tokens, shard.vocab_begin, shard.vocab_end);
-  rank.lm_head = slice_rows(weights.lm_head, shard.vocab_begin, shard.vocab_end);
+  rank.embed_tokens = cut(weights.embed_tokens, "model.embed_tokens.weight");
+  rank.lm_head = cut(weights.lm_head, "lm_head.weight");
   rank.final_norm = weights.final_norm;
   rank.layers.reserve(weights.layers.size());
-  for (const LayerWeights& layer : weights.layers) {
+  for (size_t i = 0; i < weights.layers.size(); ++i) {
+    const LayerWeights& layer = weights.layers[i];
+    const std::string prefix = "model.layers." + std::to_string(i) + ".";
     LayerWeights part;
-    part.input_norm = layer.input_norm;
-    part.post_attention_norm = layer.post_attention_norm;
-    part.q_norm = layer.q_norm;
-    part.k_norm = layer.k_norm;
-    part.q_proj = slice_rows(layer.q_proj, q_begin, q_end);
-    part.k_proj = slice_rows(layer.k_proj, kv_begin, kv_end);
-    part.v_proj = slice_rows(layer.v_proj, kv_begin, kv_end);
-    part.q_bias = optional_rows(layer.q_bias, q_begin, q_end);
-    part.k_bias = optional_rows(layer.k_bias, kv_begin, kv_end);
-    part.v_bias = optional_rows(layer.v_bias, kv_begin, kv_end);
-    part.o_proj = slice_columns(layer.o_proj, q_begin, q_end);
-    if (shard.adds_o_bias) part.o_bias = layer.o_bias;
-    part.gate_proj = slice_rows(layer.gate_proj, ff_begin, ff_end);
-    part.up_proj = slice_rows(layer.up_proj, ff_begin, ff_end);
-    part.down_proj = slice_columns(layer.down_proj, ff_begin, ff_end);
+    part.input_norm = cut(layer.input_norm, prefix + "input_layernorm.weight");
+    part.post_attention_norm = cut(layer.post_attention_norm, prefix + "post_attention_layernorm.weight");
+    part.q_norm = cut(layer.q_norm, prefix + "self_attn.q_norm.weight");
+    part.k_norm = cut(layer.k_norm, prefix + "self_attn.k_norm.weight");
+    part.q_proj = cut(layer.q_proj, prefix + "self_attn.q_proj.weight");
+    part.k_proj = cut(layer.k_proj, prefix + "self_attn.k_proj.weight");
+    part.v_proj = cut(layer.v_proj, prefix + "self_attn.v_proj.weight");
+    part.q_bias = cut(layer.q_bias, prefix + "self_attn.q_proj.bias");
+    part.k_bias = cut(layer.k_bias, prefix + "self_attn.k_proj.bias");
+    part.v_bias = cut(layer.v_bias, prefix + "self_attn.v_proj.bias");
+    part.o_proj = cut(layer.o_proj, prefix + "self_attn.o_proj.weight");
+    part.o_bias = cut(layer.o_bias, prefix + "self_attn.o_proj.bias");
+    part.gate_proj = cut(layer.gate_proj, prefix + "mlp.gate_proj.weight");
+    part.up_proj = cut(layer.up_proj, prefix + "mlp.up_proj.weight");
+    part.down_proj = cut(layer.down_proj, prefix + "mlp.down_proj.weight");
     part.k_cache_scale = layer.k_cache_scale;  // per tensor: every rank's heads share them
     part.v_cache_scale = layer.v_cache_scale;
     rank.layers.push_back(std::move(part));

@@ -67,8 +67,9 @@ ModelWeights shard_model_weights(const ModelConfig& config, const ModelWeights& 
 
 // What rank `shard` holds of the whole model's tensor `name` (an HF name, as
 // model_weights_to_tensor_map and synthetic_base_tensor_specs give them): the
-// cut shard_model_weights makes, named, for code that fills a rank's tensors
-// itself (synthetic weights drawn on each rank's GPU). begin/end index rows
+// one statement of how each tensor shards, used by shard_model_weights and by
+// code that fills a rank's tensors itself (synthetic weights drawn on each
+// rank's GPU). begin/end index rows
 // (kRows: dimension 0, also of a 1-D bias) or columns (kColumns); kNone: the
 // rank has no such tensor (o's bias off rank 0).
 struct TensorParallelSlice {
