@@ -87,6 +87,9 @@ struct KvPoolMemory {
   int32_t num_blocks = 0;
   int64_t bytes_per_block = 0;  // of one array
   std::vector<std::byte*> arrays;  // [layer * arrays_per_layer + i]
+  // The one allocation every array lies in (kCuda: the pool's cudaMalloc, which
+  // a peer process maps by its IPC handle); nullptr where the backend does not say.
+  std::byte* allocation = nullptr;
 
   int32_t num_layers() const { return arrays_per_layer == 0 ? 0 : static_cast<int32_t>(arrays.size()) / arrays_per_layer; }
   bool empty() const { return arrays.empty(); }

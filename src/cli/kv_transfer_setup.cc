@@ -9,10 +9,12 @@
 
 #include "cli/device_backend.h"
 #include "engine/kv_pools.h"
+#include "kvtransfer/device/ipc/ipc_device_kv_plane.h"
 #include "kvtransfer/device/socket/socket_device_kv_plane.h"
 #include "kvtransfer/kv_peer_allowlist.h"
 #include "util/error.h"
 #ifdef LOOM_HAVE_CUDA
+#include "backend/cuda/cuda_peer_kv_copier.h"
 #include "kvtransfer/nccl/nccl_data_plane.h"
 #endif
 
@@ -45,14 +47,44 @@ std::string read_kv_secret(const std::string& secret, const std::string& secret_
 std::string resolve_device_kv_plane(const std::string& requested, const std::string& device,
                                     int tensor_parallel_size) {
   if (requested == "none") return "none";
-  if (requested == "auto") return is_cuda(device) || tensor_parallel_size > 1 ? "none" : SocketDeviceKvPlane::kName;
-  if (requested != SocketDeviceKvPlane::kName)
-    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane " + requested, "use auto, none or socket");
-  if (is_cuda(device))
+  if (requested == "auto") {
+    if (tensor_parallel_size > 1) return "none";  // tensor-parallel backends report no layers written
+    return is_cuda(device) ? IpcDeviceKvPlane::kName : SocketDeviceKvPlane::kName;
+  }
+  if (requested != SocketDeviceKvPlane::kName && requested != IpcDeviceKvPlane::kName)
+    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane " + requested, "use auto, none, socket or cuda-ipc");
+  if (requested == SocketDeviceKvPlane::kName && is_cuda(device))
     throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane socket on --device " + device,
-                "the socket plane moves CPU engines' KV; GPU engines have no device plane yet (use none or auto)");
+                "the socket plane moves CPU engines' KV; GPU engines use cuda-ipc (or auto)");
+  if (requested == IpcDeviceKvPlane::kName && !is_cuda(device))
+    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc on --device " + device,
+                "cuda-ipc moves GPU engines' KV; CPU engines use socket (or auto)");
+  if (requested == IpcDeviceKvPlane::kName && tensor_parallel_size > 1)
+    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc with --tensor-parallel-size > 1",
+                "tensor-parallel engines have no device KV plane yet: use none (the staged path)");
   return requested;
 }
+
+namespace {
+
+// The cuda-ipc plane on `device` (a build with the CUDA backend only).
+std::shared_ptr<DeviceKvPlane> make_ipc_plane(const KvTransferOptions& options, const std::string& device) {
+#ifdef LOOM_HAVE_CUDA
+  IpcDeviceKvPlaneOptions plane;
+  plane.host = options.host;
+  plane.port = options.device_plane_port;
+  plane.secret = options.secret;
+  plane.peers = KvPeerAllowlist::parse(options.peers);
+  return std::make_shared<IpcDeviceKvPlane>(std::move(plane),
+                                            std::make_shared<cuda::CudaPeerKvCopier>(cuda_device_index(device)));
+#else
+  (void)options;
+  throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc on --device " + device,
+              "this build has no CUDA backend");
+#endif
+}
+
+}  // namespace
 
 server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, EngineConfig& engine,
                                             int64_t kv_bytes_per_token, const std::string& device,
@@ -78,17 +110,23 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
   std::unique_ptr<DiskKvStore> storage = engine.disk_kv_path.empty() ? nullptr : open_disk_tier(engine);
   setup.store = std::make_shared<BufferedKvStore>(std::move(storage), buffer_bytes);
   engine.kv_store = setup.store;
-  if (resolve_device_kv_plane(options.device_plane, device, tensor_parallel_size) == SocketDeviceKvPlane::kName) {
-    SocketDeviceKvPlaneOptions plane;
-    plane.host = options.host;
-    plane.port = options.device_plane_port;
-    plane.secret = options.secret;
-    plane.peers = KvPeerAllowlist::parse(options.peers);
-    auto socket = std::make_shared<SocketDeviceKvPlane>(std::move(plane));
-    spdlog::info("KV transfer: device KV plane socket on {} (CPU engines' KV layer by layer; {})",
-                 socket->endpoint().address, options.secret.empty() ? "unauthenticated" : "authenticated");
-    setup.device_plane = socket;
-    engine.device_kv_plane = socket;
+  const std::string plane_name = resolve_device_kv_plane(options.device_plane, device, tensor_parallel_size);
+  std::shared_ptr<DeviceKvPlane> plane;
+  if (plane_name == SocketDeviceKvPlane::kName) {
+    SocketDeviceKvPlaneOptions socket;
+    socket.host = options.host;
+    socket.port = options.device_plane_port;
+    socket.secret = options.secret;
+    socket.peers = KvPeerAllowlist::parse(options.peers);
+    plane = std::make_shared<SocketDeviceKvPlane>(std::move(socket));
+  } else if (plane_name == IpcDeviceKvPlane::kName) {
+    plane = make_ipc_plane(options, device);
+  }
+  if (plane) {
+    spdlog::info("KV transfer: device KV plane {} on {} (KV layer by layer into the decode engine's blocks; {})",
+                 plane_name, plane->endpoint().address, options.secret.empty() ? "unauthenticated" : "authenticated");
+    setup.device_plane = plane;
+    engine.device_kv_plane = plane;
   }
   return setup;
 }

@@ -222,10 +222,11 @@ void add_kv_transfer_flags(CLI::App& app, KvTransferOptions& kv_transfer) {
   app.add_option("--kv-device-plane", kv_transfer.device_plane,
                  "Device-to-device KV between prefill and decode engines (layer by layer into the decode engine's "
                  "reserved blocks, chosen by loom router when both engines report the same plane): none (staged "
-                 "path only), auto (the plane the backend supports: socket on a CPU engine, none on CUDA until the "
-                 "GPU plane exists) or socket (CPU engines, over TCP with the KV link's handshake and sealed "
-                 "messages)")
-      ->check(CLI::IsMember({"auto", "none", "socket"}))
+                 "path only), auto (the plane the backend supports: cuda-ipc on a GPU engine, socket on a CPU one, "
+                 "none with tensor parallelism), cuda-ipc (GPU engines of one host: the prefill engine copies "
+                 "into the decode engine's pools through CUDA IPC, set up over the KV link's handshake) or socket "
+                 "(CPU engines, over TCP with the KV link's handshake and sealed messages)")
+      ->check(CLI::IsMember({"auto", "none", "socket", "cuda-ipc"}))
       ->capture_default_str();
   app.add_option("--kv-device-plane-port", kv_transfer.device_plane_port,
                  "Port the device KV plane listens on, on --kv-transfer-host (0 = a free one; /loom/kv/status "

@@ -32,7 +32,10 @@ import openai  # noqa: E402
 import test_disaggregation  # noqa: E402
 from test_disaggregation import SECRET, Deployment, complete, counter, kv_auth_header, token_prompt  # noqa: E402
 
-SOCKET = ["--kv-device-plane", "socket"]
+# The plane under test: socket between CPU engines (CI); cuda-ipc on a GPU machine (LOOM_TEST_DEVICE,
+# bench/cuda/device_kv_check.sh), where `auto` resolves to it as well.
+PLANE = os.environ.get("LOOM_TEST_DEVICE_PLANE", "socket")
+SOCKET = ["--kv-device-plane", PLANE]
 
 
 def signed_post(engine, path, body):
@@ -97,13 +100,13 @@ class DevicePathTest(Deployment):
     def test_outputs_equal_one_engine_in_every_mode_and_the_device_path_is_counted(self):
         both = self.engine("both")
         prefill = self.engine("prefill", SOCKET)
-        decode = self.engine("decode", ["--kv-device-plane", "auto"])  # auto on a CPU engine: socket
+        decode = self.engine("decode", ["--kv-device-plane", "auto"])  # auto: socket on a CPU engine, cuda-ipc on a GPU
         router = self.router([prefill], [decode])
         alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
         routed = router.client()
         code, _, body = decode.request("GET", "/loom/kv/status", headers=kv_auth_header(SECRET, "GET", "/loom/kv/status"))
         self.assertEqual(code, 200)
-        self.assertEqual(json.loads(body)["device_kv"]["plane"], "socket")
+        self.assertEqual(json.loads(body)["device_kv"]["plane"], PLANE)
         requests = 0
         for model, prompt in self.jobs():
             with self.subTest(model=model, prompt=len(prompt)):

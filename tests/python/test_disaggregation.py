@@ -126,6 +126,12 @@ class Deployment(unittest.TestCase):
 
     def engine(self, role, extra=(), secret_file=None):
         args = [*ENGINE_ARGS, "--role", role, "--kv-transfer-secret-file", secret_file or self.secret_file, *extra]
+        # On a GPU machine (bench/cuda/device_kv_check.sh): LOOM_TEST_DEVICE places the engines,
+        # LOOM_TEST_DECODE_DEVICE the decode engines (another GPU); CI leaves both unset (CPU).
+        device = os.environ.get("LOOM_TEST_DECODE_DEVICE" if role == "decode" else "LOOM_TEST_DEVICE") or \
+            os.environ.get("LOOM_TEST_DEVICE")
+        if device:
+            args += ["--device", device]
         kwargs = {"make_model_args": ["--alora"], "lora_modes": MODES}
         if self.model_dir:
             kwargs["model_dir"] = self.model_dir

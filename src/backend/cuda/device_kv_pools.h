@@ -61,6 +61,9 @@ class DeviceKvPools {
   float v_scale(int layer) const { return v_scales_.empty() ? 1.0f : v_scales_[layer]; }
   // The main pool's first byte (graph capture keys), nullptr before its allocate.
   const void* main_base() const { return main_.data(); }
+  // Each pool's one allocation (every layer's arrays lie in it), nullptr before its allocate.
+  void* main_allocation() const { return main_.data(); }
+  void* residual_allocation() const { return residual_.data(); }
   __nv_bfloat16* residual_pool(int layer) const;
   // The scratch's K half (V follows after scratch_keys() entries), and its size in entries.
   __nv_bfloat16* scratch_k() const { return scratch_.as<__nv_bfloat16>(); }

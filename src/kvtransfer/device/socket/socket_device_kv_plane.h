@@ -79,8 +79,8 @@
 
 #include "kvtransfer/device/device_kv_assembly.h"
 #include "kvtransfer/device/device_kv_plane.h"
+#include "kvtransfer/device/socket/plane_sockets.h"
 #include "kvtransfer/kv_peer_allowlist.h"
-#include "kvtransfer/worker_threads.h"
 
 namespace loom {
 
@@ -127,7 +127,7 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   bool send_layer(DeviceKvTransferId id, const DeviceKvLayerPiece& piece) override;
   void end_send(DeviceKvTransferId id, const std::string& failure) override;
 
-  int port() const { return port_; }
+  int port() const { return sockets_.port(); }
   SocketDeviceKvPlaneStats stats() const;
 
  private:
@@ -139,20 +139,15 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
     bool opened = false;  // a connection carries it (one only)
   };
   struct Outgoing;
-  void accept_loop();
   void serve(int fd);
   void send_loop(std::shared_ptr<Outgoing> outgoing);
   // Requires mutex_: lands one verified 'L' body's piece into transfer `id`;
   // false (the transfer failed) when it does not fit the reservation.
   bool land_piece(DeviceKvTransferId id, std::span<const std::byte> body);
   void wake_senders();   // takes mutex_: wakes every sending thread (shutdown)
-  void start_thread(std::function<void()> run);
 
   const SocketDeviceKvPlaneOptions options_;
-  std::string announced_host_, machine_;
-  int listen_fd_ = -1;
-  int port_ = 0;
-  std::atomic<bool> stopping_{false};
+  PlaneSockets sockets_;  // the listener, the connections' threads
 
   mutable std::mutex mutex_;  // guards pools, transfers, queues, counts
   KvPoolMemory main_, residual_;
@@ -160,11 +155,6 @@ class SocketDeviceKvPlane final : public DeviceKvPlane {
   std::map<DeviceKvTransferId, std::shared_ptr<Outgoing>> outgoing_;
   int64_t queued_bytes_ = 0;
   SocketDeviceKvPlaneStats stats_;
-
-  std::mutex threads_mutex_;  // guards the threads and open sockets
-  kvlink::WorkerThreads threads_;
-  std::set<int> sockets_;
-  std::thread accept_thread_;
 };
 
 }  // namespace loom

@@ -3,13 +3,7 @@
 // (socket_device_kv_plane.h).
 #include "kvtransfer/device/socket/socket_device_kv_plane.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <optional>
 
 #include <fmt/format.h>
@@ -52,27 +46,6 @@ bool SocketDeviceKvPlane::finish(DeviceKvTransferId id) {
   incoming_.erase(id);  // a connection still carrying it finds it gone and closes
   return true;          // this plane's own threads copy, under mutex_: nothing lands after this
 }
-void SocketDeviceKvPlane::accept_loop() {
-  while (!stopping_) {
-    const int fd = kvlink::accept_connection(listen_fd_, stopping_);
-    if (fd < 0) return;
-    {
-      std::lock_guard lock(threads_mutex_);
-      if (stopping_ || sockets_.size() >= 256) {
-        ::close(fd);
-        continue;
-      }
-      sockets_.insert(fd);
-    }
-    start_thread([this, fd] {
-      serve(fd);
-      std::lock_guard lock(threads_mutex_);
-      sockets_.erase(fd);
-      ::close(fd);
-    });
-  }
-}
-
 bool SocketDeviceKvPlane::land_piece(DeviceKvTransferId id, std::span<const std::byte> body) {
   auto it = incoming_.find(id);
   if (it == incoming_.end()) return false;  // finished at this end: nothing lands any more
@@ -105,8 +78,6 @@ bool SocketDeviceKvPlane::land_piece(DeviceKvTransferId id, std::span<const std:
 }
 
 void SocketDeviceKvPlane::serve(int fd) {
-  const int yes = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
   kvlink::set_timeouts(fd, std::min(kHandshakeTimeoutSeconds, options_.io_timeout_seconds));
   kvlink::HandshakeFailure handshake = kvlink::HandshakeFailure::kNone;
   std::optional<kvlink::Session> session = kvlink::server_handshake(fd, options_.secret, handshake);
@@ -115,7 +86,7 @@ void SocketDeviceKvPlane::serve(int fd) {
       std::lock_guard lock(mutex_);
       ++stats_.refused_connections;
     }
-    spdlog::warn("device KV plane on port {}: refused a connection: {}", port_,
+    spdlog::warn("device KV plane on port {}: refused a connection: {}", sockets_.port(),
                  kvlink::handshake_failure_text(handshake));
     return;
   }
@@ -170,7 +141,7 @@ void SocketDeviceKvPlane::serve(int fd) {
     if (!refusal.empty()) ++stats_.rejected_pieces;
   }
   if (!refusal.empty()) {
-    spdlog::warn("device KV plane on port {}: refused transfer {} from {}: {}", port_, id, sender, refusal);
+    spdlog::warn("device KV plane on port {}: refused transfer {} from {}: {}", sockets_.port(), id, sender, refusal);
     session->send(fd, verdict(false, refusal));
     return;
   }
@@ -184,7 +155,7 @@ void SocketDeviceKvPlane::serve(int fd) {
     auto it = incoming_.find(id);
     if (it != incoming_.end()) it->second.assembly.fail(why);
   };
-  while (!stopping_) {
+  while (!sockets_.stopping()) {
     const kvlink::Session::Received received = session->receive(fd, body, max_body);
     if (received == kvlink::Session::Received::kForged) {
       {
@@ -193,7 +164,7 @@ void SocketDeviceKvPlane::serve(int fd) {
       }
       spdlog::warn("device KV plane on port {}: a piece of transfer {} failed its authentication tag (changed, "
                    "replayed or reordered on the way): nothing of it lands, the transfer fails",
-                   port_, id);
+                   sockets_.port(), id);
       return fail_transfer("a piece failed its authentication tag");
     }
     if (received != kvlink::Session::Received::kOk) return fail_transfer("peer " + sender + " died (connection lost)");

@@ -2,12 +2,6 @@
 // the thread per outgoing transfer (socket_device_kv_plane.h).
 #include "kvtransfer/device/socket/socket_device_kv_plane.h"
 
-#include <netinet/in.h>
-#include <netinet/tcp.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
-#include <cerrno>
 #include <condition_variable>
 #include <deque>
 #include <optional>
@@ -56,12 +50,12 @@ bool SocketDeviceKvPlane::begin_send(const std::string& peer, const DeviceKvDest
   outgoing->num_layers = num_layers;
   {
     std::lock_guard lock(mutex_);
-    if (stopping_ || main_.empty() || main_.num_layers() != num_layers || outgoing_.count(destination.id) ||
+    if (sockets_.stopping() || main_.empty() || main_.num_layers() != num_layers || outgoing_.count(destination.id) ||
         (!destination.residual_blocks.empty() && residual_.empty()))
       return false;
     outgoing_[destination.id] = outgoing;
   }
-  start_thread([this, outgoing] { send_loop(outgoing); });
+  sockets_.start_thread([this, outgoing] { send_loop(outgoing); });
   return true;
 }
 
@@ -119,37 +113,9 @@ void SocketDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
     out.queue.clear();
   };
   std::string failure;
-  int fd = -1;
-  try {
-    const auto [host, port] = kvlink::split_address(out.peer);
-    fd = kvlink::open_socket(
-        host, port, /*passive=*/false,
-        [&](int candidate, const sockaddr* address, socklen_t length) {
-          {
-            std::lock_guard lock(threads_mutex_);
-            if (stopping_) return false;
-            sockets_.insert(candidate);
-          }
-          kvlink::set_timeouts(candidate, options_.io_timeout_seconds);
-          if (::connect(candidate, address, length) == 0) return true;
-          const int error = errno;
-          std::lock_guard lock(threads_mutex_);
-          sockets_.erase(candidate);
-          errno = error;
-          return false;
-        },
-        failure);
-  } catch (const Error& error) {
-    failure = error.what();
-  }
+  const int fd = sockets_.connect(out.peer, options_.io_timeout_seconds, failure);
   if (fd < 0) return broken("cannot connect: " + failure);
-  const int yes = 1;
-  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &yes, sizeof(yes));
-  auto close_fd = [&] {
-    std::lock_guard lock(threads_mutex_);
-    sockets_.erase(fd);
-    ::close(fd);
-  };
+  auto close_fd = [&] { sockets_.close(fd); };
   std::optional<kvlink::Session> session = kvlink::client_handshake(fd, options_.secret, failure);
   if (!session) {
     broken("handshake failed: " + failure);
@@ -163,7 +129,7 @@ void SocketDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
         .u32(static_cast<uint32_t>(out.destination.num_blocks())).u32(static_cast<uint32_t>(main_.arrays_per_layer))
         .u64(static_cast<uint64_t>(main_.bytes_per_block)).u32(forked ? residual_.arrays_per_layer : 0)
         .u64(forked ? static_cast<uint64_t>(residual_.bytes_per_block) : 0)
-        .raw(kvlink::as_bytes(fmt::format("{}:{}", announced_host_, port_)));
+        .raw(kvlink::as_bytes(sockets_.address()));
     failure.clear();
     if (!session->send(fd, open.bytes)) failure = "the connection failed";
   }
@@ -185,8 +151,8 @@ void SocketDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
     bool end = false;
     {
       std::unique_lock lock(mutex_);
-      out.changed.wait(lock, [&] { return !out.queue.empty() || out.ended || out.broken || stopping_.load(); });
-      if (stopping_ || out.broken) break;  // an engine going away just closes: the peer sees it die
+      out.changed.wait(lock, [&] { return !out.queue.empty() || out.ended || out.broken || sockets_.stopping(); });
+      if (sockets_.stopping() || out.broken) break;  // an engine going away just closes: the peer sees it die
       if (!out.queue.empty()) {
         body = std::move(out.queue.front());
         out.queue.pop_front();
