@@ -131,7 +131,7 @@ class Deployment(unittest.TestCase):
         device = os.environ.get("LOOM_TEST_DECODE_DEVICE" if role == "decode" else "LOOM_TEST_DEVICE") or \
             os.environ.get("LOOM_TEST_DEVICE")
         if device:
-            args += ["--device", device]
+            args += ["--device", device, "--kv-cache-bytes", "1G"]  # several engines share a GPU
         kwargs = {"make_model_args": ["--alora"], "lora_modes": MODES}
         if self.model_dir:
             kwargs["model_dir"] = self.model_dir
