@@ -66,8 +66,9 @@ Pool make_pool(int device, int layers, int blocks, int64_t block_bytes) {
   pool.kv.arrays_per_layer = 2;
   pool.kv.num_blocks = blocks;
   pool.kv.bytes_per_block = block_bytes;
-  pool.kv.allocation = static_cast<std::byte*>(pool.memory);
-  for (int a = 0; a < 2 * layers; ++a) pool.kv.arrays.push_back(pool.kv.allocation + a * array_bytes);
+  pool.kv.devices = {device};
+  pool.kv.allocations = {static_cast<std::byte*>(pool.memory)};
+  for (int a = 0; a < 2 * layers; ++a) pool.kv.arrays.push_back(pool.kv.allocations[0] + a * array_bytes);
   return pool;
 }
 
@@ -89,7 +90,7 @@ int run_child(int device, int layers, int blocks, int64_t block_bytes, const std
                        cudaMemcpyHostToDevice),
             "upload");
     }
-  IpcDeviceKvPlane plane(plane_options(), std::make_shared<cuda::CudaPeerKvCopier>(device));
+  IpcDeviceKvPlane plane(plane_options(), std::make_shared<cuda::CudaPeerKvCopier>(std::vector<int>{device}));
   plane.bind_pools(pool.kv, {});
   { std::ofstream(out + ".address") << plane.endpoint().address; }
   std::vector<int32_t> sources(static_cast<size_t>(blocks)), destinations(sources.size());
@@ -141,7 +142,7 @@ int main(int argc, char** argv) {
   if (!child_out.empty()) return run_child(pe_device, layers, blocks, block_bytes, child_out);
 
   Pool pool = make_pool(de_device, layers, blocks, block_bytes);
-  IpcDeviceKvPlane plane(plane_options(), std::make_shared<cuda::CudaPeerKvCopier>(de_device));
+  IpcDeviceKvPlane plane(plane_options(), std::make_shared<cuda::CudaPeerKvCopier>(std::vector<int>{de_device}));
   plane.bind_pools(pool.kv, {});
   char scratch[] = "/tmp/loom_ipc_bench_XXXXXX";
   const int scratch_fd = ::mkstemp(scratch);

@@ -37,6 +37,7 @@
 // sequences) and are read, never written, even where they overlap new tokens.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -60,8 +61,15 @@ struct LoraAdapter;
 // backend and stays valid until the step's finish_forward returns; a step
 // with a listener runs without CUDA graphs (recording per-layer events into a
 // replayed graph would pin the listener's identity into the capture).
+// A tensor-parallel group tells its listener once per layer, when every rank
+// has written it, with each rank's event (TensorParallelBackend joins them).
 struct KvLayerFence {
-  void* event = nullptr;
+  static constexpr int32_t kMaxRanks = 8;
+  void* event = nullptr;  // a single backend's (or one rank's) event; null: written already
+  int32_t rank = 0;       // the tensor-parallel rank that wrote it (0 alone)
+  // A group's fence: rank r's event in rank_events[r] for r < num_ranks (`event` unused); 0: not a group's.
+  int32_t num_ranks = 0;
+  std::array<void*, kMaxRanks> rank_events{};
 };
 
 // Thread: called on the thread running the forward (the engine thread), in
@@ -87,9 +95,19 @@ struct KvPoolMemory {
   int32_t num_blocks = 0;
   int64_t bytes_per_block = 0;  // of one array
   std::vector<std::byte*> arrays;  // [layer * arrays_per_layer + i]
-  // The one allocation every array lies in (kCuda: the pool's cudaMalloc, which
-  // a peer process maps by its IPC handle); nullptr where the backend does not say.
-  std::byte* allocation = nullptr;
+  // A tensor-parallel group's pools: num_ranks ranks, each with arrays_per_layer
+  // / num_ranks arrays per layer, a layer's arrays rank after rank (rank r's on
+  // devices[r]); every array's block holds that rank's shard of the block.
+  int32_t num_ranks = 1;
+  std::vector<int32_t> devices;  // [rank], kCuda (empty: `device` alone)
+  // [rank]: the one allocation each rank's arrays lie in (kCuda: its pool's
+  // cudaMalloc, which a peer process maps by its IPC handle); empty where the
+  // backend does not say.
+  std::vector<std::byte*> allocations;
+
+  int32_t rank_of_array(size_t index) const {
+    return static_cast<int32_t>(index % static_cast<size_t>(arrays_per_layer)) / (arrays_per_layer / num_ranks);
+  }
 
   int32_t num_layers() const { return arrays_per_layer == 0 ? 0 : static_cast<int32_t>(arrays.size()) / arrays_per_layer; }
   bool empty() const { return arrays.empty(); }

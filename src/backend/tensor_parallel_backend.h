@@ -57,6 +57,9 @@ class TensorParallelBackend : public Backend {
   int32_t max_adapter_slots() const override { return ranks_[0]->max_adapter_slots(); }
   ForwardResult forward(const Batch& batch) override;
   BackendCapabilities capabilities() const override;
+  // Every rank's pools as one (backend.h KvPoolMemory: a layer's arrays rank
+  // after rank), for a device KV plane that copies rank r's into a peer's rank r.
+  KvPoolMemory kv_pool_memory(KvPoolKind pool) override;
   std::vector<CacheGauge> cache_gauges() const override { return ranks_[0]->cache_gauges(); }
 
  protected:
@@ -65,6 +68,8 @@ class TensorParallelBackend : public Backend {
   const TensorParallelShard& shard(int32_t r) const { return shards_[r]; }
   // Runs fn(r) for every rank at once; rethrows the lowest failing rank's own error.
   void run_on_ranks(const std::function<void(int32_t)>& fn);
+  // The group's result from the ranks': rank 0's, with the vocab-parallel logits joined.
+  ForwardResult finish_forward_parts(std::vector<ForwardResult>& parts);
 
  private:
   const ModelConfig config_;  // the whole model

@@ -47,10 +47,7 @@ std::string read_kv_secret(const std::string& secret, const std::string& secret_
 std::string resolve_device_kv_plane(const std::string& requested, const std::string& device,
                                     int tensor_parallel_size) {
   if (requested == "none") return "none";
-  if (requested == "auto") {
-    if (tensor_parallel_size > 1) return "none";  // tensor-parallel backends report no layers written
-    return is_cuda(device) ? IpcDeviceKvPlane::kName : SocketDeviceKvPlane::kName;
-  }
+  if (requested == "auto") return is_cuda(device) ? IpcDeviceKvPlane::kName : SocketDeviceKvPlane::kName;
   if (requested != SocketDeviceKvPlane::kName && requested != IpcDeviceKvPlane::kName)
     throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane " + requested, "use auto, none, socket or cuda-ipc");
   if (requested == SocketDeviceKvPlane::kName && is_cuda(device))
@@ -59,26 +56,27 @@ std::string resolve_device_kv_plane(const std::string& requested, const std::str
   if (requested == IpcDeviceKvPlane::kName && !is_cuda(device))
     throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc on --device " + device,
                 "cuda-ipc moves GPU engines' KV; CPU engines use socket (or auto)");
-  if (requested == IpcDeviceKvPlane::kName && tensor_parallel_size > 1)
-    throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc with --tensor-parallel-size > 1",
-                "tensor-parallel engines have no device KV plane yet: use none (the staged path)");
+  (void)tensor_parallel_size;  // a tensor-parallel engine's ranks copy rank to rank (same size at both ends)
   return requested;
 }
 
 namespace {
 
 // The cuda-ipc plane on `device` (a build with the CUDA backend only).
-std::shared_ptr<DeviceKvPlane> make_ipc_plane(const KvTransferOptions& options, const std::string& device) {
+std::shared_ptr<DeviceKvPlane> make_ipc_plane(const KvTransferOptions& options, const std::string& device,
+                                              int tensor_parallel_size) {
 #ifdef LOOM_HAVE_CUDA
+  std::vector<int> devices;  // the ranks' GPUs, as device_backend.cc places them: cuda:N, N+1, ...
+  for (int r = 0; r < tensor_parallel_size; ++r) devices.push_back(cuda_device_index(device) + r);
   IpcDeviceKvPlaneOptions plane;
   plane.host = options.host;
   plane.port = options.device_plane_port;
   plane.secret = options.secret;
   plane.peers = KvPeerAllowlist::parse(options.peers);
-  return std::make_shared<IpcDeviceKvPlane>(std::move(plane),
-                                            std::make_shared<cuda::CudaPeerKvCopier>(cuda_device_index(device)));
+  return std::make_shared<IpcDeviceKvPlane>(std::move(plane), std::make_shared<cuda::CudaPeerKvCopier>(devices));
 #else
   (void)options;
+  (void)tensor_parallel_size;
   throw Error(ErrorKind::kInvalidArgument, "--kv-device-plane cuda-ipc on --device " + device,
               "this build has no CUDA backend");
 #endif
@@ -120,7 +118,7 @@ server::KvTransferSetup prepare_kv_transfer(const KvTransferOptions& options, En
     socket.peers = KvPeerAllowlist::parse(options.peers);
     plane = std::make_shared<SocketDeviceKvPlane>(std::move(socket));
   } else if (plane_name == IpcDeviceKvPlane::kName) {
-    plane = make_ipc_plane(options, device);
+    plane = make_ipc_plane(options, device, tensor_parallel_size);
   }
   if (plane) {
     spdlog::info("KV transfer: device KV plane {} on {} (KV layer by layer into the decode engine's blocks; {})",

@@ -223,8 +223,9 @@ void add_kv_transfer_flags(CLI::App& app, KvTransferOptions& kv_transfer) {
                  "Device-to-device KV between prefill and decode engines (layer by layer into the decode engine's "
                  "reserved blocks, chosen by loom router when both engines report the same plane): none (staged "
                  "path only), auto (the plane the backend supports: cuda-ipc on a GPU engine, socket on a CPU one, "
-                 "none with tensor parallelism), cuda-ipc (GPU engines of one host: the prefill engine copies "
-                 "into the decode engine's pools through CUDA IPC, set up over the KV link's handshake) or socket "
+                 "with tensor parallelism too, rank to rank between engines of the same size), cuda-ipc (GPU engines of "
+                 "one host: the prefill engine copies into the decode engine's pools through CUDA IPC, set up over "
+                 "the KV link's handshake) or socket "
                  "(CPU engines, over TCP with the KV link's handshake and sealed messages)")
       ->check(CLI::IsMember({"auto", "none", "socket", "cuda-ipc"}))
       ->capture_default_str();

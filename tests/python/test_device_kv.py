@@ -10,7 +10,8 @@ refuses the send after the reservation gets the reservation cancelled (the
 router's request to the decode engine, sent beside the prefill, recomputes
 at once, long before a 300 s deadline; counted as a fallback), and so does
 one that fails the prefill (a stand-in PE answering 500: prefill_failed, no
-other PE tried); a reservation
+other PE tried); tensor-parallel engines (TP=2 at both ends) stream rank to
+rank and equal a TP=2 engine alone; a reservation
 nobody fills ends at its deadline and the decode engine recomputes; POST
 /loom/kv/reserve/cancel (signed; 404 for an unknown id) fails one at once;
 the send / receive fields are refused unsigned, and on an engine without a
@@ -136,6 +137,28 @@ class DevicePathTest(Deployment):
         prefilled = prefill.metrics()
         self.assertEqual(counter(prefilled, "loom_kv_device_transfers_total", direction="sent", outcome="ok"), requests)
         self.assertEqual(counter(prefilled, "loom_kv_link_blocks_total", direction="sent"), 0)
+
+    def test_tensor_parallel_engines_stream_rank_to_rank(self):
+        """TP=2 engines at both ends (each rank's KV into the peer's same rank; on a GPU machine every engine's
+        two ranks on LOOM_TEST_DEVICE and the next GPU): outputs equal a TP=2 engine alone, on the device path."""
+        tp = ["--tensor-parallel-size", "2"]
+        both = self.engine("both", tp)
+        prefill = self.engine("prefill", [*tp, *SOCKET])
+        decode = self.engine("decode", [*tp, *SOCKET], same_device=True)
+        router = self.router([prefill], [decode])
+        alone = openai.OpenAI(base_url=both.base_url + "/v1", api_key="unused", max_retries=0)
+        requests = 0
+        for model, prompt in self.jobs()[:6]:
+            with self.subTest(model=model, prompt=len(prompt)):
+                self.assertEqual(complete(router.client(), model, prompt), complete(alone, model, prompt))
+                requests += 1
+        samples = router.metrics()
+        self.assertEqual(counter(samples, "loom_router_kv_path_total", path="device"), requests)
+        self.assertEqual(counter(samples, "loom_router_kv_path_fallbacks_total"), 0)
+        decoded = decode.metrics()
+        self.assertEqual(counter(decoded, "loom_kv_device_transfers_total", direction="received", outcome="ok"),
+                         requests)
+        self.assertGreater(counter(decoded, "loom_kv_device_received_blocks_total"), 0)
 
     def test_with_the_plane_off_on_one_engine_the_staged_path_serves_and_the_fallback_is_counted(self):
         both = self.engine("both")

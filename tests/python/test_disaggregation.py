@@ -124,11 +124,12 @@ class Deployment(unittest.TestCase):
             server.cleanup()
         shutil.rmtree(self.disk, ignore_errors=True)
 
-    def engine(self, role, extra=(), secret_file=None):
+    def engine(self, role, extra=(), secret_file=None, same_device=False):
         args = [*ENGINE_ARGS, "--role", role, "--kv-transfer-secret-file", secret_file or self.secret_file, *extra]
         # On a GPU machine (bench/cuda/device_kv_check.sh): LOOM_TEST_DEVICE places the engines,
-        # LOOM_TEST_DECODE_DEVICE the decode engines (another GPU); CI leaves both unset (CPU).
-        device = os.environ.get("LOOM_TEST_DECODE_DEVICE" if role == "decode" else "LOOM_TEST_DEVICE") or \
+        # LOOM_TEST_DECODE_DEVICE the decode engines (another GPU) unless `same_device`; CI leaves both unset (CPU).
+        decode_device = role == "decode" and not same_device
+        device = os.environ.get("LOOM_TEST_DECODE_DEVICE" if decode_device else "LOOM_TEST_DEVICE") or \
             os.environ.get("LOOM_TEST_DEVICE")
         if device:
             args += ["--device", device, "--kv-cache-bytes", "1G"]  # several engines share a GPU

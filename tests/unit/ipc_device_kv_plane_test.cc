@@ -17,6 +17,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <set>
 #include <mutex>
 #include <thread>
 
@@ -38,13 +39,16 @@ constexpr int64_t kMainBytes = 24, kResidualBytes = 8;
 class HostPeerKvCopier final : public PeerKvCopier {
  public:
   std::string device_name() const override { return "host"; }
-  bool accepts(const KvPoolMemory& pool) const override { return pool.allocation != nullptr; }
-  std::vector<std::byte> export_allocation(const KvPoolMemory& pool) override {
+  bool accepts(const KvPoolMemory& pool) const override {
+    return static_cast<int32_t>(pool.allocations.size()) == pool.num_ranks;
+  }
+  std::vector<std::byte> export_allocation(const KvPoolMemory& pool, int32_t rank) override {
     std::vector<std::byte> handle(sizeof(std::byte*));
-    std::memcpy(handle.data(), &pool.allocation, sizeof(std::byte*));
+    std::memcpy(handle.data(), &pool.allocations.at(static_cast<size_t>(rank)), sizeof(std::byte*));
     return handle;
   }
-  std::byte* import(std::span<const std::byte> handle) override {
+  std::byte* import(int32_t rank, std::span<const std::byte> handle) override {
+    ranks_imported.insert(rank);
     if (handle.size() != sizeof(std::byte*)) fail(ErrorKind::kInvalidArgument, "not a host handle");
     std::byte* base = nullptr;
     std::memcpy(&base, handle.data(), sizeof(base));
@@ -52,8 +56,9 @@ class HostPeerKvCopier final : public PeerKvCopier {
     return base;
   }
   void after(const KvLayerFence&) override {}
-  void copy(std::byte* destination, const std::byte* source, int64_t bytes) override {
+  void copy(int32_t rank, std::byte* destination, const std::byte* source, int64_t bytes) override {
     std::lock_guard lock(mutex_);
+    ranks_copied.insert(rank);
     ++enqueued_;
     if (held_) {
       queue_.push_back({destination, source, bytes});
@@ -95,6 +100,7 @@ class HostPeerKvCopier final : public PeerKvCopier {
     return static_cast<int64_t>(queue_.size());
   }
   std::atomic<int> imports{0};
+  std::set<int32_t> ranks_imported, ranks_copied;  // read once the transfer settled
 
  private:
   struct Copy {
@@ -111,22 +117,32 @@ class HostPeerKvCopier final : public PeerKvCopier {
   Ticket next_ = 1;
 };
 
-// Pools laid out as the CUDA backend's: each pool one allocation, per layer K and V (main), one rCache array.
+// Pools laid out as the CUDA backend's: each pool one allocation per rank, per layer K and V (main), one
+// rCache array; a tensor-parallel group's (ranks > 1) as TensorParallelBackend::kv_pool_memory gives them: a
+// layer's arrays rank after rank, rank r's in its own allocation.
 struct Pools {
-  std::vector<std::byte> main_memory, residual_memory;
+  std::vector<std::vector<std::byte>> main_memory, residual_memory;  // [rank]
   KvPoolMemory main, residual;
 
-  explicit Pools(uint8_t seed) {
-    auto make = [&](KvPoolMemory& pool, std::vector<std::byte>& memory, int32_t arrays, int64_t bytes) {
-      pool.kind = KvPoolMemory::Kind::kCuda;  // as a GPU engine's; the host copier only reads `allocation`
-      pool.arrays_per_layer = arrays;
+  explicit Pools(uint8_t seed, int32_t ranks = 1) {
+    auto make = [&](KvPoolMemory& pool, std::vector<std::vector<std::byte>>& memory, int32_t arrays, int64_t bytes) {
+      pool.kind = KvPoolMemory::Kind::kCuda;  // as a GPU engine's; the host copier only reads `allocations`
+      pool.num_ranks = ranks;
+      pool.arrays_per_layer = arrays * ranks;
       pool.num_blocks = kBlocks;
       pool.bytes_per_block = bytes;
-      memory.resize(static_cast<size_t>(kLayers * arrays * kBlocks * bytes));
-      for (size_t b = 0; b < memory.size(); ++b)
-        memory[b] = seed == 0 ? std::byte{0} : static_cast<std::byte>((seed * 31 + b * 7 + b / 13) & 0xff);
-      pool.allocation = memory.data();
-      for (int32_t i = 0; i < kLayers * arrays; ++i) pool.arrays.push_back(memory.data() + i * kBlocks * bytes);
+      memory.resize(static_cast<size_t>(ranks));
+      for (int32_t r = 0; r < ranks; ++r) {
+        auto& part = memory[static_cast<size_t>(r)];
+        part.resize(static_cast<size_t>(kLayers * arrays * kBlocks * bytes));
+        for (size_t b = 0; b < part.size(); ++b)
+          part[b] = seed == 0 ? std::byte{0} : static_cast<std::byte>((seed * 31 + r * 101 + b * 7 + b / 13) & 0xff);
+        pool.allocations.push_back(part.data());
+      }
+      for (int32_t layer = 0; layer < kLayers; ++layer)
+        for (int32_t r = 0; r < ranks; ++r)
+          for (int32_t a = 0; a < arrays; ++a)
+            pool.arrays.push_back(memory[static_cast<size_t>(r)].data() + (layer * arrays + a) * kBlocks * bytes);
     };
     make(main, main_memory, 2, kMainBytes);
     make(residual, residual_memory, 1, kResidualBytes);
@@ -137,8 +153,9 @@ struct Pools {
   }
   bool all_zero() const {
     for (const auto* memory : {&main_memory, &residual_memory})
-      for (std::byte b : *memory)
-        if (b != std::byte{0}) return false;
+      for (const auto& part : *memory)
+        for (std::byte b : part)
+          if (b != std::byte{0}) return false;
     return true;
   }
 };
@@ -328,7 +345,52 @@ TEST_F(IpcDeviceKvPlaneTest, ADeadlineWithoutASenderFailsAndFreesAtOnce) {
   EXPECT_THROW(de_->bind_pools(KvPoolMemory{.kind = KvPoolMemory::Kind::kCuda, .device = 0, .arrays_per_layer = 2,
                                             .num_blocks = 1, .bytes_per_block = 8, .arrays = {nullptr, nullptr}},
                                {}),
-               Error);  // a pool the copier cannot export (no allocation)
+               Error);  // a pool the copier cannot export (no allocations)
+}
+
+
+// Two tensor-parallel ranks at each end: every rank's arrays go into the peer's same rank, through that rank's
+// copies and mapping; a TP=2 PE and a TP=1 DE are refused (no resharding).
+TEST(IpcDeviceKvPlaneTensorParallel, EachRanksArraysLandInThePeersSameRank) {
+  Pools pe_pools(7, 2), de_pools(0, 2), single(0, 1);
+  auto pe_copier = std::make_shared<HostPeerKvCopier>();
+  IpcDeviceKvPlane pe(options(), pe_copier), de(options(), std::make_shared<HostPeerKvCopier>()),
+      de_single(options(), std::make_shared<HostPeerKvCopier>());
+  pe.bind_pools(pe_pools.main, pe_pools.residual);
+  de.bind_pools(de_pools.main, de_pools.residual);
+  de_single.bind_pools(single.main, single.residual);
+  const DeviceKvDestination where = destination(21, /*forked=*/true);
+  de.expect({where, pe.endpoint().address, kLayers, std::chrono::steady_clock::now() + 10s});
+  ASSERT_TRUE(pe.begin_send(de.endpoint().address, where, kLayers));
+  for (int32_t layer = 0; layer < kLayers; ++layer)
+    ASSERT_TRUE(pe.send_layer(21, {layer, 0, kMainSources, kResidualSources, {}}));
+  pe.end_send(21, "");
+  const DeviceKvProgress progress = wait_settled(de, 21);
+  ASSERT_EQ(progress.state, State::kDone) << progress.failure;
+  EXPECT_EQ(progress.num_bytes_landed, 2 * kLayers * 4 * (2 * kMainBytes + kResidualBytes));
+  for (int32_t layer = 0; layer < kLayers; ++layer)
+    for (size_t i = 0; i < 4; ++i)
+      for (int32_t rank = 0; rank < 2; ++rank) {
+        for (int32_t kv = 0; kv < 2; ++kv)
+          EXPECT_EQ(Pools::block(de_pools.main, layer, rank * 2 + kv, where.main_blocks[i]),
+                    Pools::block(pe_pools.main, layer, rank * 2 + kv, kMainSources[i]))
+              << "layer " << layer << " rank " << rank;
+        EXPECT_EQ(Pools::block(de_pools.residual, layer, rank, where.residual_blocks[i]),
+                  Pools::block(pe_pools.residual, layer, rank, kResidualSources[i]));
+      }
+  EXPECT_EQ(pe_copier->ranks_imported, (std::set<int32_t>{0, 1}));
+  EXPECT_EQ(pe_copier->ranks_copied, (std::set<int32_t>{0, 1}));
+  EXPECT_TRUE(de.finish(21));
+
+  // TP=2 into TP=1: the open is refused on the layout, nothing is mapped or copied.
+  const DeviceKvDestination elsewhere = destination(22, /*forked=*/false);
+  de_single.expect({elsewhere, pe.endpoint().address, kLayers, std::chrono::steady_clock::now() + 10s});
+  ASSERT_TRUE(pe.begin_send(de_single.endpoint().address, elsewhere, kLayers));
+  const DeviceKvProgress refused = wait_settled(de_single, 22);
+  EXPECT_EQ(refused.state, State::kFailed);
+  EXPECT_NE(refused.failure.find("tensor-parallel size"), std::string::npos) << refused.failure;
+  pe.end_send(22, "");
+  EXPECT_TRUE(single.all_zero());
 }
 
 }  // namespace

@@ -110,12 +110,12 @@ TEST_F(ServeConfigTest, DefaultsOnTheCpu) {
 TEST_F(ServeConfigTest, DeviceKvPlaneAutoIsSocketOnASingleRankCpuEngineAndNoneOnCuda) {
   EXPECT_EQ(checked({"--role", "prefill", "--kv-device-plane", "socket"}).kv_transfer.device_plane, "socket");
   EXPECT_EQ(resolve_device_kv_plane("auto", "cpu", 1), "socket");
-  EXPECT_EQ(resolve_device_kv_plane("auto", "cpu", 2), "none");  // tensor-parallel: no layer notifications
+  EXPECT_EQ(resolve_device_kv_plane("auto", "cpu", 2), "socket");  // the group's ranks, rank to rank
   EXPECT_EQ(resolve_device_kv_plane("auto", "cuda:0", 1), "cuda-ipc");
-  EXPECT_EQ(resolve_device_kv_plane("auto", "cuda:0", 2), "none");
+  EXPECT_EQ(resolve_device_kv_plane("auto", "cuda:0", 2), "cuda-ipc");
   EXPECT_EQ(resolve_device_kv_plane("cuda-ipc", "cuda:1", 1), "cuda-ipc");
   EXPECT_THROW(resolve_device_kv_plane("cuda-ipc", "cpu", 1), Error);
-  EXPECT_THROW(resolve_device_kv_plane("cuda-ipc", "cuda:0", 2), Error);
+  EXPECT_EQ(resolve_device_kv_plane("cuda-ipc", "cuda:0", 2), "cuda-ipc");
   EXPECT_EQ(resolve_device_kv_plane("none", "cpu", 1), "none");
   EXPECT_THROW(resolve_device_kv_plane("socket", "cuda:1", 1), Error);
 }

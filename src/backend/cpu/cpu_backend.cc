@@ -154,7 +154,11 @@ ForwardResult CpuBackend::forward(const Batch& batch) {
   for (int layer = 0; layer < config_.num_layers; ++layer) {
     attention_block(layer, batch);
     // attention_block wrote this layer's K/V (and rCache) for the step: nothing later touches them.
-    if (batch.kv_layer_listener != nullptr) batch.kv_layer_listener->layer_written(layer, KvLayerFence{});
+    if (batch.kv_layer_listener != nullptr) {
+      KvLayerFence written;  // nothing to wait for on the CPU
+      written.rank = rank_.shard.rank;
+      batch.kv_layer_listener->layer_written(layer, written);
+    }
     mlp_block(layer);
     if (batch.capture_hidden_states) capture_hidden_states(layer + 1, result);
   }

@@ -22,54 +22,73 @@ std::string uuid_text(const cudaUUID_t& uuid) {
 
 }  // namespace
 
-CudaPeerKvCopier::CudaPeerKvCopier(int device) : device_(device) {
-  LOOM_CUDA_CHECK(cudaSetDevice(device_));
-  cudaDeviceProp properties{};
-  LOOM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device_));
-  name_ = uuid_text(properties.uuid);
-  LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+CudaPeerKvCopier::CudaPeerKvCopier(std::vector<int> devices)
+    : devices_(std::move(devices)), spare_events_(devices_.size()) {
+  if (devices_.empty()) fail(ErrorKind::kInvalidArgument, "cuda-ipc: a copier with no device");
+  for (int device : devices_) {
+    LOOM_CUDA_CHECK(cudaSetDevice(device));
+    cudaDeviceProp properties{};
+    LOOM_CUDA_CHECK(cudaGetDeviceProperties(&properties, device));
+    name_ += (name_.empty() ? "" : ",") + uuid_text(properties.uuid);
+    cudaStream_t stream = nullptr;
+    LOOM_CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    streams_.push_back(stream);
+  }
 }
 
 CudaPeerKvCopier::~CudaPeerKvCopier() {
-  cudaSetDevice(device_);
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  for (auto& [ticket, event] : tickets_) cudaEventDestroy(event);
-  for (cudaEvent_t event : spare_events_) cudaEventDestroy(event);
-  for (auto& [handle, base] : mappings_) cudaIpcCloseMemHandle(base);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    cudaSetDevice(devices_[r]);
+    cudaStreamSynchronize(streams_[r]);
+  }
+  for (auto& [ticket, events] : tickets_)
+    for (cudaEvent_t event : events) cudaEventDestroy(event);
+  for (auto& events : spare_events_)
+    for (cudaEvent_t event : events) cudaEventDestroy(event);
+  for (auto& [key, base] : mappings_) {
+    cudaSetDevice(devices_[static_cast<size_t>(key.first)]);
+    cudaIpcCloseMemHandle(base);
+  }
+  for (cudaStream_t stream : streams_) cudaStreamDestroy(stream);
 }
 
 bool CudaPeerKvCopier::accepts(const KvPoolMemory& pool) const {
-  return pool.kind == KvPoolMemory::Kind::kCuda && pool.device == device_ && pool.allocation != nullptr;
+  if (pool.kind != KvPoolMemory::Kind::kCuda || pool.num_ranks != static_cast<int32_t>(devices_.size()) ||
+      pool.allocations.size() != devices_.size())
+    return false;
+  const std::vector<int32_t> devices = pool.devices.empty() ? std::vector<int32_t>{pool.device} : pool.devices;
+  for (size_t r = 0; r < devices_.size(); ++r)
+    if (r >= devices.size() || devices[r] != devices_[r] || pool.allocations[r] == nullptr) return false;
+  return true;
 }
 
-std::vector<std::byte> CudaPeerKvCopier::export_allocation(const KvPoolMemory& pool) {
-  if (!accepts(pool))
-    fail(ErrorKind::kInvalidArgument, "cuda-ipc: the pool is not device {}'s whole allocation", device_);
+std::vector<std::byte> CudaPeerKvCopier::export_allocation(const KvPoolMemory& pool, int32_t rank) {
+  if (!accepts(pool) || rank < 0 || rank >= static_cast<int32_t>(devices_.size()))
+    fail(ErrorKind::kInvalidArgument, "cuda-ipc: the pool is not this copier's devices' allocations");
   std::lock_guard lock(mutex_);
-  LOOM_CUDA_CHECK(cudaSetDevice(device_));
+  LOOM_CUDA_CHECK(cudaSetDevice(devices_[static_cast<size_t>(rank)]));
   cudaIpcMemHandle_t handle{};
-  LOOM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, pool.allocation));
+  LOOM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, pool.allocations[static_cast<size_t>(rank)]));
   std::vector<std::byte> bytes(sizeof(handle));
   std::memcpy(bytes.data(), &handle, sizeof(handle));
   return bytes;
 }
 
-std::byte* CudaPeerKvCopier::import(std::span<const std::byte> handle) {
-  if (handle.size() != sizeof(cudaIpcMemHandle_t))
-    fail(ErrorKind::kInvalidArgument, "cuda-ipc: a handle of {} bytes, not {}", handle.size(),
-         sizeof(cudaIpcMemHandle_t));
+std::byte* CudaPeerKvCopier::import(int32_t rank, std::span<const std::byte> handle) {
+  if (handle.size() != sizeof(cudaIpcMemHandle_t) || rank < 0 || rank >= static_cast<int32_t>(devices_.size()))
+    fail(ErrorKind::kInvalidArgument, "cuda-ipc: a handle of {} bytes for rank {}", handle.size(), rank);
   std::lock_guard lock(mutex_);
-  const std::string key(reinterpret_cast<const char*>(handle.data()), handle.size());
+  const auto key = std::make_pair(rank, std::string(reinterpret_cast<const char*>(handle.data()), handle.size()));
   if (auto it = mappings_.find(key); it != mappings_.end()) return static_cast<std::byte*>(it->second);
-  LOOM_CUDA_CHECK(cudaSetDevice(device_));
+  const int device = devices_[static_cast<size_t>(rank)];
+  LOOM_CUDA_CHECK(cudaSetDevice(device));
   cudaIpcMemHandle_t ipc{};
   std::memcpy(&ipc, handle.data(), sizeof(ipc));
   void* base = nullptr;
   const cudaError_t status = cudaIpcOpenMemHandle(&base, ipc, cudaIpcMemLazyEnablePeerAccess);
   if (status != cudaSuccess) {
     cudaGetLastError();  // not sticky: clear it
-    fail(ErrorKind::kUnsupported, "cuda-ipc: cannot map the peer's KV pool from device {}: {}", device_,
+    fail(ErrorKind::kUnsupported, "cuda-ipc: cannot map the peer's KV pool from device {}: {}", device,
          cudaGetErrorString(status));
   }
   mappings_[key] = base;
@@ -77,49 +96,60 @@ std::byte* CudaPeerKvCopier::import(std::span<const std::byte> handle) {
 }
 
 void CudaPeerKvCopier::after(const KvLayerFence& fence) {
-  if (fence.event == nullptr) return;
   std::lock_guard lock(mutex_);
-  LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, static_cast<cudaEvent_t>(fence.event), 0));
+  if (fence.num_ranks == 0) {
+    if (fence.event != nullptr) LOOM_CUDA_CHECK(cudaStreamWaitEvent(streams_[0], static_cast<cudaEvent_t>(fence.event), 0));
+    return;
+  }
+  for (int32_t r = 0; r < fence.num_ranks && r < static_cast<int32_t>(streams_.size()); ++r)
+    if (fence.rank_events[static_cast<size_t>(r)] != nullptr)
+      LOOM_CUDA_CHECK(cudaStreamWaitEvent(streams_[static_cast<size_t>(r)],
+                                          static_cast<cudaEvent_t>(fence.rank_events[static_cast<size_t>(r)]), 0));
 }
 
-void CudaPeerKvCopier::copy(std::byte* destination, const std::byte* source, int64_t bytes) {
+void CudaPeerKvCopier::copy(int32_t rank, std::byte* destination, const std::byte* source, int64_t bytes) {
   std::lock_guard lock(mutex_);
-  LOOM_CUDA_CHECK(cudaSetDevice(device_));
-  LOOM_CUDA_CHECK(cudaMemcpyAsync(destination, source, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice, stream_));
+  LOOM_CUDA_CHECK(cudaSetDevice(devices_.at(static_cast<size_t>(rank))));
+  LOOM_CUDA_CHECK(cudaMemcpyAsync(destination, source, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
+                                  streams_[static_cast<size_t>(rank)]));
 }
 
 PeerKvCopier::Ticket CudaPeerKvCopier::record() {
   std::lock_guard lock(mutex_);
-  LOOM_CUDA_CHECK(cudaSetDevice(device_));
-  cudaEvent_t event = nullptr;
-  if (spare_events_.empty()) {
-    LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
-  } else {
-    event = spare_events_.back();
-    spare_events_.pop_back();
+  std::vector<cudaEvent_t> events;
+  for (size_t r = 0; r < devices_.size(); ++r) {
+    LOOM_CUDA_CHECK(cudaSetDevice(devices_[r]));
+    cudaEvent_t event = nullptr;
+    if (spare_events_[r].empty()) {
+      LOOM_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));
+    } else {
+      event = spare_events_[r].back();
+      spare_events_[r].pop_back();
+    }
+    LOOM_CUDA_CHECK(cudaEventRecord(event, streams_[r]));
+    events.push_back(event);
   }
-  LOOM_CUDA_CHECK(cudaEventRecord(event, stream_));
   const Ticket ticket = next_ticket_++;
-  tickets_[ticket] = event;
+  tickets_[ticket] = std::move(events);
   return ticket;
 }
 
-cudaEvent_t CudaPeerKvCopier::event_of(Ticket ticket) {
+std::vector<cudaEvent_t> CudaPeerKvCopier::events_of(Ticket ticket) {
   std::lock_guard lock(mutex_);
   auto it = tickets_.find(ticket);
-  return it == tickets_.end() ? nullptr : it->second;
+  return it == tickets_.end() ? std::vector<cudaEvent_t>{} : it->second;
 }
 
 void CudaPeerKvCopier::wait(Ticket ticket) {
-  cudaEvent_t event = event_of(ticket);  // synchronised outside the lock: other threads enqueue meanwhile
-  if (event != nullptr) LOOM_CUDA_CHECK(cudaEventSynchronize(event));
+  // Synchronised outside the lock: other threads enqueue meanwhile.
+  for (cudaEvent_t event : events_of(ticket)) LOOM_CUDA_CHECK(cudaEventSynchronize(event));
 }
 
 void CudaPeerKvCopier::release(Ticket ticket) {
   std::lock_guard lock(mutex_);
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) return;
-  spare_events_.push_back(it->second);
+  for (size_t r = 0; r < it->second.size(); ++r) spare_events_[r].push_back(it->second[r]);
   tickets_.erase(it);
 }
 

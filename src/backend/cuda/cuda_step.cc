@@ -98,7 +98,8 @@ KvPoolMemory CudaBackend::kv_pool_memory(KvPoolKind pool) {
   const HostKvTier::DevicePool arrays = pools_.device_pool(pool);  // array a at data + a * stride
   for (int32_t a = 0; a < pools_.num_arrays(pool); ++a)
     memory.arrays.push_back(static_cast<std::byte*>(arrays.data) + static_cast<size_t>(a) * arrays.array_stride_bytes);
-  memory.allocation = static_cast<std::byte*>(main ? pools_.main_allocation() : pools_.residual_allocation());
+  memory.devices = {device_};
+  memory.allocations = {static_cast<std::byte*>(main ? pools_.main_allocation() : pools_.residual_allocation())};
   return memory;
 }
 

@@ -134,7 +134,10 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
   launch_qkv_postprocess(post, chain());
   if (step_.kv_listener != nullptr) {  // this layer's K/V (and rCache) writes are all enqueued
     LOOM_CUDA_CHECK(cudaEventRecord(step_.layer_events[layer], stream));
-    step_.kv_listener->layer_written(layer, KvLayerFence{step_.layer_events[layer]});
+    KvLayerFence fence;
+    fence.event = step_.layer_events[layer];
+    fence.rank = parts_.rank.shard.rank;
+    step_.kv_listener->layer_written(layer, fence);
   }
 
   attention(layer);

@@ -33,10 +33,12 @@ void IpcDeviceKvPlane::bind_pools(const KvPoolMemory& main, const KvPoolMemory& 
     Exported result;
     if (pool.empty()) return result;
     if (!copier_->accepts(pool))
-      fail(ErrorKind::kUnsupported, "the cuda-ipc device KV plane moves one GPU's pools (its copier's device); "
-                                    "this engine's pool is elsewhere");
-    result.handle = copier_->export_allocation(pool);
-    for (std::byte* array : pool.arrays) result.offsets.push_back(static_cast<uint64_t>(array - pool.allocation));
+      fail(ErrorKind::kUnsupported, "the cuda-ipc device KV plane moves its copier's GPUs' pools (one per "
+                                    "tensor-parallel rank); this engine's pool is elsewhere");
+    for (int32_t rank = 0; rank < pool.num_ranks; ++rank) result.handles.push_back(copier_->export_allocation(pool, rank));
+    for (size_t a = 0; a < pool.arrays.size(); ++a)
+      result.offsets.push_back(
+          static_cast<uint64_t>(pool.arrays[a] - pool.allocations[static_cast<size_t>(pool.rank_of_array(a))]));
     return result;
   };
   Exported main_export = exported(main), residual_export = exported(residual);

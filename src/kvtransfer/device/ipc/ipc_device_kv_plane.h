@@ -11,9 +11,10 @@
 // the socket plane's handshake and sealed messages, socket_device_kv_plane.h):
 //   'O' open    as the socket plane's (id, layers, blocks, the block layout,
 //               the sender's address) -> u8 accepted; refused: a reason;
-//               accepted: per pool (main, then rCache) u32 handle bytes, the
-//               handle, u32 arrays, one u64 offset per array from the
-//               allocation's base (no rCache: 0, 0).
+//               accepted: per pool (main, then rCache) u32 ranks, per rank
+//               u32 handle bytes and the handle of its allocation, u32
+//               arrays, one u64 offset per array from its rank's allocation
+//               (no rCache: 0 ranks, 0 arrays).
 //   'L' landed  u32 layer, u32 first block, u32 count: the PE's copies of
 //               that piece ran (it waited on their ticket); nothing else.
 //   'E' end     as the socket plane's; sent after every copy ran.
@@ -42,6 +43,11 @@
 // closes (a PE process that dies takes its copies with it); until then the
 // engine keeps the blocks out of its pools. A PE that neither answers nor
 // closes within io_timeout_seconds leaves them out for good (logged).
+//
+// Tensor parallelism: a TP=N engine's pools are N ranks' (KvPoolMemory
+// num_ranks, a layer's arrays rank after rank); the open's layout check makes
+// both engines the same TP size (no resharding), and rank r's arrays go into
+// the peer's rank r on rank r's copy stream.
 //
 // Trust (docs/disaggregation.md "Trust model"): only a peer that passed the
 // shared-secret handshake and opened a transfer this DE expects, from the
@@ -121,8 +127,8 @@ class IpcDeviceKvPlane final : public DeviceKvPlane {
 
  private:
   struct Exported {  // a bound pool as the open's answer gives it
-    std::vector<std::byte> handle;
-    std::vector<uint64_t> offsets;
+    std::vector<std::vector<std::byte>> handles;  // [rank]: its allocation's
+    std::vector<uint64_t> offsets;                // [array]: from its rank's allocation
   };
   struct Incoming {
     std::string peer;

@@ -113,13 +113,16 @@ void IpcDeviceKvPlane::serve(int fd) {
                  (forked && (static_cast<int32_t>(residual_arrays) != residual_.arrays_per_layer ||
                              static_cast<int64_t>(residual_bytes) != residual_.bytes_per_block)) ||
                  (!forked && residual_arrays != 0)) {
-        refusal = "the engines lay a block out differently (model, dtype, block size or rank differ)";
+        refusal = "the engines lay a block out differently (model, dtype, block size, adapter rank or "
+                  "tensor-parallel size differ)";
       } else {
         transfer.opened = true;
         transfer.writing = true;  // from the answer on, the peer may write
         answer.bytes.push_back(std::byte{1});
         auto pool = [&](const Exported& exported) {
-          answer.u32(static_cast<uint32_t>(exported.handle.size())).raw(exported.handle);
+          answer.u32(static_cast<uint32_t>(exported.handles.size()));
+          for (const std::vector<std::byte>& handle : exported.handles)
+            answer.u32(static_cast<uint32_t>(handle.size())).raw(handle);
           answer.u32(static_cast<uint32_t>(exported.offsets.size()));
           for (uint64_t offset : exported.offsets) answer.u64(offset);
         };

@@ -89,7 +89,7 @@ void IpcDeviceKvPlane::enqueue_copies(Outgoing& out, const Piece& piece) {
     for (int32_t a = 0; a < pool.arrays_per_layer; ++a) {
       const size_t array = static_cast<size_t>(piece.layer) * pool.arrays_per_layer + a;
       for (const DeviceKvBlockRun& run : runs) {
-        copier_->copy(remote[array] + run.destination * pool.bytes_per_block,
+        copier_->copy(pool.rank_of_array(array), remote[array] + run.destination * pool.bytes_per_block,
                       pool.arrays[array] + run.source * pool.bytes_per_block, run.count * pool.bytes_per_block);
         bytes += run.count * pool.bytes_per_block;
       }
@@ -211,18 +211,30 @@ void IpcDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
   }
   // The answer's pools: handle, offsets; mapped here (the copier keeps a mapping for later transfers).
   auto map_pool = [&](const KvPoolMemory& local, std::vector<std::byte*>& remote, bool used) {
-    uint32_t handle_bytes = 0, arrays = 0;
-    if (!reader.u32(handle_bytes) || handle_bytes > 4096) return std::string("a malformed answer");
-    std::vector<std::byte> handle(handle_bytes);
-    if (!reader.raw(handle) || !reader.u32(arrays)) return std::string("a malformed answer");
+    uint32_t ranks = 0, arrays = 0;
+    if (!reader.u32(ranks) || ranks > static_cast<uint32_t>(KvLayerFence::kMaxRanks))
+      return std::string("a malformed answer");
+    if (used && ranks != static_cast<uint32_t>(local.num_ranks))
+      return fmt::format("the decode engine has {} tensor-parallel ranks, this one {}", ranks, local.num_ranks);
+    std::vector<std::vector<std::byte>> handles(ranks);
+    for (auto& handle : handles) {
+      uint32_t handle_bytes = 0;
+      if (!reader.u32(handle_bytes) || handle_bytes > 4096) return std::string("a malformed answer");
+      handle.resize(handle_bytes);
+      if (!reader.raw(handle)) return std::string("a malformed answer");
+    }
+    if (!reader.u32(arrays)) return std::string("a malformed answer");
     if (arrays != (used ? local.arrays.size() : 0))
       return fmt::format("the decode engine's pool has {} arrays, this one {}", arrays, local.arrays.size());
     std::vector<uint64_t> offsets(arrays);
     for (uint64_t& offset : offsets)
       if (!reader.u64(offset)) return std::string("a malformed answer");
     if (arrays == 0) return std::string();
-    std::byte* base = copier_->import(handle);
-    for (uint64_t offset : offsets) remote.push_back(base + offset);
+    std::vector<std::byte*> bases;
+    for (uint32_t rank = 0; rank < ranks; ++rank)
+      bases.push_back(copier_->import(static_cast<int32_t>(rank), handles[rank]));
+    for (size_t a = 0; a < offsets.size(); ++a)
+      remote.push_back(bases[static_cast<size_t>(local.rank_of_array(a))] + offsets[a]);
     return std::string();
   };
   std::vector<std::byte*> remote_main, remote_residual;
