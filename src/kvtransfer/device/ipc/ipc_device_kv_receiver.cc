@@ -28,11 +28,7 @@ void IpcDeviceKvPlane::expect(const DeviceKvExpectation& expectation) {
   const DeviceKvDestination& destination = expectation.destination;
   if (incoming_.count(destination.id))
     fail(ErrorKind::kInvalidArgument, "device KV transfer {} is already expected", destination.id);
-  const bool forked = !destination.residual_blocks.empty();
-  if (!ids_in_pool(destination.main_blocks, main_) ||
-      (forked && (destination.residual_blocks.size() != destination.main_blocks.size() ||
-                  !ids_in_pool(destination.residual_blocks, residual_))))
-    fail(ErrorKind::kInvalidArgument, "device KV transfer {}: block ids outside the bound pools", destination.id);
+  check_destination(destination, main_, residual_);
   Incoming incoming{expectation.peer, destination,
                     DeviceKvAssembly(expectation.num_layers, destination.num_blocks(), expectation.deadline),
                     expectation.deadline};
@@ -66,30 +62,17 @@ bool IpcDeviceKvPlane::quiesced(DeviceKvTransferId id) const {
 }
 
 void IpcDeviceKvPlane::serve(int fd) {
-  kvlink::set_timeouts(fd, std::min(kHandshakeTimeoutSeconds, options_.io_timeout_seconds));
-  kvlink::HandshakeFailure handshake = kvlink::HandshakeFailure::kNone;
-  std::optional<kvlink::Session> session = kvlink::server_handshake(fd, options_.secret, handshake);
-  if (!session) {
-    {
-      std::lock_guard lock(mutex_);
-      ++stats_.refused_connections;
-    }
-    spdlog::warn("device KV plane cuda-ipc on port {}: refused a connection: {}", sockets_.port(),
-                 kvlink::handshake_failure_text(handshake));
-    return;
+  OpenRequest open;
+  bool refused = false;
+  std::optional<kvlink::Session> session =
+      receive_open(fd, options_.secret, options_.io_timeout_seconds, "cuda-ipc", sockets_.port(), open, refused);
+  if (refused) {
+    std::lock_guard lock(mutex_);
+    ++stats_.refused_connections;
   }
-  kvlink::set_timeouts(fd, options_.io_timeout_seconds);
-  std::vector<std::byte> body;
-  if (session->receive(fd, body, kMaxControlBytes) != kvlink::Session::Received::kOk) return;
-  kvlink::MessageReader open(body);
-  uint8_t op = 0;
-  uint64_t id = 0, main_bytes = 0, residual_bytes = 0;
-  uint32_t layers = 0, blocks = 0, main_arrays = 0, residual_arrays = 0;
-  if (!open.u8(op) || op != static_cast<uint8_t>(kOpOpen) || !open.u64(id) || !open.u32(layers) || !open.u32(blocks) ||
-      !open.u32(main_arrays) || !open.u64(main_bytes) || !open.u32(residual_arrays) || !open.u64(residual_bytes) ||
-      open.remaining() > kMaxAddressBytes)
-    return;
-  const std::string sender = text_of(open);
+  if (!session) return;
+  const uint64_t id = open.id;
+  const std::string& sender = open.sender;
   std::string refusal;
   kvlink::MessageWriter answer;
   {
@@ -97,25 +80,12 @@ void IpcDeviceKvPlane::serve(int fd) {
     auto it = incoming_.find(id);
     if (it == incoming_.end() || it->second.stopping) {
       refusal = fmt::format("transfer {} is not expected here", id);
-    } else if (it->second.peer != sender) {
-      refusal = fmt::format("transfer {} is expected from {}, not {}", id, it->second.peer, sender);
     } else {
       Incoming& transfer = it->second;
       const bool forked = !transfer.destination.residual_blocks.empty();
-      if (transfer.opened) {
-        refusal = "the transfer was opened before";
-      } else if (static_cast<int32_t>(layers) != transfer.assembly.num_layers() ||
-                 static_cast<int32_t>(blocks) != transfer.destination.num_blocks()) {
-        refusal = fmt::format("the sender has {} layers x {} blocks, the reservation {} x {}", layers, blocks,
-                              transfer.assembly.num_layers(), transfer.destination.num_blocks());
-      } else if (static_cast<int32_t>(main_arrays) != main_.arrays_per_layer ||
-                 static_cast<int64_t>(main_bytes) != main_.bytes_per_block ||
-                 (forked && (static_cast<int32_t>(residual_arrays) != residual_.arrays_per_layer ||
-                             static_cast<int64_t>(residual_bytes) != residual_.bytes_per_block)) ||
-                 (!forked && residual_arrays != 0)) {
-        refusal = "the engines lay a block out differently (model, dtype, block size, adapter rank or "
-                  "tensor-parallel size differ)";
-      } else {
+      refusal = open_refusal(open, transfer.peer, transfer.opened, transfer.assembly.num_layers(),
+                             transfer.destination, main_, residual_);
+      if (refusal.empty()) {
         transfer.opened = true;
         transfer.writing = true;  // from the answer on, the peer may write
         answer.bytes.push_back(std::byte{1});
@@ -129,7 +99,8 @@ void IpcDeviceKvPlane::serve(int fd) {
         pool(main_export_);
         pool(forked ? residual_export_ : Exported{});
       }
-      if (!refusal.empty()) transfer.assembly.fail("refused the sender: " + refusal);
+      // An open from another address leaves the transfer to the peer the reservation named.
+      if (!refusal.empty() && transfer.peer == sender) transfer.assembly.fail("refused the sender: " + refusal);
     }
     if (!refusal.empty()) ++stats_.rejected_opens;
   }

@@ -23,11 +23,7 @@ void SocketDeviceKvPlane::expect(const DeviceKvExpectation& expectation) {
   const DeviceKvDestination& destination = expectation.destination;
   if (incoming_.count(destination.id))
     fail(ErrorKind::kInvalidArgument, "device KV transfer {} is already expected", destination.id);
-  const bool forked = !destination.residual_blocks.empty();
-  if (!ids_in_pool(destination.main_blocks, main_) ||
-      (forked && (destination.residual_blocks.size() != destination.main_blocks.size() ||
-                  !ids_in_pool(destination.residual_blocks, residual_))))
-    fail(ErrorKind::kInvalidArgument, "device KV transfer {}: block ids outside the bound pools", destination.id);
+  check_destination(destination, main_, residual_);
   incoming_.emplace(destination.id,
                     Incoming{expectation.peer, destination,
                              DeviceKvAssembly(expectation.num_layers, destination.num_blocks(), expectation.deadline),
@@ -78,30 +74,17 @@ bool SocketDeviceKvPlane::land_piece(DeviceKvTransferId id, std::span<const std:
 }
 
 void SocketDeviceKvPlane::serve(int fd) {
-  kvlink::set_timeouts(fd, std::min(kHandshakeTimeoutSeconds, options_.io_timeout_seconds));
-  kvlink::HandshakeFailure handshake = kvlink::HandshakeFailure::kNone;
-  std::optional<kvlink::Session> session = kvlink::server_handshake(fd, options_.secret, handshake);
-  if (!session) {
-    {
-      std::lock_guard lock(mutex_);
-      ++stats_.refused_connections;
-    }
-    spdlog::warn("device KV plane on port {}: refused a connection: {}", sockets_.port(),
-                 kvlink::handshake_failure_text(handshake));
-    return;
+  OpenRequest open;
+  bool refused = false;
+  std::optional<kvlink::Session> session =
+      receive_open(fd, options_.secret, options_.io_timeout_seconds, "socket", sockets_.port(), open, refused);
+  if (refused) {
+    std::lock_guard lock(mutex_);
+    ++stats_.refused_connections;
   }
-  kvlink::set_timeouts(fd, options_.io_timeout_seconds);
-  std::vector<std::byte> body;
-  if (session->receive(fd, body, kMaxControlBytes) != kvlink::Session::Received::kOk) return;
-  kvlink::MessageReader open(body);
-  uint8_t op = 0;
-  uint64_t id = 0, main_bytes = 0, residual_bytes = 0;
-  uint32_t layers = 0, blocks = 0, main_arrays = 0, residual_arrays = 0;
-  if (!open.u8(op) || op != static_cast<uint8_t>(kOpOpen) || !open.u64(id) || !open.u32(layers) || !open.u32(blocks) ||
-      !open.u32(main_arrays) || !open.u64(main_bytes) || !open.u32(residual_arrays) || !open.u64(residual_bytes) ||
-      open.remaining() > kMaxAddressBytes)
-    return;
-  const std::string sender = text_of(open);
+  if (!session) return;
+  const uint64_t id = open.id;
+  const std::string& sender = open.sender;
   std::string refusal;
   uint32_t max_body = 0;
   std::chrono::steady_clock::time_point deadline;
@@ -110,33 +93,23 @@ void SocketDeviceKvPlane::serve(int fd) {
     auto it = incoming_.find(id);
     if (it == incoming_.end()) {
       refusal = fmt::format("transfer {} is not expected here", id);
-    } else if (it->second.peer != sender) {
-      refusal = fmt::format("transfer {} is expected from {}, not {}", id, it->second.peer, sender);
     } else {
       Incoming& transfer = it->second;
       const bool forked = !transfer.destination.residual_blocks.empty();
-      if (transfer.opened) {
-        refusal = "the transfer is open on another connection";
-      } else if (static_cast<int32_t>(layers) != transfer.assembly.num_layers() ||
-                 static_cast<int32_t>(blocks) != transfer.destination.num_blocks()) {
-        refusal = fmt::format("the sender has {} layers x {} blocks, the reservation {} x {}", layers, blocks,
-                              transfer.assembly.num_layers(), transfer.destination.num_blocks());
-      } else if (static_cast<int32_t>(main_arrays) != main_.arrays_per_layer ||
-                 static_cast<int64_t>(main_bytes) != main_.bytes_per_block ||
-                 (forked && (static_cast<int32_t>(residual_arrays) != residual_.arrays_per_layer ||
-                             static_cast<int64_t>(residual_bytes) != residual_.bytes_per_block)) ||
-                 (!forked && residual_arrays != 0)) {
-        refusal = "the engines lay a block out differently (model, dtype, block size or rank differ)";
-      } else {
+      refusal = open_refusal(open, transfer.peer, transfer.opened, transfer.assembly.num_layers(),
+                             transfer.destination, main_, residual_);
+      if (refusal.empty()) {
         transfer.opened = true;
         deadline = transfer.deadline;
-        const int64_t block_bytes = piece_block_bytes(main_arrays, static_cast<int64_t>(main_bytes),
-                                                      forked ? residual_arrays : 0, static_cast<int64_t>(residual_bytes));
-        const int64_t largest = static_cast<int64_t>(kLayerHeaderBytes) + static_cast<int64_t>(blocks) * block_bytes;
+        const int64_t block_bytes =
+            piece_block_bytes(open.main_arrays, static_cast<int64_t>(open.main_bytes), forked ? open.residual_arrays : 0,
+                              static_cast<int64_t>(open.residual_bytes));
+        const int64_t largest = static_cast<int64_t>(kLayerHeaderBytes) + static_cast<int64_t>(open.blocks) * block_bytes;
         if (largest > int64_t{0xFFFFFFFF} - 64) refusal = "a layer of this transfer is too large for one message";
         max_body = static_cast<uint32_t>(std::min<int64_t>(largest, 0xFFFFFFFF));
       }
-      if (!refusal.empty()) transfer.assembly.fail("refused the sender: " + refusal);
+      // An open from another address leaves the transfer to the peer the reservation named.
+      if (!refusal.empty() && transfer.peer == sender) transfer.assembly.fail("refused the sender: " + refusal);
     }
     if (!refusal.empty()) ++stats_.rejected_pieces;
   }
@@ -155,6 +128,7 @@ void SocketDeviceKvPlane::serve(int fd) {
     auto it = incoming_.find(id);
     if (it != incoming_.end()) it->second.assembly.fail(why);
   };
+  std::vector<std::byte> body;
   while (!sockets_.stopping()) {
     const kvlink::Session::Received received = session->receive(fd, body, max_body);
     if (received == kvlink::Session::Received::kForged) {

@@ -38,11 +38,7 @@ void SocketDeviceKvPlane::wake_senders() {
 
 bool SocketDeviceKvPlane::begin_send(const std::string& peer, const DeviceKvDestination& destination,
                                      int32_t num_layers) {
-  if (!options_.peers.allows(peer)) {
-    spdlog::warn("device KV transfer {}: {} is not an allowed peer ({}): not sent", destination.id, peer,
-                 options_.peers.describe());
-    return false;
-  }
+  if (!peer_allowed(options_.peers, peer, destination.id)) return false;
   auto outgoing = std::make_shared<Outgoing>();
   outgoing->id = destination.id;
   outgoing->peer = peer;
@@ -50,8 +46,7 @@ bool SocketDeviceKvPlane::begin_send(const std::string& peer, const DeviceKvDest
   outgoing->num_layers = num_layers;
   {
     std::lock_guard lock(mutex_);
-    if (sockets_.stopping() || main_.empty() || main_.num_layers() != num_layers || outgoing_.count(destination.id) ||
-        (!destination.residual_blocks.empty() && residual_.empty()))
+    if (sockets_.stopping() || outgoing_.count(destination.id) || !can_send(main_, residual_, num_layers, destination))
       return false;
     outgoing_[destination.id] = outgoing;
   }
@@ -123,15 +118,10 @@ void SocketDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
   }
   {
     std::lock_guard lock(mutex_);
-    const bool forked = !out.destination.residual_blocks.empty();
-    kvlink::MessageWriter open;
-    open.op(kOpOpen).u64(out.id).u32(static_cast<uint32_t>(out.num_layers))
-        .u32(static_cast<uint32_t>(out.destination.num_blocks())).u32(static_cast<uint32_t>(main_.arrays_per_layer))
-        .u64(static_cast<uint64_t>(main_.bytes_per_block)).u32(forked ? residual_.arrays_per_layer : 0)
-        .u64(forked ? static_cast<uint64_t>(residual_.bytes_per_block) : 0)
-        .raw(kvlink::as_bytes(sockets_.address()));
+    const std::vector<std::byte> open =
+        write_open(out.destination, out.num_layers, main_, residual_, sockets_.address());
     failure.clear();
-    if (!session->send(fd, open.bytes)) failure = "the connection failed";
+    if (!session->send(fd, open)) failure = "the connection failed";
   }
   std::vector<std::byte> answer;
   if (failure.empty() && session->receive(fd, answer, kMaxControlBytes) != kvlink::Session::Received::kOk)
