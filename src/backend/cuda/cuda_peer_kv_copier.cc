@@ -20,11 +20,25 @@ std::string uuid_text(const cudaUUID_t& uuid) {
   return text;
 }
 
+// Puts the calling thread's current device back when it goes: the plane calls in from an engine's (or a
+// tensor-parallel rank's) thread in the middle of its forward, whose launches need their own device current.
+class KeepDevice {
+ public:
+  KeepDevice() { cudaGetDevice(&device_); }
+  ~KeepDevice() { cudaSetDevice(device_); }
+  KeepDevice(const KeepDevice&) = delete;
+  KeepDevice& operator=(const KeepDevice&) = delete;
+
+ private:
+  int device_ = 0;
+};
+
 }  // namespace
 
 CudaPeerKvCopier::CudaPeerKvCopier(std::vector<int> devices)
     : devices_(std::move(devices)), spare_events_(devices_.size()) {
   if (devices_.empty()) fail(ErrorKind::kInvalidArgument, "cuda-ipc: a copier with no device");
+  KeepDevice keep;
   for (int device : devices_) {
     LOOM_CUDA_CHECK(cudaSetDevice(device));
     cudaDeviceProp properties{};
@@ -37,6 +51,7 @@ CudaPeerKvCopier::CudaPeerKvCopier(std::vector<int> devices)
 }
 
 CudaPeerKvCopier::~CudaPeerKvCopier() {
+  KeepDevice keep;
   for (size_t r = 0; r < devices_.size(); ++r) {
     cudaSetDevice(devices_[r]);
     cudaStreamSynchronize(streams_[r]);
@@ -66,6 +81,7 @@ std::vector<std::byte> CudaPeerKvCopier::export_allocation(const KvPoolMemory& p
   if (!accepts(pool) || rank < 0 || rank >= static_cast<int32_t>(devices_.size()))
     fail(ErrorKind::kInvalidArgument, "cuda-ipc: the pool is not this copier's devices' allocations");
   std::lock_guard lock(mutex_);
+  KeepDevice keep;
   LOOM_CUDA_CHECK(cudaSetDevice(devices_[static_cast<size_t>(rank)]));
   cudaIpcMemHandle_t handle{};
   LOOM_CUDA_CHECK(cudaIpcGetMemHandle(&handle, pool.allocations[static_cast<size_t>(rank)]));
@@ -81,6 +97,7 @@ std::byte* CudaPeerKvCopier::import(int32_t rank, std::span<const std::byte> han
   const auto key = std::make_pair(rank, std::string(reinterpret_cast<const char*>(handle.data()), handle.size()));
   if (auto it = mappings_.find(key); it != mappings_.end()) return static_cast<std::byte*>(it->second);
   const int device = devices_[static_cast<size_t>(rank)];
+  KeepDevice keep;
   LOOM_CUDA_CHECK(cudaSetDevice(device));
   cudaIpcMemHandle_t ipc{};
   std::memcpy(&ipc, handle.data(), sizeof(ipc));
@@ -109,6 +126,7 @@ void CudaPeerKvCopier::after(const KvLayerFence& fence) {
 
 void CudaPeerKvCopier::copy(int32_t rank, std::byte* destination, const std::byte* source, int64_t bytes) {
   std::lock_guard lock(mutex_);
+  KeepDevice keep;
   LOOM_CUDA_CHECK(cudaSetDevice(devices_.at(static_cast<size_t>(rank))));
   LOOM_CUDA_CHECK(cudaMemcpyAsync(destination, source, static_cast<size_t>(bytes), cudaMemcpyDeviceToDevice,
                                   streams_[static_cast<size_t>(rank)]));
@@ -116,6 +134,7 @@ void CudaPeerKvCopier::copy(int32_t rank, std::byte* destination, const std::byt
 
 PeerKvCopier::Ticket CudaPeerKvCopier::record() {
   std::lock_guard lock(mutex_);
+  KeepDevice keep;
   std::vector<cudaEvent_t> events;
   for (size_t r = 0; r < devices_.size(); ++r) {
     LOOM_CUDA_CHECK(cudaSetDevice(devices_[r]));
