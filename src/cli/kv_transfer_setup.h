@@ -36,9 +36,9 @@ struct KvTransferOptions {
   std::string peers;             // --kv-transfer-peers: HOST:PORT,... ("" = loopback only)
   // --kv-device-plane: the device-to-device KV plane (docs/disaggregation.md "Device to
   // device"): none (the default: the staged path only), auto (the plane the backend
-  // supports: socket for a single-rank CPU engine; none on CUDA until the GPU plane
-  // exists) or socket (kvtransfer/device/socket/socket_device_kv_plane.h). Role
-  // prefill / decode engines only.
+  // supports: cuda-ipc on a GPU engine, socket on a CPU one), cuda-ipc
+  // (kvtransfer/device/ipc/ipc_device_kv_plane.h) or socket
+  // (kvtransfer/device/socket/socket_device_kv_plane.h). Role prefill / decode engines only.
   std::string device_plane = "none";
   int device_plane_port = 0;     // --kv-device-plane-port: the plane's listener (0: a free port)
 

@@ -1,8 +1,8 @@
 // The receiver's bookkeeping of one device-to-device transfer: which
 // (layer, block) slices landed, in whatever order layers and pieces come,
 // and whether the whole transfer is done, failed or past its deadline. Any
-// receiving plane keeps one per transfer (the GPU plane will mark a piece
-// landed when its copy's completion event fires).
+// receiving plane keeps one per transfer (the cuda-ipc plane marks a piece
+// landed when the sender reports that its copies ran).
 //
 // Thread: not thread-safe; the plane guards it.
 #pragma once

@@ -39,8 +39,9 @@
 // (device_kv_assembly.h), run coalescing (device_kv_runs.h), an in-process
 // test double over host memory (in_process_device_kv_plane.h) and the
 // "socket" plane between CPU engines across processes
-// (socket/socket_device_kv_plane.h: host memory over TCP, each piece sealed).
-// No GPU plane exists yet: GPU engines use the staged path (kv_link_client.h).
+// (socket/socket_device_kv_plane.h: host memory over TCP, each piece sealed),
+// and the "cuda-ipc" plane between GPU engines of one host
+// (ipc/ipc_device_kv_plane.h: copies GPU to GPU through CUDA IPC).
 //
 // Ownership: one plane per engine, shared by the engine (which binds its
 // pools) and the server (which reports the endpoint).

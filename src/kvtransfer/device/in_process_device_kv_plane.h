@@ -2,9 +2,9 @@
 // engines of one process, each with an InProcessDeviceKvPlane on one shared
 // InProcessDeviceKvFabric, "transfer" by memcpy between their pools' host
 // memory (the CPU backend's). It is not a feature: it crosses no process
-// boundary and refuses CUDA memory. It exists so that everything around the
-// GPU plane (reservation, layer-wise assembly, commit into the radix trees,
-// fallback, deadlines) runs in CPU CI.
+// boundary and refuses CUDA memory. It exists so that everything around a
+// plane (reservation, layer-wise assembly, commit into the radix trees,
+// fallback, deadlines) runs in one process in CPU CI.
 //
 // Like a real plane it copies each layer piece as coalesced runs
 // (device_kv_runs.h; num_copies() counts them) and checks on the receiver's

@@ -31,7 +31,7 @@ SocketDeviceKvPlaneStats SocketDeviceKvPlane::stats() const {
 void SocketDeviceKvPlane::bind_pools(const KvPoolMemory& main, const KvPoolMemory& residual) {
   if (main.kind != KvPoolMemory::Kind::kHost || (!residual.empty() && residual.kind != KvPoolMemory::Kind::kHost))
     fail(ErrorKind::kUnsupported,
-         "the socket device KV plane moves host memory only (CPU engines); GPU engines need a GPU plane");
+         "the socket device KV plane moves host memory only (CPU engines); GPU engines use cuda-ipc");
   std::lock_guard lock(mutex_);
   main_ = main;
   residual_ = residual;

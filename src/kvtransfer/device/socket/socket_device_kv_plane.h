@@ -4,13 +4,12 @@
 // request's KV layer by layer, as the PE's prefill writes it, straight into
 // the blocks the DE reserved, across processes and hosts, over TCP.
 //
-// What it is not: the GPU device-to-device path issue 41 is about (CUDA IPC
-// or NCCL / RDMA between GPU pools, copies on a copy stream behind the
-// layer's fence event). It refuses CUDA pools (bind_pools: kUnsupported), and
-// `--kv-device-plane auto` never picks it for a GPU engine. It exists so that
-// the whole cross-process flow (router, routes, reservation, layer streaming,
-// assembly, commit, fallback) runs between CPU engines in CI, and a GPU plane
-// later is only another DeviceKvPlane.
+// What it is not: the GPU path (the cuda-ipc plane, kvtransfer/device/ipc/,
+// copies GPU to GPU behind each layer's fence event). It refuses CUDA pools
+// (bind_pools: kUnsupported), and `--kv-device-plane auto` never picks it for
+// a GPU engine. It runs the whole cross-process flow (router, routes,
+// reservation, layer streaming, assembly, commit, fallback) between CPU
+// engines in CI, with the same handshake and open as cuda-ipc.
 //
 // Wire (one TCP connection per transfer, PE -> DE, on the DE's plane
 // listener, endpoint().address):
