@@ -1,6 +1,7 @@
 #include "engine/device_kv_receiver.h"
 
 #include <algorithm>
+#include <utility>
 
 #include <spdlog/spdlog.h>
 
@@ -55,6 +56,7 @@ DeviceKvReservation DeviceKvReceiver::reserve(KvCacheGroup& caches, const Reques
                             std::chrono::duration<double>(timeout_seconds));
   plane_.expect({result.destination, peer, num_layers_, deadline});  // throws before anything is kept
   reservation.num_blocks = num_blocks;
+  reservation.reserved_at = std::chrono::steady_clock::now();
   reservation.release_at = deadline + std::chrono::seconds(static_cast<int64_t>(kClaimGraceSeconds));
   reservations_.emplace(id, std::move(reservation));
   return result;
@@ -68,6 +70,8 @@ void DeviceKvReceiver::settle(DeviceKvTransferId id, Reservation& reservation, c
     reservation.main_cache->commit(reservation.main, reservation.tokens, num_tokens);
     if (reservation.residual_cache) reservation.residual_cache->commit(reservation.residual, reservation.tokens, num_tokens);
     reservation.state = State::kLanded;
+    timings_.transfer.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - reservation.reserved_at).count());
     ++num_received_;
     num_received_blocks_ += reservation.num_blocks;
     return;
@@ -155,19 +159,21 @@ bool DeviceKvReceiver::park_if_waiting(std::unique_ptr<PendingRequest>& request)
   if (it == reservations_.end()) return false;
   it->second.claimed = true;
   if (it->second.state != State::kPending) return false;
-  parked_.emplace_back(*id, std::move(request));
+  parked_.push_back({*id, std::move(request), std::chrono::steady_clock::now()});
   return true;
 }
 
 std::vector<std::unique_ptr<PendingRequest>> DeviceKvReceiver::take_ready() {
   std::vector<std::unique_ptr<PendingRequest>> ready;
+  const auto now = std::chrono::steady_clock::now();
   for (auto it = parked_.begin(); it != parked_.end();) {
-    auto reservation = reservations_.find(it->first);
+    auto reservation = reservations_.find(it->id);
     if (reservation != reservations_.end() && reservation->second.state == State::kPending) {
       ++it;
       continue;
     }
-    ready.push_back(std::move(it->second));
+    timings_.wait.push_back(std::chrono::duration<double>(now - it->since).count());
+    ready.push_back(std::move(it->request));
     it = parked_.erase(it);
   }
   return ready;
@@ -176,11 +182,11 @@ std::vector<std::unique_ptr<PendingRequest>> DeviceKvReceiver::take_ready() {
 std::vector<std::unique_ptr<PendingRequest>> DeviceKvReceiver::take_cancelled() {
   std::vector<std::unique_ptr<PendingRequest>> cancelled;
   for (auto it = parked_.begin(); it != parked_.end();) {
-    if (!it->second->channel->cancelled.load()) {
+    if (!it->request->channel->cancelled.load()) {
       ++it;
       continue;
     }
-    cancelled.push_back(std::move(it->second));
+    cancelled.push_back(std::move(it->request));
     it = parked_.erase(it);
   }
   return cancelled;
@@ -188,10 +194,12 @@ std::vector<std::unique_ptr<PendingRequest>> DeviceKvReceiver::take_cancelled() 
 
 std::vector<std::unique_ptr<PendingRequest>> DeviceKvReceiver::take_all_parked() {
   std::vector<std::unique_ptr<PendingRequest>> all;
-  for (auto& [id, request] : parked_) all.push_back(std::move(request));
+  for (Parked& parked : parked_) all.push_back(std::move(parked.request));
   parked_.clear();
   return all;
 }
+
+DeviceKvReceiver::Timings DeviceKvReceiver::take_timings() { return std::exchange(timings_, {}); }
 
 void DeviceKvReceiver::release_claimed() {
   for (auto it = reservations_.begin(); it != reservations_.end();) {

@@ -89,6 +89,13 @@ class DeviceKvReceiver {
   int64_t num_failures() const { return num_failures_; }      // failed at the plane (not cancelled)
   int64_t num_cancelled() const { return num_cancelled_; }
   int64_t num_received_blocks() const { return num_received_blocks_; }
+  // Seconds, since the last call: from each reservation to its every layer landed (transfers received whole),
+  // and each parked request's wait for its transfer to settle. TTFT through the device path breaks down into
+  // these (docs/disaggregation.md).
+  struct Timings {
+    std::vector<double> transfer, wait;
+  };
+  Timings take_timings();
   // Blocks (main and rCache) held back because a failed transfer's peer may still write them.
   int64_t num_quarantined_blocks() const;
   size_t num_reservations() const { return reservations_.size(); }
@@ -103,6 +110,7 @@ class DeviceKvReceiver {
     KvLease main, residual;
     int32_t num_blocks = 0;       // fresh blocks
     bool claimed = false;
+    std::chrono::steady_clock::time_point reserved_at;
     std::chrono::steady_clock::time_point release_at;
   };
   // `cancelled`: a failure the router asked for (cancel()), counted apart from the plane's.
@@ -123,7 +131,13 @@ class DeviceKvReceiver {
   std::vector<Quarantined> quarantine_;
   std::mt19937_64 ids_;
   std::map<DeviceKvTransferId, Reservation> reservations_;
-  std::deque<std::pair<DeviceKvTransferId, std::unique_ptr<PendingRequest>>> parked_;
+  struct Parked {
+    DeviceKvTransferId id = 0;
+    std::unique_ptr<PendingRequest> request;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::deque<Parked> parked_;
+  Timings timings_;
   int64_t num_received_ = 0, num_failures_ = 0, num_cancelled_ = 0, num_received_blocks_ = 0;
 };
 

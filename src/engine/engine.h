@@ -294,6 +294,9 @@ struct EngineMetrics {
   int64_t num_device_kv_sent = 0, num_device_kv_send_failures = 0;
   int64_t device_kv_received_blocks = 0;
   int64_t device_kv_quarantined_blocks = 0;  // gauge: held back from a failed transfer whose peer may still write
+  // Samples (seconds) since the previous call: a reservation to its every layer landed; a receiving
+  // request's wait for its transfer (device_kv_receiver.h Timings).
+  std::vector<double> device_kv_transfer_time, device_kv_wait_time;
   // Disk tier (all 0 without one): blocks and bytes its directory holds as this
   // process knows it; since start: blocks stored, blocks read back into the
   // host tier (tokens: num_disk_loaded_tokens), failed reads and writes,

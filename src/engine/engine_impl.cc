@@ -231,7 +231,8 @@ EngineMetrics EngineImpl::take_metrics() {
   snapshot.eviction_policy = config_.workflow_aware_eviction ? "workflow" : "lru";
   snapshot.num_waiting += num_in_inbox_.load();  // submitted, not yet in the scheduler
   for (auto* samples : {&metrics_.time_to_first_token, &metrics_.inter_token, &metrics_.end_to_end,
-                        &metrics_.queue_time, &metrics_.prefill_time, &metrics_.decode_time, &metrics_.load_wait_time})
+                        &metrics_.queue_time, &metrics_.prefill_time, &metrics_.decode_time, &metrics_.load_wait_time,
+                        &metrics_.device_kv_transfer_time, &metrics_.device_kv_wait_time})
     samples->clear();
   metrics_.decode_batch_sizes.clear();
   return snapshot;

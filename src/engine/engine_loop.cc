@@ -162,6 +162,10 @@ void EngineImpl::publish() {
       metrics_.num_device_kv_cancelled = kv_receiver_->num_cancelled();
       metrics_.device_kv_received_blocks = kv_receiver_->num_received_blocks();
       metrics_.device_kv_quarantined_blocks = kv_receiver_->num_quarantined_blocks();
+      DeviceKvReceiver::Timings timings = kv_receiver_->take_timings();
+      metrics_.device_kv_transfer_time.insert(metrics_.device_kv_transfer_time.end(), timings.transfer.begin(),
+                                              timings.transfer.end());
+      metrics_.device_kv_wait_time.insert(metrics_.device_kv_wait_time.end(), timings.wait.begin(), timings.wait.end());
     }
   }
   if (kv_events_) kv_events_->flush();

@@ -175,7 +175,8 @@ MetricsExporter::MetricsExporter(const std::string& model_name)
     : model_label_(fmt::format("model_name=\"{}\"", escape_label_value(model_name))),
       time_to_first_token_(latency_bounds()), inter_token_(latency_bounds()), end_to_end_(latency_bounds()),
       queue_time_(latency_bounds()), prefill_time_(latency_bounds()), decode_time_(latency_bounds()),
-      load_wait_time_(latency_bounds()),
+      load_wait_time_(latency_bounds()), device_kv_transfer_time_(latency_bounds()),
+      device_kv_wait_time_(latency_bounds()),
       decode_batch_size_({1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024}) {}
 
 void MetricsExporter::absorb(const EngineMetrics& metrics) {
@@ -229,6 +230,8 @@ void MetricsExporter::absorb_locked(const EngineMetrics& metrics) {
   for (double value : metrics.prefill_time) prefill_time_.observe(value);
   for (double value : metrics.decode_time) decode_time_.observe(value);
   for (double value : metrics.load_wait_time) load_wait_time_.observe(value);
+  for (double value : metrics.device_kv_transfer_time) device_kv_transfer_time_.observe(value);
+  for (double value : metrics.device_kv_wait_time) device_kv_wait_time_.observe(value);
   for (int32_t value : metrics.decode_batch_sizes) decode_batch_size_.observe(value);
   latest_ = metrics;
   latest_.time_to_first_token.clear();
@@ -238,6 +241,8 @@ void MetricsExporter::absorb_locked(const EngineMetrics& metrics) {
   latest_.prefill_time.clear();
   latest_.decode_time.clear();
   latest_.load_wait_time.clear();
+  latest_.device_kv_transfer_time.clear();
+  latest_.device_kv_wait_time.clear();
   latest_.decode_batch_sizes.clear();
 }
 
@@ -379,6 +384,13 @@ std::string MetricsExporter::render_locked() const {
   queue_time_.render("loom_request_queue_time_seconds", "Time waiting before first scheduled", labels, out.text());
   load_wait_time_.render("loom_kv_load_wait_seconds",
                          "Time a request waited for its prefix to load from the host tier", labels, out.text());
+  device_kv_transfer_time_.render("loom_kv_device_transfer_seconds",
+                                  "Device-to-device KV received whole: from the reservation to every layer landed",
+                                  labels, out.text());
+  device_kv_wait_time_.render("loom_kv_device_wait_seconds",
+                              "Time a decode engine's request waited outside the scheduler for its device-to-device "
+                              "KV to settle",
+                              labels, out.text());
   prefill_time_.render("loom_request_prefill_time_seconds", "Time in prefill", labels, out.text());
   decode_time_.render("loom_request_decode_time_seconds", "Time in decode", labels, out.text());
   decode_batch_size_.render("loom_decode_batch_size", "Sequences per decode step", labels, out.text());

@@ -72,6 +72,7 @@ class MetricsExporter {
   EngineMetrics latest_;  // sample vectors unused
   Histogram time_to_first_token_, inter_token_, end_to_end_, queue_time_, prefill_time_, decode_time_;
   Histogram load_wait_time_;  // host tier: time admitted requests waited on loads
+  Histogram device_kv_transfer_time_, device_kv_wait_time_;  // device-to-device KV (decode engines)
   Histogram decode_batch_size_;
   // Totals at the last stats_line().
   int64_t logged_prompt_tokens_ = 0, logged_generated_tokens_ = 0, logged_queried_tokens_ = 0, logged_hit_tokens_ = 0;

@@ -208,6 +208,12 @@ TEST_P(EngineDeviceKvTest, TransferredBlocksDecodeAsOneEngine) {
   EXPECT_EQ(pe_metrics.num_device_kv_send_failures, 0);
   EXPECT_EQ(de_metrics.num_device_kv_received, 1);
   EXPECT_EQ(de_metrics.device_kv_received_blocks, 5);
+  // One transfer timed, reservation to landing. The request came after every layer landed: it waits (if at all,
+  // until the engine's next poll settles the transfer) less than the transfer took.
+  ASSERT_EQ(de_metrics.device_kv_transfer_time.size(), 1u);
+  EXPECT_GE(de_metrics.device_kv_transfer_time[0], 0.0);
+  ASSERT_LE(de_metrics.device_kv_wait_time.size(), 1u);
+  for (double wait : de_metrics.device_kv_wait_time) EXPECT_LE(wait, de_metrics.device_kv_transfer_time[0]);
   EXPECT_EQ(de_metrics.num_device_kv_receive_failures, 0);
   pe->shutdown(false);
   de->shutdown(false);
@@ -244,6 +250,12 @@ TEST_P(EngineDeviceKvTest, BlocksJoinTheTreesOnlyWhenEveryLayerLanded) {
   if (forked(mode)) {
     EXPECT_EQ(after.cached_residual, 5);
   }
+  // The request waited outside the scheduler while layer 0 was held back (one sample), within the transfer's time.
+  const EngineMetrics metrics = de->take_metrics();
+  ASSERT_EQ(metrics.device_kv_wait_time.size(), 1u);
+  EXPECT_GT(metrics.device_kv_wait_time[0], 0.0);
+  ASSERT_EQ(metrics.device_kv_transfer_time.size(), 1u);
+  EXPECT_GE(metrics.device_kv_transfer_time[0], metrics.device_kv_wait_time[0]);
   pe->shutdown(false);
   de->shutdown(false);
 }
