@@ -7,7 +7,8 @@ PE prefills), and over the same PE with a DE on the staged path (plane none:
 PE device -> host -> KV link -> DE host -> device, after the prefill).
 Every prompt is fresh random tokens (no cache hit anywhere); each figure is
 the median of --repeat streamed requests (max_tokens --gen, greedy), and the
-outputs of the three are compared. With --kill, a last prompt goes through
+outputs of the three are compared; the decode engine's transfer histograms give the
+device path's TTFT in parts. With --kill, a last prompt goes through
 the device path and the PE is killed (SIGKILL) a fraction of a one-engine
 TTFT after it was sent: the figure is how long the client waits for its
 answer (the router cancels the reservation, the DE recomputes) and whether
@@ -85,10 +86,25 @@ def main():
         ask("router_staged", prompt()[:2048])
         results = {"prompt_tokens": args.prompt_tokens, "model": args.model, "pe_device": args.pe_device,
                    "de_device": args.de_device, "runs": {}}
+        def timers():  # the DE's device-transfer histograms (sum, count)
+            m = metrics(ports["de"])
+            return {name: (m.get(name + "_sum", 0.0), m.get(name + "_count", 0.0))
+                    for name in ("loom_kv_device_transfer_seconds", "loom_kv_device_wait_seconds")}
+
+        before = timers()
         for target in ("both", "router", "router_staged"):
             ttfts = [ask(target, prompt()) for _ in range(args.repeat)]
             results["runs"][target] = {"ttft_median": statistics.median(ttfts), "ttfts": ttfts}
             print(target, "TTFT median %.3f s" % statistics.median(ttfts), ["%.3f" % t for t in ttfts], flush=True)
+        after = timers()
+        # The device path's TTFT in parts (means over its timed requests): the DE's reservation to every layer
+        # landed (the PE's queueing, prefill and copies), and the DE request's wait for it; the rest of the TTFT
+        # is the DE's commit, first step and the router's relay.
+        results["device_breakdown"] = {
+            name.replace("loom_kv_device_", "").replace("_seconds", "_mean_s"):
+                (after[name][0] - before[name][0]) / max(1.0, after[name][1] - before[name][1])
+            for name in after}
+        print("device path breakdown:", results["device_breakdown"], flush=True)
         # The same prompt through each: greedy outputs compared.
         same = prompt()
         texts = {}
