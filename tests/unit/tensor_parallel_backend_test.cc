@@ -1,10 +1,14 @@
 // TensorParallelBackend::forward with scripted ranks: slices of the vocabulary
 // joined in rank order on the host, and a group whose ranks make their logits
 // whole themselves (CUDA's VocabGather) passing rank 0's result through as it
-// is, its device draws included.
+// is, its device draws included; the ranks' per-layer KV notifications joined
+// into one per layer (every rank's event), and their pools seen as one.
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
 #include <memory>
+#include <thread>
 #include <vector>
 
 #include "backend/tensor_parallel_backend.h"
@@ -78,6 +82,108 @@ TEST(TensorParallelBackend, RanksThatGatherOnTheDevicePassRankZerosResultThrough
   EXPECT_EQ(got.sampled_token_ids, results[0].sampled_token_ids);
   EXPECT_EQ(got.sampled_logprobs, results[0].sampled_logprobs);
   EXPECT_EQ(got.logit_token_index, results[0].logit_token_index);
+}
+
+// A rank that reports each layer's KV written from its own thread (rank 1 a little behind rank 0, then ahead)
+// with a fence naming it, and whose pools are `arrays_per_layer` fake arrays per layer in one allocation.
+class LayerReportingRank final : public test::ForwardingBackend {
+ public:
+  LayerReportingRank(int32_t rank, int32_t num_layers)
+      : ForwardingBackend(std::make_unique<test::FakeBackend>()), rank_(rank), num_layers_(num_layers) {}
+  BackendCapabilities capabilities() const override {
+    BackendCapabilities capabilities = ForwardingBackend::capabilities();
+    capabilities.kv_layer_notifications = true;
+    return capabilities;
+  }
+  ForwardResult forward(const Batch& batch) override {
+    for (int32_t layer = 0; layer < num_layers_; ++layer) {
+      if ((layer < num_layers_ / 2) == (rank_ == 1)) std::this_thread::sleep_for(std::chrono::milliseconds(2));
+      KvLayerFence fence;
+      fence.event = event(rank_, layer);
+      fence.rank = rank_;
+      if (batch.kv_layer_listener != nullptr) batch.kv_layer_listener->layer_written(layer, fence);
+    }
+    return {};
+  }
+  KvPoolMemory kv_pool_memory(KvPoolKind) override {
+    KvPoolMemory pool;
+    pool.kind = KvPoolMemory::Kind::kCuda;
+    pool.device = rank_ + 4;
+    pool.devices = {rank_ + 4};
+    pool.arrays_per_layer = 2;
+    pool.num_blocks = 8;
+    pool.bytes_per_block = 64;
+    pool.allocations = {base()};
+    for (int32_t a = 0; a < 2 * num_layers_; ++a) pool.arrays.push_back(base() + a * 8 * 64);
+    return pool;
+  }
+  static void* event(int32_t rank, int32_t layer) { return reinterpret_cast<void*>(uintptr_t{1000} * (rank + 1) + layer); }
+  std::byte* base() { return reinterpret_cast<std::byte*>(uintptr_t{1} << (40 + rank_)); }
+
+ private:
+  const int32_t rank_, num_layers_;
+};
+
+class RecordingListener final : public KvLayerListener {
+ public:
+  // Not thread-safe on purpose (as the engine's DeviceKvSender): the group must call it one call at a time.
+  void layer_written(int32_t layer, const KvLayerFence& fence) override {
+    if (inside_.fetch_add(1) != 0) overlapped = true;
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+    calls.push_back({layer, fence});
+    inside_.fetch_sub(1);
+  }
+  std::vector<std::pair<int32_t, KvLayerFence>> calls;
+  std::atomic<bool> overlapped{false};
+
+ private:
+  std::atomic<int> inside_{0};
+};
+
+TEST(TensorParallelBackend, TellsOfEachLayerOnceEveryRankWroteItWithEveryRanksEvent) {
+  const ModelConfig config = synthetic_model_config(Architecture::kLlama, SyntheticPreset::kTiny);
+  const int32_t layers = config.num_layers;
+  std::vector<TensorParallelShard> shards;
+  std::vector<std::unique_ptr<Backend>> ranks;
+  for (int32_t r = 0; r < 2; ++r) {
+    shards.push_back(tensor_parallel_shard(config, r, 2));
+    ranks.push_back(std::make_unique<LayerReportingRank>(r, layers));
+  }
+  TensorParallelBackend group(config, std::move(shards), std::move(ranks), {[](int32_t) {}, [] {}, nullptr, ""});
+  EXPECT_TRUE(group.capabilities().kv_layer_notifications);
+
+  RecordingListener listener;
+  Batch batch;
+  batch.kv_layer_listener = &listener;
+  group.forward(batch);
+  ASSERT_EQ(listener.calls.size(), static_cast<size_t>(layers));
+  EXPECT_FALSE(listener.overlapped);
+  for (int32_t layer = 0; layer < layers; ++layer) {
+    const auto& [told, fence] = listener.calls[static_cast<size_t>(layer)];
+    EXPECT_EQ(told, layer);  // in layer order
+    EXPECT_EQ(fence.num_ranks, 2);
+    EXPECT_EQ(fence.rank_events[0], LayerReportingRank::event(0, layer));
+    EXPECT_EQ(fence.rank_events[1], LayerReportingRank::event(1, layer));
+  }
+  group.forward(Batch{});  // no listener: nothing told
+  EXPECT_EQ(listener.calls.size(), static_cast<size_t>(layers));
+
+  // The pools as one: a layer's arrays rank after rank, each rank's device and allocation.
+  const KvPoolMemory pool = group.kv_pool_memory(KvPoolKind::kMain);
+  EXPECT_EQ(pool.num_ranks, 2);
+  EXPECT_EQ(pool.arrays_per_layer, 4);
+  EXPECT_EQ(pool.num_layers(), layers);
+  EXPECT_EQ(pool.devices, (std::vector<int32_t>{4, 5}));
+  ASSERT_EQ(pool.allocations.size(), 2u);
+  const std::byte* rank0 = pool.allocations[0];
+  const std::byte* rank1 = pool.allocations[1];
+  for (int32_t layer = 0; layer < layers; ++layer)
+    for (int32_t a = 0; a < 4; ++a) {
+      const size_t index = static_cast<size_t>(layer * 4 + a);
+      const int32_t rank = a / 2;
+      EXPECT_EQ(pool.rank_of_array(index), rank);
+      EXPECT_EQ(pool.arrays[index], (rank == 0 ? rank0 : rank1) + (layer * 2 + a % 2) * 8 * 64);
+    }
 }
 
 }  // namespace
