@@ -147,7 +147,8 @@ class IpcDeviceKvPlane final : public DeviceKvPlane {
   void serve_transfer(int fd, kvlink::Session& session, DeviceKvTransferId id, const std::string& sender);
   // ipc_device_kv_sender.cc
   void send_loop(std::shared_ptr<Outgoing> outgoing);
-  void enqueue_copies(Outgoing& outgoing, const Piece& piece);  // requires mutex_
+  // Requires mutex_ and the mapping: the piece's copies and their ticket (its fence was waited for already).
+  void enqueue_copies(Outgoing& outgoing, const DeviceKvLayerPiece& piece);
   void drain(Outgoing& outgoing);  // marks it broken, waits for and releases its tickets
   void wake_senders();
 

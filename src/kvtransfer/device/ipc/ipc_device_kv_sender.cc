@@ -72,14 +72,14 @@ bool IpcDeviceKvPlane::begin_send(const std::string& peer, const DeviceKvDestina
   return true;
 }
 
-void IpcDeviceKvPlane::enqueue_copies(Outgoing& out, const Piece& piece) {
+void IpcDeviceKvPlane::enqueue_copies(Outgoing& out, const DeviceKvLayerPiece& piece) {
   const int32_t count = static_cast<int32_t>(piece.main_sources.size());
   auto destinations = [&](const std::vector<int32_t>& ids) {
-    return std::span<const int32_t>(ids).subspan(static_cast<size_t>(piece.first), static_cast<size_t>(count));
+    return std::span<const int32_t>(ids).subspan(static_cast<size_t>(piece.first_block), static_cast<size_t>(count));
   };
   int64_t bytes = 0;
   auto copy_pool = [&](const KvPoolMemory& pool, const std::vector<std::byte*>& remote,
-                       const std::vector<int32_t>& sources, const std::vector<int32_t>& destination_ids) {
+                       std::span<const int32_t> sources, const std::vector<int32_t>& destination_ids) {
     const std::vector<DeviceKvBlockRun> runs = coalesce_block_runs(sources, destinations(destination_ids));
     for (int32_t a = 0; a < pool.arrays_per_layer; ++a) {
       const size_t array = static_cast<size_t>(piece.layer) * pool.arrays_per_layer + a;
@@ -93,7 +93,7 @@ void IpcDeviceKvPlane::enqueue_copies(Outgoing& out, const Piece& piece) {
   copy_pool(main_, out.remote_main, piece.main_sources, out.destination.main_blocks);
   if (!piece.residual_sources.empty())
     copy_pool(residual_, out.remote_residual, piece.residual_sources, out.destination.residual_blocks);
-  out.pending.push_back({piece.layer, piece.first, count, bytes, copier_->record()});
+  out.pending.push_back({piece.layer, piece.first_block, count, bytes, copier_->record()});
   out.changed.notify_all();
 }
 
@@ -109,14 +109,14 @@ bool IpcDeviceKvPlane::send_layer(DeviceKvTransferId id, const DeviceKvLayerPiec
       !ids_in_pool(piece.main_sources, main_) ||
       (forked && (piece.residual_sources.size() != count || !ids_in_pool(piece.residual_sources, residual_))))
     return false;
-  Piece copied{piece.layer, piece.first_block, {piece.main_sources.begin(), piece.main_sources.end()}, {}};
-  if (forked) copied.residual_sources.assign(piece.residual_sources.begin(), piece.residual_sources.end());
   try {
     copier_->after(piece.fence);  // every later copy on the copy stream waits for this layer's writes
     if (out.mapped) {
-      enqueue_copies(out, copied);
-    } else {
-      out.unmapped.push_back(std::move(copied));
+      enqueue_copies(out, piece);
+    } else {  // kept (the ids only: the fence is waited for already) until the mapping comes
+      Piece kept{piece.layer, piece.first_block, {piece.main_sources.begin(), piece.main_sources.end()}, {}};
+      if (forked) kept.residual_sources.assign(piece.residual_sources.begin(), piece.residual_sources.end());
+      out.unmapped.push_back(std::move(kept));
     }
   } catch (const std::exception& error) {
     spdlog::warn("device KV transfer {}: the copy failed to start: {}", id, error.what());
@@ -247,7 +247,8 @@ void IpcDeviceKvPlane::send_loop(std::shared_ptr<Outgoing> outgoing) {
     out.remote_residual = std::move(remote_residual);
     out.mapped = true;
     try {
-      for (const Piece& piece : out.unmapped) enqueue_copies(out, piece);
+      for (const Piece& piece : out.unmapped)
+        enqueue_copies(out, {piece.layer, piece.first, piece.main_sources, piece.residual_sources, {}});
     } catch (const std::exception& error) {
       failure = error.what();
     }
