@@ -28,7 +28,6 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/residual_keys.cuh"
-#include "backend/cuda/row_writer.cuh"
 
 namespace loom::cuda {
 
@@ -46,6 +45,35 @@ constexpr size_t attention_shared_bytes() {
   constexpr size_t kRopeTable = kRankPad > 0 && kRowWarps == 1 ? (kHeadDim / 4) * (sizeof(float4) + sizeof(float2)) : 0;
   return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16) + kRopeTable;
 }
+
+// Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
+struct RowWriter {
+  const AttentionParams& p;
+  const AttentionWorkItem& item;
+  int kv_head, group;
+  const AttentionSequence& sequence;
+
+  __device__ void write(int local_row, int d, float v0, float v1) const {
+    const int row = item.row_begin + local_row;
+    if (item.partial_index >= 0) {
+      float* destination = p.partial_out +
+                           ((static_cast<int64_t>(item.partial_index) * p.num_kv_heads + kv_head) * kAttentionMaxRows +
+                            local_row) * p.head_dim + d;
+      destination[0] = v0;
+      destination[1] = v1;
+      return;
+    }
+    const int64_t token = sequence.query_row(row / group);
+    const int head = kv_head * group + row % group;
+    *reinterpret_cast<__nv_bfloat162*>(p.out + token * p.num_heads * p.head_dim + head * p.head_dim + d) =
+        __floats2bfloat162_rn(v0, v1);
+  }
+  __device__ void write_lse(int local_row, float lse) const {
+    if (item.partial_index < 0) return;
+    p.partial_lse[(static_cast<int64_t>(item.partial_index) * p.num_kv_heads + kv_head) * kAttentionMaxRows +
+                  local_row] = lse;
+  }
+};
 
 // kFp8: the main pool is an FP8 cache (AttentionParams::k_cache_fp8), decoded into the bf16 tiles as it is loaded.
 template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8>
@@ -482,6 +510,9 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
   }
 }
 
+// The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
+int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
+
 template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8 = false>
 void ensure_shared_attribute() {
   constexpr size_t kShared = attention_shared_bytes<kHeadDim, kRowWarps, kRankPad>();
@@ -567,9 +598,7 @@ bool attention_supports_head_dim(int32_t head_dim) {
   return head_dim == 16 || head_dim == 32 || head_dim == 64 || head_dim == 128;
 }
 
-int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank, bool fp8_cache) {
-  if (residual_rank > 0 && residual_decode_supports(head_dim, fp8_cache))
-    return residual_decode_ctas_per_sm(head_dim, residual_rank);
+int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank) {
   switch (head_dim) {
     case 16: return decode_ctas_per_sm_for_rank<16>(residual_rank);
     case 32: return decode_ctas_per_sm_for_rank<32>(residual_rank);
@@ -592,10 +621,6 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
   }
   if (variant == AttentionVariant::kPrefill) {
     dispatch_dtype<4>(params, items, num_items, launch, residual_rank);
-  } else if (residual_rank > 0 && residual_decode_supports(params.head_dim, params.k_cache_fp8 != nullptr)) {
-    if (residual_rank > kResidualMaxRank)
-      throw_unsupported("cuda residual attention: k/v LoRA rank (supported: up to 64)", residual_rank);
-    launch_residual_decode(params, items, num_items, launch, residual_rank);
   } else {
     dispatch_dtype<1>(params, items, num_items, launch, residual_rank);
   }
@@ -603,8 +628,6 @@ void launch_attention(const AttentionParams& params, AttentionVariant variant, c
 
 size_t attention_shared_bytes(int32_t head_dim, AttentionVariant variant, int32_t residual_rank) {
   if (variant == AttentionVariant::kPrefillWide) return attention_wide_shared_bytes(head_dim);
-  if (variant == AttentionVariant::kDecode && residual_rank > 0 && residual_decode_supports(head_dim, false))
-    return residual_decode_shared_bytes(head_dim, residual_rank);
   if (variant == AttentionVariant::kPrefillWidePingPong) return attention_pingpong_shared_bytes(head_dim);
   switch (head_dim) {
     case 16: return shared_bytes_for<16>(variant, residual_rank);

@@ -31,7 +31,7 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
       residual_rank > 0 && wide_prefill_ ? std::max(tuning_.forked_wide_prefill_keys, int32_t{0}) : 0;
   if (residual_rank > 0) {
     int32_t& ctas = forked_decode_ctas_per_sm_[residual_rank];
-    if (ctas == 0) ctas = attention_decode_ctas_per_sm(config_.head_dim, residual_rank, pools_.fp8());
+    if (ctas == 0) ctas = attention_decode_ctas_per_sm(config_.head_dim, residual_rank);
     shape.forked_decode_ctas_per_sm = ctas;
   }
   StepPlan& plan = plan_.plan();

@@ -127,20 +127,8 @@ struct AttentionParams {
 // True for the head sizes the attention kernels are built for (16, 32, 64, 128).
 bool attention_supports_head_dim(int32_t head_dim);
 // Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm;
-// residual_rank > 0: the ResidualAttention kernel of that rank's tier, over an
-// FP8 main cache if fp8_cache).
-int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank = 0, bool fp8_cache = false);
-// The rank tiers of ResidualAttention (16, 32, 64): shared memory and registers grow with the padded rank.
-inline int32_t residual_rank_pad(int32_t rank) { return rank <= 16 ? 16 : rank <= 32 ? 32 : 64; }
-// ResidualAttention decode on residual_decode.cu's kernel (head dims split
-// between warp pairs), which launch_attention's kDecode takes for forked items
-// where residual_decode_supports(head_dim, fp8 cache): head dims 64 and 128
-// over a bf16 cache. The others stay on attention.cu's kernel.
-bool residual_decode_supports(int32_t head_dim, bool fp8_cache);
-int32_t residual_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank);
-size_t residual_decode_shared_bytes(int32_t head_dim, int32_t residual_rank);
-void launch_residual_decode(const AttentionParams& params, const AttentionWorkItem* items, int32_t num_items,
-                            Launch launch, int32_t residual_rank);
+// residual_rank > 0: the ResidualAttention kernel of that rank's tier).
+int32_t attention_decode_ctas_per_sm(int32_t head_dim, int32_t residual_rank = 0);
 // True for the head sizes the wide (wgmma) prefill is built for (64, 128).
 bool attention_wide_supports_head_dim(int32_t head_dim);
 // Runs the work items (see plan_types.h). `variant` picks the tile shape.
