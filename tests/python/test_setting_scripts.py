@@ -2,7 +2,8 @@
 kvflow_setting.sh) run end to end on the CPU against a tiny random model at
 toy sizes: the plumbing the H200 runs use (adapters made, pools passed,
 every side's `loom bench` point, --time-limit windows, the summary table with
-the papers' figures) is exercised in CI. No figure is asserted."""
+the papers' figures) is exercised in CI. No figure is asserted. Also the
+seeds' plots (bench/cuda/seed_plots.py) from bench/results/seeds/figures.json."""
 import json
 import os
 import shutil
@@ -110,6 +111,27 @@ class SettingScriptsTest(unittest.TestCase):
         self.assertEqual(reports["single-kvflow"]["metrics"]["num_failed_calls"], 0)
         self.assertIn("single/kvflow", summary["rows"])
         self.assertIn("1.83x", stdout)
+
+    def test_seed_plots_draw_each_study_from_the_figures_file(self):
+        out = os.path.join(self.directory, "plots")
+        figures = os.path.join(ROOT, "bench", "results", "seeds", "figures.json")
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cuda", "seed_plots.py"), "--figures",
+                                 figures, "--out", out], capture_output=True, text=True, timeout=120)
+        self.assertEqual(result.returncode, 0, result.stderr)
+        for name in ("icarus", "kvflow", "forkkv"):
+            with open(os.path.join(out, f"{name}.png"), "rb") as file:
+                self.assertEqual(file.read(8), b"\x89PNG\r\n\x1a\n")
+        # A study missing from the figures file is an error, not an empty plot.
+        with open(figures) as file:
+            partial = json.load(file)
+        del partial["forkkv"]
+        partial_path = os.path.join(self.directory, "partial_figures.json")
+        with open(partial_path, "w") as file:
+            json.dump(partial, file)
+        result = subprocess.run([sys.executable, os.path.join(ROOT, "bench", "cuda", "seed_plots.py"), "--figures",
+                                 partial_path, "--out", out], capture_output=True, text=True, timeout=120)
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("forkkv", result.stderr)
 
 
 if __name__ == "__main__":
