@@ -38,6 +38,20 @@ def icarus(data, path):
     plt.close(figure)
 
 
+def save_ratio_plot(figure, axis, labels, ylabel, title, path):
+    """A ratio-per-point plot's common finish: the 1x line, point labels, legend, grid; written to path."""
+    axis.axhline(1.0, color="gray", linewidth=0.8)
+    axis.set_xticks(range(len(labels)))
+    axis.set_xticklabels(labels, fontsize=7)
+    axis.set_ylabel(ylabel)
+    axis.set_title(title, fontsize=10)
+    axis.legend(fontsize=8)
+    axis.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
 def kvflow(data, path):
     points = data["points"]
     labels = [f"{p['setting']}\nover {p['baseline']}" for p in points]
@@ -45,16 +59,7 @@ def kvflow(data, path):
     figure, axis = plt.subplots(figsize=(9, 3.8))
     axis.bar([i - 0.2 for i in x], [p["loom"] for p in points], 0.4, label="Loom (H200)")
     axis.bar([i + 0.2 for i in x], [p["paper"] for p in points], 0.4, label="paper (A10G single, H100 concurrent)")
-    axis.axhline(1.0, color="gray", linewidth=0.8)
-    axis.set_xticks(list(x))
-    axis.set_xticklabels(labels, fontsize=7)
-    axis.set_ylabel("KVFlow over baseline (x)")
-    axis.set_title("KVFlow, 10-agent sequential workflows", fontsize=10)
-    axis.legend(fontsize=8)
-    axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_ratio_plot(figure, axis, labels, "KVFlow over baseline (x)", "KVFlow, 10-agent sequential workflows", path)
 
 
 def forkkv(data, path):
@@ -65,18 +70,10 @@ def forkkv(data, path):
         axis.add_patch(plt.Rectangle((i - 0.35, low), 0.7, point["paper_high"] - low, color="tab:orange", alpha=0.25,
                                      label="paper's range" if i == 0 else None))
     axis.plot(range(len(points)), [p["loom"] for p in points], "o", color="tab:blue", markersize=8, label="Loom (H200)")
-    axis.axhline(1.0, color="gray", linewidth=0.8)
-    axis.set_xticks(range(len(points)))
-    axis.set_xticklabels([p["point"] for p in points], fontsize=7)
     axis.set_xlim(-0.6, len(points) - 0.4)
     axis.set_ylim(0, max(max(p["loom"] for p in points), max(p["paper_high"] for p in points)) * 1.15)
-    axis.set_ylabel("forked over isolated, out tok/s (x)")
-    axis.set_title("ForkKV, 8 rank-16 agents per workflow, L40-sized pool", fontsize=10)
-    axis.legend(fontsize=8)
-    axis.grid(axis="y", alpha=0.3)
-    figure.tight_layout()
-    figure.savefig(path, dpi=110)
-    plt.close(figure)
+    save_ratio_plot(figure, axis, [p["point"] for p in points], "forked over isolated, out tok/s (x)",
+                    "ForkKV, 8 rank-16 agents per workflow, L40-sized pool", path)
 
 
 def main():
