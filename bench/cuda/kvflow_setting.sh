@@ -25,12 +25,17 @@
 #   lru-bg           lru + host tier, background loads (Loom's status-aware admission, no workflow policy)
 #   kvflow-blocking  workflow eviction + prefetch, blocking loads
 #   lru              lru, no host tier                                           (the paper's "SGLang")
+#   peer        KVFlow's PEER-style workflow (Fig. 8; `loom bench peer`: plan -> execute -> express -> review,
+#               role prompts sharing a preamble, lengths assumed in bench/harness/loombench/shapes.py),
+#               WORKFLOWS_PEER (128, assumed: their fixed prompts, ~5K tokens each, then exceed the H100
+#               pool's ~435K) concurrent workflows on the H100 pool, POINT_LIMIT windows, agent calls/s;
+#               lru, hicache, kvflow.
 # One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
 # concurrent/hicache, concurrent/kvflow, single/lru, concurrent/lru, then the ablations as the
 # budget allows (skipped.txt lists what it did not reach). PRESET=single or PRESET=concurrent runs
-# one setting's five; PRESET=baselines the two lru points alone.
+# one setting's five, PRESET=peer the PEER-style three; PRESET=baselines the two lru points alone.
 #   bench/cuda/kvflow_setting.sh
-# Env: PRESET (both | single | concurrent | baselines), HOST (32G; SGLang's HiCache default, a host pool
+# Env: PRESET (both | single | concurrent | baselines | peer), WORKFLOWS_PEER (128), HOST (32G; SGLang's HiCache default, a host pool
 # twice the device pool, is HOST=114G for the concurrent setting), POINT_LIMIT (40), WORKFLOWS (64),
 # TASKS_SINGLE (2), FIXED_SINGLE (8192), FIXED_CONCURRENT (1024), KV_SINGLE / KV_CONCURRENT
 # (override the pools), BUDGET, POINTS.
@@ -41,6 +46,7 @@ PRESET=${PRESET:-both}
 HOST=${HOST:-32G}
 POINT_LIMIT=${POINT_LIMIT:-40}
 WORKFLOWS=${WORKFLOWS:-64}
+WORKFLOWS_PEER=${WORKFLOWS_PEER:-128}
 TASKS_SINGLE=${TASKS_SINGLE:-2}
 FIXED_SINGLE=${FIXED_SINGLE:-8192}
 FIXED_CONCURRENT=${FIXED_CONCURRENT:-1024}
@@ -75,12 +81,20 @@ concurrent() {
     --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
 }
 
+peer() {
+  cache_flags "$1"
+  point "peer-$1" 50 peer --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
+    --workflows "$WORKFLOWS_PEER" --declare-workflows --warmup-tasks "$(( 2 * WORKFLOWS_PEER ))" --steady-state \
+    --num-tasks "$(( 4 * WORKFLOWS_PEER ))" --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
+}
+
 # The paper's two baselines first (hicache, lru), then Loom's ablations (lru-bg, kvflow-blocking).
 # PRESET=baselines: the points the first H200 run did not reach (the two lru ones) and nothing else.
 case "$PRESET" in
   single) for c in hicache kvflow lru lru-bg kvflow-blocking; do single $c; done ;;
   concurrent) for c in hicache kvflow lru lru-bg kvflow-blocking; do concurrent $c; done ;;
   baselines) single lru; concurrent lru ;;
+  peer) for c in hicache kvflow lru; do peer $c; done ;;
   *)
     single hicache; single kvflow; concurrent hicache; concurrent kvflow
     single lru; concurrent lru

@@ -24,6 +24,7 @@ FORKKV_PAPER = {  # ForkKV §7.2: Fig. 11 (8 workflows, three datasets/models), 
 KVFLOW_PAPER = {  # KVFlow §5 (Fig. 5, 6)
     "single": "1.83x over SGLang w/ HiCache, 2.91x over SGLang (A10G, 8192/32/32, Fig. 5)",
     "concurrent": "up to 2.19x over HiCache, 1.25x over SGLang; HiCache 0.57x of SGLang at 1024 x 64 (H100, Fig. 6)",
+    "peer": "up to 1.08x over HiCache, 1.12x over SGLang (PEER-style workflow, Fig. 8)",
 }
 
 
@@ -142,7 +143,7 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
              "hit rate | loaded tok | load wait p95 s | prefetch in time / late tok | paper |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
-    for setting in ("single", "concurrent"):
+    for setting in ("single", "concurrent", "peer"):
         runs = {name.split("-", 1)[1]: m for name, m in points.items() if name.startswith(setting + "-") and m}
         if not runs:
             continue

@@ -178,6 +178,67 @@ class WorkloadTest(unittest.TestCase):
         self.assertIsNone(workloads.graph("reflexion-skewed", workloads.resolve("reflexion-skewed", workloads.Params())))
 
 
+class PeerWorkloadTest(unittest.TestCase):
+    """KVFlow's PEER-style workflow: four roles in order, fixed prompts that
+    share a preamble and repeat across a copy's tasks, the dynamic part
+    growing with the earlier roles' outputs, lengths from shapes.PEER_FINQA."""
+
+    @staticmethod
+    def fixed(stage):
+        return stage.calls[0].prompt.split("\nQuestion: ")[0]
+
+    def test_four_roles_in_order_over_fixed_prompts_with_a_shared_preamble(self):
+        stages = stages_of("peer")
+        self.assertEqual([s.calls[0].agent for s in stages], list(shapes.PEER_ROLES))
+        self.assertEqual([s.calls[0].phase for s in stages], list(shapes.PEER_ROLES))
+        self.assertTrue(all(s.calls[0].model == "base" for s in stages))
+        fixed = [self.fixed(s) for s in stages]
+        self.assertEqual(len(set(fixed)), 4)
+        preamble = fixed[0].split("\nRole: ")[0]
+        self.assertEqual(len(preamble.split("\n", 1)[1].split()), shapes.PEER_FINQA.preamble_tokens)
+        self.assertTrue(all(f.startswith(preamble + "\nRole: ") for f in fixed))  # the partial prefix overlap
+        # each role reads the question and every earlier role's output
+        for k, stage in enumerate(stages):
+            prompt = stage.calls[0].prompt
+            for earlier in shapes.PEER_ROLES[:k]:
+                self.assertIn(f"\n{earlier.capitalize()}: ok", prompt)
+            self.assertTrue(prompt.endswith(f"{shapes.PEER_ROLES[k].capitalize()}:"))
+        # a copy's next task repeats its fixed prompts; another copy has its own unless share_fixed
+        self.assertEqual([self.fixed(s) for s in stages_of("peer", task=9)], fixed)
+        other = [self.fixed(s) for s in stages_of("peer", copy=1)]
+        self.assertFalse(set(fixed) & set(other))
+        self.assertEqual([self.fixed(s) for s in stages_of("peer", copy=1, share_fixed=True)], fixed)
+        adapters = stages_of("peer", agent_models="adapters")
+        self.assertEqual([s.calls[0].model for s in adapters], ["a0", "a1", "a2", "a3"])
+        self.assertEqual(workloads.graph("peer", workloads.resolve("peer", workloads.Params()))["agents"][0],
+                         {"name": "plan", "after": ["review"]})
+        with self.assertRaises(ValueError):
+            workloads.resolve("peer", workloads.Params(agents=3))
+
+    def test_lengths_follow_the_stated_distributions(self):
+        shape = shapes.PEER_FINQA
+        tasks = [stages_of("peer", task=t) for t in range(800)]
+        for k, role in enumerate(shapes.PEER_ROLES):
+            outputs = [stages[k].calls[0].max_tokens for stages in tasks]
+            self.assertAlmostEqual(statistics.mean(outputs) / shape.outputs[k].mean, 1.0, delta=0.05, msg=role)
+            self.assertGreaterEqual(min(outputs), shape.outputs[k].low)
+            self.assertLessEqual(max(outputs), shape.outputs[k].high)
+        questions = [len(stages[0].calls[0].prompt.split("\nQuestion: ")[1].split("\n")[0].split())
+                     for stages in tasks]
+        self.assertAlmostEqual(statistics.mean(questions) / shape.question.mean, 1.0, delta=0.06)
+        # role prompts are drawn per (copy, agent): their mean over many copies is the shape's
+        roles = [len(self.fixed(stage).split("\nRole: ")[1].split("\n", 2)[2].split())  # past "Context N:"
+                 for copy in range(300) for stage in stages_of("peer", copy=copy)]
+        self.assertAlmostEqual(statistics.mean(roles) / shape.role.mean, 1.0, delta=0.05)
+        # the means move with the parameters; output_tokens keeps the roles' proportions
+        moved = [stages_of("peer", task=t, context_tokens=200, instruction_tokens=40, output_tokens=50)
+                 for t in range(400)]
+        outputs = [[stages[k].calls[0].max_tokens for stages in moved] for k in range(4)]
+        self.assertAlmostEqual(statistics.mean(statistics.mean(o) for o in outputs) / 50, 1.0, delta=0.06)
+        self.assertGreater(statistics.mean(outputs[1]), 2 * statistics.mean(outputs[3]))  # execute > review
+        self.assertEqual(tasks[5], stages_of("peer", task=5))  # a pure function of (seed, task)
+
+
 METRICS_BEFORE = """# HELP loom_prefix_cache_hit_tokens_total x
 # TYPE loom_prefix_cache_hit_tokens_total counter
 loom_prefix_cache_hit_tokens_total 100

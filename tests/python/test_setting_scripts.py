@@ -35,8 +35,8 @@ class SettingScriptsTest(unittest.TestCase):
     def tearDownClass(cls):
         shutil.rmtree(cls.directory, ignore_errors=True)
 
-    def run_script(self, script, study, **env):
-        out = os.path.join(self.directory, script.split(".")[0])
+    def run_script(self, script, study, out_name=None, **env):
+        out = os.path.join(self.directory, out_name or script.split(".")[0])
         environment = dict(os.environ, LOOM=loom_server.loom_binary(), DEVICE="cpu", MODEL="random:tiny", OUT=out,
                            BUDGET="120", **env)
         result = subprocess.run(["bash", os.path.join("bench", "cuda", script)], cwd=ROOT, env=environment,
@@ -111,6 +111,19 @@ class SettingScriptsTest(unittest.TestCase):
         self.assertEqual(reports["single-kvflow"]["metrics"]["num_failed_calls"], 0)
         self.assertIn("single/kvflow", summary["rows"])
         self.assertIn("1.83x", stdout)
+
+    def test_kvflow_peer(self):
+        stdout, reports, summary = self.run_script(
+            "kvflow_setting.sh", "kvflow", out_name="kvflow_peer", PRESET="peer", WORKFLOWS_PEER="2",
+            KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3", POINTS="peer-hicache peer-kvflow",
+            LOOM_BENCH_ARGS=SMALL + " --context-tokens 16 --instruction-tokens 8 --output-tokens 4")
+        self.assertEqual(sorted(reports), ["peer-hicache", "peer-kvflow"])
+        self.assertIn("blocking", reports["peer-hicache"]["serve_args"])
+        self.assertTrue(all(status < 300 for status in reports["peer-kvflow"]["workflows_declared"]))
+        self.assertEqual(reports["peer-kvflow"]["metrics"]["num_failed_calls"], 0)
+        self.assertGreater(reports["peer-kvflow"]["metrics"]["calls_per_s"], 0)
+        self.assertIn("peer/kvflow", summary["rows"])
+        self.assertIn("1.08x over HiCache", stdout)
 
     def test_seed_plots_draw_each_study_from_the_figures_file(self):
         out = os.path.join(self.directory, "plots")

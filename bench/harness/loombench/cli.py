@@ -81,7 +81,7 @@ def parser() -> argparse.ArgumentParser:
     w.add_argument("--skew-probability", type=float, default=0.5)
     w.add_argument("--agent-models", choices=["auto", "base", "adapters"], default="auto")
     w.add_argument("--reducer", choices=["adapter", "base"], default="adapter")
-    w.add_argument("--share-fixed", action="store_true", help="sequential: copies share fixed prompts")
+    w.add_argument("--share-fixed", action="store_true", help="sequential, peer: copies share fixed prompts")
     w.add_argument("--invocation-text", default="", help="pipeline: text before each adapter's answer (aLoRA)")
     w.add_argument("--context-file", help="static contexts from this text file (default: synthesised)")
     w.add_argument("--steps", type=float, help="react-hotpotqa / reflexion-hotpotqa: mean thought/action steps "

@@ -1,4 +1,4 @@
-"""The five agentic workloads. Each turns (task identity, models, text source,
+"""The agentic workloads. Each turns (task identity, models, text source,
 parameters) into a task generator of Stages (see workflow.py).
 
 Sizes are in tokens (converted to words through TextSource); outputs are
@@ -67,6 +67,11 @@ DEFAULTS: Dict[str, Dict[str, object]] = {
     "pipeline": dict(agents=5, context_tokens=256, instruction_tokens=0, output_tokens=256),
     # KVFlow: 10-agent sequential workflow, fixed/dynamic/output = 8192/32/32 (scaled down here).
     "sequential": dict(agents=10, context_tokens=512, instruction_tokens=32, output_tokens=32),
+    # KVFlow §5's PEER-style workflow (Fig. 7/8): plan -> execute -> express -> review; lengths drawn from
+    # shapes.PEER_FINQA (assumptions stated there).
+    "peer": dict(agents=len(shapes.PEER_ROLES), context_tokens=round(shapes.PEER_FINQA.role.mean),
+                 instruction_tokens=round(shapes.PEER_FINQA.question.mean),
+                 output_tokens=round(shapes.PEER_FINQA.mean_output())),
 }
 
 ALIASES = {"prompt_tokens": "context_tokens", "fixed_tokens": "context_tokens", "gen_tokens": "output_tokens",
@@ -86,6 +91,9 @@ def resolve(workload: str, params: Params) -> Params:
     resolved = Params(**given)
     if resolved.agents < 1:
         raise ValueError("--agents must be >= 1")
+    if workload == "peer" and resolved.agents != len(shapes.PEER_ROLES):
+        raise ValueError(f"peer has {len(shapes.PEER_ROLES)} agents ({', '.join(shapes.PEER_ROLES)}), "
+                         f"got --agents {resolved.agents}")
     if resolved.invocation not in ("round-robin", "skewed"):
         raise ValueError(f"--invocation must be round-robin or skewed, got {resolved.invocation!r}")
     return resolved
@@ -232,6 +240,31 @@ def sequential(ctx: TaskContext, models: Models, text: TextSource, p: Params) ->
         yield Stage([Call(model, f"agent{agent}", prompt, p.output_tokens)])
 
 
+def peer(ctx: TaskContext, models: Models, text: TextSource, p: Params) -> TaskGenerator:
+    """KVFlow's PEER-style workflow (§5, Fig. 7/8): plan, execute, express and
+    review run one after the other. Each agent's fixed prompt is a preamble
+    every role shares plus its own role text (drawn once per workflow copy and
+    agent, so a copy's tasks repeat it; copies differ unless share_fixed); the
+    dynamic part is the task's question and the earlier agents' outputs.
+    Base model unless agent_models is adapters. Lengths: shapes.PEER_FINQA,
+    means from Params."""
+    b = Builder(ctx, text, "peer")
+    draws = length_rng(ctx, "peer")
+    shape = shapes.peer_shape_with(shapes.PEER_FINQA, role_tokens=p.context_tokens,
+                                   question_tokens=p.instruction_tokens, output_tokens=p.output_tokens)
+    preamble = b.context(2000, shape.preamble_tokens)  # 2000+: apart from the other workloads' contexts
+    question = "Question: " + b.words(shape.question.draw(draws))
+    done: List[str] = []
+    for k, role in enumerate(shapes.PEER_ROLES):
+        fixed_index = k if p.share_fixed else ctx.copy_index * len(shapes.PEER_ROLES) + k
+        role_tokens = shape.role.draw(random.Random(f"peer-role-{ctx.seed}-{fixed_index}"))
+        fixed = join(preamble, f"Role: {role}", b.context(2100 + fixed_index, role_tokens))
+        model = models.adapter(k) if p.agent_models == "adapters" else models.base
+        [out] = yield Stage([Call(model, role, join(fixed, question, *done, f"{role.capitalize()}:"),
+                                  shape.outputs[k].draw(draws), phase=role)])
+        done.append(f"{role.capitalize()}: {out}")
+
+
 def hotpotqa_shape(workload: str, p: Params) -> shapes.AgentTurnShape:
     """The workload's length distributions with the means Params sets."""
     base = shapes.REACT_HOTPOTQA if workload.startswith("react") else shapes.REFLEXION_HOTPOTQA
@@ -329,7 +362,7 @@ def reflexion_hotpotqa(ctx: TaskContext, models: Models, text: TextSource, p: Pa
 WORKLOADS: Dict[str, Callable[[TaskContext, Models, TextSource, Params], TaskGenerator]] = {
     "react": react, "mapreduce": mapreduce, "reflexion": reflexion, "reflexion-skewed": reflexion,
     "pipeline": pipeline, "sequential": sequential,
-    "react-hotpotqa": react_hotpotqa, "reflexion-hotpotqa": reflexion_hotpotqa,
+    "react-hotpotqa": react_hotpotqa, "reflexion-hotpotqa": reflexion_hotpotqa, "peer": peer,
 }
 
 
@@ -339,6 +372,8 @@ def graph(workload: str, p: Params) -> Optional[dict]:
     if workload in ("react", "sequential") or (workload in ("reflexion", "react-hotpotqa", "reflexion-hotpotqa")
                                                 and p.invocation == "round-robin"):
         return agent_graph([f"agent{a}" for a in range(p.agents)], cyclic=True)
+    if workload == "peer":
+        return agent_graph(list(shapes.PEER_ROLES), cyclic=True)
     if workload == "mapreduce":
         mappers = [f"mapper{k}" for k in range(p.agents)]
         return agent_graph(mappers + ["reducer"], cyclic=False,
