@@ -25,12 +25,22 @@
 #   RATES="0.2 0.4" AGENT_COUNTS="4" bench/cuda/icarus_setting.sh   # more of the sweep, another call
 # Env: AGENT_COUNTS ("8 4 2"), SAT_RATE (16), SAT_TASKS (96), RATES (extra low rates,
 # default "0.8"), LOW_TASKS (32), RANK (128), POINT_LIMIT (measured seconds per
-# point, 75), KV_BYTES (override the A100 pool), BUDGET, POINTS.
+# point, 75), KV_BYTES (override the A100 pool), SHAPE (llama-8b | qwen3-14b), BUDGET, POINTS.
 # Off the GPU (the plumbing; tests/python/test_setting_scripts.py):
 #   LOOM=build/loom DEVICE=cpu MODEL=random:tiny KV_BYTES=4000000 RANK=8 SAT_TASKS=2 LOW_TASKS=2 \
 #     LOOM_BENCH_ARGS="--threads 2 --context-tokens 48 ..." bench/cuda/icarus_setting.sh
 set -u
 STUDY=icarus
+# SHAPE: llama-8b (the paper's headline) or qwen3-14b (its Fig. 4 second model: 3.6x / 7.4x): the model, its
+# weights in the pool arithmetic and its LoRA slots. Qwen3-14B: 40 layers, hidden 5120, MLP 17408, KV 160 KiB
+# per token; A100-80GB pool at 0.9 = 77,309,411,328 - 29,536,614,400 - 2 GiB - N x 901,775,360 (rank 128)
+# = 43.8 / 42.0 / 38.4 GB for 2 / 4 / 8 models (267K / 256K / 234K tokens).
+SHAPE=${SHAPE:-llama-8b}
+case "$SHAPE" in
+  llama-8b) LAYERS=32 HIDDEN=4096 MLP=14336 ;;
+  qwen3-14b) LAYERS=40 HIDDEN=5120 MLP=17408 MODEL=${MODEL:-random:qwen3-14b} WEIGHT_BYTES=${WEIGHT_BYTES:-29536614400} ;;
+  *) echo "SHAPE: llama-8b or qwen3-14b, not $SHAPE" >&2; exit 2 ;;
+esac
 . "$(dirname "$0")/setting_common.sh"
 AGENT_COUNTS=${AGENT_COUNTS:-8 4 2}
 SAT_RATE=${SAT_RATE:-16}
@@ -40,7 +50,7 @@ LOW_TASKS=${LOW_TASKS:-32}
 RANK=${RANK:-128}
 POINT_LIMIT=${POINT_LIMIT:-75}
 TARGETS=q_proj,o_proj,gate_proj,up_proj,down_proj
-ADAPTER_DIR=${ADAPTER_DIR:-/tmp/loom/icarus_adapters_r$RANK}
+ADAPTER_DIR=${ADAPTER_DIR:-/tmp/loom/icarus_adapters_${SHAPE}_r$RANK}
 MAX_AGENTS=$(echo $AGENT_COUNTS | tr ' ' '\n' | sort -n | tail -1)
 make_adapters "$ADAPTER_DIR" "$MAX_AGENTS" "$RANK" "$TARGETS"
 
@@ -49,7 +59,7 @@ make_adapters "$ADAPTER_DIR" "$MAX_AGENTS" "$RANK" "$TARGETS"
 #   - N LoRA slots of 32 layers x (q 2x4096xR + o 2x4096xR + gate/up/down 3x(4096+14336)xR) x 2 B
 #     (R = 128: 587,202,560 B per slot) = 57.9 GB (2 models), 56.8 GB (4), 54.4 GB (8) = 442K / 433K / 415K tokens
 #   of the 8B shape's 128 KiB per token.
-SLOT=$(( 32 * (4 * 4096 + 3 * (4096 + 14336)) * RANK * 2 ))
+SLOT=$(( LAYERS * (4 * HIDDEN + 3 * (HIDDEN + MLP)) * RANK * 2 ))
 
 run_side() {  # run_side NAME AGENTS RATE TASKS SIDE
   local name=$1 agents=$2 rate=$3 tasks=$4 side=$5

@@ -78,11 +78,14 @@ lora_flags() {
 # Llama-3.1-8B: 8,030,261,248 parameters x 2 bytes (bf16) = 16,060,522,496 bytes.
 # Activations: 2 GiB assumed (vLLM's profile run at max_num_batched_tokens 8192 plus
 # CUDA graphs on an 8B model; the real figure depends on the version).
+# WEIGHT_BYTES: the served model's bf16 weights (default Llama-3.1-8B's; icarus_setting.sh SHAPE=qwen3-14b sets
+# Qwen3-14B's 14,768,307,200 x 2).
 LLAMA8B_WEIGHT_BYTES=16060522496
+WEIGHT_BYTES=${WEIGHT_BYTES:-$LLAMA8B_WEIGHT_BYTES}
 ACTIVATION_BYTES=$(( 2 * 1024 * 1024 * 1024 ))
 pool_bytes() {
   local mib=$1 percent=$2 slot=$3 slots=$4
-  echo $(( mib * 1024 * 1024 * percent / 100 - LLAMA8B_WEIGHT_BYTES - slot * slots - ACTIVATION_BYTES ))
+  echo $(( mib * 1024 * 1024 * percent / 100 - WEIGHT_BYTES - slot * slots - ACTIVATION_BYTES ))
 }
 
 # The summary beside the reports: markdown rows with the paper's figures (setting_table.py).

@@ -203,7 +203,7 @@ ModelOnDevice load_model_on_device(const std::string& model_flag, const DeviceOp
     return result;
   }
 #ifdef LOOM_HAVE_CUDA
-  // make-model stores the 8b and 70b presets in bf16 (norms included) and tiny in f32.
+  // make-model stores the 8b, 14b and 70b presets in bf16 (norms included) and tiny in f32.
   const bool round_to_bf16 = spec.preset != SyntheticPreset::kTiny;
   const CudaBackendConfig config = cuda_backend_config(options);
   if (options.tensor_parallel_size > 1) {

@@ -3,7 +3,7 @@
 //
 //   --device cpu | cuda | cuda:N
 //   --model  PATH (a Hugging Face directory or .gguf, as load_model takes)
-//            random:[ARCH-]PRESET[:SEED]  e.g. random:llama-8b, random:llama-70b, random:tiny, random:qwen3-tiny:7
+//            random:[ARCH-]PRESET[:SEED]  e.g. random:llama-8b, random:llama-70b, random:qwen3-14b, random:tiny, random:qwen3-tiny:7
 //            The synthetic model of `loom make-model --arch ARCH --preset PRESET --seed SEED`
 //            (ARCH default llama, SEED default 0), built directly on the GPU with
 //            make-model's per-tensor seeds: no 16 GB file. Its tokenizer is the

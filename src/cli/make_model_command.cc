@@ -35,7 +35,7 @@ std::vector<std::string> split_commas(const std::string& text) {
 CommandRunner register_make_model(CLI::App& app) {
   auto flags = std::make_shared<MakeModelFlags>();
   app.add_option("--arch", flags->arch, "llama | qwen2 | qwen3 | mistral")->capture_default_str();
-  app.add_option("--preset", flags->preset, "tiny (tests) | 8b (Llama-3-8B shapes, bf16, 16 GB) | 70b (Llama-3-70B shapes, bf16, 141 GB)")->capture_default_str();
+  app.add_option("--preset", flags->preset, "tiny (tests) | 8b (Llama-3-8B shapes, bf16, 16 GB) | 14b (Qwen3-14B shapes, bf16, 30 GB) | 70b (Llama-3-70B shapes, bf16, 141 GB)")->capture_default_str();
   app.add_option("--adapters", flags->num_adapters, "PEFT adapters to write into OUT/adapters/")
       ->check(CLI::NonNegativeNumber);
   app.add_option("--rank", flags->rank, "LoRA rank")->check(CLI::PositiveNumber)->capture_default_str();

@@ -93,6 +93,21 @@ ModelConfig llama3_70b_config(Architecture arch) {
   return config;
 }
 
+// Qwen3-14B (qk-norm, no rope scaling, 40 heads over 8 kv heads); other archs keep the dimensions.
+ModelConfig qwen3_14b_config(Architecture arch) {
+  ModelConfig config = llama3_8b_config(arch);
+  config.vocab_size = 151936;
+  config.hidden_size = 5120;
+  config.intermediate_size = 17408;
+  config.num_layers = 40;
+  config.num_heads = 40;
+  config.max_position_embeddings = 40960;
+  config.rms_norm_eps = 1e-6f;
+  config.rope_theta = 1000000.0f;
+  config.rope_scaling = {};
+  return config;
+}
+
 void write_text(const fs::path& path, const std::string& text) {
   std::ofstream stream(path, std::ios::binary | std::ios::trunc);
   stream << text;
@@ -115,7 +130,8 @@ SyntheticPreset synthetic_preset_from_name(const std::string& name) {
   if (name == "tiny") return SyntheticPreset::kTiny;
   if (name == "8b") return SyntheticPreset::k8b;
   if (name == "70b") return SyntheticPreset::k70b;
-  fail(ErrorKind::kInvalidArgument, "--preset: unknown preset '{}' (expected tiny, 8b or 70b)", name);
+  if (name == "14b") return SyntheticPreset::k14b;
+  fail(ErrorKind::kInvalidArgument, "--preset: unknown preset '{}' (expected tiny, 8b, 14b or 70b)", name);
 }
 
 const char* synthetic_preset_name(SyntheticPreset preset) {
@@ -123,14 +139,19 @@ const char* synthetic_preset_name(SyntheticPreset preset) {
     case SyntheticPreset::kTiny: return "tiny";
     case SyntheticPreset::k8b: return "8b";
     case SyntheticPreset::k70b: return "70b";
+    case SyntheticPreset::k14b: return "14b";
   }
   return "?";
 }
 
 ModelConfig synthetic_model_config(Architecture arch, SyntheticPreset preset) {
-  ModelConfig config = preset == SyntheticPreset::kTiny ? tiny_config(arch)
-                       : preset == SyntheticPreset::k8b ? llama3_8b_config(arch)
-                                                        : llama3_70b_config(arch);
+  ModelConfig config;
+  switch (preset) {
+    case SyntheticPreset::kTiny: config = tiny_config(arch); break;
+    case SyntheticPreset::k8b: config = llama3_8b_config(arch); break;
+    case SyntheticPreset::k14b: config = qwen3_14b_config(arch); break;
+    case SyntheticPreset::k70b: config = llama3_70b_config(arch); break;
+  }
   const SyntheticTokenizer tokenizer = synthetic_tokenizer_for(config);
   config.bos_token_id = tokenizer.bos_token_id;
   config.eos_token_ids = tokenizer.eos_token_ids;

@@ -56,10 +56,11 @@
 
 namespace loom {
 
-// tiny: the tests' models (f32); 8b and 70b: Llama-3-8B and Llama-3-70B shapes (bf16), for benchmarks.
-enum class SyntheticPreset { kTiny, k8b, k70b };
+// tiny: the tests' models (f32); 8b and 70b: Llama-3-8B and Llama-3-70B shapes, 14b: Qwen3-14B's
+// (bf16), for benchmarks.
+enum class SyntheticPreset { kTiny, k8b, k70b, k14b };
 
-// "tiny" | "8b" | "70b"; throws Error(kInvalidArgument) otherwise.
+// "tiny" | "8b" | "14b" | "70b"; throws Error(kInvalidArgument) otherwise.
 SyntheticPreset synthetic_preset_from_name(const std::string& name);
 const char* synthetic_preset_name(SyntheticPreset preset);
 

@@ -81,6 +81,16 @@ class SettingScriptsTest(unittest.TestCase):
         self.assertIn("| 2 | iso-recompute |", stdout)
         self.assertIn("1.4x / 3.8x", stdout)  # the paper's figures beside Loom's
 
+    def test_icarus_shapes(self):
+        # SHAPE picks the model and its pool arithmetic; anything else is refused before any point runs.
+        environment = dict(os.environ, LOOM=loom_server.loom_binary(), DEVICE="cpu",
+                           OUT=os.path.join(self.directory, "shape"), SHAPE="llama-70b")
+        result = subprocess.run(["bash", os.path.join("bench", "cuda", "icarus_setting.sh")], cwd=ROOT,
+                                env=environment, capture_output=True, text=True, timeout=60)
+        self.assertEqual(result.returncode, 2)
+        self.assertIn("SHAPE: llama-8b or qwen3-14b", result.stderr)
+        self.assertFalse(os.path.exists(os.path.join(self.directory, "shape", "icarus", "points.txt")))
+
     def test_forkkv(self):
         stdout, reports, summary = self.run_script(
             "forkkv_setting.sh", "forkkv", PRESET="react:32:1:warm mapreduce:32:1:cold", RANK="4",

@@ -163,6 +163,18 @@ TEST(SyntheticModel, ArchSpecificsOfTinyPresets) {
   for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(huge)) num_parameters += spec.numel();
   EXPECT_EQ(num_parameters, 70553706496);  // Meta-Llama-3-70B
   EXPECT_EQ(synthetic_preset_from_name("70b"), SyntheticPreset::k70b);
+  const ModelConfig qwen = synthetic_model_config(Architecture::kQwen3, SyntheticPreset::k14b);
+  EXPECT_EQ(qwen.hidden_size, 5120);
+  EXPECT_EQ(qwen.num_layers, 40);
+  EXPECT_EQ(qwen.num_heads, 40);
+  EXPECT_EQ(qwen.num_kv_heads, 8);
+  EXPECT_EQ(qwen.head_dim, 128);
+  EXPECT_TRUE(qwen.qk_norm);
+  EXPECT_EQ(qwen.rope_scaling.type, RopeScaling::Type::kNone);
+  num_parameters = 0;
+  for (const SyntheticTensorSpec& spec : synthetic_base_tensor_specs(qwen)) num_parameters += spec.numel();
+  EXPECT_EQ(num_parameters, 14768307200);  // Qwen/Qwen3-14B
+  EXPECT_EQ(synthetic_preset_from_name("14b"), SyntheticPreset::k14b);
   EXPECT_THROW(synthetic_preset_from_name("405b"), Error);
 }
 
