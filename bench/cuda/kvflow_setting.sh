@@ -30,12 +30,14 @@
 #               WORKFLOWS_PEER (128, assumed: their fixed prompts, ~5K tokens each, then exceed the H100
 #               pool's ~435K) concurrent workflows on the H100 pool, POINT_LIMIT windows, agent calls/s;
 #               lru, hicache, kvflow.
+#   sweep       the concurrent setting at each of WORKFLOWS_SWEEP ("8 16 32", Fig. 6's other concurrencies;
+#               64 is `concurrent`): points sweepN-lru, sweepN-hicache, sweepN-kvflow.
 # One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
 # concurrent/hicache, concurrent/kvflow, single/lru, concurrent/lru, then the ablations as the
 # budget allows (skipped.txt lists what it did not reach). PRESET=single or PRESET=concurrent runs
-# one setting's five, PRESET=peer the PEER-style three; PRESET=baselines the two lru points alone.
+# one setting's five, PRESET=peer the PEER-style three, PRESET=sweep the concurrency sweep; PRESET=baselines the two lru points alone.
 #   bench/cuda/kvflow_setting.sh
-# Env: PRESET (both | single | concurrent | baselines | peer), WORKFLOWS_PEER (128), HOST (32G; SGLang's HiCache default, a host pool
+# Env: PRESET (both | single | concurrent | baselines | peer | sweep), WORKFLOWS_PEER (128), WORKFLOWS_SWEEP, HOST (32G; SGLang's HiCache default, a host pool
 # twice the device pool, is HOST=114G for the concurrent setting), POINT_LIMIT (40), WORKFLOWS (64),
 # TASKS_SINGLE (2), FIXED_SINGLE (8192), FIXED_CONCURRENT (1024), KV_SINGLE / KV_CONCURRENT
 # (override the pools), BUDGET, POINTS.
@@ -47,6 +49,7 @@ HOST=${HOST:-32G}
 POINT_LIMIT=${POINT_LIMIT:-40}
 WORKFLOWS=${WORKFLOWS:-64}
 WORKFLOWS_PEER=${WORKFLOWS_PEER:-128}
+WORKFLOWS_SWEEP=${WORKFLOWS_SWEEP:-8 16 32}
 TASKS_SINGLE=${TASKS_SINGLE:-2}
 FIXED_SINGLE=${FIXED_SINGLE:-8192}
 FIXED_CONCURRENT=${FIXED_CONCURRENT:-1024}
@@ -73,11 +76,12 @@ single() {
     --warmup-tasks 2 --steady-state --num-tasks "$TASKS_SINGLE" --time-limit "$(( POINT_LIMIT * 3 ))" "${CACHE_FLAGS[@]}"
 }
 
-concurrent() {
+concurrent() {  # concurrent CONFIG [WORKFLOWS [NAME]]
   cache_flags "$1"
-  point "concurrent-$1" 50 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
-    --fixed-tokens "$FIXED_CONCURRENT" --dynamic-tokens 32 --output-tokens 32 --workflows "$WORKFLOWS" \
-    --declare-workflows --warmup-tasks "$(( 2 * WORKFLOWS ))" --steady-state --num-tasks "$(( 4 * WORKFLOWS ))" \
+  local workflows=${2:-$WORKFLOWS}
+  point "${3:-concurrent}-$1" 50 sequential --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
+    --fixed-tokens "$FIXED_CONCURRENT" --dynamic-tokens 32 --output-tokens 32 --workflows "$workflows" \
+    --declare-workflows --warmup-tasks "$(( 2 * workflows ))" --steady-state --num-tasks "$(( 4 * workflows ))" \
     --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
 }
 
@@ -95,6 +99,7 @@ case "$PRESET" in
   concurrent) for c in hicache kvflow lru lru-bg kvflow-blocking; do concurrent $c; done ;;
   baselines) single lru; concurrent lru ;;
   peer) for c in hicache kvflow lru; do peer $c; done ;;
+  sweep) for w in $WORKFLOWS_SWEEP; do for c in hicache kvflow lru; do concurrent $c "$w" "sweep$w"; done; done ;;
   *)
     single hicache; single kvflow; concurrent hicache; concurrent kvflow
     single lru; concurrent lru

@@ -25,6 +25,7 @@ KVFLOW_PAPER = {  # KVFlow §5 (Fig. 5, 6)
     "single": "1.83x over SGLang w/ HiCache, 2.91x over SGLang (A10G, 8192/32/32, Fig. 5)",
     "concurrent": "up to 2.19x over HiCache, 1.25x over SGLang; HiCache 0.57x of SGLang at 1024 x 64 (H100, Fig. 6)",
     "peer": "up to 1.08x over HiCache, 1.12x over SGLang (PEER-style workflow, Fig. 8)",
+    "sweep": "Fig. 6: KVFlow ahead of SGLang and HiCache at every concurrency (up to 1.25x / 2.19x)",
 }
 
 
@@ -143,7 +144,10 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
              "hit rate | loaded tok | load wait p95 s | prefetch in time / late tok | paper |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
-    for setting in ("single", "concurrent", "peer"):
+    # single, concurrent, peer, then sweepN (the concurrency sweep) by N
+    found = {name.split("-", 1)[0] for name in points}
+    sweeps = sorted((s for s in found if re.fullmatch(r"sweep\d+", s)), key=lambda s: int(s[5:]))
+    for setting in ["single", "concurrent", "peer"] + sweeps:
         runs = {name.split("-", 1)[1]: m for name, m in points.items() if name.startswith(setting + "-") and m}
         if not runs:
             continue
@@ -164,7 +168,7 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
                          f"{num(m.get('prefix_hit_rate'), '{:.1%}')} | {num(m.get('loaded_tokens'), '{:.0f}')} | "
                          f"{num(m.get('load_wait_p95_s'))} | {num(m.get('prefetch_in_time_tokens'), '{:.0f}')} / "
                          f"{num(m.get('prefetch_late_tokens'), '{:.0f}')} | "
-                         f"{KVFLOW_PAPER[setting] if config == 'kvflow' else ''} |")
+                         f"{KVFLOW_PAPER['sweep' if setting in sweeps else setting] if config == 'kvflow' else ''} |")
             summary[f"{setting}/{config}"] = {"vs_hicache": speedup(config, "hicache"), "vs_lru": speedup(config, "lru")}
     return lines, summary
 

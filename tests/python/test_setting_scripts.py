@@ -135,6 +135,19 @@ class SettingScriptsTest(unittest.TestCase):
         self.assertIn("peer/kvflow", summary["rows"])
         self.assertIn("1.08x over HiCache", stdout)
 
+    def test_kvflow_concurrency_sweep(self):
+        stdout, reports, summary = self.run_script(
+            "kvflow_setting.sh", "kvflow", out_name="kvflow_sweep", PRESET="sweep", WORKFLOWS_SWEEP="1 2",
+            FIXED_CONCURRENT="24", KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3",
+            POINTS="sweep1-hicache sweep1-kvflow sweep2-kvflow", LOOM_BENCH_ARGS=SMALL + " --agents 3")
+        self.assertEqual(sorted(reports), ["sweep1-hicache", "sweep1-kvflow", "sweep2-kvflow"])
+        self.assertEqual(reports["sweep1-kvflow"]["arrivals"]["concurrency"], 1)  # each point its concurrency
+        self.assertEqual(reports["sweep2-kvflow"]["arrivals"]["concurrency"], 2)
+        self.assertEqual(len(reports["sweep2-kvflow"]["workflows_declared"]), 2)
+        self.assertIsNotNone(summary["rows"]["sweep1/kvflow"]["vs_hicache"])  # both sides ran at 1 workflow
+        self.assertIsNone(summary["rows"]["sweep2/kvflow"]["vs_hicache"])    # no baseline at 2: no ratio
+        self.assertLess(stdout.index("| sweep1 |"), stdout.index("| sweep2 |"))
+
     def test_seed_plots_draw_each_study_from_the_figures_file(self):
         out = os.path.join(self.directory, "plots")
         figures = os.path.join(ROOT, "bench", "results", "seeds", "figures.json")
