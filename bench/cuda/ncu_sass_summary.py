@@ -6,11 +6,16 @@ import argparse
 import collections
 import csv
 import json
+import sys
 
 
 def summarize(path):
-    rows = list(csv.reader(open(path)))
-    header_row = next(i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r)
+    with open(path) as file:
+        rows = list(csv.reader(file))
+    header_row = next((i for i, r in enumerate(rows) if "Source" in r and "Instructions Executed" in r), None)
+    if header_row is None:
+        sys.exit(f"ncu_sass_summary: {path} is no SASS source page "
+                 "(ncu --import R --page source --csv --print-source sass)")
     header = rows[header_row]
     column = {name: i for i, name in enumerate(header)}
     stall_names = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
@@ -21,6 +26,8 @@ def summarize(path):
             executed = int(row[column["Instructions Executed"]] or 0)
             sampled = int(row[column["Warp Stall Sampling (All Samples)"]] or 0)
         except (ValueError, IndexError):
+            continue
+        if executed == 0 and sampled == 0:  # never ran, never sampled: nothing to add
             continue
         source = row[column["Source"]].strip()
         if source.startswith("@"):  # predicate
