@@ -12,12 +12,13 @@ nvidia-smi --query-gpu=name,clocks.sm,clocks.max.sm,clocks.mem --format=csv > "$
 timeout "${BENCH_SECONDS:-150}" "$B" --what sharing --iterations 20 --out "$OUT/sharing.json" > "$OUT/sharing.log" 2>&1
 grep -E "sharing|decode-64" "$OUT/sharing.log"
 [ "${PROFILE:-1}" = 1 ] || exit 0
-# name:regex pairs (KERNELS): paged decode (attention_kernel<128, 1, 0>) and ResidualAttention's (<128, 1, 16>).
-KERNELS=${KERNELS:-"paged:attention_kernel<.int.128, .int.1, .int.0, .bool.0> residual:attention_kernel<.int.128, .int.1, .int.16, .bool.0>"}
-IFS=' ' read -r -a specs <<< "$(echo "$KERNELS" | sed 's/, /,_/g')"
+# KERNELS: NAME=REGEX pairs separated by ';' (the regexes hold spaces and commas): paged decode
+# (attention_kernel<128, 1, 0>) and ResidualAttention's (<128, 1, 16>).
+KERNELS=${KERNELS:-"paged=attention_kernel<.int.128, .int.1, .int.0, .bool.0>;residual=attention_kernel<.int.128, .int.1, .int.16, .bool.0>"}
+IFS=';' read -r -a specs <<< "$KERNELS"
 for spec in "${specs[@]}"; do
-  name=${spec%%:*}
-  regex=$(echo "${spec#*:}" | sed 's/,_/, /g')
+  name=${spec%%=*}
+  regex=${spec#*=}
   timeout "${NCU_SECONDS:-120}" ncu --clock-control none --kernel-name-base demangled \
     -k "regex:$regex" --launch-skip 1 --launch-count 1 \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
