@@ -42,7 +42,8 @@ template <int kHeadDim, int kRowWarps, int kRankPad>
 constexpr size_t attention_shared_bytes() {
   constexpr int kStride = kHeadDim + 8;
   constexpr size_t kResidual = kRankPad > 0 ? static_cast<size_t>(2 * kHeadDim + 4 * kTileKeys) * (kRankPad + 8) : 0;
-  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16);
+  constexpr size_t kRopeTable = kRankPad > 0 && kRowWarps == 1 ? (kHeadDim / 4) * (sizeof(float4) + sizeof(float2)) : 0;
+  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16) + kRopeTable;
 }
 
 // Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
@@ -100,6 +101,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   bf16* bv_shared = bk_shared + kHeadDim * kRankStride;    // [kHeadDim][kRankStride]
   bf16* rk_shared = bv_shared + kHeadDim * kRankStride;    // [2][kTileKeys][kRankStride]
   bf16* rv_shared = rk_shared + 2 * kTileKeys * kRankStride;
+  float4* rope_shared = reinterpret_cast<float4*>(rv_shared + 2 * kTileKeys * kRankStride);  // decode: [kHeadDim / 4]
+  float2* rope_sin_shared = reinterpret_cast<float2*>(rope_shared + kHeadDim / 4);
 
   const AttentionWorkItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // padding of a graph-captured step's list
@@ -159,6 +162,18 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     };
     load_b(module_k, bk_shared);
     load_b(module_v, bv_shared);
+    if constexpr (kRowWarps == 1) {
+      // RoPE of the warp's keys (decode_residual_scores): inv_freq, and the rotation by
+      // 8 positions that takes a lane's key g to key g + 8.
+      for (int pair = tid; pair < kHeadDim / 4; pair += kThreads) {
+        const float f0 = p.inv_freq[2 * pair], f1 = p.inv_freq[2 * pair + 1];
+        float c0, s0, c1, s1;
+        sincosf(8.0f * f0, &s0, &c0);
+        sincosf(8.0f * f1, &s1, &c1);
+        rope_shared[pair] = make_float4(f0, f1, c0, c1);
+        rope_sin_shared[pair] = make_float2(s0, s1);
+      }
+    }
   }
 
   // Thread tid copies chunk tid % kChunksPerRow of K/V rows tid / kChunksPerRow + kLoadRows * i
@@ -296,7 +311,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         static_assert(kScoreTiles == 2, "decode warps own 16 keys");
         if (module_k.rank > 0)
           add_residual_scores<kHeadDim, kRankPad>(
-              p.inv_freq, reinterpret_cast<const float4*>(p.rope_table), p.rope_table_positions, score, q_fragments,
+              p.inv_freq, rope_shared, rope_sin_shared, score, q_fragments,
               rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride, bk_shared, module_k.scale,
               first_key, lane);
       }

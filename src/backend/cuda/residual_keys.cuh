@@ -102,27 +102,20 @@ __device__ __forceinline__ void rebuild_keys(const float* inv_freq, __nv_bfloat1
       });
 }
 
-// One RoPE table entry (launch_rope_table), read-only path; volatile so that it
-// stays where it is written among the MMAs.
-__device__ __forceinline__ void load_rope_entry(const float4* entry, float& cos0, float& cos1, float& sin0,
-                                                float& sin1) {
-  asm volatile("ld.global.nc.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-               : "=f"(cos0), "=f"(cos1), "=f"(sin0), "=f"(sin1)
-               : "l"(entry));
-}
-
 // Decode: a warp's 16 keys (first_key..) add Q · (residual part)^T to its two
 // score tiles. The rebuilt keys never touch shared memory: packed to bf16, the
 // C fragments of (keys x head_dim) are exactly the B fragments of S = Q K^T
 // (key = the n index, head_dim = k). Keys past kv_end have rK = 0.
 // Per pair of n-tiles (t, t + 1) the lane's low halves make score step t / 2 and
 // the high halves step t / 2 + kHeadDim / 32, consumed at once (few live
-// registers). s_k multiplies the residual scores, not the keys. RoPE's cos / sin
-// come from `table` (AttentionParams::rope_table: qkv's own values, no angle
-// arithmetic here), rows clamped below table_positions: keys at or past it are
-// past kv_end (the step checks contexts against it), rK = 0 there.
+// registers). s_k multiplies the residual scores, not the keys. RoPE: the SFU for
+// the lane's key g; key g + 8 rotates that by 8 positions (rope: per pair of
+// head dims {inv_freq d, d + 1, cos 8θ d, d + 1}, rope_sin: {sin 8θ d, d + 1}).
+// Key g + 8's angle is then fl(θ p) + 8θ rather than qkv's fl(θ (p + 8)): they
+// differ by the product's rounding, up to ~2e-3 rad at 32K positions, below half
+// a bf16 ulp of the rebuilt key (the 32K decode test bounds the result).
 template <int kHeadDim, int kRankPad>
-__device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* table, int table_positions,
+__device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* rope, const float2* rope_sin,
                                                     float (&score)[2][4], const uint32_t (&q)[kHeadDim / 16][4],
                                                     const __nv_bfloat16* rk_rows, const __nv_bfloat16* b, float scale,
                                                     int first_key, int lane) {
@@ -142,15 +135,11 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
     constexpr int kRankStride = kRankPad + 8;
     constexpr int kHalf = kHeadDim / 2;
     constexpr int kRankSteps = kRankPad / 16;
-    constexpr int kPairs = kHeadDim / 4;
     uint32_t a[kRankSteps][4];
     load_rank_fragments<kRankPad>(rk_rows, lane, a);
     const int g = lane / 4;
     const int quad = lane % 4;
-    const float4* table_rows[2];  // the lane's keys g and g + 8
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      table_rows[h] = table + static_cast<int64_t>(min(first_key + g + 8 * h, table_positions - 1)) * kPairs + quad;
+    const float position = static_cast<float>(first_key + g);
     float residual[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int j = 0; j < kHalf / 16; ++j) {
@@ -158,12 +147,6 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
 #pragma unroll
       for (int u = 0; u < 2; ++u) {
         const int t = 2 * j + u;
-        // cos / sin [h][e] of head dims d = 8 t + 2 quad + e, loaded before the
-        // rebuild MMAs, whose latency covers the L1/L2 round trip.
-        float cosine[2][2], sine[2][2];
-#pragma unroll
-        for (int h = 0; h < 2; ++h)
-          load_rope_entry(table_rows[h] + t * 4, cosine[h][0], cosine[h][1], sine[h][0], sine[h][1]);
         float first[4] = {0.0f, 0.0f, 0.0f, 0.0f}, second[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
         for (int step = 0; step < kRankSteps; ++step) {
@@ -172,6 +155,18 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
                       b + (t * 8 + lane % 8 + (lane / 16) * kHalf) * kRankStride + step * 16 + ((lane / 8) % 2) * 8);
           mma_bf16(first, a[step], fragment[0], fragment[1]);
           mma_bf16(second, a[step], fragment[2], fragment[3]);
+        }
+        const int pair = t * 4 + quad;  // head dims d = 2 pair, d + 1
+        const float4 table = rope[pair];
+        const float2 sin8 = rope_sin[pair];
+        float cosine[2][2], sine[2][2];  // [h][e]
+        reduced_sincos(__fmul_rn(table.x, position), sine[0][0], cosine[0][0]);
+        reduced_sincos(__fmul_rn(table.y, position), sine[0][1], cosine[0][1]);
+        const float cos8[2] = {table.z, table.w}, sin8v[2] = {sin8.x, sin8.y};
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          cosine[1][e] = fmaf(cosine[0][e], cos8[e], -sine[0][e] * sin8v[e]);
+          sine[1][e] = fmaf(sine[0][e], cos8[e], cosine[0][e] * sin8v[e]);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
