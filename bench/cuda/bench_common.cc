@@ -194,8 +194,6 @@ double time_attention(CudaBackend& backend, const Batch& batch, int iterations, 
     params.num_layers = config.num_layers;
     params.layer = 0;
     params.inv_freq = backend.model().inverse_frequencies();
-    params.rope_table = backend.kv_pools().rope_table();
-    params.rope_table_positions = backend.kv_pools().rope_table_positions();
   }
   auto run = [&] {
     launch_attention(params, AttentionVariant::kPrefill,

@@ -14,7 +14,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/step_plan.h"
-#include "backend/rope.h"
 #include "cuda_test_util.h"
 #include "lora/adapter.h"
 
@@ -225,13 +224,6 @@ void run_case(const ResidualCase& c) {
   params.num_layers = 1;
   params.layer = 0;
   params.inv_freq = inv_freq_d.as<float>();
-  // Decode's RoPE table ends exactly at the longest context (as the step allows): the last tiles' clamp.
-  int32_t table_positions = 1;
-  for (auto [cached, fresh] : c.sequences) table_positions = std::max(table_positions, cached + fresh);
-  DeviceBuffer rope_table(rope_table_bytes(c.head_dim, table_positions));
-  launch_rope_table(params.inv_freq, c.head_dim, table_positions, rope_table.as<__half>(), nullptr);
-  params.rope_table = rope_table.as<__half>();
-  params.rope_table_positions = table_positions;
   launch_attention(params, AttentionVariant::kPrefill,
                    reinterpret_cast<const AttentionWorkItem*>(words + plan.sections().forked_prefill_items),
                    plan.num_forked_prefill_items(), nullptr, max_rank);
@@ -265,34 +257,6 @@ TEST(CudaResidualAttention, DecodeContexts1To32K) {
     c.sequences = {{context - 1, 1}};
     c.seed = context;
     run_case(c);
-  }
-}
-
-// The table holds qkv's own cos / sin (the fp32 angle, through double: Rope::cos_sin
-// on the CPU), rounded to fp16.
-TEST(CudaResidualAttention, RopeTableMatchesTheCpuRope) {
-  LOOM_REQUIRE_GPU();
-  ModelConfig config;
-  config.head_dim = 128;
-  config.rope_theta = 500000.0f;
-  const Rope rope(config);
-  const int32_t positions = 40000;
-  DeviceBuffer inv_freq = test::upload_f32(rope.inverse_frequencies());
-  DeviceBuffer table(rope_table_bytes(config.head_dim, positions));
-  launch_rope_table(inv_freq.as<float>(), config.head_dim, positions, table.as<__half>(), nullptr);
-  LOOM_CUDA_CHECK(cudaDeviceSynchronize());
-  std::vector<__half> host(table.size() / sizeof(__half));
-  LOOM_CUDA_CHECK(cudaMemcpy(host.data(), table.data(), table.size(), cudaMemcpyDeviceToHost));
-  std::vector<float> cosine(64), sine(64);
-  for (int position : {0, 1, 8, 777, 4096, 32767, positions - 1}) {
-    rope.cos_sin(position, cosine.data(), sine.data());
-    for (int pair = 0; pair < 32; ++pair) {
-      const __half* entry = host.data() + (static_cast<size_t>(position) * 32 + pair) * 4;
-      for (int e = 0; e < 2; ++e) {
-        EXPECT_NEAR(__half2float(entry[e]), cosine[2 * pair + e], 2.5e-4f) << position << " " << pair;
-        EXPECT_NEAR(__half2float(entry[2 + e]), sine[2 * pair + e], 2.5e-4f) << position << " " << pair;
-      }
-    }
   }
 }
 

@@ -42,11 +42,8 @@ template <int kHeadDim, int kRowWarps, int kRankPad>
 constexpr size_t attention_shared_bytes() {
   constexpr int kStride = kHeadDim + 8;
   constexpr size_t kResidual = kRankPad > 0 ? static_cast<size_t>(2 * kHeadDim + 4 * kTileKeys) * (kRankPad + 8) : 0;
-  // Forked decode: the rotation by 8 positions per pair of head dims, and each warp's staged RoPE rows.
-  constexpr size_t kRope = kRankPad > 0 && kRowWarps == 1 && kHeadDim >= 32
-                               ? (kHeadDim / 4) * sizeof(float4) + 4 * rope_stage_halves<kHeadDim>() * sizeof(__half)
-                               : 0;
-  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16) + kRope;
+  constexpr size_t kRopeTable = kRankPad > 0 && kRowWarps == 1 ? (kHeadDim / 4) * (sizeof(float4) + sizeof(float2)) : 0;
+  return (static_cast<size_t>(16 * kRowWarps + 4 * kTileKeys) * kStride + kResidual) * sizeof(bf16) + kRopeTable;
 }
 
 // Writes one finished row value pair (columns d, d + 1) to the output or the partial buffer.
@@ -104,10 +101,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
   bf16* bv_shared = bk_shared + kHeadDim * kRankStride;    // [kHeadDim][kRankStride]
   bf16* rk_shared = bv_shared + kHeadDim * kRankStride;    // [2][kTileKeys][kRankStride]
   bf16* rv_shared = rk_shared + 2 * kTileKeys * kRankStride;
-  // Forked decode (kRopeStage): [kHeadDim / 4] rotations by 8 positions, then 4 warps' staged RoPE rows.
-  constexpr bool kRopeStage = kForked && kRowWarps == 1 && kHeadDim >= 32;
-  float4* rope8_shared = reinterpret_cast<float4*>(rv_shared + 2 * kTileKeys * kRankStride);
-  __half* rope_stage_shared = reinterpret_cast<__half*>(rope8_shared + kHeadDim / 4);
+  float4* rope_shared = reinterpret_cast<float4*>(rv_shared + 2 * kTileKeys * kRankStride);  // decode: [kHeadDim / 4]
+  float2* rope_sin_shared = reinterpret_cast<float2*>(rope_shared + kHeadDim / 4);
 
   const AttentionWorkItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // padding of a graph-captured step's list
@@ -167,13 +162,16 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     };
     load_b(module_k, bk_shared);
     load_b(module_v, bv_shared);
-    if constexpr (kRopeStage) {
-      // The rotation by 8 positions that takes a lane's key g to key g + 8 (add_residual_scores).
+    if constexpr (kRowWarps == 1) {
+      // RoPE of the warp's keys (decode_residual_scores): inv_freq, and the rotation by
+      // 8 positions that takes a lane's key g to key g + 8.
       for (int pair = tid; pair < kHeadDim / 4; pair += kThreads) {
+        const float f0 = p.inv_freq[2 * pair], f1 = p.inv_freq[2 * pair + 1];
         float c0, s0, c1, s1;
-        sincosf(8.0f * p.inv_freq[2 * pair], &s0, &c0);
-        sincosf(8.0f * p.inv_freq[2 * pair + 1], &s1, &c1);
-        rope8_shared[pair] = make_float4(c0, c1, s0, s1);
+        sincosf(8.0f * f0, &s0, &c0);
+        sincosf(8.0f * f1, &s1, &c1);
+        rope_shared[pair] = make_float4(f0, f1, c0, c1);
+        rope_sin_shared[pair] = make_float2(s0, s1);
       }
     }
   }
@@ -240,29 +238,8 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
     }
   };
 
-  // Forked decode: the table rows of this warp's keys first_key .. first_key + 7 of a tile, into its stage
-  // (one group; the next tile's start waits for it with the tile's K/V). Rows past the table are zeros:
-  // their keys are past kv_end.
-  __half* rope_stage = rope_stage_shared + warp * rope_stage_halves<kHeadDim>();
-  auto stage_rope_rows = [&](int first_key) {
-    if constexpr (kRopeStage) {
-      constexpr int kChunksPerRow = kHeadDim / 8;
-#pragma unroll
-      for (int chunk = lane; chunk < 8 * kChunksPerRow; chunk += 32) {
-        const int row = chunk / kChunksPerRow;
-        const int column = chunk % kChunksPerRow;
-        const bool valid = first_key + row < p.rope_table_positions;
-        const __half* source =
-            valid ? p.rope_table + static_cast<int64_t>(first_key + row) * kHeadDim + column * 8 : p.rope_table;
-        cp_async_16(rope_stage + row * rope_stage_row_halves<kHeadDim>() + column * 8, source, valid);
-      }
-      cp_async_commit();
-    }
-  };
-
   const int num_tiles = (item.kv_end - item.kv_begin + kTileKeys - 1) / kTileKeys;
   load_tile(item.kv_begin, 0);
-  stage_rope_rows(item.kv_begin + warp * kKeysPerWarp);
   if constexpr (kFp8) store_fetched(0);
   __syncthreads();  // q_shared written with plain stores
 
@@ -334,14 +311,9 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
         static_assert(kScoreTiles == 2, "decode warps own 16 keys");
         if (module_k.rank > 0)
           add_residual_scores<kHeadDim, kRankPad>(
-              p.inv_freq, rope8_shared, rope_stage, score, q_fragments,
+              p.inv_freq, rope_shared, rope_sin_shared, score, q_fragments,
               rk_shared + (buffer * kTileKeys + key_warp * kKeysPerWarp) * kRankStride, bk_shared, module_k.scale,
               first_key, lane);
-        // The next tile's rows, under this tile's softmax and P·V (the stage is the warp's own).
-        if (tile + 1 < num_tiles) {
-          __syncwarp();
-          stage_rope_rows(first_key + kTileKeys);
-        }
       }
 
       float tile_max[2] = {-INFINITY, -INFINITY};
@@ -415,9 +387,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
           }
         }
       }
-    }
-    if constexpr (kRopeStage) {
-      if (!any_visible && tile + 1 < num_tiles) stage_rope_rows(first_key + kTileKeys);
     }
     if constexpr (kFp8) {
       if (tile + 1 < num_tiles) store_fetched(buffer ^ 1);  // read by no one since the last barrier

@@ -20,15 +20,9 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
                   residual.max_rank, config_.qk_norm},
                  lora_.adapters());
   int32_t residual_rank = 0;
-  for (const BatchSequence& sequence : batch.sequences) {
-    if (sequence.forked_adapter_slot < 0) continue;
-    residual_rank = std::max(residual_rank, lora_.kv_rank(sequence.forked_adapter_slot));
-    // ResidualAttention's RoPE table holds the model's positions (DeviceKvPools::rope_table).
-    const int64_t context = static_cast<int64_t>(sequence.num_computed_tokens) + sequence.num_new_tokens;
-    if (context > pools_.rope_table_positions())
-      fail(ErrorKind::kInvalidArgument, "cuda backend: a forked sequence of {} tokens, past the model's {} positions",
-           context, pools_.rope_table_positions());
-  }
+  for (const BatchSequence& sequence : batch.sequences)
+    if (sequence.forked_adapter_slot >= 0)
+      residual_rank = std::max(residual_rank, lora_.kv_rank(sequence.forked_adapter_slot));
   PlanShape shape{main.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_};
   shape.wide_prefill = wide_prefill_;
   // The rebuild serves k/v ranks 1..64; a batch whose forked adapters carry no

@@ -6,9 +6,7 @@
 #include <fmt/format.h>
 
 #include "backend/cuda/cuda_check.h"
-#include "backend/cuda/kernels.h"
 #include "backend/cuda/plan_types.h"
-#include "backend/rope.h"
 #include "util/error.h"
 
 namespace loom::cuda {
@@ -96,24 +94,6 @@ void DeviceKvPools::allocate_residual(const ResidualCacheShape& shape, cudaStrea
   if (scratch_.size() < scratch_bytes)
     allocate_or_explain(scratch_, scratch_bytes, "forked prefill scratch",
                         "lower --residual-kv-cache-memory or the KV cache's share of GPU memory");
-  int64_t positions64 = std::max(config_.max_position_embeddings, 1);
-  if (main_shape_.num_blocks > 0)
-    positions64 = std::min<int64_t>(positions64, static_cast<int64_t>(main_shape_.num_blocks) * main_shape_.block_size);
-  const int32_t positions = static_cast<int32_t>(positions64);
-  if (rope_table_positions_ < positions) {
-    rope_table_.release();
-    rope_table_positions_ = 0;
-    allocate_or_explain(rope_table_, static_cast<size_t>(rope_table_bytes(config_.head_dim, positions)),
-                        "ResidualAttention's RoPE table", "lower the KV cache's share of GPU memory");
-    const Rope rope(config_);
-    const std::vector<float>& inv_freq = rope.inverse_frequencies();
-    DeviceBuffer inv_freq_device(inv_freq.size() * sizeof(float));
-    LOOM_CUDA_CHECK(cudaMemcpyAsync(inv_freq_device.data(), inv_freq.data(), inv_freq_device.size(),
-                                    cudaMemcpyHostToDevice, stream));
-    launch_rope_table(inv_freq_device.as<float>(), config_.head_dim, positions, rope_table_.as<__half>(), stream);
-    LOOM_CUDA_CHECK(cudaStreamSynchronize(stream));
-    rope_table_positions_ = positions;
-  }
 }
 
 int64_t DeviceKvPools::scratch_keys() const {

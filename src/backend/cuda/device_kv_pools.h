@@ -19,7 +19,6 @@
 #include <vector>
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include "backend/backend.h"
@@ -69,12 +68,6 @@ class DeviceKvPools {
   // The scratch's K half (V follows after scratch_keys() entries), and its size in entries.
   __nv_bfloat16* scratch_k() const { return scratch_.as<__nv_bfloat16>(); }
   int64_t scratch_keys() const;
-  // ResidualAttention decode's RoPE table (launch_rope_table), made with the
-  // rCache for positions [0, rope_table_positions()): every position a sequence
-  // can reach, the model's max_position_embeddings or the main pool's entries if
-  // fewer (head_dim * 4 bytes a position); null before.
-  const __half* rope_table() const { return rope_table_.as<__half>(); }
-  int32_t rope_table_positions() const { return rope_table_positions_; }
 
   // Host tiers (backend.h "Host tier"): allocate_host needs the device pool first.
   void allocate_host(KvPoolKind pool, int32_t num_blocks);
@@ -104,8 +97,6 @@ class DeviceKvPools {
   int32_t residual_rank_stride_ = 0;  // residual_rank_stride(residual_shape_.max_rank)
   DeviceBuffer residual_;
   DeviceBuffer scratch_;
-  DeviceBuffer rope_table_;
-  int32_t rope_table_positions_ = 0;
   std::unique_ptr<HostKvTier> host_tiers_[2];  // [KvPoolKind], created by allocate_host
   std::vector<float> k_scales_, v_scales_;      // [num_layers] or empty
 };

@@ -12,7 +12,6 @@
 #include <cstdint>
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime_api.h>
 
 #include "backend/cuda/plan_types.h"
@@ -124,20 +123,7 @@ struct AttentionParams {
   const LoraModuleRef* lora_modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
   int32_t num_layers = 0, layer = 0;
   const float* inv_freq = nullptr;  // [head_dim / 2]: RoPE of KV entry j at position j (as launch_qkv_postprocess)
-  // Forked decode (head_dim >= 32): launch_rope_table's table of positions
-  // [0, rope_table_positions), which must hold every forked sequence's context.
-  const __half* rope_table = nullptr;
-  int32_t rope_table_positions = 0;
 };
-// ResidualAttention decode's RoPE table, [positions][head_dim / 4][4] fp16 (a
-// position's row is head_dim * 2 bytes, 16-byte aligned): entry (p, i) = {cos a,
-// cos b, sin a, sin b}, a and b the fp32 angles fl(inv_freq[2 i] p) and
-// fl(inv_freq[2 i + 1] p) as launch_qkv_postprocess computes them, cos / sin
-// through double, rounded to fp16 (error <= 2^-12). Asynchronous on `stream`.
-void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t positions, __half* table, cudaStream_t stream);
-inline int64_t rope_table_bytes(int32_t head_dim, int32_t positions) {
-  return static_cast<int64_t>(positions) * head_dim * 2;
-}
 // True for the head sizes the attention kernels are built for (16, 32, 64, 128).
 bool attention_supports_head_dim(int32_t head_dim);
 // Decode-variant CTAs that fit on one SM at once (PlanShape::decode_ctas_per_sm;

@@ -229,8 +229,6 @@ void LayerRunner::attention(int layer) {
     attention.num_layers = config.num_layers;
     attention.layer = layer;
     attention.inv_freq = parts_.model.inverse_frequencies();
-    attention.rope_table = pools.rope_table();
-    attention.rope_table_positions = pools.rope_table_positions();
     launch_attention(attention, AttentionVariant::kPrefill,
                      plan_pointer<AttentionWorkItem>(sections.forked_prefill_items), plan.num_forked_prefill_items(),
                      stream, step_.residual_rank);

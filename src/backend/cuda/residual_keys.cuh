@@ -9,7 +9,6 @@
 #include <cstdint>
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 
 #include "backend/cuda/mma.cuh"
 
@@ -103,32 +102,20 @@ __device__ __forceinline__ void rebuild_keys(const float* inv_freq, __nv_bfloat1
       });
 }
 
-// Decode's staged RoPE rows (attention.cu): per warp, the table rows
-// (launch_rope_table) of its keys first_key .. first_key + 7, each padded by 32
-// bytes so that a warp's 8-byte reads of 8 rows hit distinct banks.
-template <int kHeadDim>
-constexpr int rope_stage_row_halves() {
-  return kHeadDim + 16;
-}
-template <int kHeadDim>
-constexpr int rope_stage_halves() {  // one warp's
-  return 8 * rope_stage_row_halves<kHeadDim>();
-}
-
 // Decode: a warp's 16 keys (first_key..) add Q · (residual part)^T to its two
 // score tiles. The rebuilt keys never touch shared memory: packed to bf16, the
 // C fragments of (keys x head_dim) are exactly the B fragments of S = Q K^T
 // (key = the n index, head_dim = k). Keys past kv_end have rK = 0.
 // Per pair of n-tiles (t, t + 1) the lane's low halves make score step t / 2 and
 // the high halves step t / 2 + kHeadDim / 32, consumed at once (few live
-// registers). s_k multiplies the residual scores, not the keys. RoPE: the lane's
-// key g reads qkv's cos / sin (fp16) from the warp's staged rows (`stage`); key
-// g + 8 rotates them by 8 positions (rope8: per pair of head dims {cos 8θ d,
-// d + 1, sin 8θ d, d + 1}), no angle arithmetic. The fp16 table is within 2^-12 of
-// qkv's values, and the rotation adds a few fp32 roundings: well below half a
-// bf16 ulp of the rebuilt key (the 32K decode test bounds the result).
+// registers). s_k multiplies the residual scores, not the keys. RoPE: the SFU for
+// the lane's key g; key g + 8 rotates that by 8 positions (rope: per pair of
+// head dims {inv_freq d, d + 1, cos 8θ d, d + 1}, rope_sin: {sin 8θ d, d + 1}).
+// Key g + 8's angle is then fl(θ p) + 8θ rather than qkv's fl(θ (p + 8)): they
+// differ by the product's rounding, up to ~2e-3 rad at 32K positions, below half
+// a bf16 ulp of the rebuilt key (the 32K decode test bounds the result).
 template <int kHeadDim, int kRankPad>
-__device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* rope8, const __half* stage,
+__device__ __forceinline__ void add_residual_scores(const float* inv_freq, const float4* rope, const float2* rope_sin,
                                                     float (&score)[2][4], const uint32_t (&q)[kHeadDim / 16][4],
                                                     const __nv_bfloat16* rk_rows, const __nv_bfloat16* b, float scale,
                                                     int first_key, int lane) {
@@ -152,7 +139,7 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
     load_rank_fragments<kRankPad>(rk_rows, lane, a);
     const int g = lane / 4;
     const int quad = lane % 4;
-    const __half* stage_row = stage + g * rope_stage_row_halves<kHeadDim>() + quad * 4;
+    const float position = static_cast<float>(first_key + g);
     float residual[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};
 #pragma unroll
     for (int j = 0; j < kHalf / 16; ++j) {
@@ -169,17 +156,17 @@ __device__ __forceinline__ void add_residual_scores(const float* inv_freq, const
           mma_bf16(first, a[step], fragment[0], fragment[1]);
           mma_bf16(second, a[step], fragment[2], fragment[3]);
         }
-        // head dims d = 8 t + 2 quad + e: {cos d, cos d + 1} and {sin d, sin d + 1} of key g
-        const uint2 entry = *reinterpret_cast<const uint2*>(stage_row + t * 16);
-        const float2 cos_g = __half22float2(*reinterpret_cast<const __half2*>(&entry.x));
-        const float2 sin_g = __half22float2(*reinterpret_cast<const __half2*>(&entry.y));
-        const float4 by8 = rope8[t * 4 + quad];
-        float cosine[2][2] = {{cos_g.x, cos_g.y}}, sine[2][2] = {{sin_g.x, sin_g.y}};  // [h][e]
-        const float cos8[2] = {by8.x, by8.y}, sin8[2] = {by8.z, by8.w};
+        const int pair = t * 4 + quad;  // head dims d = 2 pair, d + 1
+        const float4 table = rope[pair];
+        const float2 sin8 = rope_sin[pair];
+        float cosine[2][2], sine[2][2];  // [h][e]
+        reduced_sincos(__fmul_rn(table.x, position), sine[0][0], cosine[0][0]);
+        reduced_sincos(__fmul_rn(table.y, position), sine[0][1], cosine[0][1]);
+        const float cos8[2] = {table.z, table.w}, sin8v[2] = {sin8.x, sin8.y};
 #pragma unroll
         for (int e = 0; e < 2; ++e) {
-          cosine[1][e] = fmaf(cosine[0][e], cos8[e], -sine[0][e] * sin8[e]);
-          sine[1][e] = fmaf(sine[0][e], cos8[e], cosine[0][e] * sin8[e]);
+          cosine[1][e] = fmaf(cosine[0][e], cos8[e], -sine[0][e] * sin8v[e]);
+          sine[1][e] = fmaf(sine[0][e], cos8[e], cosine[0][e] * sin8v[e]);
         }
 #pragma unroll
         for (int h = 0; h < 2; ++h) {

@@ -121,29 +121,7 @@ void launch_rebuild(const AttentionParams& params, const ResidualRebuildItem* it
   LOOM_CUDA_CHECK_LAUNCH();
 }
 
-__global__ void rope_table_kernel(const float* inv_freq, int32_t quarter, int32_t positions, __half2* table) {
-  const int64_t index = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (index >= static_cast<int64_t>(positions) * quarter) return;
-  const float position = static_cast<float>(index / quarter);
-  const int pair = static_cast<int>(index % quarter);
-  double sine[2], cosine[2];
-  for (int e = 0; e < 2; ++e)
-    sincos(static_cast<double>(__fmul_rn(inv_freq[2 * pair + e], position)), &sine[e], &cosine[e]);
-  table[2 * index] = __floats2half2_rn(static_cast<float>(cosine[0]), static_cast<float>(cosine[1]));
-  table[2 * index + 1] = __floats2half2_rn(static_cast<float>(sine[0]), static_cast<float>(sine[1]));
-}
-
 }  // namespace
-
-void launch_rope_table(const float* inv_freq, int32_t head_dim, int32_t positions, __half* table, cudaStream_t stream) {
-  if (positions <= 0) return;
-  const int32_t quarter = head_dim / 4;
-  const int64_t entries = static_cast<int64_t>(positions) * quarter;
-  constexpr int kThreads = 256;
-  rope_table_kernel<<<static_cast<unsigned>((entries + kThreads - 1) / kThreads), kThreads, 0, stream>>>(
-      inv_freq, quarter, positions, reinterpret_cast<__half2*>(table));
-  LOOM_CUDA_CHECK_LAUNCH();
-}
 
 void launch_forked_wide_prefill(const AttentionParams& params, const ResidualRebuildItem* rebuild_items,
                                 int32_t num_rebuild_items, const AttentionWorkItem* wide_items,
