@@ -27,9 +27,11 @@
 #   lru              lru, no host tier                                           (the paper's "SGLang")
 #   peer        KVFlow's PEER-style workflow (Fig. 8; `loom bench peer`: plan -> execute -> express -> review,
 #               role prompts sharing a preamble, lengths assumed in bench/harness/loombench/shapes.py),
-#               WORKFLOWS_PEER (128, assumed: their fixed prompts, ~5K tokens each, then exceed the H100
-#               pool's ~435K) concurrent workflows on the H100 pool, POINT_LIMIT windows, agent calls/s;
-#               lru, hicache, kvflow.
+#               WORKFLOWS_PEER (128, assumed: their 512 fixed prompts, ~1.3K tokens each, then exceed the
+#               H100 pool's ~435K) concurrent workflows on the H100 pool, PEER_LIMIT (3 x POINT_LIMIT)
+#               windows, agent calls/s; lru, hicache, kvflow. --synthetic-outputs: each output re-enters
+#               the next prompt as random words of its token count (a random model's text re-tokenizes
+#               to ~10x its tokens, which would swamp the fixed prompts).
 #   sweep       the concurrent setting at each of WORKFLOWS_SWEEP ("8 16 32", Fig. 6's other concurrencies;
 #               64 is `concurrent`): points sweepN-lru, sweepN-hicache, sweepN-kvflow.
 # One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
@@ -49,6 +51,8 @@ HOST=${HOST:-32G}
 POINT_LIMIT=${POINT_LIMIT:-40}
 WORKFLOWS=${WORKFLOWS:-64}
 WORKFLOWS_PEER=${WORKFLOWS_PEER:-128}
+# A PEER workflow's four calls take tens of seconds at 128 workflows: its window holds whole passes.
+PEER_LIMIT=${PEER_LIMIT:-$(( 3 * POINT_LIMIT ))}
 WORKFLOWS_SWEEP=${WORKFLOWS_SWEEP:-8 16 32}
 TASKS_SINGLE=${TASKS_SINGLE:-2}
 FIXED_SINGLE=${FIXED_SINGLE:-8192}
@@ -89,7 +93,7 @@ peer() {
   cache_flags "$1"
   point "peer-$1" 50 peer --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
     --workflows "$WORKFLOWS_PEER" --declare-workflows --warmup-tasks "$(( 2 * WORKFLOWS_PEER ))" --steady-state \
-    --num-tasks "$(( 4 * WORKFLOWS_PEER ))" --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
+    --num-tasks "$(( 4 * WORKFLOWS_PEER ))" --time-limit "$PEER_LIMIT" --synthetic-outputs "${CACHE_FLAGS[@]}"
 }
 
 # The paper's two baselines first (hicache, lru), then Loom's ablations (lru-bg, kvflow-blocking).

@@ -60,7 +60,8 @@ class SettingScriptsTest(unittest.TestCase):
         reports = {}
         for name, _, _ in points:
             with open(os.path.join(study_dir, name, "report.json")) as file:
-                reports[name] = json.load(file)["configs"][0]
+                report = json.load(file)
+            reports[name] = dict(report["configs"][0], command=report["command"])
         return result.stdout, reports, summary
 
     def test_icarus(self):
@@ -125,10 +126,11 @@ class SettingScriptsTest(unittest.TestCase):
     def test_kvflow_peer(self):
         stdout, reports, summary = self.run_script(
             "kvflow_setting.sh", "kvflow", out_name="kvflow_peer", PRESET="peer", WORKFLOWS_PEER="2",
-            KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3", POINTS="peer-hicache peer-kvflow",
+            KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3", PEER_LIMIT="3", POINTS="peer-hicache peer-kvflow",
             LOOM_BENCH_ARGS=SMALL + " --context-tokens 16 --instruction-tokens 8 --output-tokens 4")
         self.assertEqual(sorted(reports), ["peer-hicache", "peer-kvflow"])
         self.assertIn("blocking", reports["peer-hicache"]["serve_args"])
+        self.assertIn("--synthetic-outputs", reports["peer-kvflow"]["command"])
         self.assertTrue(all(status < 300 for status in reports["peer-kvflow"]["workflows_declared"]))
         self.assertEqual(reports["peer-kvflow"]["metrics"]["num_failed_calls"], 0)
         self.assertGreater(reports["peer-kvflow"]["metrics"]["calls_per_s"], 0)
