@@ -34,12 +34,15 @@
 #               to ~10x its tokens, which would swamp the fixed prompts).
 #   sweep       the concurrent setting at each of WORKFLOWS_SWEEP ("8 16 32", Fig. 6's other concurrencies;
 #               64 is `concurrent`): points sweepN-lru, sweepN-hicache, sweepN-kvflow.
+#   peersweep   the PEER-style workflow at each of WORKFLOWS_PEER_SWEEP ("32 64": where the next-to-run
+#               agents' prompts fit the pool with room to spare): points peerN-hicache, peerN-kvflow.
 # One ~8-minute call (BUDGET 470 s) runs, in this order, single/hicache, single/kvflow,
 # concurrent/hicache, concurrent/kvflow, single/lru, concurrent/lru, then the ablations as the
 # budget allows (skipped.txt lists what it did not reach). PRESET=single or PRESET=concurrent runs
 # one setting's five, PRESET=peer the PEER-style three, PRESET=sweep the concurrency sweep; PRESET=baselines the two lru points alone.
 #   bench/cuda/kvflow_setting.sh
-# Env: PRESET (both | single | concurrent | baselines | peer | sweep), WORKFLOWS_PEER (128), WORKFLOWS_SWEEP, HOST (32G; SGLang's HiCache default, a host pool
+# Env: PRESET (both | single | concurrent | baselines | peer | sweep | peersweep), WORKFLOWS_PEER (128),
+# WORKFLOWS_PEER_SWEEP, WORKFLOWS_SWEEP, HOST (32G; SGLang's HiCache default, a host pool
 # twice the device pool, is HOST=114G for the concurrent setting), POINT_LIMIT (40), WORKFLOWS (64),
 # TASKS_SINGLE (2), FIXED_SINGLE (8192), FIXED_CONCURRENT (1024), KV_SINGLE / KV_CONCURRENT
 # (override the pools), BUDGET, POINTS.
@@ -54,6 +57,7 @@ WORKFLOWS_PEER=${WORKFLOWS_PEER:-128}
 # A PEER workflow's four calls take tens of seconds at 128 workflows: its window holds whole passes.
 PEER_LIMIT=${PEER_LIMIT:-$(( 3 * POINT_LIMIT ))}
 WORKFLOWS_SWEEP=${WORKFLOWS_SWEEP:-8 16 32}
+WORKFLOWS_PEER_SWEEP=${WORKFLOWS_PEER_SWEEP:-32 64}
 TASKS_SINGLE=${TASKS_SINGLE:-2}
 FIXED_SINGLE=${FIXED_SINGLE:-8192}
 FIXED_CONCURRENT=${FIXED_CONCURRENT:-1024}
@@ -89,11 +93,12 @@ concurrent() {  # concurrent CONFIG [WORKFLOWS [NAME]]
     --time-limit "$POINT_LIMIT" "${CACHE_FLAGS[@]}"
 }
 
-peer() {
+peer() {  # peer CONFIG [WORKFLOWS [NAME]]
   cache_flags "$1"
-  point "peer-$1" 50 peer --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
-    --workflows "$WORKFLOWS_PEER" --declare-workflows --warmup-tasks "$(( 2 * WORKFLOWS_PEER ))" --steady-state \
-    --num-tasks "$(( 4 * WORKFLOWS_PEER ))" --time-limit "$PEER_LIMIT" --synthetic-outputs "${CACHE_FLAGS[@]}"
+  local workflows=${2:-$WORKFLOWS_PEER}
+  point "${3:-peer}-$1" 50 peer --model "$MODEL" --device "$DEVICE" --kv-cache-bytes "$KV_CONCURRENT" \
+    --workflows "$workflows" --declare-workflows --warmup-tasks "$(( 2 * workflows ))" --steady-state \
+    --num-tasks "$(( 4 * workflows ))" --time-limit "$PEER_LIMIT" --synthetic-outputs "${CACHE_FLAGS[@]}"
 }
 
 # The paper's two baselines first (hicache, lru), then Loom's ablations (lru-bg, kvflow-blocking).
@@ -104,6 +109,7 @@ case "$PRESET" in
   baselines) single lru; concurrent lru ;;
   peer) for c in hicache kvflow lru; do peer $c; done ;;
   sweep) for w in $WORKFLOWS_SWEEP; do for c in hicache kvflow lru; do concurrent $c "$w" "sweep$w"; done; done ;;
+  peersweep) for w in $WORKFLOWS_PEER_SWEEP; do for c in hicache kvflow; do peer $c "$w" "peer$w"; done; done ;;
   *)
     single hicache; single kvflow; concurrent hicache; concurrent kvflow
     single lru; concurrent lru

@@ -144,10 +144,11 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
              "hit rate | loaded tok | load wait p95 s | prefetch in time / late tok | paper |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     summary = {}
-    # single, concurrent, peer, then sweepN (the concurrency sweep) by N
+    # single, concurrent, peer, then sweepN (the concurrency sweep) and peerN (PEER at N workflows) by N
     found = {name.split("-", 1)[0] for name in points}
     sweeps = sorted((s for s in found if re.fullmatch(r"sweep\d+", s)), key=lambda s: int(s[5:]))
-    for setting in ["single", "concurrent", "peer"] + sweeps:
+    peers = sorted((s for s in found if re.fullmatch(r"peer\d+", s)), key=lambda s: int(s[4:]))
+    for setting in ["single", "concurrent", "peer"] + sweeps + peers:
         runs = {name.split("-", 1)[1]: m for name, m in points.items() if name.startswith(setting + "-") and m}
         if not runs:
             continue
@@ -159,6 +160,7 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
             if setting == "single":  # latency: the baseline's over this configuration's
                 return ratio(b.get("task_mean_s"), a.get("task_mean_s"))
             return ratio(a.get("calls_per_s"), b.get("calls_per_s"))
+        paper_text = KVFLOW_PAPER["sweep" if setting in sweeps else "peer" if setting in peers else setting]
         for config in ("lru", "hicache", "lru-bg", "kvflow-blocking", "kvflow"):
             m = runs.get(config)
             if not m:
@@ -168,7 +170,7 @@ def kvflow(points: Dict[str, dict]) -> (List[str], dict):
                          f"{num(m.get('prefix_hit_rate'), '{:.1%}')} | {num(m.get('loaded_tokens'), '{:.0f}')} | "
                          f"{num(m.get('load_wait_p95_s'))} | {num(m.get('prefetch_in_time_tokens'), '{:.0f}')} / "
                          f"{num(m.get('prefetch_late_tokens'), '{:.0f}')} | "
-                         f"{KVFLOW_PAPER['sweep' if setting in sweeps else setting] if config == 'kvflow' else ''} |")
+                         f"{paper_text if config == 'kvflow' else ''} |")
             summary[f"{setting}/{config}"] = {"vs_hicache": speedup(config, "hicache"), "vs_lru": speedup(config, "lru")}
     return lines, summary
 

@@ -150,6 +150,21 @@ class SettingScriptsTest(unittest.TestCase):
         self.assertIsNone(summary["rows"]["sweep2/kvflow"]["vs_hicache"])    # no baseline at 2: no ratio
         self.assertLess(stdout.index("| sweep1 |"), stdout.index("| sweep2 |"))
 
+    def test_kvflow_peer_sweep(self):
+        stdout, reports, summary = self.run_script(
+            "kvflow_setting.sh", "kvflow", out_name="kvflow_peersweep", PRESET="peersweep",
+            WORKFLOWS_PEER_SWEEP="1 2", KV_CONCURRENT="6000000", HOST="8M", POINT_LIMIT="3", PEER_LIMIT="3",
+            POINTS="peer1-hicache peer1-kvflow peer2-kvflow",
+            LOOM_BENCH_ARGS=SMALL + " --context-tokens 16 --instruction-tokens 8 --output-tokens 4")
+        self.assertEqual(sorted(reports), ["peer1-hicache", "peer1-kvflow", "peer2-kvflow"])
+        self.assertEqual(len(reports["peer1-kvflow"]["workflows_declared"]), 1)  # each point its workflows
+        self.assertEqual(len(reports["peer2-kvflow"]["workflows_declared"]), 2)
+        self.assertIn("--synthetic-outputs", reports["peer2-kvflow"]["command"])
+        self.assertIsNotNone(summary["rows"]["peer1/kvflow"]["vs_hicache"])
+        self.assertIsNone(summary["rows"]["peer2/kvflow"]["vs_hicache"])  # no baseline at 2: no ratio
+        self.assertLess(stdout.index("| peer1 |"), stdout.index("| peer2 |"))
+        self.assertIn("1.08x over HiCache", stdout)  # the PEER figure beside each peerN row
+
     def test_seed_plots_draw_each_study_from_the_figures_file(self):
         out = os.path.join(self.directory, "plots")
         figures = os.path.join(ROOT, "bench", "results", "seeds", "figures.json")
