@@ -72,7 +72,7 @@ def forkkv(data, path):
     axis.plot(range(len(points)), [p["loom"] for p in points], "o", color="tab:blue", markersize=8, label="Loom (H200)")
     axis.set_xlim(-0.6, len(points) - 0.4)
     axis.set_ylim(0, max(max(p["loom"] for p in points), max(p["paper_high"] for p in points)) * 1.15)
-    save_ratio_plot(figure, axis, [p["point"] for p in points], "forked over isolated, out tok/s (x)",
+    save_ratio_plot(figure, axis, [p["point"].replace(", ", "\n", 1) for p in points], "forked over isolated, out tok/s (x)",
                     "ForkKV, 8 rank-16 agents per workflow, L40-sized pool", path)
 
 
