@@ -96,16 +96,16 @@ def breakdown(step, bandwidth):
         entry["bytes"] += size
     total_seconds = sum(k["seconds"] for k in kernels.values())
     total_bytes = sum(k["bytes"] for k in kernels.values())
-    total_excess = sum(max(k["seconds"] - k["bytes"] / bandwidth, 0.0) for k in kernels.values())
     rows = []
     for name, k in kernels.items():
         floor = k["bytes"] / bandwidth
-        excess = max(k["seconds"] - floor, 0.0)
         rows.append({"kernel": name, "launches": k["launches"], "us_per_launch": 1e6 * k["seconds"] / k["launches"],
                      "share_of_step": k["seconds"] / total_seconds if total_seconds else 0.0,
                      "bandwidth_GBps": k["bytes"] / k["seconds"] / 1e9 if k["seconds"] else 0.0,
-                     "floor_us": 1e6 * floor, "excess_us": 1e6 * excess,
-                     "share_of_excess": excess / total_excess if total_excess else 0.0})
+                     "floor_us": 1e6 * floor, "excess_us": 1e6 * max(k["seconds"] - floor, 0.0)})
+    total_excess = sum(r["excess_us"] for r in rows)
+    for row in rows:
+        row["share_of_excess"] = row["excess_us"] / total_excess if total_excess else 0.0
     rows.sort(key=lambda r: -r["excess_us"])
     return {"launches": len(step), "step_us": 1e6 * total_seconds, "dram_bytes": total_bytes,
             "floor_us": 1e6 * total_bytes / bandwidth, "bandwidth_Bps": bandwidth,
