@@ -22,8 +22,8 @@
 # rCache of the context plus 15%.
 #
 # A react task at 32K runs minutes (8 sequential 256-token calls over a 32K+
-# context), so a point is a time window (POINT_LIMIT seconds of warm-up, then as
-# many measured; tasks keep arriving at 2/s throughout): throughput is output
+# context), so a point is a time window (WARMUP_LIMIT seconds of warm-up, POINT_LIMIT
+# by default, then POINT_LIMIT measured; tasks keep arriving at 2/s throughout): throughput is output
 # tokens/s and calls/s over the window (tasks/s too, but few tasks finish in a
 # window), which in steady state are proportional to tasks/s.
 #
@@ -35,7 +35,7 @@
 #   mapreduce       mapreduce 32K 8 workflows warm; mapreduce 64K 8 workflows cold
 # The whole study is the five calls; each point is forked then isolated.
 #   PRESET=core bench/cuda/forkkv_setting.sh
-# Env: PRESET, POOL_GPU (l40 | h100), POINT_LIMIT (s per phase, 70), RATE (2),
+# Env: PRESET, POOL_GPU (l40 | h100), POINT_LIMIT (s per phase, 70), WARMUP_LIMIT, RATE (2),
 # OUTPUT (256), LOOPS (react loops over the 8 agents, 1), KV_BYTES (override),
 # BUDGET, POINTS.
 # Off the GPU: LOOM=build/loom DEVICE=cpu MODEL=random:tiny KV_BYTES=... CONTEXT_32K=64 ...
@@ -44,6 +44,7 @@ STUDY=forkkv
 . "$(dirname "$0")/setting_common.sh"
 PRESET=${PRESET:-core}
 POINT_LIMIT=${POINT_LIMIT:-70}
+WARMUP_LIMIT=${WARMUP_LIMIT:-$POINT_LIMIT}  # the warm-up's window, when shorter than the measured one
 RATE=${RATE:-2}
 OUTPUT=${OUTPUT:-256}
 LOOPS=${LOOPS:-1}
@@ -74,7 +75,8 @@ for spec in $SPECS; do
   [ "$w" -gt "$MAX_WORKFLOWS" ] && MAX_WORKFLOWS=$w
 done
 # enough tasks to keep arriving through a window (the window, not the count, ends a phase)
-TASKS=$(awk -v r="$RATE" -v l="$POINT_LIMIT" 'BEGIN { print int(r * l * 1.5) + 8 }')
+LONGEST=$(( POINT_LIMIT > WARMUP_LIMIT ? POINT_LIMIT : WARMUP_LIMIT ))
+TASKS=$(awk -v r="$RATE" -v l="$LONGEST" 'BEGIN { print int(r * l * 1.5) + 8 }')
 make_adapters "$ADAPTER_DIR" $(( 8 * MAX_WORKFLOWS )) "$RANK" q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj
 
 for spec in $SPECS; do
@@ -85,7 +87,7 @@ for spec in $SPECS; do
   # every agent's rCache of the context (and of its share of the history) plus 15%
   residual=$(( adapters * (context + 8 * (OUTPUT + 100)) * RESIDUAL_BYTES_PER_TOKEN * 115 / 100 ))
   warm_args=()
-  [ "$warm" = warm ] && warm_args=(--warmup-tasks "$TASKS" --steady-state)
+  [ "$warm" = warm ] && warm_args=(--warmup-tasks "$TASKS" --steady-state --warmup-time-limit "$WARMUP_LIMIT")
   for side in forked isolated; do
     side_args=()
     [ "$side" = forked ] && side_args=(--residual-kv-cache-memory "$residual")

@@ -36,13 +36,16 @@ point() {
   local began=$(date +%s)
   # Near the end of the budget the point's windows shrink to fit (the harness ends them and still writes its
   # report; the timeout below is the backstop): what is left minus ~30 s of start-up, over its phases.
-  local limit="" phases=1 previous="" arg
+  # A --warmup-time-limit W keeps its warm-up window: the measured one gets what is left after it.
+  local limit="" phases=1 previous="" arg warm_limit=""
   for arg in "$@"; do
     [ "$previous" = --time-limit ] && limit=${arg%.*}
     [ "$previous" = --warmup-tasks ] && phases=2
+    [ "$previous" = --warmup-time-limit ] && warm_limit=${arg%.*}
     previous=$arg
   done
   local fit=$(( (left - ${POINT_OVERHEAD:-30}) / phases )) extra=()
+  [ -n "$warm_limit" ] && fit=$(( left - ${POINT_OVERHEAD:-30} - warm_limit ))
   [ "$fit" -lt 5 ] && fit=5
   if [ -z "$limit" ] || [ "$limit" -gt "$fit" ]; then extra=(--time-limit "$fit"); fi
   # shellcheck disable=SC2086

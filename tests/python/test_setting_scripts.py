@@ -95,7 +95,7 @@ class SettingScriptsTest(unittest.TestCase):
     def test_forkkv(self):
         stdout, reports, summary = self.run_script(
             "forkkv_setting.sh", "forkkv", PRESET="react:32:1:warm mapreduce:32:1:cold", RANK="4",
-            CONTEXT_32K="40", OUTPUT="3", RATE="4", POINT_LIMIT="2", KV_BYTES="3000000",
+            CONTEXT_32K="40", OUTPUT="3", RATE="4", POINT_LIMIT="3", WARMUP_LIMIT="1", KV_BYTES="3000000",
             RESIDUAL_BYTES_PER_TOKEN="64", POINTS="react-32k-w1-warm-forked react-32k-w1-warm-isolated",
             LOOM_BENCH_ARGS=SMALL)
         self.assertEqual(sorted(reports), ["react-32k-w1-warm-forked", "react-32k-w1-warm-isolated"])
@@ -105,7 +105,9 @@ class SettingScriptsTest(unittest.TestCase):
         for config in reports.values():
             metrics = config["metrics"]
             self.assertTrue(metrics["truncated"])  # the window, not the task count, ended the phase
-            self.assertIsNotNone(metrics["warmup_truncated"])
+            self.assertTrue(metrics["warmup_truncated"])
+            self.assertEqual(metrics["warmup_window_s"], 1.0)  # a warm-up window of its own (WARMUP_LIMIT)
+            self.assertAlmostEqual(metrics["wall_s"], 3.0, delta=0.5)
             self.assertGreater(metrics["calls_per_s"], 0)
         self.assertIn("react-32k-w1-warm", summary["rows"])
         self.assertIn("1.25-3.04x", stdout)

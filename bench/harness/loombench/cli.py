@@ -102,6 +102,9 @@ def parser() -> argparse.ArgumentParser:
                    help="end the warm-up tasks and the measured phase after S seconds each (0 = none): tasks not "
                         "started are dropped, running ones are cancelled; throughput counts what finished inside "
                         "the window (metrics.truncated says whether the window ended the run)")
+    r.add_argument("--warmup-time-limit", type=float, default=None, metavar="S",
+                   help="the warm-up tasks' window instead of --time-limit's (0 = none): a short warm-up before a "
+                        "long measured window")
     r.add_argument("--out", help="output directory (default: loom-bench-WORKLOAD)")
     r.add_argument("--no-plots", dest="plots", action="store_false", help="skip the PNG plots")
     r.add_argument("--dry-run", action="store_true", help="print the first task's calls and exit (no server)")

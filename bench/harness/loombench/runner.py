@@ -310,12 +310,14 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         if options.warmup_requests > 0:
             await warm_up(client, models, options.warmup_requests)
         time_limit_s = getattr(options, "time_limit", 0.0) or 0.0
+        warmup_limit_s = getattr(options, "warmup_time_limit", None)
+        warmup_limit_s = time_limit_s if warmup_limit_s is None else warmup_limit_s
         warmup_truncated = None
         if options.warmup_tasks > 0:
             warmup_seed = options.seed if getattr(options, "steady_state", False) else options.seed + 7777
             warmed = await run_tasks(client, workload, config, models, text, warmup_seed, task_offset=10**6,
                                      num_tasks=options.warmup_tasks, synthetic_outputs=options.synthetic_outputs,
-                                     time_limit_s=time_limit_s)
+                                     time_limit_s=warmup_limit_s)
             warmup_truncated = any("window_s" in t for t in warmed)
         graph = workloads.graph(workload, config.params)
         declared = []
@@ -334,6 +336,7 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
         after = prometheus.parse(await client.get_text("/metrics"))
         metrics = compute_metrics(tasks, before, after, sampler.samples)
         metrics["warmup_truncated"] = warmup_truncated
+        metrics["warmup_window_s"] = warmup_limit_s if options.warmup_tasks > 0 else None
         calls = [c for t in tasks for c in t["calls"] if not c.error]
         errors = [t["error"] for t in tasks if t["error"]]
         return {"name": config.name, "compare": config.compare, "metrics": metrics, "phases": phase_summary(calls),
