@@ -425,6 +425,16 @@ class TimeLimitTest(unittest.TestCase):
         self.assertEqual(metrics["num_unfinished_tasks"], 0)
         self.assertLess(metrics["wall_s"], 2.0)
 
+    def test_server_rate_counts_tokens_inside_the_window_only(self):
+        from loombench import runner
+        samples = [{"t": t, "generated_tokens": tokens} for t, tokens in
+                   [(9.0, 0.0), (10.0, 100.0), (12.0, 500.0), (14.0, 900.0), (15.0, 5000.0)]]
+        # 800 tokens over the 4 s between the first and the last sample in [10, 14]; the spike after is left out
+        self.assertAlmostEqual(runner.server_output_rate(samples, (10.0, 14.5)), 200.0)
+        self.assertAlmostEqual(runner.server_output_rate(samples, None), 5000.0 / 6.0)
+        self.assertIsNone(runner.server_output_rate(samples, (11.0, 13.0)))  # one sample: no rate
+        self.assertIsNone(runner.server_output_rate([{"generated_tokens": 5.0}], None))
+
 
 class PrometheusTest(unittest.TestCase):
     def test_parse_labels_and_sums(self):

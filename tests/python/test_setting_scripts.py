@@ -109,6 +109,7 @@ class SettingScriptsTest(unittest.TestCase):
             self.assertEqual(metrics["warmup_window_s"], 1.0)  # a warm-up window of its own (WARMUP_LIMIT)
             self.assertAlmostEqual(metrics["wall_s"], 3.0, delta=0.5)
             self.assertGreater(metrics["calls_per_s"], 0)
+            self.assertGreater(metrics["server_output_tokens_per_s"], 0)  # sampled on a client of its own
         self.assertIn("react-32k-w1-warm", summary["rows"])
         self.assertIn("1.25-3.04x", stdout)
 

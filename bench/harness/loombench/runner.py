@@ -17,7 +17,10 @@ from . import workloads
 
 class Sampler:
     """Polls /metrics every interval_s while the measured phase runs (gauges
-    such as KV bytes and running requests have no history in Prometheus)."""
+    such as KV bytes and running requests have no history in Prometheus; each
+    sample also keeps its time `t` and the server's generated-token counter).
+    `client` should be a client of its own: probes behind hundreds of queued
+    calls in one connection pool would arrive late."""
 
     def __init__(self, client: Client, interval_s: float):
         self.client = client
@@ -29,7 +32,7 @@ class Sampler:
         while True:
             try:
                 scrape = prometheus.parse(await self.client.get_text("/metrics"))
-                self.samples.append(gauges(scrape))
+                self.samples.append(dict(gauges(scrape), t=time.perf_counter()))
             except Exception:  # a missed sample is not worth failing the run
                 pass
             await asyncio.sleep(self.interval_s)
@@ -57,7 +60,19 @@ def gauges(scrape: prometheus.Samples) -> Dict[str, float]:
             "blocks_in_use": get("loom_kv_cache_blocks", state="in_use"),
             "blocks_cached": get("loom_kv_cache_blocks", state="cached"),
             "residual_blocks_in_use": get("loom_residual_kv_cache_blocks", state="in_use"),
-            "residual_blocks_cached": get("loom_residual_kv_cache_blocks", state="cached")}
+            "residual_blocks_cached": get("loom_residual_kv_cache_blocks", state="cached"),
+            "generated_tokens": get("loom_generation_tokens_total")}
+
+
+def server_output_rate(samples: List[Dict[str, float]], window: Optional[tuple]) -> Optional[float]:
+    """Tokens/s the server generated between the first and last sample inside
+    `window` (start, end; None = every sample): every token the server made,
+    whichever call it was for, so a window shorter than a call still shows the
+    server's pace where calls_per_s counts only the calls that ended in it."""
+    inside = [s for s in samples if "t" in s and (window is None or window[0] <= s["t"] <= window[1])]
+    if len(inside) < 2 or inside[-1]["t"] <= inside[0]["t"]:
+        return None
+    return (inside[-1]["generated_tokens"] - inside[0]["generated_tokens"]) / (inside[-1]["t"] - inside[0]["t"])
 
 
 def _in_use_share(in_use: float, cached: float) -> float:
@@ -292,6 +307,8 @@ def compute_metrics(tasks: List[dict], before: prometheus.Samples, after: promet
     metrics["kv_residual_bytes_peak"] = max((s["kv_bytes_residual"] for s in samples), default=None)
     metrics["running_requests_mean"] = stats.mean([s["running"] for s in samples])
     metrics["num_metric_samples"] = len(samples)
+    window = (tasks[0]["window_start_s"], tasks[0]["window_start_s"] + tasks[0]["window_s"]) if truncated else None
+    metrics["server_output_tokens_per_s"] = server_output_rate(samples, window)
     return metrics
 
 
@@ -302,6 +319,7 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
     extra = {"ignore_eos": True} if options.ignore_eos else {}
     client = Client(url, api_key, extra_body=extra, hints=options.workflow_hints,
                     timeout_s=options.request_timeout)
+    probe = Client(url, api_key, timeout_s=options.request_timeout, max_connections=2)  # /metrics, off the calls' pool
     try:
         models = await fetch_models(client)
         if options.calibrate:
@@ -325,15 +343,15 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
             for copy in range(max(config.arrivals.concurrency, 1)):
                 status = await client.put_json(f"/v1/workflows/{workload}-copy{copy}", graph)
                 declared.append(status)
-        before = prometheus.parse(await client.get_text("/metrics"))
-        sampler = Sampler(client, options.sample_interval)
+        before = prometheus.parse(await probe.get_text("/metrics"))
+        sampler = Sampler(probe, options.sample_interval)
         sampler.start()
         try:
             tasks = await run_tasks(client, workload, config, models, text, options.seed,
                                     synthetic_outputs=options.synthetic_outputs, time_limit_s=time_limit_s)
         finally:
             await sampler.stop()
-        after = prometheus.parse(await client.get_text("/metrics"))
+        after = prometheus.parse(await probe.get_text("/metrics"))
         metrics = compute_metrics(tasks, before, after, sampler.samples)
         metrics["warmup_truncated"] = warmup_truncated
         metrics["warmup_window_s"] = warmup_limit_s if options.warmup_tasks > 0 else None
@@ -345,3 +363,4 @@ async def run_config(url: str, api_key: str, workload: str, config: Config, text
                 "workflows_declared": declared, "errors": errors[:5]}
     finally:
         await client.close()
+        await probe.close()
