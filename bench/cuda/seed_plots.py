@@ -58,8 +58,8 @@ def kvflow(data, path):
     x = range(len(points))
     figure, axis = plt.subplots(figsize=(9, 3.8))
     axis.bar([i - 0.2 for i in x], [p["loom"] for p in points], 0.4, label="Loom (H200)")
-    axis.bar([i + 0.2 for i in x], [p["paper"] for p in points], 0.4, label="paper (A10G single, H100 concurrent)")
-    save_ratio_plot(figure, axis, labels, "KVFlow over baseline (x)", "KVFlow, 10-agent sequential workflows", path)
+    axis.bar([i + 0.2 for i in x], [p["paper"] for p in points], 0.4, label="paper (A10G single; H100 concurrent, PEER)")
+    save_ratio_plot(figure, axis, labels, "KVFlow over baseline (x)", "KVFlow, 10-agent sequential and PEER-style workflows", path)
 
 
 def forkkv(data, path):
