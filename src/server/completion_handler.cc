@@ -54,6 +54,7 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
       if (!write(event)) return client_left();
       last_write = Clock::now();
     }
+    if (outputs.empty() && sink.client_gone()) return client_left();
     if (outputs.empty() && Clock::now() - last_write > kKeepAliveInterval) {
       if (!write(": keep-alive\n\n")) return client_left();
       last_write = Clock::now();
@@ -79,6 +80,11 @@ HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& conte
   apply_device_kv_fields(request, context.device_kv, parsed);
   const bool stream = parsed.stream;
   const std::string unenforced = note_unenforced_keywords(parsed.unenforced_schema_keywords);
+  if (left_before_handling(request, context.log_requests)) {
+    HttpResponse abandoned;
+    abandoned.abandon = true;
+    return abandoned;
+  }
   std::shared_ptr<Generation> generation = submit_generation(*context.engine, *context.tokenizer, std::move(parsed),
                                                              make_response_id(endpoint), context.system_fingerprint);
   HttpResponse response;

@@ -1,7 +1,8 @@
 // POST /v1/completions and /v1/chat/completions: parse -> submit one engine
 // request per choice -> a whole JSON body, or an SSE stream that ends with
-// "data: [DONE]". A client that disconnects cancels its requests: a stream
-// notices at its next write, a whole-body request within one poll (100 ms).
+// "data: [DONE]". A client that disconnects cancels its requests within one
+// poll (100 ms), streamed or whole; one that left while its request waited for a
+// handler thread gets nothing submitted.
 //
 // Runs on HTTP handler threads; the engine is shared, everything else is per call.
 #pragma once

@@ -99,6 +99,13 @@ std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& t
   return generation;
 }
 
+bool left_before_handling(const HttpRequest& request, bool log_requests) {
+  if (!request.client_gone()) return false;
+  if (log_requests) spdlog::info("request {} {} status=abandoned: the client left before it was handled", request.method,
+                                 request.path);
+  return true;
+}
+
 bool wait_for_generation(Generation& generation, const std::atomic<bool>& ending, const HttpRequest& request,
                          bool log_requests) {
   while (generation.num_unfinished > 0) {

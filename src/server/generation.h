@@ -60,6 +60,11 @@ struct Generation {
 std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& tokenizer, ParsedRequest parsed,
                                               std::string id, const std::string& system_fingerprint);
 
+// True (and logged) when the client left while its request waited for a handler
+// thread: the caller submits nothing and answers with HttpResponse::abandon, so a
+// queue of abandoned requests costs no prefill.
+bool left_before_handling(const HttpRequest& request, bool log_requests);
+
 // Waits until every choice finished (whole bodies) and logs the request.
 // Returns false when the client left first (its requests cancelled). Throws
 // shutting_down_error() once `ending` is set, and the ApiError of an engine failure.

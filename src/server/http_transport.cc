@@ -111,6 +111,7 @@ class ChunkedSink : public ResponseSink {
     return !failed_;
   }
   bool finish() { return !failed_ && (!chunked_ || write_all(fd_, "0\r\n\r\n", timeout_)); }
+  bool client_gone() override { return peer_gone(fd_); }
 
  private:
   int fd_;

@@ -36,6 +36,9 @@ class ResponseSink {
  public:
   virtual ~ResponseSink() = default;
   virtual bool write(std::string_view data) = 0;
+  // True once the client has closed or reset its connection (never blocks), so a
+  // stream with nothing to write yet (queued, prefilling) ends without waiting for a write to fail.
+  virtual bool client_gone() { return false; }
 };
 
 struct HttpResponse {

@@ -84,6 +84,7 @@ void write_stream(const ResponsesContext& context, ResponsesCall& call, Response
       if (!sink.write(events)) return client_left();
       last_write = Clock::now();
     }
+    if (outputs.empty() && sink.client_gone()) return client_left();
     if (outputs.empty() && Clock::now() - last_write > kKeepAliveInterval) {
       if (!sink.write(": keep-alive\n\n")) return client_left();
       last_write = Clock::now();
@@ -121,6 +122,11 @@ HttpResponse handle_create_response(const ResponsesContext& context, const HttpR
     throw renamed(error);
   }
   const std::string unenforced = note_unenforced_keywords(parsed.unenforced_schema_keywords);
+  if (left_before_handling(request, completion.log_requests)) {
+    HttpResponse abandoned;
+    abandoned.abandon = true;
+    return abandoned;
+  }
   const std::string id = make_responses_id();
   call->generation = submit_generation(*completion.engine, *completion.tokenizer, std::move(parsed), id,
                                        completion.system_fingerprint);

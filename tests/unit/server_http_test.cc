@@ -4,6 +4,11 @@
 
 #include <thread>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 
@@ -18,13 +23,13 @@ using Json = nlohmann::json;
 
 class ServerHttpTest : public ::testing::Test {
  protected:
-  void start(ServerConfig config = {}) {
+  void start(ServerConfig config = {}, int handler_threads = 8) {
     engine_ = std::make_unique<test::FakeEngine>(test::make_server_test_tokenizer(), 256);
     engine_->load_adapter("agent0", "/adapters/agent0");
     config.http.port = 0;
     config.served_model_names = {"tiny"};
     config.model_path = "/models/tiny";
-    config.http.num_handler_threads = 8;
+    config.http.num_handler_threads = handler_threads;
     server_ = std::make_unique<HttpServer>(*engine_, config);
     server_->bind();
     thread_ = std::thread([this] { server_->run(); });
@@ -249,6 +254,59 @@ TEST_F(ServerHttpTest, DisconnectWaitingForAWholeBodyCancels) {
   for (int i = 0; i < 200 && engine_->num_live > 0; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
   EXPECT_EQ(engine_->num_live, 0);
   EXPECT_EQ(engine_->num_cancelled, 1);
+}
+
+// A stream still waiting for its first token (queued, prefilling) is cancelled
+// soon after its client leaves: before a keep-alive write (2 s) or the token (10 s) could fail.
+TEST_F(ServerHttpTest, DisconnectBeforeTheFirstTokenCancels) {
+  start();
+  engine_->token_delay_ms = 10000;
+  client_->set_read_timeout(0, 200 * 1000);  // headers come at once; the body does not: the client leaves
+  auto result = post("/v1/completions", {{"prompt", "x"}, {"max_tokens", 5}, {"stream", true}});
+  client_->stop();
+  const auto closed = std::chrono::steady_clock::now();
+  while (engine_->num_cancelled == 0 && std::chrono::steady_clock::now() - closed < std::chrono::milliseconds(1500))
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  EXPECT_EQ(engine_->num_cancelled, 1);
+  EXPECT_EQ(engine_->num_submitted, 1);
+}
+
+// A request whose client left while it waited for a handler thread is never
+// submitted (it would cost a whole prefill before its first write failed); the
+// request that held the thread, and later ones, are served.
+TEST_F(ServerHttpTest, RequestAbandonedBeforeItIsHandledIsNotSubmitted) {
+  start({}, 1);
+  engine_->token_delay_ms = 20;
+  std::string first_body;
+  std::thread holder([&] {  // holds the only handler thread for ~0.6 s
+    httplib::Client client("127.0.0.1", server_->bound_port());
+    client.set_read_timeout(10, 0);
+    auto result = client.Post("/v1/completions", Json{{"prompt", "x"}, {"max_tokens", 30}, {"stream", true}}.dump(),
+                              "application/json");
+    if (result) first_body = result->body;
+  });
+  while (engine_->num_submitted == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  {
+    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in address{};
+    address.sin_family = AF_INET;
+    address.sin_port = htons(static_cast<uint16_t>(server_->bound_port()));
+    address.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&address), sizeof(address)), 0);
+    const std::string body = Json{{"prompt", "y"}, {"max_tokens", 30}, {"stream", true}}.dump();
+    const std::string message = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                                "Content-Length: " + std::to_string(body.size()) + "\r\n\r\n" + body;
+    ASSERT_EQ(::send(fd, message.data(), message.size(), 0), static_cast<ssize_t>(message.size()));
+    ::close(fd);  // gone before the handler is free
+  }
+  holder.join();
+  EXPECT_EQ(events(first_body).back(), Json("[DONE]"));
+  engine_->token_delay_ms = 0;
+  auto result = post("/v1/completions", {{"prompt", "z"}, {"max_tokens", 2}});
+  ASSERT_TRUE(result);
+  EXPECT_EQ(result->status, 200);
+  EXPECT_EQ(engine_->num_submitted, 2);  // the holder and the last request, not the abandoned one
+  EXPECT_EQ(engine_->num_cancelled, 0);
 }
 
 // Graceful shutdown ends what outlives the timeout with explicit errors.
