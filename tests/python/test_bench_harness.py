@@ -425,6 +425,42 @@ class TimeLimitTest(unittest.TestCase):
         self.assertEqual(metrics["num_unfinished_tasks"], 0)
         self.assertLess(metrics["wall_s"], 2.0)
 
+    def test_window_ends_at_once_with_thousands_of_calls_queued(self):
+        """Calls beyond the connection pool wait on the client's own slots: cancelling 1500 calls queued
+        inside httpx's pool took ~20 s here (each cancellation rescans the pool's queue), which let a
+        --time-limit window overrun by minutes on the H200."""
+        import asyncio
+        import time
+        try:
+            from loombench.client import Client
+        except ImportError:
+            self.skipTest("httpx is missing")
+        from loombench.workflow import Call
+
+        async def scenario():
+            connections = []
+
+            async def hold(reader, writer):  # reads a request and never answers
+                connections.append(writer)
+                try:
+                    await reader.read(1 << 16)
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    pass
+            server = await asyncio.start_server(hold, "127.0.0.1", 0)
+            client = Client(f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}", max_connections=16)
+            calls = asyncio.gather(*(client.complete(Call("m", "a", f"p{i}", 4)) for i in range(1500)))
+            began = time.perf_counter()
+            with self.assertRaises(asyncio.TimeoutError):
+                await asyncio.wait_for(calls, timeout=0.5)
+            ended = time.perf_counter() - began
+            await client.close()
+            server.close()
+            return ended, len(connections)
+        ended, num_connections = asyncio.run(scenario())
+        self.assertLess(ended, 5.0)
+        self.assertLessEqual(num_connections, 16)
+
     def test_server_rate_counts_tokens_inside_the_window_only(self):
         from loombench import runner
         samples = [{"t": t, "generated_tokens": tokens} for t, tokens in

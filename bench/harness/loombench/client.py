@@ -4,6 +4,7 @@ TTFT is the time from sending the request to the first streamed chunk that
 carries text; e2e is the time to the end of the stream. Token counts come
 from the server's usage (stream_options.include_usage).
 """
+import asyncio
 import json
 import time
 from dataclasses import dataclass
@@ -43,6 +44,9 @@ class Client:
                                       timeout=httpx.Timeout(timeout_s, connect=30.0),
                                       limits=httpx.Limits(max_connections=max_connections,
                                                           max_keepalive_connections=max_connections))
+        # Calls beyond the pool wait here, not in httpx's pool: cancelling thousands of calls queued in the
+        # pool takes minutes (each cancellation rescans the queue), and a --time-limit window must end at once.
+        self.slots = asyncio.Semaphore(max_connections)
 
     async def close(self):
         await self.http.aclose()
@@ -78,7 +82,8 @@ class Client:
         pieces, usage = [], {}
         num_chunks = 0
         try:
-            async with self.http.stream("POST", "/v1/completions", json=self.body(call, workflow)) as response:
+            async with self.slots, self.http.stream("POST", "/v1/completions",
+                                                    json=self.body(call, workflow)) as response:
                 if response.status_code != 200:
                     detail = (await response.aread())[:300].decode(errors="replace")
                     raise RuntimeError(f"HTTP {response.status_code}: {detail}")
