@@ -76,15 +76,15 @@ void write_stream(const CompletionContext& context, Generation& generation, Resp
 }  // namespace
 
 HttpResponse handle_completion(Endpoint endpoint, const CompletionContext& context, const HttpRequest& request) {
-  ParsedRequest parsed = parse_openai_request(endpoint, request.body, context.parse);
-  apply_device_kv_fields(request, context.device_kv, parsed);
-  const bool stream = parsed.stream;
-  const std::string unenforced = note_unenforced_keywords(parsed.unenforced_schema_keywords);
   if (left_before_handling(request, context.log_requests)) {
     HttpResponse abandoned;
     abandoned.abandon = true;
     return abandoned;
   }
+  ParsedRequest parsed = parse_openai_request(endpoint, request.body, context.parse);
+  apply_device_kv_fields(request, context.device_kv, parsed);
+  const bool stream = parsed.stream;
+  const std::string unenforced = note_unenforced_keywords(parsed.unenforced_schema_keywords);
   std::shared_ptr<Generation> generation = submit_generation(*context.engine, *context.tokenizer, std::move(parsed),
                                                              make_response_id(endpoint), context.system_fingerprint);
   HttpResponse response;

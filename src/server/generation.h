@@ -61,8 +61,8 @@ std::shared_ptr<Generation> submit_generation(Engine& engine, const Tokenizer& t
                                               std::string id, const std::string& system_fingerprint);
 
 // True (and logged) when the client left while its request waited for a handler
-// thread: the caller submits nothing and answers with HttpResponse::abandon, so a
-// queue of abandoned requests costs no prefill.
+// thread: the caller, checking first, neither parses nor submits it and answers
+// with HttpResponse::abandon, so a queue of abandoned requests costs no prefill.
 bool left_before_handling(const HttpRequest& request, bool log_requests);
 
 // Waits until every choice finished (whole bodies) and logs the request.

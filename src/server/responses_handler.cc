@@ -104,6 +104,11 @@ void write_stream(const ResponsesContext& context, ResponsesCall& call, Response
 
 HttpResponse handle_create_response(const ResponsesContext& context, const HttpRequest& request) {
   const CompletionContext& completion = *context.completion;
+  if (left_before_handling(request, completion.log_requests)) {
+    HttpResponse abandoned;
+    abandoned.abandon = true;
+    return abandoned;
+  }
   auto call = std::make_shared<ResponsesCall>();
   call->request = parse_responses_request(request.body);
   if (!call->request.previous_response_id.empty()) {
@@ -122,11 +127,6 @@ HttpResponse handle_create_response(const ResponsesContext& context, const HttpR
     throw renamed(error);
   }
   const std::string unenforced = note_unenforced_keywords(parsed.unenforced_schema_keywords);
-  if (left_before_handling(request, completion.log_requests)) {
-    HttpResponse abandoned;
-    abandoned.abandon = true;
-    return abandoned;
-  }
   const std::string id = make_responses_id();
   call->generation = submit_generation(*completion.engine, *completion.tokenizer, std::move(parsed), id,
                                        completion.system_fingerprint);
