@@ -2,7 +2,8 @@
 // drawn on the GPU, as `--model random:llama-8b`):
 //   decode   step time at batch 1/16/64/256 with 2K-token contexts, eager and as
 //            a CUDA graph, against the bandwidth floor (weight + KV bytes / the GPU's datasheet bandwidth);
-//            with prefetch, skinny and rows the switches of 1-2 row steps
+//            with prefetch, skinny and rows the switches of 1-2 row steps; launches: each kind of
+//            small kernel left out, the split-KV combine fused or not, the shortest decode chunk
 //            (decode_figures.cc; the shared setup and timing: bench_common.h)
 //   prefill  one 8K-token prompt: model FLOPs utilisation against the GPU's dense bf16 peak
 //   lora     8 distinct adapters (r=16, all seven projections) in a decode batch
@@ -49,7 +50,7 @@ int run(int argc, char** argv) {
   app.add_option("--batch-sizes", batch_sizes, "Decode batch sizes");
   app.add_option("--prefill-tokens", prefill_tokens, "Prompt length of the prefill figure");
   std::vector<std::string> parts = {"decode", "lora", "sampling", "prefill", "attention", "sharing"};
-  app.add_option("--what", parts, "Figures to measure (decode prefetch skinny rows lora sampling prefill attention sharing)");
+  app.add_option("--what", parts, "Figures to measure (decode prefetch skinny rows launches lora sampling prefill attention sharing)");
   bool fp8_weights = false;
   app.add_flag("--fp8-weights", fp8_weights, "Linear weights in FP8 (--quantization fp8): the floors count their bytes");
   bool fp8_kv = false;

@@ -9,6 +9,12 @@ namespace loom::cuda {
 
 using bf16 = __nv_bfloat16;
 
+#ifdef LOOM_CUDA_MEASURE
+bool LayerRunner::skipped(uint32_t bit) const { return (parts_.lora.measure().skip_kernels & bit) != 0; }
+#else
+bool LayerRunner::skipped(uint32_t) const { return false; }
+#endif
+
 void LayerRunner::linear(const bf16* x, int32_t m, int32_t k, const bf16* w, int32_t n, void* y, bool y_is_bf16,
                          int32_t y_stride, const Fp8Matrix& fp8) {
   if (fp8.data != nullptr) {
@@ -86,7 +92,8 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
 
   // Input norm; from layer 1 on it first adds the previous MLP's output.
   const int32_t* lora_rows = plan_pointer<int32_t>(sections.lora_row_of_token);
-  launch_add_rms_norm(buffers.residual.as<float>(), layer == 0 ? nullptr : buffers.delta.as<float>(), nullptr,
+  if (!skipped(kSkipNorms))
+    launch_add_rms_norm(buffers.residual.as<float>(), layer == 0 ? nullptr : buffers.delta.as<float>(), nullptr,
                       weights.input_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(), chain(),
                       previous_lora_delta, lora_rows);
   auto pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
@@ -131,7 +138,7 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
     post.num_layers = config.num_layers;
     post.layer = layer;
   }
-  launch_qkv_postprocess(post, chain());
+  if (!skipped(kSkipQkv)) launch_qkv_postprocess(post, chain());
   if (step_.kv_listener != nullptr) {  // this layer's K/V (and rCache) writes are all enqueued
     LOOM_CUDA_CHECK(cudaEventRecord(step_.layer_events[layer], stream));
     KvLayerFence fence;
@@ -140,13 +147,14 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
     step_.kv_listener->layer_written(layer, fence);
   }
 
-  attention(layer);
+  if (!skipped(kSkipAttention)) attention(layer);
 
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kO}, buffers.attention_out.as<bf16>(), q_size, hidden, chain());
   linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden,
          weights.o_fp8);
   const float* o_lora = reduce_delta(lora.end(pending, stream));
-  launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
+  if (!skipped(kSkipNorms))
+    launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
                       weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
                       chain(), o_lora, lora_rows);
 
@@ -164,7 +172,8 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
                          2 * intermediate, chain());
     linear(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, buffers.gate_up.data(), true,
            2 * intermediate, weights.gate_up_fp8);
-    launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
+    if (!skipped(kSkipSwiglu))
+      launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
                   lora.end(pending, stream), lora_rows, lora.gate_up_bf16());
   }
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kDown}, buffers.activation.as<bf16>(), intermediate, hidden,
@@ -208,6 +217,11 @@ void LayerRunner::attention(int layer) {
   attention.out = buffers.attention_out.as<bf16>();
   attention.partial_out = buffers.partial_out.as<float>();
   attention.partial_lse = buffers.partial_lse.as<float>();
+  const bool fused_combine = parts_.tuning.fused_attention_combine;
+  if (fused_combine) {
+    attention.combine_items = plan_pointer<AttentionCombineItem>(sections.combine_items);
+    attention.combine_counters = buffers.combine_counters.as<uint32_t>();
+  }
   attention.num_heads = spec.num_heads;
   attention.num_kv_heads = spec.num_kv_heads;
   attention.head_dim = spec.head_dim;
@@ -242,8 +256,9 @@ void LayerRunner::attention(int layer) {
                               step_.residual_rank,
                               pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide);
   }
-  launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
-                           plan.num_combine_items(), chain());
+  if (!fused_combine && !skipped(kSkipCombine))
+    launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
+                             plan.num_combine_items(), chain());
 }
 
 void LayerRunner::capture_hidden_states(int index, const float* lora_delta) {

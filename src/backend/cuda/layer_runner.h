@@ -50,6 +50,15 @@ struct StepLaunch {
   cudaEvent_t* layer_events = nullptr;
 };
 
+// Kinds of a step's kernels, as bits (the benchmark's CudaMeasureSwitches::skip_kernels).
+enum StepKernelBits : uint32_t {
+  kSkipNorms = 1,      // the residual adds + RMS norms
+  kSkipQkv = 2,        // q/k/v post-processing (bias, norms, RoPE, KV writes)
+  kSkipCombine = 4,    // the split-KV combine kernel (fused_attention_combine off)
+  kSkipSwiglu = 8,     // SwiGLU after a cuBLAS gate/up
+  kSkipAttention = 16  // attention and its combine
+};
+
 class LayerRunner {
  public:
   explicit LayerRunner(const StepParts& parts) : parts_(parts) {}
@@ -70,6 +79,8 @@ class LayerRunner {
   // buffer and sums it over the ranks; returns the LoRA delta left to add (nullptr once folded).
   const float* reduce_delta(const float* lora_delta);
   Launch chain() const { return Launch(step_.stream, step_.programmatic); }
+  // The benchmark's build: CudaMeasureSwitches::skip_kernels has `bit` (never in serving's).
+  bool skipped(uint32_t bit) const;
   template <typename T>
   T* plan_pointer(size_t section) const {
     return parts_.plan.pointer<T>(section);

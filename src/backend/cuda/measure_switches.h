@@ -30,6 +30,9 @@ struct CudaMeasureSwitches {
   // Launches left out to time what each costs a step (results wrong while any
   // is): bit 2g skips group g's shrink, bit 2g+1 its expand.
   uint32_t lora_skip = 0;
+  // Kernels of the step left out, to time what each kind costs a graph step
+  // (results wrong while any is): layer_runner.h's StepKernelBits.
+  uint32_t skip_kernels = 0;
 };
 
 }  // namespace loom::cuda
