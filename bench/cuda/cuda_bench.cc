@@ -3,7 +3,7 @@
 //   decode   step time at batch 1/16/64/256 with 2K-token contexts, eager and as
 //            a CUDA graph, against the bandwidth floor (weight + KV bytes / the GPU's datasheet bandwidth);
 //            with prefetch, skinny and rows the switches of 1-2 row steps; launches: each kind of
-//            small kernel left out, the split-KV combine fused or not, the shortest decode chunk
+//            the step's kernels left out in turn (what it costs a graph step)
 //            (decode_figures.cc; the shared setup and timing: bench_common.h)
 //   prefill  one 8K-token prompt: model FLOPs utilisation against the GPU's dense bf16 peak
 //   lora     8 distinct adapters (r=16, all seven projections) in a decode batch

@@ -139,45 +139,27 @@ void decode_figures(BenchContext& context) {
     }
   }
 
-  // What each kind of small kernel costs a graph step (left out: results wrong), the split-KV combine
-  // in the attention kernel or after it, and the shortest decode chunk (issue 43, item 4).
+  // What each kind of the step's kernels costs a graph step: left out one kind at a time (results wrong),
+  // issue 43, item 4. (The split merged in the attention kernel and other shortest decode chunks were
+  // measured beside these once; bench/README.md, "What a decode step's small kernels cost in a graph".)
   if (wanted("launches")) {
     std::printf("\n%-44s %8s %10s %8s\n", "decode launches", "batch", "graph ms", "x floor");
-    const CudaTuning defaults = backend.tuning();
+    const std::pair<const char*, uint32_t> settings[] = {
+        {"all", 0},           {"without norms", kSkipNorms},     {"without qkv post", kSkipQkv},
+        {"without combine", kSkipCombine}, {"without swiglu", kSkipSwiglu}, {"without attention", kSkipAttention},
+        {"without all small", kSkipNorms | kSkipQkv | kSkipCombine | kSkipSwiglu}};
     for (int batch_size : batch_sizes) {
       const Batch batch = decode_batch(batch_size, {}, prng, config.vocab_size);
       const double floor_ms = decode_floor_ms(backend, batch_size);
-      struct Setting { std::string name; bool fused; int32_t min_chunk; uint32_t skip; };
-      std::vector<Setting> settings = {{"default", defaults.fused_attention_combine, defaults.decode_min_chunk_tiles, 0},
-                                       {"combine kernel", false, defaults.decode_min_chunk_tiles, 0},
-                                       {"combine in attention", true, defaults.decode_min_chunk_tiles, 0}};
-      for (int32_t chunk : {1, 2, 8})
-        for (bool fused : {false, true})
-          settings.push_back({fmt::format("min chunk {} tiles, {}", chunk, fused ? "fused" : "kernel"), fused, chunk, 0});
-      const std::pair<const char*, uint32_t> skips[] = {{"norms", kSkipNorms},   {"qkv post", kSkipQkv},
-                                                        {"combine", kSkipCombine}, {"swiglu", kSkipSwiglu},
-                                                        {"attention", kSkipAttention},
-                                                        {"all small", kSkipNorms | kSkipQkv | kSkipCombine | kSkipSwiglu}};
-      for (const auto& [name, bits] : skips)
-        settings.push_back({fmt::format("without {} (combine kernel)", name), false, defaults.decode_min_chunk_tiles, bits});
-      for (const Setting& setting : settings) {
-        tune(backend, [&](CudaTuning& t) {
-          t.fused_attention_combine = setting.fused;
-          t.decode_min_chunk_tiles = setting.min_chunk;
-        });
-        backend.measure().skip_kernels = setting.skip;
+      for (const auto& [name, bits] : settings) {
+        backend.measure().skip_kernels = bits;
         const double graph_ms = time_step(backend, batch, iterations, true).graph_ms;
-        results["launches"].push_back({{"batch", batch_size}, {"setting", setting.name}, {"fused_combine", setting.fused},
-                                       {"min_chunk_tiles", setting.min_chunk}, {"skip_kernels", setting.skip},
+        results["launches"].push_back({{"batch", batch_size}, {"setting", name}, {"skip_kernels", bits},
                                        {"graph_ms", graph_ms}, {"graph_over_floor", graph_ms / floor_ms}});
-        std::printf("%-44s %8d %10.3f %8.3f\n", setting.name.c_str(), batch_size, graph_ms, graph_ms / floor_ms);
+        std::printf("%-44s %8d %10.3f %8.3f\n", name, batch_size, graph_ms, graph_ms / floor_ms);
       }
     }
     backend.measure().skip_kernels = 0;
-    tune(backend, [&](CudaTuning& t) {
-      t.fused_attention_combine = defaults.fused_attention_combine;
-      t.decode_min_chunk_tiles = defaults.decode_min_chunk_tiles;
-    });
   }
 
   // Steps of 1-4 rows on cuBLAS or the skinny GEMMs, with or without programmatic launches and the L2 read-ahead

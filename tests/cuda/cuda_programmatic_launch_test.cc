@@ -11,9 +11,7 @@
 // into L2 (CudaTuning::l2_prefetch) in captured steps changes nothing
 // either, nor do the defaults (both on up to two rows). Last, two LoRA sequences
 // join, with LoRA inline (CudaTuning::lora_side_stream off), where LoRA steps launch
-// programmatically. The split-KV partials merged by the attention kernel's last CTA
-// (CudaTuning::fused_attention_combine, on in every other variant) equal the
-// combine kernel's, bit for bit, eager and in graphs.
+// programmatically.
 #include <memory>
 #include <string>
 #include <vector>
@@ -56,7 +54,6 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     int baseline;
     bool l2_prefetch = false;  // the read-ahead at every step size
     bool defaults = false;     // CudaTuning's defaults (both on at 1-2 rows)
-    bool combine_kernel = false;  // the split-KV combine as a kernel of its own
   };
   const Variant variants[] = {{"plain, graphs", false, true, false, 0},
                               {"programmatic, graphs", true, true, false, 0},
@@ -64,9 +61,7 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
                               {"programmatic, eager", true, false, false, 2},
                               {"programmatic, graphs, ping-pong prefill", true, true, true, 0},
                               {"plain, graphs, L2 prefetch", false, true, false, 0, true},
-                              {"defaults, graphs", true, true, true, 0, false, true},
-                              {"plain, graphs, combine kernel", false, true, false, 0, false, false, true},
-                              {"plain, eager, combine kernel", false, false, false, 2, false, false, true}};
+                              {"defaults, graphs", true, true, true, 0, false, true}};
   std::vector<std::unique_ptr<CudaBackend>> backends;
   std::vector<Driver> drivers;
   for (const Variant& variant : variants) {
@@ -79,7 +74,6 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
     }
     tuning.cuda_graphs = variant.graphs;
     tuning.pingpong_prefill = variant.pingpong;
-    tuning.fused_attention_combine = !variant.combine_kernel;
     // LoRA steps below run inline on the main stream (no side-stream events),
     // so that they launch programmatically too.
     tuning.lora_side_stream = false;
@@ -130,7 +124,6 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   ASSERT_GT(backends[4]->plan().num_wide_prefill_items(), 0) << "the prompt runs wide";
   for (int s = 0; s < 6; ++s)
     next = step(decode_parts(ids, next), s % 2 == 1 ? std::vector<int>{0} : std::vector<int>{}, "1 row, step " + std::to_string(s));
-  EXPECT_GT(backends[7]->plan().num_combine_items(), 0) << "the 1-row steps split their keys";
 
   // A second sequence joins (a prefill beside the first one's decode), then two-row decode steps.
   std::vector<Driver::Part> pair = decode_parts(ids, next);
@@ -186,7 +179,6 @@ TEST(CudaProgrammaticLaunch, StepsEqualPlainLaunchesBitForBit) {
   EXPECT_EQ(backends[3]->graph_stats().replays, 0);
   EXPECT_GE(backends[5]->graph_stats().replays, 4) << "the prefetching steps were replayed from graphs";
   EXPECT_GE(backends[6]->graph_stats().replays, 4);
-  EXPECT_GE(backends[7]->graph_stats().replays, 4);
 }
 
 }  // namespace

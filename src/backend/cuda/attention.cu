@@ -1,6 +1,5 @@
 // Paged causal GQA attention on tensor cores (FlashAttention-2 style), for
-// prefill and decode, with split-KV partials merged by the last CTA of each
-// split (AttentionParams::combine_counters) or by a combine kernel.
+// prefill and decode, with split-KV partials merged by a combine kernel.
 //
 // A CTA (128 threads) runs one work item for one kv head (blockIdx.y): up to
 // 64 (prefill) or 16 (decode) rows of (token, query head) of one sequence
@@ -75,65 +74,6 @@ struct RowWriter {
                   local_row] = lse;
   }
 };
-
-// Merges a combine item's split-KV partials for one kv head into the output, with the threads of the
-// calling CTA: 4 output columns per thread. Loads bypass L1 (__ldcg): inside the attention kernel the
-// partials were written by other CTAs. The order over partials is fixed, so the result does not depend
-// on which CTA merges.
-__device__ void merge_partials(const AttentionParams& p, const AttentionCombineItem& item, int kv_head) {
-  const AttentionSequence sequence = p.sequences[item.sequence];
-  const int group = p.num_heads / p.num_kv_heads;
-  const int head_dim = p.head_dim;
-  const int columns = head_dim / 4;
-  for (int index = threadIdx.x; index < item.num_rows * columns; index += blockDim.x) {
-    const int r = index / columns;
-    const int d = (index % columns) * 4;
-    const int64_t first = (static_cast<int64_t>(item.first_partial) * p.num_kv_heads + kv_head) * kAttentionMaxRows + r;
-    const int64_t partial_stride = static_cast<int64_t>(p.num_kv_heads) * kAttentionMaxRows;
-    float max_all = -INFINITY;
-#pragma unroll 4
-    for (int k = 0; k < item.num_partials; ++k) max_all = fmaxf(max_all, __ldcg(p.partial_lse + first + k * partial_stride));
-    const float shift = max_all == -INFINITY ? 0.0f : max_all;
-    float sum = 0.0f;
-    float4 value = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
-#pragma unroll 4
-    for (int k = 0; k < item.num_partials; ++k) {
-      const int64_t base = first + k * partial_stride;
-      const float weight = exp2f(__ldcg(p.partial_lse + base) - shift);
-      const float4 partial = __ldcg(reinterpret_cast<const float4*>(p.partial_out + base * head_dim + d));
-      sum += weight;
-      value.x += weight * partial.x;
-      value.y += weight * partial.y;
-      value.z += weight * partial.z;
-      value.w += weight * partial.w;
-    }
-    const int row = item.row_begin + r;
-    const int64_t token = sequence.query_row(row / group);
-    const int head = kv_head * group + row % group;
-    __nv_bfloat162* out =
-        reinterpret_cast<__nv_bfloat162*>(p.out + token * p.num_heads * head_dim + head * head_dim + d);
-    out[0] = __floats2bfloat162_rn(sum > 0.0f ? value.x / sum : 0.0f, sum > 0.0f ? value.y / sum : 0.0f);
-    out[1] = __floats2bfloat162_rn(sum > 0.0f ? value.z / sum : 0.0f, sum > 0.0f ? value.w / sum : 0.0f);
-  }
-}
-
-// After a CTA wrote its partial (AttentionParams::combine_counters): the last of its combine item's
-// CTAs for this kv head merges them, then zeroes the counter for the next launch.
-__device__ void merge_if_last(const AttentionParams& p, const AttentionWorkItem& item, int kv_head) {
-  __shared__ bool last;
-  __threadfence();  // this thread's partial writes, visible before the count says so
-  __syncthreads();
-  const AttentionCombineItem combine = p.combine_items[item.combine_index];
-  if (threadIdx.x == 0) {
-    uint32_t* counter = p.combine_counters + static_cast<int64_t>(item.combine_index) * p.num_kv_heads + kv_head;
-    last = atomicAdd(counter, 1u) + 1 == static_cast<uint32_t>(combine.num_partials);
-    if (last) *counter = 0;  // every other CTA of the item has counted already
-  }
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  merge_partials(p, combine, kv_head);
-}
 
 // kFp8: the main pool is an FP8 cache (AttentionParams::k_cache_fp8), decoded into the bf16 tiles as it is loaded.
 template <int kHeadDim, int kRowWarps, int kRankPad, bool kFp8>
@@ -535,7 +475,6 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
       if (d == 0) writer.write_lse(r, sum > 0.0f ? max_all + log2f(sum) : -INFINITY);
     }
   }
-  if (p.combine_counters != nullptr && item.partial_index >= 0) merge_if_last(p, item, kv_head);
 }
 
 __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombineItem* items) {
@@ -543,7 +482,32 @@ __global__ void attention_combine_kernel(AttentionParams p, const AttentionCombi
   pdl_trigger();
   const AttentionCombineItem item = items[blockIdx.x];
   if (item.sequence < 0) return;  // padding of a graph-captured step's list
-  merge_partials(p, item, blockIdx.y);
+  const int kv_head = blockIdx.y;
+  const AttentionSequence sequence = p.sequences[item.sequence];
+  const int group = p.num_heads / p.num_kv_heads;
+  const int head_dim = p.head_dim;
+  for (int index = threadIdx.x; index < item.num_rows * head_dim; index += blockDim.x) {
+    const int r = index / head_dim;
+    const int d = index % head_dim;
+    float max_all = -INFINITY;
+#pragma unroll 4
+    for (int k = 0; k < item.num_partials; ++k)
+      max_all = fmaxf(max_all, p.partial_lse[(static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) *
+                                                 kAttentionMaxRows + r]);
+    const float shift = max_all == -INFINITY ? 0.0f : max_all;
+    float sum = 0.0f, value = 0.0f;
+#pragma unroll 4
+    for (int k = 0; k < item.num_partials; ++k) {
+      const int64_t base = (static_cast<int64_t>(item.first_partial + k) * p.num_kv_heads + kv_head) * kAttentionMaxRows + r;
+      const float weight = exp2f(p.partial_lse[base] - shift);
+      sum += weight;
+      value += weight * p.partial_out[base * head_dim + d];
+    }
+    const int row = item.row_begin + r;
+    const int64_t token = sequence.query_row(row / group);
+    const int head = kv_head * group + row % group;
+    p.out[token * p.num_heads * head_dim + head * head_dim + d] = __float2bfloat16_rn(sum > 0.0f ? value / sum : 0.0f);
+  }
 }
 
 // The rank tiers of ResidualAttention: shared memory and registers grow with the padded rank.
@@ -679,7 +643,7 @@ void launch_attention_combine(const AttentionParams& params, const AttentionComb
                               Launch launch) {
   if (num_items == 0) return;
   const dim3 grid(num_items, params.num_kv_heads);
-  launch_kernel(launch, grid, 128, 0, attention_combine_kernel, params, items);
+  launch_kernel(launch, grid, 256, 0, attention_combine_kernel, params, items);
 }
 
 }  // namespace loom::cuda

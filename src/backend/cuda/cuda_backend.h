@@ -62,12 +62,6 @@ struct CudaTuning {
   // skinny_gemm.cu's kernels (SwiGLU folded into gate/up when no LoRA applies);
   // larger steps and 0 use cuBLAS.
   int32_t skinny_max_rows = 2;
-  // Split-KV decode attention: chunks of at least this many 64-key tiles
-  // (PlanShape::min_decode_chunk_tiles), and the partials merged by the last
-  // CTA of each split inside the attention kernel (false: a combine kernel
-  // after it). Figures: bench/README.md, "Fewer launches per decode step".
-  int32_t decode_min_chunk_tiles = 4;
-  bool fused_attention_combine = false;
   // Batched LoRA of each projection group on a second stream beside its base
   // GEMM (same input, own output, joined before the consumer); false: after the
   // GEMM on the main stream.

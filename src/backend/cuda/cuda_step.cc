@@ -25,7 +25,6 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
       residual_rank = std::max(residual_rank, lora_.kv_rank(sequence.forked_adapter_slot));
   PlanShape shape{main.block_size, config_.num_heads, config_.num_kv_heads, num_sms_, decode_ctas_per_sm_};
   shape.wide_prefill = wide_prefill_;
-  shape.min_decode_chunk_tiles = tuning_.decode_min_chunk_tiles;
   // The rebuild serves k/v ranks 1..64; a batch whose forked adapters carry no
   // k/v LoRA has nothing to rebuild (its main-cache K/V is whole) and stays narrow.
   shape.forked_wide_prefill_keys =

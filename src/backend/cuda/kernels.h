@@ -111,12 +111,6 @@ struct AttentionParams {
   bf16* out = nullptr;               // [num_tokens, num_heads * head_dim]
   float* partial_out = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows, head_dim]
   float* partial_lse = nullptr;      // [num_partials, num_kv_heads, kAttentionMaxRows] (log2 domain)
-  // Non-null: the kPrefill / kDecode kernels merge their own splits. The CTA that writes a combine item's
-  // last partial (counted in combine_counters[combine_index * num_kv_heads + kv_head], zero between
-  // launches: that CTA sets it back) merges them all into `out`, as launch_attention_combine would;
-  // the combine kernel is then not launched.
-  const AttentionCombineItem* combine_items = nullptr;
-  uint32_t* combine_counters = nullptr;
   int32_t num_heads = 0, num_kv_heads = 0, head_dim = 0, block_size = 0;
   float scale = 1.0f;                // softmax scale, 1 / sqrt(head_dim)
   // Forked sequences only (ResidualAttention, ForkKV, arXiv:2604.06370 §5.3), per kv head h of

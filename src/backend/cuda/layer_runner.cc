@@ -217,11 +217,6 @@ void LayerRunner::attention(int layer) {
   attention.out = buffers.attention_out.as<bf16>();
   attention.partial_out = buffers.partial_out.as<float>();
   attention.partial_lse = buffers.partial_lse.as<float>();
-  const bool fused_combine = parts_.tuning.fused_attention_combine;
-  if (fused_combine) {
-    attention.combine_items = plan_pointer<AttentionCombineItem>(sections.combine_items);
-    attention.combine_counters = buffers.combine_counters.as<uint32_t>();
-  }
   attention.num_heads = spec.num_heads;
   attention.num_kv_heads = spec.num_kv_heads;
   attention.head_dim = spec.head_dim;
@@ -256,7 +251,7 @@ void LayerRunner::attention(int layer) {
                               step_.residual_rank,
                               pingpong ? AttentionVariant::kPrefillWidePingPong : AttentionVariant::kPrefillWide);
   }
-  if (!fused_combine && !skipped(kSkipCombine))
+  if (!skipped(kSkipCombine))
     launch_attention_combine(attention, plan_pointer<AttentionCombineItem>(sections.combine_items),
                              plan.num_combine_items(), chain());
 }

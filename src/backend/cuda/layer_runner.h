@@ -54,7 +54,7 @@ struct StepLaunch {
 enum StepKernelBits : uint32_t {
   kSkipNorms = 1,      // the residual adds + RMS norms
   kSkipQkv = 2,        // q/k/v post-processing (bias, norms, RoPE, KV writes)
-  kSkipCombine = 4,    // the split-KV combine kernel (fused_attention_combine off)
+  kSkipCombine = 4,    // the split-KV combine
   kSkipSwiglu = 8,     // SwiGLU after a cuBLAS gate/up
   kSkipAttention = 16  // attention and its combine
 };

@@ -179,8 +179,7 @@ struct AttentionWorkItem {
   int32_t kv_begin = 0;        // KV entries [kv_begin, kv_end) of this item
   int32_t kv_end = 0;
   int32_t partial_index = -1;  // -1: write the output; else a split-KV partial slot
-  int32_t combine_index = -1;  // a partial's combine item (the in-kernel merge: AttentionParams::combine_counters)
-  int32_t padding[2] = {0, 0};
+  int32_t padding[3] = {0, 0, 0};
 };
 
 struct AttentionCombineItem {

@@ -29,11 +29,6 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
     partial_out.reserve(partial_rows * config.head_dim * sizeof(float));
     partial_lse.reserve(partial_rows * sizeof(float));
   }
-  const size_t counters = static_cast<size_t>(plan.num_combine_items()) * config.num_kv_heads * sizeof(uint32_t);
-  if (counters > combine_counters.size()) {
-    combine_counters.reserve(counters);
-    LOOM_CUDA_CHECK(cudaMemset(combine_counters.data(), 0, combine_counters.size()));
-  }
   const size_t logit_rows = static_cast<size_t>(plan.num_logit_launch_rows());
   logits.reserve(logit_rows * static_cast<size_t>(config.vocab_size) * sizeof(float));
   if (fp8) {
@@ -51,7 +46,7 @@ void StepBuffers::grow(const StepPlan& plan, const ModelConfig& config, bool cap
 std::vector<const void*> StepBuffers::addresses() const {
   return {residual.data(), delta.data(),   normed.data(),      qkv.data(),         q.data(),
           attention_out.data(), gate_up.data(), activation.data(), partial_out.data(), partial_lse.data(),
-          combine_counters.data(), logits.data(), fp8_activations.data(), fp8_activation_scales.data(), fp8_weight.data()};
+          logits.data(), fp8_activations.data(), fp8_activation_scales.data(), fp8_weight.data()};
 }
 
 }  // namespace loom::cuda

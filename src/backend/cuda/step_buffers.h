@@ -22,9 +22,6 @@ struct StepBuffers {
   DeviceBuffer gate_up;        // [rows, 2 intermediate] bf16
   DeviceBuffer activation;     // [rows, intermediate] bf16
   DeviceBuffer partial_out, partial_lse;  // split attention's partial results
-  // [combine items][kv heads] uint32 counts of split attention's written partials (AttentionParams::
-  // combine_counters): zeroed when allocated, and zero again after every launch.
-  DeviceBuffer combine_counters;
   DeviceBuffer logits;         // [logit launch rows, vocab] fp32
   DeviceBuffer hidden_states;  // [num_layers + 1][logit rows][hidden] fp32 when capturing
   // FP8 weights only: a GEMM's activations quantized ([rows, max k] e4m3; its

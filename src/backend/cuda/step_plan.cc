@@ -20,20 +20,20 @@ struct TileCandidate {
 
 // Splits below this many key tiles per chunk cost more in combining than they gain.
 constexpr int32_t kMinKeyTilesPerChunk = 2;
+constexpr int32_t kMinDecodeTilesPerChunk = 4;
 
 // Decode chunk length by wave quantisation: a chunk of c tiles costs about
 // c + 1 tile-times (the prologue), and the grid runs in ceil(CTAs / slots)
 // waves. Of the lengths from the minimum up to the longest item, the one with
 // the fewest wave-tile-times wins (ties: the longer, fewer partials; figures:
 // bench/README.md, "The measurements behind the CUDA defaults").
-int32_t wave_aware_chunk(const std::vector<TileCandidate>& list, int64_t slots, int32_t num_kv_heads,
-                         int32_t min_chunk) {
+int32_t wave_aware_chunk(const std::vector<TileCandidate>& list, int64_t slots, int32_t num_kv_heads) {
   int32_t longest = 0;
   for (const TileCandidate& c : list) longest = std::max(longest, c.num_key_tiles);
-  const int32_t last = std::max(min_chunk, longest);
+  const int32_t last = std::max(kMinDecodeTilesPerChunk, longest);
   int32_t best = last;
   int64_t best_cost = INT64_MAX;
-  for (int32_t chunk = min_chunk; chunk <= last; ++chunk) {
+  for (int32_t chunk = kMinDecodeTilesPerChunk; chunk <= last; ++chunk) {
     int64_t items = 0;
     for (const TileCandidate& c : list) items += (c.num_key_tiles + chunk - 1) / chunk;
     const int64_t waves = (items * num_kv_heads + slots - 1) / slots;
@@ -182,7 +182,6 @@ void StepPlan::plan_attention(const PlanShape& shape) {
   num_scratch_keys_ = 0;
   num_partials_ = 0;
   const int32_t group = shape.num_heads / shape.num_kv_heads;
-  const int32_t min_decode_chunk = std::max(shape.min_decode_chunk_tiles, int32_t{1});
   std::vector<TileCandidate> candidates[2][2];  // [forked][AttentionVariant]
   std::vector<TileCandidate> wide;              // non-forked prefills on the wide kernel, kAttentionWideRows rows
   std::vector<int32_t> forked_prefill;          // forked sequences in the prefill variant
@@ -227,7 +226,7 @@ void StepPlan::plan_attention(const PlanShape& shape) {
   std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
     return a.num_key_tiles > b.num_key_tiles;
   });
-  for (const TileCandidate& c : wide) wide_prefill_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, -1, {0, 0}});
+  for (const TileCandidate& c : wide) wide_prefill_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
 
   for (int forked = 0; forked < 2; ++forked) {
     for (int v = 0; v < 2; ++v) {
@@ -244,19 +243,18 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       if (v == static_cast<int>(AttentionVariant::kDecode)) {
         // Bandwidth-bound: below ~8 CTAs per SM the last wave leaves SMs idle, so
         // the KV ranges are cut into many short chunks (about 32 CTAs per SM), but
-        // no shorter than min_decode_chunk_tiles (each CTA pays a prologue and a partial write;
+        // no shorter than 4 tiles (each CTA pays a prologue and a partial write;
         // figures: bench/README.md, "The measurements behind the CUDA defaults").
         if (!list.empty() && num_ctas < 8LL * shape.num_sms) {
           const int64_t wanted_items = (32LL * shape.num_sms + shape.num_kv_heads - 1) / shape.num_kv_heads;
           tiles_per_chunk = static_cast<int32_t>(
-              std::max<int64_t>(min_decode_chunk, (total_key_tiles + wanted_items - 1) / wanted_items));
+              std::max<int64_t>(kMinDecodeTilesPerChunk, (total_key_tiles + wanted_items - 1) / wanted_items));
           const int32_t ctas_per_sm = forked == 1 && shape.forked_decode_ctas_per_sm > 0
                                           ? shape.forked_decode_ctas_per_sm
                                           : shape.decode_ctas_per_sm;
           if (ctas_per_sm > 0)
             tiles_per_chunk =
-                wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(ctas_per_sm), shape.num_kv_heads,
-                                 min_decode_chunk);
+                wave_aware_chunk(list, shape.num_sms * static_cast<int64_t>(ctas_per_sm), shape.num_kv_heads);
         }
       } else if (!list.empty() && num_ctas < 4LL * shape.num_sms) {
         // Prefill tiles carry enough work; they split only when too few to fill the GPU.
@@ -266,16 +264,15 @@ void StepPlan::plan_attention(const PlanShape& shape) {
       }
       for (const TileCandidate& c : list) {
         if (c.num_key_tiles <= tiles_per_chunk) {
-          items.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, -1, {0, 0}});
+          items.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
           continue;
         }
         const int32_t num_chunks = (c.num_key_tiles + tiles_per_chunk - 1) / tiles_per_chunk;
-        const int32_t combine_index = static_cast<int32_t>(combine_items_.size());
         combine_items_.push_back({c.sequence, c.row_begin, c.num_rows, num_partials_, num_chunks, {0, 0, 0}});
         for (int32_t k = 0; k < num_chunks; ++k) {
           const int32_t begin = k * tiles_per_chunk * kAttentionTileKeys;
           const int32_t end = std::min(c.kv_end, (k + 1) * tiles_per_chunk * kAttentionTileKeys);
-          items.push_back({c.sequence, c.row_begin, begin, end, num_partials_ + k, combine_index, {0, 0}});
+          items.push_back({c.sequence, c.row_begin, begin, end, num_partials_ + k, {0, 0, 0}});
         }
         num_partials_ += num_chunks;
       }
@@ -307,7 +304,7 @@ void StepPlan::plan_forked_wide(const PlanShape& shape, std::vector<int32_t>& fo
     std::stable_sort(wide.begin(), wide.end(), [](const TileCandidate& a, const TileCandidate& b) {
       return a.num_key_tiles > b.num_key_tiles;
     });
-    for (const TileCandidate& c : wide) forked_wide_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, -1, {0, 0}});
+    for (const TileCandidate& c : wide) forked_wide_items_.push_back({c.sequence, c.row_begin, 0, c.kv_end, -1, {0, 0, 0}});
     wide.clear();
     forked_wide_passes_.back().rebuild_end = static_cast<int32_t>(rebuild_items_.size());
     forked_wide_passes_.back().item_end = static_cast<int32_t>(forked_wide_items_.size());

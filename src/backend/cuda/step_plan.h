@@ -31,8 +31,6 @@ struct PlanShape {
   // (ResidualAttention) in forked_decode_ctas_per_sm (0: decode_ctas_per_sm's).
   int32_t decode_ctas_per_sm = 0;
   int32_t forked_decode_ctas_per_sm = 0;
-  // Split-KV decode chunks are at least this many key tiles (CudaTuning::decode_min_chunk_tiles).
-  int32_t min_decode_chunk_tiles = 4;
   // The wide (wgmma) prefill kernel serves this head size: non-forked prefill
   // lists with enough work to fill the GPU unsplit run as kPrefillWide items.
   bool wide_prefill = false;
