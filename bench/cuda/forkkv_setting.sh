@@ -36,6 +36,8 @@
 #   mapreducewarm   mapreduce 32K 8 workflows warm with a warm-up long enough for every agent's rCache
 #                   (64 x 32K of adapter prefill, ~170 s on the H200): WARMUP_LIMIT 180, POINT_LIMIT 60;
 #                   one side per call (POINTS=mapreduce-32k-w8-warm-forked, then -isolated)
+#   mapreduce64warm the same at 64K: 64 x 64K of adapter prefill, ~330 s, so WARMUP_LIMIT 340 and
+#                   POINT_LIMIT 60; one side per call (POINTS=mapreduce-64k-w8-warm-forked, BUDGET 540)
 # The whole study is the five calls; each point is forked then isolated.
 #   PRESET=core bench/cuda/forkkv_setting.sh
 # Env: PRESET, POOL_GPU (l40 | h100), POINT_LIMIT (s per phase, 70), WARMUP_LIMIT, RATE (2),
@@ -47,6 +49,7 @@ STUDY=forkkv
 . "$(dirname "$0")/setting_common.sh"
 PRESET=${PRESET:-core}
 [ "$PRESET" = mapreducewarm ] && : "${WARMUP_LIMIT:=180}" "${POINT_LIMIT:=60}"
+[ "$PRESET" = mapreduce64warm ] && : "${WARMUP_LIMIT:=340}" "${POINT_LIMIT:=60}"
 POINT_LIMIT=${POINT_LIMIT:-70}
 WARMUP_LIMIT=${WARMUP_LIMIT:-$POINT_LIMIT}  # the warm-up's window, when shorter than the measured one
 RATE=${RATE:-2}
@@ -72,6 +75,7 @@ case "$PRESET" in
   64k) SPECS="react:64:8:warm" ;;
   mapreduce) SPECS="mapreduce:32:8:warm mapreduce:64:8:cold" ;;
   mapreducewarm) SPECS="mapreduce:32:8:warm" ;;
+  mapreduce64warm) SPECS="mapreduce:64:8:warm" ;;
   *) SPECS=$PRESET ;;  # e.g. "react:32:4:cold"
 esac
 MAX_WORKFLOWS=1
