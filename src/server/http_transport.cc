@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <sys/socket.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cerrno>
@@ -120,18 +121,21 @@ class ChunkedSink : public ResponseSink {
   bool failed_ = false;
 };
 
-// A fixed pool of handler threads over a FIFO of jobs. The queue is bounded by
-// the connection cap: a connection has at most one request in the pool.
+// Handler threads over a FIFO of jobs, started as jobs need them: a job posted
+// while no thread is idle starts one, up to max_threads (beyond that, jobs
+// queue); a started thread stays until join(). The queue is bounded by the
+// connection cap: a connection has at most one request in the pool.
 class HandlerPool {
  public:
-  explicit HandlerPool(int num_threads) {
-    for (int i = 0; i < num_threads; ++i) threads_.emplace_back([this] { work(); });
-  }
+  explicit HandlerPool(int max_threads) : max_threads_(static_cast<size_t>(std::max(1, max_threads))) {}
   ~HandlerPool() { join(); }
   void post(std::function<void()> job) {
     {
       std::lock_guard lock(mutex_);
       jobs_.push_back(std::move(job));
+      // Each idle thread takes one queued job: start another for a job none of them will take.
+      if (!stopping_ && jobs_.size() > idle_ && threads_.size() < max_threads_)
+        threads_.emplace_back([this] { work(); });
     }
     wake_.notify_one();
   }
@@ -139,7 +143,7 @@ class HandlerPool {
   void join() {
     {
       std::lock_guard lock(mutex_);
-      stopping_ = true;
+      stopping_ = true;  // threads_ grows no more
     }
     wake_.notify_all();
     for (auto& thread : threads_)
@@ -152,7 +156,9 @@ class HandlerPool {
       std::function<void()> job;
       {
         std::unique_lock lock(mutex_);
+        ++idle_;
         wake_.wait(lock, [this] { return stopping_ || !jobs_.empty(); });
+        --idle_;
         if (jobs_.empty()) return;
         job = std::move(jobs_.front());
         jobs_.pop_front();
@@ -161,9 +167,11 @@ class HandlerPool {
     }
   }
 
+  const size_t max_threads_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<std::function<void()>> jobs_;
+  size_t idle_ = 0;  // threads waiting for a job
   bool stopping_ = false;
   std::vector<std::thread> threads_;
 };
@@ -196,7 +204,7 @@ struct HttpTransport::Impl {
 
   Impl(TransportConfig transport_config, RequestHandler request_handler, ErrorResponder responder)
       : config(std::move(transport_config)), handler(std::move(request_handler)),
-        error_responder(std::move(responder)), pool(std::max(1, config.num_handler_threads)) {}
+        error_responder(std::move(responder)), pool(config.num_handler_threads) {}
 
   bool is_light(const HttpRequest& request) const {
     if (request.method != "GET") return false;

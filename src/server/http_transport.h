@@ -54,7 +54,10 @@ struct TransportConfig {
   double keep_alive_timeout_seconds = 5.0;    // idle between requests (and before the first one)
   double write_timeout_seconds = 60.0;        // one write of a response (a chunk of a stream)
   int max_connections = 4096;                 // open connections; 503 beyond
-  int num_handler_threads = 128;              // requests handled at once (a stream holds one)
+  // Requests handled at once (a stream holds one); threads start as requests need them. By default
+  // as many as the engine's waiting queue holds (--max-waiting-requests), so that an agent fan-out
+  // waits in the scheduler, which orders it (and refuses beyond its limit), not in the transport.
+  int num_handler_threads = 1024;
   // GET paths answered by two threads of their own (/health, /metrics), so that
   // probes never queue behind num_handler_threads long requests.
   std::vector<std::string> light_paths;

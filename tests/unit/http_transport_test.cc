@@ -2,6 +2,7 @@
 // their statuses, deadlines, the connection cap, pipelining, disconnect
 // detection, and that idle or trickling clients never starve a request.
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -219,6 +220,54 @@ TEST_F(HttpTransportTest, IdleAndTricklingClientsDoNotStarveARequest) {
   const auto start_time = std::chrono::steady_clock::now();
   EXPECT_EQ(status_of(request(kGet, 3s)), 200);
   EXPECT_LT(std::chrono::steady_clock::now() - start_time, 2s);
+}
+
+// Threads in this process (Linux: one entry each under /proc/self/task).
+int num_threads() {
+  int count = 0;
+  if (DIR* tasks = ::opendir("/proc/self/task")) {
+    while (const dirent* entry = ::readdir(tasks))
+      if (entry->d_name[0] != '.') ++count;
+    ::closedir(tasks);
+  }
+  return count;
+}
+
+TEST_F(HttpTransportTest, HandlerThreadsStartAsRequestsNeedThemUpToTheLimit) {
+  // The default limit starts no thread of its own until requests come.
+  const int before = num_threads();
+  start({});
+  EXPECT_LT(num_threads() - before, 8) << "threads started ahead of any request";
+  EXPECT_EQ(status_of(request(kGet)), 200);
+  TearDown();
+  transport_.reset();
+
+  // Shared with the handler threads: must outlive the test body (TearDown joins the handlers).
+  static std::atomic<int> inside, most;
+  static std::atomic<bool> release;
+  inside = most = 0;
+  release = false;
+  TransportConfig config;
+  config.num_handler_threads = 6;
+  start(config, [](HttpRequest&) {
+    const int now = ++inside;
+    for (int seen = most; now > seen && !most.compare_exchange_weak(seen, now);) {
+    }
+    for (int i = 0; i < 500 && !release; ++i) std::this_thread::sleep_for(10ms);
+    --inside;
+    return HttpResponse{};
+  });
+  std::vector<std::unique_ptr<Socket>> clients;
+  for (int i = 0; i < 10; ++i) {
+    clients.push_back(std::make_unique<Socket>(port()));
+    clients.back()->send(kGet);
+  }
+  for (int i = 0; i < 300 && inside < 6; ++i) std::this_thread::sleep_for(10ms);
+  std::this_thread::sleep_for(200ms);
+  EXPECT_EQ(inside, 6) << "six requests handled at once, the other four queued";
+  release = true;
+  for (auto& client : clients) EXPECT_EQ(status_of(client->read(5s, "\r\n\r\n")), 200);
+  EXPECT_EQ(most, 6);
 }
 
 TEST_F(HttpTransportTest, HandlerSeesTheClientLeave) {
