@@ -12,6 +12,7 @@
 #include <future>
 #include <mutex>
 #include <optional>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 
@@ -134,8 +135,13 @@ class HandlerPool {
       std::lock_guard lock(mutex_);
       jobs_.push_back(std::move(job));
       // Each idle thread takes one queued job: start another for a job none of them will take.
-      if (!stopping_ && jobs_.size() > idle_ && threads_.size() < max_threads_)
-        threads_.emplace_back([this] { work(); });
+      if (!stopping_ && jobs_.size() > idle_ && threads_.size() < max_threads_) {
+        try {
+          threads_.emplace_back([this] { work(); });
+        } catch (const std::system_error& error) {  // the system's thread limit: the job waits for a running one
+          spdlog::warn("http: no handler thread started beyond {} ({})", threads_.size(), error.what());
+        }
+      }
     }
     wake_.notify_one();
   }

@@ -94,8 +94,8 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
   const int32_t* lora_rows = plan_pointer<int32_t>(sections.lora_row_of_token);
   if (!skipped(kSkipNorms))
     launch_add_rms_norm(buffers.residual.as<float>(), layer == 0 ? nullptr : buffers.delta.as<float>(), nullptr,
-                      weights.input_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(), chain(),
-                      previous_lora_delta, lora_rows);
+                        weights.input_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(), chain(),
+                        previous_lora_delta, lora_rows);
   auto pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
                             buffers.normed.as<bf16>(), hidden, qkv, chain());
   linear(buffers.normed.as<bf16>(), n, hidden, weights.qkv_proj, qkv, buffers.qkv.data(), false, qkv, weights.qkv_fp8);
@@ -155,8 +155,8 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
   const float* o_lora = reduce_delta(lora.end(pending, stream));
   if (!skipped(kSkipNorms))
     launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
-                      weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
-                      chain(), o_lora, lora_rows);
+                        weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
+                        chain(), o_lora, lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
   const bool fused_swiglu = plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows;
@@ -172,9 +172,10 @@ const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta)
                          2 * intermediate, chain());
     linear(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, buffers.gate_up.data(), true,
            2 * intermediate, weights.gate_up_fp8);
+    const float* gate_up_lora = lora.end(pending, stream);
     if (!skipped(kSkipSwiglu))
-      launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
-                  lora.end(pending, stream), lora_rows, lora.gate_up_bf16());
+      launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(), gate_up_lora,
+                    lora_rows, lora.gate_up_bf16());
   }
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kDown}, buffers.activation.as<bf16>(), intermediate, hidden,
                        chain());
