@@ -4,11 +4,14 @@
 // without computing anything, so every second of a step is the engine's
 // (scheduling, KV cache manager, batch building, token bookkeeping,
 // detokenizing, the streams' hand-off). N streams generate G tokens each, read
-// by one thread per stream as the HTTP server's handlers read them.
-//   loom_bench_engine_step [--streams 1 16 64 128] [--prompt-tokens 100] [--generate 256] [--out FILE]
+// by one thread per stream as the HTTP server's handlers read them. With
+// --max-running below the stream count the others wait in the scheduler, as an
+// agent fan-out beyond the running cap does.
+//   loom_bench_engine_step [--streams 1 16 64 128] [--max-running 0] [--prompt-tokens 100] [--generate 256] [--out FILE]
 // Prints, per stream count, the engine's steps a second and milliseconds a step:
 // the least a served step costs beside the GPU's own time, where the two do not overlap.
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -29,7 +32,7 @@ namespace {
 // Answers every step at once: a token per row (device sampling), no logits.
 class InstantBackend final : public Backend {
  public:
-  explicit InstantBackend(const ModelConfig& config) : config_(config) {}
+  InstantBackend(const ModelConfig& config, std::atomic<int64_t>& steps) : config_(config), steps_(steps) {}
   void allocate_kv_cache(const KvCacheShape& shape) override { shape_ = shape; }
   KvCacheShape kv_cache_shape() const override { return shape_; }
   int64_t kv_bytes_per_token() const override {
@@ -47,6 +50,7 @@ class InstantBackend final : public Backend {
     return capabilities;
   }
   ForwardResult forward(const Batch& batch) override {
+    ++steps_;
     ForwardResult result;
     result.vocab_size = config_.vocab_size;
     for (const BatchSequence& sequence : batch.sequences) {
@@ -61,22 +65,26 @@ class InstantBackend final : public Backend {
 
  private:
   const ModelConfig config_;
+  std::atomic<int64_t>& steps_;
   KvCacheShape shape_;
 };
 
 struct Figure {
-  int streams = 0;
+  int streams = 0, max_running = 0;
+  int64_t steps = 0;
   double seconds = 0, steps_per_second = 0, ms_per_step = 0, tokens_per_second = 0;
 };
 
-Figure run_streams(int streams, int prompt_tokens, int generate) {
+Figure run_streams(int streams, int max_running, int prompt_tokens, int generate) {
   LoadedModel model = cli::load_model_description("random:llama-8b");  // config and tokenizer, no weights
   const ModelConfig config = model.config;
   EngineConfig engine_config;
   engine_config.kv_cache_bytes = int64_t{16} << 30;  // accounting only: the backend holds nothing
-  engine_config.max_running_requests = std::max(streams, 1);
+  engine_config.max_running_requests = max_running > 0 ? max_running : std::max(streams, 1);
+  engine_config.max_waiting_requests = std::max(streams, engine_config.max_waiting_requests);
+  std::atomic<int64_t> steps{0};
   std::unique_ptr<Engine> engine =
-      make_engine(std::move(model), std::make_unique<InstantBackend>(config), engine_config);
+      make_engine(std::move(model), std::make_unique<InstantBackend>(config, steps), engine_config);
   Prng prng(static_cast<uint64_t>(streams));
   std::vector<std::unique_ptr<RequestStream>> outputs;
   std::vector<EngineRequest> requests;
@@ -104,12 +112,13 @@ Figure run_streams(int streams, int prompt_tokens, int generate) {
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   int64_t total = 0;
   for (int64_t count : tokens) total += count;
-  // One prefill step then generate - 1 decode steps per stream, all streams in each (max_running_requests).
   Figure figure;
   figure.streams = streams;
+  figure.max_running = engine_config.max_running_requests;
+  figure.steps = steps.load();
   figure.seconds = seconds;
-  figure.steps_per_second = generate / seconds;
-  figure.ms_per_step = 1e3 * seconds / generate;
+  figure.steps_per_second = static_cast<double>(figure.steps) / seconds;
+  figure.ms_per_step = 1e3 * seconds / static_cast<double>(figure.steps);
   figure.tokens_per_second = static_cast<double>(total) / seconds;
   return figure;
 }
@@ -117,23 +126,26 @@ Figure run_streams(int streams, int prompt_tokens, int generate) {
 int run(int argc, char** argv) {
   CLI::App app{"The engine's own time per decode step, over a backend that answers at once"};
   std::vector<int> streams = {1, 16, 64, 128};
-  int prompt_tokens = 100, generate = 256;
+  int prompt_tokens = 100, generate = 256, max_running = 0;
   std::string out_path;
   app.add_option("--streams", streams, "Concurrent requests (one figure each)");
+  app.add_option("--max-running", max_running, "Running requests at most (0: all the streams)")->capture_default_str();
   app.add_option("--prompt-tokens", prompt_tokens, "Prompt tokens per request")->capture_default_str();
   app.add_option("--generate", generate, "Tokens generated per request")->capture_default_str();
   app.add_option("--out", out_path, "JSON results");
   CLI11_PARSE(app, argc, argv);
   nlohmann::json results;
-  results["settings"] = {{"prompt_tokens", prompt_tokens}, {"generate", generate},
+  results["settings"] = {{"prompt_tokens", prompt_tokens}, {"generate", generate}, {"max_running", max_running},
                          {"cores", std::thread::hardware_concurrency()}};
-  std::printf("%8s %12s %12s %14s\n", "streams", "steps/s", "ms/step", "tokens/s");
+  std::printf("%8s %12s %10s %12s %12s %14s\n", "streams", "max running", "steps", "steps/s", "ms/step", "tokens/s");
   for (int count : streams) {
-    const Figure figure = run_streams(count, prompt_tokens, generate);
-    std::printf("%8d %12.1f %12.3f %14.0f\n", figure.streams, figure.steps_per_second, figure.ms_per_step,
+    const Figure figure = run_streams(count, max_running, prompt_tokens, generate);
+    std::printf("%8d %12d %10lld %12.1f %12.3f %14.0f\n", figure.streams, figure.max_running,
+                static_cast<long long>(figure.steps), figure.steps_per_second, figure.ms_per_step,
                 figure.tokens_per_second);
     std::fflush(stdout);
-    results["streams"][std::to_string(count)] = {{"seconds", figure.seconds},
+    results["streams"][std::to_string(count)] = {{"seconds", figure.seconds}, {"max_running", figure.max_running},
+                                                  {"steps", figure.steps},
                                                   {"steps_per_second", figure.steps_per_second},
                                                   {"ms_per_step", figure.ms_per_step},
                                                   {"tokens_per_second", figure.tokens_per_second}};

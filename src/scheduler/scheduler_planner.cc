@@ -108,6 +108,8 @@ class Scheduler::Planner {
     for (SchedulerRequestId id : scheduler_.running_)
       if (!scheduler_.state(id).adapter.empty()) adapters.insert(scheduler_.state(id).adapter);
     int32_t num_running = scheduler_.num_running();
+    // Nothing to admit: skip ranking the waiting queue (an agent fan-out can leave a thousand there).
+    if (budget_ == 0 || num_running >= scheduler_.config_.max_running_requests) return;
     // Policy 9: swapped requests first (rank order among them), then the others.
     std::vector<SchedulerRequestId> order = scheduler_.sorted(scheduler_.waiting_);
     std::stable_partition(order.begin(), order.end(),
