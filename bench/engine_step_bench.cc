@@ -7,7 +7,10 @@
 // by one thread per stream as the HTTP server's handlers read them. With
 // --max-running below the stream count the others wait in the scheduler, as an
 // agent fan-out beyond the running cap does.
-//   loom_bench_engine_step [--streams 1 16 64 128] [--max-running 0] [--prompt-tokens 100] [--generate 256] [--out FILE]
+// --generate-min G0 draws each request's length from [G0, generate] so that requests end
+// on different steps and nearly every step admits a waiting one.
+//   loom_bench_engine_step [--streams 1 16 64 128] [--max-running 0] [--prompt-tokens 100] [--generate 256]
+//                          [--generate-min 0] [--out FILE]
 // Prints, per stream count, the engine's steps a second and milliseconds a step:
 // the least a served step costs beside the GPU's own time, where the two do not overlap.
 #include <algorithm>
@@ -75,7 +78,7 @@ struct Figure {
   double seconds = 0, steps_per_second = 0, ms_per_step = 0, tokens_per_second = 0;
 };
 
-Figure run_streams(int streams, int max_running, int prompt_tokens, int generate) {
+Figure run_streams(int streams, int max_running, int prompt_tokens, int generate, int generate_min) {
   LoadedModel model = cli::load_model_description("random:llama-8b");  // config and tokenizer, no weights
   const ModelConfig config = model.config;
   EngineConfig engine_config;
@@ -92,7 +95,10 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
     EngineRequest request;
     for (int t = 0; t < prompt_tokens; ++t)
       request.prompt_tokens.push_back(static_cast<TokenId>(1000 + prng.next_below(20000)));
-    request.max_new_tokens = generate;
+    request.max_new_tokens =
+        generate_min > 0 && generate_min < generate
+            ? generate_min + static_cast<int32_t>(prng.next_below(static_cast<uint64_t>(generate - generate_min + 1)))
+            : generate;
     request.ignore_eos = true;
     requests.push_back(std::move(request));
   }
@@ -126,20 +132,23 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
 int run(int argc, char** argv) {
   CLI::App app{"The engine's own time per decode step, over a backend that answers at once"};
   std::vector<int> streams = {1, 16, 64, 128};
-  int prompt_tokens = 100, generate = 256, max_running = 0;
+  int prompt_tokens = 100, generate = 256, max_running = 0, generate_min = 0;
   std::string out_path;
   app.add_option("--streams", streams, "Concurrent requests (one figure each)");
   app.add_option("--max-running", max_running, "Running requests at most (0: all the streams)")->capture_default_str();
   app.add_option("--prompt-tokens", prompt_tokens, "Prompt tokens per request")->capture_default_str();
   app.add_option("--generate", generate, "Tokens generated per request")->capture_default_str();
+  app.add_option("--generate-min", generate_min, "Draw each request's length from [this, --generate] (0: all equal)")
+      ->capture_default_str();
   app.add_option("--out", out_path, "JSON results");
   CLI11_PARSE(app, argc, argv);
   nlohmann::json results;
-  results["settings"] = {{"prompt_tokens", prompt_tokens}, {"generate", generate}, {"max_running", max_running},
+  results["settings"] = {{"prompt_tokens", prompt_tokens}, {"generate", generate}, {"generate_min", generate_min},
+                         {"max_running", max_running},
                          {"cores", std::thread::hardware_concurrency()}};
   std::printf("%8s %12s %10s %12s %12s %14s\n", "streams", "max running", "steps", "steps/s", "ms/step", "tokens/s");
   for (int count : streams) {
-    const Figure figure = run_streams(count, max_running, prompt_tokens, generate);
+    const Figure figure = run_streams(count, max_running, prompt_tokens, generate, generate_min);
     std::printf("%8d %12d %10lld %12.1f %12.3f %14.0f\n", figure.streams, figure.max_running,
                 static_cast<long long>(figure.steps), figure.steps_per_second, figure.ms_per_step,
                 figure.tokens_per_second);

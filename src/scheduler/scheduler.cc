@@ -34,14 +34,27 @@ const Scheduler::RequestState& Scheduler::state(SchedulerRequestId id) const {
   return *it->second;
 }
 
-bool Scheduler::ranks_before(const RequestState& a, const RequestState& b) const {
-  return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
-}
-
 std::vector<SchedulerRequestId> Scheduler::sorted(const std::vector<SchedulerRequestId>& ids) const {
-  std::vector<SchedulerRequestId> order = ids;
-  std::sort(order.begin(), order.end(),
-            [&](SchedulerRequestId a, SchedulerRequestId b) { return ranks_before(state(a), state(b)); });
+  // Rank order: lower priority value first, then earlier arrival (unique: a total order). The keys are
+  // looked up once per request, not at every comparison (a map lookup each: most of a step's engine
+  // time with a thousand requests waiting).
+  struct Ranked {
+    int32_t priority;
+    int64_t arrival;
+    SchedulerRequestId id;
+  };
+  std::vector<Ranked> ranked;
+  ranked.reserve(ids.size());
+  for (SchedulerRequestId id : ids) {
+    const RequestState& request = state(id);
+    ranked.push_back({request.priority, request.arrival, id});
+  }
+  std::sort(ranked.begin(), ranked.end(), [](const Ranked& a, const Ranked& b) {
+    return a.priority != b.priority ? a.priority < b.priority : a.arrival < b.arrival;
+  });
+  std::vector<SchedulerRequestId> order;
+  order.reserve(ranked.size());
+  for (const Ranked& entry : ranked) order.push_back(entry.id);
   return order;
 }
 

@@ -375,7 +375,7 @@ class Scheduler {
   class Planner;  // schedule()'s working state (scheduler.cc)
   RequestState& state(SchedulerRequestId id);
   const RequestState& state(SchedulerRequestId id) const;
-  bool ranks_before(const RequestState& a, const RequestState& b) const;
+  // `ids` in rank order: priority (lower first), then arrival.
   std::vector<SchedulerRequestId> sorted(const std::vector<SchedulerRequestId>& ids) const;
   ScheduledRequest scheduled_entry(const RequestState& request, int32_t num_new_tokens) const;
   // apply()'s steps.
