@@ -104,12 +104,12 @@ class Scheduler::Planner {
 
   // Policy 1, 2, 3, 5 and 6: waiting requests in rank order.
   void plan_admissions() {
-    std::set<std::string> adapters;
-    for (SchedulerRequestId id : scheduler_.running_)
-      if (!scheduler_.state(id).adapter.empty()) adapters.insert(scheduler_.state(id).adapter);
     int32_t num_running = scheduler_.num_running();
     // Nothing to admit: skip ranking the waiting queue (an agent fan-out can leave a thousand there).
     if (budget_ == 0 || num_running >= scheduler_.config_.max_running_requests) return;
+    std::set<std::string> adapters;
+    for (SchedulerRequestId id : scheduler_.running_)
+      if (!scheduler_.state(id).adapter.empty()) adapters.insert(scheduler_.state(id).adapter);
     // Policy 9: swapped requests first (rank order among them), then the others.
     std::vector<SchedulerRequestId> order = scheduler_.sorted(scheduler_.waiting_);
     std::stable_partition(order.begin(), order.end(),
