@@ -336,7 +336,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttentionParams p, 
 #pragma unroll
         for (int e = 0; e < 4; ++e) {
           const int h = e / 2;
-          score[t][e] = exp2f(score[t][e] - shift[h]);
+          score[t][e] = exp2_ftz(score[t][e] - shift[h]);
           tile_sum[h] += score[t][e];
         }
       }

@@ -8,10 +8,12 @@
 // 346 TFLOP/s at 32K against SDPA's 615). Here:
 //   - a producer warpgroup (which gives its registers to the consumers
 //     through setmaxnreg: 40 against 232 a thread) gathers K/V tiles through
-//     the block table with cp.async into kStages stages, two tiles in flight;
-//     a stage's `full` mbarrier says it landed (each producer thread waits for
-//     its copies, fences them to the async proxy, then arrives), its `empty`
-//     mbarrier that all 256 consumer threads are done reading it;
+//     the block table with cp.async into kStages stages; a stage's `full`
+//     mbarrier says it landed (bf16: each producer thread's copies arrive on it
+//     as they land, cp.async.mbarrier.arrive.noinc, and the consumers fence them
+//     to the async proxy after their wait; FP8: each producer thread waits for
+//     its raw copies, decodes them, fences and arrives), its `empty` mbarrier
+//     that all 256 consumer threads are done reading it;
 //   - the two consumer warpgroups take turns at the tensor cores (named
 //     barriers kTurnBarrier + w): in phase j a warpgroup issues S_j = Q K_j^T and
 //     O += P_{j-1} V_{j-1} back to back, hands the turn over, then runs softmax
@@ -57,6 +59,11 @@ constexpr size_t pingpong_shared_bytes() {
 
 __device__ __forceinline__ void mbarrier_init(uint32_t barrier, int count) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(barrier), "r"(count) : "memory");
+}
+// Arrives on `barrier` once every cp.async this thread issued before has landed
+// (without adding to the barrier's expected count: one of its arrivals).
+__device__ __forceinline__ void cp_async_mbarrier_arrive_noinc(uint32_t barrier) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(barrier) : "memory");
 }
 __device__ __forceinline__ void mbarrier_arrive(uint32_t barrier) {
   asm volatile("{\n.reg .b64 state;\nmbarrier.arrive.shared::cta.b64 state, [%0];\n}\n" ::"r"(barrier) : "memory");
@@ -208,7 +215,12 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
         publish(t);
       }
     } else {
-      // Two tiles in flight: tile t - 1 is published once tile t's copies are issued.
+      // Each thread's copies of tile t arrive on full[t % kStages] as they land
+      // (cp.async.mbarrier.arrive.noinc), so publishing a tile never waits for
+      // the next tile's stage to be released; the consumers fence the copies to
+      // the async proxy after their wait. (Publishing tile t - 1 only once tile
+      // t was issued tied it to the release of tile t - 2, and the consumers'
+      // wait for a tile held 17% of the kernel's stall samples: ncu, H200, 8K.)
       for (int t = 0; t < num_tiles; ++t) {
         const int stage = t % kStages;
         if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
@@ -225,17 +237,12 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
           cp_async_16(k_stage + destination, p.k_cache + offset, valid);
           cp_async_16(v_stage + destination, p.v_cache + offset, valid);
         }
-        cp_async_commit();
+        cp_async_mbarrier_arrive_noinc(full_barriers + 8 * stage);
         blocks = tile_blocks(t + 1);  // in flight while the copies land
-        if (t >= 1) {
-          cp_async_wait<1>();
-          publish(t - 1);
-        }
       }
-      if (num_tiles > 0) {
-        cp_async_wait<0>();
-        publish(num_tiles - 1);
-      }
+      // Every copy lands before the producer exits (its arrivals are still pending).
+      cp_async_commit();
+      cp_async_wait<0>();
     }
     return;
   }
@@ -272,9 +279,12 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
   // sits on a path the whole warpgroup takes (ptxas serializes wgmma on paths
   // it cannot prove uniform): phase 0 (S only), phases 1..active-1 (both), phase
   // `active` (PV only), then phases that only pass the turn on and release tiles.
-  // The producer fenced its copies to the async proxy before arriving (release);
-  // the wait acquires them, as attention_wide.cu's fence and barrier do.
-  auto wait_full = [&](int j) { mbarrier_wait(full_barriers + 8 * (j % kStages), (j / kStages) & 1); };
+  // The wait acquires the producer's writes; the proxy fence (bf16; the FP8
+  // producer fences its own stores before arriving) orders them before wgmma.
+  auto wait_full = [&](int j) {
+    mbarrier_wait(full_barriers + 8 * (j % kStages), (j / kStages) & 1);
+    if constexpr (!kFp8) fence_proxy_async_shared();  // the producer's cp.async writes, before wgmma reads them
+  };
   // Warpgroup 0 takes the first turn; each passes the turn on after issuing its
   // GEMMs, warpgroup 1 not after its last phase (so the arrivals pair up).
   auto begin_turn = [&] { named_sync(kTurnBarrier + warpgroup, kConsumerThreads); };

@@ -87,30 +87,40 @@ __device__ __forceinline__ WideRowLimits wide_row_limits(const AttentionSequence
 __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start, const int (&row_limit)[2],
                                                   int min_row_limit, float scale_log2, int quad, float (&row_max)[2],
                                                   float (&rescale)[2], float (&tile_sum)[2]) {
-  float tile_max[2] = {-INFINITY, -INFINITY};
+  // Four partial maxima and sums a row (c = (i / 4) % 4): four dependency
+  // chains of 8 instead of one of 32, since the other warpgroup's GEMMs last
+  // only as long as this softmax's critical path may.
+  float part[2][4];
+#pragma unroll
+  for (int c = 0; c < 4; ++c) part[0][c] = part[1][c] = -INFINITY;
   if (tile_start + kWideTileKeys > min_row_limit) {
 #pragma unroll
     for (int i = 0; i < 64; ++i) {
       const int h = (i % 4) / 2;
       const int key = tile_start + (i / 4) * 8 + 2 * quad + (i % 2);
       if (key >= row_limit[h]) s[i] = -INFINITY;
-      tile_max[h] = fmaxf(tile_max[h], s[i]);
+      part[h][(i / 4) % 4] = fmaxf(part[h][(i / 4) % 4], s[i]);
     }
   } else {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) tile_max[(i % 4) / 2] = fmaxf(tile_max[(i % 4) / 2], s[i]);
+    for (int i = 0; i < 64; ++i) part[(i % 4) / 2][(i / 4) % 4] = fmaxf(part[(i % 4) / 2][(i / 4) % 4], s[i]);
   }
-  tile_max[0] *= scale_log2;
-  tile_max[1] *= scale_log2;
+  float tile_max[2];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+    tile_max[h] = fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3])) * scale_log2;
   float shift[2];
   online_max_update(tile_max, row_max, shift, rescale);
-  tile_sum[0] = tile_sum[1] = 0.0f;
+#pragma unroll
+  for (int c = 0; c < 4; ++c) part[0][c] = part[1][c] = 0.0f;
 #pragma unroll
   for (int i = 0; i < 64; ++i) {
     const int h = (i % 4) / 2;
-    s[i] = exp2f(fmaf(s[i], scale_log2, -shift[h]));
-    tile_sum[h] += s[i];
+    s[i] = exp2_ftz(fmaf(s[i], scale_log2, -shift[h]));
+    part[h][(i / 4) % 4] += s[i];
   }
+#pragma unroll
+  for (int h = 0; h < 2; ++h) tile_sum[h] = (part[h][0] + part[h][1]) + (part[h][2] + part[h][3]);
 }
 
 // S = Q K^T for the warpgroup's 64 rows of Q (at q_address) against the
@@ -138,8 +148,12 @@ __device__ __forceinline__ void wide_rescale(float (&o)[kOut], float (&row_sum)[
                                              const float (&tile_sum)[2]) {
 #pragma unroll
   for (int h = 0; h < 2; ++h) row_sum[h] = row_sum[h] * rescale[h] + tile_sum[h];
+  // Once the running max settles (most tiles past the first few), every
+  // rescale is exactly 1: the warp skips its multiplies (same bits either way).
+  if (__any_sync(0xffffffffu, rescale[0] != 1.0f || rescale[1] != 1.0f)) {
 #pragma unroll
-  for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+    for (int i = 0; i < kOut; ++i) o[i] *= rescale[(i % 4) / 2];
+  }
 }
 
 // P (the exponentiated S accumulators) packed to bf16: exactly PV's A fragments.
