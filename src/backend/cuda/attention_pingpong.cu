@@ -221,21 +221,34 @@ __global__ void __launch_bounds__(kPingPongThreads, 1)
       // the async proxy after their wait. (Publishing tile t - 1 only once tile
       // t was issued tied it to the release of tile t - 2, and the consumers'
       // wait for a tile held 17% of the kernel's stall samples: ncu, H200, 8K.)
+      // Byte addresses: a block's bytes fit 32 bits (kv heads x block size x head
+      // dim), so each copy's source is one wide multiply-add from this thread's bases.
+      constexpr uint32_t kRowBytes = kHeadDim * sizeof(bf16);
+      const uint32_t block_bytes = static_cast<uint32_t>(kv_gather.block_stride * sizeof(bf16));
+      const int block_mask = p.block_size - 1;
+      const int64_t thread_offset = (kv_gather.head_offset + load_chunk * 8) * static_cast<int64_t>(sizeof(bf16));
+      const unsigned char* k_thread = reinterpret_cast<const unsigned char*>(p.k_cache) + thread_offset;
+      const unsigned char* v_thread = reinterpret_cast<const unsigned char*>(p.v_cache) + thread_offset;
+      // A pass moves 8 rows on, so each copy's swizzle (row % 8) is this thread's first row's.
+      static_assert(kLoadRows % 8 == 0, "passes keep row % 8");
+      const uint32_t destination_base = swizzled_chunk_offset(load_row, load_chunk, kKeys);
       for (int t = 0; t < num_tiles; ++t) {
         const int stage = t % kStages;
         if (t >= kStages) mbarrier_wait(empty_barriers + 8 * stage, ((t / kStages) - 1) & 1);
-        unsigned char* k_stage = base + kQBytes + stage * kTileBytes;
-        unsigned char* v_stage = base + kQBytes + (kStages + stage) * kTileBytes;
+        const uint32_t k_stage = k_address + stage * kTileBytes;
+        const uint32_t v_stage = v_address + stage * kTileBytes;
         const int tile_start = t * kKeys;
 #pragma unroll 4
         for (int pass = 0; pass < kPasses; ++pass) {
           const int r = load_row + pass * kLoadRows;
-          const int32_t block = __shfl_sync(0xffffffffu, blocks, r >> shift);
-          const bool valid = tile_start + r < item.kv_end;
-          const int64_t offset = valid ? kv_gather.index_in_block(block, tile_start + r) + load_chunk * 8 : 0;
-          const uint32_t destination = swizzled_chunk_offset(r, load_chunk, kKeys);
-          cp_async_16(k_stage + destination, p.k_cache + offset, valid);
-          cp_async_16(v_stage + destination, p.v_cache + offset, valid);
+          const int key = tile_start + r;
+          // Keys at or past kv_end have block 0 (tile_blocks): a real block, zero-filled.
+          const uint32_t block = static_cast<uint32_t>(__shfl_sync(0xffffffffu, blocks, r >> shift));
+          const uint64_t offset = static_cast<uint64_t>(block) * block_bytes + static_cast<uint32_t>(key & block_mask) * kRowBytes;
+          const uint32_t destination = destination_base + pass * kLoadRows * 128;
+          const bool valid = key < item.kv_end;
+          cp_async_16(k_stage + destination, k_thread + offset, valid);
+          cp_async_16(v_stage + destination, v_thread + offset, valid);
         }
         cp_async_mbarrier_arrive_noinc(full_barriers + 8 * stage);
         blocks = tile_blocks(t + 1);  // in flight while the copies land

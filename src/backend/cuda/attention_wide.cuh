@@ -129,13 +129,14 @@ __device__ __forceinline__ void wide_softmax_tile(float (&s)[64], int tile_start
 template <int kHeadDim>
 __device__ __forceinline__ void wide_issue_qk(float (&s)[64], uint32_t q_address, uint32_t k_tile, int warpgroup) {
   fence_accumulators(s);
+  const uint64_t q_base = smem_descriptor(q_address + warpgroup * 64 * 128, 16, 1024);
+  const uint64_t k_base = smem_descriptor(k_tile, 16, 1024);
   wgmma_fence();
 #pragma unroll
   for (int k = 0; k < kHeadDim / 16; ++k) {
     const uint32_t column = static_cast<uint32_t>(k % 4) * 32u;  // 16 columns into the 64-column block
-    const uint64_t desc_q =
-        smem_descriptor(q_address + (k / 4) * kAttentionWideRows * 128 + warpgroup * 64 * 128 + column, 16, 1024);
-    const uint64_t desc_k = smem_descriptor(k_tile + (k / 4) * kWideTileKeys * 128 + column, 16, 1024);
+    const uint64_t desc_q = smem_descriptor_at(q_base, (k / 4) * kAttentionWideRows * 128 + column);
+    const uint64_t desc_k = smem_descriptor_at(k_base, (k / 4) * kWideTileKeys * 128 + column);
     wgmma_m64n128k16_ss(s, desc_q, desc_k, k > 0 ? 1 : 0);
   }
   wgmma_commit();
@@ -183,10 +184,10 @@ template <int kHeadDim>
 __device__ __forceinline__ void wide_issue_pv(float (&o)[kHeadDim / 2], const uint32_t (&a)[kWideTileKeys / 16][4],
                                               uint32_t v_tile) {
   fence_accumulators(o);
+  const uint64_t v_base = smem_descriptor(v_tile, kWideTileKeys * 128, 1024);
   wgmma_fence();
 #pragma unroll
-  for (int k = 0; k < kWideTileKeys / 16; ++k)
-    wgmma_pv<kHeadDim>(o, a[k], smem_descriptor(v_tile + k * 2048, kWideTileKeys * 128, 1024));
+  for (int k = 0; k < kWideTileKeys / 16; ++k) wgmma_pv<kHeadDim>(o, a[k], smem_descriptor_at(v_base, k * 2048));
   wgmma_commit();
 }
 

@@ -19,6 +19,11 @@ __device__ __forceinline__ void cp_async_16(void* shared, const void* global, bo
   const int source_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(source_bytes));
 }
+// The same with the destination as a shared-space address.
+__device__ __forceinline__ void cp_async_16(uint32_t shared_address, const void* global, bool valid) {
+  const int source_bytes = valid ? 16 : 0;
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(source_bytes));
+}
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {

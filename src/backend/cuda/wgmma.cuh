@@ -34,6 +34,13 @@ __device__ __forceinline__ uint64_t smem_descriptor(uint32_t shared_address, uin
   return descriptor;
 }
 
+// The descriptor of the same layout `bytes` further on: its address field (the
+// low 14 bits, address / 16) does not carry, since shared memory ends below
+// 256 KiB. One add on the low word instead of rebuilding the descriptor.
+__device__ __forceinline__ uint64_t smem_descriptor_at(uint64_t base, uint32_t bytes) {
+  return (base & 0xFFFFFFFF00000000ull) | (static_cast<uint32_t>(base) + (bytes >> 4));
+}
+
 __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 template <int N>
