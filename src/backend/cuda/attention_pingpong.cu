@@ -17,8 +17,10 @@
 //   - the two consumer warpgroups take turns at the tensor cores (named
 //     barriers kTurnBarrier + w): in phase j a warpgroup issues S_j = Q K_j^T and
 //     O += P_{j-1} V_{j-1} back to back, hands the turn over, then runs softmax
-//     on S_j while the other warpgroup's GEMMs run; its own PV GEMM overlaps its
-//     softmax too (P_j is packed only once PV_{j-1} has read P_{j-1}).
+//     on S_j while the other warpgroup's GEMMs run; its own PV_{j-1} overlaps
+//     the row maxima only: ptxas schedules the wait for it at the top of the
+//     block holding the exponentials (moving them apart measured slower,
+//     bench/README.md "Prefill attention at SDPA's pace").
 // Both warpgroups run every phase, computing or not (causal rows end early), so
 // the turns pair up. Shared memory: Q + 3 stages of K and V (225 KiB at head
 // dim 128). The default (CudaTuning::pingpong_prefill; its figures against the
