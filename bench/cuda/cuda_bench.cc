@@ -177,7 +177,14 @@ int run(int argc, char** argv) {
       results["lora_skip"].push_back({{"mask", mask}, {"graph_ms", skip_times.graph_ms}});
       std::printf(" 0x%02X %.3f", mask, skip_times.graph_ms);
     }
-    std::printf("\n");
+    // Every LoRA launch skipped with the groups inline: no fork or join left in the graph, so against the
+    // side-stream 0xFF above this isolates what the joins cost (and against the base step, the consumers' adds).
+    backend.measure().lora_skip = 0xFF;
+    backend.measure().lora_side_groups = 0;
+    const StepTimes skip_inline_times = time_step(backend, mixed, iterations, true);
+    backend.measure().lora_side_groups = 0xF;
+    results["lora_skip_inline_graph_ms"] = skip_inline_times.graph_ms;
+    std::printf(" 0xFF inline %.3f\n", skip_inline_times.graph_ms);
     backend.measure().lora_skip = 0;
     results["lora_placements"] = {{"side_stream_graph_ms", lora_times.graph_ms},
                                   {"side_stream_pdl_graph_ms", pdl_times.graph_ms},
