@@ -55,6 +55,9 @@ def cuobjdump():
 
 
 def sass_of(args):
+    if args.source.endswith(".sass"):  # cuobjdump -sass output saved earlier
+        with open(args.source) as file:
+            return file.read()
     if args.source.endswith(".cubin"):
         cubin = args.source
     else:
@@ -116,7 +119,7 @@ def report(name, instructions, order):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("source", help="a .cu file (compiled for sm_90a) or a .cubin")
+    parser.add_argument("source", help="a .cu file (compiled for sm_90a), a .cubin, or saved cuobjdump -sass output (.sass)")
     parser.add_argument("--kernel", default="", help="substring of the mangled kernel names to report")
     parser.add_argument("--order", help="HEX:HEX address range whose synchronizing instructions to list in order")
     parser.add_argument("--nvcc-flag", action="append", default=[], help="an extra nvcc flag (repeatable)")

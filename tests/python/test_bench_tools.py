@@ -1,7 +1,8 @@
 """bench/cuda's offline tools on fixed inputs: ncu_sass_summary.py sums an
 Nsight Compute source page (SASS, CSV) by opcode and stall reason;
 ncu_decode_breakdown.py sets one decode step's kernels against the bandwidth
-floor from a raw page. Pure Python: no GPU, no server."""
+floor from a raw page; sass_loops.py finds a kernel's loops and the order of
+its waits in saved cuobjdump output. Pure Python: no GPU, no server."""
 import csv
 import io
 import json
@@ -14,6 +15,7 @@ import unittest
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TOOL = os.path.join(ROOT, "bench", "cuda", "ncu_sass_summary.py")
 BREAKDOWN = os.path.join(ROOT, "bench", "cuda", "ncu_decode_breakdown.py")
+SASS_LOOPS = os.path.join(ROOT, "bench", "cuda", "sass_loops.py")
 
 HEADER = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Warp Stall Sampling (Not-issued Samples)",
           "Instructions Executed", "stall_wait", "stall_long_sb", "stall_wait (Not Issued)"]
@@ -139,6 +141,52 @@ class NcuDecodeBreakdownTest(unittest.TestCase):
         result, _ = self.run_tool(raw_page(self.LAUNCHES), "--step-kernel", "no_such_kernel")
         self.assertNotEqual(result.returncode, 0)
         self.assertIn("cannot tell where a step starts", result.stderr)
+
+
+# cuobjdump -sass's layout: a header, then per function its name and one /*address*/ line per instruction.
+SASS = """
+\tcode for sm_90a
+\t\tFunction : _Z11other_kernelv
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/                   EXIT ;                                  /* 0x000000000000794d */
+\t\tFunction : _Z6kernelILi128EEvv
+\t.headerflags\t@"EF_CUDA_SM90"
+        /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x00000a0000017a02 */
+        /*0010*/                   BAR.SYNC.DEFER_BLOCKING R2, 0x100 ;    /* 0x0000000000007b1d */
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], RZ, !UPT ; /* 0x00000000 */
+        /*0030*/                   HGMMA.64x128x16.F32.BF16 R24, gdesc[UR20], R24, gsb0 ; /* 0x00000000 */
+        /*0040*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x00000000 */
+        /*0050*/                   MUFU.EX2 R3, R3 ;                      /* 0x00000000 */
+        /*0060*/                   MUFU.EX2 R4, R4 ;                      /* 0x00000000 */
+        /*0070*/                   FADD R5, R3, R4 ;                      /* 0x00000000 */
+        /*0080*/               @P0 BRA 0x10 ;                             /* 0x00000000 */
+        /*0090*/                   EXIT ;                                  /* 0x000000000000794d */
+"""
+
+
+class SassLoopsTest(unittest.TestCase):
+    def run_tool(self, *args):
+        with tempfile.TemporaryDirectory() as directory:
+            path = os.path.join(directory, "kernel.sass")
+            with open(path, "w") as file:
+                file.write(SASS)
+            return subprocess.run([sys.executable, SASS_LOOPS, path, *args], capture_output=True, text=True)
+
+    def test_loops_and_the_order_of_waits_in_the_kernels_named(self):
+        result = self.run_tool("--kernel", "ILi128E", "--order", "0:90")
+        self.assertEqual(result.returncode, 0, result.stderr)
+        self.assertNotIn("other_kernel", result.stdout)
+        self.assertIn("10 instructions", result.stdout)
+        # The backward branch at 0x80 closes a loop from 0x10: eight instructions, two of them HGMMA.
+        self.assertIn("loop 10-80: 8 instructions", result.stdout)
+        self.assertIn("HGMMA 2", result.stdout)
+        self.assertIn("order: 10:BAR.SYNCx1 20:HGMMAx2 40:WARPGROUP.DEPBARx1 50:MUFUx2", result.stdout)
+
+    def test_a_kernel_name_that_matches_nothing_fails(self):
+        result = self.run_tool("--kernel", "no_such_kernel")
+        self.assertNotEqual(result.returncode, 0)
+        self.assertIn("no kernel name contains", result.stderr)
 
 
 if __name__ == "__main__":
