@@ -11,6 +11,7 @@
 //                    tiers and the transfer worker, prefetch
 //   WorkflowSync     WorkflowRegistry -> the group's agent steps and fixed prefixes
 //   StepStats        what a step measured, published once per loop iteration
+//   OutputDelivery   the step's outputs, pushed to the streams by a thread of its own
 // and keeps the inbox, the Scheduler (rebuilt over the new group whenever
 // KvPools reallocates: allocate_pools) and the requests in flight.
 //
@@ -21,9 +22,12 @@
 // adapter (kv_namespace_belongs_to_adapter) in every cache, so a later adapter
 // with the same name never sees stale K/V.
 //
-// Outputs: what the engine thread produces for a request is queued and pushed
-// to its channel right after the metrics are published, so a caller that
-// reads its last output and then take_metrics() sees the request counted.
+// Outputs: what the engine thread produces for a request is gathered and, right
+// after the metrics are published, handed to OutputDelivery, whose thread pushes
+// it to its channel (waking the stream's reader off the engine thread); so a
+// caller that reads its last output and then take_metrics() sees the request
+// counted. When the engine thread exits, everything it produced is in its
+// channel before the last commands run.
 // KV events (--kv-events-config) go out in the same publish, before the
 // outputs: a router has heard of the blocks a request stored by the time its
 // client has the response.
@@ -46,6 +50,7 @@
 #include "engine/engine.h"
 #include "engine/engine_request.h"
 #include "engine/kv_pools.h"
+#include "engine/output_delivery.h"
 #include "engine/request_channel.h"
 #include "engine/step_stats.h"
 #include "engine/workflow_sync.h"
@@ -185,7 +190,7 @@ class EngineImpl final : public Engine {
   ActiveRequests active_;
   std::unique_ptr<WorkerPool> host_workers_;
   std::vector<uint32_t> mask_words_;  // the step's device token masks (finish_forward's), reused between steps
-  std::vector<std::pair<std::shared_ptr<RequestChannel>, RequestOutput>> queued_outputs_;
+  OutputDelivery outputs_;  // emit()'s outputs, pushed to the streams after each publish()
   bool any_request_admitted_ = false;  // pools are fixed from then on
   bool idle_checked_ = false;
 

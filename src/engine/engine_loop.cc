@@ -37,6 +37,7 @@ void EngineImpl::thread_main() {
   // that nothing runs beside them.
   std::lock_guard<std::mutex> lock(inbox_->mutex);
   inbox_->thread_exited = true;
+  outputs_.finish_async();  // every output so far in its stream; later ones pushed by whoever publishes them
   for (auto& command : inbox_->commands) command();
   inbox_->commands.clear();
   publish();
@@ -144,7 +145,7 @@ void EngineImpl::fail_all(const Error& error) {
 }
 
 void EngineImpl::emit(PendingRequest& request, RequestOutput output) {
-  queued_outputs_.emplace_back(request.channel, std::move(output));
+  outputs_.add(request.channel, std::move(output));
 }
 
 void EngineImpl::publish() {
@@ -169,8 +170,7 @@ void EngineImpl::publish() {
     }
   }
   if (kv_events_) kv_events_->flush();
-  for (auto& [channel, output] : queued_outputs_) channel->push(std::move(output));
-  queued_outputs_.clear();
+  outputs_.send();
 }
 
 EngineGauges EngineImpl::measure_gauges() const {
