@@ -59,17 +59,21 @@ def sass_of(args):
         with open(args.source) as file:
             return file.read()
     if args.source.endswith(".cubin"):
-        cubin = args.source
-    else:
-        cubin = os.path.join(tempfile.mkdtemp(), "kernel.cubin")
+        return disassemble(args.source)
+    with tempfile.TemporaryDirectory() as directory:
+        cubin = os.path.join(directory, "kernel.cubin")
         command = ["nvcc", *NVCC_FLAGS, "-I", os.path.join(ROOT, "src"), *args.nvcc_flag, "-cubin", args.source,
                    "-o", cubin]
         result = subprocess.run(command, capture_output=True, text=True)
-        notes = [line for line in result.stderr.splitlines() if "C7514" in line or "error" in line]
-        for line in notes:
-            print(line)
+        for line in result.stderr.splitlines():
+            if "C7514" in line or "error" in line:  # ptxas serializing wgmma, or the failure
+                print(line)
         if result.returncode != 0:
             sys.exit(result.stderr)
+        return disassemble(cubin)
+
+
+def disassemble(cubin):
     return subprocess.run([cuobjdump(), "-sass", cubin], capture_output=True, text=True, check=True).stdout
 
 

@@ -13,16 +13,14 @@
 
 namespace loom::cuda {
 
-// 16 bytes global -> shared, asynchronous; !valid writes zeros instead.
-__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid) {
-  const unsigned address = static_cast<unsigned>(__cvta_generic_to_shared(shared));
-  const int source_bytes = valid ? 16 : 0;
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(address), "l"(global), "r"(source_bytes));
-}
-// The same with the destination as a shared-space address.
+// 16 bytes global -> shared (a shared-space address), asynchronous; !valid writes zeros instead.
 __device__ __forceinline__ void cp_async_16(uint32_t shared_address, const void* global, bool valid) {
   const int source_bytes = valid ? 16 : 0;
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(shared_address), "l"(global), "r"(source_bytes));
+}
+// The same with the destination as a generic pointer into shared memory.
+__device__ __forceinline__ void cp_async_16(void* shared, const void* global, bool valid) {
+  cp_async_16(static_cast<uint32_t>(__cvta_generic_to_shared(shared)), global, valid);
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
 template <int N>
