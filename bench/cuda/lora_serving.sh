@@ -5,7 +5,7 @@
 # only against the 8 adapters round-robin, with CUDA graphs (default) and
 # with --enforce-eager. Carries .carry/cuda (bench/cuda/pack.sh).
 #   bench/cuda/lora_serving.sh            # -> $OUT/lora_serving.jsonl, $OUT/serve_*.log
-# STREAMS (64), PROMPT (128), OUTPUT (256) from the environment.
+# STREAMS (64), PROMPT (128), OUTPUT (256), MODES ("graphs eager") from the environment.
 set -u
 . "$(dirname "$0")/device_env.sh"
 LOOM=/tmp/loom/bin/loom
@@ -13,7 +13,7 @@ LOOM=/tmp/loom/bin/loom
   "$LOOM" make-adapters --model random:llama-8b --adapters 8 --rank 16 --out /tmp/loom/adapters > "$OUT/make_adapters.log" 2>&1
 LORAS=()
 for i in 0 1 2 3 4 5 6 7; do LORAS+=(--lora "agent$i=/tmp/loom/adapters/adapter$i"); done
-for graphs in graphs eager; do
+for graphs in ${MODES:-graphs eager}; do
   EXTRA=(); [ "$graphs" = eager ] && EXTRA=(--enforce-eager)
   "$LOOM" serve --device cuda --model random:llama-8b --port 8123 --gpu-memory-fraction 0.85 "${LORAS[@]}" \
     "${EXTRA[@]}" > "$OUT/serve_$graphs.log" 2>&1 &

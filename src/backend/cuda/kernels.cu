@@ -8,6 +8,7 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/lora_fold.cuh"
 
 namespace loom::cuda {
 
@@ -65,16 +66,25 @@ __global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, in
 
 __global__ void add_rms_norm_kernel(float* residual, const float* delta, const float* delta_bias,
                                     const float* weight, float eps, int32_t hidden, const int32_t* row_index,
-                                    bf16* out, const float* lora_delta, const int32_t* lora_rows) {
+                                    bf16* out, const float* lora_delta, const int32_t* lora_rows, LoraFold fold) {
   pdl_wait();
   pdl_trigger();
   __shared__ float scratch[33];
+  __shared__ float fold_v[kLoraMaxRank];
   const int64_t row = blockIdx.x;
   const int64_t token = row_index != nullptr ? row_index[row] : row;
   float* x = residual + token * hidden;
   const float* d = delta != nullptr ? delta + token * hidden : nullptr;
   const int64_t lora_row = lora_delta != nullptr && d != nullptr ? lora_rows[token] : -1;
   const float* l = lora_row >= 0 ? lora_delta + lora_row * hidden : nullptr;
+  // Folded: the row's v once, then v . B[i] per column (uniform per block: the barrier is safe).
+  const int64_t fold_row = fold.v != nullptr && d != nullptr ? fold.lora_rows[token] : -1;
+  LoraModuleRef module;
+  if (fold_row >= 0) {
+    module = lora_fold_module(fold, fold.adapter_slots[token], 0);
+    lora_fold_gather(fold, 0, fold_row, module.rank, module.scale, fold_v);
+    __syncthreads();
+  }
   float sum_of_squares = 0.0f;
   for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
     float4 value = *reinterpret_cast<const float4*>(x + i);
@@ -86,6 +96,12 @@ __global__ void add_rms_norm_kernel(float* residual, const float* delta, const f
         add.y += lora.y;
         add.z += lora.z;
         add.w += lora.w;
+      }
+      if (module.rank > 0) {
+        add.x += lora_fold_dot(fold_v, module.b, i, module.rank);
+        add.y += lora_fold_dot(fold_v, module.b, i + 1, module.rank);
+        add.z += lora_fold_dot(fold_v, module.b, i + 2, module.rank);
+        add.w += lora_fold_dot(fold_v, module.b, i + 3, module.rank);
       }
       value.x += add.x;
       value.y += add.y;
@@ -149,6 +165,30 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   // Forked tokens: the bCache holds the base model's K/V; their k/v LoRA lives in the rCache.
   const int residual_slot = p.residual_slots != nullptr ? p.residual_slots[token] : -1;
   const float* kv_lora = residual_slot == -1 ? lora : nullptr;
+  // Folded q/k/v LoRA: the row's v of each target in shared memory after the RoPE table.
+  const LoraFold& fold = p.lora_fold;
+  const int64_t fold_row = fold.v != nullptr ? fold.lora_rows[token] : -1;
+  float* fold_v = rope_table + head_dim;  // [3][fold.max_rank]
+  LoraModuleRef fold_modules[3];
+  if (fold_row >= 0) {
+    const int adapter_slot = fold.adapter_slots[token];
+#pragma unroll
+    for (int index = 0; index < 3; ++index) {
+      fold_modules[index] = lora_fold_module(fold, adapter_slot, index);
+      // Forked tokens take no k/v LoRA here (above).
+      if (index > 0 && residual_slot != -1) fold_modules[index].rank = 0;
+      lora_fold_gather(fold, index, fold_row, fold_modules[index].rank, fold_modules[index].scale,
+                       fold_v + index * fold.max_rank);
+    }
+    __syncthreads();
+  }
+  // The folded delta of column `column` (q columns, then k, then v).
+  auto folded = [&](int column) {
+    const int index = column < q_size ? 0 : column < q_size + kv_size ? 1 : 2;
+    const int o = column - (index == 0 ? 0 : index == 1 ? q_size : q_size + kv_size);
+    const LoraModuleRef& module = fold_modules[index];
+    return module.rank > 0 ? lora_fold_dot(fold_v + index * fold.max_rank, module.b, o, module.rank) : 0.0f;
+  };
   const int slot = p.kv_slots[token];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
@@ -163,6 +203,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
         if (kv_lora != nullptr) value += kv_lora[column + d];
+        if (fold_row >= 0) value += folded(column + d);
         if (p.bias != nullptr) value += p.bias[column + d];
         if (p.v_cache_fp8 != nullptr)
           p.v_cache_fp8[entry + d] = kv_fp8_encode(value, p.v_scale);
@@ -188,6 +229,10 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
         if (head_lora != nullptr) {
           first[k] += head_lora[column + i];
           second[k] += head_lora[column + i + half];
+        }
+        if (fold_row >= 0) {
+          first[k] += folded(column + i);
+          second[k] += folded(column + i + half);
         }
         if (p.bias != nullptr) {
           first[k] += p.bias[column + i];
@@ -229,7 +274,8 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       }
     }
   }
-  if (residual_slot < 0 || blockIdx.y != 0 || lora_row < 0) return;
+  const int64_t shrink_row = lora_row >= 0 ? lora_row : fold_row;  // the unfolded or the folded launch's
+  if (residual_slot < 0 || blockIdx.y != 0 || shrink_row < 0) return;
   // rCache write: sum the shrink's partials of k and v (the q/k/v launch's targets 1 and 2).
   const int stride = p.residual_rank_stride;
   const int adapter_slot = p.row_adapter_slots[token];
@@ -244,7 +290,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
     float value = 0.0f;
     if (j < rank)
       for (int split = 0; split < p.lora_splits; ++split)
-        value += p.lora_v[((static_cast<int64_t>(target) * p.lora_max_splits + split) * p.lora_num_rows + lora_row) *
+        value += p.lora_v[((static_cast<int64_t>(target) * p.lora_max_splits + split) * p.lora_num_rows + shrink_row) *
                               p.lora_max_rank + j];
     destination[index] = __float2bfloat16_rn(value);
   }
@@ -321,6 +367,45 @@ __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t i
   }
 }
 
+// Folded gate/up LoRA: a token per blockIdx.y (its v gathered once), 8 columns per thread.
+__global__ void swiglu_fold_kernel(const bf16* gate_up, int32_t intermediate, bf16* out, LoraFold fold) {
+  pdl_wait();
+  pdl_trigger();
+  __shared__ float fold_v[2][kLoraMaxRank];
+  const int64_t token = blockIdx.y;
+  const int64_t fold_row = fold.lora_rows[token];
+  LoraModuleRef modules[2];
+  if (fold_row >= 0) {
+    const int adapter_slot = fold.adapter_slots[token];
+#pragma unroll
+    for (int index = 0; index < 2; ++index) {
+      modules[index] = lora_fold_module(fold, adapter_slot, index);
+      lora_fold_gather(fold, index, fold_row, modules[index].rank, modules[index].scale, fold_v[index]);
+    }
+    __syncthreads();
+  }
+  const int64_t column = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) * 8;
+  if (column >= intermediate) return;
+  const bf16* row = gate_up + token * 2 * intermediate;
+  const uint4 gate_packed = *reinterpret_cast<const uint4*>(row + column);
+  const uint4 up_packed = *reinterpret_cast<const uint4*>(row + intermediate + column);
+  float gate[8], up[8];
+  unpack_bf16x8(gate_packed, gate);
+  unpack_bf16x8(up_packed, up);
+#pragma unroll
+  for (int k = 0; k < 8; ++k) {
+    if (modules[0].rank > 0) gate[k] += lora_fold_dot(fold_v[0], modules[0].b, column + k, modules[0].rank);
+    if (modules[1].rank > 0) up[k] += lora_fold_dot(fold_v[1], modules[1].b, column + k, modules[1].rank);
+  }
+  uint4 result;
+  __nv_bfloat162* result_pairs = reinterpret_cast<__nv_bfloat162*>(&result);
+#pragma unroll
+  for (int k = 0; k < 4; ++k)
+    result_pairs[k] = __floats2bfloat162_rn(gate[2 * k] / (1.0f + __expf(-gate[2 * k])) * up[2 * k],
+                                            gate[2 * k + 1] / (1.0f + __expf(-gate[2 * k + 1])) * up[2 * k + 1]);
+  *reinterpret_cast<uint4*>(out + token * intermediate + column) = result;
+}
+
 __global__ void f32_to_bf16_kernel(const float* in, int64_t count, bf16* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -371,17 +456,18 @@ void launch_add_lora_rows(float* delta, const float* lora_delta, const int32_t* 
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         Launch launch, const float* lora_delta, const int32_t* lora_rows) {
+                         Launch launch, const float* lora_delta, const int32_t* lora_rows, const LoraFold& fold) {
   if (num_rows == 0) return;
   int threads = ((hidden / 4 + 31) / 32) * 32;
   if (threads > 1024) threads = 1024;
   launch_kernel(launch, num_rows, threads, 0, add_rms_norm_kernel, residual, delta, delta_bias, weight, eps, hidden,
-                row_index, out, lora_delta, lora_rows);
+                row_index, out, lora_delta, lora_rows, fold);
 }
 
 void launch_qkv_postprocess(const QkvParams& params, Launch launch) {
   if (params.num_tokens == 0) return;
-  const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
+  const size_t fold_floats = params.lora_fold.v != nullptr ? 3 * static_cast<size_t>(params.lora_fold.max_rank) : 0;
+  const size_t shared = (static_cast<size_t>(params.head_dim) + fold_floats) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
   launch_kernel(launch, dim3(params.num_tokens, head_groups), kQkvThreads, shared, qkv_postprocess_kernel, params);
 }
@@ -394,8 +480,14 @@ void launch_gather_hidden(const float* residual, const float* delta, const float
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
-                   const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
+                   const float* lora, const int32_t* lora_rows, bool lora_is_bf16, const LoraFold& fold) {
   if (num_tokens == 0) return;
+  if (fold.v != nullptr) {
+    const int vectors = intermediate / 8;
+    launch_kernel(launch, dim3((vectors + 255) / 256, num_tokens), 256, 0, swiglu_fold_kernel, gate_up, intermediate,
+                  out, fold);
+    return;
+  }
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
   launch_kernel(launch, grid_for(total, 256), 256, 0, swiglu_kernel, gate_up, num_tokens, intermediate, out, lora,
                 lora_rows, lora_is_bf16);

@@ -58,8 +58,12 @@ void LoraLauncher::prepare(const StepPlan& plan) {
                sizeof(float));
 }
 
+void LoraLauncher::plan_fold(const StepPlan& plan, int32_t max_rows) {
+  fold_ = plan.num_lora_rows() > 0 && plan.num_lora_rows() <= max_rows;
+}
+
 bool LoraLauncher::forks(const StepPlan& plan) const {
-  if (plan.num_lora_tiles() == 0 || !side_stream_) return false;
+  if (plan.num_lora_tiles() == 0 || !side_stream_ || fold_) return false;
 #ifdef LOOM_CUDA_MEASURE
   if (measure_.lora_side_groups == 0) return false;
 #endif
@@ -85,11 +89,11 @@ void LoraLauncher::launch_group(int group, const LoraParams& params, Launch laun
 #endif
 }
 
-LoraLauncher::Pending LoraLauncher::begin(const DevicePlan& device_plan, int layer,
+LoraLauncher::Group LoraLauncher::begin(const DevicePlan& device_plan, int layer,
                                           std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
                                           int32_t x_stride, int32_t width, Launch main) {
   const StepPlan& plan = device_plan.plan();
-  if (plan.num_lora_tiles() == 0) return Pending::kNone;
+  if (plan.num_lora_tiles() == 0) return {};
   const PlanSections& sections = plan.sections();
   LoraParams params;
   params.modules = table_.device_table();
@@ -129,25 +133,46 @@ LoraLauncher::Pending LoraLauncher::begin(const DevicePlan& device_plan, int lay
   const LoraTarget first = *targets.begin();
   const int group = first == LoraTarget::kQ ? 0 : first == LoraTarget::kO ? 1 : first == LoraTarget::kGate ? 2 : 3;
   const bool shrink_sums_read = group == 0 && plan.has_residual_writes();
+  if (fold_) {
+#ifdef LOOM_CUDA_MEASURE
+    if ((measure_.lora_skip >> (2 * group) & 1) == 0) launch_lora_shrink(params, main);
+#else
+    launch_lora_shrink(params, main);
+#endif
+    Group folded{Pending::kFolded, {}};
+    LoraFold& fold = folded.fold;
+    fold.v = params.v;
+    fold.num_rows = params.num_rows;
+    fold.max_rank = params.max_rank;
+    fold.max_splits = params.max_splits;
+    fold.splits = lora_splits(params.targets[0].in_features);
+    fold.modules = params.modules;
+    fold.num_layers = params.num_layers;
+    fold.layer = layer;
+    fold.first_target = static_cast<int32_t>(first);
+    fold.lora_rows = device_plan.pointer<int32_t>(sections.lora_row_of_token);
+    fold.adapter_slots = device_plan.pointer<int32_t>(sections.row_adapter_slots);
+    return folded;
+  }
   bool side = side_stream_;
 #ifdef LOOM_CUDA_MEASURE
   side = side && (measure_.lora_side_groups >> group & 1) != 0;
 #endif
   if (!side) {
     launch_group(group, params, main, shrink_sums_read);
-    return Pending::kInline;
+    return {Pending::kInline, {}};
   }
   // The shrink and expand read x and write only out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(fork_, main.stream));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
   launch_group(group, params, stream_, shrink_sums_read);
   LOOM_CUDA_CHECK(cudaEventRecord(join_, stream_));
-  return Pending::kSide;
+  return {Pending::kSide, {}};
 }
 
-const float* LoraLauncher::end(Pending pending, cudaStream_t main) {
-  if (pending == Pending::kNone) return nullptr;
-  if (pending == Pending::kSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
+const float* LoraLauncher::end(const Group& group, cudaStream_t main) {
+  if (group.pending == Pending::kNone || group.pending == Pending::kFolded) return nullptr;
+  if (group.pending == Pending::kSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
   return out_.as<float>();
 }
 
