@@ -113,6 +113,19 @@ int run(int argc, char** argv) {
     backend.measure().lora_skip = 0x55;
     const StepTimes folded_skip_times = time_step(backend, mixed, iterations, true);
     backend.measure().lora_skip = 0;
+    // What each folded consumer adds: the step with one kind of kernel left out (StepKernelBits: 1 the norms,
+    // 2 q/k/v post-processing, 8 SwiGLU; results wrong), with the adapters and without.
+    std::printf("LoRA folded, one consumer kind left out (graph ms, adapters / base):");
+    for (const uint32_t bits : {1u, 2u, 8u}) {
+      backend.measure().skip_kernels = bits;
+      const StepTimes with = time_step(backend, mixed, iterations, true);
+      const StepTimes without = time_step(backend, base, iterations, true);
+      results["lora_fold_consumers"].push_back(
+          {{"skip_kernels", bits}, {"lora_graph_ms", with.graph_ms}, {"base_graph_ms", without.graph_ms}});
+      std::printf(" %u: %.3f / %.3f", bits, with.graph_ms, without.graph_ms);
+    }
+    backend.measure().skip_kernels = 0;
+    std::printf("\n");
     // Folded against the shrink + expand pair on the side stream at other batch sizes (where the fold's
     // per-row reads of B meet the pair's per-tile ones).
     std::printf("LoRA folded vs shrink + expand on the side stream (graph ms):");

@@ -8,7 +8,7 @@
 # STREAMS (64), PROMPT (128), OUTPUT (256), MODES ("graphs eager") from the environment.
 set -u
 . "$(dirname "$0")/device_env.sh"
-LOOM=/tmp/loom/bin/loom
+LOOM=${LOOM:-/tmp/loom/bin/loom}
 [ -d /tmp/loom/adapters/adapter7 ] ||
   "$LOOM" make-adapters --model random:llama-8b --adapters 8 --rank 16 --out /tmp/loom/adapters > "$OUT/make_adapters.log" 2>&1
 LORAS=()

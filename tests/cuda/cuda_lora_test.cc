@@ -1,6 +1,7 @@
 // Batched multi-LoRA kernels against the CPU backend's LoraApplier: adapters of
 // different ranks, modules some adapters do not target, tokens of one adapter
 // scattered through the batch, and rows without adapter (which must not move).
+#include <algorithm>
 #include <initializer_list>
 #include <memory>
 
@@ -273,7 +274,19 @@ TEST(CudaLora, FoldedConsumersMatchTheExpandedDeltaRows) {
     fold.first_target = p.targets[0].target;
     fold.lora_rows = lora_rows;
     fold.adapter_slots = mixed.words() + mixed.plan.sections().row_adapter_slots;
+    fold.tiles = p.tiles;
+    fold.num_tiles = p.num_tiles;
+    fold.sorted_tokens = p.sorted_tokens;
     return fold;
+  };
+  // v of one target summed over its chunks: [LoRA rows][max_rank].
+  auto summed_v = [&](const float* v, int splits) {
+    const size_t stride = static_cast<size_t>(rows) * mixed.table.max_rank();
+    const std::vector<float> partials = test::download_f32(v, splits * stride);
+    std::vector<float> sums(stride, 0.0f);
+    for (int split = 0; split < splits; ++split)
+      for (size_t e = 0; e < stride; ++e) sums[e] += partials[split * stride + e];
+    return sums;
   };
 
   for (int layer = 0; layer < config.num_layers; ++layer) {
@@ -313,17 +326,22 @@ TEST(CudaLora, FoldedConsumersMatchTheExpandedDeltaRows) {
     SCOPED_TRACE("layer " + std::to_string(layer) + " gate/up");
     const DeviceBuffer x_d = test::upload_bf16(random_values(prng, static_cast<size_t>(n) * hidden, 1.0f));
     const DeviceBuffer gate_up_d = test::upload_bf16(random_values(prng, static_cast<size_t>(n) * 2 * intermediate, 2.0f));
+    // Serving's unfolded gate/up delta rows are bf16 (the fold rounds its deltas to match).
     const LoraParams p = mixed.params(layer, {LoraTarget::kGate, LoraTarget::kUp}, hidden, x_d, v_d.as<float>(),
-                                      max_splits, delta_rows_d.data(), false, 2 * intermediate);
+                                      max_splits, delta_rows_d.data(), true, 2 * intermediate);
     DeviceBuffer expanded_out(static_cast<size_t>(n) * intermediate * sizeof(bf16)), folded_out(expanded_out.size()),
         base_out(expanded_out.size());
     launch_lora(p, nullptr);
     launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, expanded_out.as<bf16>(), nullptr, delta_rows_d.as<float>(),
-                  lora_rows, false);
+                  lora_rows, true);
     LOOM_CUDA_CHECK(cudaMemset(v_d.data(), 0xff, v_d.size()));
     launch_lora_shrink(p, nullptr);
-    launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, folded_out.as<bf16>(), nullptr, nullptr, nullptr, false,
-                  fold_of(p));
+    // With down's shrink over SwiGLU's output (into v's third target, which gate/up leave alone).
+    LoraFold fold = fold_of(p);
+    float* down_v = v_d.as<float>() + 2 * static_cast<size_t>(max_splits) * rows * mixed.table.max_rank();
+    LOOM_CUDA_CHECK(cudaMemset(down_v, 0, static_cast<size_t>(max_splits) * rows * mixed.table.max_rank() * sizeof(float)));
+    fold.down_v = down_v;
+    launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, folded_out.as<bf16>(), nullptr, nullptr, nullptr, false, fold);
     launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, base_out.as<bf16>(), nullptr);
     const size_t count = static_cast<size_t>(n) * intermediate;
     const std::vector<float> folded = test::download_bf16(folded_out.data(), count);
@@ -342,6 +360,16 @@ TEST(CudaLora, FoldedConsumersMatchTheExpandedDeltaRows) {
         EXPECT_TRUE(moved) << "row " << t;
       }
     }
+    // Down's shrink from SwiGLU against the shrink kernel over the same (folded) output.
+    const std::vector<float> fused_down = summed_v(down_v, lora_splits(intermediate));
+    DeviceBuffer down_check_d(static_cast<size_t>(max_splits) * rows * mixed.table.max_rank() * sizeof(float));
+    LOOM_CUDA_CHECK(cudaMemset(down_check_d.data(), 0, down_check_d.size()));
+    const LoraParams down = mixed.params(layer, {LoraTarget::kDown}, intermediate, folded_out, down_check_d.as<float>(),
+                                         max_splits, nullptr, false, hidden);
+    launch_lora_shrink(down, nullptr);
+    const std::vector<float> shrunk_down = summed_v(down_check_d.as<float>(), lora_splits(intermediate));
+    EXPECT_TRUE(test::close_bf16(fused_down, shrunk_down, true)) << "down shrink inside SwiGLU";
+    EXPECT_GT(std::count_if(fused_down.begin(), fused_down.end(), [](float value) { return value != 0.0f; }), 0);
   }
 }
 

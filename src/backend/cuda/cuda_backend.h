@@ -67,10 +67,10 @@ struct CudaTuning {
   // GEMM on the main stream.
   bool lora_side_stream = true;
   // Steps with up to this many LoRA rows fold each group's expand into the
-  // kernel that consumes the group's output (LoraLauncher: the shrink alone,
-  // inline; no side stream) unless tensor-parallel or capturing hidden states;
-  // larger steps run the shrink + expand pair (each tile reads B once, where a
-  // folded consumer reads it per row). 0: never.
+  // kernel that consumes the group's output, and down's shrink into SwiGLU
+  // (LoraLauncher), unless tensor-parallel or capturing hidden states; larger
+  // steps run the shrink + expand pair (the norms and q/k/v post-processing
+  // read B per row when folded, the pair's expand once per tile). 0: never.
   int32_t lora_fold_max_rows = 64;
   // Captured (decode) steps of up to max_rows rows read weights ahead into L2
   // on a side stream while the latency-bound kernels run: after q/k/v's GEMM,

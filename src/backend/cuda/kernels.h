@@ -47,6 +47,16 @@ struct LoraFold {
   int32_t first_target = 0;
   const int32_t* lora_rows = nullptr;      // LoRA row of each batch row, -1: no adapter
   const int32_t* adapter_slots = nullptr;  // adapter slot of each batch row
+  // The step's LoRA tiles (LoraParams' tiles and sorted_tokens): SwiGLU's fold
+  // works a tile at a time, reading each column's B once per tile.
+  const LoraTile* tiles = nullptr;
+  int32_t num_tiles = 0;
+  const int32_t* sorted_tokens = nullptr;
+  // SwiGLU only, optional: also the down projection's shrink over SwiGLU's
+  // output (target first_target + 2), its partial sums per chunk of
+  // kLoraShrinkChunk columns written to down_v in LoraParams::v's layout (one
+  // target): the down group then folds from down_v with no shrink launch.
+  float* down_v = nullptr;
 };
 
 // out[t, :] = float(table[token_ids[t], :]) for t < num_tokens. hidden % 8 == 0.
@@ -234,6 +244,8 @@ struct LoraParams {
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.
 int32_t lora_splits(int32_t in_features);
+// The shrink's chunk of input features: partial sums of v per chunk (LoraParams::v).
+inline constexpr int32_t kLoraShrinkChunk = 512;
 // The shrink alone (v = x A^T; y is not touched): a folded group's launch.
 void launch_lora_shrink(const LoraParams& params, Launch launch);
 // v = x A^T (shrink), then y += scale * v B^T (expand), per adapter group of rows.

@@ -15,7 +15,6 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kShrinkThreads = 128;
-constexpr int kLoraShrinkChunk = 512;  // input features per shrink CTA
 constexpr int kExpandThreads = 256;
 
 __device__ __forceinline__ void load8(const bf16* source, float (&out)[8]) {

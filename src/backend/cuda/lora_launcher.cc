@@ -63,7 +63,7 @@ void LoraLauncher::plan_fold(const StepPlan& plan, int32_t max_rows) {
 }
 
 bool LoraLauncher::forks(const StepPlan& plan) const {
-  if (plan.num_lora_tiles() == 0 || !side_stream_ || fold_) return false;
+  if (plan.num_lora_tiles() == 0 || !side_stream_) return false;
 #ifdef LOOM_CUDA_MEASURE
   if (measure_.lora_side_groups == 0) return false;
 #endif
@@ -133,14 +133,9 @@ LoraLauncher::Group LoraLauncher::begin(const DevicePlan& device_plan, int layer
   const LoraTarget first = *targets.begin();
   const int group = first == LoraTarget::kQ ? 0 : first == LoraTarget::kO ? 1 : first == LoraTarget::kGate ? 2 : 3;
   const bool shrink_sums_read = group == 0 && plan.has_residual_writes();
+  Group result;
   if (fold_) {
-#ifdef LOOM_CUDA_MEASURE
-    if ((measure_.lora_skip >> (2 * group) & 1) == 0) launch_lora_shrink(params, main);
-#else
-    launch_lora_shrink(params, main);
-#endif
-    Group folded{Pending::kFolded, {}};
-    LoraFold& fold = folded.fold;
+    LoraFold& fold = result.fold;
     fold.v = params.v;
     fold.num_rows = params.num_rows;
     fold.max_rank = params.max_rank;
@@ -152,28 +147,49 @@ LoraLauncher::Group LoraLauncher::begin(const DevicePlan& device_plan, int layer
     fold.first_target = static_cast<int32_t>(first);
     fold.lora_rows = device_plan.pointer<int32_t>(sections.lora_row_of_token);
     fold.adapter_slots = device_plan.pointer<int32_t>(sections.row_adapter_slots);
-    return folded;
+    fold.tiles = params.tiles;
+    fold.num_tiles = params.num_tiles;
+    fold.sorted_tokens = params.sorted_tokens;
+    // SwiGLU runs down's shrink (into v's third target, which gate/up leave free) as it expands gate/up.
+    float* down_v = params.v + 2 * static_cast<int64_t>(params.max_splits) * params.num_rows * params.max_rank;
+    if (group == 2) fold.down_v = down_v;
+    if (group == 3) {
+      fold.v = down_v;
+      return result;
+    }
   }
   bool side = side_stream_;
 #ifdef LOOM_CUDA_MEASURE
   side = side && (measure_.lora_side_groups >> group & 1) != 0;
 #endif
+  // Folded: the shrink alone.
+  auto launch = [&](Launch where) {
+    if (!fold_) {
+      launch_group(group, params, where, shrink_sums_read);
+      return;
+    }
+#ifdef LOOM_CUDA_MEASURE
+    if ((measure_.lora_skip >> (2 * group) & 1) != 0) return;
+#endif
+    launch_lora_shrink(params, where);
+  };
   if (!side) {
-    launch_group(group, params, main, shrink_sums_read);
-    return {Pending::kInline, {}};
+    launch(main);
+    result.pending = Pending::kInline;
+    return result;
   }
-  // The shrink and expand read x and write only out_: they overlap the base GEMM.
+  // The LoRA kernels read x and write only v and out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(fork_, main.stream));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
-  launch_group(group, params, stream_, shrink_sums_read);
+  launch(stream_);
   LOOM_CUDA_CHECK(cudaEventRecord(join_, stream_));
-  return {Pending::kSide, {}};
+  result.pending = Pending::kSide;
+  return result;
 }
 
 const float* LoraLauncher::end(const Group& group, cudaStream_t main) {
-  if (group.pending == Pending::kNone || group.pending == Pending::kFolded) return nullptr;
   if (group.pending == Pending::kSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
-  return out_.as<float>();
+  return group.pending == Pending::kNone || group.fold.v != nullptr ? nullptr : out_.as<float>();
 }
 
 }  // namespace loom::cuda

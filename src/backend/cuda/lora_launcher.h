@@ -6,8 +6,9 @@
 // group's consumer adds. With CudaTuning::lora_side_stream it runs on a second
 // stream beside the base GEMM: begin() forks from the main stream, end() joins.
 // A folded step (plan_fold(): decode-sized, CudaTuning::lora_fold_max_rows)
-// runs each group's shrink alone, inline, and hands its consumer a LoraFold to
-// expand (kernels.h): no expand kernel, no side stream, no delta rows.
+// runs each group's shrink alone (on the side stream as above) and hands its
+// consumer a LoraFold to expand (kernels.h): no expand kernel, no delta rows;
+// down's shrink runs inside SwiGLU (LoraFold::down_v), so down launches nothing.
 // Owns the adapters (shared), the side stream, its events and the scratch.
 //
 // Thread: the engine thread.
@@ -68,14 +69,14 @@ class LoraLauncher {
   // (row t at x + t * x_stride, `width` output columns) for `layer`; `main` is
   // where the step's own kernels go. Returns what end() needs, and for a
   // folded step the group's LoraFold for its consumer.
-  enum class Pending { kNone, kInline, kSide, kFolded };
+  enum class Pending { kNone, kInline, kSide };
   struct Group {
-    Pending pending = Pending::kNone;
-    LoraFold fold;  // kFolded only
+    Pending pending = Pending::kNone;  // what was launched
+    LoraFold fold;                     // a folded step's (fold.v set)
   };
   Group begin(const DevicePlan& plan, int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
               int32_t x_stride, int32_t width, Launch main);
-  // The group's delta rows (nullptr for kNone and kFolded), after making `main` wait for a side launch.
+  // The group's delta rows (nullptr: none, or folded), after making `main` wait for a side launch.
   const float* end(const Group& group, cudaStream_t main);
 
   // Device addresses a captured step holds.
