@@ -107,48 +107,9 @@ int run(int argc, char** argv) {
     const Batch base = decode_batch(64, {}, prng, config.vocab_size);
     const Batch mixed = decode_batch(64, slots, prng, config.vocab_size);
     const StepTimes base_times = time_step(backend, base, iterations, true);
-    // Serving's: up to CudaTuning::lora_fold_max_rows LoRA rows, each group's shrink inline and its expand
-    // folded into the consumer. With the shrinks skipped too (results wrong): what their launches cost.
     const StepTimes lora_times = time_step(backend, mixed, iterations, true);
-    backend.measure().lora_skip = 0x55;
-    const StepTimes folded_skip_times = time_step(backend, mixed, iterations, true);
-    backend.measure().lora_skip = 0;
-    // What each folded consumer adds: the step with one kind of kernel left out (StepKernelBits: 1 the norms,
-    // 2 q/k/v post-processing, 8 SwiGLU; results wrong), with the adapters and without.
-    std::printf("LoRA folded, one consumer kind left out (graph ms, adapters / base):");
-    for (const uint32_t bits : {1u, 2u, 8u}) {
-      backend.measure().skip_kernels = bits;
-      const StepTimes with = time_step(backend, mixed, iterations, true);
-      const StepTimes without = time_step(backend, base, iterations, true);
-      results["lora_fold_consumers"].push_back(
-          {{"skip_kernels", bits}, {"lora_graph_ms", with.graph_ms}, {"base_graph_ms", without.graph_ms}});
-      std::printf(" %u: %.3f / %.3f", bits, with.graph_ms, without.graph_ms);
-    }
-    backend.measure().skip_kernels = 0;
-    std::printf("\n");
-    // Folded against the shrink + expand pair on the side stream at other batch sizes (where the fold's
-    // per-row reads of B meet the pair's per-tile ones).
-    std::printf("LoRA folded vs shrink + expand on the side stream (graph ms):");
-    for (const int rows : {16, 32, 128}) {
-      const Batch rows_base = decode_batch(rows, {}, prng, config.vocab_size);
-      const Batch rows_mixed = decode_batch(rows, slots, prng, config.vocab_size);
-      const StepTimes rows_base_times = time_step(backend, rows_base, iterations, true);
-      tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = 1 << 30; });
-      const StepTimes rows_folded = time_step(backend, rows_mixed, iterations, true);
-      tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = 0; });
-      const StepTimes rows_unfolded = time_step(backend, rows_mixed, iterations, true);
-      results["lora_fold_rows"].push_back({{"rows", rows}, {"base_graph_ms", rows_base_times.graph_ms},
-                                           {"folded_graph_ms", rows_folded.graph_ms},
-                                           {"unfolded_graph_ms", rows_unfolded.graph_ms}});
-      std::printf(" %d rows: base %.3f folded %.3f unfolded %.3f;", rows, rows_base_times.graph_ms,
-                  rows_folded.graph_ms, rows_unfolded.graph_ms);
-    }
-    std::printf("\n");
-    // Every point below runs the shrink + expand pair (no fold).
-    tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = 0; });
-    const StepTimes unfolded_times = time_step(backend, mixed, iterations, true);
-    // The other placements and kernels of the pair (split kernels on the side
-    // stream, serving's above lora_fold_max_rows). Inline placement is lora_side_groups 0.
+    // The other placements and kernels (serving's: split kernels on the side
+    // stream). Inline placement is lora_side_groups 0 (the side stream unused).
     using Kernel = CudaMeasureSwitches::LoraKernel;
     backend.measure().lora_pdl_expand = true;
     const StepTimes pdl_times = time_step(backend, mixed, iterations, true);
@@ -225,27 +186,22 @@ int run(int argc, char** argv) {
     results["lora_skip_inline_graph_ms"] = skip_inline_times.graph_ms;
     std::printf(" 0xFF inline %.3f\n", skip_inline_times.graph_ms);
     backend.measure().lora_skip = 0;
-    tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = CudaTuning{}.lora_fold_max_rows; });
-    results["lora_placements"] = {{"folded_graph_ms", lora_times.graph_ms},
-                                  {"folded_shrinks_skipped_graph_ms", folded_skip_times.graph_ms},
-                                  {"side_stream_graph_ms", unfolded_times.graph_ms},
+    results["lora_placements"] = {{"side_stream_graph_ms", lora_times.graph_ms},
                                   {"side_stream_pdl_graph_ms", pdl_times.graph_ms},
                                   {"inline_graph_ms", inline_times.graph_ms},
                                   {"fused_side_stream_graph_ms", fused_times.graph_ms},
                                   {"fused_inline_graph_ms", fused_inline_times.graph_ms}};
-    std::printf("LoRA placements (graph ms): folded %.3f (eager %.3f; shrinks skipped %.3f); side stream %.3f (eager "
-                "%.3f), + PDL expand %.3f, inline %.3f; fused kernel side stream %.3f, inline %.3f\n",
-                lora_times.graph_ms, lora_times.eager_ms, folded_skip_times.graph_ms, unfolded_times.graph_ms,
-                unfolded_times.eager_ms, pdl_times.graph_ms, inline_times.graph_ms, fused_times.graph_ms,
-                fused_inline_times.graph_ms);
+    std::printf("LoRA placements (graph ms): side stream %.3f (eager %.3f), + PDL expand %.3f, inline %.3f; fused "
+                "kernel side stream %.3f, inline %.3f\n",
+                lora_times.graph_ms, lora_times.eager_ms, pdl_times.graph_ms, inline_times.graph_ms,
+                fused_times.graph_ms, fused_inline_times.graph_ms);
     results["lora"] = {{"batch", 64}, {"adapters", 8}, {"rank", 16}, {"base_graph_ms", base_times.graph_ms},
                        {"lora_graph_ms", lora_times.graph_ms}, {"base_eager_ms", base_times.eager_ms},
                        {"lora_eager_ms", lora_times.eager_ms}, {"ratio_graph", lora_times.graph_ms / base_times.graph_ms},
                        {"ratio_eager", lora_times.eager_ms / base_times.eager_ms}};
     std::printf("\nmulti-LoRA decode 64 (8 adapters r=16): base %.3f ms, lora %.3f ms, ratio %.3f (graph)\n",
                 base_times.graph_ms, lora_times.graph_ms, lora_times.graph_ms / base_times.graph_ms);
-    if (wanted("loraprof")) {
-      tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = 0; });  // one eager step per kernel choice between cudaProfilerStart/Stop (ncu --profile-from-start off)
+    if (wanted("loraprof")) {  // one eager step per kernel choice between cudaProfilerStart/Stop (ncu --profile-from-start off)
       for (const auto kernel : {Kernel::kFused, Kernel::kSplit}) {
         backend.measure().lora_kernel = kernel;
         backend.enqueue_step(mixed);
@@ -256,7 +212,6 @@ int run(int argc, char** argv) {
         LOOM_CUDA_CHECK(cudaProfilerStop());
       }
       backend.measure().lora_kernel = Kernel::kSplit;
-      tune(backend, [](CudaTuning& t) { t.lora_fold_max_rows = CudaTuning{}.lora_fold_max_rows; });
     }
     for (int a = 0; a < 8; ++a) backend.set_adapter(a, nullptr);
   }

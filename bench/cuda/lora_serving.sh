@@ -5,7 +5,7 @@
 # only against the 8 adapters round-robin, with CUDA graphs (default) and
 # with --enforce-eager. Carries .carry/cuda (bench/cuda/pack.sh).
 #   bench/cuda/lora_serving.sh            # -> $OUT/lora_serving.jsonl, $OUT/serve_*.log
-# STREAMS (64), PROMPT (128), OUTPUT (256), MODES ("graphs eager") from the environment.
+# STREAMS (64), PROMPT (128), OUTPUT (256), MODES ("graphs eager"), LOOM (another build) from the environment.
 set -u
 . "$(dirname "$0")/device_env.sh"
 LOOM=${LOOM:-/tmp/loom/bin/loom}

@@ -1,8 +1,6 @@
 // Batched multi-LoRA kernels against the CPU backend's LoraApplier: adapters of
 // different ranks, modules some adapters do not target, tokens of one adapter
 // scattered through the batch, and rows without adapter (which must not move).
-#include <algorithm>
-#include <initializer_list>
 #include <memory>
 
 #include <gtest/gtest.h>
@@ -57,84 +55,36 @@ std::shared_ptr<const LoraAdapter> random_adapter(const ModelConfig& config, con
   return adapter;
 }
 
-// Four adapters of mixed ranks over six slots and a 41-token batch: slots
-// scattered, base rows in between, 20 rows for slot 0 (two tiles).
-struct MixedLoraBatch {
-  MixedLoraBatch() : config(small_config()), adapters(6), table(6, config), prng(9) {
-    adapters[0] = random_adapter(config, {16, 16, 16, 16, 16, 16, 16}, 1);
-    adapters[2] = random_adapter(config, {4, 0, 4, 0, 0, 0, 0}, 2);     // q, v only, rank 4
-    adapters[3] = random_adapter(config, {3, 32, 0, 5, 0, 1, 64}, 3);   // odd ranks, gaps
-    adapters[5] = random_adapter(config, {8, 8, 8, 8, 8, 8, 8}, 4);
-    for (int slot = 0; slot < 6; ++slot) table.set(slot, adapters[slot].get(), nullptr);
-    const int32_t choices[] = {-1, 0, 0, 2, 3, 5, 0};
-    for (int t = 0; t < 41; ++t) {
-      batch.token_ids.push_back(0);
-      batch.positions.push_back(t);
-      batch.adapter_slots.push_back(choices[prng.next_below(7)]);
-    }
-    BatchSequence sequence;
-    sequence.num_new_tokens = 41;
-    sequence.num_blocks = 3;
-    batch.sequences.push_back(sequence);
-    batch.block_tables = {0, 1, 2};
-    plan.build(batch, {16, config.num_heads, config.num_kv_heads, 132});
-    plan_d = test::upload(plan.words());
-  }
-  const int32_t* words() const { return plan_d.as<int32_t>(); }
-  // The launch of `targets` (their in_features `in`) over x, delta rows by LoRA row into y.
-  LoraParams params(int layer, std::initializer_list<LoraTarget> targets, int in, const DeviceBuffer& x, float* v,
-                    int max_splits, void* y, bool y_bf16, int y_stride) const {
-    LoraParams p;
-    p.modules = table.device_table();
-    p.num_layers = config.num_layers;
-    p.layer = layer;
-    p.sorted_tokens = words() + plan.sections().lora_tokens;
-    p.tiles = reinterpret_cast<const LoraTile*>(words() + plan.sections().lora_tiles);
-    p.num_tiles = plan.num_lora_tiles();
-    p.num_rows = plan.num_lora_rows();
-    p.max_rank = table.max_rank();
-    p.x = x.as<bf16>();
-    p.x_stride = in;
-    p.v = v;
-    p.max_splits = max_splits;
-    p.y = y;
-    p.y_is_bf16 = y_bf16;
-    p.y_stride = y_stride;
-    p.write_by_lora_row = true;
-    int column = 0;
-    for (LoraTarget target : targets) {
-      const int out = out_features(target);
-      p.targets[p.num_targets++] = {static_cast<int32_t>(target), in, out, column};
-      column += out;
-    }
-    return p;
-  }
-  int out_features(LoraTarget target) const {
-    return target == LoraTarget::kK || target == LoraTarget::kV       ? config.kv_size()
-           : target == LoraTarget::kGate || target == LoraTarget::kUp ? config.intermediate_size
-           : target == LoraTarget::kQ                                 ? config.q_size()
-                                                                      : config.hidden_size;
-  }
-
-  ModelConfig config;
-  std::vector<std::shared_ptr<const LoraAdapter>> adapters;
-  DeviceLoraTable table;
-  Prng prng;
-  Batch batch;
-  StepPlan plan;
-  DeviceBuffer plan_d;
-};
-
 TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
   LOOM_REQUIRE_GPU();
-  MixedLoraBatch mixed;
-  const ModelConfig& config = mixed.config;
-  const auto& adapters = mixed.adapters;
-  const DeviceLoraTable& table = mixed.table;
-  const Batch& batch = mixed.batch;
-  const StepPlan& plan = mixed.plan;
-  Prng& prng = mixed.prng;
-  const int32_t* words = mixed.words();
+  const ModelConfig config = small_config();
+  std::vector<std::shared_ptr<const LoraAdapter>> adapters(6);
+  adapters[0] = random_adapter(config, {16, 16, 16, 16, 16, 16, 16}, 1);
+  adapters[2] = random_adapter(config, {4, 0, 4, 0, 0, 0, 0}, 2);     // q, v only, rank 4
+  adapters[3] = random_adapter(config, {3, 32, 0, 5, 0, 1, 64}, 3);   // odd ranks, gaps
+  adapters[5] = random_adapter(config, {8, 8, 8, 8, 8, 8, 8}, 4);
+
+  DeviceLoraTable table(6, config);
+  for (int slot = 0; slot < 6; ++slot) table.set(slot, adapters[slot].get(), nullptr);
+
+  // 41 tokens: slots scattered, base rows in between, 20 rows for slot 0 (two tiles).
+  Batch batch;
+  Prng prng(9);
+  const int32_t choices[] = {-1, 0, 0, 2, 3, 5, 0};
+  for (int t = 0; t < 41; ++t) {
+    batch.token_ids.push_back(0);
+    batch.positions.push_back(t);
+    batch.adapter_slots.push_back(choices[prng.next_below(7)]);
+  }
+  BatchSequence sequence;
+  sequence.num_new_tokens = 41;
+  sequence.num_blocks = 3;
+  batch.sequences.push_back(sequence);
+  batch.block_tables = {0, 1, 2};
+  StepPlan plan;
+  plan.build(batch, {16, config.num_heads, config.num_kv_heads, 132});
+  DeviceBuffer plan_d = test::upload(plan.words());
+  const int32_t* words = plan_d.as<int32_t>();
 
   cpu::LoraApplier cpu_lora;
   cpu_lora.group_tokens(batch.adapter_slots, 6);
@@ -163,7 +113,9 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       std::vector<float> expected = y;
       int column = 0;
       for (LoraTarget target : c.targets) {
-        const int out = mixed.out_features(target);
+        const int out = target == LoraTarget::kK || target == LoraTarget::kV ? kv_size
+                        : target == LoraTarget::kGate || target == LoraTarget::kUp ? intermediate
+                        : target == LoraTarget::kQ ? q_size : hidden;
         std::vector<float> block(n * out);
         for (int t = 0; t < n; ++t)
           for (int o = 0; o < out; ++o) block[t * out + o] = y[t * c.out_width + column + o];
@@ -207,7 +159,9 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       params.y_stride = c.out_width;
       int y_column = 0;
       for (LoraTarget target : c.targets) {
-        const int out = mixed.out_features(target);
+        const int out = target == LoraTarget::kK || target == LoraTarget::kV ? kv_size
+                        : target == LoraTarget::kGate || target == LoraTarget::kUp ? intermediate
+                        : target == LoraTarget::kQ ? q_size : hidden;
         params.targets[params.num_targets++] = {static_cast<int32_t>(target), c.in_features, out, y_column};
         y_column += out;
       }
@@ -243,133 +197,6 @@ TEST(CudaLora, MixedAdaptersRanksAndBaseRowsMatchCpu) {
       EXPECT_TRUE(test::close_bf16(delta, expected_delta)) << "write_by_lora_row";
       }
     }
-  }
-}
-
-// A folded step's consumers (CudaTuning::lora_fold_max_rows: the shrink alone,
-// each consumer expanding for its own columns) against the delta rows of the
-// shrink + expand pair, which the test above holds to the CPU.
-TEST(CudaLora, FoldedConsumersMatchTheExpandedDeltaRows) {
-  LOOM_REQUIRE_GPU();
-  MixedLoraBatch mixed;
-  const ModelConfig& config = mixed.config;
-  Prng& prng = mixed.prng;
-  const int n = mixed.batch.num_tokens();
-  const int hidden = config.hidden_size, intermediate = config.intermediate_size;
-  const int rows = mixed.plan.num_lora_rows();
-  const int max_splits = lora_splits(intermediate);
-  DeviceBuffer v_d(3 * static_cast<size_t>(max_splits) * rows * mixed.table.max_rank() * sizeof(float));
-  DeviceBuffer delta_rows_d(static_cast<size_t>(rows) * 2 * intermediate * sizeof(float));
-  const int32_t* lora_rows = mixed.words() + mixed.plan.sections().lora_row_of_token;
-  auto fold_of = [&](const LoraParams& p) {
-    LoraFold fold;
-    fold.v = p.v;
-    fold.num_rows = p.num_rows;
-    fold.max_rank = p.max_rank;
-    fold.max_splits = p.max_splits;
-    fold.splits = lora_splits(p.targets[0].in_features);
-    fold.modules = p.modules;
-    fold.num_layers = p.num_layers;
-    fold.layer = p.layer;
-    fold.first_target = p.targets[0].target;
-    fold.lora_rows = lora_rows;
-    fold.adapter_slots = mixed.words() + mixed.plan.sections().row_adapter_slots;
-    fold.tiles = p.tiles;
-    fold.num_tiles = p.num_tiles;
-    fold.sorted_tokens = p.sorted_tokens;
-    return fold;
-  };
-  // v of one target summed over its chunks: [LoRA rows][max_rank].
-  auto summed_v = [&](const float* v, int splits) {
-    const size_t stride = static_cast<size_t>(rows) * mixed.table.max_rank();
-    const std::vector<float> partials = test::download_f32(v, splits * stride);
-    std::vector<float> sums(stride, 0.0f);
-    for (int split = 0; split < splits; ++split)
-      for (size_t e = 0; e < stride; ++e) sums[e] += partials[split * stride + e];
-    return sums;
-  };
-
-  for (int layer = 0; layer < config.num_layers; ++layer) {
-    // o (input q_size) and down (input intermediate: several chunks) into the residual add + norm.
-    for (const LoraTarget target : {LoraTarget::kO, LoraTarget::kDown}) {
-      SCOPED_TRACE("layer " + std::to_string(layer) + " target " + std::to_string(static_cast<int>(target)));
-      const int in = target == LoraTarget::kO ? config.q_size() : intermediate;
-      const DeviceBuffer x_d = test::upload_bf16(random_values(prng, static_cast<size_t>(n) * in, 1.0f));
-      const std::vector<float> residual = random_values(prng, static_cast<size_t>(n) * hidden, 1.0f, false);
-      const DeviceBuffer delta_d = test::upload_f32(random_values(prng, static_cast<size_t>(n) * hidden, 1.0f, false));
-      const DeviceBuffer weight_d = test::upload_f32(random_values(prng, hidden, 1.0f, false));
-      const LoraParams p = mixed.params(layer, {target}, in, x_d, v_d.as<float>(), max_splits, delta_rows_d.data(),
-                                        false, hidden);
-      DeviceBuffer expanded_residual = test::upload_f32(residual), folded_residual = test::upload_f32(residual);
-      DeviceBuffer expanded_out(static_cast<size_t>(n) * hidden * sizeof(bf16)), folded_out(expanded_out.size());
-      launch_lora(p, nullptr);
-      launch_add_rms_norm(expanded_residual.as<float>(), delta_d.as<float>(), nullptr, weight_d.as<float>(), 1e-5f,
-                          hidden, nullptr, n, expanded_out.as<bf16>(), nullptr, delta_rows_d.as<float>(), lora_rows);
-      LOOM_CUDA_CHECK(cudaMemset(v_d.data(), 0xff, v_d.size()));  // the folded launch writes v again
-      launch_lora_shrink(p, nullptr);
-      launch_add_rms_norm(folded_residual.as<float>(), delta_d.as<float>(), nullptr, weight_d.as<float>(), 1e-5f,
-                          hidden, nullptr, n, folded_out.as<bf16>(), nullptr, nullptr, nullptr, fold_of(p));
-      const std::vector<float> expanded = test::download_f32(expanded_residual.data(), residual.size());
-      const std::vector<float> folded = test::download_f32(folded_residual.data(), residual.size());
-      const test::Closeness c = test::compare(folded, expanded, 1e-5, 1e-5);
-      EXPECT_EQ(c.num_outside, 0u) << "residual: " << c.describe();
-      EXPECT_TRUE(test::close_bf16(test::download_bf16(folded_out.data(), residual.size()),
-                                   test::download_bf16(expanded_out.data(), residual.size())));
-      size_t moved = 0;  // the LoRA rows did get a delta beyond the base add
-      for (int t = 0; t < n; ++t)
-        for (int i = 0; i < hidden && mixed.batch.adapter_slots[t] >= 0; ++i)
-          moved += folded[t * hidden + i] != residual[t * hidden + i];
-      EXPECT_GT(moved, 0u);
-    }
-
-    // gate/up into SwiGLU.
-    SCOPED_TRACE("layer " + std::to_string(layer) + " gate/up");
-    const DeviceBuffer x_d = test::upload_bf16(random_values(prng, static_cast<size_t>(n) * hidden, 1.0f));
-    const DeviceBuffer gate_up_d = test::upload_bf16(random_values(prng, static_cast<size_t>(n) * 2 * intermediate, 2.0f));
-    // Serving's unfolded gate/up delta rows are bf16 (the fold rounds its deltas to match).
-    const LoraParams p = mixed.params(layer, {LoraTarget::kGate, LoraTarget::kUp}, hidden, x_d, v_d.as<float>(),
-                                      max_splits, delta_rows_d.data(), true, 2 * intermediate);
-    DeviceBuffer expanded_out(static_cast<size_t>(n) * intermediate * sizeof(bf16)), folded_out(expanded_out.size()),
-        base_out(expanded_out.size());
-    launch_lora(p, nullptr);
-    launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, expanded_out.as<bf16>(), nullptr, delta_rows_d.as<float>(),
-                  lora_rows, true);
-    LOOM_CUDA_CHECK(cudaMemset(v_d.data(), 0xff, v_d.size()));
-    launch_lora_shrink(p, nullptr);
-    // With down's shrink over SwiGLU's output (into v's third target, which gate/up leave alone).
-    LoraFold fold = fold_of(p);
-    float* down_v = v_d.as<float>() + 2 * static_cast<size_t>(max_splits) * rows * mixed.table.max_rank();
-    LOOM_CUDA_CHECK(cudaMemset(down_v, 0, static_cast<size_t>(max_splits) * rows * mixed.table.max_rank() * sizeof(float)));
-    fold.down_v = down_v;
-    launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, folded_out.as<bf16>(), nullptr, nullptr, nullptr, false, fold);
-    launch_swiglu(gate_up_d.as<bf16>(), n, intermediate, base_out.as<bf16>(), nullptr);
-    const size_t count = static_cast<size_t>(n) * intermediate;
-    const std::vector<float> folded = test::download_bf16(folded_out.data(), count);
-    const std::vector<float> base = test::download_bf16(base_out.data(), count);
-    EXPECT_TRUE(test::close_bf16(folded, test::download_bf16(expanded_out.data(), count)));
-    for (int t = 0; t < n; ++t) {
-      bool moved = false;
-      for (int i = 0; i < intermediate; ++i) {
-        if (mixed.batch.adapter_slots[t] < 0) {
-          ASSERT_EQ(folded[t * intermediate + i], base[t * intermediate + i]) << "base row " << t << " moved";
-        }
-        moved = moved || folded[t * intermediate + i] != base[t * intermediate + i];
-      }
-      // Slot 2's adapter has no gate/up modules; every other adapter row moves.
-      if (mixed.batch.adapter_slots[t] >= 0 && mixed.batch.adapter_slots[t] != 2) {
-        EXPECT_TRUE(moved) << "row " << t;
-      }
-    }
-    // Down's shrink from SwiGLU against the shrink kernel over the same (folded) output.
-    const std::vector<float> fused_down = summed_v(down_v, lora_splits(intermediate));
-    DeviceBuffer down_check_d(static_cast<size_t>(max_splits) * rows * mixed.table.max_rank() * sizeof(float));
-    LOOM_CUDA_CHECK(cudaMemset(down_check_d.data(), 0, down_check_d.size()));
-    const LoraParams down = mixed.params(layer, {LoraTarget::kDown}, intermediate, folded_out, down_check_d.as<float>(),
-                                         max_splits, nullptr, false, hidden);
-    launch_lora_shrink(down, nullptr);
-    const std::vector<float> shrunk_down = summed_v(down_check_d.as<float>(), lora_splits(intermediate));
-    EXPECT_TRUE(test::close_bf16(fused_down, shrunk_down, true)) << "down shrink inside SwiGLU";
-    EXPECT_GT(std::count_if(fused_down.begin(), fused_down.end(), [](float value) { return value != 0.0f; }), 0);
   }
 }
 

@@ -66,12 +66,6 @@ struct CudaTuning {
   // GEMM (same input, own output, joined before the consumer); false: after the
   // GEMM on the main stream.
   bool lora_side_stream = true;
-  // Steps with up to this many LoRA rows fold each group's expand into the
-  // kernel that consumes the group's output, and down's shrink into SwiGLU
-  // (LoraLauncher), unless tensor-parallel or capturing hidden states; larger
-  // steps run the shrink + expand pair (the norms and q/k/v post-processing
-  // read B per row when folded, the pair's expand once per tile). 0: never.
-  int32_t lora_fold_max_rows = 64;
   // Captured (decode) steps of up to max_rows rows read weights ahead into L2
   // on a side stream while the latency-bound kernels run: after q/k/v's GEMM,
   // o_proj's weight and the first gate_up bytes (half gate rows, half up rows);

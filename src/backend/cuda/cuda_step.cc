@@ -38,10 +38,6 @@ void CudaBackend::plan_step(const Batch& batch, bool for_graph) {
   plan.build(batch, shape, residual.block_size);
   const bool listened = batch.kv_layer_listener != nullptr;  // per-layer events: an eager step
   if (for_graph && !batch.capture_hidden_states && !listened) plan.pad_for_graph(tuning_.max_graph_rows);
-  // A tensor-parallel rank reduces its LoRA delta rows with the partial product, and hidden-state
-  // captures read them: neither folds.
-  const bool fold_allowed = rank_.communicator == nullptr && !batch.capture_hidden_states;
-  lora_.plan_fold(plan, fold_allowed ? tuning_.lora_fold_max_rows : 0);
   // LoRA groups on the side stream fork and join through events; those steps keep plain launches (as do
   // steps with a KV listener, whose events sit between the layers' kernels).
   step_ = {stream_, plan.num_rows() <= tuning_.programmatic_max_rows && !lora_.forks(plan) && !listened, residual_rank,

@@ -8,7 +8,6 @@
 #include "backend/cuda/kernels.h"
 #include "backend/cuda/kv_fp8.cuh"
 #include "backend/cuda/launch.cuh"
-#include "backend/cuda/lora_fold.cuh"
 
 namespace loom::cuda {
 
@@ -66,25 +65,16 @@ __global__ void embedding_kernel(const int32_t* token_ids, const bf16* table, in
 
 __global__ void add_rms_norm_kernel(float* residual, const float* delta, const float* delta_bias,
                                     const float* weight, float eps, int32_t hidden, const int32_t* row_index,
-                                    bf16* out, const float* lora_delta, const int32_t* lora_rows, LoraFold fold) {
+                                    bf16* out, const float* lora_delta, const int32_t* lora_rows) {
   pdl_wait();
   pdl_trigger();
   __shared__ float scratch[33];
-  __shared__ float fold_v[kLoraMaxRank];
   const int64_t row = blockIdx.x;
   const int64_t token = row_index != nullptr ? row_index[row] : row;
   float* x = residual + token * hidden;
   const float* d = delta != nullptr ? delta + token * hidden : nullptr;
   const int64_t lora_row = lora_delta != nullptr && d != nullptr ? lora_rows[token] : -1;
   const float* l = lora_row >= 0 ? lora_delta + lora_row * hidden : nullptr;
-  // Folded: the row's v once, then v . B[i] per column (uniform per block: the barrier is safe).
-  const int64_t fold_row = fold.v != nullptr && d != nullptr ? fold.lora_rows[token] : -1;
-  LoraModuleRef module;
-  if (fold_row >= 0) {
-    module = lora_fold_module(fold, fold.adapter_slots[token], 0);
-    lora_fold_gather(fold, 0, fold_row, module.rank, module.scale, fold_v);
-    __syncthreads();
-  }
   float sum_of_squares = 0.0f;
   for (int i = threadIdx.x * 4; i < hidden; i += blockDim.x * 4) {
     float4 value = *reinterpret_cast<const float4*>(x + i);
@@ -96,12 +86,6 @@ __global__ void add_rms_norm_kernel(float* residual, const float* delta, const f
         add.y += lora.y;
         add.z += lora.z;
         add.w += lora.w;
-      }
-      if (module.rank > 0) {
-        add.x += lora_fold_dot(fold_v, module.b, i, module.rank);
-        add.y += lora_fold_dot(fold_v, module.b, i + 1, module.rank);
-        add.z += lora_fold_dot(fold_v, module.b, i + 2, module.rank);
-        add.w += lora_fold_dot(fold_v, module.b, i + 3, module.rank);
       }
       value.x += add.x;
       value.y += add.y;
@@ -165,65 +149,20 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
   // Forked tokens: the bCache holds the base model's K/V; their k/v LoRA lives in the rCache.
   const int residual_slot = p.residual_slots != nullptr ? p.residual_slots[token] : -1;
   const float* kv_lora = residual_slot == -1 ? lora : nullptr;
-  // Folded q/k/v LoRA: the row's v of each target in shared memory after the RoPE table.
-  const LoraFold& fold = p.lora_fold;
-  const int64_t fold_row = fold.v != nullptr ? fold.lora_rows[token] : -1;
-  float* fold_v = rope_table + head_dim;  // [3][fold.max_rank]
-  LoraModuleRef fold_modules[3];
+  const int slot = p.kv_slots[token];
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int num_heads_total = p.num_heads + 2 * p.num_kv_heads;
-  const int first_head = blockIdx.y * (kQkvThreads / 32) + warp;
-  if (fold_row >= 0) {
-    const int adapter_slot = fold.adapter_slots[token];
-#pragma unroll
-    for (int index = 0; index < 3; ++index) {
-      fold_modules[index] = lora_fold_module(fold, adapter_slot, index);
-      // Forked tokens take no k/v LoRA here (above).
-      if (index > 0 && residual_slot != -1) fold_modules[index].rank = 0;
-    }
-    // One pass over the three targets' ranks: their chunks' loads in flight together.
-    const int ranks[3] = {fold_modules[0].rank, fold_modules[1].rank, fold_modules[2].rank};
-    const float scales[3] = {fold_modules[0].scale, fold_modules[1].scale, fold_modules[2].scale};
-    const int64_t split_stride = static_cast<int64_t>(fold.num_rows) * fold.max_rank;
-    const int items = 3 * fold.max_rank;  // item = index * max_rank + j; j >= the target's rank: zero
-    lora_split_sums(
-        items, fold.splits, split_stride,
-        [&](int item) {
-          const int index = item / fold.max_rank;
-          return fold.v + (index * fold.max_splits) * split_stride + fold_row * fold.max_rank + item % fold.max_rank;
-        },
-        [&](int item, float sum) {
-          const int index = item / fold.max_rank, j = item % fold.max_rank;
-          const int rank = index == 0 ? ranks[0] : index == 1 ? ranks[1] : ranks[2];
-          const float scale = index == 0 ? scales[0] : index == 1 ? scales[1] : scales[2];
-          fold_v[item] = j < rank ? scale * sum : 0.0f;
-        });
-    __syncthreads();
-  }
-  // The folded delta of column `column` of a head of target `index` (0 q, 1 k, 2 v); selects, not an
-  // indexed array, keep the modules in registers.
-  auto folded = [&](int index, int column) {
-    const bf16* b = index == 0 ? fold_modules[0].b : index == 1 ? fold_modules[1].b : fold_modules[2].b;
-    const int rank = index == 0 ? fold_modules[0].rank : index == 1 ? fold_modules[1].rank : fold_modules[2].rank;
-    const int o = column - (index == 0 ? 0 : index == 1 ? q_size : q_size + kv_size);
-    return rank > 0 ? lora_fold_dot(fold_v + index * fold.max_rank, b, o, rank) : 0.0f;
-  };
-  const int slot = p.kv_slots[token];
-  for (int head = first_head; head < num_heads_total;
+  for (int head = blockIdx.y * (kQkvThreads / 32) + warp; head < num_heads_total;
        head += gridDim.y * (kQkvThreads / 32)) {
     const int column = head * head_dim;  // q heads, then k heads, then v heads
     if (head >= p.num_heads + p.num_kv_heads) {
       if (slot < 0) continue;
       const int kv_head = head - p.num_heads - p.num_kv_heads;
       const int64_t entry = kv_element_index(slot, kv_head, p.block_size, p.num_kv_heads, head_dim);
-#pragma unroll
-      for (int c = 0; c < 8; ++c) {  // head_dim <= 256
-        const int d = lane + 32 * c;
-        if (d >= head_dim) break;
+      for (int d = lane; d < head_dim; d += 32) {
         float value = row[column + d];
         if (kv_lora != nullptr) value += kv_lora[column + d];
-        if (fold_row >= 0) value += folded(2, column + d);
         if (p.bias != nullptr) value += p.bias[column + d];
         if (p.v_cache_fp8 != nullptr)
           p.v_cache_fp8[entry + d] = kv_fp8_encode(value, p.v_scale);
@@ -249,10 +188,6 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
         if (head_lora != nullptr) {
           first[k] += head_lora[column + i];
           second[k] += head_lora[column + i + half];
-        }
-        if (fold_row >= 0) {
-          first[k] += folded(is_query ? 0 : 1, column + i);
-          second[k] += folded(is_query ? 0 : 1, column + i + half);
         }
         if (p.bias != nullptr) {
           first[k] += p.bias[column + i];
@@ -294,8 +229,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
       }
     }
   }
-  const int64_t shrink_row = lora_row >= 0 ? lora_row : fold_row;  // the unfolded or the folded launch's
-  if (residual_slot < 0 || blockIdx.y != 0 || shrink_row < 0) return;
+  if (residual_slot < 0 || blockIdx.y != 0 || lora_row < 0) return;
   // rCache write: sum the shrink's partials of k and v (the q/k/v launch's targets 1 and 2).
   const int stride = p.residual_rank_stride;
   const int adapter_slot = p.row_adapter_slots[token];
@@ -310,7 +244,7 @@ __global__ void qkv_postprocess_kernel(QkvParams p) {
     float value = 0.0f;
     if (j < rank)
       for (int split = 0; split < p.lora_splits; ++split)
-        value += p.lora_v[((static_cast<int64_t>(target) * p.lora_max_splits + split) * p.lora_num_rows + shrink_row) *
+        value += p.lora_v[((static_cast<int64_t>(target) * p.lora_max_splits + split) * p.lora_num_rows + lora_row) *
                               p.lora_max_rank + j];
     destination[index] = __float2bfloat16_rn(value);
   }
@@ -387,179 +321,6 @@ __global__ void swiglu_kernel(const bf16* gate_up, int64_t num_tokens, int32_t i
   }
 }
 
-// Folded gate/up LoRA. blockIdx.y is a LoRA tile (<= 16 rows of one adapter;
-// the tiles first) or a chunk of 16 batch rows, of which it takes those without
-// an adapter; blockIdx.x is a block of kSwigluFoldColumns columns, two a thread.
-// A tile reads each column's B rows once for all its rows. With fold.down_v the
-// tile's outputs (as rounded to bf16) also go through the down projection's
-// shrink over the block's columns: one kLoraShrinkChunk chunk of its input.
-constexpr int kSwigluFoldThreads = 256;
-constexpr int kSwigluFoldColumns = 2 * kSwigluFoldThreads;
-static_assert(kSwigluFoldColumns == kLoraShrinkChunk, "a column block is one chunk of the down shrink");
-
-__device__ __forceinline__ __nv_bfloat162 swiglu_pair(float gate0, float gate1, float up0, float up1) {
-  return __floats2bfloat162_rn(gate0 / (1.0f + __expf(-gate0)) * up0, gate1 / (1.0f + __expf(-gate1)) * up1);
-}
-
-// One step of reducing several sums across a warp by halving: lanes with `offset`
-// set keep the upper value and take their partner's, the others the lower.
-__device__ __forceinline__ float halve(float lower, float upper, int lane, int offset) {
-  const bool is_upper = (lane & offset) != 0;
-  const float send = is_upper ? lower : upper;
-  return (is_upper ? upper : lower) + __shfl_xor_sync(0xffffffffu, send, offset);
-}
-
-__global__ void __launch_bounds__(kSwigluFoldThreads)
-    swiglu_fold_kernel(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, LoraFold fold) {
-  pdl_wait();
-  pdl_trigger();
-  const int64_t column = static_cast<int64_t>(blockIdx.x) * kSwigluFoldColumns + 2 * threadIdx.x;
-  const bool has_column = column < intermediate;  // intermediate % 8 == 0: pairs are whole
-  if (static_cast<int>(blockIdx.y) >= fold.num_tiles) {  // rows without adapter
-    const int64_t first = static_cast<int64_t>(blockIdx.y - fold.num_tiles) * kLoraTileRows;
-    for (int64_t token = first; token < first + kLoraTileRows && token < num_tokens && has_column; ++token) {
-      if (fold.lora_rows[token] >= 0) continue;
-      const bf16* row = gate_up + token * 2 * intermediate;
-      const float2 gate = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + column));
-      const float2 up = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + intermediate + column));
-      *reinterpret_cast<__nv_bfloat162*>(out + token * intermediate + column) = swiglu_pair(gate.x, gate.y, up.x, up.y);
-    }
-    return;
-  }
-  const LoraTile tile = fold.tiles[blockIdx.y];
-  if (tile.num_rows == 0) return;  // padding of a graph-captured step's list
-  extern __shared__ float fold_v[];  // [2][kLoraTileRows][max_rank]: gate's rows, then up's
-  __shared__ int32_t tokens[kLoraTileRows];
-  __shared__ __align__(16) bf16 act[kLoraTileRows][kSwigluFoldColumns];
-  const int rows = tile.num_rows;
-  LoraModuleRef modules[3];  // gate, up, down
-#pragma unroll
-  for (int index = 0; index < 3; ++index) modules[index] = lora_fold_module(fold, tile.slot, index);
-  if (threadIdx.x < kLoraTileRows)
-    tokens[threadIdx.x] = static_cast<int>(threadIdx.x) < rows ? fold.sorted_tokens[tile.first_row + threadIdx.x] : 0;
-  // B of the thread's two columns, loaded before v is gathered.
-  LoraRowsAhead<2> ahead[2];
-#pragma unroll
-  for (int index = 0; index < 2; ++index) {
-    ahead[index].start(has_column ? modules[index].rank : 0);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) ahead[index].load(c, modules[index].b, column + c, modules[index].rank);
-  }
-  // Both targets' rows in one pass (item = (index * rows + r) * max_rank + j; j past the rank: zero).
-  const int64_t split_stride = static_cast<int64_t>(fold.num_rows) * fold.max_rank;
-  lora_split_sums(
-      2 * rows * fold.max_rank, fold.splits, split_stride,
-      [&](int item) {
-        const int index = item / (rows * fold.max_rank), r = item / fold.max_rank % rows;
-        return fold.v + index * fold.max_splits * split_stride +
-               static_cast<int64_t>(tile.first_row + r) * fold.max_rank + item % fold.max_rank;
-      },
-      [&](int item, float sum) {
-        const int index = item / (rows * fold.max_rank), r = item / fold.max_rank % rows, j = item % fold.max_rank;
-        const int rank = index == 0 ? modules[0].rank : modules[1].rank;
-        const float scale = index == 0 ? modules[0].scale : modules[1].scale;
-        fold_v[(index * kLoraTileRows + r) * fold.max_rank + j] = j < rank ? scale * sum : 0.0f;
-      });
-  __syncthreads();
-
-  // acc[r][c][index]: the delta of row r, column column + c, gate (0) or up (1).
-  float acc[kLoraTileRows][2][2];
-#pragma unroll
-  for (int r = 0; r < kLoraTileRows; ++r)
-#pragma unroll
-    for (int c = 0; c < 2; ++c) acc[r][c][0] = acc[r][c][1] = 0.0f;
-#pragma unroll
-  for (int index = 0; index < 2; ++index) {
-    const int rank = modules[index].rank;
-    if (rank == 0 || !has_column) continue;
-    const bf16* b = modules[index].b + column * rank;  // column's row, then column + 1's
-    const float* v = fold_v + index * kLoraTileRows * fold.max_rank;
-    if (ahead[index].valid) {
-#pragma unroll
-      for (int r = 0; r < kLoraTileRows; ++r) {
-        if (r >= rows) break;
-        acc[r][0][index] += ahead[index].dot(v + r * fold.max_rank, 0, rank);
-        acc[r][1][index] += ahead[index].dot(v + r * fold.max_rank, 1, rank);
-      }
-    } else if (rank % 8 == 0) {
-      for (int j = 0; j < rank; j += 8) {
-        const uint4 b0 = __ldg(reinterpret_cast<const uint4*>(b + j));
-        const uint4 b1 = __ldg(reinterpret_cast<const uint4*>(b + rank + j));
-#pragma unroll
-        for (int r = 0; r < kLoraTileRows; ++r) {
-          if (r >= rows) break;
-          acc[r][0][index] += lora_dot8(v + r * fold.max_rank + j, b0);
-          acc[r][1][index] += lora_dot8(v + r * fold.max_rank + j, b1);
-        }
-      }
-    } else {
-      for (int j = 0; j < rank; ++j) {
-        const float b0 = __bfloat162float(b[j]), b1 = __bfloat162float(b[rank + j]);
-#pragma unroll
-        for (int r = 0; r < kLoraTileRows; ++r) {
-          if (r >= rows) break;
-          acc[r][0][index] += v[r * fold.max_rank + j] * b0;
-          acc[r][1][index] += v[r * fold.max_rank + j] * b1;
-        }
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < kLoraTileRows; ++r) {
-    __nv_bfloat162 result = __floats2bfloat162_rn(0.0f, 0.0f);
-    if (r < rows && has_column) {
-      const bf16* row = gate_up + static_cast<int64_t>(tokens[r]) * 2 * intermediate;
-      const float2 gate = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + column));
-      const float2 up = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(row + intermediate + column));
-      // The deltas rounded to bf16 as the expand kernel's gate/up delta rows are: the same tokens give the
-      // same outputs whichever path their step takes.
-      auto rounded = [](float value) { return __bfloat162float(__float2bfloat16_rn(value)); };
-      result = swiglu_pair(gate.x + rounded(acc[r][0][0]), gate.y + rounded(acc[r][1][0]), up.x + rounded(acc[r][0][1]),
-                           up.y + rounded(acc[r][1][1]));
-      *reinterpret_cast<__nv_bfloat162*>(out + static_cast<int64_t>(tokens[r]) * intermediate + column) = result;
-    }
-    *reinterpret_cast<__nv_bfloat162*>(&act[r][2 * threadIdx.x]) = result;
-  }
-  const int down_rank = modules[2].rank;
-  if (fold.down_v == nullptr || down_rank == 0) return;
-  __syncthreads();  // act holds the tile's outputs of this block
-
-  // The down shrink's chunk: a warp per rank j, its lanes over the chunk's columns (A[j]'s slice loaded
-  // once), a sum per row; then the 16 row sums reduced across the warp by halving (16 shuffles): lanes
-  // 2r and 2r + 1 end with row r's.
-  const int chunk_begin = blockIdx.x * kSwigluFoldColumns;
-  const int chunk = min(kSwigluFoldColumns, intermediate - chunk_begin);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (int j = warp; j < down_rank; j += kSwigluFoldThreads / 32) {
-    const bf16* a = modules[2].a + static_cast<int64_t>(j) * intermediate + chunk_begin;
-    const int k0 = lane * 8, k1 = lane * 8 + 256;
-    const uint4 zero = make_uint4(0, 0, 0, 0);
-    const uint4 a0 = k0 < chunk ? __ldg(reinterpret_cast<const uint4*>(a + k0)) : zero;
-    const uint4 a1 = k1 < chunk ? __ldg(reinterpret_cast<const uint4*>(a + k1)) : zero;
-    float sums[kLoraTileRows];
-#pragma unroll
-    for (int r = 0; r < kLoraTileRows; ++r) {  // act is zero past the tile's rows and the chunk
-      float x0[8], x1[8];
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(&act[r][k0]), x0);
-      unpack_bf16x8(*reinterpret_cast<const uint4*>(&act[r][k1]), x1);
-      sums[r] = lora_dot8(x0, a0) + lora_dot8(x1, a1);
-    }
-    static_assert(kLoraTileRows == 16, "the halving below is for 16 rows");
-#pragma unroll
-    for (int i = 0; i < 8; ++i) sums[i] = halve(sums[i], sums[i + 8], lane, 16);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) sums[i] = halve(sums[i], sums[i + 4], lane, 8);
-#pragma unroll
-    for (int i = 0; i < 2; ++i) sums[i] = halve(sums[i], sums[i + 2], lane, 4);
-    sums[0] = halve(sums[0], sums[1], lane, 2);
-    sums[0] += __shfl_xor_sync(0xffffffffu, sums[0], 1);
-    const int r = lane / 2;
-    if (lane % 2 == 0 && r < rows)
-      fold.down_v[static_cast<int64_t>(blockIdx.x) * split_stride + static_cast<int64_t>(tile.first_row + r) * fold.max_rank + j] =
-          sums[0];
-  }
-}
-
 __global__ void f32_to_bf16_kernel(const float* in, int64_t count, bf16* out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < count;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x)
@@ -610,18 +371,17 @@ void launch_add_lora_rows(float* delta, const float* lora_delta, const int32_t* 
 
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         Launch launch, const float* lora_delta, const int32_t* lora_rows, const LoraFold& fold) {
+                         Launch launch, const float* lora_delta, const int32_t* lora_rows) {
   if (num_rows == 0) return;
   int threads = ((hidden / 4 + 31) / 32) * 32;
   if (threads > 1024) threads = 1024;
   launch_kernel(launch, num_rows, threads, 0, add_rms_norm_kernel, residual, delta, delta_bias, weight, eps, hidden,
-                row_index, out, lora_delta, lora_rows, fold);
+                row_index, out, lora_delta, lora_rows);
 }
 
 void launch_qkv_postprocess(const QkvParams& params, Launch launch) {
   if (params.num_tokens == 0) return;
-  const size_t fold_floats = params.lora_fold.v != nullptr ? 3 * static_cast<size_t>(params.lora_fold.max_rank) : 0;
-  const size_t shared = (static_cast<size_t>(params.head_dim) + fold_floats) * sizeof(float);
+  const size_t shared = static_cast<size_t>(params.head_dim) * sizeof(float);
   const int head_groups = (params.num_heads + 2 * params.num_kv_heads + kQkvThreads / 32 - 1) / (kQkvThreads / 32);
   launch_kernel(launch, dim3(params.num_tokens, head_groups), kQkvThreads, shared, qkv_postprocess_kernel, params);
 }
@@ -634,19 +394,8 @@ void launch_gather_hidden(const float* residual, const float* delta, const float
 }
 
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
-                   const float* lora, const int32_t* lora_rows, bool lora_is_bf16, const LoraFold& fold) {
+                   const float* lora, const int32_t* lora_rows, bool lora_is_bf16) {
   if (num_tokens == 0) return;
-  if (fold.v != nullptr) {
-    const dim3 grid((intermediate + kSwigluFoldColumns - 1) / kSwigluFoldColumns,
-                    fold.num_tiles + (num_tokens + kLoraTileRows - 1) / kLoraTileRows);
-    const size_t shared = 2 * static_cast<size_t>(kLoraTileRows) * fold.max_rank * sizeof(float);
-    if (shared > 32 * 1024)  // act takes 16 KB of static shared memory beside it
-      LOOM_CUDA_CHECK(cudaFuncSetAttribute(swiglu_fold_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(shared)));
-    launch_kernel(launch, grid, kSwigluFoldThreads, shared, swiglu_fold_kernel, gate_up, num_tokens, intermediate, out,
-                  fold);
-    return;
-  }
   const int64_t total = static_cast<int64_t>(num_tokens) * (intermediate / 8);
   launch_kernel(launch, grid_for(total, 256), 256, 0, swiglu_kernel, gate_up, num_tokens, intermediate, out, lora,
                 lora_rows, lora_is_bf16);

@@ -30,35 +30,6 @@ struct Launch {
   bool programmatic;
 };
 
-// A projection group's LoRA left unexpanded for the kernel that consumes the
-// group's output (decode-sized steps, CudaTuning::lora_fold_max_rows): that
-// kernel adds scale * v[row] . B[o] to each column o it already reads, so no
-// expand kernel runs and no delta rows are written. v is the shrink's output
-// (LoraParams::v: [target][max_splits][num_rows][max_rank] partial sums, one per
-// chunk of the input), summed over `splits` chunks by the consumer in chunk
-// order. Target index i of v is LoraTarget first_target + i. v == nullptr:
-// nothing folded. Rows whose lora_rows entry is -1, or whose adapter's module
-// has rank 0, get nothing.
-struct LoraFold {
-  const float* v = nullptr;
-  int32_t num_rows = 0, max_rank = 0, max_splits = 0, splits = 0;
-  const LoraModuleRef* modules = nullptr;  // [slots][num_layers][kNumLoraTargets]
-  int32_t num_layers = 0, layer = 0;
-  int32_t first_target = 0;
-  const int32_t* lora_rows = nullptr;      // LoRA row of each batch row, -1: no adapter
-  const int32_t* adapter_slots = nullptr;  // adapter slot of each batch row
-  // The step's LoRA tiles (LoraParams' tiles and sorted_tokens): SwiGLU's fold
-  // works a tile at a time, reading each column's B once per tile.
-  const LoraTile* tiles = nullptr;
-  int32_t num_tiles = 0;
-  const int32_t* sorted_tokens = nullptr;
-  // SwiGLU only, optional: also the down projection's shrink over SwiGLU's
-  // output (target first_target + 2), its partial sums per chunk of
-  // kLoraShrinkChunk columns written to down_v in LoraParams::v's layout (one
-  // target): the down group then folds from down_v with no shrink launch.
-  float* down_v = nullptr;
-};
-
 // out[t, :] = float(table[token_ids[t], :]) for t < num_tokens. hidden % 8 == 0.
 // out[t] = table[token_ids[t] - vocab_begin] for ids in [vocab_begin, vocab_begin + vocab_rows)
 // (a vocab-parallel rank's rows; everything, unsharded), zeros for other ids.
@@ -74,12 +45,10 @@ void launch_add_lora_rows(float* delta, const float* lora_delta, const int32_t* 
 //   out[r] = bf16(weight * residual[t] * rsqrt(mean(residual[t]^2) + eps)).
 // HF LlamaRMSNorm with the residual add of the previous block fused in.
 // lora_delta ([LoRA rows, hidden], LoraParams::write_by_lora_row's output) is
-// added with delta for tokens t whose lora_rows[t] >= 0; or, folded (`fold`, one
-// target of out_features hidden), its expand is added there.
+// added with delta for tokens t whose lora_rows[t] >= 0.
 void launch_add_rms_norm(float* residual, const float* delta, const float* delta_bias, const float* weight,
                          float eps, int32_t hidden, const int32_t* row_index, int32_t num_rows, bf16* out,
-                         Launch launch, const float* lora_delta = nullptr, const int32_t* lora_rows = nullptr,
-                         const LoraFold& fold = {});
+                         Launch launch, const float* lora_delta = nullptr, const int32_t* lora_rows = nullptr);
 
 struct QkvParams {
   const float* qkv = nullptr;      // [num_tokens, q_size + 2 kv_size]: GEMM (+ LoRA) output
@@ -102,8 +71,6 @@ struct QkvParams {
   // tokens t with lora_rows[t] >= 0 (before the bias).
   const float* lora = nullptr;
   const int32_t* lora_rows = nullptr;
-  // Or the q/k/v LoRA folded (targets q, k, v), added where `lora` would be.
-  LoraFold lora_fold;
   // ForkKV (optional): rows t with residual_slots[t] != -1 are forked tokens,
   // whose K/V (the bCache) get no k/v LoRA; those with residual_slots[t] >= 0
   // also write their rCache slot: rK = x·A_k^T, rV = x·A_v^T, the q/k/v LoRA
@@ -125,11 +92,9 @@ void launch_qkv_postprocess(const QkvParams& params, Launch launch);
 // out[t, i] = silu(gate_up[t, i]) * gate_up[t, intermediate + i]. intermediate % 8 == 0.
 // With lora ([LoRA rows, 2 intermediate] fp32, or bf16 with lora_is_bf16), tokens with lora_rows[t] >= 0
 // first add their row to gate_up's.
-// lora_is_bf16: the LoRA delta rows are bf16 rather than fp32. Or the gate/up
-// LoRA folded (`fold`, targets gate and up), its expand added there.
+// lora_is_bf16: the LoRA delta rows are bf16 rather than fp32.
 void launch_swiglu(const bf16* gate_up, int32_t num_tokens, int32_t intermediate, bf16* out, Launch launch,
-                   const float* lora = nullptr, const int32_t* lora_rows = nullptr, bool lora_is_bf16 = false,
-                   const LoraFold& fold = {});
+                   const float* lora = nullptr, const int32_t* lora_rows = nullptr, bool lora_is_bf16 = false);
 
 struct AttentionParams {
   const bf16* q = nullptr;           // [num_tokens, num_heads * head_dim]
@@ -244,10 +209,6 @@ struct LoraParams {
 // The shrink splits in_features into chunks computed in parallel; v holds one
 // partial per chunk.
 int32_t lora_splits(int32_t in_features);
-// The shrink's chunk of input features: partial sums of v per chunk (LoraParams::v).
-inline constexpr int32_t kLoraShrinkChunk = 512;
-// The shrink alone (v = x A^T; y is not touched): a folded group's launch.
-void launch_lora_shrink(const LoraParams& params, Launch launch);
 // v = x A^T (shrink), then y += scale * v B^T (expand), per adapter group of rows.
 // Rows whose adapter does not target the module are skipped. Requires
 // in_features % 8 == 0 and max_rank <= kLoraMaxRank.

@@ -62,29 +62,20 @@ void LayerRunner::enqueue(const StepLaunch& step) {
     parts_.rank.communicator->all_reduce_sum(buffers.residual.as<float>(), static_cast<int64_t>(n) * hidden,
                                              step_.stream);
   if (step_.capture_hidden_states) capture_hidden_states(0, nullptr);
-  LoraAdd lora;
+  const float* lora_delta = nullptr;
   for (int layer = 0; layer < config.num_layers; ++layer) {
-    lora = run_layer(layer, lora);
-    if (step_.capture_hidden_states) capture_hidden_states(layer + 1, lora.delta);  // never folded
+    lora_delta = run_layer(layer, lora_delta);
+    if (step_.capture_hidden_states) capture_hidden_states(layer + 1, lora_delta);
   }
   const int32_t num_rows = plan.num_logit_launch_rows();
   launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), nullptr, parts_.model.final_norm(),
                       config.rms_norm_eps, hidden, plan_pointer<int32_t>(sections.logit_rows), num_rows,
-                      buffers.normed.as<bf16>(), chain(), lora.delta, plan_pointer<int32_t>(sections.lora_row_of_token),
-                      lora.fold);
+                      buffers.normed.as<bf16>(), chain(), lora_delta, plan_pointer<int32_t>(sections.lora_row_of_token));
   linear(buffers.normed.as<bf16>(), num_rows, hidden, parts_.model.lm_head(), config.vocab_size, buffers.logits.data(),
          false, config.vocab_size);
 }
 
-LoraAdd LayerRunner::finish_group(const LoraLauncher::Group& group, bool reduce) {
-  LoraAdd add;
-  add.delta = parts_.lora.end(group, step_.stream);
-  add.fold = group.fold;
-  if (reduce) add.delta = reduce_delta(add.delta);
-  return add;
-}
-
-LoraAdd LayerRunner::run_layer(int layer, const LoraAdd& previous_lora) {
+const float* LayerRunner::run_layer(int layer, const float* previous_lora_delta) {
   const DeviceLayer& weights = parts_.model.layers()[layer];
   const StepPlan& plan = parts_.plan.plan();
   const PlanSections& sections = plan.sections();
@@ -104,8 +95,8 @@ LoraAdd LayerRunner::run_layer(int layer, const LoraAdd& previous_lora) {
   if (!skipped(kSkipNorms))
     launch_add_rms_norm(buffers.residual.as<float>(), layer == 0 ? nullptr : buffers.delta.as<float>(), nullptr,
                         weights.input_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(), chain(),
-                        previous_lora.delta, lora_rows, previous_lora.fold);
-  LoraLauncher::Group pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
+                        previous_lora_delta, lora_rows);
+  auto pending = lora.begin(parts_.plan, layer, {LoraTarget::kQ, LoraTarget::kK, LoraTarget::kV},
                             buffers.normed.as<bf16>(), hidden, qkv, chain());
   linear(buffers.normed.as<bf16>(), n, hidden, weights.qkv_proj, qkv, buffers.qkv.data(), false, qkv, weights.qkv_fp8);
   parts_.prefetcher.after_qkv(weights, stream);
@@ -131,10 +122,8 @@ LoraAdd LayerRunner::run_layer(int layer, const LoraAdd& previous_lora) {
   post.head_dim = spec.head_dim;
   post.block_size = parts_.pools.main_shape().block_size;
   post.eps = spec.rms_norm_eps;
-  const LoraAdd qkv_lora = finish_group(pending, false);
-  post.lora = qkv_lora.delta;
+  post.lora = lora.end(pending, stream);
   post.lora_rows = lora_rows;
-  post.lora_fold = qkv_lora.fold;
   if (plan.has_forked_sequences()) {
     post.residual_slots = plan_pointer<int32_t>(sections.residual_slots);
     post.residual_pool = parts_.pools.residual_pool(layer);
@@ -163,11 +152,11 @@ LoraAdd LayerRunner::run_layer(int layer, const LoraAdd& previous_lora) {
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kO}, buffers.attention_out.as<bf16>(), q_size, hidden, chain());
   linear(buffers.attention_out.as<bf16>(), n, q_size, weights.o_proj, hidden, buffers.delta.data(), false, hidden,
          weights.o_fp8);
-  const LoraAdd o_lora = finish_group(pending, true);
+  const float* o_lora = reduce_delta(lora.end(pending, stream));
   if (!skipped(kSkipNorms))
     launch_add_rms_norm(buffers.residual.as<float>(), buffers.delta.as<float>(), spec.o_bias ? weights.o_bias : nullptr,
                         weights.post_attention_norm, spec.rms_norm_eps, hidden, nullptr, n, buffers.normed.as<bf16>(),
-                        chain(), o_lora.delta, lora_rows, o_lora.fold);
+                        chain(), o_lora, lora_rows);
 
   // With no LoRA to add between the projection and SwiGLU, skinny steps use one fused kernel.
   const bool fused_swiglu = plan.num_lora_tiles() == 0 && n <= parts_.tuning.skinny_max_rows;
@@ -183,17 +172,17 @@ LoraAdd LayerRunner::run_layer(int layer, const LoraAdd& previous_lora) {
                          2 * intermediate, chain());
     linear(buffers.normed.as<bf16>(), n, hidden, weights.gate_up_proj, 2 * intermediate, buffers.gate_up.data(), true,
            2 * intermediate, weights.gate_up_fp8);
-    const LoraAdd gate_up_lora = finish_group(pending, false);
+    const float* gate_up_lora = lora.end(pending, stream);
     if (!skipped(kSkipSwiglu))
-      launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(),
-                    gate_up_lora.delta, lora_rows, lora.gate_up_bf16(), gate_up_lora.fold);
+      launch_swiglu(buffers.gate_up.as<bf16>(), n, intermediate, buffers.activation.as<bf16>(), chain(), gate_up_lora,
+                    lora_rows, lora.gate_up_bf16());
   }
   pending = lora.begin(parts_.plan, layer, {LoraTarget::kDown}, buffers.activation.as<bf16>(), intermediate, hidden,
                        chain());
   linear(buffers.activation.as<bf16>(), n, intermediate, weights.down_proj, hidden, buffers.delta.data(), false, hidden,
          weights.down_fp8);
   parts_.prefetcher.after_down(parts_.model, layer, stream);
-  return finish_group(pending, true);  // added by the next norm, with the delta buffer
+  return reduce_delta(lora.end(pending, stream));  // added by the next norm, with the delta buffer
 }
 
 const float* LayerRunner::reduce_delta(const float* lora_delta) {

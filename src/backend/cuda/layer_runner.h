@@ -59,12 +59,6 @@ enum StepKernelBits : uint32_t {
   kSkipAttention = 16  // attention and its combine
 };
 
-// A projection group's LoRA as its consumer adds it: delta rows (LoraLauncher::end), or folded.
-struct LoraAdd {
-  const float* delta = nullptr;
-  LoraFold fold;
-};
-
 class LayerRunner {
  public:
   explicit LayerRunner(const StepParts& parts) : parts_(parts) {}
@@ -72,11 +66,9 @@ class LayerRunner {
   void enqueue(const StepLaunch& step);
 
  private:
-  // Enqueues one layer; returns its down_proj LoRA, which the next norm adds
-  // with the delta buffer.
-  LoraAdd run_layer(int layer, const LoraAdd& previous_lora);
-  // The group's LoRA for its consumer (after the base GEMM; tensor-parallel: reduced).
-  LoraAdd finish_group(const LoraLauncher::Group& group, bool reduce);
+  // Enqueues one layer; returns its down_proj LoRA delta (nullptr: none), which
+  // the next norm adds with the delta buffer.
+  const float* run_layer(int layer, const float* previous_lora_delta);
   void attention(int layer);
   // y = x W^T through the skinny kernels for up to CudaTuning::skinny_max_rows rows, cuBLAS otherwise;
   // over `fp8` instead of w when it has data (FP8 weights: larger steps dequantize it to bf16 first).

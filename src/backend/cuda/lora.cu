@@ -15,6 +15,7 @@ namespace loom::cuda {
 namespace {
 
 constexpr int kShrinkThreads = 128;
+constexpr int kLoraShrinkChunk = 512;  // input features per shrink CTA
 constexpr int kExpandThreads = 256;
 
 __device__ __forceinline__ void load8(const bf16* source, float (&out)[8]) {
@@ -431,19 +432,12 @@ size_t expand_shared_bytes(const LoraParams& params) {
 
 }  // namespace
 
-void launch_lora_shrink(const LoraParams& params, Launch launch) {
+void launch_lora(const LoraParams& params, Launch launch) {
   if (params.num_tiles == 0 || params.num_targets == 0) return;
   int max_in = 0, max_out = 0;
   check_lora_params(params, &max_in, &max_out);
   launch_kernel(launch, dim3(params.num_tiles, params.num_targets, lora_splits(max_in)), kShrinkThreads, 0,
                 lora_shrink_kernel, params);
-}
-
-void launch_lora(const LoraParams& params, Launch launch) {
-  if (params.num_tiles == 0 || params.num_targets == 0) return;
-  launch_lora_shrink(params, launch);
-  int max_in = 0, max_out = 0;
-  check_lora_params(params, &max_in, &max_out);
   const dim3 expand_grid(params.num_tiles, (max_out + kExpandThreads - 1) / kExpandThreads, params.num_targets);
   launch_kernel(launch, expand_grid, kExpandThreads, expand_shared_bytes(params), lora_expand_kernel<1, kExpandThreads>,
                 params);

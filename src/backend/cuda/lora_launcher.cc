@@ -58,10 +58,6 @@ void LoraLauncher::prepare(const StepPlan& plan) {
                sizeof(float));
 }
 
-void LoraLauncher::plan_fold(const StepPlan& plan, int32_t max_rows) {
-  fold_ = plan.num_lora_rows() > 0 && plan.num_lora_rows() <= max_rows;
-}
-
 bool LoraLauncher::forks(const StepPlan& plan) const {
   if (plan.num_lora_tiles() == 0 || !side_stream_) return false;
 #ifdef LOOM_CUDA_MEASURE
@@ -89,11 +85,11 @@ void LoraLauncher::launch_group(int group, const LoraParams& params, Launch laun
 #endif
 }
 
-LoraLauncher::Group LoraLauncher::begin(const DevicePlan& device_plan, int layer,
+LoraLauncher::Pending LoraLauncher::begin(const DevicePlan& device_plan, int layer,
                                           std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
                                           int32_t x_stride, int32_t width, Launch main) {
   const StepPlan& plan = device_plan.plan();
-  if (plan.num_lora_tiles() == 0) return {};
+  if (plan.num_lora_tiles() == 0) return Pending::kNone;
   const PlanSections& sections = plan.sections();
   LoraParams params;
   params.modules = table_.device_table();
@@ -133,63 +129,26 @@ LoraLauncher::Group LoraLauncher::begin(const DevicePlan& device_plan, int layer
   const LoraTarget first = *targets.begin();
   const int group = first == LoraTarget::kQ ? 0 : first == LoraTarget::kO ? 1 : first == LoraTarget::kGate ? 2 : 3;
   const bool shrink_sums_read = group == 0 && plan.has_residual_writes();
-  Group result;
-  if (fold_) {
-    LoraFold& fold = result.fold;
-    fold.v = params.v;
-    fold.num_rows = params.num_rows;
-    fold.max_rank = params.max_rank;
-    fold.max_splits = params.max_splits;
-    fold.splits = lora_splits(params.targets[0].in_features);
-    fold.modules = params.modules;
-    fold.num_layers = params.num_layers;
-    fold.layer = layer;
-    fold.first_target = static_cast<int32_t>(first);
-    fold.lora_rows = device_plan.pointer<int32_t>(sections.lora_row_of_token);
-    fold.adapter_slots = device_plan.pointer<int32_t>(sections.row_adapter_slots);
-    fold.tiles = params.tiles;
-    fold.num_tiles = params.num_tiles;
-    fold.sorted_tokens = params.sorted_tokens;
-    // SwiGLU runs down's shrink (into v's third target, which gate/up leave free) as it expands gate/up.
-    float* down_v = params.v + 2 * static_cast<int64_t>(params.max_splits) * params.num_rows * params.max_rank;
-    if (group == 2) fold.down_v = down_v;
-    if (group == 3) {
-      fold.v = down_v;
-      return result;
-    }
-  }
   bool side = side_stream_;
 #ifdef LOOM_CUDA_MEASURE
   side = side && (measure_.lora_side_groups >> group & 1) != 0;
 #endif
-  // Folded: the shrink alone.
-  auto launch = [&](Launch where) {
-    if (!fold_) {
-      launch_group(group, params, where, shrink_sums_read);
-      return;
-    }
-#ifdef LOOM_CUDA_MEASURE
-    if ((measure_.lora_skip >> (2 * group) & 1) != 0) return;
-#endif
-    launch_lora_shrink(params, where);
-  };
   if (!side) {
-    launch(main);
-    result.pending = Pending::kInline;
-    return result;
+    launch_group(group, params, main, shrink_sums_read);
+    return Pending::kInline;
   }
-  // The LoRA kernels read x and write only v and out_: they overlap the base GEMM.
+  // The shrink and expand read x and write only out_: they overlap the base GEMM.
   LOOM_CUDA_CHECK(cudaEventRecord(fork_, main.stream));
   LOOM_CUDA_CHECK(cudaStreamWaitEvent(stream_, fork_, 0));
-  launch(stream_);
+  launch_group(group, params, stream_, shrink_sums_read);
   LOOM_CUDA_CHECK(cudaEventRecord(join_, stream_));
-  result.pending = Pending::kSide;
-  return result;
+  return Pending::kSide;
 }
 
-const float* LoraLauncher::end(const Group& group, cudaStream_t main) {
-  if (group.pending == Pending::kSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
-  return group.pending == Pending::kNone || group.fold.v != nullptr ? nullptr : out_.as<float>();
+const float* LoraLauncher::end(Pending pending, cudaStream_t main) {
+  if (pending == Pending::kNone) return nullptr;
+  if (pending == Pending::kSide) LOOM_CUDA_CHECK(cudaStreamWaitEvent(main, join_, 0));
+  return out_.as<float>();
 }
 
 }  // namespace loom::cuda

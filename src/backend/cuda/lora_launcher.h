@@ -5,10 +5,6 @@
 // LoRA row, [LoRA rows, group width]: fp32, bf16 for gate/up), which the
 // group's consumer adds. With CudaTuning::lora_side_stream it runs on a second
 // stream beside the base GEMM: begin() forks from the main stream, end() joins.
-// A folded step (plan_fold(): decode-sized, CudaTuning::lora_fold_max_rows)
-// runs each group's shrink alone (on the side stream as above) and hands its
-// consumer a LoraFold to expand (kernels.h): no expand kernel, no delta rows;
-// down's shrink runs inside SwiGLU (LoraFold::down_v), so down launches nothing.
 // Owns the adapters (shared), the side stream, its events and the scratch.
 //
 // Thread: the engine thread.
@@ -53,10 +49,6 @@ class LoraLauncher {
 
   // Sizes the scratch for `plan`'s LoRA rows (before the step's launches).
   void prepare(const StepPlan& plan);
-  // Decides whether the step's groups fold: it has LoRA rows, at most max_rows
-  // of them (0: never). Call before forks() and begin() of each step.
-  void plan_fold(const StepPlan& plan, int32_t max_rows);
-  bool folds() const { return fold_; }
   // True when the step's groups fork a side stream (such steps keep plain launches).
   bool forks(const StepPlan& plan) const;
   // The scratch of the step: shrink sums v [3][splits][LoRA rows][max_rank] fp32.
@@ -67,17 +59,12 @@ class LoraLauncher {
 
   // Enqueues the LoRA of the group whose targets are `targets` over input x
   // (row t at x + t * x_stride, `width` output columns) for `layer`; `main` is
-  // where the step's own kernels go. Returns what end() needs, and for a
-  // folded step the group's LoraFold for its consumer.
+  // where the step's own kernels go. Returns what end() needs.
   enum class Pending { kNone, kInline, kSide };
-  struct Group {
-    Pending pending = Pending::kNone;  // what was launched
-    LoraFold fold;                     // a folded step's (fold.v set)
-  };
-  Group begin(const DevicePlan& plan, int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
-              int32_t x_stride, int32_t width, Launch main);
-  // The group's delta rows (nullptr: none, or folded), after making `main` wait for a side launch.
-  const float* end(const Group& group, cudaStream_t main);
+  Pending begin(const DevicePlan& plan, int layer, std::initializer_list<LoraTarget> targets, const __nv_bfloat16* x,
+                int32_t x_stride, int32_t width, Launch main);
+  // The group's output (nullptr for kNone), after making `main` wait for a side launch.
+  const float* end(Pending pending, cudaStream_t main);
 
   // Device addresses a captured step holds.
   std::vector<const void*> buffers() const { return {v_.data(), out_.data(), table_.device_table()}; }
@@ -97,7 +84,6 @@ class LoraLauncher {
   DeviceLoraTable table_;
   int32_t max_rank_ = 0;    // of the bound adapters, at the last prepare()
   int32_t max_splits_ = 0;  // shrink chunks of the widest LoRA input
-  bool fold_ = false;       // of the step planned last (plan_fold)
   DeviceBuffer v_;
   DeviceBuffer out_;  // [LoRA rows, widest group] fp32 (gate/up: bf16)
   cudaStream_t stream_ = nullptr;
