@@ -9,6 +9,7 @@ import argparse
 import json
 import os
 import sys
+import textwrap
 
 import matplotlib
 
@@ -54,9 +55,9 @@ def save_ratio_plot(figure, axis, labels, ylabel, title, path):
 
 def kvflow(data, path):
     points = data["points"]
-    labels = [f"{p['setting']}\nover {p['baseline']}" for p in points]
+    labels = [f"{textwrap.fill(p['setting'], 20)}\nover {p['baseline']}" for p in points]
     x = range(len(points))
-    figure, axis = plt.subplots(figsize=(9, 3.8))
+    figure, axis = plt.subplots(figsize=(max(9.0, 1.4 * len(points)), 3.8))  # room for every label
     axis.bar([i - 0.2 for i in x], [p["loom"] for p in points], 0.4, label="Loom (H200)")
     axis.bar([i + 0.2 for i in x], [p["paper"] for p in points], 0.4, label="paper (A10G single; H100 concurrent, PEER)")
     save_ratio_plot(figure, axis, labels, "KVFlow over baseline (x)", "KVFlow, 10-agent sequential and PEER-style workflows", path)
@@ -64,7 +65,7 @@ def kvflow(data, path):
 
 def forkkv(data, path):
     points = data["points"]
-    figure, axis = plt.subplots(figsize=(9, 3.8))
+    figure, axis = plt.subplots(figsize=(max(9.0, 1.1 * len(points)), 3.8))  # room for every label
     for i, point in enumerate(points):
         low = point["paper_low"] if point["paper_low"] is not None else 0.0
         axis.add_patch(plt.Rectangle((i - 0.35, low), 0.7, point["paper_high"] - low, color="tab:orange", alpha=0.25,
