@@ -8,16 +8,21 @@
 // --max-running below the stream count the others wait in the scheduler, as an
 // agent fan-out beyond the running cap does.
 // --generate-min G0 draws each request's length from [G0, generate] so that requests end
-// on different steps and nearly every step admits a waiting one.
+// on different steps and nearly every step admits a waiting one. --adapters DIR loads every
+// PEFT adapter under DIR (`loom make-adapters --model random:llama-8b --out DIR`) and gives
+// stream s the adapter s % N: the engine's own cost of multi-LoRA batches.
 //   loom_bench_engine_step [--streams 1 16 64 128] [--max-running 0] [--prompt-tokens 100] [--generate 256]
-//                          [--generate-min 0] [--out FILE]
+//                          [--generate-min 0] [--adapters DIR] [--out FILE]
 // Prints, per stream count, the engine's steps a second and milliseconds a step:
 // the least a served step costs beside the GPU's own time, where the two do not overlap.
 #include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
+#include <stdexcept>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -78,7 +83,19 @@ struct Figure {
   double seconds = 0, steps_per_second = 0, ms_per_step = 0, tokens_per_second = 0;
 };
 
-Figure run_streams(int streams, int max_running, int prompt_tokens, int generate, int generate_min) {
+// The adapter directories under `directory` (each holds adapter_config.json), sorted by name.
+std::vector<std::filesystem::path> adapter_directories(const std::string& directory) {
+  std::vector<std::filesystem::path> found;
+  if (directory.empty()) return found;
+  for (const auto& entry : std::filesystem::directory_iterator(directory))
+    if (std::filesystem::exists(entry.path() / "adapter_config.json")) found.push_back(entry.path());
+  std::sort(found.begin(), found.end());
+  if (found.empty()) throw std::runtime_error("--adapters " + directory + ": no adapter directory in it");
+  return found;
+}
+
+Figure run_streams(int streams, int max_running, int prompt_tokens, int generate, int generate_min,
+                   const std::vector<std::filesystem::path>& adapters) {
   LoadedModel model = cli::load_model_description("random:llama-8b");  // config and tokenizer, no weights
   const ModelConfig config = model.config;
   EngineConfig engine_config;
@@ -86,8 +103,14 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
   engine_config.max_running_requests = max_running > 0 ? max_running : std::max(streams, 1);
   engine_config.max_waiting_requests = std::max(streams, engine_config.max_waiting_requests);
   std::atomic<int64_t> steps{0};
+  engine_config.max_loras_per_batch = std::max<int32_t>(engine_config.max_loras_per_batch, adapters.size());
   std::unique_ptr<Engine> engine =
       make_engine(std::move(model), std::make_unique<InstantBackend>(config, steps), engine_config);
+  std::vector<std::string> adapter_names;
+  for (const std::filesystem::path& path : adapters) {
+    adapter_names.push_back(path.filename().string());
+    engine->load_adapter(adapter_names.back(), path.string());
+  }
   Prng prng(static_cast<uint64_t>(streams));
   std::vector<std::unique_ptr<RequestStream>> outputs;
   std::vector<EngineRequest> requests;
@@ -100,6 +123,7 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
             ? generate_min + static_cast<int32_t>(prng.next_below(static_cast<uint64_t>(generate - generate_min + 1)))
             : generate;
     request.ignore_eos = true;
+    if (!adapter_names.empty()) request.adapter = adapter_names[static_cast<size_t>(s) % adapter_names.size()];
     requests.push_back(std::move(request));
   }
   const auto start = std::chrono::steady_clock::now();
@@ -133,8 +157,9 @@ int run(int argc, char** argv) {
   CLI::App app{"The engine's own time per decode step, over a backend that answers at once"};
   std::vector<int> streams = {1, 16, 64, 128};
   int prompt_tokens = 100, generate = 256, max_running = 0, generate_min = 0;
-  std::string out_path;
+  std::string out_path, adapter_directory;
   app.add_option("--streams", streams, "Concurrent requests (one figure each)");
+  app.add_option("--adapters", adapter_directory, "Load the PEFT adapters under this directory, stream s using the s % N-th");
   app.add_option("--max-running", max_running, "Running requests at most (0: all the streams)")->capture_default_str();
   app.add_option("--prompt-tokens", prompt_tokens, "Prompt tokens per request")->capture_default_str();
   app.add_option("--generate", generate, "Tokens generated per request")->capture_default_str();
@@ -142,13 +167,14 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--out", out_path, "JSON results");
   CLI11_PARSE(app, argc, argv);
+  const std::vector<std::filesystem::path> adapters = adapter_directories(adapter_directory);
   nlohmann::json results;
   results["settings"] = {{"prompt_tokens", prompt_tokens}, {"generate", generate}, {"generate_min", generate_min},
-                         {"max_running", max_running},
+                         {"max_running", max_running}, {"adapters", adapters.size()},
                          {"cores", std::thread::hardware_concurrency()}};
   std::printf("%8s %12s %10s %12s %12s %14s\n", "streams", "max running", "steps", "steps/s", "ms/step", "tokens/s");
   for (int count : streams) {
-    const Figure figure = run_streams(count, max_running, prompt_tokens, generate, generate_min);
+    const Figure figure = run_streams(count, max_running, prompt_tokens, generate, generate_min, adapters);
     std::printf("%8d %12d %10lld %12.1f %12.3f %14.0f\n", figure.streams, figure.max_running,
                 static_cast<long long>(figure.steps), figure.steps_per_second, figure.ms_per_step,
                 figure.tokens_per_second);
