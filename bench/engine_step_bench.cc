@@ -103,7 +103,7 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
   engine_config.max_running_requests = max_running > 0 ? max_running : std::max(streams, 1);
   engine_config.max_waiting_requests = std::max(streams, engine_config.max_waiting_requests);
   std::atomic<int64_t> steps{0};
-  engine_config.max_loras_per_batch = std::max<int32_t>(engine_config.max_loras_per_batch, adapters.size());
+  engine_config.max_loras_per_batch = std::max(engine_config.max_loras_per_batch, static_cast<int32_t>(adapters.size()));
   std::unique_ptr<Engine> engine =
       make_engine(std::move(model), std::make_unique<InstantBackend>(config, steps), engine_config);
   std::vector<std::string> adapter_names;
