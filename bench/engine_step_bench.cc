@@ -103,7 +103,8 @@ Figure run_streams(int streams, int max_running, int prompt_tokens, int generate
   engine_config.max_running_requests = max_running > 0 ? max_running : std::max(streams, 1);
   engine_config.max_waiting_requests = std::max(streams, engine_config.max_waiting_requests);
   std::atomic<int64_t> steps{0};
-  engine_config.max_loras_per_batch = std::max(engine_config.max_loras_per_batch, static_cast<int32_t>(adapters.size()));
+  engine_config.max_loras_per_batch =
+      std::max(engine_config.max_loras_per_batch, static_cast<int32_t>(adapters.size()));
   std::unique_ptr<Engine> engine =
       make_engine(std::move(model), std::make_unique<InstantBackend>(config, steps), engine_config);
   std::vector<std::string> adapter_names;
@@ -159,7 +160,8 @@ int run(int argc, char** argv) {
   int prompt_tokens = 100, generate = 256, max_running = 0, generate_min = 0;
   std::string out_path, adapter_directory;
   app.add_option("--streams", streams, "Concurrent requests (one figure each)");
-  app.add_option("--adapters", adapter_directory, "Load the PEFT adapters under this directory, stream s using the s % N-th");
+  app.add_option("--adapters", adapter_directory,
+                 "Load the PEFT adapters under this directory, stream s using the s % N-th");
   app.add_option("--max-running", max_running, "Running requests at most (0: all the streams)")->capture_default_str();
   app.add_option("--prompt-tokens", prompt_tokens, "Prompt tokens per request")->capture_default_str();
   app.add_option("--generate", generate, "Tokens generated per request")->capture_default_str();
