@@ -2,7 +2,7 @@
 //
 //   submitter thread                          engine thread
 //   Engine::submit ──► EngineInbox.new_requests ──► Scheduler
-//   RequestStream::next ◄── RequestChannel.outputs ◄── per-step outputs
+//   RequestStream::next ◄── RequestChannel.outputs ◄── per-step outputs (pushed by OutputDelivery's thread)
 //   RequestStream::cancel ─► RequestChannel.cancelled + EngineInbox.wake()
 //
 // Both structs are shared (shared_ptr) so a stream outlives the engine safely.
@@ -41,7 +41,7 @@ struct EngineInbox {
   }
 };
 
-// Outputs of one request, from the engine thread to the stream's consumer.
+// Outputs of one request, from the engine to the stream's consumer.
 struct RequestChannel {
   std::mutex mutex;
   std::condition_variable cv;
@@ -49,7 +49,9 @@ struct RequestChannel {
   bool finished_pushed = false;
   std::atomic<bool> cancelled{false};
 
-  // Engine thread. Ignores anything after a finished output.
+  // Any thread (OutputDelivery's, or submit()'s for a request it ends at once);
+  // one request's outputs come from one thread at a time, in order. Ignores
+  // anything after a finished output.
   void push(RequestOutput output);
 };
 
