@@ -43,7 +43,7 @@ fi
 # 3. Python packages for the black-box HTTP tests (scripts/python-requirements.txt), in .venv.
 if ! $ONLY_LOOM; then
   if [ ! -x .venv/bin/python ]; then python3 -m venv .venv; fi
-  if ! .venv/bin/python -c "import openai, httpx, matplotlib, jinja2, jsonschema, zmq, msgpack" 2>/dev/null; then
+  if ! .venv/bin/python -c "import openai, httpx, matplotlib, jinja2, jsonschema, zmq, msgpack, gguf" 2>/dev/null; then
     echo "setup: installing Python test packages into .venv"
     .venv/bin/pip install -q --disable-pip-version-check -r scripts/python-requirements.txt
   fi
