@@ -3,7 +3,7 @@
 #   bench/cuda/pack.sh [BUILD_DIR]   -> .carry/cuda/loom_cuda_pkg.tar.xz
 # PACK_EXTRAS (optional) names the extras to take instead of all of them, to fit a carry beside another
 # (e.g. PACK_EXTRAS="cuda_backend_test loom_fp8_drift").
-# bin/ gets loom and, where built, loom_cuda_bench, loom_ipc_plane_bench, loom_kv_link_bench, loom_tp_bench, loom_fp8_drift, cuda_backend_test and cuda_measure_test; lib/ the Debian shared
+# bin/ gets loom and, where built, loom_cuda_bench, loom_gemm_algos_bench, loom_ipc_plane_bench, loom_kv_link_bench, loom_tp_bench, loom_fp8_drift, cuda_backend_test and cuda_measure_test; lib/ the Debian shared
 # libraries the device image lacks. With a .venv here (scripts/setup.sh), also
 # .carry/py/pylibs.tar.xz: the `loom bench` harness's httpx and its
 # dependencies, which the device image lacks (sharing_e2e.sh unpacks it).
@@ -15,7 +15,7 @@ trap 'rm -rf "$stage"' EXIT
 mkdir -p "$stage/bin" "$stage/lib" .carry/cuda
 # loom is needed; the others travel when built (cmake --build build --target loom alone is enough for a soak).
 cp "$build/loom" "$stage/bin/"
-for extra in bench/cuda/loom_cuda_bench bench/cuda/loom_ipc_plane_bench bench/cuda/loom_kv_link_bench bench/cuda/loom_tp_bench bench/cuda/loom_fp8_drift tests/cuda/cuda_backend_test tests/cuda/cuda_measure_test; do
+for extra in bench/cuda/loom_cuda_bench bench/cuda/loom_gemm_algos_bench bench/cuda/loom_ipc_plane_bench bench/cuda/loom_kv_link_bench bench/cuda/loom_tp_bench bench/cuda/loom_fp8_drift tests/cuda/cuda_backend_test tests/cuda/cuda_measure_test; do
   if [ -n "${PACK_EXTRAS:-}" ] && [[ " $PACK_EXTRAS " != *" $(basename "$extra") "* ]]; then continue; fi
   if [ -f "$build/$extra" ]; then cp "$build/$extra" "$stage/bin/"; else echo "pack: no $build/$extra (not built): left out"; fi
 done
