@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_buffer.h"
 #include "backend/cuda/kernels.h"
+#include "bench_common.h"
 #include "bench_main.h"
 
 namespace loom::cuda {
@@ -75,10 +76,7 @@ int run(int argc, char** argv) {
       y(static_cast<size_t>(max_m) * 28672 * 4);
   launch_synthetic_fill_bf16(x.as<bf16>(), max_m * 14336, 1, false, 1.0f, stream);
   launch_synthetic_fill_bf16(w.as<bf16>(), int64_t{28672} * 4096, 2, false, 0.02f, stream);
-  cudaEvent_t start, stop;
-  LOOM_CUDA_CHECK(cudaEventCreate(&start));
-  LOOM_CUDA_CHECK(cudaEventCreate(&stop));
-
+  bench::Timer timer(stream);
   auto time_algo = [&](const Layouts& l, const cublasLtMatmulAlgo_t& algo) {
     const float alpha = 1.0f, beta = 0.0f;
     auto once = [&] {
@@ -87,18 +85,7 @@ int run(int argc, char** argv) {
     };
     for (int i = 0; i < 3; ++i)
       if (once() != CUBLAS_STATUS_SUCCESS) return -1.0;
-    std::vector<float> ms;
-    for (int i = 0; i < iterations; ++i) {
-      LOOM_CUDA_CHECK(cudaEventRecord(start, stream));
-      once();
-      LOOM_CUDA_CHECK(cudaEventRecord(stop, stream));
-      LOOM_CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      LOOM_CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return static_cast<double>(ms[ms.size() / 2]);
+    return timer.median_ms([&] { LOOM_CUBLAS_CHECK(once()); }, iterations);
   };
 
   nlohmann::json results = nlohmann::json::array();
