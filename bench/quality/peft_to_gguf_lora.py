@@ -23,39 +23,11 @@ try:
 except ImportError:  # pragma: no cover
     sys.exit("peft_to_gguf_lora.py needs the gguf package: pip install gguf")
 
-MODULES = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-           "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-           "mlp.down_proj": "ffn_down"}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gguf_llama import LAYER_MODULES, load_f32, permute_rope_rows, safetensors_index  # noqa: E402
 
-
-def read_safetensors(path):
-    """{name: float32 array} of a safetensors file (F32, F16 or BF16 tensors)."""
-    with open(path, "rb") as file:
-        header_size = int.from_bytes(file.read(8), "little")
-        header = json.loads(file.read(header_size))
-        data = file.read()
-    tensors = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        begin, end = info["data_offsets"]
-        raw = data[begin:end]
-        if info["dtype"] == "F32":
-            array = np.frombuffer(raw, dtype=np.float32)
-        elif info["dtype"] == "F16":
-            array = np.frombuffer(raw, dtype=np.float16).astype(np.float32)
-        elif info["dtype"] == "BF16":
-            array = (np.frombuffer(raw, dtype=np.uint16).astype(np.uint32) << 16).view(np.float32)
-        else:
-            sys.exit(f"{path}: tensor {name} has dtype {info['dtype']} (F32, F16 or BF16 only)")
-        tensors[name] = array.reshape(info["shape"]).copy()
-    return tensors
-
-
-def permute_rows(b, heads):
-    """The row order llama.cpp's converter gives q/k weights: per head, the two rotary halves interleaved."""
-    out, rank = b.shape
-    return b.reshape(heads, 2, out // heads // 2, rank).swapaxes(1, 2).reshape(out, rank)
+# The projections a LoRA may target (the norms are not).
+MODULES = {m: name for m, name in LAYER_MODULES.items() if m.startswith(("self_attn.", "mlp."))}
 
 
 def main():
@@ -85,7 +57,7 @@ def main():
     writer.add_string("general.type", "adapter")
     writer.add_string("adapter.type", "lora")
     writer.add_float32("adapter.lora.alpha", float(config["lora_alpha"]))
-    tensors = read_safetensors(os.path.join(args.adapter, "adapter_model.safetensors"))
+    tensors = safetensors_index([os.path.join(args.adapter, "adapter_model.safetensors")])
     written = 0
     for name in sorted(tensors):
         if ".lora_A." not in name:
@@ -98,12 +70,12 @@ def main():
         module = ".".join(parts[parts.index("layers") + 2:])
         if module not in MODULES:
             sys.exit(f"{args.adapter}: LoRA on {module} is not handled")
-        a = tensors[name]
-        b = tensors[name.replace(".lora_A.", ".lora_B.")]
+        a = load_f32(tensors[name])
+        b = load_f32(tensors[name.replace(".lora_A.", ".lora_B.")])
         if permuted and module == "self_attn.q_proj":
-            b = permute_rows(b, heads)
+            b = permute_rope_rows(b, heads)
         elif permuted and module == "self_attn.k_proj":
-            b = permute_rows(b, kv_heads)
+            b = permute_rope_rows(b, kv_heads)
         base = f"blk.{layer}.{MODULES[module]}.weight"
         writer.add_tensor(base + ".lora_a", np.ascontiguousarray(a, dtype=np.float32))
         writer.add_tensor(base + ".lora_b", np.ascontiguousarray(b, dtype=np.float32))

@@ -10,7 +10,7 @@ models' tokenizers), so this writes the GGUF itself, in llama.cpp's layout:
   - the byte-level BPE tokenizer as tokenizer.ggml.model "gpt2", pre-tokenizer "llama-bpe",
     added special tokens typed as control tokens, the chat template, bos/eos and add_bos.
 
-Reads safetensors (one file or an index of shards) with numpy; needs the `gguf` package
+Reads safetensors (one file or an index of shards) with numpy (bench/gguf_llama.py); needs the `gguf` package
 (llama.cpp's gguf-py: PYTHONPATH=<llama.cpp>/gguf-py) and numpy. Llama only.
 
     bench/serve/hf_to_gguf.py MODEL_DIR OUT.gguf
@@ -19,52 +19,13 @@ import argparse
 import json
 import math
 import os
-import struct
+import sys
 
 import gguf
 import numpy as np
 
-DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}
-
-
-def safetensors_tensors(model_dir):
-    """name -> (file, dtype, shape, start, end) over model.safetensors or its shards."""
-    index = os.path.join(model_dir, "model.safetensors.index.json")
-    if os.path.exists(index):
-        files = sorted(set(json.load(open(index))["weight_map"].values()))
-    else:
-        files = ["model.safetensors"]
-    tensors = {}
-    for name in files:
-        path = os.path.join(model_dir, name)
-        with open(path, "rb") as f:
-            (header_len,) = struct.unpack("<Q", f.read(8))
-            header = json.loads(f.read(header_len))
-        for key, entry in header.items():
-            if key == "__metadata__":
-                continue
-            start, end = entry["data_offsets"]
-            tensors[key] = (path, entry["dtype"], entry["shape"], 8 + header_len + start, 8 + header_len + end)
-    return tensors
-
-
-def load_f32(entry):
-    path, dtype, shape, start, end = entry
-    if dtype not in DTYPES:
-        raise SystemExit(f"{path}: dtype {dtype} not handled (F32, F16, BF16)")
-    raw = np.memmap(path, dtype=DTYPES[dtype], mode="r", offset=start, shape=(end - start) // np.dtype(DTYPES[dtype]).itemsize)
-    if dtype == "BF16":
-        values = (raw.astype(np.uint32) << 16).view(np.float32)
-    else:
-        values = raw.astype(np.float32)
-    return values.reshape(shape)
-
-
-def permute_rope_rows(w, heads):
-    """HF row h*d + j*(d/2) + i -> GGUF row h*d + 2*i + j (i < d/2, j in {0, 1})."""
-    rows, cols = w.shape
-    d = rows // heads
-    return w.reshape(heads, 2, d // 2, cols).swapaxes(1, 2).reshape(rows, cols)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from gguf_llama import LAYER_MODULES, load_f32, model_safetensors, permute_rope_rows  # noqa: E402
 
 
 def llama3_rope_factors(config, head_dim):
@@ -90,14 +51,6 @@ def llama3_rope_factors(config, head_dim):
     return np.array(factors, dtype=np.float32)
 
 
-LAYER_NAMES = {
-    "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm",
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-}
-
-
 def gguf_name(hf_name):
     if hf_name == "model.embed_tokens.weight":
         return "token_embd.weight"
@@ -108,8 +61,8 @@ def gguf_name(hf_name):
     parts = hf_name.split(".")
     if parts[:2] == ["model", "layers"] and parts[-1] == "weight":
         module = ".".join(parts[3:-1])
-        if module in LAYER_NAMES:
-            return f"blk.{parts[2]}.{LAYER_NAMES[module]}.weight"
+        if module in LAYER_MODULES:
+            return f"blk.{parts[2]}.{LAYER_MODULES[module]}.weight"
     raise SystemExit(f"tensor {hf_name}: no GGUF name (Llama only)")
 
 
@@ -180,7 +133,7 @@ def main():
     factors = llama3_rope_factors(dict(config, rope_theta=rope_theta), head_dim)
     if factors is not None:
         writer.add_tensor("rope_freqs.weight", factors)
-    for hf_name, entry in sorted(safetensors_tensors(args.model_dir).items()):
+    for hf_name, entry in sorted(model_safetensors(args.model_dir).items()):
         values = load_f32(entry)
         if hf_name.endswith("self_attn.q_proj.weight"):
             values = permute_rope_rows(values, heads)
